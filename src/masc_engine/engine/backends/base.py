@@ -1,0 +1,27 @@
+"""One backend interface: a loader makes a runner; a runner runs one graph.
+
+Polygraphy-style separation: loading (file, provider, threads) is distinct from running
+(feeds in, outputs out), so the scoring code never knows which backend it talks to.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Runner(Protocol):
+    """Runs one graph. Implementations must be safe to call from several threads at once."""
+
+    name: str
+    backend: str
+    input_names: list[str]
+    output_names: list[str]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the graph. ``feeds`` maps every input name to an array of the graph's dtype."""
+        ...
+
+
+BACKENDS = ("onnxruntime",)

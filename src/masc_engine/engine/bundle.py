@@ -1,0 +1,70 @@
+"""A bundle: a directory of ONNX graphs, tokenizer files and ``manifest.json``.
+
+Loading checks the format and (by default) every file's sha256, then hands out runners for its
+graphs on an explicitly chosen backend and provider.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from ..errors import BackendUnavailableError, BundleError
+from .backends.base import BACKENDS, Runner
+from .manifest import fingerprint, read_manifest, verify_files
+
+
+class RandomWeightsWarning(UserWarning):
+    """Scores from a random-weight test bundle measure nothing; they only test the pipeline."""
+
+
+class Bundle:
+    """An exported bundle, loaded read-only.
+
+    Attributes:
+        path: the bundle directory.
+        manifest: the parsed ``manifest.json``.
+        fingerprint: 16 hex chars identifying the bundle's content and settings.
+    """
+
+    def __init__(self, path: str | Path, verify: bool = True):
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        if verify:
+            verify_files(self.path, self.manifest)
+        self.fingerprint = fingerprint(self.manifest)
+        if self.random_weights:
+            warnings.warn(
+                f"bundle {self.path} was exported from random weights "
+                f"({self.manifest['source']['model']}): its scores only test the pipeline",
+                RandomWeightsWarning, stacklevel=2,
+            )
+
+    @property
+    def random_weights(self) -> bool:
+        return bool(self.manifest["source"].get("random_weights"))
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def graph(self, name: str) -> dict:
+        try:
+            return self.manifest["graphs"][name]
+        except KeyError:
+            raise BundleError(f"bundle {self.path} has no {name!r} graph") from None
+
+    def runner(self, graph: str, backend: str = "onnxruntime", provider: str = "cpu",
+               intra_op_threads: int | None = None) -> Runner:
+        """A runner for one of the bundle's graphs (``vision``, ``pool``, ``text``).
+
+        Raises:
+            BackendUnavailableError: unknown backend, or the provider is missing.
+            BundleError: the bundle has no such graph.
+        """
+        entry = self.graph(graph)
+        if backend == "onnxruntime":
+            from .backends.onnxruntime import OrtRunner
+
+            return OrtRunner(self.file(entry["file"]), graph, provider=provider,
+                             intra_op_threads=intra_op_threads)
+        raise BackendUnavailableError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")

@@ -1,0 +1,244 @@
+"""``masc-export``: a SigLIP2 checkpoint -> a validated bundle (ONNX graphs, tokenizer, manifest).
+
+Steps (optimum-style): load the checkpoint and its processor; read every preprocessing and text
+setting from the processor objects into the manifest; export each graph from its spec
+(export/graphs.py); validate each graph against PyTorch right away on batch sizes and patch
+grids other than the traced ones (export/validate.py), raising :class:`ExportValidationError`
+past ``tolerances.EXPORT_VALIDATION_ATOL``; write ``manifest.json`` with every file's sha256.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+
+from ..errors import MascEngineError
+from ..engine.manifest import write_manifest
+from .random_models import PRESETS, build_random_checkpoint, is_random_model_id
+
+DEFAULT_MODEL = "google/siglip2-so400m-patch16-naflex"
+#: Short names accepted by ``--model``.
+SHORT_NAMES = {
+    "siglip2-so400m": "google/siglip2-so400m-patch16-naflex",
+    "siglip2-base": "google/siglip2-base-patch16-naflex",
+    "siglip2-base-512": "google/siglip2-base-patch16-512",
+}
+#: The paper's patch budget (masc-metric 0.3.0 ``DEFAULT_NAFLEX_MAX_PATCHES``).
+DEFAULT_MAX_NUM_PATCHES = 1024
+#: masc-metric 0.3.0 ``DEFAULT_FG_THRESHOLD``.
+DEFAULT_FG_THRESHOLD = 0.5
+OPSET = 18
+
+_PIL_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+class CheckpointError(MascEngineError):
+    """The checkpoint cannot be loaded (unknown id, gated, not SigLIP2)."""
+
+
+def random_checkpoint_dir(name: str) -> Path:
+    """Local directory of a built-in random-weight checkpoint, built on first use.
+
+    Cached under ``$MASC_ENGINE_CACHE`` (default ``~/.cache/masc-engine``) per transformers and
+    torch version, since the random draw depends on both. The directory name keeps ``naflex`` in
+    it for NaFlex presets: masc-metric 0.3.0 decides NaFlex from ``"naflex" in model_id``, and the
+    oracle tests load the same directory.
+    """
+    import torch
+    import transformers
+
+    key = name.split(":", 1)[-1]
+    if key not in PRESETS:
+        raise CheckpointError(f"unknown random model {name!r}; known: {', '.join('random:' + k for k in PRESETS)}")
+    root = Path(os.environ.get("MASC_ENGINE_CACHE", Path.home() / ".cache" / "masc-engine"))
+    d = root / "random-models" / f"{key}-tf{transformers.__version__}-torch{torch.__version__.split('+')[0]}"
+    if not (d / "masc_random_model.json").is_file():
+        tmp = d.with_name(d.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        build_random_checkpoint(key, tmp)
+        if not d.exists():
+            tmp.rename(d)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return d
+
+
+def _load(model: str, revision: str | None):
+    """Load model + processor; return (model, processor, source dict)."""
+    from transformers import AutoModel, AutoProcessor
+
+    source = {"model": model, "revision": revision, "random_weights": False}
+    path = model
+    if is_random_model_id(model):
+        path = str(random_checkpoint_dir(model))
+        source.update(random_weights=True, preset=model.split(":", 1)[1], checkpoint_dir=path)
+    else:
+        model = SHORT_NAMES.get(model, model)
+        source["model"] = path = model
+    try:
+        m = AutoModel.from_pretrained(path, revision=revision, attn_implementation="eager")
+        processor = AutoProcessor.from_pretrained(path, revision=revision)
+    except OSError as e:
+        text = str(e)
+        if "gated" in text.lower() or "401" in text or "403" in text:
+            raise CheckpointError(
+                f"{model} is a gated model: accept its licence on its Hugging Face page, then run "
+                "`huggingface-cli login` (or set HF_TOKEN) and export again. Original error: " + text
+            ) from e
+        raise CheckpointError(f"cannot load {model!r} as a Hugging Face id or local checkpoint: {text}") from e
+    m.eval()
+    commit = getattr(m.config, "_commit_hash", None)
+    if commit and not source.get("revision"):
+        source["revision"] = commit
+    return m, processor, source
+
+
+def image_settings_from_processor(model, processor, max_num_patches: int | None) -> dict:
+    """The manifest's ``image`` section, read from the loaded processor and config."""
+    ip = processor.image_processor
+    vcfg = model.config.vision_config
+    family = model.config.model_type
+    resample = ip.resample
+    resample = _PIL_NAMES[int(getattr(resample, "value", resample))]
+    common = dict(
+        patch_size=int(vcfg.patch_size), resample=resample, rescale_factor=float(ip.rescale_factor),
+        image_mean=[float(x) for x in ip.image_mean], image_std=[float(x) for x in ip.image_std],
+        do_rescale=bool(ip.do_rescale), do_normalize=bool(ip.do_normalize),
+        image_processor=type(ip).__name__,
+    )
+    if not (common["do_rescale"] and common["do_normalize"]):
+        raise CheckpointError("image processors without rescale+normalize are not supported")
+    if family == "siglip2":
+        budget = int(max_num_patches or DEFAULT_MAX_NUM_PATCHES)
+        return dict(mode="naflex", max_num_patches=budget, image_size=None,
+                    position_grid=int(round(vcfg.num_patches ** 0.5)), **common)
+    if family == "siglip":
+        if max_num_patches:
+            raise CheckpointError("--max-num-patches applies to NaFlex checkpoints only")
+        size = ip.size
+        h, w = int(size["height"]), int(size["width"])
+        n = (h // vcfg.patch_size) * (w // vcfg.patch_size)
+        return dict(mode="fixed", max_num_patches=n, image_size=[h, w], position_grid=None, **common)
+    raise CheckpointError(f"model_type {family!r} is not a SigLIP2 checkpoint (siglip2 or siglip)")
+
+
+def text_settings_from_processor(model, processor) -> dict:
+    """The manifest's ``text`` section: what transformers applies on top of tokenizer.json."""
+    tok = processor.tokenizer
+    defaults = dict(getattr(type(processor), "text_kwargs", {}) or {})
+    max_pos = int(model.config.text_config.max_position_embeddings)
+    max_length = int(defaults.get("max_length") or min(int(tok.model_max_length), max_pos))
+    return dict(
+        tokenizer_file="tokenizer.json", max_length=max_length, padding="max_length",
+        padding_side=tok.padding_side, truncation_side=tok.truncation_side,
+        pad_token=str(tok.pad_token), pad_token_id=int(tok.pad_token_id),
+        special_tokens={k: str(v) for k, v in tok.special_tokens_map.items()},
+        special_token_ids={str(t): int(tok.convert_tokens_to_ids(t)) for t in tok.all_special_tokens},
+        lowercase=tok("ABC", add_special_tokens=False)["input_ids"] == tok("abc", add_special_tokens=False)["input_ids"],
+        reference_truncates=bool(defaults.get("truncation", False)),
+        text_tower_attention_mask=False, tokenizer_class=type(tok).__name__,
+    )
+
+
+def _save_tokenizer(processor, path: Path) -> None:
+    backend = processor.tokenizer.backend_tokenizer
+    from tokenizers import Tokenizer
+
+    clone = Tokenizer.from_str(backend.to_str())
+    clone.no_padding()
+    clone.no_truncation()
+    clone.save(str(path))
+
+
+def _versions() -> dict:
+    import onnx
+    import onnxruntime
+    import tokenizers
+    import torch
+    import transformers
+
+    from .. import __version__
+
+    return {"masc_engine": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "tokenizers": tokenizers.__version__,
+            "python": platform.python_version(), "opset": OPSET}
+
+
+def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None = None,
+                  revision: str | None = None, validate: bool = True, log=print) -> Path:
+    """Export ``model`` to a bundle in ``out_dir`` and validate it.
+
+    Args:
+        model: Hugging Face id (``google/siglip2-so400m-patch16-naflex``), short name
+            (``siglip2-so400m``), local checkpoint directory, or ``random:<preset>``.
+        out_dir: bundle directory (created; existing graph files are overwritten).
+        max_num_patches: NaFlex patch budget (default 1024, the paper's).
+        revision: Hub revision to pin.
+        validate: run the post-export validation (on by default; the manifest records it).
+
+    Raises:
+        CheckpointError: the checkpoint cannot be loaded or is not SigLIP2.
+        ExportValidationError: a graph disagrees with PyTorch beyond tolerance.
+    """
+    import torch
+
+    from . import graphs, validate as val
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    m, processor, source = _load(model, revision)
+    image = image_settings_from_processor(m, processor, max_num_patches)
+    text = text_settings_from_processor(m, processor)
+    _save_tokenizer(processor, out / "tokenizer.json")
+    vm, tm = m.vision_model, m.text_model
+    if not getattr(vm, "use_head", True) or not hasattr(vm, "head"):
+        raise CheckpointError("this checkpoint's vision tower has no attention-pooling head; PF needs it")
+    width = int(vm.config.hidden_size)
+    if image["mode"] == "naflex":
+        vspec = graphs.vision_spec_naflex(vm, image["patch_size"], image["position_grid"], trace_patches=64)
+    else:
+        vspec = graphs.vision_spec_fixed(vm, image["image_size"][0])
+    specs = [vspec, graphs.pool_spec(vm.head, width, trace_tokens=48),
+             graphs.text_spec(tm, text["max_length"], int(m.config.text_config.vocab_size))]
+    report = {}
+    torch.set_grad_enabled(False)
+    for spec in specs:
+        t = time.time()
+        graphs.export_graph(spec, out / spec.file, opset=OPSET)
+        log(f"exported {spec.name} -> {out / spec.file} ({time.time() - t:.1f}s)")
+    if validate:
+        report = val.validate_bundle_graphs(out, m, processor, image, text, log=log)
+    files = ["tokenizer.json"] + [s.file for s in specs]
+    files += [p.name for p in out.iterdir() if p.suffix == ".data"]  # external weights (so400m)
+    manifest = {
+        "source": source,
+        "architecture": {"model_type": m.config.model_type, "vision_width": width,
+                         "text_projection": int(tm.head.out_features),
+                         "vision_layers": int(vm.config.num_hidden_layers),
+                         "pool_heads": int(vm.head.attention.num_heads)},
+        "image": image,
+        "text": text,
+        "scoring": {"fg_threshold": DEFAULT_FG_THRESHOLD,
+                    "cp_keeps": "reference patches with weight > fg_threshold",
+                    "pf_hides": "output patches with weight >= fg_threshold, and padding slots",
+                    "mask_downsample": "bilinear, align_corners=False, no antialias, clamp [0, 1]",
+                    "reference": "masc-metric 0.3.0"},
+        "graphs": {s.name: s.manifest_entry() for s in specs},
+        "validation": report,
+        "versions": _versions(),
+        "files": files,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "export_seconds": round(time.time() - t0, 1),
+    }
+    write_manifest(out, manifest)
+    log(f"bundle written: {out} (manifest.json, {len(files)} files)")
+    return out
+
+
+def dumps_report(report: dict) -> str:
+    return json.dumps(report, indent=2)

@@ -1,0 +1,163 @@
+"""Random-weight SigLIP2 checkpoints, built deterministically by transformers from a config.
+
+No weights can be downloaded on a build or CI machine, so fidelity (masc-engine vs the reference
+`masc-metric` 0.3.0) is measured on random weights that both sides load from the same local
+directory. These models score nothing meaningful: the manifest of a bundle made from them says
+`"random_weights": true` and the scorer warns.
+
+Presets (name -> shapes):
+
+- ``random:tiny-naflex``: Siglip2Model, NaFlex, width 64, 2 layers; for tests.
+- ``random:tiny-fixed``: SiglipModel (the fixed-size SigLIP2 layout, like
+  ``google/siglip2-base-patch16-512``), 128 x 128 input, patch 16; for tests.
+- ``random:base-naflex``: the shapes of ``google/siglip2-base-patch16-naflex``; for benchmarks.
+- ``random:so400m-naflex``: the shapes of ``google/siglip2-so400m-patch16-naflex``; for benchmarks.
+
+The tokenizer is a small byte-fallback BPE trained by `tokenizers` on a fixed built-in corpus,
+wrapped as transformers' ``Siglip2Tokenizer`` (Gemma-style pre-tokenization, lowercasing), so the
+whole text pipeline of the reference runs on it. Its vocabulary is small (about 700 entries)
+instead of Gemma's 256k: the text tower's cost does not depend on the vocabulary size beyond the
+embedding lookup.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+RANDOM_PREFIX = "random:"
+
+# Built-in corpus for the test tokenizer: DreamBench-style prompt templates and class nouns.
+_CORPUS = """
+a photo of a {} in the jungle. a {} in the snow. a {} on the beach. a {} on a cobblestone street.
+a {} on top of pink fabric. a {} on top of a wooden floor. a {} with a city in the background.
+a {} with a mountain in the background. a {} with a blue house in the background. a {} on top of
+a purple rug in a forest. a {} with a wheat field in the background. a {} with a tree and autumn
+leaves in the background. a {} with the Eiffel Tower in the background. a {} floating on top of
+water. a {} floating in an ocean of milk. a {} on top of green grass with sunflowers around it.
+a {} on top of a mirror. a {} on top of the sidewalk in a crowded street. a {} on top of a dirt
+road. a {} on top of a white rug. a red {}. a purple {}. a shiny {}. a wet {}. a cube shaped {}.
+a {} in a chef outfit. a {} in a firefighter outfit. a {} in a police outfit. a {} wearing a red
+hat. a {} wearing a santa hat. a {} wearing a rainbow scarf. a {} wearing a black top hat and a
+monocle. a {} wearing pink glasses. a {} wearing a yellow shirt. a {} in a purple wizard outfit.
+"""
+_NOUNS = (
+    "backpack boot bowl can candle cartoon cat clock dog glasses sneaker stuffed animal teapot toy "
+    "vase kitten motorcycle butterfly garden"
+).split()
+
+
+@dataclass(frozen=True)
+class RandomPreset:
+    """Shapes of one random-weight test model."""
+
+    naflex: bool
+    vision_width: int
+    vision_layers: int
+    vision_heads: int
+    vision_mlp: int
+    text_width: int
+    text_layers: int
+    text_heads: int
+    text_mlp: int
+    patch_size: int = 16
+    num_patches: int = 256  # NaFlex: position-embedding grid 16 x 16
+    image_size: int = 128  # fixed-size only
+    max_num_patches: int = 1024  # NaFlex processor default written into the checkpoint
+    seed: int = 0
+
+
+PRESETS: dict[str, RandomPreset] = {
+    "tiny-naflex": RandomPreset(True, 64, 2, 4, 128, 64, 2, 4, 128),
+    "tiny-fixed": RandomPreset(False, 64, 2, 4, 128, 64, 2, 4, 128, image_size=128),
+    "base-naflex": RandomPreset(True, 768, 12, 12, 3072, 768, 12, 12, 3072),
+    "so400m-naflex": RandomPreset(True, 1152, 27, 16, 4304, 1152, 27, 16, 4304),
+}
+
+
+def is_random_model_id(model: str) -> bool:
+    return model.startswith(RANDOM_PREFIX)
+
+
+def _train_tokenizer(save_dir: Path):
+    """A byte-fallback BPE in the Siglip2Tokenizer layout, trained on `_CORPUS` (deterministic)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import Siglip2Tokenizer
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"] + [f"<0x{i:02X}>" for i in range(256)]
+    bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    bpe.normalizer = normalizers.Sequence([normalizers.Lowercase(), normalizers.Replace(" ", "▁")])
+    bpe.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous")
+    trainer = trainers.BpeTrainer(vocab_size=768, special_tokens=specials, show_progress=False)
+    text = " ".join(_CORPUS.split())
+    lines = [s.strip().format(n) for n in _NOUNS for s in text.split(".") if "{}" in s]
+    bpe.train_from_iterator(lines, trainer)
+    spec = json.loads(bpe.to_str())
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["model"]["merges"]]
+    tok = Siglip2Tokenizer(vocab=spec["model"]["vocab"], merges=merges, model_max_length=64)
+    tok.save_pretrained(save_dir)
+    return tok
+
+
+def build_random_checkpoint(name: str, save_dir: str | Path) -> Path:
+    """Build preset `name` (with or without the ``random:`` prefix) into `save_dir`.
+
+    The directory then loads with ``AutoModel.from_pretrained`` / ``AutoProcessor.from_pretrained``
+    like a Hub checkpoint. Deterministic: the same preset, torch and transformers versions give
+    the same weights (seeded with ``preset.seed``).
+
+    Raises:
+        KeyError: unknown preset name (the message lists the known ones).
+    """
+    import torch
+    from transformers import (
+        Siglip2Config,
+        Siglip2Model,
+        Siglip2Processor,
+        SiglipConfig,
+        SiglipModel,
+        SiglipProcessor,
+    )
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+    from transformers.models.siglip2.image_processing_pil_siglip2 import Siglip2ImageProcessorPil
+
+    key = name[len(RANDOM_PREFIX):] if is_random_model_id(name) else name
+    if key not in PRESETS:
+        raise KeyError(f"unknown random model {name!r}; known: {', '.join(RANDOM_PREFIX + k for k in PRESETS)}")
+    p = PRESETS[key]
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+
+    tok = _train_tokenizer(save_dir)
+    text = dict(
+        vocab_size=len(tok), hidden_size=p.text_width, intermediate_size=p.text_mlp,
+        num_hidden_layers=p.text_layers, num_attention_heads=p.text_heads, max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )
+    vision = dict(
+        hidden_size=p.vision_width, intermediate_size=p.vision_mlp, num_hidden_layers=p.vision_layers,
+        num_attention_heads=p.vision_heads, patch_size=p.patch_size,
+    )
+    torch.manual_seed(p.seed)
+    if p.naflex:
+        config = Siglip2Config(text_config=text, vision_config={**vision, "num_patches": p.num_patches})
+        model = Siglip2Model(config)
+        image_processor = Siglip2ImageProcessorPil(patch_size=p.patch_size, max_num_patches=p.max_num_patches)
+        processor = Siglip2Processor(image_processor=image_processor, tokenizer=tok)
+    else:
+        config = SiglipConfig(text_config=text, vision_config={**vision, "image_size": p.image_size})
+        model = SiglipModel(config)
+        image_processor = SiglipImageProcessorPil(
+            size={"height": p.image_size, "width": p.image_size},
+            resample=2,  # PIL BILINEAR, as google/siglip2-base-patch16-512's preprocessor_config
+            image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+        )
+        processor = SiglipProcessor(image_processor=image_processor, tokenizer=tok)
+    model.eval()
+    model.save_pretrained(save_dir)
+    processor.save_pretrained(save_dir)
+    (save_dir / "masc_random_model.json").write_text(
+        json.dumps({"preset": key, "seed": p.seed, "random_weights": True}, indent=2)
+    )
+    return save_dir

@@ -1,0 +1,165 @@
+"""Torch-free image preprocessing that reproduces transformers' SigLIP / SigLIP2 image processors.
+
+Ported from transformers 5.24.0 (Apache-2.0):
+
+- ``models/siglip2/image_processing_pil_siglip2.py``: NaFlex target size
+  (``get_image_size_for_max_num_patches``), patchify (``convert_image_to_patches``), padding to the
+  patch budget (``pad_along_first_dim``), ``pixel_attention_mask`` and ``spatial_shapes``.
+- ``image_processing_backends.py`` ``PilBackend`` + ``image_transforms.py``: resize with Pillow
+  (uint8 in, uint8 out), rescale in float64 then cast to float32, normalize in float32.
+
+Every setting comes from the bundle manifest (:class:`ImageSettings`), never from a model name.
+The reference's *torchvision* backend (what a default ``masc-metric`` install uses when torchvision
+is importable) resizes differently; README "Preprocessing fidelity" gives the measured difference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from PIL import Image
+
+# PIL filter names as stored in the manifest -> Pillow constants.
+_PIL_FILTERS = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """Image preprocessing settings, read from ``manifest.json["image"]``.
+
+    Attributes:
+        mode: ``"naflex"`` (aspect-preserving resize to a patch budget) or ``"fixed"``
+            (resize to ``image_size``).
+        patch_size: patch side in pixels.
+        max_num_patches: NaFlex patch budget (sequence length after padding); for fixed-size
+            models, the number of patches of the fixed grid.
+        image_size: ``(height, width)`` in pixels for fixed-size models, else ``None``.
+        resample: Pillow filter name (``"bilinear"``, ``"bicubic"``...).
+        rescale_factor: multiplier applied to uint8 values (1/255 for SigLIP2).
+        image_mean, image_std: per-channel normalisation, applied after rescale.
+    """
+
+    mode: str
+    patch_size: int
+    max_num_patches: int
+    image_size: tuple[int, int] | None
+    resample: str
+    rescale_factor: float
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+
+    @classmethod
+    def from_manifest(cls, d: dict) -> "ImageSettings":
+        size = d.get("image_size")
+        return cls(
+            mode=d["mode"], patch_size=int(d["patch_size"]), max_num_patches=int(d["max_num_patches"]),
+            image_size=tuple(size) if size else None, resample=d["resample"],
+            rescale_factor=float(d["rescale_factor"]), image_mean=tuple(d["image_mean"]),
+            image_std=tuple(d["image_std"]),
+        )
+
+    def with_budget(self, max_num_patches: int) -> "ImageSettings":
+        """The same settings with another NaFlex patch budget (``--max-num-patches``)."""
+        if self.mode != "naflex":
+            raise ValueError("a patch budget applies to NaFlex models only")
+        return ImageSettings(self.mode, self.patch_size, int(max_num_patches), None, self.resample,
+                             self.rescale_factor, self.image_mean, self.image_std)
+
+
+@dataclass
+class PreprocessedImage:
+    """One image, ready for the vision tower.
+
+    Attributes:
+        pixel_values: NaFlex ``[max_num_patches, 3 * p * p] float32`` (patch-major, channels last
+            inside a patch, zero rows for padding slots); fixed ``[3, H, W] float32``.
+        pixel_attention_mask: ``[max_num_patches] int32``, 1 for a real patch, 0 for padding.
+        spatial_shape: the patch grid ``(Hp, Wp)``; ``Hp * Wp`` real patches, row-major.
+    """
+
+    pixel_values: np.ndarray
+    pixel_attention_mask: np.ndarray
+    spatial_shape: tuple[int, int]
+
+
+@lru_cache(maxsize=4096)
+def naflex_target_size(height: int, width: int, patch_size: int, max_num_patches: int,
+                       eps: float = 1e-5) -> tuple[int, int]:
+    """Resized ``(height, width)`` in pixels for a NaFlex image: the largest scale whose patch grid
+    fits ``max_num_patches``, each side a multiple of ``patch_size`` and at least one patch.
+
+    Ported bit for bit (binary search on the scale, same bounds and eps) from transformers 5.24.0
+    ``image_processing_pil_siglip2.get_image_size_for_max_num_patches``.
+    """
+
+    def scaled(scale: float, size: int) -> int:
+        s = math.ceil(size * scale / patch_size) * patch_size
+        return int(max(patch_size, s))
+
+    lo, hi = eps / 10, 100.0
+    while (hi - lo) >= eps:
+        mid = (lo + hi) / 2
+        th, tw = scaled(mid, height), scaled(mid, width)
+        if (th / patch_size) * (tw / patch_size) <= max_num_patches:
+            lo = mid
+        else:
+            hi = mid
+    return scaled(lo, height), scaled(lo, width)
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """The reference's ``image.convert("RGB")`` (masc-metric 0.3.0 ``metric.py``: ``_encode_image``)."""
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _resize_normalize(image: Image.Image, height: int, width: int, s: ImageSettings) -> np.ndarray:
+    """Pillow resize, then rescale (float64 -> float32) and normalize (float32): ``[3, H, W]``."""
+    if image.size != (width, height):
+        image = image.resize((width, height), resample=_PIL_FILTERS[s.resample])
+    arr = np.asarray(image)  # [H, W, 3] uint8
+    x = (arr.astype(np.float64) * s.rescale_factor).astype(np.float32)
+    mean = np.asarray(s.image_mean, dtype=np.float32)
+    std = np.asarray(s.image_std, dtype=np.float32)
+    x = (x - mean) / std
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def preprocess_image(image: Image.Image, s: ImageSettings) -> PreprocessedImage:
+    """Reproduce the reference image processor for one RGB image.
+
+    Args:
+        image: a PIL image; converted to RGB first, as the reference does.
+        s: the bundle's :class:`ImageSettings`.
+
+    Returns:
+        :class:`PreprocessedImage` (see its shapes).
+    """
+    image = to_rgb(image)
+    p = s.patch_size
+    if s.mode == "fixed":
+        h, w = s.image_size
+        x = _resize_normalize(image, h, w, s)
+        n = (h // p) * (w // p)
+        return PreprocessedImage(x, np.ones(n, dtype=np.int32), (h // p, w // p))
+    if s.mode != "naflex":
+        raise ValueError(f"unknown image mode {s.mode!r}")
+    h, w = naflex_target_size(image.height, image.width, p, s.max_num_patches)
+    x = _resize_normalize(image, h, w, s)
+    hp, wp = h // p, w // p
+    # (C, H, W) -> (Hp*Wp, p*p*C): the reference's convert_image_to_patches.
+    patches = x.reshape(3, hp, p, wp, p).transpose(1, 3, 2, 4, 0).reshape(hp * wp, p * p * 3)
+    pixel_values = np.zeros((s.max_num_patches, p * p * 3), dtype=np.float32)
+    pixel_values[: hp * wp] = patches
+    mask = np.zeros(s.max_num_patches, dtype=np.int32)
+    mask[: hp * wp] = 1
+    return PreprocessedImage(pixel_values, mask, (hp, wp))

@@ -1,0 +1,279 @@
+"""The torch-free MaSC scorer: a drop-in for ``masc.MaSC`` built on a bundle.
+
+``from masc_engine import MaSC`` then ``MaSC("bundles/siglip2-so400m").score(ref_image, ref_mask,
+out_image, out_mask, prompt, object_name)`` returns the same ``cp``, ``pf`` and ``extras`` as
+masc-metric 0.3.0 on the same weights (README "Fidelity" gives the measured differences).
+
+One scorer object may serve concurrent calls from several threads: it holds only read-only state
+(runners whose sessions are thread-safe, a configured tokenizer, pure caches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+from PIL import Image
+
+from ..engine.bundle import Bundle
+from ..errors import InputError
+from . import heads
+from .masks import DEFAULT_FG_THRESHOLD, mask_to_patch_grid
+from .position import position_weights
+from .preprocess import ImageSettings, PreprocessedImage, preprocess_image
+from .stripping import STRIPPERS, pf_prompt
+from .text import PromptTokenizer, TextSettings
+
+
+@dataclass
+class MaSCResult:
+    """Result of one scoring call (same fields as masc-metric 0.3.0 ``MaSCResult``).
+
+    Attributes:
+        cp: Concept Preservation in ``[-1, 1]``; NaN when the reference mask keeps no patch.
+        pf: Prompt Following in ``[-1, 1]``; NaN when the output mask leaves no background patch.
+        extras: the reference's diagnostics (``prompt_text``, ``prompt_stripped``, ``stripper``,
+            ``stripper_model``, ``cp_n_ref_fg``, ``cp_n_ref_total``, ``cp_fg_frac_ref``,
+            ``pf_n_fg``, ``pf_n_total``, ``pf_n_bg_pooled``) plus ``prompt_truncated``,
+            ``prompt_n_tokens``, ``ref_grid``, ``out_grid``.
+    """
+
+    cp: float
+    pf: float
+    extras: dict = field(default_factory=dict)
+
+
+@dataclass
+class ImageEncoding:
+    """One image through the vision tower.
+
+    Attributes:
+        tokens: ``[Hp * Wp, D] float32`` patch tokens of the real patches, row-major.
+        grid: the patch grid ``(Hp, Wp)``.
+    """
+
+    tokens: np.ndarray
+    grid: tuple[int, int]
+
+
+@dataclass
+class Pair:
+    """One scoring input (the arguments of :meth:`Scorer.score`)."""
+
+    ref_image: Image.Image
+    ref_mask: np.ndarray
+    out_image: Image.Image
+    out_mask: np.ndarray
+    prompt: str
+    object_name: str | None = None
+
+
+def check_mask_matches(image: Image.Image, mask: np.ndarray, what: str) -> None:
+    """Refuse a mask whose ``(H, W)`` differs from its image's.
+
+    The reference silently stretches such a mask onto the patch grid; a mask for another image
+    (or another orientation) then scores the wrong region, so we refuse.
+
+    Raises:
+        InputError: reason ``mask_size_mismatch``.
+    """
+    shape = np.shape(mask)
+    if len(shape) != 2:
+        raise InputError("bad_mask", f"{what} mask must be 2-D (H, W), got shape {shape}")
+    if tuple(shape) != (image.height, image.width):
+        raise InputError("mask_size_mismatch",
+                         f"{what} mask is {shape[1]}x{shape[0]} (WxH) but its image is "
+                         f"{image.width}x{image.height}")
+
+
+class Scorer:
+    """MaSC on a bundle, without PyTorch.
+
+    Args:
+        bundle: a bundle directory (from ``masc-export``) or a loaded :class:`Bundle`.
+        provider: ONNX Runtime execution provider, ``"cpu"`` or ``"cuda"``; a missing one raises
+            :class:`BackendUnavailableError` (never a silent CPU fallback).
+        stripper: ``"regex"`` (default, the paper's), ``"spacy"`` or ``"none"``.
+        fg_threshold: mask threshold on the patch grid; default from the manifest (0.5).
+        naflex_max_patches: override the bundle's NaFlex patch budget.
+        batch_size: images (and prompts) per vision/text graph call.
+        intra_op_threads: ONNX Runtime threads per graph call (default: ORT's choice).
+        mask_size_policy: ``"refuse"`` (default: a mask whose size differs from its image raises
+            :class:`InputError`) or ``"stretch"`` (the reference's silent bilinear stretch).
+        verify: check every bundle file's sha256 on load.
+
+    Raises:
+        BundleError, BackendUnavailableError, ValueError (bad option).
+    """
+
+    def __init__(self, bundle: str | Path | Bundle, *, provider: str = "cpu", backend: str = "onnxruntime",
+                 stripper: str = "regex", fg_threshold: float | None = None,
+                 naflex_max_patches: int | None = None, batch_size: int = 8,
+                 intra_op_threads: int | None = None, mask_size_policy: str = "refuse",
+                 verify: bool = True):
+        if stripper not in STRIPPERS:
+            raise ValueError(f"stripper must be one of {STRIPPERS}, got {stripper!r}")
+        if mask_size_policy not in ("refuse", "stretch"):
+            raise ValueError("mask_size_policy must be 'refuse' or 'stretch'")
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle, verify=verify)
+        m = self.bundle.manifest
+        self.image_settings = ImageSettings.from_manifest(m["image"])
+        if naflex_max_patches is not None:
+            self.image_settings = self.image_settings.with_budget(naflex_max_patches)
+        self.position_grid = m["image"].get("position_grid")
+        self.text_settings = TextSettings.from_manifest(m["text"])
+        self.tokenizer = PromptTokenizer(self.bundle.file(self.text_settings.tokenizer_file), self.text_settings)
+        self.fg_threshold = float(fg_threshold if fg_threshold is not None
+                                  else m["scoring"].get("fg_threshold", DEFAULT_FG_THRESHOLD))
+        self.stripper = stripper
+        if stripper == "spacy":  # fail now, not mid-evaluation (as the reference does)
+            from .stripping import SpacySubjectStripper
+
+            SpacySubjectStripper.load()
+        self.batch_size = max(1, int(batch_size))
+        self.mask_size_policy = mask_size_policy
+        self.provider = provider
+        runner = lambda g: self.bundle.runner(g, backend=backend, provider=provider,  # noqa: E731
+                                              intra_op_threads=intra_op_threads)
+        self.vision = runner("vision")
+        self.pool = runner("pool")
+        self.text = runner("text")
+
+    # ------------------------------------------------------------------ encoders
+
+    def preprocess(self, image: Image.Image) -> PreprocessedImage:
+        return preprocess_image(image, self.image_settings)
+
+    def encode_preprocessed(self, items: Sequence[PreprocessedImage]) -> list[ImageEncoding]:
+        """Run the vision tower on preprocessed images, ``batch_size`` at a time.
+
+        NaFlex batches are padded to the longest real sequence in the batch instead of the full
+        budget: padding slots are hidden keys, so real patches' tokens do not depend on how many
+        there are (checked by tests/test_scorer.py's batch-invariance test).
+        """
+        out: list[ImageEncoding] = []
+        for start in range(0, len(items), self.batch_size):
+            chunk = items[start:start + self.batch_size]
+            counts = [p.spatial_shape[0] * p.spatial_shape[1] for p in chunk]
+            if self.image_settings.mode == "naflex":
+                n = max(counts)
+                feeds = {
+                    "pixel_values": np.stack([p.pixel_values[:n] for p in chunk]),
+                    "pixel_attention_mask": np.stack([p.pixel_attention_mask[:n] for p in chunk]),
+                    "position_weights": np.stack([position_weights(self.position_grid, p.spatial_shape, n)
+                                                  for p in chunk]),
+                }
+            else:
+                feeds = {"pixel_values": np.stack([p.pixel_values for p in chunk])}
+            hidden = self.vision.run(feeds)["last_hidden_state"]
+            out.extend(ImageEncoding(np.ascontiguousarray(hidden[i, :c]), p.spatial_shape)
+                       for i, (p, c) in enumerate(zip(chunk, counts)))
+        return out
+
+    def encode_images(self, images: Sequence[Image.Image]) -> list[ImageEncoding]:
+        """Preprocess and encode images. Returns one :class:`ImageEncoding` per image."""
+        return self.encode_preprocessed([self.preprocess(im) for im in images])
+
+    def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, list]:
+        """Tokenize and encode prompts: ``([B, P] float32 text embeddings, [EncodedPrompt])``."""
+        encoded = self.tokenizer.encode(list(texts))
+        embeds = []
+        for start in range(0, len(encoded), self.batch_size):
+            ids = np.stack([e.input_ids for e in encoded[start:start + self.batch_size]])
+            embeds.append(self.text.run({"input_ids": ids})["text_embeds"])
+        width = int(self.bundle.manifest["architecture"]["text_projection"])
+        return (np.concatenate(embeds) if embeds else np.zeros((0, width), np.float32)), encoded
+
+    def pool_background(self, encs: Sequence[ImageEncoding], kpms: Sequence[np.ndarray]) -> tuple[np.ndarray, list]:
+        """Background-pooled embeddings: ``([B, D] float32, [attention [Hp*Wp] float32])``.
+
+        Rows whose mask hides every patch are not run (their PF is NaN); their row is NaN.
+        """
+        d = encs[0].tokens.shape[1] if encs else 0
+        pooled = np.full((len(encs), d), np.nan, dtype=np.float32)
+        attn: list = [None] * len(encs)
+        idx = [i for i, k in enumerate(kpms) if not k.all()]
+        for start in range(0, len(idx), self.batch_size):
+            sel = idx[start:start + self.batch_size]
+            n = max(encs[i].tokens.shape[0] for i in sel)
+            hidden = np.zeros((len(sel), n, d), dtype=np.float32)
+            kpm = np.ones((len(sel), n), dtype=bool)
+            for j, i in enumerate(sel):
+                c = encs[i].tokens.shape[0]
+                hidden[j, :c] = encs[i].tokens
+                kpm[j, :c] = kpms[i]
+            res = self.pool.run({"hidden": hidden, "key_padding_mask": kpm})
+            for j, i in enumerate(sel):
+                pooled[i] = res["pooled"][j]
+                attn[i] = res["attention"][j, :encs[i].tokens.shape[0]]
+        return pooled, attn
+
+    # ------------------------------------------------------------------ scoring
+
+    def mask_weights(self, image: Image.Image, mask: np.ndarray, grid: tuple[int, int], what: str) -> np.ndarray:
+        if self.mask_size_policy == "refuse":
+            check_mask_matches(image, mask, what)
+        return mask_to_patch_grid(mask, grid)
+
+    def score(self, ref_image: Image.Image, ref_mask: np.ndarray, out_image: Image.Image,
+              out_mask: np.ndarray, prompt: str, object_name: str | None = None) -> MaSCResult:
+        """Score one (reference, output, prompt) sample, as ``masc.MaSC.score``.
+
+        Args:
+            ref_image, out_image: PIL images (converted to RGB).
+            ref_mask, out_mask: ``[H, W]`` masks of their image's size, uint8 0..255 or float
+                0..1, foreground non-zero.
+            prompt: the generation prompt.
+            object_name: subject name stripped from the prompt for PF (``None``: keep the prompt).
+
+        Raises:
+            InputError: a mask's size differs from its image's (``mask_size_policy="refuse"``).
+        """
+        return self.score_batch([Pair(ref_image, ref_mask, out_image, out_mask, prompt, object_name)])[0]
+
+    def score_batch(self, pairs: Iterable[Pair]) -> list[MaSCResult]:
+        """Score many pairs; each distinct image object and each distinct PF prompt is encoded
+        once (a benchmark reuses one reference across prompts, methods and seeds).
+
+        Results do not depend on batch composition or order (tests/test_scorer.py).
+        """
+        pairs = list(pairs)
+        images: dict[int, Image.Image] = {}
+        for p in pairs:
+            images.setdefault(id(p.ref_image), p.ref_image)
+            images.setdefault(id(p.out_image), p.out_image)
+        keys = list(images)
+        encs = dict(zip(keys, self.encode_images([images[k] for k in keys])))
+        prompts = [pf_prompt(p.prompt, p.object_name, self.stripper) for p in pairs]
+        texts = sorted({t for t, _ in prompts})
+        text_emb, text_enc = self.encode_texts(texts)
+        text_row = {t: i for i, t in enumerate(texts)}
+        ref_w, out_w, kpms = [], [], []
+        for p in pairs:
+            r, o = encs[id(p.ref_image)], encs[id(p.out_image)]
+            ref_w.append(self.mask_weights(p.ref_image, p.ref_mask, r.grid, "reference"))
+            out_w.append(self.mask_weights(p.out_image, p.out_mask, o.grid, "output"))
+            kpms.append(heads.background_key_padding_mask(out_w[-1], self.fg_threshold))
+        pooled, _ = self.pool_background([encs[id(p.out_image)] for p in pairs], kpms)
+        results = []
+        for i, p in enumerate(pairs):
+            r, o = encs[id(p.ref_image)], encs[id(p.out_image)]
+            cp, cp_extras = heads.masked_maxcos(r.tokens, o.tokens, ref_w[i], self.fg_threshold)
+            text, strip_extras = prompts[i]
+            k = text_row[text]
+            n_fg = int(kpms[i].sum())
+            n_bg = int((~kpms[i]).sum())
+            pf = float("nan") if n_bg == 0 else heads.cosine(pooled[i], text_emb[k])
+            results.append(MaSCResult(cp=cp, pf=pf, extras={
+                "prompt_text": text, **strip_extras, **cp_extras,
+                "pf_n_fg": n_fg, "pf_n_total": o.grid[0] * o.grid[1], "pf_n_bg_pooled": n_bg,
+                "prompt_truncated": bool(text_enc[k].truncated), "prompt_n_tokens": int(text_enc[k].n_tokens),
+                "ref_grid": list(r.grid), "out_grid": list(o.grid),
+            }))
+        return results
+
+
+#: Drop-in name: ``from masc_engine import MaSC``.
+MaSC = Scorer
