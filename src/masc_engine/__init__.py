@@ -2,6 +2,12 @@
 
 Layers: ``export`` (torch, build time only) -> ``engine`` (bundle, manifest, backends) ->
 ``runtime`` (torch-free scoring) -> ``protocols`` and ``cli``.
+
+``from masc_engine import MaSC`` is the drop-in for ``masc.MaSC`` (built on a bundle).
 """
 
 __version__ = "0.1.0"
+
+from .runtime.scorer import MaSC, MaSCResult, Scorer  # noqa: E402
+
+__all__ = ["MaSC", "MaSCResult", "Scorer", "__version__"]

@@ -15,7 +15,7 @@ Presets (name -> shapes):
 
 The tokenizer is a small byte-fallback BPE trained by `tokenizers` on a fixed built-in corpus,
 wrapped as transformers' ``Siglip2Tokenizer`` (Gemma-style pre-tokenization, lowercasing), so the
-whole text pipeline of the reference runs on it. Its vocabulary is small (about 700 entries)
+whole text pipeline of the reference runs on it. Its vocabulary is small (420 entries, 261 of them special and byte-fallback tokens)
 instead of Gemma's 256k: the text tower's cost does not depend on the vocabulary size beyond the
 embedding lookup.
 """
@@ -89,7 +89,7 @@ def _train_tokenizer(save_dir: Path):
     bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     bpe.normalizer = normalizers.Sequence([normalizers.Lowercase(), normalizers.Replace(" ", "▁")])
     bpe.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous")
-    trainer = trainers.BpeTrainer(vocab_size=768, special_tokens=specials, show_progress=False)
+    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=specials, show_progress=False)
     text = " ".join(_CORPUS.split())
     lines = [s.strip().format(n) for n in _NOUNS for s in text.split(".") if "{}" in s]
     bpe.train_from_iterator(lines, trainer)

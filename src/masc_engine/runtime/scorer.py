@@ -246,21 +246,27 @@ class Scorer:
             images.setdefault(id(p.out_image), p.out_image)
         keys = list(images)
         encs = dict(zip(keys, self.encode_images([images[k] for k in keys])))
-        prompts = [pf_prompt(p.prompt, p.object_name, self.stripper) for p in pairs]
+        items = []
+        for p in pairs:
+            r, o = encs[id(p.ref_image)], encs[id(p.out_image)]
+            items.append(EncodedPair(r, self.mask_weights(p.ref_image, p.ref_mask, r.grid, "reference"),
+                                     o, self.mask_weights(p.out_image, p.out_mask, o.grid, "output"),
+                                     p.prompt, p.object_name))
+        return self.score_encoded(items)
+
+    def score_encoded(self, items: Sequence["EncodedPair"]) -> list[MaSCResult]:
+        """Score pairs whose images are already encoded and masks already on the patch grid
+        (the entry point of ``masc-run``, which caches encodings across rows)."""
+        prompts = [pf_prompt(it.prompt, it.object_name, self.stripper) for it in items]
         texts = sorted({t for t, _ in prompts})
         text_emb, text_enc = self.encode_texts(texts)
         text_row = {t: i for i, t in enumerate(texts)}
-        ref_w, out_w, kpms = [], [], []
-        for p in pairs:
-            r, o = encs[id(p.ref_image)], encs[id(p.out_image)]
-            ref_w.append(self.mask_weights(p.ref_image, p.ref_mask, r.grid, "reference"))
-            out_w.append(self.mask_weights(p.out_image, p.out_mask, o.grid, "output"))
-            kpms.append(heads.background_key_padding_mask(out_w[-1], self.fg_threshold))
-        pooled, _ = self.pool_background([encs[id(p.out_image)] for p in pairs], kpms)
+        kpms = [heads.background_key_padding_mask(it.out_weights, self.fg_threshold) for it in items]
+        pooled, _ = self.pool_background([it.out_enc for it in items], kpms)
         results = []
-        for i, p in enumerate(pairs):
-            r, o = encs[id(p.ref_image)], encs[id(p.out_image)]
-            cp, cp_extras = heads.masked_maxcos(r.tokens, o.tokens, ref_w[i], self.fg_threshold)
+        for i, it in enumerate(items):
+            r, o = it.ref_enc, it.out_enc
+            cp, cp_extras = heads.masked_maxcos(r.tokens, o.tokens, it.ref_weights, self.fg_threshold)
             text, strip_extras = prompts[i]
             k = text_row[text]
             n_fg = int(kpms[i].sum())
@@ -273,6 +279,19 @@ class Scorer:
                 "ref_grid": list(r.grid), "out_grid": list(o.grid),
             }))
         return results
+
+
+@dataclass
+class EncodedPair:
+    """A pair ready for the heads: encodings plus mask weights on each patch grid
+    (``ref_weights [Hp_r * Wp_r] float32``, ``out_weights [Hp_o * Wp_o] float32``)."""
+
+    ref_enc: ImageEncoding
+    ref_weights: np.ndarray
+    out_enc: ImageEncoding
+    out_weights: np.ndarray
+    prompt: str
+    object_name: str | None = None
 
 
 #: Drop-in name: ``from masc_engine import MaSC``.
