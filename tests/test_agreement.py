@@ -392,6 +392,16 @@ def test_join_errors_name_row_and_reason():
         ag.join_scores_ratings(SCORE_ROWS, RATING_ROWS, key="id", rating_columns=["human_cp"])
 
 
+def test_ok_status_collection():
+    rows = [dict(r) for r in SCORE_ROWS]
+    rows[10] = {"key": "b6", "method": "B", "cp": "0.05", "status": "no_background"}
+    strict = ag.join_scores_ratings(rows, RATING_ROWS, rating_columns=["human_cp"])
+    assert (strict.counts["not_ok"], strict.counts["units"]) == (1, 10)
+    loose = ag.join_scores_ratings(rows, RATING_ROWS, rating_columns=["human_cp"], ok_status=("ok", "no_background"))
+    assert (loose.counts["not_ok"], loose.counts["units"]) == (0, 11)
+    assert loose.keys[-1] == ("b6",) and loose.metric[-1] == 0.05
+
+
 def test_composite_key():
     scores = [{"method": m, "key": "x", "cp": v} for m, v in (("A", 0.1), ("B", 0.9))]
     ratings = [{"method": m, "key": "x", "cp": v} for m, v in (("A", 0), ("B", 4))]
@@ -475,7 +485,7 @@ def test_cli_auc(tmp_path):
     out = tmp_path / "auc.json"
     res = CliRunner().invoke(main, ["auc", str(path), "--within-column", "same", "--n-resamples", "100", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert "skipped 1 rows with status != ok" in res.output
+    assert "skipped 1 rows by status" in res.output
     row = json.loads(out.read_text())["rows"][0]
     assert (row["n"], row["n_within"], row["n_cross"], row["auc"]) == (4, 2, 2, 0.875)
     bad = tmp_path / "bad.jsonl"

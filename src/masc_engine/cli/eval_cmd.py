@@ -200,7 +200,15 @@ _common = [
         "--status-column",
         default="status",
         show_default=True,
-        help="Only rows whose status is 'ok' are used; ignored if the column is absent. Empty string disables.",
+        help="Only rows whose status is an --ok-status are used; ignored if the column is absent. Empty string disables.",
+    ),
+    click.option(
+        "--ok-status",
+        "ok_statuses",
+        multiple=True,
+        default=("ok",),
+        show_default=True,
+        help="Status value(s) whose rows are used; repeatable (e.g. add no_background for CP, whose CP is valid).",
     ),
     click.option("--n-resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples."),
     click.option("--confidence", default=0.95, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True)),
@@ -274,6 +282,7 @@ def agreement_cmd(
     human_agg: str,
     score_column: str,
     status_column: str,
+    ok_statuses: tuple[str, ...],
     n_resamples: int,
     confidence: float,
     seed: int,
@@ -295,7 +304,8 @@ def agreement_cmd(
     Example: masc-eval scores.csv --ratings human.csv --score-column cp \\
                --rating-column cp_group1 --rating-column cp_group2 --scale 0-4
 
-    Join: inner join on --key; SCORES rows with status != ok, empty scores,
+    Join: inner join on --key; SCORES rows whose status is not an
+    --ok-status, empty scores (when there is no status column),
     unrated keys and rating rows without a score are counted and skipped.
     Duplicate keys, missing columns and non-numeric values are errors
     naming the file and line.
@@ -318,6 +328,7 @@ def agreement_cmd(
             key=key,
             method_column=method_column or None,
             status_column=status_column or None,
+            ok_status=ok_statuses,
             scale=scale_vals,
             scores_name=scores,
             ratings_name=ratings,
@@ -382,6 +393,7 @@ def agreement_cmd(
             "score_column": score_column,
             "rating_columns": list(joined.rating_columns),
             "key": key,
+            "ok_statuses": list(ok_statuses),
             "levels": list(levels),
             "mapping": mapping,
             "human_agg": human_agg,
@@ -410,6 +422,7 @@ def auc_cmd(
     group_column: str | None,
     score_column: str,
     status_column: str,
+    ok_statuses: tuple[str, ...],
     n_resamples: int,
     confidence: float,
     seed: int,
@@ -419,8 +432,8 @@ def auc_cmd(
 
     Each SCORES row is one (reference, output) pair; --within-column says
     whether both show the same subject. Higher scores should mean "same".
-    The CI is a bootstrap stratified by class. Rows with status != ok are
-    skipped; an ok row with a missing or non-numeric score or flag is an
+    The CI is a bootstrap stratified by class. Rows whose status is not an
+    --ok-status are skipped; an ok row with a missing or non-numeric score or flag is an
     error naming the file and line.
     """
     try:
@@ -433,7 +446,7 @@ def auc_cmd(
     skipped = 0
     for i, row in enumerate(rows):
         where = f"{scores}, {'line' if lines else 'row'} {lines[i] if lines else i + 1}"
-        if status_column and status_column in row and str(row[status_column]).strip() != "ok":
+        if status_column and status_column in row and str(row[status_column]).strip() not in ok_statuses:
             skipped += 1
             continue
         for col in (score_column, within_column):
@@ -453,12 +466,12 @@ def auc_cmd(
         within.append(w)
         groups.append(None if not group_column else (None if row.get(group_column) in (None, "") else str(row[group_column])))
     if not vals:
-        raise click.ClickException(f"{scores}: no usable rows ({skipped} skipped for status != ok)")
+        raise click.ClickException(f"{scores}: no usable rows ({skipped} skipped by status)")
     if group_column and all(g is None for g in groups):
         raise click.UsageError(f"--group-column {group_column!r}: no such column (or all empty) in {scores}")
     table = ag.auc_rows(vals, within, groups if group_column else None, n_resamples=n_resamples, confidence=confidence, seed=seed)
     pct = f"{confidence * 100:g}%"
-    click.echo(f"scores: {scores} [{score_column}]   within: {within_column}   skipped {skipped} rows with status != ok")
+    click.echo(f"scores: {scores} [{score_column}]   within: {within_column}   skipped {skipped} rows by status")
     click.echo(f"CI: {pct} percentile bootstrap stratified by class, {n_resamples} resamples, seed {seed}")
     click.echo("")
     body = [[r["group"], str(r["n"]), str(r["n_within"]), str(r["n_cross"]), _fmt_ci(r, "auc")] for r in table]
@@ -477,6 +490,7 @@ def auc_cmd(
             "confidence": confidence,
             "n_resamples": n_resamples,
             "seed": seed,
+            "ok_statuses": list(ok_statuses),
             "skipped_not_ok": skipped,
         }
         _write_out(out, table, meta)

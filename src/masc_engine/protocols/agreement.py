@@ -1175,7 +1175,7 @@ def join_scores_ratings(
     key: str | Sequence[str] = "key",
     method_column: str | None = "method",
     status_column: str | None = "status",
-    ok_status: str = "ok",
+    ok_status: str | Sequence[str] = "ok",
     scale: Sequence[float] | None = None,
     scores_name: str = "scores",
     ratings_name: str = "ratings",
@@ -1190,6 +1190,9 @@ def join_scores_ratings(
         Rows of a ``masc-run`` score file: the key column(s), ``score_column``
         and, if present, ``status_column`` (only rows with status ==
         ``ok_status`` are used; other statuses are counted in ``not_ok``).
+        ``ok_status`` may be a collection: masc-run's ``no_background``
+        rows carry a valid CP (only PF is undefined), so CP evaluations may
+        pass ``("ok", "no_background")``.
         Values may be strings (CSV) or numbers.
     ratings : same types
         One row per unit: the key column(s) and one column per human rater
@@ -1226,6 +1229,7 @@ def join_scores_ratings(
         The message names the source, the row and the reason.
     """
     key_cols = _key_cols(key)
+    ok_set = {ok_status} if isinstance(ok_status, str) else set(ok_status)
     rating_columns = tuple(rating_columns) if rating_columns else (score_column,)
     score_rows = _as_rows(scores)
     rating_rows = _as_rows(ratings)
@@ -1268,7 +1272,8 @@ def join_scores_ratings(
             raise DataError(f"{where}: duplicate key {_fmt_key(k, key_cols)} (first at {first.split(', ', 1)[1]})")
         seen[k] = i
         has_status = bool(status_column) and status_column in row
-        if has_status and str(row[status_column]).strip() != ok_status:
+        status = str(row[status_column]).strip() if has_status else None
+        if has_status and status not in ok_set:
             counts["not_ok"] += 1
             continue
         if score_column not in row:
@@ -1279,7 +1284,7 @@ def join_scores_ratings(
             raise DataError(f"{where} (key {_fmt_key(k, key_cols)}): score column {score_column!r} value {row[score_column]!r} is not a number") from None
         if v is None:
             if has_status:
-                raise DataError(f"{where} (key {_fmt_key(k, key_cols)}): status is {ok_status!r} but score column {score_column!r} is empty")
+                raise DataError(f"{where} (key {_fmt_key(k, key_cols)}): status is {status!r} but score column {score_column!r} is empty")
             counts["missing_score"] += 1
             continue
         hit = rated.get(k)
