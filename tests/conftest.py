@@ -1,0 +1,111 @@
+"""Shared fixtures: tiny random-weight bundles (exported once per session) and the oracle.
+
+The oracle is masc-metric 0.3.0 (import ``masc``) on the same random-weight checkpoint
+directory the bundle was exported from. Tests needing torch/transformers/masc skip with a reason
+when those are missing (a runtime-only install); CI installs them (see .ci/run).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data" / "dreambooth"
+EXAMPLES = REPO / "examples" / "dreambooth"
+
+
+def pytest_configure(config):
+    warnings.filterwarnings("ignore", message=".*random weights.*")
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not (SHARED / "pairs.csv").is_file():
+        pytest.skip(f"shared DreamBooth data not found at {SHARED} (only present beside a project checkout)")
+    return SHARED
+
+
+def read_rows(folder: Path, name: str = "pairs.csv") -> list[dict]:
+    with open(folder / name, newline="", encoding="utf-8-sig") as f:
+        return list(csv.DictReader(f))
+
+
+def load_pair(folder: Path, row: dict):
+    """(ref_image, ref_mask, out_image, out_mask, prompt, object_name) as the reference reads them."""
+    return (Image.open(folder / row["ref_image"]), np.array(Image.open(folder / row["ref_mask"]).convert("L")),
+            Image.open(folder / row["out_image"]), np.array(Image.open(folder / row["out_mask"]).convert("L")),
+            row["prompt"], row["object_name"])
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    # Random checkpoints are cached per session unless MASC_ENGINE_CACHE points elsewhere.
+    d = Path(os.environ.get("MASC_ENGINE_CACHE") or tmp_path_factory.mktemp("masc-cache"))
+    os.environ["MASC_ENGINE_CACHE"] = str(d)
+    return d
+
+
+def _export(kind: str, tmp_path_factory, cache_dir) -> Path:
+    pytest.importorskip("torch", reason="exporting a test bundle needs the export extra (torch)")
+    pytest.importorskip("transformers", reason="exporting a test bundle needs transformers")
+    from masc_engine.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp(f"bundle-{kind}")
+    return export_bundle(f"random:tiny-{kind}", out, log=lambda s: None)
+
+
+@pytest.fixture(scope="session")
+def naflex_bundle(tmp_path_factory, cache_dir) -> Path:
+    return _export("naflex", tmp_path_factory, cache_dir)
+
+
+@pytest.fixture(scope="session")
+def fixed_bundle(tmp_path_factory, cache_dir) -> Path:
+    return _export("fixed", tmp_path_factory, cache_dir)
+
+
+@pytest.fixture(scope="session", params=["naflex", "fixed"])
+def any_bundle(request) -> Path:
+    return request.getfixturevalue(f"{request.param}_bundle")
+
+
+def checkpoint_dir(bundle: Path) -> str:
+    return json.loads((bundle / "manifest.json").read_text())["source"]["checkpoint_dir"]
+
+
+_ORACLES: dict = {}
+
+
+def oracle_for(bundle: Path, **kwargs):
+    """masc-metric 0.3.0 on the bundle's source checkpoint (cached per settings)."""
+    pytest.importorskip("masc", reason="the oracle masc-metric 0.3.0 is not installed")
+    from masc import MaSC
+
+    key = (str(bundle), tuple(sorted(kwargs.items())))
+    if key not in _ORACLES:
+        _ORACLES[key] = MaSC(model_id=checkpoint_dir(bundle), device="cpu", **kwargs)
+    return _ORACLES[key]
+
+
+def grid_image(grid: tuple[int, int], patch: int = 16, seed: int = 0) -> Image.Image:
+    """A structured RGB image of exactly grid * patch pixels (so NaFlex picks that grid)."""
+    from masc_engine.export.validate import synthetic_image
+
+    return synthetic_image(grid[0] * patch, grid[1] * patch, seed)
+
+
+def blob_mask(height: int, width: int, seed: int = 0, frac: float = 0.35) -> np.ndarray:
+    """uint8 0/255 elliptical foreground mask covering about ``frac`` of the image."""
+    rng = np.random.default_rng(seed)
+    cy, cx = rng.uniform(0.35, 0.65) * height, rng.uniform(0.35, 0.65) * width
+    ry, rx = np.sqrt(frac / np.pi) * height * 1.1, np.sqrt(frac / np.pi) * width * 0.9
+    yy, xx = np.mgrid[0:height, 0:width]
+    return ((((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2) <= 1).astype(np.uint8) * 255
