@@ -1,4 +1,4 @@
-"""``masc-run``: score a pairs CSV with a bundle (torch-free)."""
+"""``masc-run``: score a pairs CSV with a bundle (torch-free), resumably."""
 
 from __future__ import annotations
 
@@ -13,44 +13,76 @@ import click
 @click.argument("pairs_csv", type=click.Path(dir_okay=False))
 @click.option("--bundle", "-b", required=True, type=click.Path(file_okay=False), help="Bundle from masc-export.")
 @click.option("--out", "-o", "out_path", default=None, type=click.Path(dir_okay=False),
-              help="Output CSV (default: <pairs stem>.masc.csv in the current directory).")
+              help="Output file; format by extension: .csv, .parquet, .jsonl (default: <pairs stem>.masc.csv "
+                   "in the current directory). Rerunning the same command resumes.")
 @click.option("--provider", default="cpu", show_default=True,
               help="ONNX Runtime execution provider: cpu or cuda. A missing provider is an error.")
 @click.option("--stripper", type=click.Choice(["regex", "spacy", "none"]), default="regex", show_default=True,
               help="How the subject is removed from the PF prompt (regex is the paper's).")
+@click.option("--max-num-patches", type=click.IntRange(1, 16384), default=None,
+              help="Override the bundle's NaFlex patch budget.")
+@click.option("--exif", type=click.Choice(["apply", "ignore"]), default="apply", show_default=True,
+              help="EXIF orientation: apply to image and mask alike, or ignore (read stored pixels, as "
+                   "masc-metric does).")
+@click.option("--paper-filter", is_flag=True,
+              help="The paper's filtering protocol: drop pairs whose output mask covers < 5%% of the image "
+                   "and all pairs of a reference whose mask covers < 5%%.")
+@click.option("--min-output-mask-frac", type=click.FloatRange(0, 1), default=None,
+              help="Drop a pair whose output mask covers less than this fraction (rows kept with a status).")
+@click.option("--min-reference-mask-frac", type=click.FloatRange(0, 1), default=None,
+              help="Drop every pair of a reference whose mask covers less than this fraction (ORIDa: 0.005).")
+@click.option("--mask-size-tolerance", type=click.IntRange(0, 64), default=0, show_default=True,
+              help="Stretch a mask at most this many pixels off its image's size instead of refusing it.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Persistent content-keyed cache of patch tokens and text embeddings (shareable).")
+@click.option("--cache-size-gb", type=click.FloatRange(0.01, 1e6), default=8.0, show_default=True,
+              help="Bound on the persistent cache's size.")
 @click.option("--batch-size", type=click.IntRange(1, 1024), default=8, show_default=True,
               help="Images per vision-tower call.")
 @click.option("--chunk-size", type=click.IntRange(1, 100000), default=64, show_default=True,
-              help="Rows read, decoded and written per step.")
+              help="Rows decoded, scored and journaled per step.")
 @click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="ONNX Runtime intra-op threads (0: ONNX Runtime's default).")
 @click.option("--io-workers", type=click.IntRange(1, 256), default=4, show_default=True,
-              help="Threads decoding images and masks.")
+              help="Threads decoding images and masks (overlapping inference).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Run here, or on a Ray cluster (one scorer per worker slot).")
+@click.option("--address", "ray_address", default=None,
+              help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray instance.")
+@click.option("--ray-workers", type=click.IntRange(1, 100000), default=None,
+              help="Ray actors (scorers); default: one per CPU (or GPU with --provider cuda) in the cluster.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
-def main(pairs_csv, bundle, out_path, provider, stripper, batch_size, chunk_size, threads, io_workers,
-         no_progress) -> None:
+def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif, paper_filter,
+         min_output_mask_frac, min_reference_mask_frac, mask_size_tolerance, cache_dir, cache_size_gb,
+         batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, no_progress) -> None:
     """Score every row of PAIRS_CSV (columns ref_image, ref_mask, out_image, out_mask, prompt,
     object_name; other columns are carried through) and print a summary."""
     from ..engine.bundle import RandomWeightsWarning
     from ..errors import MascEngineError
-    from ..protocols.pairs import run_pairs_csv
+    from ..protocols.pairs import RunSettings, run_pairs
     from ..runtime.scorer import Scorer
 
     out_path = out_path or f"{Path(pairs_csv).stem}.masc.csv"
+    if paper_filter:
+        min_output_mask_frac = 0.05 if min_output_mask_frac is None else min_output_mask_frac
+        min_reference_mask_frac = 0.05 if min_reference_mask_frac is None else min_reference_mask_frac
+    settings = RunSettings(exif=exif, min_reference_mask_frac=min_reference_mask_frac,
+                           min_output_mask_frac=min_output_mask_frac, mask_size_tolerance=mask_size_tolerance)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RandomWeightsWarning)
             scorer = Scorer(bundle, provider=provider, stripper=stripper, batch_size=batch_size,
-                            intra_op_threads=threads or None)
+                            intra_op_threads=threads or None, naflex_max_patches=max_num_patches)
         for w in caught:
             click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
-        summary = run_pairs_csv(pairs_csv, scorer, out_path, chunk_size=chunk_size, io_workers=io_workers,
-                                progress=not no_progress)
-    except MascEngineError as e:
+        summary = run_pairs(pairs_csv, scorer, out_path, settings, chunk_size=chunk_size, io_workers=io_workers,
+                            cache_dir=cache_dir, cache_size_limit=int(cache_size_gb * 2**30), executor=executor,
+                            ray_address=ray_address, ray_workers=ray_workers, progress=not no_progress)
+    except (MascEngineError, ValueError) as e:
         raise click.ClickException(str(e)) from e
     for line in summary.lines():
         click.echo(line)
-    click.echo(f"scores written to {out_path}")
+    click.echo(f"scores written to {out_path} (metadata: {out_path}.meta.json)")
 
 
 if __name__ == "__main__":

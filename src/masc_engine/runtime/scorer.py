@@ -137,6 +137,8 @@ class Scorer:
         self.provider = provider
         runner = lambda g: self.bundle.runner(g, backend=backend, provider=provider,  # noqa: E731
                                               intra_op_threads=intra_op_threads)
+        #: Optional persistent text-embedding cache (runtime/cache.py EncodingStore), set by masc-run.
+        self.text_store = None
         self.vision = runner("vision")
         self.pool = runner("pool")
         self.text = runner("text")
@@ -177,14 +179,29 @@ class Scorer:
         return self.encode_preprocessed([self.preprocess(im) for im in images])
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, list]:
-        """Tokenize and encode prompts: ``([B, P] float32 text embeddings, [EncodedPrompt])``."""
-        encoded = self.tokenizer.encode(list(texts))
-        embeds = []
-        for start in range(0, len(encoded), self.batch_size):
-            ids = np.stack([e.input_ids for e in encoded[start:start + self.batch_size]])
-            embeds.append(self.text.run({"input_ids": ids})["text_embeds"])
+        """Tokenize and encode prompts: ``([B, P] float32 text embeddings, [EncodedPrompt])``.
+
+        With ``text_store`` set, embeddings found there skip the text tower (a hit returns the
+        stored float32 values, so scores are identical)."""
+        texts = list(texts)
+        encoded = self.tokenizer.encode(texts)
         width = int(self.bundle.manifest["architecture"]["text_projection"])
-        return (np.concatenate(embeds) if embeds else np.zeros((0, width), np.float32)), encoded
+        out = np.zeros((len(texts), width), np.float32)
+        todo = []
+        for i, t in enumerate(texts):
+            hit = self.text_store.get_text(t) if self.text_store is not None else None
+            if hit is None:
+                todo.append(i)
+            else:
+                out[i] = hit
+        for start in range(0, len(todo), self.batch_size):
+            sel = todo[start:start + self.batch_size]
+            emb = self.text.run({"input_ids": np.stack([encoded[i].input_ids for i in sel])})["text_embeds"]
+            out[sel] = emb
+            if self.text_store is not None:
+                for i, e in zip(sel, emb):
+                    self.text_store.put_text(texts[i], e)
+        return out, encoded
 
     def pool_background(self, encs: Sequence[ImageEncoding], kpms: Sequence[np.ndarray]) -> tuple[np.ndarray, list]:
         """Background-pooled embeddings: ``([B, D] float32, [attention [Hp*Wp] float32])``.

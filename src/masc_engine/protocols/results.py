@@ -1,0 +1,140 @@
+"""Result files of ``masc-run``: format by extension, an append-only journal for resume, and the
+metadata sidecar.
+
+- Output formats: ``.csv`` (default), ``.parquet`` (pyarrow), ``.jsonl`` / ``.ndjson`` (JSON Lines).
+  Written once, in input order, atomically (temporary file + rename).
+- Journal ``<out>.journal.jsonl``: one JSON line per finished row, appended and flushed per chunk
+  while the run goes on. An interrupted run (Ctrl-C, kill -9) leaves at most one torn last line,
+  which :func:`read_journal` cuts off. The journal is removed once the output is complete.
+- Sidecar ``<out>.meta.json``: versions, bundle fingerprint, settings, counts, timings.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+
+FORMATS = {".csv": "csv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+def output_format(path: str | Path) -> str:
+    """The format for an output path, from its extension.
+
+    Raises:
+        ValueError: an extension we do not write (the message lists the supported ones).
+    """
+    ext = Path(path).suffix.lower()
+    if ext not in FORMATS:
+        raise ValueError(f"cannot write {path}: use one of {', '.join(FORMATS)}")
+    return FORMATS[ext]
+
+
+def journal_path(out: str | Path) -> Path:
+    return Path(str(out) + ".journal.jsonl")
+
+
+def meta_path(out: str | Path) -> Path:
+    return Path(str(out) + ".meta.json")
+
+
+def _json_safe(v):
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
+
+
+def append_journal(path: Path, entries: list[dict]) -> None:
+    """Append entries (one JSON line each) and fsync, so a killed run loses at most a torn line."""
+    with open(path, "a", encoding="utf-8") as f:
+        for e in entries:
+            f.write(json.dumps({k: _json_safe(v) for k, v in e.items()}, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_journal(path: Path) -> tuple[dict | None, list[dict], bool]:
+    """Read a journal: ``(header, entries, repaired)``.
+
+    A torn last line (no newline, or not valid JSON) is cut off the file (``repaired=True``);
+    an invalid line elsewhere means the file is not ours and raises ``ValueError``.
+    """
+    if not path.is_file():
+        return None, [], False
+    data = path.read_bytes()
+    repaired = False
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        repaired = True
+    lines = data.decode("utf-8").splitlines()
+    entries = []
+    for i, line in enumerate(lines):
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                lines = lines[:-1]
+                data = ("\n".join(lines) + "\n").encode() if lines else b""
+                repaired = True
+                break
+            raise ValueError(f"{path}: line {i + 1} is not JSON; not a masc-run journal") from None
+    if repaired:
+        with open(path, "wb") as f:
+            f.write(data)
+    if not entries or entries[0].get("type") != "header":
+        return None, [], repaired
+    return entries[0], entries[1:], repaired
+
+
+def _cell(v):
+    if v is None:
+        return ""
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    return v
+
+
+def write_output(path: str | Path, rows: list[dict], columns: list[str]) -> None:
+    """Write rows (dicts) with ``columns`` in order, atomically, in the path's format."""
+    fmt = output_format(path)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    if fmt == "csv":
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: _cell(r.get(k)) for k in columns})
+    elif fmt == "jsonl":
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps({k: _json_safe(r.get(k)) for k in columns}, ensure_ascii=False) + "\n")
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        data = {k: [_arrow_cell(r.get(k)) for r in rows] for k in columns}
+        pq.write_table(pa.table(data), tmp)
+    os.replace(tmp, path)
+
+
+def _arrow_cell(v):
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
+
+
+def read_output(path: str | Path) -> list[dict]:
+    """Read a result file written by :func:`write_output` back into dicts (for resume/eval)."""
+    fmt = output_format(path)
+    if fmt == "csv":
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            return list(csv.DictReader(f))
+    if fmt == "jsonl":
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
