@@ -1,0 +1,94 @@
+"""``masc-rank``: Finer-Personalization Rank (arXiv 2512.19026), generated images as queries
+against an identity-labelled gallery of real images; mAP and CMC top-1/top-5 per method and class.
+
+A thin shell over :mod:`masc_engine.protocols.rank` (the protocol, the tie rule and the encoder
+manifest format are documented there).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import click
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("queries_csv", required=False, type=click.Path(dir_okay=False))
+@click.option("--gallery", "-g", "gallery_csv", required=True, type=click.Path(dir_okay=False),
+              help="Gallery CSV: image, identity (mask, class optional); paths relative to its folder.")
+@click.option("--bundle", "-b", default=None, type=click.Path(file_okay=False),
+              help="Bundle from masc-export (the SigLIP2 encoder). Not needed with --encoder-manifest.")
+@click.option("--similarity", type=click.Choice(["global", "maxcos"]), default="global", show_default=True,
+              help="global: cosine of pooled embeddings (all patches visible); maxcos: CP's masked max-cosine "
+                   "of query patches to gallery patches.")
+@click.option("--oracle", is_flag=True,
+              help="Use the gallery images themselves as queries (method 'oracle'), each against the rest "
+                   "of the gallery. Give no QUERIES_CSV then.")
+@click.option("--encoder-manifest", default=None, type=click.Path(dir_okay=False),
+              help="JSON manifest of an ONNX image encoder ([B, D] embeddings) replacing SigLIP2 "
+                   "(global similarity only).")
+@click.option("--level", type=click.Choice(["identity", "class"]), default="identity", show_default=True,
+              help="Relevance: same identity (instance level) or same class (category level).")
+@click.option("--no-masks", is_flag=True, help="maxcos: use all query patches even when a query has a mask.")
+@click.option("--out", "-o", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="Per-query CSV (default: <queries stem>.rank.csv, or gallery stem with --oracle).")
+@click.option("--summary", "summary_path", default=None, type=click.Path(dir_okay=False),
+              help="Summary CSV (default: the --out path with .summary.csv).")
+@click.option("--provider", default="cpu", show_default=True,
+              help="ONNX Runtime execution provider: cpu or cuda. A missing provider is an error.")
+@click.option("--batch-size", type=click.IntRange(1, 1024), default=8, show_default=True,
+              help="Images per encoder call.")
+@click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
+              help="ONNX Runtime intra-op threads (0: ONNX Runtime's default).")
+@click.option("--io-workers", type=click.IntRange(1, 256), default=4, show_default=True,
+              help="Threads decoding images and masks.")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest, level, no_masks, out_path,
+         summary_path, provider, batch_size, threads, io_workers, no_progress) -> None:
+    """Rank the gallery for every query of QUERIES_CSV (columns image, identity, method; mask and
+    class optional; other columns carried through), or for every gallery image with --oracle, and
+    print mAP and CMC top-1/top-5 per method, per class and overall."""
+    from ..engine.bundle import RandomWeightsWarning
+    from ..errors import MascEngineError
+    from ..protocols.rank import EngineEncoder, OnnxEmbeddingEncoder, run_rank, write_rank_outputs
+
+    if oracle and queries_csv:
+        raise click.UsageError("--oracle uses the gallery images as queries: give no QUERIES_CSV")
+    if not oracle and not queries_csv:
+        raise click.UsageError("give QUERIES_CSV, or --oracle")
+    if (bundle is None) == (encoder_manifest is None):
+        raise click.UsageError("give exactly one of --bundle and --encoder-manifest")
+    if encoder_manifest and similarity == "maxcos":
+        raise click.UsageError("--similarity maxcos needs patch tokens from a bundle; an encoder manifest "
+                               "gives one embedding per image (use --similarity global)")
+    stem = Path(gallery_csv if oracle else queries_csv).stem + (".oracle" if oracle else "")
+    out_path = out_path or f"{stem}.rank.csv"
+    summary_path = summary_path or str(Path(out_path).with_suffix("")) + ".summary.csv"
+    try:
+        if encoder_manifest:
+            encoder = OnnxEmbeddingEncoder(encoder_manifest, provider=provider, intra_op_threads=threads or None,
+                                           batch_size=batch_size)
+        else:
+            from ..runtime.scorer import Scorer
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RandomWeightsWarning)
+                scorer = Scorer(bundle, provider=provider, batch_size=batch_size, intra_op_threads=threads or None)
+            for w in caught:
+                click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
+            encoder = EngineEncoder(scorer)
+        report = run_rank(gallery_csv, encoder, queries_csv=None if oracle else queries_csv, oracle=oracle,
+                          similarity=similarity, level=level, use_masks=not no_masks, io_workers=io_workers,
+                          progress=not no_progress)
+        write_rank_outputs(report, out_path, summary_path)
+    except MascEngineError as e:
+        raise click.ClickException(str(e)) from e
+    for line in report.lines():
+        click.echo(line)
+    click.echo(f"per-query results written to {out_path}; summary to {summary_path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
