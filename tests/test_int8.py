@@ -1,0 +1,47 @@
+"""int8 on CPU is opt-in and gated against fp32 (issue 4)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import EXAMPLES
+from masc_engine.export.int8 import INT8_MAX_ABS_DCP, Int8GateError, gate_report, quantize_bundle
+
+pytest.importorskip("scipy")
+
+
+def test_gate_report_known_values():
+    rng = np.random.default_rng(0)
+    cp, pf = rng.random(200), rng.random(200)
+    same = gate_report(cp, pf, cp, pf)
+    assert same["passed"] and same["max_abs_dcp"] == 0.0 and same["spearman_cp"] == pytest.approx(1.0)
+    shifted = gate_report(cp, pf, cp + 0.02, pf)  # monotone shift: ranks kept, |dCP| too large
+    assert not shifted["passed"] and shifted["max_abs_dcp"] == pytest.approx(0.02)
+    assert shifted["spearman_cp"] == pytest.approx(1.0)
+    shuffled = gate_report(cp, pf, cp, rng.permutation(pf))
+    assert not shuffled["passed"] and shuffled["spearman_pf"] < 0.5
+    nan = gate_report(np.r_[cp, np.nan], np.r_[pf, 0.1], np.r_[cp, 0.3], np.r_[pf, 0.1])
+    assert nan["pairs"] == 200  # NaN pairs are dropped pairwise, not compared
+
+
+def test_quantize_bundle_is_gated(naflex_bundle, tmp_path):
+    pytest.importorskip("onnx")
+    out = tmp_path / "int8"
+    lines: list[str] = []
+    try:
+        report = quantize_bundle(naflex_bundle, out, EXAMPLES / "pairs.csv", log=lines.append)
+    except Int8GateError as e:
+        # Refused: nothing written, and the message carries the measured figures.
+        assert not out.exists()
+        r = e.report
+        assert not r["passed"] and r["pairs"] == 20
+        assert f"{r['max_abs_dcp']:.4f}" in str(e) and f"{r['spearman_pf']:.4f}" in str(e)
+        assert r["max_abs_dcp"] > INT8_MAX_ABS_DCP or min(r["spearman_cp"], r["spearman_pf"]) < 0.995
+    else:
+        m = json.loads((out / "manifest.json").read_text())
+        assert m["precision"]["mode"] == "int8-dynamic" and m["precision"]["gate_report"] == report
+        assert report["passed"] and report["max_abs_dcp"] <= INT8_MAX_ABS_DCP
+    assert any("int8 gates vs fp32" in s for s in lines)
