@@ -33,6 +33,12 @@ import click
               help="Drop every pair of a reference whose mask covers less than this fraction (ORIDa: 0.005).")
 @click.option("--mask-size-tolerance", type=click.IntRange(0, 64), default=0, show_default=True,
               help="Stretch a mask at most this many pixels off its image's size instead of refusing it.")
+@click.option("--baselines", is_flag=True,
+              help="Add the paper's same-forward-pass baselines: cp_global, cp_mnn, and PF with full / "
+                   "background / foreground pooling x stripped / unstripped prompt.")
+@click.option("--save-maps", type=click.Path(file_okay=False), default=None,
+              help="Write per-pair attribution PNGs here (CP: best cosine per reference patch; PF: the "
+                   "pooling head's background attention) and add cp_map / pf_map columns.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Persistent content-keyed cache of patch tokens and text embeddings (shareable).")
 @click.option("--cache-size-gb", type=click.FloatRange(0.01, 1e6), default=8.0, show_default=True,
@@ -53,7 +59,7 @@ import click
               help="Ray actors (scorers); default: one per CPU (or GPU with --provider cuda) in the cluster.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif, paper_filter,
-         min_output_mask_frac, min_reference_mask_frac, mask_size_tolerance, cache_dir, cache_size_gb,
+         min_output_mask_frac, min_reference_mask_frac, mask_size_tolerance, baselines, save_maps, cache_dir, cache_size_gb,
          batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, no_progress) -> None:
     """Score every row of PAIRS_CSV (columns ref_image, ref_mask, out_image, out_mask, prompt,
     object_name; other columns are carried through) and print a summary."""
@@ -67,7 +73,8 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
         min_output_mask_frac = 0.05 if min_output_mask_frac is None else min_output_mask_frac
         min_reference_mask_frac = 0.05 if min_reference_mask_frac is None else min_reference_mask_frac
     settings = RunSettings(exif=exif, min_reference_mask_frac=min_reference_mask_frac,
-                           min_output_mask_frac=min_output_mask_frac, mask_size_tolerance=mask_size_tolerance)
+                           min_output_mask_frac=min_output_mask_frac, mask_size_tolerance=mask_size_tolerance,
+                           baselines=baselines, save_maps=str(Path(save_maps).resolve()) if save_maps else None)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RandomWeightsWarning)

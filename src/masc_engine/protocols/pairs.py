@@ -53,6 +53,11 @@ FILE_COLUMNS = REQUIRED_COLUMNS[:4]
 RESULT_COLUMNS = ("row_index", "row_key", "cp", "pf", "status", "status_detail", "prompt_text",
                   "prompt_stripped", "prompt_truncated", "cp_n_ref_fg", "cp_n_ref_total", "pf_n_bg_pooled",
                   "pf_n_total", "ref_mask_coverage", "out_mask_coverage")
+#: Opt-in columns (``--baselines``): the paper's same-forward-pass ablations (Scorer._baselines).
+BASELINE_COLUMNS = ("cp_global", "cp_mnn", "cp_mnn_frac") + tuple(
+    f"pf_{r}_{k}" for r in ("full", "bg", "fg") for k in ("stripped", "unstripped"))
+#: Opt-in columns (``--save-maps DIR``): PNG overlays, paths relative to the output file's folder.
+MAP_COLUMNS = ("cp_map", "pf_map")
 
 
 class PairsFileError(InputError):
@@ -91,12 +96,19 @@ class RunSettings:
             paper, 0.005 for ORIDa); ``None`` disables it.
         mask_size_tolerance: a mask up to this many pixels off its image's size is stretched
             (the reference's behaviour) instead of refused; 0 refuses any difference.
+        baselines: add the same-forward-pass baseline columns (``BASELINE_COLUMNS``).
+        save_maps: folder for per-pair attribution PNGs (runtime/maps.py), or ``None``.
     """
 
     exif: str = "apply"
     min_reference_mask_frac: float | None = None
     min_output_mask_frac: float | None = None
     mask_size_tolerance: int = 0
+    baselines: bool = False
+    save_maps: str | None = None
+
+    def result_columns(self) -> tuple[str, ...]:
+        return RESULT_COLUMNS + (BASELINE_COLUMNS if self.baselines else ()) + (MAP_COLUMNS if self.save_maps else ())
 
     def fingerprint(self, scorer: Scorer) -> str:
         d = {"run": asdict(self), "bundle": scorer.bundle.fingerprint, "stripper": scorer.stripper,
@@ -288,12 +300,27 @@ class PairsJob:
         raise InputError("mask_size_mismatch",
                          f"{what} mask {path} is {w}x{h} (WxH) but its image is {image.width}x{image.height}")
 
-    def score_rows(self, rows: list[dict], base: Path, first_index: int, loaded=None) -> list[dict]:
-        """Score rows (``first_index`` = 1-based index of ``rows[0]``); results in input order."""
+    def _save_maps(self, row_index: int, ref_im, out_im, it: EncodedPair, sc) -> dict:
+        """Write the pair's CP and PF overlays; returns their paths (absolute; run_pairs makes
+        them relative to the output file)."""
+        from ..runtime.maps import cp_map, pf_map
+
+        d = Path(self.settings.save_maps)
+        d.mkdir(parents=True, exist_ok=True)
+        cp_path, pf_path = d / f"{row_index:07d}_cp.png", d / f"{row_index:07d}_pf.png"
+        cp_map(ref_im, it.ref_enc.grid, sc.arrays["cp_best"], it.ref_weights, self.scorer.fg_threshold).save(cp_path)
+        pf_map(out_im, it.out_enc.grid, sc.arrays["pf_attention"], sc.arrays["pf_hidden"]).save(pf_path)
+        return {"cp_map": str(cp_path.resolve()), "pf_map": str(pf_path.resolve())}
+
+    def score_rows(self, rows: list[dict], base: Path, first_index: int = 1, loaded=None,
+                   indices: list[int] | None = None) -> list[dict]:
+        """Score rows; ``indices`` are their 1-based row indices (default ``first_index``,
+        ``first_index + 1``, ...). Results in input order."""
         s, st = self.scorer, self.settings
         images, masks = loaded if loaded is not None else self.load(rows, base)
-        results = [{**row, "row_index": first_index + i, "cp": float("nan"), "pf": float("nan"),
-                    "status": "ok", "status_detail": ""} for i, row in enumerate(rows)]
+        indices = indices if indices is not None else list(range(first_index, first_index + len(rows)))
+        results = [{**row, "row_index": idx, "cp": float("nan"), "pf": float("nan"),
+                    "status": "ok", "status_detail": ""} for idx, row in zip(indices, rows)]
         good_images = [v for v in images.values() if isinstance(v, LoadedImage)]
         encs = self.encode(good_images)
         items, slots = [], []
@@ -333,14 +360,19 @@ class PairsJob:
                                      f"mask weight > {s.fg_threshold}")
                 items.append(EncodedPair(r, rw, o, mask_to_patch_grid(out_m, o.grid), row["prompt"],
                                          row.get("object_name") or None))
-                slots.append(res)
+                slots.append((res, ref.image, out.image))
             except InputError as e:
                 res.update(status=e.reason, status_detail=e.detail)
-        for res, sc in zip(slots, s.score_encoded(items)):
+        scored = s.score_encoded(items, baselines=st.baselines, with_arrays=st.save_maps is not None)
+        for (res, ref_im, out_im), it, sc in zip(slots, items, scored):
             ex = sc.extras
             res.update(cp=sc.cp, pf=sc.pf, **{k: ex[k] for k in (
                 "prompt_text", "prompt_stripped", "prompt_truncated", "cp_n_ref_fg", "cp_n_ref_total",
                 "pf_n_bg_pooled", "pf_n_total")})
+            if st.baselines:
+                res.update({k: ex[k] for k in BASELINE_COLUMNS})
+            if st.save_maps is not None:
+                res.update(self._save_maps(res["row_index"], ref_im, out_im, it, sc))
             detail = [res["status_detail"]] if res["status_detail"] else []
             if ex["prompt_truncated"]:
                 detail.append(f"prompt truncated to {s.text_settings.max_length} tokens")
@@ -454,13 +486,17 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
 
     # ---- materialize the output in input order, then the sidecar, then drop the journal
     method_col = "method" if "method" in fieldnames else None
+    result_cols = settings.result_columns()
     ordered = []
     for i in range(1, len(rows) + 1):
-        r = {**rows[i - 1], **{k: v for k, v in done[i].items() if k in RESULT_COLUMNS}}
+        r = {**rows[i - 1], **{k: v for k, v in done[i].items() if k in result_cols}}
         r["cp"], r["pf"] = _num(r.get("cp")), _num(r.get("pf"))
+        for k in MAP_COLUMNS:
+            if r.get(k) and os.path.isabs(r[k]):
+                r[k] = os.path.relpath(r[k], out_path.resolve().parent)
         ordered.append(r)
         summary.add(r, r.get(method_col) if method_col else None)
-    columns = fieldnames + [c for c in RESULT_COLUMNS if c not in fieldnames]
+    columns = fieldnames + [c for c in result_cols if c not in fieldnames]
     write_output(out_path, ordered, columns)
     summary.seconds = time.time() - t0
     meta = {"fingerprint": fp, "input": str(csv_path), "output": str(out_path), "bundle": str(scorer.bundle.path),
@@ -500,8 +536,7 @@ def _local_chunks(job: PairsJob, chunks: list[list[int]], rows, keys, base):
 def score_index_chunk(job: PairsJob, chunk: list[int], rows, keys, base, loaded=None) -> list[dict]:
     """Score the rows with 1-based indices ``chunk`` (not necessarily consecutive)."""
     sub = [rows[i - 1] for i in chunk]
-    results = job.score_rows(sub, base, first_index=1, loaded=loaded)
-    for i, r in zip(chunk, results):
-        r["row_index"] = i
-        r["row_key"] = keys[i - 1]
+    results = job.score_rows(sub, base, first_index=1, loaded=loaded, indices=chunk)
+    for r in results:
+        r["row_key"] = keys[r["row_index"] - 1]
     return results

@@ -35,13 +35,9 @@ def _actor_class(ray):
             self.job = PairsJob(scorer, RunSettings(**settings), io_workers=io_workers)
 
         def score(self, chunk: list[int], rows: list[dict], keys: list[str], base: str) -> list[dict]:
-            from .pairs import score_index_chunk
-
-            # rows/keys hold only this chunk's entries; score_index_chunk indexes them 1-based.
-            local = list(range(1, len(chunk) + 1))
-            results = score_index_chunk(self.job, local, rows, keys, Path(base))
-            for i, r in zip(chunk, results):
-                r["row_index"] = i
+            results = self.job.score_rows(rows, Path(base), indices=chunk)
+            for r, k in zip(results, keys):
+                r["row_key"] = k
             return results
 
     return ScorerActor

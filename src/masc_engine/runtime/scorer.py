@@ -43,6 +43,10 @@ class MaSCResult:
     cp: float
     pf: float
     extras: dict = field(default_factory=dict)
+    #: Per-patch arrays behind the scores, filled when asked for (``with_arrays=True``):
+    #: ``cp_best [Hp_r*Wp_r] float32`` (each reference patch's best cosine), ``pf_attention
+    #: [Hp_o*Wp_o] float32`` (pooling-head attention with the foreground hidden), ``pf_hidden``.
+    arrays: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -271,15 +275,22 @@ class Scorer:
                                      p.prompt, p.object_name))
         return self.score_encoded(items)
 
-    def score_encoded(self, items: Sequence["EncodedPair"]) -> list[MaSCResult]:
+    def score_encoded(self, items: Sequence["EncodedPair"], baselines: bool = False,
+                      with_arrays: bool = False) -> list[MaSCResult]:
         """Score pairs whose images are already encoded and masks already on the patch grid
-        (the entry point of ``masc-run``, which caches encodings across rows)."""
+        (the entry point of ``masc-run``, which caches encodings across rows).
+
+        Args:
+            baselines: also compute the same-forward-pass baselines into ``extras`` (see
+                :meth:`_baselines`).
+            with_arrays: fill ``MaSCResult.arrays`` (per-patch maxima and PF attention, for maps).
+        """
         prompts = [pf_prompt(it.prompt, it.object_name, self.stripper) for it in items]
-        texts = sorted({t for t, _ in prompts})
+        texts = sorted({t for t, _ in prompts} | ({it.prompt for it in items} if baselines else set()))
         text_emb, text_enc = self.encode_texts(texts)
         text_row = {t: i for i, t in enumerate(texts)}
         kpms = [heads.background_key_padding_mask(it.out_weights, self.fg_threshold) for it in items]
-        pooled, _ = self.pool_background([it.out_enc for it in items], kpms)
+        pooled, attention = self.pool_background([it.out_enc for it in items], kpms)
         results = []
         for i, it in enumerate(items):
             r, o = it.ref_enc, it.out_enc
@@ -289,13 +300,62 @@ class Scorer:
             n_fg = int(kpms[i].sum())
             n_bg = int((~kpms[i]).sum())
             pf = float("nan") if n_bg == 0 else heads.cosine(pooled[i], text_emb[k])
-            results.append(MaSCResult(cp=cp, pf=pf, extras={
+            res = MaSCResult(cp=cp, pf=pf, extras={
                 "prompt_text": text, **strip_extras, **cp_extras,
                 "pf_n_fg": n_fg, "pf_n_total": o.grid[0] * o.grid[1], "pf_n_bg_pooled": n_bg,
                 "prompt_truncated": bool(text_enc[k].truncated), "prompt_n_tokens": int(text_enc[k].n_tokens),
                 "ref_grid": list(r.grid), "out_grid": list(o.grid),
-            }))
+            })
+            if with_arrays:
+                res.arrays = {"cp_best": heads.best_match_cosines(r.tokens, o.tokens),
+                              "pf_attention": attention[i] if attention[i] is not None
+                              else np.zeros(o.tokens.shape[0], np.float32), "pf_hidden": kpms[i]}
+            results.append(res)
+        if baselines:
+            self._baselines(items, results, pooled, text_emb, text_row)
         return results
+
+    def _baselines(self, items, results, pooled_bg, text_emb, text_row) -> None:
+        """Same-forward-pass baselines (paper Table 4 and Sec. 4.4), into each result's extras:
+
+        - ``cp_global``: cosine of the global pooled embeddings (pooling head, nothing hidden)
+          of reference and output: CP from SigLIP2's global embedding, same backbone.
+        - ``pf_{full,bg,fg}_{stripped,unstripped}``: PF with the pooling head over all patches,
+          the background only (``pf_bg_stripped`` is PF itself) or the foreground only
+          (background hidden), against the stripped or the original prompt. NaN when the pooled
+          region is empty.
+        - ``cp_mnn``, ``cp_mnn_frac``: CP with a mutual-nearest-neighbour aggregator: a reference
+          foreground patch counts with its best cosine only if its best output patch's best
+          reference-foreground patch is itself, else 0; the mean over foreground patches, and the
+          share of mutual matches. Our reading of Sec. 4.4; unverified against the paper's code.
+        """
+        encs: dict[int, ImageEncoding] = {}
+        for it in items:
+            encs.setdefault(id(it.ref_enc), it.ref_enc)
+            encs.setdefault(id(it.out_enc), it.out_enc)
+        keys = list(encs)
+        full, _ = self.pool_background([encs[k] for k in keys],
+                                       [np.zeros(encs[k].tokens.shape[0], bool) for k in keys])
+        full_row = {k: j for j, k in enumerate(keys)}
+        fg_kpm = [~heads.background_key_padding_mask(it.out_weights, self.fg_threshold) for it in items]
+        pooled_fg, _ = self.pool_background([it.out_enc for it in items], fg_kpm)
+        for i, (it, res) in enumerate(zip(items, results)):
+            g_ref, g_out = full[full_row[id(it.ref_enc)]], full[full_row[id(it.out_enc)]]
+            ex = res.extras
+            ex["cp_global"] = heads.cosine(g_ref, g_out)
+            for region, vec in (("full", g_out), ("bg", pooled_bg[i]), ("fg", pooled_fg[i])):
+                for kind, text in (("stripped", ex["prompt_text"]), ("unstripped", it.prompt)):
+                    ex[f"pf_{region}_{kind}"] = (float("nan") if not np.isfinite(vec).all()
+                                                 else heads.cosine(vec, text_emb[text_row[text]]))
+            keep = it.ref_weights > np.float32(self.fg_threshold)
+            if keep.any():
+                sims = heads.l2_normalize(it.ref_enc.tokens[keep]) @ heads.l2_normalize(it.out_enc.tokens).T
+                j = sims.argmax(axis=1)
+                mutual = sims.argmax(axis=0)[j] == np.arange(sims.shape[0])
+                ex["cp_mnn"] = float(np.mean(np.where(mutual, sims.max(axis=1), 0.0), dtype=np.float32))
+                ex["cp_mnn_frac"] = float(mutual.mean())
+            else:
+                ex["cp_mnn"] = ex["cp_mnn_frac"] = float("nan")
 
 
 @dataclass
