@@ -20,8 +20,8 @@ def test_manifest_is_the_single_source_of_truth(naflex_bundle):
     assert img["resample"] == "bilinear" and img["image_mean"] == [0.5, 0.5, 0.5] and img["position_grid"] == 16
     txt = m["text"]
     assert txt["max_length"] == 64 and txt["lowercase"] is True and txt["text_tower_attention_mask"] is False
-    assert set(m["graphs"]) == {"vision", "pool", "text"}
-    assert set(m["files"]) == {"tokenizer.json", "vision.onnx", "pool.onnx", "text.onnx"}
+    assert set(m["graphs"]) == {"vision", "pool", "text", "cp"}
+    assert set(m["files"]) == {"tokenizer.json", "vision.onnx", "pool.onnx", "text.onnx", "cp.onnx"}
     assert all(len(v) == 64 for v in m["files"].values())
     for k in ("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "masc_engine"):
         assert m["versions"][k]

@@ -36,3 +36,18 @@ SELF_CP_ATOL = 1e-6
 #: Scores must not depend on batch composition or order. Different batch sizes change BLAS
 #: reduction order in ONNX Runtime; measured max |Delta| 6e-8 on the tiny model.
 BATCH_INVARIANCE_ATOL = 1e-6
+
+#: The ``cp`` graph (export/cp_head.py) on ONNX Runtime CPU against the numpy head
+#: (runtime/heads.py ``masked_maxcos``), float32, |Delta CP| per pair.
+#: Measured max |Delta CP|: 1.8e-7 at so400m shapes (D = 1152, N = M = 1024 patches, 2 references
+#: x 4 outputs, 6 draws of correlated tokens with CP around 0.91); 3.0e-7 over export/validate.py's
+#: ``cp_validation_cases`` with seeds 0-11 at D = 64, 768, 1152 (padding, one reference x 5
+#: outputs, a reference keeping nothing); real tiny-model tokens in tests/test_cp_head.py. The
+#: differences are summation order (MLAS GEMM and ReduceSum vs numpy's BLAS and pairwise mean);
+#: 1e-6 leaves 3x headroom.
+CP_HEAD_ATOL = 1e-6
+
+#: The same graph's per-reference-patch best cosine (output ``best``) against
+#: ``heads.best_match_cosines``: one cosine each, so no averaging of rounding errors as in CP.
+#: Measured max 8.9e-7 (D = 1152), 8.3e-7 (D = 768), 4.2e-7 (D = 64) over the same cases.
+CP_BEST_ATOL = 2e-6

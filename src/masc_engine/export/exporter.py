@@ -186,7 +186,7 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     """
     import torch
 
-    from . import graphs, validate as val
+    from . import cp_head, graphs, validate as val
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -204,7 +204,8 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     else:
         vspec = graphs.vision_spec_fixed(vm, image["image_size"][0])
     specs = [vspec, graphs.pool_spec(vm.head, width, trace_tokens=48),
-             graphs.text_spec(tm, text["max_length"], int(m.config.text_config.vocab_size))]
+             graphs.text_spec(tm, text["max_length"], int(m.config.text_config.vocab_size)),
+             cp_head.cp_spec(width)]
     report = {}
     torch.set_grad_enabled(False)
     for spec in specs:

@@ -20,7 +20,8 @@ from ..engine.backends.onnxruntime import OrtRunner
 from ..runtime.position import position_weights
 from ..runtime.preprocess import ImageSettings, preprocess_image
 from ..runtime.text import PromptTokenizer, TextSettings
-from ..tolerances import EXPORT_VALIDATION_ATOL
+from ..runtime.heads import best_match_cosines, masked_maxcos
+from ..tolerances import CP_BEST_ATOL, CP_HEAD_ATOL, EXPORT_VALIDATION_ATOL
 
 
 def error_stats(actual: np.ndarray, expected: np.ndarray) -> dict:
@@ -32,13 +33,13 @@ def error_stats(actual: np.ndarray, expected: np.ndarray) -> dict:
             "shape": list(np.shape(actual))}
 
 
-def _check(name: str, cases: list[dict]) -> dict:
+def _check(name: str, cases: list[dict], atol: float = EXPORT_VALIDATION_ATOL,
+           against: str = "PyTorch") -> dict:
     worst = max(c["max_abs"] for c in cases)
-    report = {"max_abs": worst, "atol": EXPORT_VALIDATION_ATOL, "cases": cases}
-    if not np.isfinite(worst) or worst > EXPORT_VALIDATION_ATOL:
+    report = {"max_abs": worst, "atol": atol, "cases": cases}
+    if not np.isfinite(worst) or worst > atol:
         raise ExportValidationError(
-            f"graph {name!r} differs from PyTorch: max |error| {worst:.3g} > {EXPORT_VALIDATION_ATOL:g}",
-            report,
+            f"graph {name!r} differs from {against}: max |error| {worst:.3g} > {atol:g}", report,
         )
     return report
 
@@ -142,6 +143,80 @@ def validate_text(runner, model, processor, text: dict, bundle_dir: Path) -> dic
     return report
 
 
+def cp_validation_cases(width: int, seed: int = 5) -> list[dict]:
+    """Feeds for the ``cp`` graph plus the numpy head's expected results.
+
+    Cases: one reference against many outputs of different lengths (padding slots), several
+    references of different lengths with a padding output slot, and a reference with no kept
+    patch. Tokens share a common component, so cosines spread over (0, 1) as real tokens' do.
+    Each case: ``{"feeds", "pairs": [(r, k, cp, best)], "n_keep"}`` (``best`` on kept patches).
+    """
+    rng = np.random.default_rng(seed)
+    base = rng.normal(size=(1, width)).astype(np.float32) * 1.5
+    tok = lambda *shape: (rng.normal(size=shape + (width,)) + base).astype(np.float32)  # noqa: E731
+    cases = []
+    # (reference lengths, per reference the output lengths, reference with no kept patch or None)
+    layouts = [([37], [[37, 20, 51, 3, 37]], None),
+               ([24, 40, 9], [[30, 30], [12], [40, 5]], None),
+               ([16, 25], [[16, 16, 9], [25]], 0)]
+    for ref_lens, out_lens, empty in layouts:
+        r, n = len(ref_lens), max(ref_lens)
+        k = max(len(o) for o in out_lens)
+        m = max(max(o) for o in out_lens)
+        feeds = {"ref_tokens": np.zeros((r, n, width), np.float32), "ref_keep": np.zeros((r, n), bool),
+                 "out_tokens": np.zeros((r, k, m, width), np.float32), "out_valid": np.zeros((r, k, m), bool)}
+        pairs, n_keep = [], []
+        for a, (nl, ols) in enumerate(zip(ref_lens, out_lens)):
+            ref = tok(nl)
+            weights = rng.random(nl).astype(np.float32)
+            if a == empty:
+                weights *= 0.5  # every weight <= 0.5: nothing kept
+            keep = weights > np.float32(0.5)
+            feeds["ref_tokens"][a, :nl] = ref
+            feeds["ref_keep"][a, :nl] = keep
+            n_keep.append(int(keep.sum()))
+            for b, ml in enumerate(ols):
+                out = tok(ml)
+                # Padding slots hold garbage: the graph must ignore them.
+                feeds["out_tokens"][a, b] = tok(m) * 3
+                feeds["out_tokens"][a, b, :ml] = out
+                feeds["out_valid"][a, b, :ml] = True
+                cp, _ = masked_maxcos(ref, out, weights, 0.5)
+                pairs.append((a, b, cp, np.where(keep, best_match_cosines(ref, out), 0).astype(np.float32)))
+        cases.append({"feeds": feeds, "pairs": pairs, "n_keep": n_keep})
+    return cases
+
+
+def validate_cp(runner, width: int) -> dict:
+    """The ``cp`` graph against the numpy head (runtime/heads.py ``masked_maxcos``).
+
+    Checks per pair |Delta cp| (within ``tolerances.CP_HEAD_ATOL``), |Delta best| on every
+    reference patch (0 where unkept; within ``tolerances.CP_BEST_ATOL``), ``n_keep`` (exact), and
+    that a reference with no kept patch yields a finite cp (0). The report's ``max_abs`` is the cp
+    error; a ``best`` or ``n_keep`` error past its own bound, or a non-finite output, fails too.
+    """
+    cases = []
+    for case in cp_validation_cases(width):
+        res = runner.run(case["feeds"])
+        d_cp, d_best = [0.0], [0.0]
+        for a, b, cp, best in case["pairs"]:
+            nb = best.shape[0]
+            d_best.append(float(np.abs(res["best"][a, b, :nb].astype(np.float64) - best).max()))
+            got = float(res["cp"][a, b])
+            if np.isnan(cp):
+                d_cp.append(0.0 if np.isfinite(got) else float("inf"))
+            else:
+                d_cp.append(abs(got - cp))
+        n_keep_err = float(np.abs(res["n_keep"] - np.asarray(case["n_keep"], np.float32)).max())
+        shape = list(case["feeds"]["out_tokens"].shape)
+        finite = bool(all(np.isfinite(v).all() for v in res.values()))
+        ok = finite and max(d_best) <= CP_BEST_ATOL and n_keep_err == 0
+        cases.append({"max_abs": max(d_cp) if ok else float("inf"), "best_max_abs": max(d_best),
+                      "best_atol": CP_BEST_ATOL, "n_keep_max_abs": n_keep_err, "all_finite": finite,
+                      "shape": shape, "pairs": len(case["pairs"])})
+    return _check("cp", cases, atol=CP_HEAD_ATOL, against="the numpy head (runtime/heads.py)")
+
+
 def validate_bundle_graphs(bundle_dir: Path, model, processor, image: dict, text: dict, log=print) -> dict:
     """Run every check; return ``{graph: report}`` or raise :class:`ExportValidationError`."""
     bundle_dir = Path(bundle_dir)
@@ -149,6 +224,7 @@ def validate_bundle_graphs(bundle_dir: Path, model, processor, image: dict, text
         "vision": validate_vision(OrtRunner(bundle_dir / "vision.onnx", "vision"), model, processor, image),
         "pool": validate_pool(OrtRunner(bundle_dir / "pool.onnx", "pool"), model),
         "text": validate_text(OrtRunner(bundle_dir / "text.onnx", "text"), model, processor, text, bundle_dir),
+        "cp": validate_cp(OrtRunner(bundle_dir / "cp.onnx", "cp"), int(model.vision_model.config.hidden_size)),
     }
     for k, v in report.items():
         log(f"validated {k}: max |error| {v['max_abs']:.2e} (atol {v['atol']:g}) over {len(v['cases'])} cases")

@@ -1,0 +1,142 @@
+"""CP through the bundle's ``cp`` graph (export/cp_head.py) on any backend runner.
+
+Torch-free. :class:`GraphCP` packs many (reference, output) pairs into few calls of the ``cp``
+graph: pairs are grouped by reference (the same token array and the same kept patches), so a
+reference is read once per call however many outputs it is scored against; references are padded
+to the longest in the call, outputs to the longest output.
+
+Results equal runtime/heads.py ``masked_maxcos`` (the numpy head) within
+``tolerances.CP_HEAD_ATOL`` on ONNX Runtime CPU (tests/test_cp_head.py). The graph never yields
+NaN; a reference with no kept patch gets NaN here, from the kept-patch count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .masks import DEFAULT_FG_THRESHOLD
+
+#: Default cap on one call's cosine tensor ``R * K * N * M`` (float32 elements): 2**26 = 256 MiB.
+DEFAULT_MAX_SIMS = 1 << 26
+
+
+@dataclass
+class CPItem:
+    """One pair for the CP head.
+
+    Attributes:
+        ref_tokens: ``[N, D] float32`` reference patch tokens (real patches only). Pairs that pass
+            the *same array object* (and the same kept patches) share one reference slot.
+        ref_weights: ``[N] float32`` reference mask on the patch grid.
+        out_tokens: ``[M, D] float32`` output patch tokens (real patches only), ``M >= 1``.
+    """
+
+    ref_tokens: np.ndarray
+    ref_weights: np.ndarray
+    out_tokens: np.ndarray
+
+
+class GraphCP:
+    """Masked max-cosine (CP) for many pairs through a ``cp`` graph runner.
+
+    Args:
+        runner: a :class:`~masc_engine.engine.backends.base.Runner` for the bundle's ``cp`` graph.
+        fg_threshold: a reference patch is kept when its weight is ``> fg_threshold``.
+        max_outs_per_ref: outputs per reference slot in one call (``K``); larger groups are split.
+        max_refs_per_call: reference slots per call (``R``).
+        max_sims: cap on ``R * K * N * M`` per call (the cosine tensor's size).
+    """
+
+    def __init__(self, runner, fg_threshold: float = DEFAULT_FG_THRESHOLD, max_outs_per_ref: int = 64,
+                 max_refs_per_call: int = 16, max_sims: int = DEFAULT_MAX_SIMS):
+        self.runner = runner
+        self.fg_threshold = float(fg_threshold)
+        self.max_outs_per_ref = max(1, int(max_outs_per_ref))
+        self.max_refs_per_call = max(1, int(max_refs_per_call))
+        self.max_sims = max(1, int(max_sims))
+
+    def score(self, ref_tokens: np.ndarray, ref_weights: np.ndarray,
+              outputs: Sequence[np.ndarray]) -> list[tuple[float, dict]]:
+        """One reference against many outputs: ``[(cp, extras)]`` per output."""
+        return self.score_items([CPItem(ref_tokens, ref_weights, o) for o in outputs])
+
+    def score_items(self, items: Sequence[CPItem], return_best: bool = False) -> list[tuple[float, dict]]:
+        """``(cp, extras)`` per item, as ``heads.masked_maxcos`` returns them.
+
+        ``extras`` are ``cp_n_ref_fg``, ``cp_n_ref_total``, ``cp_fg_frac_ref`` (and ``best``, the
+        ``[N]`` best cosines with 0 on unkept patches, when ``return_best``). cp is NaN when the
+        reference keeps no patch.
+
+        Raises:
+            ValueError: an output without patches, or tokens of mismatched width.
+        """
+        items = list(items)
+        results: list = [None] * len(items)
+        groups: dict[tuple, list[int]] = {}
+        keeps: dict[tuple, np.ndarray] = {}
+        for i, it in enumerate(items):
+            if it.out_tokens.ndim != 2 or it.out_tokens.shape[0] == 0:
+                raise ValueError(f"item {i}: output tokens must be [M >= 1, D], got {it.out_tokens.shape}")
+            if it.ref_tokens.ndim != 2 or it.ref_tokens.shape[1] != it.out_tokens.shape[1]:
+                raise ValueError(f"item {i}: reference {it.ref_tokens.shape} and output {it.out_tokens.shape} "
+                                 "tokens must be [N, D] and [M, D]")
+            keep = np.asarray(it.ref_weights) > np.float32(self.fg_threshold)
+            key = (id(it.ref_tokens), keep.tobytes())
+            groups.setdefault(key, []).append(i)
+            keeps[key] = keep
+        # Slots: (reference key, item indices), at most max_outs_per_ref items each.
+        slots = [(key, idx[s:s + self.max_outs_per_ref])
+                 for key, idx in groups.items() for s in range(0, len(idx), self.max_outs_per_ref)]
+        for call in self._pack(slots, items):
+            self._run_call(call, items, keeps, results, return_best)
+        return results
+
+    def _pack(self, slots, items):
+        """Greedy packing of slots into calls within ``max_refs_per_call`` and ``max_sims``."""
+        call, n_max, m_max, k_max = [], 0, 0, 0
+        for key, idx in slots:
+            n = items[idx[0]].ref_tokens.shape[0]
+            m = max(items[i].out_tokens.shape[0] for i in idx)
+            nn_, mm, kk = max(n_max, n), max(m_max, m), max(k_max, len(idx))
+            if call and (len(call) + 1 > self.max_refs_per_call or (len(call) + 1) * kk * nn_ * mm > self.max_sims):
+                yield call
+                call, nn_, mm, kk = [], n, m, len(idx)
+            call.append((key, idx))
+            n_max, m_max, k_max = nn_, mm, kk
+        if call:
+            yield call
+
+    def _run_call(self, call, items, keeps, results, return_best):
+        first = items[call[0][1][0]]
+        d = first.ref_tokens.shape[1]
+        r = len(call)
+        k = max(len(idx) for _, idx in call)
+        n = max(items[idx[0]].ref_tokens.shape[0] for _, idx in call)
+        m = max(items[i].out_tokens.shape[0] for _, idx in call for i in idx)
+        ref = np.zeros((r, n, d), np.float32)
+        ref_keep = np.zeros((r, n), bool)
+        out = np.zeros((r, k, m, d), np.float32)
+        valid = np.zeros((r, k, m), bool)
+        for a, (key, idx) in enumerate(call):
+            rt = items[idx[0]].ref_tokens
+            ref[a, :rt.shape[0]] = rt
+            ref_keep[a, :rt.shape[0]] = keeps[key]
+            for b, i in enumerate(idx):
+                ot = items[i].out_tokens
+                out[a, b, :ot.shape[0]] = ot
+                valid[a, b, :ot.shape[0]] = True
+        res = self.runner.run({"ref_tokens": ref, "ref_keep": ref_keep, "out_tokens": out, "out_valid": valid})
+        cp, best = res["cp"], res["best"]
+        for a, (key, idx) in enumerate(call):
+            keep = keeps[key]
+            n_fg = int(keep.sum())
+            for b, i in enumerate(idx):
+                it = items[i]
+                extras = {"cp_n_ref_fg": n_fg, "cp_n_ref_total": int(it.ref_tokens.shape[0]),
+                          "cp_fg_frac_ref": float(np.mean(it.ref_weights, dtype=np.float32))}
+                if return_best:
+                    extras["best"] = np.array(best[a, b, :it.ref_tokens.shape[0]])
+                results[i] = (float("nan") if n_fg == 0 else float(cp[a, b]), extras)
