@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 . .venv/bin/activate
 [ -f bundles/tiny-naflex/manifest.json ] || masc-export --model random:tiny-naflex --out bundles/tiny-naflex
-masc-run examples/dreambooth/pairs.csv --bundle bundles/tiny-naflex --out examples-scores.csv
+masc-run examples/dreambooth/pairs.csv --bundle bundles/tiny-naflex --out examples-scores.csv --print-scores

@@ -57,10 +57,12 @@ import click
               help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray instance.")
 @click.option("--ray-workers", type=click.IntRange(1, 100000), default=None,
               help="Ray actors (scorers); default: one per CPU (or GPU with --provider cuda) in the cluster.")
+@click.option("--print-scores", is_flag=True, help="Print each row's key, method, CP, PF and status.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif, paper_filter,
          min_output_mask_frac, min_reference_mask_frac, mask_size_tolerance, baselines, save_maps, cache_dir, cache_size_gb,
-         batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, no_progress) -> None:
+         batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, print_scores,
+         no_progress) -> None:
     """Score every row of PAIRS_CSV (columns ref_image, ref_mask, out_image, out_mask, prompt,
     object_name; other columns are carried through) and print a summary."""
     from ..engine.bundle import RandomWeightsWarning
@@ -87,6 +89,16 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
                             ray_address=ray_address, ray_workers=ray_workers, progress=not no_progress)
     except (MascEngineError, ValueError) as e:
         raise click.ClickException(str(e)) from e
+    if print_scores:
+        from ..protocols.results import read_output
+
+        rows = read_output(out_path)
+        label = next((c for c in ("key", "out_image") if c in rows[0]), "row_index") if rows else "row_index"
+        click.echo(f"{'row':>5}  {label:<34} {'method':<22} {'CP':>8} {'PF':>8}  status")
+        for r in rows:
+            cp, pf = float(r["cp"] if r["cp"] not in ("", None) else "nan"), float(r["pf"] if r["pf"] not in ("", None) else "nan")
+            click.echo(f"{r['row_index']:>5}  {str(r.get(label, ''))[:34]:<34} {str(r.get('method', ''))[:22]:<22} "
+                       f"{cp:>8.4f} {pf:>8.4f}  {r['status']}")
     for line in summary.lines():
         click.echo(line)
     click.echo(f"scores written to {out_path} (metadata: {out_path}.meta.json)")
