@@ -154,3 +154,17 @@ def test_cp_device_is_torch_free():
             "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_array_module_cp_head_equals_numpy_head():
+    """engine/cp_array.py (numpy here; CuPy on a GPU in bench/gpu_check.py) is the same head."""
+    from masc_engine.engine.cp_array import ArrayCPRunner
+    from masc_engine.export.validate import validate_cp
+
+    for width in (64, 768):
+        assert validate_cp(ArrayCPRunner(np), width)["max_abs"] <= CP_HEAD_ATOL
+    rng = np.random.default_rng(2)
+    ref = rng.normal(size=(50, 64)).astype(np.float32)
+    w = rng.random(50).astype(np.float32)
+    outs = [rng.normal(size=(m, 64)).astype(np.float32) for m in (50, 13, 1)]
+    _assert_same(GraphCP(ArrayCPRunner(np)).score(ref, w, outs), [masked_maxcos(ref, o, w) for o in outs])

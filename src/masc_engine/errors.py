@@ -28,3 +28,17 @@ class InputError(MascEngineError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+
+
+class EngineCompatibilityError(MascEngineError):
+    """A serialized TensorRT engine was built for another GPU, compute capability or TensorRT
+    version (or from other ONNX graphs) than the ones loading it; the message names both sides
+    and the command that rebuilds the engines."""
+
+
+class ProfileError(InputError):
+    """An input shape lies outside every optimization profile of an engine (refused before
+    inference; the message gives the allowed range)."""
+
+    def __init__(self, detail: str):
+        super().__init__("outside_engine_profile", detail)

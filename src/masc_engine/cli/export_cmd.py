@@ -1,4 +1,5 @@
-"""``masc-export``: build a validated bundle from a SigLIP2 checkpoint (needs the export extra)."""
+"""``masc-export``: build a validated bundle from a SigLIP2 checkpoint (needs the export extra),
+and optionally TensorRT engines from its ONNX graphs (needs TensorRT and a GPU)."""
 
 from __future__ import annotations
 
@@ -17,21 +18,62 @@ import click
 @click.option("--max-num-patches", type=click.IntRange(1, 16384), default=None,
               help="NaFlex patch budget (default 1024, the paper's).")
 @click.option("--revision", default=None, help="Hub revision (commit, tag or branch) to pin.")
-def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | None) -> None:
+@click.option("--backend", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True,
+              help="onnx: the ONNX bundle only. tensorrt: also build TensorRT engines from its graphs "
+                   "into OUT/tensorrt-<precision>/ (needs the tensorrt package and a CUDA GPU; "
+                   "engines are specific to the GPU and TensorRT version that build them).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
+              help="TensorRT engine precision (bf16 needs compute capability >= 8.0). LayerNorm, softmax, "
+                   "reductions and GELU stay fp32. The ONNX graphs are always fp32.")
+@click.option("--engines-only", is_flag=True,
+              help="Build TensorRT engines for the existing bundle in OUT without re-exporting it "
+                   "(no torch needed); the command a GPU/TensorRT mismatch error names.")
+@click.option("--max-batch", type=click.IntRange(1, 4096), default=16, show_default=True,
+              help="TensorRT profiles: largest batch (images, prompts, references per CP call); larger "
+                   "calls are split.")
+@click.option("--max-outs-per-ref", type=click.IntRange(1, 4096), default=16, show_default=True,
+              help="TensorRT profile of the CP head: outputs scored against one reference per call.")
+@click.option("--timing-cache", type=click.Path(dir_okay=False), default=None,
+              help="TensorRT timing cache file, reused between builds (default: "
+                   "$MASC_ENGINE_CACHE/tensorrt/timing-<trt>-sm<cc>.cache).")
+def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | None, backend: str,
+         precision: str, engines_only: bool, max_batch: int, max_outs_per_ref: int,
+         timing_cache: str | None) -> None:
     """Export a SigLIP2 checkpoint to ONNX graphs + manifest, validated against PyTorch."""
-    try:
-        from ..export.exporter import export_bundle
-    except ImportError as e:  # torch / transformers / onnx missing
-        raise click.ClickException(
-            f"masc-export needs the export extra ({e.name} is missing): pip install 'masc-engine[export]'"
-        ) from e
     from ..errors import MascEngineError
 
-    try:
-        export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision,
-                      log=lambda s: click.echo(s, err=True))
-    except MascEngineError as e:
-        raise click.ClickException(str(e)) from e
+    if backend == "onnx" and precision != "fp32":
+        raise click.UsageError("the ONNX graphs are fp32; --precision fp16/bf16 applies to --backend tensorrt")
+    if engines_only and backend != "tensorrt":
+        raise click.UsageError("--engines-only builds TensorRT engines: add --backend tensorrt")
+    if backend == "tensorrt":  # fail before a long export when TensorRT is missing
+        from ..engine.backends.tensorrt import import_tensorrt
+
+        try:
+            import_tensorrt()
+        except MascEngineError as e:
+            raise click.ClickException(str(e)) from e
+    log = lambda s: click.echo(s, err=True)  # noqa: E731
+    if not engines_only:
+        try:
+            from ..export.exporter import export_bundle
+        except ImportError as e:  # torch / transformers / onnx missing
+            raise click.ClickException(
+                f"masc-export needs the export extra ({e.name} is missing): pip install 'masc-engine[export]'"
+            ) from e
+        try:
+            export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=log)
+        except MascEngineError as e:
+            raise click.ClickException(str(e)) from e
+    if backend == "tensorrt":
+        # unverified: no TensorRT/GPU was available to the session that wrote this path.
+        from ..engine.backends.tensorrt import build_engines
+
+        try:
+            build_engines(out_dir, precision=precision, max_batch=max_batch, max_outs_per_ref=max_outs_per_ref,
+                          timing_cache=timing_cache, log=log)
+        except MascEngineError as e:
+            raise click.ClickException(str(e)) from e
 
 
 if __name__ == "__main__":

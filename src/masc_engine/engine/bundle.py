@@ -54,17 +54,33 @@ class Bundle:
             raise BundleError(f"bundle {self.path} has no {name!r} graph") from None
 
     def runner(self, graph: str, backend: str = "onnxruntime", provider: str = "cpu",
-               intra_op_threads: int | None = None) -> Runner:
-        """A runner for one of the bundle's graphs (``vision``, ``pool``, ``text``).
+               intra_op_threads: int | None = None, precision: str | None = None) -> Runner:
+        """A runner for one of the bundle's graphs (``vision``, ``pool``, ``text``, ``cp``).
+
+        Args:
+            backend: ``onnxruntime`` (the ONNX graphs; ``provider`` ``cpu`` or ``cuda``) or
+                ``tensorrt`` (the engine set ``tensorrt-<precision>/`` built by
+                ``masc-export --backend tensorrt``; ``provider`` must be ``cuda``).
+            precision: TensorRT only: ``fp32``, ``fp16`` or ``bf16`` (default: the only engine
+                set present). ONNX graphs are fp32.
 
         Raises:
-            BackendUnavailableError: unknown backend, or the provider is missing.
-            BundleError: the bundle has no such graph.
+            BackendUnavailableError: unknown backend, the provider or TensorRT is missing (never a
+                quiet fallback to CPU).
+            EngineCompatibilityError: TensorRT engines built for another GPU / TensorRT version.
+            BundleError: the bundle has no such graph (or no such engine set).
         """
         entry = self.graph(graph)
         if backend == "onnxruntime":
             from .backends.onnxruntime import OrtRunner
 
+            if precision not in (None, "fp32"):
+                raise BackendUnavailableError(f"the ONNX graphs are fp32; precision {precision!r} needs "
+                                              "backend='tensorrt'")
             return OrtRunner(self.file(entry["file"]), graph, provider=provider,
                              intra_op_threads=intra_op_threads)
+        if backend == "tensorrt":
+            from .backends.tensorrt import load_runner  # lazy: tensorrt is optional
+
+            return load_runner(self, graph, precision=precision, provider=provider)
         raise BackendUnavailableError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")

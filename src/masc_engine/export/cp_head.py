@@ -39,13 +39,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..engine.cp_array import INVALID_FILL, NORMALIZE_EPS  # noqa: F401  (one definition, shared)
 from .graphs import GraphSpec, TensorSpec
 
-#: Cosine given to padding output patches before the max; below every real cosine (>= -1) and
-#: exactly representable in fp16/bf16.
-INVALID_FILL = -4.0
-#: ``F.normalize``'s eps (runtime/heads.py ``NORMALIZE_EPS``).
-NORMALIZE_EPS = 1e-12
+# INVALID_FILL (-4): cosine given to padding output patches before the max; below every real
+# cosine (>= -1) and exactly representable in fp16/bf16. NORMALIZE_EPS: F.normalize's eps.
 
 
 class MaskedMaxCosHead(nn.Module):

@@ -24,4 +24,7 @@ class Runner(Protocol):
         ...
 
 
-BACKENDS = ("onnxruntime",)
+#: ``onnxruntime``: ONNX Runtime on the bundle's ONNX graphs (CPU or CUDA execution provider).
+#: ``tensorrt``: serialized TensorRT engines built from them (backends/tensorrt.py, imported
+#: lazily; unverified: no TensorRT/GPU was available to the session that wrote it).
+BACKENDS = ("onnxruntime", "tensorrt")

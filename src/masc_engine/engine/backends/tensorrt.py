@@ -1,0 +1,451 @@
+"""TensorRT backend: engines built from the bundle's ONNX graphs, and a runner for them.
+
+UNVERIFIED: no TensorRT and no GPU were available to the session that wrote this module. Every
+function below that touches ``tensorrt``, CUDA, CuPy or a GPU is marked "unverified" and has never
+been run; it follows the TensorRT 10 Python API as documented (``build_serialized_network``,
+``execute_async_v3``, named I/O tensors). The shape planning, engine-compatibility checks and
+precision policy it relies on are pure functions in :mod:`.trt_profiles`, tested on CPU.
+
+``tensorrt`` is imported lazily: importing masc_engine never needs it, and asking for the
+``tensorrt`` backend without it raises :class:`BackendUnavailableError` naming what to install.
+
+Engine set layout (beside the ONNX bundle, which stays unchanged)::
+
+    <bundle>/tensorrt-<precision>/engines.json   TensorRT version, GPU, compute capability,
+                                                 precision, profiles, sha256 of engines and ONNX
+    <bundle>/tensorrt-<precision>/<graph>.engine serialized engines (vision, pool, text, cp)
+
+Precision: ``fp16``/``bf16`` engines keep LayerNorm, softmax, reductions (incl. the CP head's L2
+norms and masked mean) and the tanh-GELU decomposition in fp32 via layer precision constraints
+(``OBEY_PRECISION_CONSTRAINTS``); ``fp32`` engines clear TF32. Graph inputs and outputs stay float32.
+The attention masks are finite (``graphs.MASK_VALUE`` = -30000, representable in fp16; the CP head
+uses ``Where`` with -4), so a fully masked row cannot become NaN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ...errors import BackendUnavailableError, EngineCompatibilityError
+from . import trt_profiles as tp
+
+INSTALL_HINT = ("the TensorRT backend needs NVIDIA TensorRT's Python package and a CUDA GPU: "
+                "pip install tensorrt (or tensorrt-cu12 matching your CUDA), plus cupy-cuda12x "
+                "(or PyTorch with CUDA) for device buffers; or use --backend onnxruntime")
+
+
+def import_tensorrt():
+    """``import tensorrt`` or raise :class:`BackendUnavailableError` naming what to install."""
+    try:
+        import tensorrt as trt  # noqa: F401  (unverified: not installed where this was written)
+    except ImportError as e:
+        raise BackendUnavailableError(f"{INSTALL_HINT} (import tensorrt failed: {e})") from e
+    return trt
+
+
+def tensorrt_available() -> bool:
+    try:
+        import_tensorrt()
+        return True
+    except BackendUnavailableError:
+        return False
+
+
+# --------------------------------------------------------------------------- device info
+
+
+def current_device_info(device: int = 0) -> dict:
+    """TensorRT version, GPU name and compute capability of this machine.
+
+    unverified: no TensorRT/GPU was available to this session. Tries cuda-python, CuPy, PyTorch,
+    then ``nvidia-smi``.
+
+    Raises:
+        BackendUnavailableError: TensorRT missing, or no CUDA device could be queried.
+    """
+    trt = import_tensorrt()
+    name, cc = _query_gpu(device)
+    return {"tensorrt_version": str(trt.__version__), "gpu_name": name, "compute_capability": cc}
+
+
+def _query_gpu(device: int) -> tuple[str, str]:
+    # unverified: no TensorRT/GPU was available to this session.
+    try:
+        try:
+            from cuda.bindings import runtime as cudart
+        except ImportError:
+            from cuda import cudart
+        err, props = cudart.cudaGetDeviceProperties(device)
+        if int(err) == 0:
+            name = props.name.decode() if isinstance(props.name, bytes) else str(props.name)
+            return name.strip("\x00 "), f"{props.major}.{props.minor}"
+    except Exception:  # noqa: BLE001 - try the next way
+        pass
+    try:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(device)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return name, f"{props['major']}.{props['minor']}"
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(device)
+            return torch.cuda.get_device_name(device), f"{major}.{minor}"
+    except Exception:  # noqa: BLE001
+        pass
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={device}", "--query-gpu=name,compute_cap",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        name, cc = [s.strip() for s in out.stdout.strip().split(",")[:2]]
+        return name, cc
+    except Exception as e:  # noqa: BLE001
+        raise BackendUnavailableError(f"no CUDA device {device} could be queried (cuda-python, cupy, torch, "
+                                      f"nvidia-smi all failed: {e})") from e
+
+
+def default_timing_cache(info: dict) -> Path:
+    """``$MASC_ENGINE_CACHE/tensorrt/timing-<trt>-sm<cc>.cache``: shared by every build on this
+    machine (all bundles and precisions), since a timing cache is specific to the GPU and the
+    TensorRT version."""
+    root = Path(os.environ.get("MASC_ENGINE_CACHE", Path.home() / ".cache" / "masc-engine"))
+    cc = str(info["compute_capability"]).replace(".", "")
+    return root / "tensorrt" / f"timing-trt{info['tensorrt_version']}-sm{cc}.cache"
+
+
+# --------------------------------------------------------------------------- builder
+
+
+def _fp32_nodes(onnx_path: Path) -> dict[str, str]:
+    """ONNX nodes to keep in fp32 (see :func:`trt_profiles.fp32_onnx_nodes`); needs ``onnx``,
+    else only TensorRT layer types decide (LayerNorm, softmax, reductions)."""
+    try:
+        import onnx
+    except ImportError:
+        return {}
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    nodes = []
+    for n in model.graph.node:
+        fx = next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
+        nodes.append((n.name, n.op_type, fx))
+    return tp.fp32_onnx_nodes(nodes)
+
+
+def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
+                 profiles: list[dict[str, dict[str, list[int]]]], timing_cache: str | Path | None = None,
+                 workspace_gib: float = 8.0, log: Callable[[str], None] = print) -> dict:
+    """Build one serialized engine from an ONNX graph.
+
+    unverified: no TensorRT/GPU was available to this session; never run.
+
+    Args:
+        onnx_path: the graph (external weights beside it are found by the parser).
+        engine_path: where to write the serialized engine.
+        precision: ``fp32``, ``fp16`` or ``bf16``.
+        profiles: one or more ``{input: {"min", "opt", "max"}}`` (:func:`trt_profiles.profile_shapes`).
+        timing_cache: file read before and written after the build (created when missing).
+
+    Returns:
+        build facts for the sidecar: ``fp32_layers`` (count), ``layers``, ``seconds``, ``sha256``.
+    """
+    trt = import_tensorrt()
+    if precision not in tp.PRECISIONS:
+        raise ValueError(f"precision must be one of {tp.PRECISIONS}, got {precision!r}")
+    t0 = time.time()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise BackendUnavailableError(f"TensorRT could not parse {onnx_path}: {errors}")
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * (1 << 30)))
+    if precision == "fp32":
+        config.clear_flag(trt.BuilderFlag.TF32)  # fp32 engines are the fidelity reference
+    else:
+        if precision == "fp16" and not builder.platform_has_fast_fp16:
+            raise BackendUnavailableError("this GPU has no fast fp16; build --precision fp32")
+        config.set_flag(trt.BuilderFlag.FP16 if precision == "fp16" else trt.BuilderFlag.BF16)
+        config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
+    fp32_nodes = _fp32_nodes(Path(onnx_path)) if precision != "fp32" else {}
+    n_fp32 = 0
+    if precision != "fp32":
+        for i in range(network.num_layers):
+            layer = network.get_layer(i)
+            reason = tp.layer_fp32_reason(str(layer.type), layer.name, fp32_nodes)
+            if reason is None:
+                continue
+            # Shape, constant and boolean layers have no float precision to set.
+            if layer.type in (trt.LayerType.SHAPE, trt.LayerType.CONSTANT):
+                continue
+            layer.precision = trt.float32
+            for j in range(layer.num_outputs):
+                if layer.get_output(j).dtype in (trt.float16, trt.bfloat16, trt.float32):
+                    layer.set_output_type(j, trt.float32)
+            n_fp32 += 1
+    for shapes in profiles:
+        profile = builder.create_optimization_profile()
+        for name, s in shapes.items():
+            profile.set_shape(name, s["min"], s["opt"], s["max"])
+        config.add_optimization_profile(profile)
+    cache = None
+    if timing_cache is not None:
+        timing_cache = Path(timing_cache)
+        blob = timing_cache.read_bytes() if timing_cache.is_file() else b""
+        cache = config.create_timing_cache(blob)
+        config.set_timing_cache(cache, ignore_mismatch=False)
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise BackendUnavailableError(f"TensorRT failed to build an engine from {onnx_path} (see its log above)")
+    engine_path = Path(engine_path)
+    engine_path.parent.mkdir(parents=True, exist_ok=True)
+    data = bytes(plan)
+    engine_path.write_bytes(data)
+    if cache is not None:
+        timing_cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = timing_cache.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
+        tmp.replace(timing_cache)
+    secs = time.time() - t0
+    log(f"built {engine_path.name} ({precision}, {network.num_layers} layers, {n_fp32} pinned to fp32) in {secs:.1f}s")
+    return {"layers": int(network.num_layers), "fp32_layers": n_fp32, "seconds": round(secs, 1),
+            "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def build_engines(bundle_dir: str | Path, precision: str = "fp16", max_batch: int = 16,
+                  max_outs_per_ref: int = 16, graphs: list[str] | None = None,
+                  timing_cache: str | Path | None = None, workspace_gib: float = 8.0,
+                  log: Callable[[str], None] = print) -> Path:
+    """Build the engine set ``<bundle>/tensorrt-<precision>/`` for every graph of a bundle.
+
+    unverified: no TensorRT/GPU was available to this session; never run.
+
+    Raises:
+        BackendUnavailableError: TensorRT or a GPU is missing, bf16 on a GPU before sm80, or a
+            build fails.
+        BundleError: the bundle is missing or modified.
+    """
+    from ..manifest import read_manifest, sha256_file, verify_files
+
+    import_tensorrt()  # fail before any work
+    bundle_dir = Path(bundle_dir)
+    manifest = read_manifest(bundle_dir)
+    verify_files(bundle_dir, manifest)
+    info = current_device_info()
+    major = int(str(info["compute_capability"]).split(".")[0])
+    if precision == "bf16" and major < 8:
+        raise BackendUnavailableError(f"bf16 needs compute capability >= 8.0; {info['gpu_name']} is "
+                                      f"{info['compute_capability']}. Use --precision fp16.")
+    ranges = tp.default_axis_ranges(manifest, max_batch=max_batch, max_outs_per_ref=max_outs_per_ref)
+    out = bundle_dir / tp.engine_dir_name(precision)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(timing_cache) if timing_cache else default_timing_cache(info)
+    engines = {}
+    for graph in graphs or list(manifest["graphs"]):
+        entry = manifest["graphs"][graph]
+        shapes = tp.profile_shapes(entry, ranges)
+        facts = build_engine(bundle_dir / entry["file"], out / f"{graph}.engine", precision, [shapes],
+                             timing_cache=cache, workspace_gib=workspace_gib, log=log)
+        engines[graph] = {"file": f"{graph}.engine", "onnx_sha256": sha256_file(bundle_dir / entry["file"]),
+                          "profiles": [shapes], **facts}
+    tp.write_sidecar(out, {
+        **info, "precision": precision, "engines": engines, "timing_cache": str(cache),
+        "axis_ranges": {k: v.to_list() for k, v in ranges.items()},
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })
+    log(f"TensorRT {precision} engines written: {out}")
+    return out
+
+
+# --------------------------------------------------------------------------- device buffers
+
+
+class _DeviceArrays:
+    """Minimal device-array adapter over CuPy (preferred: no torch at run time) or PyTorch.
+
+    unverified: no TensorRT/GPU was available to this session.
+    """
+
+    def __init__(self, device: int = 0):
+        self.device = device
+        try:
+            import cupy
+
+            self.kind, self.mod = "cupy", cupy
+            cupy.cuda.Device(device).use()
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.stream_handle = self.stream.ptr
+        except ImportError:
+            try:
+                import torch
+            except ImportError as e:
+                raise BackendUnavailableError(f"{INSTALL_HINT} (neither cupy nor torch is importable)") from e
+            if not torch.cuda.is_available():
+                raise BackendUnavailableError("PyTorch is installed without CUDA; the TensorRT runner needs a GPU")
+            self.kind, self.mod = "torch", torch
+            self.stream = torch.cuda.Stream(device=device)
+            self.stream_handle = self.stream.cuda_stream
+
+    def is_device(self, x) -> bool:
+        if self.kind == "cupy":
+            return isinstance(x, self.mod.ndarray)
+        return isinstance(x, self.mod.Tensor) and x.is_cuda
+
+    def to_device(self, x):
+        if self.is_device(x):
+            return x
+        x = np.ascontiguousarray(x)
+        if self.kind == "cupy":
+            with self.stream:
+                return self.mod.asarray(x)
+        return self.mod.from_numpy(x).to(f"cuda:{self.device}", non_blocking=False)
+
+    def empty(self, shape, dtype: np.dtype):
+        if self.kind == "cupy":
+            with self.stream:
+                return self.mod.empty(tuple(shape), dtype=dtype)
+        tdt = {np.dtype(np.float32): self.mod.float32, np.dtype(np.float16): self.mod.float16,
+               np.dtype(np.int32): self.mod.int32, np.dtype(np.int64): self.mod.int64,
+               np.dtype(np.bool_): self.mod.bool}[np.dtype(dtype)]
+        return self.mod.empty(tuple(shape), dtype=tdt, device=f"cuda:{self.device}")
+
+    def ptr(self, x) -> int:
+        return int(x.data.ptr) if self.kind == "cupy" else int(x.data_ptr())
+
+    def contiguous(self, x):
+        return self.mod.ascontiguousarray(x) if self.kind == "cupy" else x.contiguous()
+
+    def to_host(self, x) -> np.ndarray:
+        return self.mod.asnumpy(x) if self.kind == "cupy" else x.cpu().numpy()
+
+    def concat(self, xs):
+        return self.mod.concatenate(xs, axis=0) if self.kind == "cupy" else self.mod.cat(xs, dim=0)
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+
+# --------------------------------------------------------------------------- runner
+
+
+class TrtRunner:
+    """Runs one engine: the :class:`~.base.Runner` protocol, plus :meth:`run_device` for
+    device-resident inputs and outputs (patch tokens stay on the GPU between the vision, pooling
+    and CP engines; cached reference tokens can be passed as device arrays).
+
+    Calls larger than the profile's batch are split into runs that fit; a patch count outside the
+    profile is refused before inference (:class:`ProfileError` with the allowed range).
+
+    unverified: no TensorRT/GPU was available to this session; never run.
+    """
+
+    backend = "tensorrt"
+
+    def __init__(self, engine_path: str | Path, name: str, graph_entry: dict, profile: dict, device: int = 0):
+        trt = import_tensorrt()
+        self._trt = trt
+        self.name = name
+        self.graph_entry = graph_entry
+        self.profile = profile
+        self._dev = _DeviceArrays(device)
+        logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(logger)
+        self.engine = self._runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+        if self.engine is None:
+            raise EngineCompatibilityError(f"TensorRT {trt.__version__} could not deserialize {engine_path} "
+                                           "(built with another TensorRT version or for another GPU?)")
+        self.context = self.engine.create_execution_context()
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
+        self.input_names = [n for n in names if is_input[n]]
+        self.output_names = [n for n in names if not is_input[n]]
+        self._dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+        self._lock = threading.Lock()  # one execution context: calls are serialised
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = self.run_device(feeds)
+        return {k: self._dev.to_host(v) for k, v in out.items()}
+
+    def run_device(self, feeds: dict) -> dict:
+        """Inputs as numpy or device arrays; outputs as device arrays (CuPy or torch)."""
+        shapes = {k: tuple(v.shape) for k, v in feeds.items()}
+        runs = tp.plan_batches(self.name, self.graph_entry, shapes, self.profile)  # refuses before inference
+        if not runs:
+            raise ValueError(f"graph {self.name!r}: empty batch")
+        parts = [self._run_once({k: feeds[k][s] for k in self.input_names}) for s in runs]
+        if len(parts) == 1:
+            return parts[0]
+        return {k: self._dev.concat([p[k] for p in parts]) for k in self.output_names}
+
+    def _run_once(self, feeds: dict) -> dict:
+        dev = self._dev
+        bufs = {}
+        for k in self.input_names:
+            x = feeds[k]
+            if not dev.is_device(x):
+                x = np.ascontiguousarray(x, dtype=self._dtypes[k])
+            bufs[k] = dev.contiguous(dev.to_device(x))
+        with self._lock:
+            for k in self.input_names:
+                self.context.set_input_shape(k, tuple(bufs[k].shape))
+                self.context.set_tensor_address(k, dev.ptr(bufs[k]))
+            outs = {}
+            for k in self.output_names:
+                shape = tuple(self.context.get_tensor_shape(k))
+                outs[k] = dev.empty(shape, self._dtypes[k])
+                self.context.set_tensor_address(k, dev.ptr(outs[k]))
+            if not self.context.execute_async_v3(dev.stream_handle):
+                raise RuntimeError(f"TensorRT execution of {self.name!r} failed")
+            dev.synchronize()
+        return outs
+
+
+def load_runner(bundle, graph: str, precision: str | None = None, provider: str = "cuda") -> TrtRunner:
+    """A :class:`TrtRunner` for one graph of a bundle's engine set, after every check.
+
+    Order: TensorRT importable (else :class:`BackendUnavailableError` naming what to install);
+    provider is CUDA; an engine set exists for the precision; it was built for this TensorRT
+    version, GPU and compute capability and from this bundle's ONNX graphs
+    (:class:`EngineCompatibilityError` naming both sides and the rebuild command); the engine
+    file's sha256.
+
+    unverified: no TensorRT/GPU was available to this session (the checks are tested with fakes).
+    """
+    from ...errors import BundleError
+    from ..manifest import sha256_file
+
+    import_tensorrt()
+    if provider not in ("cuda", "cuda:0", "CUDAExecutionProvider"):
+        raise BackendUnavailableError(f"the TensorRT backend runs on CUDA GPUs only; provider {provider!r} "
+                                      "is not possible (use provider='cuda', or backend='onnxruntime')")
+    if precision is None:
+        have = tp.available_precisions(bundle.path)
+        if len(have) != 1:
+            raise BundleError(f"bundle {bundle.path}: choose the TensorRT precision explicitly "
+                              f"(engine sets present: {have or 'none'}; build one with "
+                              f"{tp.rebuild_command(bundle.path, 'fp16')})")
+        precision = have[0]
+    sidecar = tp.read_sidecar(bundle.path, precision)
+    tp.check_compatible(sidecar, current_device_info(), bundle.path, precision)
+    tp.check_onnx_unchanged(sidecar, bundle.manifest, bundle.path, precision)
+    entry = sidecar["engines"].get(graph)
+    if entry is None:
+        raise BundleError(f"bundle {bundle.path}: the TensorRT {precision} engine set has no {graph!r} engine; "
+                          f"rebuild: {tp.rebuild_command(bundle.path, precision)}")
+    path = bundle.path / tp.engine_dir_name(precision) / entry["file"]
+    if not path.is_file() or sha256_file(path) != entry["sha256"]:
+        raise BundleError(f"{path} is missing or modified; rebuild: {tp.rebuild_command(bundle.path, precision)}")
+    return TrtRunner(path, graph, bundle.graph(graph), entry["profiles"][0])

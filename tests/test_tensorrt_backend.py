@@ -1,0 +1,237 @@
+"""The TensorRT backend's CPU-checkable parts: lazy import, refusal without TensorRT, profiles
+(split / refuse), engine-compatibility checks, the fp32 precision policy, and the builder /
+runner plumbing against a fake ``tensorrt`` (tests/fake_tensorrt.py).
+
+What these tests cannot show: that real TensorRT accepts these calls, builds these graphs, or
+meets the fidelity gates. No TensorRT or GPU was available where they were written; the README's
+support matrix lists the TensorRT path as unverified.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import fake_tensorrt
+from conftest import REPO
+from masc_engine.engine.backends import trt_profiles as tp
+from masc_engine.engine.bundle import Bundle
+from masc_engine.errors import BackendUnavailableError, BundleError, EngineCompatibilityError, InputError, ProfileError
+
+INFO = {"tensorrt_version": "10.99.0", "gpu_name": "NVIDIA H200", "compute_capability": "9.0"}
+
+
+@pytest.fixture
+def no_tensorrt(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt -> ImportError
+
+
+@pytest.fixture
+def fake_trt(monkeypatch, tmp_path):
+    """A fake tensorrt module, a numpy 'device', this machine posing as an H200."""
+    from masc_engine.engine.backends import tensorrt as trt_backend
+
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt.make_module(INFO["tensorrt_version"]))
+    monkeypatch.setattr(trt_backend, "_DeviceArrays", fake_tensorrt.NumpyDevice)
+    monkeypatch.setattr(trt_backend, "_query_gpu", lambda device: (INFO["gpu_name"], INFO["compute_capability"]))
+    monkeypatch.setenv("MASC_ENGINE_CACHE", str(tmp_path / "cache"))
+    fake_tensorrt.BUILDS.clear()
+    fake_tensorrt.RUNS.clear()
+    return trt_backend
+
+
+@pytest.fixture
+def bundle_copy(naflex_bundle, tmp_path):
+    dst = tmp_path / "bundle"
+    shutil.copytree(naflex_bundle, dst)
+    return dst
+
+
+# ------------------------------------------------------------------ without TensorRT
+
+
+def test_importing_masc_engine_does_not_need_tensorrt():
+    code = ("import sys; sys.modules['tensorrt'] = None; import masc_engine, masc_engine.engine.bundle, "
+            "masc_engine.engine.backends.tensorrt, masc_engine.cli.export_cmd; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_tensorrt_backend_without_tensorrt_names_what_to_install(naflex_bundle, no_tensorrt):
+    with pytest.raises(BackendUnavailableError, match="pip install tensorrt"):
+        Bundle(naflex_bundle).runner("vision", backend="tensorrt", provider="cuda", precision="fp16")
+
+
+def test_onnxruntime_refuses_reduced_precision(naflex_bundle):
+    with pytest.raises(BackendUnavailableError, match="fp32"):
+        Bundle(naflex_bundle).runner("cp", precision="fp16")
+
+
+def test_export_cli_fails_fast_without_tensorrt(tmp_path, no_tensorrt):
+    from masc_engine.cli.export_cmd import main
+
+    out = tmp_path / "b"
+    res = CliRunner().invoke(main, ["--model", "random:tiny-naflex", "--out", str(out), "--backend", "tensorrt",
+                                    "--precision", "fp16"])
+    assert res.exit_code != 0 and "pip install tensorrt" in res.output
+    assert not out.exists()  # refused before exporting anything
+    res = CliRunner().invoke(main, ["--out", str(out), "--precision", "fp16"])
+    assert res.exit_code == 2 and "--backend tensorrt" in res.output
+    res = CliRunner().invoke(main, ["--out", str(out), "--engines-only"])
+    assert res.exit_code == 2 and "--backend tensorrt" in res.output
+
+
+# ------------------------------------------------------------------ profiles
+
+
+def test_profiles_cover_the_budget(naflex_bundle):
+    m = json.loads((naflex_bundle / "manifest.json").read_text())
+    ranges = tp.default_axis_ranges(m, max_batch=8, max_outs_per_ref=32)
+    v = tp.profile_shapes(m["graphs"]["vision"], ranges)
+    assert v["pixel_values"] == {"min": [1, 1, 768], "opt": [4, 1024, 768], "max": [8, 1024, 768]}
+    assert v["position_weights"]["max"] == [8, 1024, 256]
+    assert tp.profile_shapes(m["graphs"]["text"], ranges)["input_ids"]["max"] == [8, 64]
+    cp = tp.profile_shapes(m["graphs"]["cp"], ranges)
+    assert cp["out_tokens"] == {"min": [1, 1, 1, 64], "opt": [4, 16, 1024, 64], "max": [8, 32, 1024, 64]}
+    assert cp["ref_keep"]["max"] == [8, 1024]
+
+
+def test_plan_batches_splits_and_refuses(naflex_bundle):
+    m = json.loads((naflex_bundle / "manifest.json").read_text())
+    entry = m["graphs"]["vision"]
+    prof = tp.profile_shapes(entry, tp.default_axis_ranges(m, max_batch=16))
+    shapes = lambda b, n: {"pixel_values": (b, n, 768), "pixel_attention_mask": (b, n),  # noqa: E731
+                           "position_weights": (b, n, 256)}
+    assert tp.plan_batches("vision", entry, shapes(5, 300), prof) == [slice(0, 5)]
+    assert tp.plan_batches("vision", entry, shapes(37, 1024), prof) == [slice(0, 16), slice(16, 32), slice(32, 37)]
+    assert tp.plan_batches("vision", entry, shapes(0, 10), prof) == []
+    with pytest.raises(ProfileError, match=r"'num_patches' is 1500, outside .* allowed range \[1, 1024\]") as e:
+        tp.plan_batches("vision", entry, shapes(2, 1500), prof)
+    assert isinstance(e.value, InputError) and e.value.reason == "outside_engine_profile"
+    with pytest.raises(ProfileError, match="disagree on the batch size"):
+        tp.plan_batches("vision", entry, {**shapes(2, 10), "position_weights": (3, 10, 256)}, prof)
+    with pytest.raises(ProfileError, match=r"axis 2 is 700, outside .* \[768, 768\]"):
+        tp.plan_batches("vision", entry, {**shapes(2, 10), "pixel_values": (2, 10, 700)}, prof)
+    cp = m["graphs"]["cp"]
+    cprof = tp.profile_shapes(cp, tp.default_axis_ranges(m, max_batch=4, max_outs_per_ref=8))
+    cshapes = {"ref_tokens": (9, 30, 64), "ref_keep": (9, 30), "out_tokens": (9, 8, 40, 64), "out_valid": (9, 8, 40)}
+    assert tp.plan_batches("cp", cp, cshapes, cprof) == [slice(0, 4), slice(4, 8), slice(8, 9)]
+    with pytest.raises(ProfileError, match="'outs_per_ref' is 9.*--max-batch"):
+        tp.plan_batches("cp", cp, {**cshapes, "out_tokens": (9, 9, 40, 64), "out_valid": (9, 9, 40)}, cprof)
+
+
+# ------------------------------------------------------------------ compatibility
+
+
+def test_check_compatible_names_both_sides_and_the_rebuild_command(tmp_path):
+    tp.check_compatible(INFO, dict(INFO), tmp_path, "fp16")
+    for key, other in [("tensorrt_version", "10.3.0"), ("gpu_name", "NVIDIA A100-SXM4-80GB"),
+                       ("compute_capability", "8.0")]:
+        with pytest.raises(EngineCompatibilityError) as e:
+            tp.check_compatible(INFO, {**INFO, key: other}, tmp_path, "fp16")
+        msg = str(e.value)
+        assert repr(INFO[key]) in msg and repr(other) in msg
+        assert f"masc-export --out {tmp_path} --backend tensorrt --precision fp16 --engines-only" in msg
+
+
+def test_fp32_policy_on_the_exported_vision_graph(naflex_bundle):
+    import onnx
+
+    model = onnx.load(str(naflex_bundle / "vision.onnx"))
+    nodes = [(n.name, n.op_type, next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.fx_node"), ""))
+             for n in model.graph.node]
+    keep = tp.fp32_onnx_nodes(nodes)
+    ops = {op for name, op, _ in nodes if name in keep}
+    assert {"LayerNormalization", "Softmax", "Pow", "Tanh"} <= ops  # LN, softmax and tanh-GELU
+    assert "MatMul" not in ops
+    assert sum(op == "LayerNormalization" for _, op, _ in nodes) == 5  # opset >= 17: one node per LN
+    gelu_mul = [name for name, op, fx in nodes if op == "Mul" and "aten.gelu" in fx]
+    assert gelu_mul and all(n in keep for n in gelu_mul)
+    assert tp.layer_fp32_reason("LayerType.SOFTMAX", "anything", {}) == "softmax"
+    assert tp.layer_fp32_reason("LayerType.ELEMENTWISE", "node_Pow_49", {"node_Pow_49": "gelu"}) == "gelu"
+    assert tp.layer_fp32_reason("LayerType.ELEMENTWISE", "node_Pow_49/cast", {"node_Pow_49": "gelu"}) == "gelu"
+    assert tp.layer_fp32_reason("LayerType.ELEMENTWISE", "node_Pow_491", {"node_Pow_49": "gelu"}) is None
+    assert tp.layer_fp32_reason("LayerType.ELEMENTWISE", "node_ln_1", {"node_ln": "ln"}) is None
+    assert tp.layer_fp32_reason("LayerType.MATRIX_MULTIPLY", "node_MatMul_3", {}) is None
+
+
+# ------------------------------------------------------------------ plumbing against a fake TensorRT
+
+
+def test_build_load_and_run_with_a_fake_tensorrt(fake_trt, bundle_copy):
+    from masc_engine.cli.export_cmd import main
+    from masc_engine.runtime.cp_device import GraphCP
+    from masc_engine.export.validate import cp_validation_cases
+
+    res = CliRunner().invoke(main, ["--out", str(bundle_copy), "--backend", "tensorrt", "--precision", "fp16",
+                                    "--engines-only", "--max-batch", "2", "--max-outs-per-ref", "4"])
+    assert res.exit_code == 0, res.output
+    side = json.loads((bundle_copy / "tensorrt-fp16" / "engines.json").read_text())
+    assert {k: side[k] for k in INFO} == INFO and side["precision"] == "fp16"
+    assert set(side["engines"]) == {"vision", "pool", "text", "cp"}
+    assert side["engines"]["vision"]["profiles"][0]["pixel_values"]["max"] == [2, 1024, 768]
+    builds = {b["onnx"].rsplit("/", 1)[-1]: b for b in fake_tensorrt.BUILDS}
+    flags = {f.name for f in builds["vision.onnx"]["flags"]}
+    assert {"FP16", "OBEY_PRECISION_CONSTRAINTS"} <= flags
+    assert any("layer_norm" in n for n in builds["vision.onnx"]["fp32_layers"])
+    assert any("Pow" in n for n in builds["vision.onnx"]["fp32_layers"])
+    assert builds["cp.onnx"]["fp32_types"] == {"REDUCE"}  # L2 norms, max, masked mean; not the GEMM
+    # One timing cache, reused: each build found the previous builds' entries.
+    assert [b["cache_builds"] for b in fake_tensorrt.BUILDS] == [1, 2, 3, 4]
+    assert (bundle_copy.parent / "cache" / "tensorrt").is_dir()
+
+    b = Bundle(bundle_copy)
+    cp_trt = b.runner("cp", backend="tensorrt", provider="cuda")  # the only engine set: fp16
+    cp_ort = b.runner("cp")
+    case = cp_validation_cases(64)[1]  # 3 references: split into runs of max_batch = 2
+    fake_tensorrt.RUNS.clear()
+    got, want = cp_trt.run(case["feeds"]), cp_ort.run(case["feeds"])
+    assert [r["ref_tokens"][0] for r in fake_tensorrt.RUNS] == [2, 1]
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    # The CP packer keeps within outs_per_ref when told the engine's limit.
+    feeds_cp = GraphCP(cp_trt, max_outs_per_ref=4, max_refs_per_call=2)
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(20, 64)).astype(np.float32)
+    w = rng.random(20).astype(np.float32)
+    outs = [rng.normal(size=(m, 64)).astype(np.float32) for m in (5, 9, 12, 3, 7, 20)]
+    assert np.allclose([c for c, _ in feeds_cp.score(ref, w, outs)], [c for c, _ in GraphCP(cp_ort).score(ref, w, outs)])
+
+    # Refusals, in order of the checks.
+    with pytest.raises(BackendUnavailableError, match="CUDA GPUs only"):
+        b.runner("cp", backend="tensorrt", provider="cpu")
+    with pytest.raises(BundleError, match="no TensorRT bf16 engines.*--precision bf16 --engines-only"):
+        b.runner("cp", backend="tensorrt", provider="cuda", precision="bf16")
+    with pytest.raises(ProfileError, match=r"\[1, 1024\]"):
+        b.runner("pool", backend="tensorrt", provider="cuda").run(
+            {"hidden": np.zeros((1, 1025, 64), np.float32), "key_padding_mask": np.zeros((1, 1025), bool)})
+    side_path = bundle_copy / "tensorrt-fp16" / "engines.json"
+    moved = {**side, "gpu_name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}
+    side_path.write_text(json.dumps(moved))
+    with pytest.raises(EngineCompatibilityError, match="A100.*H200.*--engines-only"):
+        b.runner("cp", backend="tensorrt", provider="cuda", precision="fp16")
+    stale = {**side, "engines": {**side["engines"], "cp": {**side["engines"]["cp"], "onnx_sha256": "0" * 64}}}
+    side_path.write_text(json.dumps(stale))
+    with pytest.raises(EngineCompatibilityError, match="another cp.onnx"):
+        b.runner("cp", backend="tensorrt", provider="cuda", precision="fp16")
+    side_path.write_text(json.dumps(side))
+    (bundle_copy / "tensorrt-fp16" / "cp.engine").write_bytes(b"tampered")
+    with pytest.raises(BundleError, match="missing or modified"):
+        b.runner("cp", backend="tensorrt", provider="cuda", precision="fp16")
+
+
+def test_fp32_engines_clear_tf32_and_pin_nothing(fake_trt, bundle_copy):
+    fake_trt.build_engines(bundle_copy, precision="fp32", graphs=["pool"], log=lambda s: None)
+    (build,) = fake_tensorrt.BUILDS
+    assert not {f.name for f in build["flags"]} & {"TF32", "FP16", "BF16"} and not build["fp32_layers"]
+    with pytest.raises(BackendUnavailableError, match="bf16 needs compute capability"):
+        from masc_engine.engine.backends import tensorrt as trt_backend
+
+        trt_backend._query_gpu = lambda device: ("Tesla T4", "7.5")  # restored by monkeypatch
+        fake_trt.build_engines(bundle_copy, precision="bf16", log=lambda s: None)
