@@ -51,3 +51,15 @@ CP_HEAD_ATOL = 1e-6
 #: ``heads.best_match_cosines``: one cosine each, so no averaging of rounding errors as in CP.
 #: Measured max 8.9e-7 (D = 1152), 8.3e-7 (D = 768), 4.2e-7 (D = 64) over the same cases.
 CP_BEST_ATOL = 2e-6
+
+# Fidelity gates for reduced-precision engines (fp16 / bf16 TensorRT) against the fp32 path on
+# the same inputs (bench/fidelity_gates.py). These are acceptance thresholds set by the issue,
+# not measurements: a reduced-precision path must meet them over >= FIDELITY_MIN_PAIRS pairs.
+#: Per-pair max |Delta CP| and |Delta PF|.
+FIDELITY_MAX_ABS_DELTA = 2e-3
+#: Spearman correlation of CP (and of PF) between the two precisions, over all pairs.
+FIDELITY_MIN_SPEARMAN = 0.999
+#: Cosine between the two precisions' pooled (background) embeddings, per image.
+FIDELITY_MIN_EMBEDDING_COSINE = 0.9995
+#: Pairs needed for the gates to count.
+FIDELITY_MIN_PAIRS = 1000
