@@ -1,0 +1,53 @@
+"""``masc-report``: one self-contained HTML page from a masc-run score file."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("scores", type=click.Path(dir_okay=False, exists=True))
+@click.option("--out", "-o", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="HTML file to write (default: <scores>.report.html beside the score file).")
+@click.option("--within-column", default=None,
+              help="Column telling within-subject from cross-subject pairs (with --within-value, or a boolean "
+                   "column: 1/0, true/false, yes/no, within/cross, same/different).")
+@click.option("--within-value", default=None,
+              help="Rows whose --within-column equals this are within-subject; all others cross-subject.")
+@click.option("--method-column", default="method", show_default=True,
+              help="Column grouping rows into methods (absent: one group).")
+@click.option("--top", "top_k", type=click.IntRange(0, 1000), default=5, show_default=True,
+              help="Best and worst pairs shown per score.")
+@click.option("--title", default=None, help="Page title (default: MaSC report: <file name>).")
+@click.option("--image-root", type=click.Path(file_okay=False), default=None,
+              help="Folder relative ref_image/out_image paths are resolved against (default: the folder of the "
+                   "pairs CSV recorded in <scores>.meta.json).")
+@click.option("--thumb-size", type=click.IntRange(16, 1024), default=144, show_default=True,
+              help="Longest side of the thumbnails, pixels.")
+@click.option("--n-resamples", type=click.IntRange(1, 100000), default=1000, show_default=True,
+              help="Bootstrap resamples of the confidence intervals.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+def main(scores, out_path, within_column, within_value, method_column, top_k, title, image_root, thumb_size,
+         n_resamples, seed) -> None:
+    """Write a self-contained HTML report (summary, per-method means with 95% CIs, distributions,
+    within- vs cross-subject histograms with AUC, best and worst pairs with thumbnails) of SCORES,
+    a masc-run output (.csv, .parquet, .jsonl)."""
+    from ..protocols.report import ReportOptions, write_report
+
+    if within_value is not None and not within_column:
+        raise click.UsageError("--within-value needs --within-column")
+    out_path = out_path or str(Path(scores).with_name(Path(scores).name + ".report.html"))
+    opts = ReportOptions(title=title, method_column=method_column, within_column=within_column,
+                         within_value=within_value, top_k=top_k, thumb_px=thumb_size, n_resamples=n_resamples,
+                         seed=seed, image_root=image_root)
+    try:
+        write_report(scores, out_path, opts, log=click.echo)
+    except (ValueError, OSError) as e:
+        raise click.ClickException(str(e)) from e
+
+
+if __name__ == "__main__":
+    sys.exit(main())
