@@ -499,7 +499,7 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     columns = fieldnames + [c for c in result_cols if c not in fieldnames]
     write_output(out_path, ordered, columns)
     summary.seconds = time.time() - t0
-    meta = {"fingerprint": fp, "input": str(csv_path), "output": str(out_path), "bundle": str(scorer.bundle.path),
+    meta = {"fingerprint": fp, "input": str(csv_path.resolve()), "output": str(out_path.resolve()), "bundle": str(scorer.bundle.path),
             "bundle_fingerprint": scorer.bundle.fingerprint, "source_model": scorer.bundle.manifest["source"],
             "bundle_versions": scorer.bundle.manifest.get("versions"), "runtime_versions": _versions(),
             "settings": {**asdict(settings), "stripper": scorer.stripper, "fg_threshold": scorer.fg_threshold,
