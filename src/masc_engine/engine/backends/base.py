@@ -12,7 +12,12 @@ import numpy as np
 
 
 class Runner(Protocol):
-    """Runs one graph. Implementations must be safe to call from several threads at once."""
+    """Runs one graph. Implementations must be safe to call from several threads at once.
+
+    Device runners (``TrtRunner``, ``ArrayCPRunner`` over CuPy) also have
+    ``run_device(feeds) -> outputs`` taking and returning device arrays, so tokens can stay on
+    the GPU between graphs; ``run`` always takes and returns numpy arrays.
+    """
 
     name: str
     backend: str
