@@ -168,3 +168,16 @@ def test_array_module_cp_head_equals_numpy_head():
     w = rng.random(50).astype(np.float32)
     outs = [rng.normal(size=(m, 64)).astype(np.float32) for m in (50, 13, 1)]
     _assert_same(GraphCP(ArrayCPRunner(np)).score(ref, w, outs), [masked_maxcos(ref, o, w) for o in outs])
+
+
+def test_scorer_graph_cp_head_equals_numpy_head(naflex_bundle):
+    from conftest import EXAMPLES, load_pair, read_rows
+    from masc_engine.runtime.scorer import Pair, Scorer
+    from masc_engine.tolerances import CP_HEAD_ATOL
+
+    pairs = [Pair(*load_pair(EXAMPLES, r)) for r in read_rows(EXAMPLES)]
+    a = Scorer(naflex_bundle).score_batch(pairs)
+    b = Scorer(naflex_bundle, cp_head="graph").score_batch(pairs)
+    for x, y in zip(a, b):
+        assert abs(x.cp - y.cp) <= CP_HEAD_ATOL and x.pf == y.pf
+        assert x.extras["cp_n_ref_fg"] == y.extras["cp_n_ref_fg"]

@@ -45,3 +45,19 @@ def test_quantize_bundle_is_gated(naflex_bundle, tmp_path):
         assert m["precision"]["mode"] == "int8-dynamic" and m["precision"]["gate_report"] == report
         assert report["passed"] and report["max_abs_dcp"] <= INT8_MAX_ABS_DCP
     assert any("int8 gates vs fp32" in s for s in lines)
+
+
+def test_masc_export_int8_cli(naflex_bundle, tmp_path):
+    from click.testing import CliRunner
+
+    from masc_engine.cli.export_cmd import main
+
+    out = tmp_path / "int8"
+    res = CliRunner().invoke(main, ["--out", str(out), "--precision", "int8"])
+    assert res.exit_code != 0 and "--gate-pairs" in res.output
+    res = CliRunner().invoke(main, ["--out", str(out), "--precision", "int8", "--fp32-bundle", str(naflex_bundle),
+                                    "--gate-pairs", str(EXAMPLES / "pairs.csv")])
+    if res.exit_code == 0:
+        assert json.loads((out / "manifest.json").read_text())["precision"]["gate_report"]["passed"]
+    else:
+        assert "int8 refused" in res.output and "Spearman" in res.output and not out.exists()

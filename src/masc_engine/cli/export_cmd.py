@@ -22,9 +22,14 @@ import click
               help="onnx: the ONNX bundle only. tensorrt: also build TensorRT engines from its graphs "
                    "into OUT/tensorrt-<precision>/ (needs the tensorrt package and a CUDA GPU; "
                    "engines are specific to the GPU and TensorRT version that build them).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
-              help="TensorRT engine precision (bf16 needs compute capability >= 8.0). LayerNorm, softmax, "
-                   "reductions and GELU stay fp32. The ONNX graphs are always fp32.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]), default="fp32", show_default=True,
+              help="TensorRT engine precision (bf16 needs compute capability >= 8.0; LayerNorm, softmax, "
+                   "reductions and GELU stay fp32), or int8: an ONNX bundle with int8 (dynamic) vision and "
+                   "text towers for CPU, kept only if it passes its gates against fp32 on --gate-pairs.")
+@click.option("--gate-pairs", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="int8: the pairs CSV the int8 bundle is gated on (e.g. the shared DreamBooth pairs).")
+@click.option("--fp32-bundle", type=click.Path(file_okay=False, exists=True), default=None,
+              help="int8: quantize this existing fp32 bundle instead of exporting one first.")
 @click.option("--engines-only", is_flag=True,
               help="Build TensorRT engines for the existing bundle in OUT without re-exporting it "
                    "(no torch needed); the command a GPU/TensorRT mismatch error names.")
@@ -37,10 +42,19 @@ import click
               help="TensorRT timing cache file, reused between builds (default: "
                    "$MASC_ENGINE_CACHE/tensorrt/timing-<trt>-sm<cc>.cache).")
 def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | None, backend: str,
-         precision: str, engines_only: bool, max_batch: int, max_outs_per_ref: int,
-         timing_cache: str | None) -> None:
+         precision: str, gate_pairs: str | None, fp32_bundle: str | None, engines_only: bool, max_batch: int,
+         max_outs_per_ref: int, timing_cache: str | None) -> None:
     """Export a SigLIP2 checkpoint to ONNX graphs + manifest, validated against PyTorch."""
     from ..errors import MascEngineError
+
+    if precision == "int8":
+        if backend != "onnx":
+            raise click.UsageError("--precision int8 makes an ONNX Runtime (CPU) bundle: use --backend onnx")
+        if not gate_pairs:
+            raise click.UsageError("--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
+                                   "its gates against fp32 on those pairs")
+        _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle)
+        return
 
     if backend == "onnx" and precision != "fp32":
         raise click.UsageError("the ONNX graphs are fp32; --precision fp16/bf16 applies to --backend tensorrt")
@@ -74,6 +88,29 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
                           timing_cache=timing_cache, log=log)
         except MascEngineError as e:
             raise click.ClickException(str(e)) from e
+
+
+def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle) -> None:
+    import tempfile
+
+    from ..errors import MascEngineError
+    from ..export.int8 import Int8GateError, quantize_bundle
+
+    log = lambda s: click.echo(s, err=True)  # noqa: E731
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            src = fp32_bundle
+            if src is None:
+                from ..export.exporter import export_bundle
+
+                src = export_bundle(model, f"{tmp}/fp32", max_num_patches=max_num_patches, revision=revision,
+                                    log=log)
+            quantize_bundle(src, out_dir, gate_pairs, log=log)
+    except Int8GateError as e:
+        raise click.ClickException(str(e)) from e
+    except MascEngineError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"int8 bundle written: {out_dir}", err=True)
 
 
 if __name__ == "__main__":

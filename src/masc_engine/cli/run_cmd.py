@@ -57,11 +57,13 @@ import click
               help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray instance.")
 @click.option("--ray-workers", type=click.IntRange(1, 100000), default=None,
               help="Ray actors (scorers); default: one per CPU (or GPU with --provider cuda) in the cluster.")
+@click.option("--cp-head", type=click.Choice(["numpy", "graph"]), default="numpy", show_default=True,
+              help="CP on the host in numpy, or through the bundle's cp graph on the chosen provider.")
 @click.option("--print-scores", is_flag=True, help="Print each row's key, method, CP, PF and status.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif, paper_filter,
          min_output_mask_frac, min_reference_mask_frac, mask_size_tolerance, baselines, save_maps, cache_dir, cache_size_gb,
-         batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, print_scores,
+         batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, cp_head, print_scores,
          no_progress) -> None:
     """Score every row of PAIRS_CSV (columns ref_image, ref_mask, out_image, out_mask, prompt,
     object_name; other columns are carried through) and print a summary."""
@@ -81,7 +83,8 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RandomWeightsWarning)
             scorer = Scorer(bundle, provider=provider, stripper=stripper, batch_size=batch_size,
-                            intra_op_threads=threads or None, naflex_max_patches=max_num_patches)
+                            intra_op_threads=threads or None, naflex_max_patches=max_num_patches,
+                            cp_head=cp_head)
         for w in caught:
             click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
         summary = run_pairs(pairs_csv, scorer, out_path, settings, chunk_size=chunk_size, io_workers=io_workers,

@@ -113,7 +113,7 @@ class RunSettings:
     def fingerprint(self, scorer: Scorer) -> str:
         d = {"run": asdict(self), "bundle": scorer.bundle.fingerprint, "stripper": scorer.stripper,
              "fg_threshold": scorer.fg_threshold, "budget": scorer.image_settings.max_num_patches,
-             "provider": scorer.provider}
+             "provider": scorer.provider, "cp_head": scorer.cp_head}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -107,6 +107,10 @@ class Scorer:
         mask_size_policy: ``"refuse"`` (default: a mask whose size differs from its image raises
             :class:`InputError`) or ``"stretch"`` (the reference's silent bilinear stretch).
         verify: check every bundle file's sha256 on load.
+        cp_head: ``"numpy"`` (default: runtime/heads.py, exact on CPU) or ``"graph"`` (the
+            bundle's ``cp`` graph on the same backend and provider, e.g. the GPU; equal to the
+            numpy head within ``tolerances.CP_HEAD_ATOL``). A bundle without a ``cp`` graph and
+            ``cp_head="graph"`` is a :class:`BundleError`, never a silent switch.
 
     Raises:
         BundleError, BackendUnavailableError, ValueError (bad option).
@@ -116,7 +120,7 @@ class Scorer:
                  stripper: str = "regex", fg_threshold: float | None = None,
                  naflex_max_patches: int | None = None, batch_size: int = 8,
                  intra_op_threads: int | None = None, mask_size_policy: str = "refuse",
-                 verify: bool = True):
+                 verify: bool = True, cp_head: str = "numpy"):
         if stripper not in STRIPPERS:
             raise ValueError(f"stripper must be one of {STRIPPERS}, got {stripper!r}")
         if mask_size_policy not in ("refuse", "stretch"):
@@ -146,6 +150,14 @@ class Scorer:
         self.vision = runner("vision")
         self.pool = runner("pool")
         self.text = runner("text")
+        if cp_head not in ("numpy", "graph"):
+            raise ValueError("cp_head must be 'numpy' or 'graph'")
+        self.cp_head = cp_head
+        self._graph_cp = None
+        if cp_head == "graph":
+            from .cp_device import GraphCP
+
+            self._graph_cp = GraphCP(runner("cp"), self.fg_threshold)
 
     # ------------------------------------------------------------------ encoders
 
@@ -291,10 +303,18 @@ class Scorer:
         text_row = {t: i for i, t in enumerate(texts)}
         kpms = [heads.background_key_padding_mask(it.out_weights, self.fg_threshold) for it in items]
         pooled, attention = self.pool_background([it.out_enc for it in items], kpms)
+        if self._graph_cp is not None:
+            from .cp_device import CPItem
+
+            cps = self._graph_cp.score_items([CPItem(it.ref_enc.tokens, it.ref_weights, it.out_enc.tokens)
+                                              for it in items])
+        else:
+            cps = [heads.masked_maxcos(it.ref_enc.tokens, it.out_enc.tokens, it.ref_weights, self.fg_threshold)
+                   for it in items]
         results = []
         for i, it in enumerate(items):
             r, o = it.ref_enc, it.out_enc
-            cp, cp_extras = heads.masked_maxcos(r.tokens, o.tokens, it.ref_weights, self.fg_threshold)
+            cp, cp_extras = cps[i]
             text, strip_extras = prompts[i]
             k = text_row[text]
             n_fg = int(kpms[i].sum())
