@@ -188,6 +188,7 @@ class LoadedImage:
     image: object  # PIL.Image.Image
     sha256: str
     notes: tuple
+    pre: object = None  # PreprocessedImage, made in the loader thread when not already encoded
 
 
 class PairsJob:
@@ -216,7 +217,10 @@ class PairsJob:
         try:
             data = read_bytes(path, "image")
             im, notes = image_from_bytes(data, path, self.settings.exif)
-            return LoadedImage(im, sha256_bytes(data), notes)
+            sha = sha256_bytes(data)
+            # Preprocess here, in the loader threads, so it overlaps inference on the previous chunk.
+            pre = None if self._lru_get(sha) is not None else self.scorer.preprocess(im)
+            return LoadedImage(im, sha, notes, pre)
         except InputError as e:
             return e
 
@@ -273,7 +277,8 @@ class PairsJob:
                 out[li.sha256] = enc
         if todo:
             s = self.scorer
-            encs = s.encode_preprocessed([s.preprocess(li.image) for li in todo.values()])
+            encs = s.encode_preprocessed([li.pre if li.pre is not None else s.preprocess(li.image)
+                                          for li in todo.values()])
             for key, enc in zip(todo, encs):
                 out[key] = enc
                 self._lru_put(key, enc)
