@@ -69,13 +69,16 @@ def _score_csv(bundle: Path, pairs_csv: Path) -> tuple[np.ndarray, np.ndarray]:
     return (np.array([float(r["cp"]) for r in rows]), np.array([float(r["pf"]) for r in rows]))
 
 
-def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: str | Path, log=print) -> dict:
+def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: str | Path, log=print,
+                    keep_refused_at: str | Path | None = None) -> dict:
     """Write an int8 copy of ``fp32_bundle`` to ``out_dir`` if it passes its gates.
 
     Args:
         fp32_bundle: a bundle from masc-export (fp32).
         out_dir: where the int8 bundle goes (must not be the fp32 bundle).
         gate_pairs: a pairs CSV to gate on (the shared DreamBooth pairs in this project).
+        keep_refused_at: benchmarks only: where to keep a *refused* int8 bundle (marked
+            ``"refused": true`` in its manifest) so its speed can still be measured.
 
     Returns:
         The gate report (also stored in the int8 manifest under ``precision``).
@@ -105,6 +108,11 @@ def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: st
         report = gate_report(cp32, pf32, cp8, pf8)
         log("int8 gates vs fp32: " + json.dumps({k: v for k, v in report.items() if k != "gates"}))
         if not report["passed"]:
+            if keep_refused_at is not None:
+                manifest["precision"].update(refused=True, gate_report=report)
+                write_manifest(stage, manifest)
+                shutil.rmtree(keep_refused_at, ignore_errors=True)
+                shutil.move(str(stage), str(keep_refused_at))
             raise Int8GateError(
                 f"int8 refused: max |dCP| {report['max_abs_dcp']:.4f} (gate {INT8_MAX_ABS_DCP}), Spearman CP "
                 f"{report['spearman_cp']:.4f} and PF {report['spearman_pf']:.4f} (gate {INT8_MIN_SPEARMAN}) "
