@@ -16,5 +16,5 @@ if [ "${1:-}" = "--test" ]; then
   # and without torchvision transformers uses its PIL image processors (what we reproduce exactly).
   python -m pip install -q --no-deps "masc-metric==0.3.0"
 else
-  python -m pip install -q -e ".[export]"
+  python -m pip install -q -e ".[export,eval]"
 fi

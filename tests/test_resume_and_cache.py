@@ -136,3 +136,19 @@ def test_cache_size_is_bounded(naflex_bundle, tmp_path):
     with diskcache.Cache(str(cache)) as c:
         assert c.volume() <= limit + 2 * 300_000  # diskcache culls lazily, by at most a few entries
         assert 0 < len(c) < 22
+
+
+def test_journal_of_other_settings_is_kept_not_deleted(naflex_bundle, tmp_path):
+    from masc_engine.protocols.results import append_journal
+
+    pairs = _big_pairs(tmp_path, copies=1)
+    out = tmp_path / "o.csv"
+    jp = journal_path(out)
+    append_journal(jp, [{"type": "header", "fingerprint": "another-setting"},
+                        {"row_index": 1, "row_key": "x", "cp": 0.5, "pf": 0.1, "status": "ok"}])
+    said: list[str] = []
+    s = run_pairs(pairs, Scorer(naflex_bundle), out, progress=False, log=said.append)
+    assert s.resumed == 0 and s.rows == 20
+    stale = jp.with_name(jp.name + ".another-setting.stale")
+    assert stale.is_file() and "row_key" in stale.read_text()
+    assert any(str(stale) in m for m in said)

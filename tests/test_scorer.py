@@ -92,3 +92,12 @@ def test_pf_is_nan_only_when_no_background(naflex_bundle):
     full = np.full((96, 96), 255, np.uint8)
     r = Scorer(naflex_bundle).score(im, blob_mask(96, 96), im, full, "a dog", "dog")
     assert math.isnan(r.pf) and r.extras["pf_n_bg_pooled"] == 0 and math.isfinite(r.cp)
+
+
+def test_api_input_errors_and_undefined_reasons(naflex_bundle, example_pairs):
+    p = example_pairs[0]
+    s = Scorer(naflex_bundle)
+    with pytest.raises(TypeError, match="PIL"):
+        s.score("examples/dreambooth/images/cat/00.jpg", p.ref_mask, p.out_image, p.out_mask, p.prompt)
+    r = s.score(p.ref_image, np.zeros_like(p.ref_mask), p.out_image, p.out_mask, p.prompt, p.object_name)
+    assert math.isnan(r.cp) and "mask weight" in r.extras["cp_undefined"] and "pf_undefined" not in r.extras

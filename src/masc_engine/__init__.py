@@ -8,6 +8,6 @@ Layers: ``export`` (torch, build time only) -> ``engine`` (bundle, manifest, bac
 
 __version__ = "0.1.0"
 
-from .runtime.scorer import MaSC, MaSCResult, Scorer  # noqa: E402
+from .runtime.scorer import MaSC, MaSCResult, Pair, Scorer  # noqa: E402
 
-__all__ = ["MaSC", "MaSCResult", "Scorer", "__version__"]
+__all__ = ["MaSC", "MaSCResult", "Pair", "Scorer", "__version__"]

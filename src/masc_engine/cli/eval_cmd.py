@@ -179,6 +179,12 @@ class _DefaultGroup(click.Group):
             args = ["agreement", *args]
         return super().parse_args(ctx, args)
 
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ImportError as exc:  # the eval extra is missing: one line, not a traceback
+            raise click.ClickException(str(exc)) from None
+
 
 @click.group(cls=_DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:

@@ -89,7 +89,16 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
             click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
         summary = run_pairs(pairs_csv, scorer, out_path, settings, chunk_size=chunk_size, io_workers=io_workers,
                             cache_dir=cache_dir, cache_size_limit=int(cache_size_gb * 2**30), executor=executor,
-                            ray_address=ray_address, ray_workers=ray_workers, progress=not no_progress)
+                            ray_address=ray_address, ray_workers=ray_workers, progress=not no_progress,
+                            log=lambda s: click.echo(s, err=True))
+    except KeyboardInterrupt:
+        from ..protocols.results import journal_path
+
+        jp = journal_path(out_path)
+        n = max(0, jp.read_text(encoding="utf-8").count("\n") - 1) if jp.is_file() else 0
+        click.echo(f"\ninterrupted: {n} finished rows are saved in {jp}; run the same command again to "
+                   "score only the rest", err=True)
+        sys.exit(130)
     except (MascEngineError, ValueError) as e:
         raise click.ClickException(str(e)) from e
     if print_scores:

@@ -170,11 +170,11 @@ class Summary:
         if self.journal_repaired:
             out.append("  a torn last line of the previous run's journal was repaired")
         if self.by_method:
-            out.append(f"{'method':<28} {'n':>6} {'mean CP':>9} {'mean PF':>9}")
+            out.append(f"{'method':<28} {'rows':>6} {'n CP':>6} {'mean CP':>9} {'n PF':>6} {'mean PF':>9}")
             for name, m in sorted(self.by_method.items()):
                 cp = f"{np.mean(m['cp']):.4f}" if m["cp"] else "-"
                 pf = f"{np.mean(m['pf']):.4f}" if m["pf"] else "-"
-                out.append(f"{name:<28} {m['n']:>6} {cp:>9} {pf:>9}")
+                out.append(f"{name:<28} {m['n']:>6} {len(m['cp']):>6} {cp:>9} {len(m['pf']):>6} {pf:>9}")
         return out
 
     def counts(self) -> dict:
@@ -303,7 +303,8 @@ class PairsJob:
         if abs(h - image.height) <= tol and abs(w - image.width) <= tol:
             return f"{what} mask {w}x{h} stretched to its image {image.width}x{image.height}"
         raise InputError("mask_size_mismatch",
-                         f"{what} mask {path} is {w}x{h} (WxH) but its image is {image.width}x{image.height}")
+                         f"{what} mask {path} is {w}x{h} (WxH) but its image is {image.width}x{image.height} "
+                         "(--mask-size-tolerance N stretches masks up to N pixels off)")
 
     def _save_maps(self, row_index: int, ref_im, out_im, it: EncodedPair, sc) -> dict:
         """Write the pair's CP and PF overlays; returns their paths (absolute; run_pairs makes
@@ -379,6 +380,8 @@ class PairsJob:
             if st.save_maps is not None:
                 res.update(self._save_maps(res["row_index"], ref_im, out_im, it, sc))
             detail = [res["status_detail"]] if res["status_detail"] else []
+            if not (res.get("object_name") or "").strip():
+                detail.append("no object_name: the PF prompt was not stripped")
             if ex["prompt_truncated"]:
                 detail.append(f"prompt truncated to {s.text_settings.max_length} tokens")
             if math.isnan(sc.pf):
@@ -450,6 +453,12 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
                 if 1 <= i <= len(rows) and e.get("row_key") == keys[i - 1]:
                     done[i] = e
     if header is None or header.get("fingerprint") != fp:
+        if header is not None and entries:
+            # Another bundle or setting: nothing is reused, but the old partial work is kept.
+            stale = jpath.with_name(f"{jpath.name}.{header.get('fingerprint')}.stale")
+            os.replace(jpath, stale)
+            log(f"masc-run: the journal of an earlier run with other settings ({len(entries)} rows) was kept as "
+                f"{stale}; rows are scored again with the current settings")
         jpath.unlink(missing_ok=True)
         append_journal(jpath, [{"type": "header", "fingerprint": fp, "input": str(csv_path)}])
         append_journal(jpath, list(done.values()))

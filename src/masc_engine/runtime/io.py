@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -45,6 +46,8 @@ class LoadedFile:
 
 
 def read_bytes(path: str, kind: str) -> bytes:
+    if os.path.isdir(path):
+        raise InputError(f"unreadable_{kind}", f"{kind} {path} is a directory, not a file")
     if not os.path.isfile(path):
         raise InputError("missing_file", f"{kind} {path} does not exist")
     try:
@@ -67,7 +70,9 @@ def _decode(data: bytes, path: str, kind: str, exif: str) -> Image.Image:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise InputError("image_too_large", f"{kind} {path}: {e}") from e
     except (OSError, ValueError, SyntaxError, Image.UnidentifiedImageError) as e:
-        raise InputError(f"unreadable_{kind}", f"{path}: {e}") from e
+        # Pillow names the BytesIO object (a memory address): name the file instead.
+        msg = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "it", str(e))
+        raise InputError(f"unreadable_{kind}", f"{path}: {msg}") from e
 
 
 def _to_8bit(im: Image.Image) -> Image.Image:

@@ -275,6 +275,10 @@ class Scorer:
         pairs = list(pairs)
         images: dict[int, Image.Image] = {}
         for p in pairs:
+            for what, im in (("ref_image", p.ref_image), ("out_image", p.out_image)):
+                if not isinstance(im, Image.Image):
+                    raise TypeError(f"{what} must be a PIL.Image.Image (open files with PIL.Image.open), "
+                                    f"got {type(im).__name__}")
             images.setdefault(id(p.ref_image), p.ref_image)
             images.setdefault(id(p.out_image), p.out_image)
         keys = list(images)
@@ -326,6 +330,10 @@ class Scorer:
                 "prompt_truncated": bool(text_enc[k].truncated), "prompt_n_tokens": int(text_enc[k].n_tokens),
                 "ref_grid": list(r.grid), "out_grid": list(o.grid),
             })
+            if np.isnan(cp):
+                res.extras["cp_undefined"] = f"no reference patch has mask weight > {self.fg_threshold}"
+            if np.isnan(pf):
+                res.extras["pf_undefined"] = "the output mask hides every patch: no background to pool"
             if with_arrays:
                 res.arrays = {"cp_best": heads.best_match_cosines(r.tokens, o.tokens),
                               "pf_attention": attention[i] if attention[i] is not None
