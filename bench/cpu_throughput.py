@@ -33,7 +33,6 @@ PROMPTS = ["a {} in the jungle", "a {} on the beach", "a {} with a city in the b
 
 
 def build_workload(work: Path, prompts: int, methods: int) -> Path:
-    import numpy as np
     from PIL import Image, ImageEnhance, ImageOps
 
     out_dir = work / "outputs"

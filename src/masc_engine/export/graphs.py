@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -244,6 +243,3 @@ def _needs_external_data(module: nn.Module) -> bool:
     size = sum(p.numel() * p.element_size() for p in module.parameters())
     return size > 1_800_000_000
 
-
-def to_numpy(x) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)

@@ -27,7 +27,6 @@ import io
 import os
 import re
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -35,14 +34,6 @@ from PIL import Image, ImageOps
 from ..errors import InputError
 
 EXIF_POLICIES = ("apply", "ignore")
-
-
-@dataclass
-class LoadedFile:
-    """A decoded file: the content hash (for caches) and notes about conversions applied."""
-
-    sha256: str
-    notes: tuple[str, ...] = ()
 
 
 def read_bytes(path: str, kind: str) -> bytes:

@@ -80,8 +80,3 @@ def mask_to_patch_grid(mask: np.ndarray, spatial_shape: tuple[int, int]) -> np.n
     out = t0 * yl0[:, None] + t1 * yl1[:, None]
     return np.clip(out, 0.0, 1.0).astype(np.float32).reshape(-1)
 
-
-def foreground_fraction(mask: np.ndarray) -> float:
-    """Share of pixels whose mask value is non-zero, in ``[0, 1]`` (for the paper's 5% filter)."""
-    arr = np.asarray(mask)
-    return float(np.count_nonzero(arr)) / float(arr.size)
