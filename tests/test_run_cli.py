@@ -68,8 +68,8 @@ def test_bad_rows_get_reasons_and_good_rows_are_scored(naflex_bundle, messy_csv,
     for k, r in rows.items():  # NaN never appears without a status saying why
         if r["status"] == "ok":
             assert math.isfinite(float(r["cp"])) and math.isfinite(float(r["pf"]))
-        else:
-            assert r["pf"] in ("", "nan") or r["status"] != "ok"
+        elif r["status"] != "no_background":  # unscored rows carry no score at all
+            assert r["cp"] == "nan" and r["pf"] == "nan" and r["status_detail"]
     assert math.isfinite(float(rows["no_bg"]["cp"])) and rows["no_bg"]["pf"] == "nan"
     assert rows["good1"]["prompt"] == "a cat, on the beach\n(at dusk)"  # quoted comma + newline carried
     # Good rows equal the Python API on the same inputs.
