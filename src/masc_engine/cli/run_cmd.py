@@ -57,14 +57,24 @@ import click
               help="Ray cluster address (e.g. ray://head:10001 or auto); default: a local Ray instance.")
 @click.option("--ray-workers", type=click.IntRange(1, 100000), default=None,
               help="Ray actors (scorers); default: one per CPU (or GPU with --provider cuda) in the cluster.")
-@click.option("--cp-head", type=click.Choice(["numpy", "graph"]), default="numpy", show_default=True,
-              help="CP on the host in numpy, or through the bundle's cp graph on the chosen provider.")
+@click.option("--cp-head", type=click.Choice(["numpy", "graph"]), default=None,
+              help="CP on the host in numpy, or through the bundle's cp graph on the chosen provider. "
+                   "Default: graph when device-resident, else numpy.")
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True,
+              help="ONNX Runtime on the bundle's ONNX graphs, or the TensorRT engines built by masc-export "
+                   "--backend tensorrt (needs --provider cuda; unverified: see the README's support matrix).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
+              help="TensorRT engine set to load (default: the only one in the bundle).")
+@click.option("--device-resident/--no-device-resident", default=None,
+              help="Keep patch tokens in GPU memory between the vision graph, the pooling head and the CP "
+                   "graph, and cache reference tokens there (needs CuPy). Default: on for --provider cuda "
+                   "and --backend tensorrt, off on CPU.")
 @click.option("--print-scores", is_flag=True, help="Print each row's key, method, CP, PF and status.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif, paper_filter,
          min_output_mask_frac, min_reference_mask_frac, mask_size_tolerance, baselines, save_maps, cache_dir, cache_size_gb,
-         batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, cp_head, print_scores,
-         no_progress) -> None:
+         batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, cp_head, backend, precision,
+         device_resident, print_scores, no_progress) -> None:
     """Score every row of PAIRS_CSV (columns ref_image, ref_mask, out_image, out_mask, prompt,
     object_name; other columns are carried through) and print a summary."""
     from ..engine.bundle import RandomWeightsWarning
@@ -79,12 +89,15 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
     settings = RunSettings(exif=exif, min_reference_mask_frac=min_reference_mask_frac,
                            min_output_mask_frac=min_output_mask_frac, mask_size_tolerance=mask_size_tolerance,
                            baselines=baselines, save_maps=str(Path(save_maps).resolve()) if save_maps else None)
+    if device_resident is None:
+        device_resident = backend == "tensorrt" or provider in ("cuda", "CUDAExecutionProvider")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RandomWeightsWarning)
             scorer = Scorer(bundle, provider=provider, stripper=stripper, batch_size=batch_size,
                             intra_op_threads=threads or None, naflex_max_patches=max_num_patches,
-                            cp_head=cp_head)
+                            cp_head=cp_head, backend=backend, precision=precision,
+                            device_resident=device_resident)
         for w in caught:
             click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
         summary = run_pairs(pairs_csv, scorer, out_path, settings, chunk_size=chunk_size, io_workers=io_workers,

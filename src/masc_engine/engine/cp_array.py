@@ -62,7 +62,7 @@ class ArrayCPRunner:
         self.backend = f"array:{xp.__name__}"
         self.gemm_dtype = gemm_dtype
 
-    def run_device(self, feeds: dict) -> dict:
+    def run_device(self, feeds: dict, device=None) -> dict:
         xp = self.xp
         return cp_forward(xp, *(xp.asarray(feeds[k]) for k in self.input_names), gemm_dtype=self.gemm_dtype)
 

@@ -113,7 +113,8 @@ class RunSettings:
     def fingerprint(self, scorer: Scorer) -> str:
         d = {"run": asdict(self), "bundle": scorer.bundle.fingerprint, "stripper": scorer.stripper,
              "fg_threshold": scorer.fg_threshold, "budget": scorer.image_settings.max_num_patches,
-             "provider": scorer.provider, "cp_head": scorer.cp_head}
+             "provider": scorer.provider, "cp_head": scorer.cp_head, "backend": scorer.backend,
+             "precision": scorer.precision}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -269,6 +270,7 @@ class PairsJob:
             if enc is None and self.store is not None:
                 enc = self.store.get_image(li.sha256)
                 if enc is not None:
+                    enc = self.scorer.device_encoding(enc)  # device-resident runs keep tokens there
                     self.cache_hits += 1
                     self._lru_put(li.sha256, enc)
             if enc is None:
@@ -283,7 +285,7 @@ class PairsJob:
                 out[key] = enc
                 self._lru_put(key, enc)
                 if self.store is not None:
-                    self.store.put_image(key, enc)
+                    self.store.put_image(key, s.host_encoding(enc))
             self.images_encoded += len(todo)
         return out
 
@@ -468,7 +470,8 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     store = None
     if cache_dir is not None:
         ns = {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches,
-              "exif": settings.exif, "provider": scorer.provider}
+              "exif": settings.exif, "provider": scorer.provider, "backend": scorer.backend,
+              "precision": scorer.precision}  # fp16 engines' tokens must never serve an fp32 run
         store = EncodingStore(cache_dir, ns, **({"size_limit": cache_size_limit} if cache_size_limit else {}))
         scorer.text_store = store
     chunks = [todo[i:i + chunk_size] for i in range(0, len(todo), chunk_size)]
@@ -518,7 +521,8 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
             "bundle_versions": scorer.bundle.manifest.get("versions"), "runtime_versions": _versions(),
             "settings": {**asdict(settings), "stripper": scorer.stripper, "fg_threshold": scorer.fg_threshold,
                          "max_num_patches": scorer.image_settings.max_num_patches, "provider": scorer.provider,
-                         "executor": executor, "batch_size": scorer.batch_size, "chunk_size": chunk_size},
+                         "backend": scorer.backend, "precision": scorer.precision, "cp_head": scorer.cp_head,
+                         "device_resident": scorer.device is not None, "executor": executor, "batch_size": scorer.batch_size, "chunk_size": chunk_size},
             "counts": summary.counts(), "seconds": round(summary.seconds, 2),
             "pairs_per_second": round(len(todo) / summary.seconds, 3) if summary.seconds else None,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

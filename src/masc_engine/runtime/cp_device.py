@@ -8,6 +8,10 @@ to the longest in the call, outputs to the longest output.
 Results equal runtime/heads.py ``masked_maxcos`` (the numpy head) within
 ``tolerances.CP_HEAD_ATOL`` on ONNX Runtime CPU (tests/test_cp_head.py). The graph never yields
 NaN; a reference with no kept patch gets NaN here, from the kept-patch count.
+
+With a token ``device`` (engine/device.py) the tokens are device arrays: calls are packed on the
+device and run with ``runner.run_device``, and only ``cp`` (and ``best`` when asked) come back to
+the host. The masks are built on the host (a few bytes per patch) and copied by the backend.
 """
 
 from __future__ import annotations
@@ -48,11 +52,14 @@ class GraphCP:
         max_outs_per_ref: outputs per reference slot in one call (``K``); larger groups are split.
         max_refs_per_call: reference slots per call (``R``).
         max_sims: cap on ``R * K * N * M`` per call (the cosine tensor's size).
+        device: the token device (engine/device.py ``ArrayDevice``) when tokens are device arrays;
+            ``None``: host numpy arrays through ``runner.run``.
     """
 
     def __init__(self, runner, fg_threshold: float = DEFAULT_FG_THRESHOLD, max_outs_per_ref: int = 64,
-                 max_refs_per_call: int = 16, max_sims: int = DEFAULT_MAX_SIMS):
+                 max_refs_per_call: int = 16, max_sims: int = DEFAULT_MAX_SIMS, device=None):
         self.runner = runner
+        self.device = device
         self.fg_threshold = float(fg_threshold)
         self.max_outs_per_ref = max(1, int(max_outs_per_ref))
         self.max_refs_per_call = max(1, int(max_refs_per_call))
@@ -116,9 +123,11 @@ class GraphCP:
         k = max(len(idx) for _, idx in call)
         n = max(items[idx[0]].ref_tokens.shape[0] for _, idx in call)
         m = max(items[i].out_tokens.shape[0] for _, idx in call for i in idx)
-        ref = np.zeros((r, n, d), np.float32)
+        dev = self.device
+        alloc = np.zeros if dev is None else dev.zeros
+        ref = alloc((r, n, d), np.float32)
         ref_keep = np.zeros((r, n), bool)
-        out = np.zeros((r, k, m, d), np.float32)
+        out = alloc((r, k, m, d), np.float32)
         valid = np.zeros((r, k, m), bool)
         for a, (key, idx) in enumerate(call):
             rt = items[idx[0]].ref_tokens
@@ -128,8 +137,14 @@ class GraphCP:
                 ot = items[i].out_tokens
                 out[a, b, :ot.shape[0]] = ot
                 valid[a, b, :ot.shape[0]] = True
-        res = self.runner.run({"ref_tokens": ref, "ref_keep": ref_keep, "out_tokens": out, "out_valid": valid})
-        cp, best = res["cp"], res["best"]
+        feeds = {"ref_tokens": ref, "ref_keep": ref_keep, "out_tokens": out, "out_valid": valid}
+        if dev is None:
+            res = self.runner.run(feeds)
+            cp, best = res["cp"], res["best"]
+        else:
+            res = self.runner.run_device(feeds, dev)
+            cp = dev.to_host(res["cp"])
+            best = dev.to_host(res["best"]) if return_best else None
         for a, (key, idx) in enumerate(call):
             keep = keeps[key]
             n_fg = int(keep.sum())

@@ -6,6 +6,12 @@ masc-metric 0.3.0 on the same weights (README "Fidelity" gives the measured diff
 
 One scorer object may serve concurrent calls from several threads: it holds only read-only state
 (runners whose sessions are thread-safe, a configured tokenizer, pure caches).
+
+``device_resident=True`` keeps patch tokens in the token device's memory (engine/device.py: the
+GPU with CuPy for ``provider="cuda"`` or TensorRT; host numpy through IO binding on CPU): the
+vision graph writes them there, the pooling head and the CP graph read them there, and only
+scores, pooled embeddings and attention rows are copied back. masc-run's in-memory encoding cache
+then holds reference tokens on the device across pairs.
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ class ImageEncoding:
     """One image through the vision tower.
 
     Attributes:
-        tokens: ``[Hp * Wp, D] float32`` patch tokens of the real patches, row-major.
+        tokens: ``[Hp * Wp, D] float32`` patch tokens of the real patches, row-major: a numpy
+            array, or an array of the scorer's token device when it is ``device_resident``.
         grid: the patch grid ``(Hp, Wp)``.
     """
 
@@ -110,7 +117,17 @@ class Scorer:
         cp_head: ``"numpy"`` (default: runtime/heads.py, exact on CPU) or ``"graph"`` (the
             bundle's ``cp`` graph on the same backend and provider, e.g. the GPU; equal to the
             numpy head within ``tolerances.CP_HEAD_ATOL``). A bundle without a ``cp`` graph and
-            ``cp_head="graph"`` is a :class:`BundleError`, never a silent switch.
+            ``cp_head="graph"`` is a :class:`BundleError`, never a silent switch. Default:
+            ``"graph"`` when ``device_resident``, else ``"numpy"``.
+        device_resident: keep patch tokens on the token device between the vision graph, the
+            pooling head and the CP graph (engine/device.py; needs ``cp_head="graph"``). On a GPU
+            provider this needs CuPy (:class:`BackendUnavailableError` without it). Scores equal
+            the host path with ``cp_head="graph"`` (tests/test_device_resident.py).
+        backend: ``"onnxruntime"`` (default) or ``"tensorrt"`` (the bundle's engine set from
+            ``masc-export --backend tensorrt``; ``provider="cuda"``; unverified, see README).
+        precision: TensorRT engine set (``fp32``/``fp16``/``bf16``); ONNX graphs are fp32.
+        array_device: the token device to use instead of the one chosen from backend and
+            provider (an engine/device.py ``ArrayDevice``; tests pass a strict fake).
 
     Raises:
         BundleError, BackendUnavailableError, ValueError (bad option).
@@ -120,7 +137,8 @@ class Scorer:
                  stripper: str = "regex", fg_threshold: float | None = None,
                  naflex_max_patches: int | None = None, batch_size: int = 8,
                  intra_op_threads: int | None = None, mask_size_policy: str = "refuse",
-                 verify: bool = True, cp_head: str = "numpy"):
+                 verify: bool = True, cp_head: str | None = None, device_resident: bool = False,
+                 array_device=None, precision: str | None = None):
         if stripper not in STRIPPERS:
             raise ValueError(f"stripper must be one of {STRIPPERS}, got {stripper!r}")
         if mask_size_policy not in ("refuse", "stretch"):
@@ -143,21 +161,33 @@ class Scorer:
         self.batch_size = max(1, int(batch_size))
         self.mask_size_policy = mask_size_policy
         self.provider = provider
+        self.backend = backend
+        self.precision = precision
         runner = lambda g: self.bundle.runner(g, backend=backend, provider=provider,  # noqa: E731
-                                              intra_op_threads=intra_op_threads)
+                                              intra_op_threads=intra_op_threads, precision=precision)
         #: Optional persistent text-embedding cache (runtime/cache.py EncodingStore), set by masc-run.
         self.text_store = None
         self.vision = runner("vision")
         self.pool = runner("pool")
         self.text = runner("text")
+        if cp_head is None:
+            cp_head = "graph" if device_resident else "numpy"
         if cp_head not in ("numpy", "graph"):
             raise ValueError("cp_head must be 'numpy' or 'graph'")
+        if device_resident and cp_head != "graph":
+            raise ValueError("device_resident=True needs cp_head='graph' (the numpy head reads host memory)")
+        #: The token device (engine/device.py) when device-resident, else None (host numpy).
+        self.device = None
+        if device_resident:
+            from ..engine.device import device_for
+
+            self.device = array_device if array_device is not None else device_for(backend, provider)
         self.cp_head = cp_head
         self._graph_cp = None
         if cp_head == "graph":
             from .cp_device import GraphCP
 
-            self._graph_cp = GraphCP(runner("cp"), self.fg_threshold)
+            self._graph_cp = GraphCP(runner("cp"), self.fg_threshold, device=self.device)
 
     # ------------------------------------------------------------------ encoders
 
@@ -185,10 +215,27 @@ class Scorer:
                 }
             else:
                 feeds = {"pixel_values": np.stack([p.pixel_values for p in chunk])}
+            if self.device is not None:  # tokens stay on the device: views into the batch output
+                hidden = self.vision.run_device(feeds, self.device)["last_hidden_state"]
+                out.extend(ImageEncoding(hidden[i, :c], p.spatial_shape)
+                           for i, (p, c) in enumerate(zip(chunk, counts)))
+                continue
             hidden = self.vision.run(feeds)["last_hidden_state"]
             out.extend(ImageEncoding(np.ascontiguousarray(hidden[i, :c]), p.spatial_shape)
                        for i, (p, c) in enumerate(zip(chunk, counts)))
         return out
+
+    def host_encoding(self, enc: ImageEncoding) -> ImageEncoding:
+        """``enc`` with its tokens in host memory (a copy from the token device if needed)."""
+        if self.device is None or not self.device.is_device_array(enc.tokens):
+            return enc
+        return ImageEncoding(self.device.to_host(enc.tokens), enc.grid)
+
+    def device_encoding(self, enc: ImageEncoding) -> ImageEncoding:
+        """``enc`` with its tokens on the token device (a copy from the host if needed)."""
+        if self.device is None or self.device.is_device_array(enc.tokens):
+            return enc
+        return ImageEncoding(self.device.from_host(np.ascontiguousarray(enc.tokens, np.float32)), enc.grid)
 
     def encode_images(self, images: Sequence[Image.Image]) -> list[ImageEncoding]:
         """Preprocess and encode images. Returns one :class:`ImageEncoding` per image."""
@@ -228,16 +275,21 @@ class Scorer:
         pooled = np.full((len(encs), d), np.nan, dtype=np.float32)
         attn: list = [None] * len(encs)
         idx = [i for i, k in enumerate(kpms) if not k.all()]
+        dev = self.device
         for start in range(0, len(idx), self.batch_size):
             sel = idx[start:start + self.batch_size]
             n = max(encs[i].tokens.shape[0] for i in sel)
-            hidden = np.zeros((len(sel), n, d), dtype=np.float32)
+            hidden = (np.zeros if dev is None else dev.zeros)((len(sel), n, d), np.float32)
             kpm = np.ones((len(sel), n), dtype=bool)
             for j, i in enumerate(sel):
                 c = encs[i].tokens.shape[0]
                 hidden[j, :c] = encs[i].tokens
                 kpm[j, :c] = kpms[i]
-            res = self.pool.run({"hidden": hidden, "key_padding_mask": kpm})
+            feeds = {"hidden": hidden, "key_padding_mask": kpm}
+            if dev is None:
+                res = self.pool.run(feeds)
+            else:  # only [B, D] pooled and [B, N] attention come back
+                res = {k: dev.to_host(v) for k, v in self.pool.run_device(feeds, dev).items()}
             for j, i in enumerate(sel):
                 pooled[i] = res["pooled"][j]
                 attn[i] = res["attention"][j, :encs[i].tokens.shape[0]]
@@ -334,8 +386,9 @@ class Scorer:
                 res.extras["cp_undefined"] = f"no reference patch has mask weight > {self.fg_threshold}"
             if np.isnan(pf):
                 res.extras["pf_undefined"] = "the output mask hides every patch: no background to pool"
-            if with_arrays:
-                res.arrays = {"cp_best": heads.best_match_cosines(r.tokens, o.tokens),
+            if with_arrays:  # maps need the tokens on the host: copied only when asked for
+                res.arrays = {"cp_best": heads.best_match_cosines(self.host_encoding(r).tokens,
+                                                                   self.host_encoding(o).tokens),
                               "pf_attention": attention[i] if attention[i] is not None
                               else np.zeros(o.tokens.shape[0], np.float32), "pf_hidden": kpms[i]}
             results.append(res)
@@ -377,7 +430,8 @@ class Scorer:
                                                  else heads.cosine(vec, text_emb[text_row[text]]))
             keep = it.ref_weights > np.float32(self.fg_threshold)
             if keep.any():
-                sims = heads.l2_normalize(it.ref_enc.tokens[keep]) @ heads.l2_normalize(it.out_enc.tokens).T
+                ref_t, out_t = self.host_encoding(it.ref_enc).tokens, self.host_encoding(it.out_enc).tokens
+                sims = heads.l2_normalize(ref_t[keep]) @ heads.l2_normalize(out_t).T
                 j = sims.argmax(axis=1)
                 mutual = sims.argmax(axis=0)[j] == np.arange(sims.shape[0])
                 ex["cp_mnn"] = float(np.mean(np.where(mutual, sims.max(axis=1), 0.0), dtype=np.float32))

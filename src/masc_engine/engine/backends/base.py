@@ -14,9 +14,10 @@ import numpy as np
 class Runner(Protocol):
     """Runs one graph. Implementations must be safe to call from several threads at once.
 
-    Device runners (``TrtRunner``, ``ArrayCPRunner`` over CuPy) also have
-    ``run_device(feeds) -> outputs`` taking and returning device arrays, so tokens can stay on
-    the GPU between graphs; ``run`` always takes and returns numpy arrays.
+    Every runner also has ``run_device(feeds, device) -> outputs``: inputs as arrays of a token
+    device (engine/device.py) or host numpy arrays, outputs as arrays of that device, so tokens
+    stay on the GPU between graphs (``OrtRunner`` through IO binding, ``TrtRunner`` by engine
+    tensor addresses, ``ArrayCPRunner`` in CuPy); ``run`` always takes and returns numpy arrays.
     """
 
     name: str
@@ -26,6 +27,10 @@ class Runner(Protocol):
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the graph. ``feeds`` maps every input name to an array of the graph's dtype."""
+        ...
+
+    def run_device(self, feeds: dict, device) -> dict:
+        """Run the graph on ``device`` memory; returns device arrays."""
         ...
 
 

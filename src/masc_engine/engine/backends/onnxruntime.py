@@ -3,6 +3,11 @@
 The provider is chosen explicitly: a requested provider that this onnxruntime build lacks is a
 :class:`BackendUnavailableError`, never a quiet switch to CPU (ONNX Runtime itself would fall back
 and only log a warning, so we check before creating the session and after).
+
+:meth:`OrtRunner.run_device` runs through IO binding on a token device (engine/device.py): inputs
+and outputs are bound by pointer, so on the CUDA execution provider patch tokens never leave the
+GPU between graphs (unverified on a GPU: no onnxruntime-gpu was available to the sessions that
+wrote it; on CPU it is tested to equal :meth:`OrtRunner.run` exactly).
 """
 
 from __future__ import annotations
@@ -10,6 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import BackendUnavailableError
+
+#: ONNX tensor type strings (``NodeArg.type``) -> numpy dtypes, for the graphs' inputs and outputs.
+ORT_DTYPES = {
+    "tensor(float)": np.dtype(np.float32), "tensor(float16)": np.dtype(np.float16),
+    "tensor(int32)": np.dtype(np.int32), "tensor(int64)": np.dtype(np.int64),
+    "tensor(bool)": np.dtype(np.bool_),
+}
 
 #: Short names accepted on the command line -> ONNX Runtime provider names.
 PROVIDERS = {
@@ -62,7 +74,82 @@ class OrtRunner:
         self.provider = provider_name
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self._in_args = {a.name: a for a in self.session.get_inputs()}
+        self._out_args = {a.name: a for a in self.session.get_outputs()}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         outs = self.session.run(self.output_names, {k: feeds[k] for k in self.input_names})
         return dict(zip(self.output_names, outs))
+
+    def output_shapes(self, input_shapes: dict[str, tuple]) -> dict[str, tuple]:
+        """Concrete output shapes from the inputs' shapes, by the graph's symbolic dimension names
+        (``batch``, ``num_patches``, ... : the exporter names every dynamic axis, export/graphs.py).
+
+        Raises:
+            ValueError: an output dimension no input determines, or inputs that disagree on one.
+        """
+        dims: dict[str, int] = {}
+        for name, arg in self._in_args.items():
+            shape = input_shapes[name]
+            if len(shape) != len(arg.shape):
+                raise ValueError(f"graph {self.name!r}: input {name} must have rank {len(arg.shape)} "
+                                 f"({arg.shape}), got shape {tuple(shape)}")
+            for sym, n in zip(arg.shape, shape):
+                if isinstance(sym, str):
+                    if dims.setdefault(sym, int(n)) != int(n):
+                        raise ValueError(f"graph {self.name!r}: dimension {sym!r} is {dims[sym]} in one input "
+                                         f"and {n} in {name}")
+                elif sym is not None and int(sym) != int(n):
+                    raise ValueError(f"graph {self.name!r}: input {name} needs size {sym}, got shape {tuple(shape)}")
+        out = {}
+        for name, arg in self._out_args.items():
+            missing = [d for d in arg.shape if isinstance(d, str) and d not in dims]
+            if missing or any(d is None for d in arg.shape):
+                raise ValueError(f"graph {self.name!r}: output {name} has dimensions {arg.shape} that its inputs "
+                                 "do not determine; run_device needs named dynamic axes")
+            out[name] = tuple(dims[d] if isinstance(d, str) else int(d) for d in arg.shape)
+        return out
+
+    def run_device(self, feeds: dict, device) -> dict:
+        """Run with inputs and outputs in ``device`` memory (an engine/device.py ``ArrayDevice``).
+
+        Args:
+            feeds: every input name -> a device array of the graph's dtype (bound by pointer, no
+                copy) or a host numpy array (copied to the device by ONNX Runtime: masks, ids).
+            device: where the outputs are allocated; must match the provider (host memory for
+                the CPU provider, CUDA memory for the CUDA provider).
+
+        Returns:
+            output name -> device array (``device.empty`` filled by the graph).
+
+        Raises:
+            BackendUnavailableError: device and provider do not match.
+            TypeError: a device array whose dtype is not the graph's.
+        """
+        want = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
+        if device.ort_device_type != want:
+            raise BackendUnavailableError(f"graph {self.name!r} runs on {self.provider}; it cannot use "
+                                          f"{device.name} memory")
+        io = self.session.io_binding()
+        bound = {}
+        for name in self.input_names:
+            x = feeds[name]
+            dtype = ORT_DTYPES[self._in_args[name].type]
+            if device.is_device_array(x):
+                if np.dtype(x.dtype) != dtype:
+                    raise TypeError(f"graph {self.name!r}: input {name} must be {dtype}, got {x.dtype}")
+                x = device.contiguous(x)
+                io.bind_input(name, device.ort_device_type, device.device_id, dtype, list(x.shape), device.ptr(x))
+            else:
+                x = np.ascontiguousarray(x, dtype=dtype)
+                io.bind_cpu_input(name, x)
+            bound[name] = x  # keep every bound buffer alive until the run returns
+        outs = {}
+        for name, shape in self.output_shapes({k: tuple(v.shape) for k, v in bound.items()}).items():
+            outs[name] = device.empty(shape, ORT_DTYPES[self._out_args[name].type])
+            io.bind_output(name, device.ort_device_type, device.device_id,
+                           ORT_DTYPES[self._out_args[name].type], list(shape), device.ptr(outs[name]))
+        device.synchronize()  # our packing kernels must finish before ORT's stream reads them
+        self.session.run_with_iobinding(io)
+        io.synchronize_outputs()
+        return outs

@@ -379,8 +379,17 @@ class TrtRunner:
         out = self.run_device(feeds)
         return {k: self._dev.to_host(v) for k, v in out.items()}
 
-    def run_device(self, feeds: dict) -> dict:
-        """Inputs as numpy or device arrays; outputs as device arrays (CuPy or torch)."""
+    def run_device(self, feeds: dict, device=None) -> dict:
+        """Inputs as numpy or device arrays; outputs as device arrays (CuPy or torch).
+
+        ``device``: the runtime's token device (engine/device.py ``CupyDevice``); its stream is
+        synchronised first, so packing done with CuPy is finished before the engine reads it."""
+        if device is not None:
+            if device.ort_device_type != "cuda":
+                from ...errors import BackendUnavailableError
+
+                raise BackendUnavailableError(f"TensorRT engines cannot use {device.name} memory")
+            device.synchronize()
         shapes = {k: tuple(v.shape) for k, v in feeds.items()}
         runs = tp.plan_batches(self.name, self.graph_entry, shapes, self.profile)  # refuses before inference
         if not runs:
