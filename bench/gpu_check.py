@@ -11,7 +11,9 @@ keeps what finished):
 - ``cp_head_cupy``: the CP head (engine/cp_array.py, the cp.onnx graph's computation) on the GPU
   with CuPy, through the runtime's packer (runtime/cp_device.py ``GraphCP``), against the numpy
   head (runtime/heads.py) on cases with padding, one reference x many outputs and a reference
-  keeping nothing; fp32 and fp16 GEMM; timing at so400m shapes (D 1152, N = M = 1024).
+  keeping nothing; fp32 and fp16 GEMM; ``device_tokens``: the same with the tokens already in
+  CuPy memory (engine/device.py ``CupyDevice``, as ``Scorer(device_resident=True)`` feeds it);
+  timing at so400m shapes (D 1152, N = M = 1024).
 - ``cp_head_torch``: export/cp_head.py's torch module (the module cp.onnx is traced from) on CUDA,
   fp32 and fp16 autocast, against the numpy head.
 - ``fidelity_<model>``: the reduced-precision fidelity gates (bench/fidelity_gates.py), emulated
@@ -212,6 +214,30 @@ def _cp_accuracy(runner_factory, width, seed=0):
     return res
 
 
+def _cp_device_tokens(xp, width, seed=2):
+    """GraphCP with tokens already in device memory (engine/device.py CupyDevice on a GPU,
+    HostDevice in a dry run), as Scorer(device_resident=True) feeds it: packing on the device,
+    only cp copied back. Against the numpy head on host copies."""
+    from masc_engine.engine.cp_array import ArrayCPRunner
+    from masc_engine.engine.device import CupyDevice, HostDevice
+    from masc_engine.runtime.cp_device import CPItem, GraphCP
+    from masc_engine.runtime.heads import masked_maxcos
+
+    device = HostDevice() if xp is np else CupyDevice(0)
+    rng = np.random.default_rng(seed)
+    items, expected = [], []
+    for ref, w, outs in _cp_cases(rng, width):
+        ref_dev = device.from_host(ref)  # one device array per reference: one slot, read once per call
+        for o in outs:
+            items.append(CPItem(ref_dev, w, device.from_host(o)))
+            expected.append(masked_maxcos(ref, o, w)[0])
+    got = [c for c, _ in GraphCP(ArrayCPRunner(xp), max_outs_per_ref=4, max_refs_per_call=3,
+                                 device=device).score_items(items)]
+    d = [abs(g - e) for g, e in zip(got, expected) if not np.isnan(e)]
+    return {"device": device.name, "pairs": len(items), "max_abs_delta_cp": max(d),
+            "nan_where_expected": all(np.isnan(g) == np.isnan(e) for g, e in zip(got, expected))}
+
+
 def section_cp_head_cupy(cfg, ctx):
     from masc_engine.engine.cp_array import ArrayCPRunner, cp_forward
     from masc_engine.tolerances import CP_HEAD_ATOL
@@ -234,6 +260,7 @@ def section_cp_head_cupy(cfg, ctx):
         out[f"accuracy_d{width}"] = _cp_accuracy(lambda g: ArrayCPRunner(xp, g), width)
     out["fp32_within_atol"] = all(out[k]["float32"]["max_abs_delta_cp"] <= CP_HEAD_ATOL
                                   for k in out if k.startswith("accuracy_d"))
+    out["device_tokens"] = _cp_device_tokens(xp, cfg.cp_bench["d"])
     # Timing at so400m shapes, tokens already on the device (the cached-reference case).
     b = cfg.cp_bench
     rng = np.random.default_rng(1)

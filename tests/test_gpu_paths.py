@@ -96,6 +96,8 @@ def test_gpu_check_dry_run_executes(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     s = json.loads(out.read_text())["sections"]
     assert s["cp_head_cupy"]["status"] == "ok" and s["cp_head_cupy"]["fp32_within_atol"] is True
+    dt = s["cp_head_cupy"]["device_tokens"]
+    assert dt["max_abs_delta_cp"] <= 1e-6 and dt["nan_where_expected"] is True
     assert s["cp_head_torch"]["status"] == "ok" and s["cp_head_torch"]["fp32_within_atol"] is True
     fid = s["fidelity_tiny"]
     assert fid["status"] == "ok" and fid["fp32_score_spread"]["nan_cp"] > 0  # a reference keeping nothing

@@ -1,0 +1,44 @@
+"""The GPU benchmark script runs (as a CPU dry run) and counts FLOPs as published figures do."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_vision_flops_match_published_vit_b16():
+    """DeiT (Touvron et al. 2021, Table 1) gives ViT-B/16 at 224 px as 17.6 G multiply-adds; our
+    count is 2 FLOPs per multiply-add and leaves out the class token and the classifier head."""
+    bench = _load("gpu_throughput")
+    macs = bench.flops_per_image(width=768, layers=12, mlp=3072, patches=196) / 2
+    assert math.isclose(macs, 17.6e9, rel_tol=0.015), macs
+
+
+def test_gpu_throughput_dry_run(tmp_path):
+    pytest.importorskip("masc")
+    bench = _load("gpu_throughput")
+    out = tmp_path / "dry.json"
+    assert bench.main(["--dry-run", "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    m = res["models"]["random:tiny-naflex"]
+    for mode in ("fresh", "cached"):
+        assert m[mode]["pairs_per_s"] > 0 and set(m[mode]["by_batch"]) == {"1", "4"}
+    assert m["batch1"]["pairs"] == 3
+    # the device-resident pipeline scored the same pairs as masc-metric, within the oracle tolerance
+    from masc_engine.tolerances import ORACLE_SCORE_ATOL
+
+    assert m["masc_metric"]["max_abs_dcp_vs_ours"] <= ORACLE_SCORE_ATOL
+    assert m["fresh"]["mfu"] is None  # no GPU, no peak: no invented MFU
