@@ -110,3 +110,29 @@ def test_example_rows_match_api(naflex_bundle, tmp_path):
     for g, a in zip(got, api):
         assert abs(float(g["cp"]) - a.cp) <= BATCH_INVARIANCE_ATOL
         assert abs(float(g["pf"]) - a.pf) <= BATCH_INVARIANCE_ATOL
+
+
+def test_device_resident_run_equals_graph_head_run(naflex_bundle, tmp_path):
+    """--device-resident on CPU (IO binding on host memory) writes the same scores as the host
+    path through the same cp graph, and the meta sidecar records how the run was made."""
+    import json
+
+    outs = {}
+    for flag in ("--device-resident", "--no-device-resident"):
+        out = tmp_path / f"{flag.strip('-')}.csv"
+        extra = ["--cp-head", "graph"] if flag == "--no-device-resident" else []
+        res = CliRunner().invoke(run_main, [str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle),
+                                            "--out", str(out), "--no-progress", flag, *extra])
+        assert res.exit_code == 0, res.output
+        outs[flag] = list(csv.DictReader(open(out)))
+        meta = json.loads((tmp_path / f"{out.name}.meta.json").read_text())
+        assert meta["settings"]["device_resident"] is (flag == "--device-resident")
+        assert meta["settings"]["cp_head"] == "graph"
+    for a, b in zip(outs["--device-resident"], outs["--no-device-resident"]):
+        assert (a["cp"], a["pf"], a["status"]) == (b["cp"], b["pf"], b["status"])
+
+
+def test_device_resident_with_numpy_head_is_refused(naflex_bundle, tmp_path):
+    res = CliRunner().invoke(run_main, [str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle),
+                                        "--out", str(tmp_path / "o.csv"), "--device-resident", "--cp-head", "numpy"])
+    assert res.exit_code != 0 and "cp_head='graph'" in res.output
