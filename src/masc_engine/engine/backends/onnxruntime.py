@@ -149,7 +149,10 @@ class OrtRunner:
             outs[name] = device.empty(shape, ORT_DTYPES[self._out_args[name].type])
             io.bind_output(name, device.ort_device_type, device.device_id,
                            ORT_DTYPES[self._out_args[name].type], list(shape), device.ptr(outs[name]))
-        device.synchronize()  # our packing kernels must finish before ORT's stream reads them
+        # ORT runs on its own CUDA stream and does not wait for others before Run
+        # (onnxruntime issues #26609, #15438): finish our packing and its queued host copies first.
+        device.synchronize()
+        io.synchronize_inputs()
         self.session.run_with_iobinding(io)
         io.synchronize_outputs()
         return outs
