@@ -273,6 +273,27 @@ def _pair(refs, q):
     return Pair(refs[r][0], refs[r][1], out_im, out_mask, prompt, name)
 
 
+def _missing_gpu_stack(backend: str) -> str | None:
+    """What this machine lacks for a GPU run, or None."""
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001
+        return f"CuPy with a CUDA GPU is needed for device-resident tokens ({type(e).__name__}: {e})"
+    if backend == "tensorrt":
+        try:
+            import tensorrt  # noqa: F401
+        except ImportError:
+            return "TensorRT is not importable (pip install tensorrt)"
+    else:
+        import onnxruntime
+
+        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            return "onnxruntime has no CUDAExecutionProvider (pip install onnxruntime-gpu)"
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default="onnxruntime")
@@ -298,6 +319,12 @@ def main(argv=None) -> int:
         a.models, a.budget, a.batches, a.provider, a.backend = "random:tiny-naflex", 64, "1,4", "cpu", "onnxruntime"
         a.refs, a.outs_per_ref, a.repeats, a.batch1_pairs, a.masc_metric_pairs = 2, 4, 1, 3, 3
     a.batches = [int(b) for b in a.batches.split(",")]
+    if not a.dry_run:
+        missing = _missing_gpu_stack(a.backend)
+        if missing:  # before any export: a lent GPU's minutes are scarce
+            print(f"gpu_throughput: cannot run here: {missing}. Use --dry-run to check the script on CPU.",
+                  file=sys.stderr)
+            return 2
     out_path = Path(a.out) if a.out else RESULTS / ("gpu_throughput.dryrun.json" if a.dry_run else
                                                     f"gpu_throughput.{a.backend}.json")
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731

@@ -85,6 +85,9 @@ class StrictFakeDevice(ArrayDevice):
     def contiguous(self, x):
         return x if x._a.flags.c_contiguous else DeviceArray(np.ascontiguousarray(x._a))
 
+    def copy(self, x):
+        return DeviceArray(np.array(x._a, order="C"))
+
 
 def example_pairs(n: int | None = None) -> list[Pair]:
     rows = read_rows(EXAMPLES)[:n]
@@ -183,6 +186,18 @@ def test_tokens_never_leave_the_device(naflex_bundle):
     assert not dev.from_host_log, "tokens were copied host-to-device: they should be born on the device"
     # the cp graph is fed device tokens: no [R, K, N] best array is fetched without maps
     assert all(shape[-1] != d or len(shape) == 2 for shape in dev.to_host_log)
+
+
+def test_device_encodings_own_their_memory(naflex_bundle):
+    """A cached encoding must not keep its whole batch output alive: each image's tokens are
+    copied out of the [B, n, D] vision output on the device."""
+    dev = StrictFakeDevice()
+    s = Scorer(naflex_bundle, device_resident=True, array_device=dev, batch_size=4)
+    pairs = example_pairs(4)
+    encs = s.encode_images([p.out_image for p in pairs])
+    for e in encs:
+        a = e.tokens._a
+        assert a.base is None and a.flags.owndata and a.shape == (e.grid[0] * e.grid[1], a.shape[1])
 
 
 def test_device_resident_maps_and_baselines_copy_only_when_asked(naflex_bundle):

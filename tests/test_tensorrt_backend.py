@@ -188,6 +188,7 @@ def test_build_load_and_run_with_a_fake_tensorrt(fake_trt, bundle_copy):
 
     b = Bundle(bundle_copy)
     cp_trt = b.runner("cp", backend="tensorrt", provider="cuda")  # the only engine set: fp16
+    assert cp_trt.precision == "fp16"  # resolved when none is named (masc-run keys its cache by it)
     cp_ort = b.runner("cp")
     case = cp_validation_cases(64)[1]  # 3 references: split into runs of max_batch = 2
     fake_tensorrt.RUNS.clear()

@@ -15,8 +15,9 @@ import click
 @click.option("--out", "-o", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Output file; format by extension: .csv, .parquet, .jsonl (default: <pairs stem>.masc.csv "
                    "in the current directory). Rerunning the same command resumes.")
-@click.option("--provider", default="cpu", show_default=True,
-              help="ONNX Runtime execution provider: cpu or cuda. A missing provider is an error.")
+@click.option("--provider", default=None,
+              help="Execution provider: cpu or cuda (default: cpu; cuda with --backend tensorrt). A missing "
+                   "provider is an error.")
 @click.option("--stripper", type=click.Choice(["regex", "spacy", "none"]), default="regex", show_default=True,
               help="How the subject is removed from the PF prompt (regex is the paper's).")
 @click.option("--max-num-patches", type=click.IntRange(1, 16384), default=None,
@@ -62,7 +63,7 @@ import click
                    "Default: graph when device-resident, else numpy.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True,
               help="ONNX Runtime on the bundle's ONNX graphs, or the TensorRT engines built by masc-export "
-                   "--backend tensorrt (needs --provider cuda; unverified: see the README's support matrix).")
+                   "--backend tensorrt (on CUDA: --provider defaults to cuda with it; unverified: see the README's support matrix).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
               help="TensorRT engine set to load (default: the only one in the bundle).")
 @click.option("--device-resident/--no-device-resident", default=None,
@@ -89,6 +90,8 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
     settings = RunSettings(exif=exif, min_reference_mask_frac=min_reference_mask_frac,
                            min_output_mask_frac=min_output_mask_frac, mask_size_tolerance=mask_size_tolerance,
                            baselines=baselines, save_maps=str(Path(save_maps).resolve()) if save_maps else None)
+    if provider is None:
+        provider = "cuda" if backend == "tensorrt" else "cpu"
     if device_resident is None:
         device_resident = backend == "tensorrt" or provider in ("cuda", "CUDAExecutionProvider")
     try:

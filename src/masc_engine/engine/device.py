@@ -58,6 +58,10 @@ class ArrayDevice:
     def contiguous(self, x):
         raise NotImplementedError
 
+    def copy(self, x):
+        """A C-contiguous copy of ``x`` in new device memory (owning its buffer)."""
+        raise NotImplementedError
+
     def synchronize(self) -> None:
         """Wait until work queued on the device's current stream has finished."""
 
@@ -89,6 +93,9 @@ class HostDevice(ArrayDevice):
 
     def contiguous(self, x):
         return np.ascontiguousarray(x)
+
+    def copy(self, x):
+        return np.array(x, order="C")
 
 
 class CupyDevice(ArrayDevice):
@@ -136,6 +143,9 @@ class CupyDevice(ArrayDevice):
 
     def contiguous(self, x):
         return self.xp.ascontiguousarray(x)
+
+    def copy(self, x):
+        return self.xp.array(x, order="C")
 
     def synchronize(self) -> None:
         # ORT and TensorRT run on their own streams; CuPy's work (packing) must be finished

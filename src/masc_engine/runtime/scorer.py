@@ -167,9 +167,6 @@ class Scorer:
                                               intra_op_threads=intra_op_threads, precision=precision)
         #: Optional persistent text-embedding cache (runtime/cache.py EncodingStore), set by masc-run.
         self.text_store = None
-        self.vision = runner("vision")
-        self.pool = runner("pool")
-        self.text = runner("text")
         if cp_head is None:
             cp_head = "graph" if device_resident else "numpy"
         if cp_head not in ("numpy", "graph"):
@@ -177,11 +174,19 @@ class Scorer:
         if device_resident and cp_head != "graph":
             raise ValueError("device_resident=True needs cp_head='graph' (the numpy head reads host memory)")
         #: The token device (engine/device.py) when device-resident, else None (host numpy).
+        #: Chosen before any session is made, so a missing CuPy fails at once.
         self.device = None
         if device_resident:
             from ..engine.device import device_for
 
+            _check_backend_available(backend, provider)  # the missing backend is the first thing to say
             self.device = array_device if array_device is not None else device_for(backend, provider)
+        self.vision = runner("vision")
+        self.pool = runner("pool")
+        self.text = runner("text")
+        # TensorRT picks the engine set when none is named: record the one loaded (it keys
+        # masc-run's resume fingerprint and token cache).
+        self.precision = precision or getattr(self.vision, "precision", None)
         self.cp_head = cp_head
         self._graph_cp = None
         if cp_head == "graph":
@@ -215,9 +220,11 @@ class Scorer:
                 }
             else:
                 feeds = {"pixel_values": np.stack([p.pixel_values for p in chunk])}
-            if self.device is not None:  # tokens stay on the device: views into the batch output
+            if self.device is not None:  # tokens stay on the device
                 hidden = self.vision.run_device(feeds, self.device)["last_hidden_state"]
-                out.extend(ImageEncoding(hidden[i, :c], p.spatial_shape)
+                # A device-to-device copy per image, not a view: a cached encoding must not keep
+                # its whole [B, n, D] batch output alive (masc-run caches hundreds of encodings).
+                out.extend(ImageEncoding(self.device.copy(hidden[i, :c]), p.spatial_shape)
                            for i, (p, c) in enumerate(zip(chunk, counts)))
                 continue
             hidden = self.vision.run(feeds)["last_hidden_state"]
@@ -438,6 +445,18 @@ class Scorer:
                 ex["cp_mnn_frac"] = float(mutual.mean())
             else:
                 ex["cp_mnn"] = ex["cp_mnn_frac"] = float("nan")
+
+
+def _check_backend_available(backend: str, provider: str) -> None:
+    """Raise BackendUnavailableError when the backend or provider is missing (cheap: no session)."""
+    if backend == "onnxruntime":
+        from ..engine.backends.onnxruntime import resolve_provider
+
+        resolve_provider(provider)
+    elif backend == "tensorrt":
+        from ..engine.backends.tensorrt import import_tensorrt
+
+        import_tensorrt()
 
 
 @dataclass

@@ -326,7 +326,10 @@ class _DeviceArrays:
         return int(x.data.ptr) if self.kind == "cupy" else int(x.data_ptr())
 
     def contiguous(self, x):
-        return self.mod.ascontiguousarray(x) if self.kind == "cupy" else x.contiguous()
+        if self.kind == "cupy":
+            with self.stream:  # on the engine's stream, so execute_async_v3 sees the copy done
+                return self.mod.ascontiguousarray(x)
+        return x.contiguous()
 
     def to_host(self, x) -> np.ndarray:
         return self.mod.asnumpy(x) if self.kind == "cupy" else x.cpu().numpy()
@@ -457,4 +460,6 @@ def load_runner(bundle, graph: str, precision: str | None = None, provider: str 
     path = bundle.path / tp.engine_dir_name(precision) / entry["file"]
     if not path.is_file() or sha256_file(path) != entry["sha256"]:
         raise BundleError(f"{path} is missing or modified; rebuild: {tp.rebuild_command(bundle.path, precision)}")
-    return TrtRunner(path, graph, bundle.graph(graph), entry["profiles"][0])
+    runner = TrtRunner(path, graph, bundle.graph(graph), entry["profiles"][0])
+    runner.precision = precision  # the engine set actually loaded (masc-run records it)
+    return runner
