@@ -279,19 +279,19 @@ class Runtime:
 
 
 class NumpyDevice:
-    """Stands in for engine/backends/tensorrt.py ``_DeviceArrays``: host numpy arrays whose
-    "address" is a key into the fake device memory."""
+    """Stands in for engine/device.py ``CupyDevice`` inside the TensorRT runner: host numpy arrays
+    whose "address" is a key into the fake device memory."""
 
-    kind = "fake"
-    stream_handle = 0
+    name = "fake-cuda"
+    ort_device_type = "cuda"
 
     def __init__(self, device=0):
         pass
 
-    def is_device(self, x):
+    def is_device_array(self, x):
         return isinstance(x, np.ndarray) and id(x) in _MEMORY and _MEMORY[id(x)] is x
 
-    def to_device(self, x):
+    def from_host(self, x):
         x = np.array(x, copy=True)
         _MEMORY[id(x)] = x
         return x
@@ -312,10 +312,13 @@ class NumpyDevice:
         return np.asarray(x)
 
     def concat(self, xs):
-        return self.to_device(np.concatenate(xs, axis=0))
+        return self.from_host(np.concatenate(xs, axis=0))
 
     def synchronize(self):
         pass
+
+    def new_stream(self):
+        return types.SimpleNamespace(ptr=0, synchronize=lambda: None)
 
 
 def make_module(version: str = "10.99.0") -> types.ModuleType:

@@ -38,7 +38,7 @@ def fake_trt(monkeypatch, tmp_path):
     from masc_engine.engine.backends import tensorrt as trt_backend
 
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt.make_module(INFO["tensorrt_version"]))
-    monkeypatch.setattr(trt_backend, "_DeviceArrays", fake_tensorrt.NumpyDevice)
+    monkeypatch.setattr(trt_backend, "CupyDevice", fake_tensorrt.NumpyDevice)
     monkeypatch.setattr(trt_backend, "_query_gpu", lambda device: (INFO["gpu_name"], INFO["compute_capability"]))
     monkeypatch.setenv("MASC_ENGINE_CACHE", str(tmp_path / "cache"))
     fake_tensorrt.BUILDS.clear()

@@ -93,7 +93,9 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
     if provider is None:
         provider = "cuda" if backend == "tensorrt" else "cpu"
     if device_resident is None:
-        device_resident = backend == "tensorrt" or provider in ("cuda", "CUDAExecutionProvider")
+        from ..engine.device import is_gpu
+
+        device_resident = is_gpu(backend, provider)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RandomWeightsWarning)

@@ -62,6 +62,10 @@ class ArrayDevice:
         """A C-contiguous copy of ``x`` in new device memory (owning its buffer)."""
         raise NotImplementedError
 
+    def concat(self, xs):
+        """Device arrays joined along axis 0 (a run split into profile-sized batches)."""
+        raise NotImplementedError
+
     def synchronize(self) -> None:
         """Wait until work queued on the device's current stream has finished."""
 
@@ -97,6 +101,9 @@ class HostDevice(ArrayDevice):
     def copy(self, x):
         return np.array(x, order="C")
 
+    def concat(self, xs):
+        return np.concatenate(xs, axis=0)
+
 
 class CupyDevice(ArrayDevice):
     """CuPy arrays on one CUDA GPU. unverified: never run on a GPU with onnxruntime-gpu or
@@ -113,7 +120,8 @@ class CupyDevice(ArrayDevice):
             import cupy
         except ImportError as e:
             raise BackendUnavailableError(
-                "device-resident tokens on a GPU need CuPy (pip install cupy-cuda12x); or run with "
+                "GPU memory here means CuPy (pip install cupy-cuda12x): the TensorRT backend and "
+                "device-resident tokens need it; for ONNX Runtime CUDA without it, run with "
                 "device_resident=False / masc-run --no-device-resident") from e
         try:
             cupy.cuda.Device(device_id).use()
@@ -147,10 +155,22 @@ class CupyDevice(ArrayDevice):
     def copy(self, x):
         return self.xp.array(x, order="C")
 
+    def concat(self, xs):
+        return self.xp.concatenate(xs, axis=0)
+
+    def new_stream(self):
+        """A non-blocking CUDA stream (``.ptr``, ``.synchronize()``) for a TensorRT context."""
+        return self.xp.cuda.Stream(non_blocking=True)
+
     def synchronize(self) -> None:
         # ORT and TensorRT run on their own streams; CuPy's work (packing) must be finished
         # before they read it, and theirs before CuPy reads their outputs.
         self.xp.cuda.get_current_stream().synchronize()
+
+
+def is_gpu(backend: str, provider: str) -> bool:
+    """Whether a backend/provider pair computes on a CUDA GPU (TensorRT always does)."""
+    return backend == "tensorrt" or provider in ("cuda", "CUDAExecutionProvider")
 
 
 def device_for(backend: str, provider: str) -> ArrayDevice:
@@ -162,8 +182,8 @@ def device_for(backend: str, provider: str) -> ArrayDevice:
     Raises:
         BackendUnavailableError: a GPU device without CuPy (never a quiet switch to host memory).
     """
+    if is_gpu(backend, provider):
+        return CupyDevice(0)
     if backend == "onnxruntime" and provider in ("cpu", "CPUExecutionProvider"):
         return HostDevice()
-    if backend == "tensorrt" or provider in ("cuda", "CUDAExecutionProvider"):
-        return CupyDevice(0)
     raise BackendUnavailableError(f"no token device for backend {backend!r} with provider {provider!r}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..engine.device import is_gpu
 from ..errors import BackendUnavailableError
 
 
@@ -62,7 +63,7 @@ def run_chunks_on_ray(chunks, rows, keys, base, scorer, settings, address=None, 
         local = {} if address or not workers else {"num_cpus": int(workers)}
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
     try:
-        gpu = scorer.provider == "cuda"
+        gpu = is_gpu(scorer.backend, scorer.provider)
         resources = ray.cluster_resources()
         slots = int(resources.get("GPU" if gpu else "CPU", 1))
         n = max(1, min(workers or slots, len(chunks)))

@@ -162,7 +162,6 @@ class Scorer:
         self.mask_size_policy = mask_size_policy
         self.provider = provider
         self.backend = backend
-        self.precision = precision
         runner = lambda g: self.bundle.runner(g, backend=backend, provider=provider,  # noqa: E731
                                               intra_op_threads=intra_op_threads, precision=precision)
         #: Optional persistent text-embedding cache (runtime/cache.py EncodingStore), set by masc-run.
@@ -375,6 +374,7 @@ class Scorer:
             cps = [heads.masked_maxcos(it.ref_enc.tokens, it.out_enc.tokens, it.ref_weights, self.fg_threshold)
                    for it in items]
         results = []
+        host_tokens = _HostTokens(self)  # maps and baselines read tokens on the host: one copy per image
         for i, it in enumerate(items):
             r, o = it.ref_enc, it.out_enc
             cp, cp_extras = cps[i]
@@ -394,16 +394,15 @@ class Scorer:
             if np.isnan(pf):
                 res.extras["pf_undefined"] = "the output mask hides every patch: no background to pool"
             if with_arrays:  # maps need the tokens on the host: copied only when asked for
-                res.arrays = {"cp_best": heads.best_match_cosines(self.host_encoding(r).tokens,
-                                                                   self.host_encoding(o).tokens),
+                res.arrays = {"cp_best": heads.best_match_cosines(host_tokens(r), host_tokens(o)),
                               "pf_attention": attention[i] if attention[i] is not None
                               else np.zeros(o.tokens.shape[0], np.float32), "pf_hidden": kpms[i]}
             results.append(res)
         if baselines:
-            self._baselines(items, results, pooled, text_emb, text_row)
+            self._baselines(items, results, pooled, text_emb, text_row, host_tokens)
         return results
 
-    def _baselines(self, items, results, pooled_bg, text_emb, text_row) -> None:
+    def _baselines(self, items, results, pooled_bg, text_emb, text_row, host_tokens) -> None:
         """Same-forward-pass baselines (paper Table 4 and Sec. 4.4), into each result's extras:
 
         - ``cp_global``: cosine of the global pooled embeddings (pooling head, nothing hidden)
@@ -437,7 +436,7 @@ class Scorer:
                                                  else heads.cosine(vec, text_emb[text_row[text]]))
             keep = it.ref_weights > np.float32(self.fg_threshold)
             if keep.any():
-                ref_t, out_t = self.host_encoding(it.ref_enc).tokens, self.host_encoding(it.out_enc).tokens
+                ref_t, out_t = host_tokens(it.ref_enc), host_tokens(it.out_enc)
                 sims = heads.l2_normalize(ref_t[keep]) @ heads.l2_normalize(out_t).T
                 j = sims.argmax(axis=1)
                 mutual = sims.argmax(axis=0)[j] == np.arange(sims.shape[0])
@@ -445,6 +444,19 @@ class Scorer:
                 ex["cp_mnn_frac"] = float(mutual.mean())
             else:
                 ex["cp_mnn"] = ex["cp_mnn_frac"] = float("nan")
+
+
+class _HostTokens:
+    """Host copies of encodings' tokens within one scoring call, each image copied once."""
+
+    def __init__(self, scorer: Scorer):
+        self.scorer = scorer
+        self._memo: dict[int, np.ndarray] = {}
+
+    def __call__(self, enc: ImageEncoding) -> np.ndarray:
+        if id(enc) not in self._memo:
+            self._memo[id(enc)] = self.scorer.host_encoding(enc).tokens
+        return self._memo[id(enc)]
 
 
 def _check_backend_available(backend: str, provider: str) -> None:

@@ -34,11 +34,12 @@ from typing import Callable
 import numpy as np
 
 from ...errors import BackendUnavailableError, EngineCompatibilityError
+from ..device import CupyDevice
 from . import trt_profiles as tp
 
 INSTALL_HINT = ("the TensorRT backend needs NVIDIA TensorRT's Python package and a CUDA GPU: "
                 "pip install tensorrt (or tensorrt-cu12 matching your CUDA), plus cupy-cuda12x "
-                "(or PyTorch with CUDA) for device buffers; or use --backend onnxruntime")
+                "for device buffers; or use --backend onnxruntime")
 
 
 def import_tensorrt():
@@ -270,77 +271,6 @@ def build_engines(bundle_dir: str | Path, precision: str = "fp16", max_batch: in
     return out
 
 
-# --------------------------------------------------------------------------- device buffers
-
-
-class _DeviceArrays:
-    """Minimal device-array adapter over CuPy (preferred: no torch at run time) or PyTorch.
-
-    unverified: no TensorRT/GPU was available to this session.
-    """
-
-    def __init__(self, device: int = 0):
-        self.device = device
-        try:
-            import cupy
-
-            self.kind, self.mod = "cupy", cupy
-            cupy.cuda.Device(device).use()
-            self.stream = cupy.cuda.Stream(non_blocking=True)
-            self.stream_handle = self.stream.ptr
-        except ImportError:
-            try:
-                import torch
-            except ImportError as e:
-                raise BackendUnavailableError(f"{INSTALL_HINT} (neither cupy nor torch is importable)") from e
-            if not torch.cuda.is_available():
-                raise BackendUnavailableError("PyTorch is installed without CUDA; the TensorRT runner needs a GPU")
-            self.kind, self.mod = "torch", torch
-            self.stream = torch.cuda.Stream(device=device)
-            self.stream_handle = self.stream.cuda_stream
-
-    def is_device(self, x) -> bool:
-        if self.kind == "cupy":
-            return isinstance(x, self.mod.ndarray)
-        return isinstance(x, self.mod.Tensor) and x.is_cuda
-
-    def to_device(self, x):
-        if self.is_device(x):
-            return x
-        x = np.ascontiguousarray(x)
-        if self.kind == "cupy":
-            with self.stream:
-                return self.mod.asarray(x)
-        return self.mod.from_numpy(x).to(f"cuda:{self.device}", non_blocking=False)
-
-    def empty(self, shape, dtype: np.dtype):
-        if self.kind == "cupy":
-            with self.stream:
-                return self.mod.empty(tuple(shape), dtype=dtype)
-        tdt = {np.dtype(np.float32): self.mod.float32, np.dtype(np.float16): self.mod.float16,
-               np.dtype(np.int32): self.mod.int32, np.dtype(np.int64): self.mod.int64,
-               np.dtype(np.bool_): self.mod.bool}[np.dtype(dtype)]
-        return self.mod.empty(tuple(shape), dtype=tdt, device=f"cuda:{self.device}")
-
-    def ptr(self, x) -> int:
-        return int(x.data.ptr) if self.kind == "cupy" else int(x.data_ptr())
-
-    def contiguous(self, x):
-        if self.kind == "cupy":
-            with self.stream:  # on the engine's stream, so execute_async_v3 sees the copy done
-                return self.mod.ascontiguousarray(x)
-        return x.contiguous()
-
-    def to_host(self, x) -> np.ndarray:
-        return self.mod.asnumpy(x) if self.kind == "cupy" else x.cpu().numpy()
-
-    def concat(self, xs):
-        return self.mod.concatenate(xs, axis=0) if self.kind == "cupy" else self.mod.cat(xs, dim=0)
-
-    def synchronize(self):
-        self.stream.synchronize()
-
-
 # --------------------------------------------------------------------------- runner
 
 
@@ -363,7 +293,10 @@ class TrtRunner:
         self.name = name
         self.graph_entry = graph_entry
         self.profile = profile
-        self._dev = _DeviceArrays(device)
+        # Device memory through the runtime's token device (engine/device.py); the engine runs
+        # on its own non-blocking stream.
+        self._dev = CupyDevice(device)
+        self._stream = self._dev.new_stream()
         logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(logger)
         self.engine = self._runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
@@ -385,14 +318,10 @@ class TrtRunner:
     def run_device(self, feeds: dict, device=None) -> dict:
         """Inputs as numpy or device arrays; outputs as device arrays (CuPy or torch).
 
-        ``device``: the runtime's token device (engine/device.py ``CupyDevice``); its stream is
-        synchronised first, so packing done with CuPy is finished before the engine reads it."""
-        if device is not None:
-            if device.ort_device_type != "cuda":
-                from ...errors import BackendUnavailableError
-
-                raise BackendUnavailableError(f"TensorRT engines cannot use {device.name} memory")
-            device.synchronize()
+        ``device``: the runtime's token device; it must be CUDA memory (engine/device.py
+        ``CupyDevice``)."""
+        if device is not None and device.ort_device_type != "cuda":
+            raise BackendUnavailableError(f"TensorRT engines cannot use {device.name} memory")
         shapes = {k: tuple(v.shape) for k, v in feeds.items()}
         runs = tp.plan_batches(self.name, self.graph_entry, shapes, self.profile)  # refuses before inference
         if not runs:
@@ -407,9 +336,12 @@ class TrtRunner:
         bufs = {}
         for k in self.input_names:
             x = feeds[k]
-            if not dev.is_device(x):
-                x = np.ascontiguousarray(x, dtype=self._dtypes[k])
-            bufs[k] = dev.contiguous(dev.to_device(x))
+            if not dev.is_device_array(x):
+                x = dev.from_host(np.ascontiguousarray(x, dtype=self._dtypes[k]))
+            bufs[k] = dev.contiguous(x)
+        # Packing, copies and host uploads were queued on CuPy's current stream; the engine's
+        # stream does not wait for it.
+        dev.synchronize()
         with self._lock:
             for k in self.input_names:
                 self.context.set_input_shape(k, tuple(bufs[k].shape))
@@ -419,9 +351,9 @@ class TrtRunner:
                 shape = tuple(self.context.get_tensor_shape(k))
                 outs[k] = dev.empty(shape, self._dtypes[k])
                 self.context.set_tensor_address(k, dev.ptr(outs[k]))
-            if not self.context.execute_async_v3(dev.stream_handle):
+            if not self.context.execute_async_v3(self._stream.ptr):
                 raise RuntimeError(f"TensorRT execution of {self.name!r} failed")
-            dev.synchronize()
+            self._stream.synchronize()
         return outs
 
 
