@@ -1,0 +1,87 @@
+"""``masc-serve``: MaSC as an HTTP service (FastAPI on uvicorn; the ``serve`` extra)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--bundle", "-b", required=True, type=click.Path(file_okay=False, exists=True),
+              help="Bundle from masc-export.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; put a reverse proxy with TLS in front).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--provider", default="cpu", show_default=True, help="Execution provider: cpu or cuda.")
+@click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
+              help="ONNX Runtime intra-op threads (0: ONNX Runtime's default).")
+@click.option("--stripper", type=click.Choice(["regex", "spacy", "none"]), default="regex", show_default=True,
+              help="Default PF prompt stripper; a request may ask for regex or none (spacy only if this is spacy).")
+@click.option("--exif", type=click.Choice(["apply", "ignore"]), default="apply", show_default=True,
+              help="EXIF orientation policy, as masc-run.")
+@click.option("--mask-size-tolerance", type=click.IntRange(0, 64), default=0, show_default=True,
+              help="Stretch a mask at most this many pixels off its image's size instead of refusing it.")
+@click.option("--max-batch", type=click.IntRange(1, 1024), default=8, show_default=True,
+              help="Most requests coalesced into one scoring call (1: no micro-batching).")
+@click.option("--max-wait-ms", type=click.FloatRange(0, 10000), default=5.0, show_default=True,
+              help="Longest a micro-batch stays open after its first request arrived.")
+@click.option("--max-queue", type=click.IntRange(1, 1000000), default=256, show_default=True,
+              help="Most items waiting for a batch; past it requests get 503 with Retry-After.")
+@click.option("--cache-mb", type=click.FloatRange(0, 1e7), default=512.0, show_default=True,
+              help="In-memory reference-encoding cache (LRU by content hash), bound in MiB of patch tokens; 0: off.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Also use masc-run's persistent cache here (shared with masc-run and other replicas).")
+@click.option("--cache-size-gb", type=click.FloatRange(0.01, 1e6), default=None,
+              help="Bound on the persistent cache's size (default: masc-run's, 8 GiB).")
+@click.option("--max-body-mb", type=click.FloatRange(0.001, 1e5), default=64.0, show_default=True,
+              help="Largest request body (413 past it).")
+@click.option("--max-pixels", type=click.IntRange(1, 10**10), default=40_000_000, show_default=True,
+              help="Pixel budget per image (Pillow's decompression-bomb limit, checked from the header).")
+@click.option("--max-batch-items", type=click.IntRange(1, 100000), default=64, show_default=True,
+              help="Most items in one /v1/score_batch request.")
+@click.option("--request-timeout-s", type=click.FloatRange(0.1, 1e5), default=60.0, show_default=True,
+              help="A request not scored within this time gets 503 (and is dropped if not started).")
+@click.option("--body-timeout-s", type=click.FloatRange(0.1, 1e5), default=30.0, show_default=True,
+              help="A request body not received within this time gets 408.")
+@click.option("--decode-workers", type=click.IntRange(1, 256), default=2, show_default=True,
+              help="Threads decoding request images (bounds decoded-image memory: each holds at most "
+                   "--max-pixels).")
+@click.option("--max-connections", type=click.IntRange(1, 10**6), default=None,
+              help="uvicorn's limit on concurrent connections (503 past it).")
+@click.option("--graceful-timeout-s", type=click.FloatRange(0, 3600), default=25.0, show_default=True,
+              help="On SIGTERM/SIGINT: how long in-flight requests may take to finish.")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True)
+def main(bundle, host, port, provider, threads, stripper, exif, mask_size_tolerance, max_batch, max_wait_ms,
+         max_queue, cache_mb, cache_dir, cache_size_gb, max_body_mb, max_pixels, max_batch_items,
+         request_timeout_s, body_timeout_s, decode_workers, max_connections, graceful_timeout_s, log_level):
+    """Serve MaSC scoring over HTTP for the bundle BUNDLE.
+
+    GET /healthz, /readyz, /metrics; POST /v1/score (JSON with base64 files, or multipart uploads),
+    /v1/score_batch. OpenAPI document at /openapi.json. See the README, "masc-serve".
+    """
+    try:
+        import uvicorn
+
+        from ..serve.app import ServeConfig, create_app
+    except ImportError as e:
+        click.echo(f"masc-serve: {e.name} is missing: pip install 'masc-engine[serve]'", err=True)
+        sys.exit(2)
+    import logging
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = ServeConfig(bundle=bundle, provider=provider, threads=threads or None, stripper=stripper, exif=exif,
+                      mask_size_tolerance=mask_size_tolerance, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                      max_queue=max_queue, cache_mb=cache_mb, cache_dir=cache_dir, cache_size_gb=cache_size_gb,
+                      max_body_mb=max_body_mb, max_pixels=max_pixels, max_batch_items=max_batch_items,
+                      request_timeout_s=request_timeout_s, body_timeout_s=body_timeout_s,
+                      decode_workers=decode_workers)
+    # uvicorn handles SIGTERM and SIGINT: it stops accepting, lets in-flight requests finish (up to
+    # --graceful-timeout-s), then runs the app's shutdown, which drains the batcher; exit status 0.
+    uvicorn.run(create_app(cfg), host=host, port=port, log_level=log_level, limit_concurrency=max_connections,
+                timeout_graceful_shutdown=graceful_timeout_s, access_log=log_level == "debug")
+
+
+if __name__ == "__main__":
+    main()

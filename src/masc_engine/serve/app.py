@@ -1,0 +1,446 @@
+"""The masc-serve ASGI app (FastAPI): a thin HTTP shell over the scoring library.
+
+Endpoints (OpenAPI at ``/openapi.json``, docs at ``/docs``):
+
+- ``GET /healthz``: 200 while the process serves HTTP; ``GET /readyz``: 200 once the bundle is
+  loaded and its graphs ran once (warm), else 503.
+- ``POST /v1/score``: one item, JSON (files as base64) or ``multipart/form-data`` (files as
+  uploads); 200 with masc-run's record, or a 4xx JSON error naming the field.
+- ``POST /v1/score_batch``: ``{"items": [...]}``; results in order. A file problem of one item
+  is that item's masc-run status (its record says which field), never the batch's failure.
+- ``GET /metrics``: Prometheus text exposition.
+
+Errors are JSON ``{"error": reason, "field": name or null, "detail": one line}``: 400 malformed
+body, 413 body over ``--max-body-mb``, 408 body not received within ``--body-timeout-s``, 415
+other content types, 422 a field's value (missing, wrong type, bad base64, not an image, over the
+pixel budget, mask of another size), 503 not ready, queue full, past ``--request-timeout-s`` or
+shutting down. The service reads bytes from the request only; it never opens a path it is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import UploadFile
+
+from .batcher import MicroBatcher, QueueFull
+from .glue import BYTE_FIELDS, FieldError, ServiceScorer, b64decode_field
+from .limits import BodyLimitMiddleware, set_pixel_budget
+from .metrics import ServiceMetrics
+
+log = logging.getLogger("masc_engine.serve")
+
+
+@dataclass
+class ServeConfig:
+    """Every option of ``masc-serve`` (cli/serve_cmd.py documents each)."""
+
+    bundle: str
+    provider: str = "cpu"
+    threads: int | None = None
+    stripper: str = "regex"
+    exif: str = "apply"
+    mask_size_tolerance: int = 0
+    max_batch: int = 8
+    max_wait_ms: float = 5.0
+    max_queue: int = 256
+    cache_mb: float = 512.0
+    cache_dir: str | None = None
+    cache_size_gb: float | None = None
+    max_body_mb: float = 64.0
+    max_pixels: int = 40_000_000
+    max_batch_items: int = 64
+    request_timeout_s: float = 60.0
+    body_timeout_s: float = 30.0
+    decode_workers: int = 2
+    extra_strippers: tuple[str, ...] = ("regex", "none")
+
+
+# ---------------------------------------------------------------------- schemas
+
+_B64 = {"format": "byte", "contentEncoding": "base64"}
+
+
+class ScoreItem(BaseModel):
+    """One pair to score: the four files' bytes as base64 (PNG/JPEG/WebP/TIFF, as masc-run reads
+    them), the prompt and the subject name stripped from it for PF."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    ref_image: str = Field(description="reference image file, base64", json_schema_extra=_B64)
+    ref_mask: str = Field(description="reference foreground mask file, base64", json_schema_extra=_B64)
+    out_image: str = Field(description="generated (output) image file, base64", json_schema_extra=_B64)
+    out_mask: str = Field(description="output foreground mask file, base64", json_schema_extra=_B64)
+    prompt: str = Field(description="the generation prompt")
+    object_name: str | None = Field(None, description="subject name stripped from the prompt for PF; "
+                                                      "null or absent: the prompt is not stripped")
+    stripper: Literal["regex", "spacy", "none"] | None = Field(
+        None, description="PF prompt stripper; default: the server's --stripper")
+
+
+class ScoreBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    items: list[ScoreItem] = Field(description="pairs to score; results come back in this order")
+
+
+class ScoreResult(BaseModel):
+    """masc-run's record for the pair (README "masc-run"); null where a score is undefined."""
+
+    model_config = ConfigDict(extra="allow")
+    cp: float | None = Field(description="Concept Preservation (masked_maxcos), [-1, 1]; null if undefined")
+    pf: float | None = Field(description="Prompt Following, [-1, 1]; null if undefined")
+    status: str = Field(description="'ok' or masc-run's reason (README status table)")
+    status_detail: str = Field(description="field and cause, notes")
+
+
+class BatchResult(BaseModel):
+    results: list[ScoreResult]
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="machine-readable reason, e.g. missing_field, bad_base64, unreadable_image")
+    field: str | None = Field(description="the request field at fault, e.g. 'ref_image' or 'items[2].prompt'")
+    detail: str = Field(description="one line: what is wrong and why")
+
+
+_ERRORS = {c: {"model": ErrorBody} for c in (400, 408, 413, 415, 422, 503)}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, error: str, field: str | None, detail: str, headers: dict | None = None):
+        self.status, self.error, self.field, self.detail, self.headers = status, error, field, detail, headers
+
+
+def _error_response(status: int, error: str, field: str | None, detail: str, headers=None) -> JSONResponse:
+    return JSONResponse({"error": error, "field": field, "detail": detail}, status_code=status, headers=headers)
+
+
+_PYDANTIC_REASON = {"missing": "missing_field", "extra_forbidden": "unknown_field", "json_invalid": "malformed_json",
+                    "literal_error": "bad_value", "model_type": "wrong_type", "model_attributes_type": "wrong_type"}
+
+
+def _validation_error(e: ValidationError | RequestValidationError) -> ApiError:
+    errs = e.errors()
+    first = errs[0] if errs else {"type": "invalid", "loc": (), "msg": "invalid request"}
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    name = ""
+    for p in loc:
+        name += f"[{p}]" if isinstance(p, int) else (f".{p}" if name else str(p))
+    t = first.get("type", "")
+    reason = _PYDANTIC_REASON.get(t, "wrong_type" if t.endswith("_type") else "bad_value")
+    if reason == "malformed_json":
+        return ApiError(400, reason, None, f"the body is not valid JSON: {first.get('msg')}")
+    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+    return ApiError(422, reason, name or None, f"{name or 'body'}: {first.get('msg')}{more}")
+
+
+# ---------------------------------------------------------------------- the app
+
+
+class _State:
+    def __init__(self, cfg: ServeConfig):
+        self.cfg = cfg
+        self.metrics = ServiceMetrics()
+        self.ready = False
+        self.load_error: str | None = None
+        self.service: ServiceScorer | None = None
+        self.batcher: MicroBatcher | None = None
+        self.decode_pool = ThreadPoolExecutor(cfg.decode_workers, thread_name_prefix="masc-decode")
+        self.store = None
+
+    def load(self) -> None:
+        """Load the bundle, run its graphs once, then mark ready (runs in a thread at startup)."""
+        try:
+            from ..protocols.pairs import RunSettings
+            from ..runtime.scorer import Scorer
+
+            cfg = self.cfg
+            scorer = Scorer(cfg.bundle, provider=cfg.provider, stripper=cfg.stripper,
+                            batch_size=2 * cfg.max_batch, intra_op_threads=cfg.threads)
+            if cfg.cache_dir:
+                from ..runtime.cache import EncodingStore
+
+                # masc-run's namespace (protocols/pairs.run_pairs): the two commands share entries.
+                ns = {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches,
+                      "exif": cfg.exif, "provider": scorer.provider, "backend": scorer.backend,
+                      "precision": scorer.precision}
+                kw = {"size_limit": int(cfg.cache_size_gb * 2**30)} if cfg.cache_size_gb else {}
+                self.store = EncodingStore(cfg.cache_dir, ns, **kw)
+                scorer.text_store = self.store
+            settings = RunSettings(exif=cfg.exif, mask_size_tolerance=cfg.mask_size_tolerance)
+            service = ServiceScorer(scorer, settings, cache_bytes=int(cfg.cache_mb * 2**20), store=self.store,
+                                    strippers=cfg.extra_strippers)
+            _warm_up(service)
+            self.service = service
+            self.batcher = MicroBatcher(self._score_batch, cfg.max_batch, cfg.max_wait_ms, cfg.max_queue,
+                                        on_batch=self.metrics.observe_batch)
+            self.ready = True
+            self.metrics.ready.set(1)
+            log.info("masc-serve: ready (bundle %s)", cfg.bundle)
+        except Exception as e:  # noqa: BLE001 - reported by /readyz and the log, the process stays up
+            self.load_error = f"{type(e).__name__}: {e}"
+            log.error("masc-serve: could not load the bundle: %s", self.load_error)
+
+    def _score_batch(self, items):
+        out = self.service.score(items)
+        c = self.service.cache
+        self.metrics.cache.update(c, sum(j.cache_hits for j in self.service.jobs.values()))
+        return out
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close(timeout=60)
+        self.decode_pool.shutdown(wait=True)
+        if self.store is not None:
+            self.store.close()
+
+
+def _warm_up(service: ServiceScorer) -> None:
+    """One pair through every graph, so the first request pays no session warm-up."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    def png(arr) -> bytes:
+        b = io.BytesIO()
+        Image.fromarray(arr).save(b, format="PNG")
+        return b.getvalue()
+
+    rng = np.random.default_rng(0)
+    im = png(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    m = np.zeros((64, 64), np.uint8)
+    m[16:48, 16:48] = 255
+    item = service.decode({"ref_image": im, "ref_mask": png(m), "out_image": im, "out_mask": png(m)},
+                          "a photo of a thing", "thing", None)
+    service.score([item])
+    service.cache.lru.clear()
+    service.cache.hits = service.cache.misses = 0
+
+
+def create_app(cfg: ServeConfig) -> FastAPI:
+    """The service for one bundle. The bundle loads in a background thread at startup:
+    ``/healthz`` answers at once, ``/readyz`` turns 200 when scoring is warm."""
+    set_pixel_budget(cfg.max_pixels)
+    state = _State(cfg)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loader = threading.Thread(target=state.load, name="masc-load", daemon=True)
+        loader.start()
+        yield
+        # SIGTERM: uvicorn has stopped accepting and let in-flight requests finish; now drain.
+        loader.join(timeout=5)
+        state.close()
+
+    from .. import __version__
+
+    app = FastAPI(title="masc-serve", version=__version__, lifespan=lifespan,
+                  description="MaSC (masked SigLIP2 CP and PF) as an HTTP service; see the README.")
+    app.state.masc = state
+    app.add_middleware(BodyLimitMiddleware, max_bytes=int(cfg.max_body_mb * 2**20), timeout_s=cfg.body_timeout_s,
+                       on_reject=state.metrics.count_error)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        state.metrics.count_error(e.error)
+        return _error_response(e.status, e.error, e.field, e.detail, e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _req_validation(request: Request, e: RequestValidationError):
+        return await _api_error(request, _validation_error(e))
+
+    @app.middleware("http")
+    async def _count(request: Request, call_next):
+        t0 = time.perf_counter()
+        resp = await call_next(request)
+        state.metrics.observe_request(request.url.path, resp.status_code, time.perf_counter() - t0)
+        return resp
+
+    @app.get("/healthz", summary="process alive", responses={200: {"content": {"application/json": {}}}})
+    async def healthz() -> dict:
+        return {"status": "alive"}
+
+    @app.get("/readyz", summary="bundle loaded and graphs warm", responses={503: {"model": ErrorBody}})
+    async def readyz():
+        if state.ready:
+            return {"status": "ready", "bundle": cfg.bundle}
+        if state.load_error:
+            return _error_response(503, "load_failed", None, state.load_error)
+        return _error_response(503, "not_ready", None, "the bundle is still loading")
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response,
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+    async def metrics():
+        body, ctype = state.metrics.exposition()
+        return Response(body, media_type=ctype)
+
+    def _require_ready():
+        if not state.ready:
+            raise ApiError(503, "not_ready", None, state.load_error or "the bundle is still loading",
+                           {"Retry-After": "5"})
+
+    async def _decode(item: ScoreItem | dict, label: str):
+        """base64 (JSON) or bytes (multipart) -> DecodedItem, in the bounded decode pool."""
+        if isinstance(item, ScoreItem):
+            data = {f: b64decode_field(getattr(item, f), label + f) for f in BYTE_FIELDS}
+            prompt, obj, strip = item.prompt, item.object_name, item.stripper
+        else:
+            data, prompt, obj, strip = item["data"], item["prompt"], item["object_name"], item["stripper"]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(state.decode_pool, state.service.decode, data, prompt, obj, strip, label)
+
+    async def _run(decoded: list) -> list[dict]:
+        try:
+            futs = [state.batcher.submit(d) for d in decoded]
+        except QueueFull as e:
+            raise ApiError(503, "overloaded", None, str(e), {"Retry-After": "1"}) from e
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(f) for f in futs)),
+                                               cfg.request_timeout_s))
+        except asyncio.TimeoutError as e:
+            for f in futs:
+                f.cancel()
+            raise ApiError(503, "timeout", None, f"not scored within --request-timeout-s {cfg.request_timeout_s:g} s",
+                           {"Retry-After": "5"}) from e
+
+    def _field_error(e: FieldError) -> ApiError:
+        return ApiError(422, e.reason, e.field, e.detail)
+
+    score_body = {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/ScoreItem"}},
+        "multipart/form-data": {"schema": _multipart_schema()}}}}
+
+    @app.post("/v1/score", response_model=ScoreResult, responses=_ERRORS, openapi_extra=score_body,
+              summary="score one pair (JSON with base64 files, or multipart uploads)")
+    async def score(request: Request):
+        _require_ready()
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype == "multipart/form-data":
+            item = await _parse_multipart(request, cfg)
+        elif ctype in ("application/json", ""):
+            item = _parse_json(await request.body(), ScoreItem)
+        else:
+            raise ApiError(415, "unsupported_media_type", None,
+                           f"content-type {ctype!r}: send application/json or multipart/form-data")
+        try:
+            decoded = await _decode(item, "")
+        except FieldError as e:
+            raise _field_error(e) from e
+        if decoded.error is not None:
+            raise _field_error(decoded.error)
+        return (await _run([decoded]))[0]
+
+    batch_body = {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/ScoreBatch"}}}}}
+
+    @app.post("/v1/score_batch", response_model=BatchResult, responses=_ERRORS, openapi_extra=batch_body,
+              summary="score a list of pairs; results in order")
+    async def score_batch(request: Request):
+        _require_ready()
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in ("application/json", ""):
+            raise ApiError(415, "unsupported_media_type", None, f"content-type {ctype!r}: send application/json")
+        batch = _parse_json(await request.body(), ScoreBatch)
+        if len(batch.items) > cfg.max_batch_items:
+            raise ApiError(422, "too_many_items", "items",
+                           f"items: {len(batch.items)} > --max-batch-items {cfg.max_batch_items}")
+        try:
+            decoded = await asyncio.gather(*(_decode(it, f"items[{i}].") for i, it in enumerate(batch.items)))
+        except FieldError as e:
+            raise _field_error(e) from e
+        return {"results": await _run(list(decoded))}
+
+    _add_schemas(app)
+    return app
+
+
+def _parse_json(body: bytes, model):
+    if not body:
+        raise ApiError(400, "malformed_json", None, "the body is empty: send a JSON object")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise _validation_error(e) from e
+
+
+def _multipart_schema() -> dict:
+    files = {f: {"type": "string", "format": "binary"} for f in BYTE_FIELDS}
+    return {"type": "object", "required": [*BYTE_FIELDS, "prompt"],
+            "properties": {**files, "prompt": {"type": "string"}, "object_name": {"type": "string"},
+                           "stripper": {"type": "string", "enum": ["regex", "spacy", "none"]}}}
+
+
+async def _parse_multipart(request: Request, cfg: ServeConfig) -> dict:
+    try:
+        form = await request.form(max_files=len(BYTE_FIELDS), max_fields=8,
+                                  max_part_size=int(cfg.max_body_mb * 2**20))
+    except Exception as e:  # noqa: BLE001 - python-multipart / Starlette raise several kinds
+        raise ApiError(400, "malformed_multipart", None, f"the multipart body cannot be parsed: {e}") from e
+    known = set(BYTE_FIELDS) | {"prompt", "object_name", "stripper"}
+    for k in form.keys():
+        if k not in known:
+            raise ApiError(422, "unknown_field", k, f"{k}: not a field of /v1/score")
+        if len(form.getlist(k)) > 1:
+            raise ApiError(422, "bad_value", k, f"{k}: sent more than once")
+    data = {}
+    for f in BYTE_FIELDS:
+        v = form.get(f)
+        if v is None:
+            raise ApiError(422, "missing_field", f, f"{f}: field required (a file upload, e.g. curl -F {f}=@file)")
+        if not isinstance(v, UploadFile):
+            raise ApiError(422, "wrong_type", f, f"{f}: expected a file upload, got a text field "
+                                                 f"(curl -F {f}=@path, with the @)")
+        data[f] = await v.read()
+    texts = {}
+    for k in ("prompt", "object_name", "stripper"):
+        v = form.get(k)
+        if isinstance(v, UploadFile):
+            raw = await v.read()
+            try:
+                v = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ApiError(422, "wrong_type", k, f"{k}: not UTF-8 text") from e
+        texts[k] = v
+    if texts["prompt"] is None:
+        raise ApiError(422, "missing_field", "prompt", "prompt: field required")
+    if texts["stripper"] not in (None, "regex", "spacy", "none"):
+        raise ApiError(422, "bad_value", "stripper", "stripper: must be one of regex, spacy, none")
+    return {"data": data, "prompt": texts["prompt"], "object_name": texts["object_name"] or None,
+            "stripper": texts["stripper"]}
+
+
+def _add_schemas(app: FastAPI) -> None:
+    """Put the request models into the OpenAPI components (the routes read their bodies
+    themselves, to accept JSON and multipart on one path and to name fields in errors)."""
+    base = app.openapi
+
+    def openapi():
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = base()
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (ScoreItem, ScoreBatch):
+            s = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for k, v in s.pop("$defs", {}).items():
+                comps.setdefault(k, v)
+            comps[model.__name__] = s
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi
+
+
+def dumps_openapi(app: FastAPI) -> str:
+    return json.dumps(app.openapi(), indent=2)

@@ -1,0 +1,72 @@
+"""Prometheus metrics of masc-serve (``prometheus-client``; one registry per app).
+
+Names follow Prometheus conventions (``_total`` counters, ``_seconds`` histograms). One process
+serves one registry: run replicas as separate processes and let Prometheus scrape each.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_PATHS = {"/v1/score", "/v1/score_batch", "/healthz", "/readyz", "/metrics"}
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class _CacheGauges:
+    def __init__(self, reg: CollectorRegistry):
+        self.hits = Counter("masc_reference_cache_hits_total", "reference encodings found in the cache",
+                            ["tier"], registry=reg)
+        self.misses = Counter("masc_reference_cache_misses_total",
+                              "reference encodings found in no in-memory cache", registry=reg)
+        self.bytes = Gauge("masc_reference_cache_bytes", "patch-token bytes held by the in-memory reference LRU",
+                           registry=reg)
+        self.items = Gauge("masc_reference_cache_items", "encodings held by the in-memory reference LRU",
+                           registry=reg)
+        self._seen = {"memory": 0, "disk": 0, "miss": 0}
+
+    def update(self, cache, disk_hits: int) -> None:
+        """Advance the counters to the cache's running totals (called after each batch)."""
+        for tier, total in (("memory", cache.hits), ("disk", disk_hits)):
+            self.hits.labels(tier).inc(max(0, total - self._seen[tier]))
+            self._seen[tier] = total
+        self.misses.inc(max(0, cache.misses - self._seen["miss"]))
+        self._seen["miss"] = cache.misses
+        self.bytes.set(cache.nbytes)
+        self.items.set(len(cache))
+
+
+class ServiceMetrics:
+    """Requests, errors by reason, batch sizes, queue wait, latency, inference time, cache."""
+
+    def __init__(self):
+        reg = self.registry = CollectorRegistry()
+        self.requests = Counter("masc_requests_total", "HTTP requests", ["path", "code"], registry=reg)
+        self.errors = Counter("masc_errors_total", "requests refused, by reason", ["reason"], registry=reg)
+        self.latency = Histogram("masc_request_latency_seconds", "request latency", ["path"],
+                                 buckets=_LATENCY_BUCKETS, registry=reg)
+        self.batch_size = Histogram("masc_batch_size", "items per micro-batch", buckets=_BATCH_BUCKETS, registry=reg)
+        self.queue_wait = Histogram("masc_queue_wait_seconds", "time an item waited for its batch to start",
+                                    buckets=_LATENCY_BUCKETS, registry=reg)
+        self.inference = Histogram("masc_batch_seconds", "time to score one micro-batch", buckets=_LATENCY_BUCKETS,
+                                   registry=reg)
+        self.ready = Gauge("masc_ready", "1 once the bundle is loaded and warm", registry=reg)
+        self.cache = _CacheGauges(reg)
+
+    def count_error(self, reason: str) -> None:
+        self.errors.labels(reason).inc()
+
+    def observe_request(self, path: str, code: int, seconds: float) -> None:
+        if path not in _PATHS:
+            path = "other"  # a bounded label set, whatever paths clients try
+        self.requests.labels(path, str(code)).inc()
+        self.latency.labels(path).observe(seconds)
+
+    def observe_batch(self, size: int, waits: list[float], seconds: float) -> None:
+        self.batch_size.observe(size)
+        for w in waits:
+            self.queue_wait.observe(w)
+        self.inference.observe(seconds)
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
