@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import click
@@ -78,9 +79,16 @@ def main(bundle, host, port, provider, threads, stripper, exif, mask_size_tolera
                       request_timeout_s=request_timeout_s, body_timeout_s=body_timeout_s,
                       decode_workers=decode_workers)
     # uvicorn handles SIGTERM and SIGINT: it stops accepting, lets in-flight requests finish (up to
-    # --graceful-timeout-s), then runs the app's shutdown, which drains the batcher; exit status 0.
+    # --graceful-timeout-s), then runs the app's shutdown, which drains the batcher. Afterwards it
+    # restores the previous handler and raises the signal again; this handler turns that into exit
+    # status 0 (the default action would end the process "killed by SIGTERM").
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     uvicorn.run(create_app(cfg), host=host, port=port, log_level=log_level, limit_concurrency=max_connections,
                 timeout_graceful_shutdown=graceful_timeout_s, access_log=log_level == "debug")
+
+
+def _exit_on_sigterm(signum, frame):
+    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 
 from .batcher import MicroBatcher, QueueFull
 from .glue import BYTE_FIELDS, FieldError, ServiceScorer, b64decode_field
-from .limits import BodyLimitMiddleware, set_pixel_budget
+from .limits import BodyTimeout, RequestGuardMiddleware, set_pixel_budget
 from .metrics import ServiceMetrics
 
 log = logging.getLogger("masc_engine.serve")
@@ -249,13 +251,27 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     app = FastAPI(title="masc-serve", version=__version__, lifespan=lifespan,
                   description="MaSC (masked SigLIP2 CP and PF) as an HTTP service; see the README.")
     app.state.masc = state
-    app.add_middleware(BodyLimitMiddleware, max_bytes=int(cfg.max_body_mb * 2**20), timeout_s=cfg.body_timeout_s,
+    max_bytes = int(cfg.max_body_mb * 2**20)
+    app.add_middleware(RequestBodyLimitMiddleware, max_body_size=max_bytes)  # chunked bodies
+    app.add_middleware(RequestGuardMiddleware, max_bytes=max_bytes, timeout_s=cfg.body_timeout_s,  # outermost
                        on_reject=state.metrics.count_error)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
         state.metrics.count_error(e.error)
         return _error_response(e.status, e.error, e.field, e.detail, e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        if e.status_code == 413:
+            return await _api_error(request, ApiError(413, "body_too_large", None,
+                                                      f"the body is over --max-body-mb {cfg.max_body_mb:g}"))
+        reason = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
+        return await _api_error(request, ApiError(e.status_code, reason, None, str(e.detail), e.headers))
+
+    @app.exception_handler(BodyTimeout)
+    async def _body_timeout(request: Request, e: BodyTimeout):
+        return await _api_error(request, ApiError(408, "body_timeout", None, str(e), {"Connection": "close"}))
 
     @app.exception_handler(RequestValidationError)
     async def _req_validation(request: Request, e: RequestValidationError):
@@ -264,7 +280,12 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     @app.middleware("http")
     async def _count(request: Request, call_next):
         t0 = time.perf_counter()
-        resp = await call_next(request)
+        gauge = state.metrics.in_flight.labels(state.metrics.path_label(request.url.path))
+        gauge.inc()
+        try:
+            resp = await call_next(request)
+        finally:
+            gauge.dec()
         state.metrics.observe_request(request.url.path, resp.status_code, time.perf_counter() - t0)
         return resp
 
@@ -283,6 +304,8 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response,
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics():
+        if state.batcher is not None:
+            state.metrics.queue_depth.set(state.batcher.depth())
         body, ctype = state.metrics.exposition()
         return Response(body, media_type=ctype)
 
@@ -362,7 +385,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
             raise _field_error(e) from e
         return {"results": await _run(list(decoded))}
 
-    _add_schemas(app)
+    _add_schemas(app, strippers=tuple(dict.fromkeys((cfg.stripper, *cfg.extra_strippers))))
     return app
 
 
@@ -386,6 +409,8 @@ async def _parse_multipart(request: Request, cfg: ServeConfig) -> dict:
     try:
         form = await request.form(max_files=len(BYTE_FIELDS), max_fields=8,
                                   max_part_size=int(cfg.max_body_mb * 2**20))
+    except (BodyTimeout, StarletteHTTPException):
+        raise
     except Exception as e:  # noqa: BLE001 - python-multipart / Starlette raise several kinds
         raise ApiError(400, "malformed_multipart", None, f"the multipart body cannot be parsed: {e}") from e
     known = set(BYTE_FIELDS) | {"prompt", "object_name", "stripper"}
@@ -421,9 +446,10 @@ async def _parse_multipart(request: Request, cfg: ServeConfig) -> dict:
             "stripper": texts["stripper"]}
 
 
-def _add_schemas(app: FastAPI) -> None:
+def _add_schemas(app: FastAPI, strippers: tuple[str, ...]) -> None:
     """Put the request models into the OpenAPI components (the routes read their bodies
-    themselves, to accept JSON and multipart on one path and to name fields in errors)."""
+    themselves, to accept JSON and multipart on one path and to name fields in errors), with
+    ``stripper`` limited to the strippers this server enables."""
     base = app.openapi
 
     def openapi():
@@ -436,6 +462,12 @@ def _add_schemas(app: FastAPI) -> None:
             for k, v in s.pop("$defs", {}).items():
                 comps.setdefault(k, v)
             comps[model.__name__] = s
+        for prop in (comps["ScoreItem"]["properties"]["stripper"],
+                     schema["paths"]["/v1/score"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+                     ["properties"]["stripper"]):
+            for alt in [prop, *prop.get("anyOf", [])]:
+                if "enum" in alt:
+                    alt["enum"] = list(strippers)
         app.openapi_schema = schema
         return schema
 

@@ -50,15 +50,20 @@ class ServiceMetrics:
                                     buckets=_LATENCY_BUCKETS, registry=reg)
         self.inference = Histogram("masc_batch_seconds", "time to score one micro-batch", buckets=_LATENCY_BUCKETS,
                                    registry=reg)
+        self.in_flight = Gauge("masc_requests_in_flight", "requests being handled", ["path"], registry=reg)
+        self.queue_depth = Gauge("masc_queue_depth", "items waiting for a micro-batch", registry=reg)
         self.ready = Gauge("masc_ready", "1 once the bundle is loaded and warm", registry=reg)
         self.cache = _CacheGauges(reg)
 
     def count_error(self, reason: str) -> None:
         self.errors.labels(reason).inc()
 
+    @staticmethod
+    def path_label(path: str) -> str:
+        return path if path in _PATHS else "other"  # a bounded label set, whatever paths clients try
+
     def observe_request(self, path: str, code: int, seconds: float) -> None:
-        if path not in _PATHS:
-            path = "other"  # a bounded label set, whatever paths clients try
+        path = self.path_label(path)
         self.requests.labels(path, str(code)).inc()
         self.latency.labels(path).observe(seconds)
 
