@@ -315,7 +315,8 @@ def test_schemathesis_finds_no_5xx_or_schema_violation(server, tmp_path):
                           "--exclude-checks", "positive_data_acceptance", "--max-examples", "25",
                           "--max-time", "30", "--workers", "1", "--generation-deterministic",
                           "--request-timeout", "30", "--report", "junit", "--report-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=150, env={**os.environ, "NO_COLOR": "1"})
+                         capture_output=True, text=True, timeout=150, env={**os.environ, "NO_COLOR": "1"},
+                         cwd=tmp_path)  # schemathesis keeps state in ./.schemathesis
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
     assert httpx.get(server.url + "/readyz").status_code == 200
 
@@ -345,3 +346,34 @@ def test_sigterm_finishes_in_flight_requests(naflex_bundle, odd_items, tmp_path)
         assert [x["status"] for x in r.json()["results"]] == ["ok"] * len(items)
     with pytest.raises(httpx.TransportError):  # it no longer accepts connections
         httpx.get(srv.url + "/healthz", timeout=2)
+
+
+def test_disk_cache_is_shared_with_masc_run(naflex_bundle, odd_items, tmp_path):
+    """--cache-dir: what the service encodes, masc-run finds in the same cache (and vice versa)."""
+    from masc_engine.protocols.pairs import RunSettings, run_pairs
+    from masc_engine.runtime.cache import EncodingStore
+    from masc_engine.runtime.scorer import Scorer
+    from masc_engine.serve.glue import BYTE_FIELDS, ServiceScorer
+
+    item = odd_items[3][0]
+    data = {f: base64.b64decode(item[f]) for f in BYTE_FIELDS}
+    scorer = Scorer(naflex_bundle, batch_size=1)
+    ns = {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches, "exif": "apply",
+          "provider": scorer.provider, "backend": scorer.backend, "precision": scorer.precision}
+    store = EncodingStore(tmp_path / "cache", ns)
+    svc = ServiceScorer(scorer, RunSettings(), store=store)
+    rec = svc.score([svc.decode(data, item["prompt"], item["object_name"], None)])[0]
+    store.close()
+    row = {"prompt": item["prompt"], "object_name": item["object_name"]}
+    for f in BYTE_FIELDS:
+        (tmp_path / f).write_bytes(data[f])
+        row[f] = f
+    with open(tmp_path / "pairs.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(row))
+        w.writeheader()
+        w.writerow(row)
+    summary = run_pairs(tmp_path / "pairs.csv", Scorer(naflex_bundle, batch_size=1), tmp_path / "out.jsonl",
+                        cache_dir=tmp_path / "cache", progress=False)
+    assert summary.cache_hits == 2 and summary.images_encoded == 0  # both images came from the service's entries
+    want = json.loads(open(tmp_path / "out.jsonl").readline())
+    assert (rec["cp"], rec["pf"], rec["status"]) == (want["cp"], want["pf"], want["status"])
