@@ -81,7 +81,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(naflex_bundle, tmp_path_factory):
-    srv = Server(naflex_bundle, "--max-batch", "8", "--max-wait-ms", "30", "--max-body-mb", "16", "--body-timeout-s", "3",
+    srv = Server(naflex_bundle, "--max-batch", "8", "--max-wait-ms", "100", "--max-body-mb", "16", "--body-timeout-s", "3",
                  log=tmp_path_factory.mktemp("serve") / "server.log")
     yield srv
     assert srv.stop() == 0, srv.log.read_text()[-3000:]
