@@ -716,6 +716,7 @@ def section_tensorrt(cfg, ctx):
     from masc_engine.engine.backends.tensorrt import TrtRunner, build_engine
     from masc_engine.export.cp_head import cp_spec
     from masc_engine.export.graphs import export_graph
+    from masc_engine.export.precision import PrecisionTransform
 
     width = cfg.cp_bench["d"]
     spec = cp_spec(width)
@@ -725,11 +726,17 @@ def section_tensorrt(cfg, ctx):
     out = {}
     with tempfile.TemporaryDirectory() as d:
         export_graph(spec, Path(d) / "cp.onnx")
-        for prec in ("fp32", "fp16"):
-            facts = build_engine(Path(d) / "cp.onnx", Path(d) / f"cp.{prec}.engine", prec, [shapes],
-                                 timing_cache=Path(d) / "timing.cache", log=lambda s: None)
-            acc = _cp_accuracy(lambda g: TrtRunner(Path(d) / f"cp.{prec}.engine", "cp", entry, shapes), width)
-            out[prec] = {"build": facts, "accuracy": acc["float32"]}
+        # Strongly typed engines: the fp16 engine is built from the fp16 graph (export/precision.py).
+        PrecisionTransform("fp16").apply("cp", Path(d) / "cp.onnx", Path(d) / "cp.fp16.onnx")
+        for prec, graph in (("fp32", "cp.onnx"), ("fp16", "cp.fp16.onnx")):
+            try:  # one precision's failure keeps the other's results
+                facts = build_engine(Path(d) / graph, Path(d) / f"cp.{prec}.engine", prec, [shapes],
+                                     timing_cache=Path(d) / "timing.cache", log=lambda s: None)
+                acc = _cp_accuracy(lambda g: TrtRunner(Path(d) / f"cp.{prec}.engine", "cp", entry, shapes), width)
+                out[prec] = {"status": "ok", "build": facts, "accuracy": acc["float32"]}
+            except Exception as e:  # noqa: BLE001 - recorded next to the other precision's results
+                out[prec] = {"status": "error", "error": f"{type(e).__name__}: {e}",
+                             "traceback": traceback.format_exc()}
     return out
 
 

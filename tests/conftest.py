@@ -53,18 +53,24 @@ def cache_dir(tmp_path_factory) -> Path:
     return d
 
 
-def _export(kind: str, tmp_path_factory, cache_dir) -> Path:
+def _export(kind: str, tmp_path_factory, cache_dir, precision: str = "fp32") -> Path:
     pytest.importorskip("torch", reason="exporting a test bundle needs the export extra (torch)")
     pytest.importorskip("transformers", reason="exporting a test bundle needs transformers")
     from masc_engine.export.exporter import export_bundle
 
-    out = tmp_path_factory.mktemp(f"bundle-{kind}")
-    return export_bundle(f"random:tiny-{kind}", out, log=lambda s: None)
+    out = tmp_path_factory.mktemp(f"bundle-{kind}-{precision}")
+    return export_bundle(f"random:tiny-{kind}", out, log=lambda s: None, precision=precision)
 
 
 @pytest.fixture(scope="session")
 def naflex_bundle(tmp_path_factory, cache_dir) -> Path:
     return _export("naflex", tmp_path_factory, cache_dir)
+
+
+@pytest.fixture(scope="session")
+def fp16_bundle(tmp_path_factory, cache_dir) -> Path:
+    """The tiny NaFlex model exported with ``--precision fp16`` (mixed-precision graphs)."""
+    return _export("naflex", tmp_path_factory, cache_dir, precision="fp16")
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,9 @@
 """A fake ``tensorrt`` module and numpy "device", to test the TensorRT backend's plumbing on CPU.
 
-It implements only the TensorRT 10 calls that engine/backends/tensorrt.py makes, with the
-signatures as documented; it cannot tell whether real TensorRT behaves as documented. Its
+It implements only the TensorRT calls that engine/backends/tensorrt.py makes, with the signatures
+as documented, and offers no name the real TensorRT 11.4 Python bindings lack
+(tests/test_trt_conformance.py checks it against the ``tensorrt-cu13-bindings`` wheel); it cannot
+tell whether real TensorRT behaves as documented. Its
 "engine" is the ONNX graph itself: the serialized plan holds the ONNX path, and the execution
 context runs it with ONNX Runtime CPU, so a TrtRunner over the fake gives real numbers and its
 batch splitting and output assembly are checked against ONNX Runtime.
@@ -16,32 +18,12 @@ import types
 import numpy as np
 
 
-class LayerType(enum.Enum):
-    NORMALIZATION = 1
-    SOFTMAX = 2
-    REDUCE = 3
-    ELEMENTWISE = 4
-    ACTIVATION = 5
-    MATRIX_MULTIPLY = 6
-    SHAPE = 7
-    CONSTANT = 8
-    UNARY = 9
-    OTHER = 10
+class BuilderFlag(enum.IntEnum):
+    TF32 = 3  # TensorRT 11 keeps TF32; FP16, BF16 and OBEY_PRECISION_CONSTRAINTS are gone
 
 
-_OP_TO_LAYER = {"LayerNormalization": LayerType.NORMALIZATION, "Softmax": LayerType.SOFTMAX,
-                "ReduceSum": LayerType.REDUCE, "ReduceMax": LayerType.REDUCE, "ReduceL2": LayerType.REDUCE,
-                "ReduceMean": LayerType.REDUCE, "Add": LayerType.ELEMENTWISE, "Mul": LayerType.ELEMENTWISE,
-                "Pow": LayerType.ELEMENTWISE, "Div": LayerType.ELEMENTWISE, "Tanh": LayerType.ACTIVATION,
-                "MatMul": LayerType.MATRIX_MULTIPLY, "Shape": LayerType.SHAPE, "Constant": LayerType.CONSTANT,
-                "Sqrt": LayerType.UNARY}
-
-
-class BuilderFlag(enum.Enum):
-    FP16 = 1
-    BF16 = 2
-    TF32 = 3
-    OBEY_PRECISION_CONSTRAINTS = 4
+class NetworkDefinitionCreationFlag(enum.IntEnum):
+    STRONGLY_TYPED = 1  # its value in TensorRT 10; 11.x binds the name (value not needed here)
 
 
 class MemoryPoolType(enum.Enum):
@@ -63,39 +45,16 @@ class Logger:
         self.level = level
 
 
-class _Tensor:
-    def __init__(self):
-        self.dtype = float32
-
-
-class _Layer:
-    def __init__(self, name, type_):
-        self.name, self.type = name, type_
-        self.precision = None
-        self._outs = [_Tensor()]
-        self.output_types = {}
-
-    @property
-    def num_outputs(self):
-        return len(self._outs)
-
-    def get_output(self, j):
-        return self._outs[j]
-
-    def set_output_type(self, j, dt):
-        self.output_types[j] = dt
-
-
 class _Network:
-    def __init__(self):
-        self.layers, self.onnx_path = [], None
+    """Holds what the parser read: the ONNX path and its node count (``num_layers``). No layer
+    access: strongly typed networks take every type from the graph, so the builder touches none."""
+
+    def __init__(self, flags):
+        self._flags, self._onnx_path, self._num_layers = flags, None, 0
 
     @property
     def num_layers(self):
-        return len(self.layers)
-
-    def get_layer(self, i):
-        return self.layers[i]
+        return self._num_layers
 
 
 class OnnxParser:
@@ -107,9 +66,8 @@ class OnnxParser:
         import onnx
 
         model = onnx.load(path, load_external_data=False)
-        self.network.onnx_path = path
-        for n in model.graph.node:
-            self.network.layers.append(_Layer(n.name, _OP_TO_LAYER.get(n.op_type, LayerType.OTHER)))
+        self.network._onnx_path = path
+        self.network._num_layers = len(model.graph.node)
         return True
 
     def get_error(self, i):
@@ -165,14 +123,11 @@ BUILDS: list[dict] = []  # what each build was asked for (tests read it)
 
 
 class Builder:
-    platform_has_fast_fp16 = True
-
     def __init__(self, logger):
         pass
 
     def create_network(self, flags):
-        assert flags == 0
-        return _Network()
+        return _Network(flags)
 
     def create_builder_config(self):
         return _Config()
@@ -183,12 +138,15 @@ class Builder:
     def build_serialized_network(self, network, config):
         if config.cache is not None:
             config.cache.builds += 1
-        BUILDS.append({"onnx": network.onnx_path, "flags": set(config.flags),
-                       "profiles": [p.shapes for p in config.profiles],
-                       "fp32_layers": {l.name for l in network.layers if l.precision == float32},
-                       "fp32_types": {l.type.name for l in network.layers if l.precision == float32},
+        import onnx
+
+        model = onnx.load(network._onnx_path, load_external_data=False)
+        dtypes = {onnx.TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer}
+        BUILDS.append({"onnx": network._onnx_path, "flags": set(config.flags),
+                       "strongly_typed": network._flags == 1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED),
+                       "initializer_dtypes": dtypes, "profiles": [p.shapes for p in config.profiles],
                        "cache_builds": config.cache.builds if config.cache else None})
-        return json.dumps({"onnx": network.onnx_path}).encode()
+        return json.dumps({"onnx": network._onnx_path}).encode()
 
 
 # ---------------------------------------------------------------- runtime (ONNX Runtime inside)
@@ -197,8 +155,12 @@ _MEMORY: dict[int, np.ndarray] = {}  # fake device address -> array
 
 
 def nptype(dt):
-    return {"float32": np.float32, "float16": np.float16, "bool": np.bool_, "int32": np.int32,
-            "int64": np.int64}[dt]
+    """As the real ``tensorrt.nptype`` (11.4 ``__init__.py``): no numpy type for bfloat16."""
+    mapping = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "int32": np.int32,
+               "int64": np.int64, "bool": np.bool_, "uint8": np.uint8}
+    if dt in mapping:
+        return mapping[dt]
+    raise TypeError("Could not resolve TensorRT datatype to an equivalent numpy datatype.")
 
 
 class _Engine:
@@ -222,8 +184,8 @@ class _Engine:
 
     def get_tensor_dtype(self, name):
         t = dict(self.inputs + self.outputs)[name]
-        return {"tensor(float)": "float32", "tensor(bool)": "bool", "tensor(int32)": "int32",
-                "tensor(int64)": "int64"}[t]
+        return {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
+                "tensor(bool)": "bool", "tensor(int32)": "int32", "tensor(int64)": "int64"}[t]
 
     def create_execution_context(self):
         self.contexts += 1
@@ -321,10 +283,18 @@ class NumpyDevice:
         return types.SimpleNamespace(ptr=0, synchronize=lambda: None)
 
 
-def make_module(version: str = "10.99.0") -> types.ModuleType:
+#: What the fake ``tensorrt`` module offers (each checked against the real 11.4 bindings by
+#: tests/test_trt_conformance.py, together with the classes below and their public members).
+MODULE_ATTRS = ("BuilderFlag", "NetworkDefinitionCreationFlag", "MemoryPoolType", "TensorIOMode", "Logger",
+                "OnnxParser", "Builder", "Runtime", "nptype", "float32", "float16", "bfloat16")
+#: Classes standing for TensorRT objects the project receives (builder config, network, engine,
+#: execution context, ...), whose public members must exist in the real bindings too.
+OBJECT_CLASSES = ("_Network", "_Profile", "_TimingCache", "_Config", "_Engine", "_Context")
+
+
+def make_module(version: str = "11.4.0.106") -> types.ModuleType:
     m = types.ModuleType("tensorrt")
-    for name in ("LayerType", "BuilderFlag", "MemoryPoolType", "TensorIOMode", "Logger", "OnnxParser",
-                 "Builder", "Runtime", "nptype", "float32", "float16", "bfloat16"):
+    for name in MODULE_ATTRS:
         setattr(m, name, globals()[name])
     m.__version__ = version
     return m

@@ -24,7 +24,7 @@ from masc_engine.engine.backends import trt_profiles as tp
 from masc_engine.engine.bundle import Bundle
 from masc_engine.errors import BackendUnavailableError, BundleError, EngineCompatibilityError, InputError, ProfileError
 
-INFO = {"tensorrt_version": "10.99.0", "gpu_name": "NVIDIA H200", "compute_capability": "9.0"}
+INFO = {"tensorrt_version": "11.4.0.106", "gpu_name": "NVIDIA H200", "compute_capability": "9.0"}
 
 
 @pytest.fixture
@@ -50,6 +50,13 @@ def fake_trt(monkeypatch, tmp_path):
 def bundle_copy(naflex_bundle, tmp_path):
     dst = tmp_path / "bundle"
     shutil.copytree(naflex_bundle, dst)
+    return dst
+
+
+@pytest.fixture
+def fp16_copy(fp16_bundle, tmp_path):
+    dst = tmp_path / "bundle16"
+    shutil.copytree(fp16_bundle, dst)
     return dst
 
 
@@ -81,8 +88,6 @@ def test_export_cli_fails_fast_without_tensorrt(tmp_path, no_tensorrt):
                                     "--precision", "fp16"])
     assert res.exit_code != 0 and "pip install tensorrt" in res.output
     assert not out.exists()  # refused before exporting anything
-    res = CliRunner().invoke(main, ["--out", str(out), "--precision", "fp16"])
-    assert res.exit_code == 2 and "--backend tensorrt" in res.output
     res = CliRunner().invoke(main, ["--out", str(out), "--engines-only"])
     assert res.exit_code == 2 and "--backend tensorrt" in res.output
 
@@ -140,48 +145,32 @@ def test_check_compatible_names_both_sides_and_the_rebuild_command(tmp_path):
         assert f"masc-export --out {tmp_path} --backend tensorrt --precision fp16 --engines-only" in msg
 
 
-def test_fp32_policy_on_the_exported_vision_graph(naflex_bundle):
-    import onnx
-
-    model = onnx.load(str(naflex_bundle / "vision.onnx"))
-    nodes = [(n.name, n.op_type, next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.fx_node"), ""))
-             for n in model.graph.node]
-    keep = tp.fp32_onnx_nodes(nodes)
-    ops = {op for name, op, _ in nodes if name in keep}
-    assert {"LayerNormalization", "Softmax", "Pow", "Tanh"} <= ops  # LN, softmax and tanh-GELU
-    assert "MatMul" not in ops
-    assert sum(op == "LayerNormalization" for _, op, _ in nodes) == 5  # opset >= 17: one node per LN
-    gelu_mul = [name for name, op, fx in nodes if op == "Mul" and "aten.gelu" in fx]
-    assert gelu_mul and all(n in keep for n in gelu_mul)
-    assert tp.layer_fp32_reason("LayerType.SOFTMAX", "anything", {}) == "softmax"
-    assert tp.layer_fp32_reason("LayerType.ELEMENTWISE", "node_Pow_49", {"node_Pow_49": "gelu"}) == "gelu"
-    assert tp.layer_fp32_reason("LayerType.ELEMENTWISE", "node_Pow_49/cast", {"node_Pow_49": "gelu"}) == "gelu"
-    assert tp.layer_fp32_reason("LayerType.ELEMENTWISE", "node_Pow_491", {"node_Pow_49": "gelu"}) is None
-    assert tp.layer_fp32_reason("LayerType.ELEMENTWISE", "node_ln_1", {"node_ln": "ln"}) is None
-    assert tp.layer_fp32_reason("LayerType.MATRIX_MULTIPLY", "node_MatMul_3", {}) is None
-
-
 # ------------------------------------------------------------------ plumbing against a fake TensorRT
 
 
-def test_build_load_and_run_with_a_fake_tensorrt(fake_trt, bundle_copy):
+def test_build_load_and_run_with_a_fake_tensorrt(fake_trt, fp16_copy):
     from masc_engine.cli.export_cmd import main
     from masc_engine.runtime.cp_device import GraphCP
     from masc_engine.export.validate import cp_validation_cases
 
-    res = CliRunner().invoke(main, ["--out", str(bundle_copy), "--backend", "tensorrt", "--precision", "fp16",
+    bundle_copy = fp16_copy
+    # Strongly typed: the engines' precision is the graphs'; fp32 engines from fp16 graphs are refused.
+    res = CliRunner().invoke(main, ["--out", str(bundle_copy), "--backend", "tensorrt", "--precision", "fp32",
+                                    "--engines-only"])
+    assert res.exit_code != 0 and "holds fp16 graphs" in res.output and "--precision fp32" in res.output
+    res = CliRunner().invoke(main, ["--out", str(bundle_copy), "--backend", "tensorrt",
                                     "--engines-only", "--max-batch", "2", "--max-outs-per-ref", "4"])
     assert res.exit_code == 0, res.output
     side = json.loads((bundle_copy / "tensorrt-fp16" / "engines.json").read_text())
     assert {k: side[k] for k in INFO} == INFO and side["precision"] == "fp16"
     assert set(side["engines"]) == {"vision", "pool", "text", "cp"}
     assert side["engines"]["vision"]["profiles"][0]["pixel_values"]["max"] == [2, 1024, 768]
+    manifest = json.loads((bundle_copy / "manifest.json").read_text())
+    assert side["precision_policy"] == manifest["precision"]["policy"] and side["precision_policy"]["version"] >= 1
     builds = {b["onnx"].rsplit("/", 1)[-1]: b for b in fake_tensorrt.BUILDS}
-    flags = {f.name for f in builds["vision.onnx"]["flags"]}
-    assert {"FP16", "OBEY_PRECISION_CONSTRAINTS"} <= flags
-    assert any("layer_norm" in n for n in builds["vision.onnx"]["fp32_layers"])
-    assert any("Pow" in n for n in builds["vision.onnx"]["fp32_layers"])
-    assert builds["cp.onnx"]["fp32_types"] == {"REDUCE"}  # L2 norms, max, masked mean; not the GEMM
+    for b in builds.values():  # strongly typed networks; TF32 cleared; no weak-typing flag exists to set
+        assert b["strongly_typed"] and b["flags"] == set()
+    assert "FLOAT16" in builds["vision.onnx"]["initializer_dtypes"]
     # One timing cache, reused: each build found the previous builds' entries.
     assert [b["cache_builds"] for b in fake_tensorrt.BUILDS] == [1, 2, 3, 4]
     assert (bundle_copy.parent / "cache" / "tensorrt").is_dir()
@@ -227,12 +216,20 @@ def test_build_load_and_run_with_a_fake_tensorrt(fake_trt, bundle_copy):
         b.runner("cp", backend="tensorrt", provider="cuda", precision="fp16")
 
 
-def test_fp32_engines_clear_tf32_and_pin_nothing(fake_trt, bundle_copy):
-    fake_trt.build_engines(bundle_copy, precision="fp32", graphs=["pool"], log=lambda s: None)
+def test_fp32_engines_clear_tf32_and_take_fp32_graphs(fake_trt, bundle_copy):
+    fake_trt.build_engines(bundle_copy, graphs=["pool"], log=lambda s: None)  # the bundle's precision: fp32
     (build,) = fake_tensorrt.BUILDS
-    assert not {f.name for f in build["flags"]} & {"TF32", "FP16", "BF16"} and not build["fp32_layers"]
+    assert build["strongly_typed"] and build["flags"] == set()  # TF32 cleared
+    assert build["initializer_dtypes"] == {"FLOAT"}
+    assert json.loads((bundle_copy / "tensorrt-fp32" / "engines.json").read_text())["precision"] == "fp32"
+    with pytest.raises(BundleError, match="holds fp32 graphs.*--precision bf16"):
+        fake_trt.build_engines(bundle_copy, precision="bf16", log=lambda s: None)
+    # A bf16 bundle on a GPU without bf16 (the manifest's mode is what build_engines reads).
+    m = json.loads((bundle_copy / "manifest.json").read_text())
+    m["precision"] = {"mode": "bf16"}
+    (bundle_copy / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(BackendUnavailableError, match="bf16 needs compute capability"):
         from masc_engine.engine.backends import tensorrt as trt_backend
 
         trt_backend._query_gpu = lambda device: ("Tesla T4", "7.5")  # restored by monkeypatch
-        fake_trt.build_engines(bundle_copy, precision="bf16", log=lambda s: None)
+        fake_trt.build_engines(bundle_copy, log=lambda s: None)

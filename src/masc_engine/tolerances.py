@@ -52,14 +52,21 @@ CP_HEAD_ATOL = 1e-6
 #: Measured max 8.9e-7 (D = 1152), 8.3e-7 (D = 768), 4.2e-7 (D = 64) over the same cases.
 CP_BEST_ATOL = 2e-6
 
-# Fidelity gates for reduced-precision engines (fp16 / bf16 TensorRT) against the fp32 path on
-# the same inputs (bench/fidelity_gates.py). These are acceptance thresholds set by the issue,
-# not measurements: a reduced-precision path must meet them over >= FIDELITY_MIN_PAIRS pairs.
+# Fidelity gates for reduced-precision bundles and engines (fp16 / bf16 graphs from
+# export/precision.py, TensorRT) against fp32 on the same inputs: at export (export/validate.py,
+# against PyTorch fp32) and at scale (bench/precision_fidelity.py, bench/fidelity_gates.py).
+# ACCEPTANCE THRESHOLDS set by issues 3 and 9, not measurements; what was measured against them is
+# in bench/results/precision_fidelity.json (README "Backends and support matrix").
 #: Per-pair max |Delta CP| and |Delta PF|.
 FIDELITY_MAX_ABS_DELTA = 2e-3
 #: Spearman correlation of CP (and of PF) between the two precisions, over all pairs.
 FIDELITY_MIN_SPEARMAN = 0.999
-#: Cosine between the two precisions' pooled (background) embeddings, per image.
+#: Cosine between the two precisions' pooled (background) embeddings, per image (also the text
+#: tower's pooled embedding, per prompt, at export).
 FIDELITY_MIN_EMBEDDING_COSINE = 0.9995
+#: Patch-token cosine (reduced precision vs PyTorch fp32, real patches only) at export: the median
+#: and the 0.1st percentile over the validation images' tokens (issue 9 acceptance thresholds).
+REDUCED_TOKEN_COSINE_MEDIAN = 0.999
+REDUCED_TOKEN_COSINE_P001 = 0.99
 #: Pairs needed for the gates to count.
 FIDELITY_MIN_PAIRS = 1000

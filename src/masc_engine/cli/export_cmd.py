@@ -22,10 +22,15 @@ import click
               help="onnx: the ONNX bundle only. tensorrt: also build TensorRT engines from its graphs "
                    "into OUT/tensorrt-<precision>/ (needs the tensorrt package and a CUDA GPU; "
                    "engines are specific to the GPU and TensorRT version that build them).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]), default="fp32", show_default=True,
-              help="TensorRT engine precision (bf16 needs compute capability >= 8.0; LayerNorm, softmax, "
-                   "reductions and GELU stay fp32), or int8: an ONNX bundle with int8 (dynamic) vision and "
-                   "text towers for CPU, kept only if it passes its gates against fp32 on --gate-pairs.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]), default=None,
+              help="Precision of the bundle's graphs (default fp32). fp16 / bf16: mixed-precision ONNX graphs "
+                   "(LayerNorm, softmax, GELU, reductions and casts stay fp32; inputs and outputs stay fp32), "
+                   "validated against PyTorch fp32 with the fp16 gates and refused with the figures if they "
+                   "fail; every backend runs them (bf16 needs a GPU: ONNX Runtime CPU has no bf16 kernels; "
+                   "TensorRT bf16 needs compute capability >= 8.0). With --backend tensorrt the engines are "
+                   "strongly typed from these graphs (--engines-only: default and only choice, the bundle's "
+                   "precision). int8: an ONNX bundle with int8 (dynamic) vision and text towers for CPU, kept "
+                   "only if it passes its gates against fp32 on --gate-pairs.")
 @click.option("--gate-pairs", type=click.Path(dir_okay=False, exists=True), default=None,
               help="int8: the pairs CSV the int8 bundle is gated on (e.g. the shared DreamBooth pairs).")
 @click.option("--fp32-bundle", type=click.Path(file_okay=False, exists=True), default=None,
@@ -56,8 +61,6 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
         _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle)
         return
 
-    if backend == "onnx" and precision != "fp32":
-        raise click.UsageError("the ONNX graphs are fp32; --precision fp16/bf16 applies to --backend tensorrt")
     if engines_only and backend != "tensorrt":
         raise click.UsageError("--engines-only builds TensorRT engines: add --backend tensorrt")
     if backend == "tensorrt":  # fail before a long export when TensorRT is missing
@@ -76,7 +79,8 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
                 f"masc-export needs the export extra ({e.name} is missing): pip install 'masc-engine[export]'"
             ) from e
         try:
-            export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=log)
+            export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=log,
+                          precision=precision or "fp32")
         except MascEngineError as e:
             raise click.ClickException(str(e)) from e
     if backend == "tensorrt":

@@ -44,6 +44,13 @@ class Bundle:
     def random_weights(self) -> bool:
         return bool(self.manifest["source"].get("random_weights"))
 
+    @property
+    def precision(self) -> str:
+        """The graphs' precision: ``fp32``, ``fp16`` or ``bf16`` (mixed-precision graphs from
+        ``masc-export --precision``), or ``int8-dynamic``; bundles written before it was recorded
+        are fp32."""
+        return str(self.manifest.get("precision", {}).get("mode", "fp32"))
+
     def file(self, name: str) -> Path:
         return self.path / name
 
@@ -61,8 +68,9 @@ class Bundle:
             backend: ``onnxruntime`` (the ONNX graphs; ``provider`` ``cpu`` or ``cuda``) or
                 ``tensorrt`` (the engine set ``tensorrt-<precision>/`` built by
                 ``masc-export --backend tensorrt``; ``provider`` must be ``cuda``).
-            precision: TensorRT only: ``fp32``, ``fp16`` or ``bf16`` (default: the only engine
-                set present). ONNX graphs are fp32.
+            precision: TensorRT: ``fp32``, ``fp16`` or ``bf16`` (default: the only engine set
+                present). ONNX Runtime: ``None`` or the bundle's own precision (:attr:`precision`;
+                the graphs carry it, their inputs and outputs stay float32).
 
         Raises:
             BackendUnavailableError: unknown backend, the provider or TensorRT is missing (never a
@@ -74,11 +82,20 @@ class Bundle:
         if backend == "onnxruntime":
             from .backends.onnxruntime import OrtRunner
 
-            if precision not in (None, "fp32"):
-                raise BackendUnavailableError(f"the ONNX graphs are fp32; precision {precision!r} needs "
-                                              "backend='tensorrt'")
-            return OrtRunner(self.file(entry["file"]), graph, provider=provider,
-                             intra_op_threads=intra_op_threads)
+            own = self.precision
+            if precision not in (None, own):
+                raise BackendUnavailableError(
+                    f"bundle {self.path} holds {own} graphs; for precision {precision!r} export a bundle with "
+                    f"masc-export --precision {precision} (the precision is in the graphs)")
+            if own == "bf16" and provider in ("cpu", "CPUExecutionProvider"):
+                # ONNX Runtime's CPU provider has no bf16 MatMul/Add/Mul/Tanh kernels (onnxruntime 1.32).
+                raise BackendUnavailableError(
+                    f"bundle {self.path} holds bf16 graphs, which ONNX Runtime's CPU provider cannot run (no bf16 "
+                    "kernels); use --provider cuda or --backend tensorrt on a GPU, or an fp16/fp32 bundle on CPU")
+            runner = OrtRunner(self.file(entry["file"]), graph, provider=provider,
+                               intra_op_threads=intra_op_threads)
+            runner.precision = own
+            return runner
         if backend == "tensorrt":
             from .backends.tensorrt import load_runner  # lazy: tensorrt is optional
 

@@ -16,7 +16,9 @@ import shutil
 import time
 from pathlib import Path
 
-from ..errors import MascEngineError
+from typing import Sequence
+
+from ..errors import BundleError, MascEngineError
 from ..engine.manifest import write_manifest
 from .random_models import PRESETS, build_random_checkpoint, is_random_model_id
 
@@ -169,27 +171,90 @@ def _versions() -> dict:
 
 
 def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None = None,
-                  revision: str | None = None, validate: bool = True, log=print) -> Path:
+                  revision: str | None = None, validate: bool = True, log=print, precision: str = "fp32",
+                  transforms: Sequence | None = None) -> Path:
     """Export ``model`` to a bundle in ``out_dir`` and validate it.
+
+    The bundle is written to a staging directory beside ``out_dir`` and renamed into place only
+    when every graph passed its gates, so a failed export leaves no half-written bundle.
 
     Args:
         model: Hugging Face id (``google/siglip2-so400m-patch16-naflex``), short name
             (``siglip2-so400m``), local checkpoint directory, or ``random:<preset>``.
-        out_dir: bundle directory (created; existing graph files are overwritten).
+        out_dir: bundle directory; must not exist, be empty, or hold a bundle (which is replaced).
         max_num_patches: NaFlex patch budget (default 1024, the paper's).
         revision: Hub revision to pin.
-        validate: run the post-export validation (on by default; the manifest records it).
+        validate: run the post-export validation (on by default; the manifest records it;
+            required for fp16 / bf16).
+        precision: ``fp32``, or ``fp16`` / ``bf16``: mixed-precision graphs (export/precision.py)
+            validated with the reduced-precision gates of :mod:`masc_engine.tolerances`.
+        transforms: further export/transforms.py :class:`~.transforms.GraphTransform` s, run in
+            order after the precision transform, each validated and recorded in the manifest.
 
     Raises:
         CheckpointError: the checkpoint cannot be loaded or is not SigLIP2.
-        ExportValidationError: a graph disagrees with PyTorch beyond tolerance.
+        ExportValidationError: a graph disagrees with PyTorch beyond its gates (for fp16 / bf16
+            the message gives the figures and suggests fp32); nothing is left at ``out_dir``.
+        BundleError: ``out_dir`` is a non-empty directory that is not a bundle.
     """
+    from .precision import PRECISIONS
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision != "fp32" and not validate:
+        raise ValueError(f"{precision} bundles are kept only if they pass their gates: validate=True")
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "manifest.json").is_file())):
+        raise BundleError(f"{out} exists and is not an empty directory or a bundle; choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    try:
+        _export_into(stage, model, max_num_patches, revision, validate, log, precision, list(transforms or []))
+        if out.exists():
+            old = out.with_name(f".{out.name}.{os.getpid()}.old")
+            out.rename(old)
+            stage.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            stage.rename(out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    log(f"bundle written: {out} ({precision})")
+    return out
+
+
+def _bundle_files(d: Path, graphs: dict) -> list[str]:
+    files = {"tokenizer.json"}
+    for entry in graphs.values():
+        files.add(entry["file"])
+        files.update(v["file"] for v in entry.get("variants", {}).values())
+    files.update(p.name for p in d.iterdir() if p.suffix == ".data")  # external weights (so400m)
+    return sorted(files)
+
+
+def _linked_copy(src: Path, dst: Path, names: Sequence[str]) -> Path:
+    """``dst`` holding hard links to ``src``'s files (the fp32 reference while the stage's graphs
+    are replaced: a replaced file gets a new inode, the link keeps the old one)."""
+    dst.mkdir()
+    for name in names:
+        try:
+            os.link(src / name, dst / name)
+        except OSError:
+            shutil.copy2(src / name, dst / name)
+    return dst
+
+
+def _export_into(out: Path, model: str, max_num_patches, revision, validate: bool, log, precision: str,
+                 transforms: list) -> None:
     import torch
 
     from . import cp_head, graphs, validate as val
+    from .precision import PrecisionTransform, emulated_bf16_file, policy
+    from .transforms import run_transforms
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     m, processor, source = _load(model, revision)
     image = image_settings_from_processor(m, processor, max_num_patches)
@@ -211,11 +276,10 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     for spec in specs:
         t = time.time()
         graphs.export_graph(spec, out / spec.file, opset=OPSET)
-        log(f"exported {spec.name} -> {out / spec.file} ({time.time() - t:.1f}s)")
+        log(f"exported {spec.name} -> {spec.file} ({time.time() - t:.1f}s)")
     if validate:
         report = val.validate_bundle_graphs(out, m, processor, image, text, log=log)
-    files = ["tokenizer.json"] + [s.file for s in specs]
-    files += [p.name for p in out.iterdir() if p.suffix == ".data"]  # external weights (so400m)
+    graph_entries = {s.name: s.manifest_entry() for s in specs}
     manifest = {
         "source": source,
         "architecture": {"model_type": m.config.model_type, "vision_width": width,
@@ -229,16 +293,67 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
                     "pf_hides": "output patches with weight >= fg_threshold, and padding slots",
                     "mask_downsample": "bilinear, align_corners=False, no antialias, clamp [0, 1]",
                     "reference": "masc-metric 0.3.0"},
-        "graphs": {s.name: s.manifest_entry() for s in specs},
+        "graphs": graph_entries,
         "validation": report,
+        "precision": {"mode": "fp32"},
+        "transforms": [],
         "versions": _versions(),
-        "files": files,
+        "files": _bundle_files(out, graph_entries),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "export_seconds": round(time.time() - t0, 1),
     }
+    if precision != "fp32":
+        transforms = [PrecisionTransform(precision)] + transforms
+    if transforms:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.fp32ref.") as tmp:
+            fp32_ref = _linked_copy(out, Path(tmp) / "fp32", manifest["files"])
+            write_manifest(fp32_ref, manifest)
+            check = ((lambda g, path, gates: val.validate_graph(g, path, out, m, processor, image, text, gates))
+                     if validate else (lambda g, path, gates: {"skipped": True}))
+            records = run_transforms(out, graph_entries, transforms, check, log=log)
+            _drop_unreferenced_data(out, graph_entries)
+            manifest["transforms"] = records
+            manifest["files"] = _bundle_files(out, graph_entries)
+            if precision != "fp32":
+                write_manifest(out, manifest)
+                scored = out
+                if precision == "bf16":  # no bf16 kernels on ORT CPU: score the emulated graphs
+                    scored = _linked_copy(out, Path(tmp) / "bf16emu", ["tokenizer.json"])
+                    for e in graph_entries.values():
+                        emulated_bf16_file(out / e["file"], scored / e["file"])
+                    plain = {g: {k: v for k, v in e.items() if k != "variants"} for g, e in graph_entries.items()}
+                    write_manifest(scored, {**manifest, "graphs": plain,
+                                            "files": ["tokenizer.json"] + [e["file"] for e in plain.values()]})
+                pair_report = val.validate_pairs(fp32_ref, scored, precision)
+                log(f"{precision} pair gates: max |dCP| {pair_report['max_abs_dcp']:.2e}, max |dPF| "
+                    f"{pair_report['max_abs_dpf']:.2e} over {pair_report['pairs']} pairs")
+                manifest["precision"] = {
+                    "mode": precision, "graphs": list(transforms[0].graphs), "policy": policy(),
+                    "pair_gates": pair_report,
+                    "validated_on": "ONNX Runtime CPU" + (", bf16 emulated (export/precision.py emulate_bf16)"
+                                                          if precision == "bf16" else ""),
+                }
+    manifest["export_seconds"] = round(time.time() - t0, 1)
     write_manifest(out, manifest)
-    log(f"bundle written: {out} (manifest.json, {len(files)} files)")
-    return out
+
+
+def _drop_unreferenced_data(out: Path, graph_entries: dict) -> None:
+    """Remove external-weight files no graph of the bundle references any more (a replaced
+    so400m fp32 graph's ``.data``)."""
+    import onnx
+
+    used = set()
+    for name in _bundle_files(out, graph_entries):
+        if name.endswith(".onnx"):
+            model = onnx.load(str(out / name), load_external_data=False)
+            for t in model.graph.initializer:
+                for kv in t.external_data:
+                    if kv.key == "location":
+                        used.add(kv.value)
+    for p in out.iterdir():
+        if p.suffix == ".data" and p.name not in used:
+            p.unlink()
 
 
 def dumps_report(report: dict) -> str:

@@ -21,7 +21,12 @@ from ..runtime.position import position_weights
 from ..runtime.preprocess import ImageSettings, preprocess_image
 from ..runtime.text import PromptTokenizer, TextSettings
 from ..runtime.heads import best_match_cosines, masked_maxcos
-from ..tolerances import CP_BEST_ATOL, CP_HEAD_ATOL, EXPORT_VALIDATION_ATOL
+from ..tolerances import (CP_BEST_ATOL, CP_HEAD_ATOL, EXPORT_VALIDATION_ATOL, FIDELITY_MAX_ABS_DELTA,
+                          FIDELITY_MIN_EMBEDDING_COSINE, REDUCED_TOKEN_COSINE_MEDIAN, REDUCED_TOKEN_COSINE_P001)
+
+#: Reduced-precision graphs (export/precision.py) are checked with the ``fp16`` / ``bf16`` gates
+#: instead of ``EXPORT_VALIDATION_ATOL``: cosines of patch tokens and pooled embeddings, |dCP|.
+REDUCED_GATES = ("fp16", "bf16")
 
 
 def error_stats(actual: np.ndarray, expected: np.ndarray) -> dict:
@@ -44,6 +49,52 @@ def _check(name: str, cases: list[dict], atol: float = EXPORT_VALIDATION_ATOL,
     return report
 
 
+def row_cosines(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """Cosine per row (last axis) of two ``[..., D]`` arrays, in float64."""
+    a = np.asarray(actual, np.float64).reshape(-1, np.shape(actual)[-1])
+    b = np.asarray(expected, np.float64).reshape(-1, np.shape(expected)[-1])
+    den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return (a * b).sum(axis=1) / np.where(den > 0, den, 1.0)
+
+
+def cosine_stats(actual: np.ndarray, expected: np.ndarray) -> dict:
+    """Reduced-precision figures for ``[..., D]`` outputs: row cosines (min, 0.1st percentile,
+    median), the absolute errors of :func:`error_stats`, and whether every value is finite."""
+    cos = row_cosines(actual, expected)
+    finite = bool(np.isfinite(actual).all())
+    return {**error_stats(actual, expected), "all_finite": finite, "rows": int(cos.size),
+            "cos_min": float(cos.min()) if finite else float("nan"),
+            "cos_p001": float(np.quantile(cos, 0.001)) if finite else float("nan"),
+            "cos_median": float(np.median(cos)) if finite else float("nan")}
+
+
+def _check_reduced(name: str, cases: list[dict], gates: str, rule: str) -> dict:
+    """Gate reduced-precision ``cases`` (from :func:`cosine_stats`).
+
+    ``rule``: ``"tokens"`` (patch tokens: median >= ``REDUCED_TOKEN_COSINE_MEDIAN`` and 0.1st
+    percentile >= ``REDUCED_TOKEN_COSINE_P001``) or ``"embedding"`` (every row's cosine >=
+    ``FIDELITY_MIN_EMBEDDING_COSINE``). Non-finite values always fail.
+    """
+    finite = all(c["all_finite"] for c in cases)
+    if rule == "tokens":
+        median, p001 = min(c["cos_median"] for c in cases), min(c["cos_p001"] for c in cases)
+        figures = {"cos_median": median, "cos_p001": p001}
+        ok = finite and median >= REDUCED_TOKEN_COSINE_MEDIAN and p001 >= REDUCED_TOKEN_COSINE_P001
+        bounds = f"median >= {REDUCED_TOKEN_COSINE_MEDIAN}, 0.1st percentile >= {REDUCED_TOKEN_COSINE_P001}"
+    else:
+        figures = {"cos_min": min(c["cos_min"] for c in cases)}
+        ok = finite and figures["cos_min"] >= FIDELITY_MIN_EMBEDDING_COSINE
+        bounds = f"min >= {FIDELITY_MIN_EMBEDDING_COSINE}"
+    report = {"gates": gates, "rule": rule, **figures, "all_finite": finite,
+              "max_abs": max(c["max_abs"] for c in cases), "cases": cases}
+    if not ok:
+        shown = ", ".join(f"{k} {v:.6f}" for k, v in figures.items())
+        raise ExportValidationError(
+            f"{gates} graph {name!r} fails its gates against PyTorch fp32: cosine {shown} ({bounds})"
+            + ("" if finite else "; non-finite outputs") + ". Export with --precision fp32 instead.", report)
+    return report
+
+
 def synthetic_image(height: int, width: int, seed: int) -> Image.Image:
     """A deterministic RGB test image with structure at several scales (not just noise)."""
     rng = np.random.default_rng(seed)
@@ -58,7 +109,7 @@ def synthetic_image(height: int, width: int, seed: int) -> Image.Image:
 VALIDATION_SIZES = [(224, 288), (480, 160), (37, 41), (512, 512)]
 
 
-def validate_vision(runner, model, processor, image: dict) -> dict:
+def validate_vision(runner, model, processor, image: dict, gates: str = "fp32") -> dict:
     import torch
 
     s = ImageSettings.from_manifest(image)
@@ -82,21 +133,27 @@ def validate_vision(runner, model, processor, image: dict) -> dict:
             got = runner.run(feeds)["last_hidden_state"]
             # Padding slots are hidden from every later step; compare the real patches.
             valid = feeds["pixel_attention_mask"].astype(bool)
-            stats = error_stats(got[valid], ref[valid])
+            stats = _stats(got[valid], ref[valid], gates)
             stats["grids"] = [list(p.spatial_shape) for p in pre]
         else:
             ref_in = processor.image_processor(images=imgs, return_tensors="pt")
             with torch.no_grad():
                 ref = vm(pixel_values=ref_in["pixel_values"]).last_hidden_state.numpy()
             got = runner.run({"pixel_values": np.stack([p.pixel_values for p in pre])})["last_hidden_state"]
-            stats = error_stats(got, ref)
+            stats = _stats(got, ref, gates)
         stats["pixel_values"] = error_stats(
             np.stack([p.pixel_values for p in pre]), ref_in["pixel_values"].numpy())["max_abs"]
         cases.append(stats)
+    if gates in REDUCED_GATES:
+        return _check_reduced("vision", cases, gates, "tokens")
     return _check("vision", cases)
 
 
-def validate_pool(runner, model) -> dict:
+def _stats(got, ref, gates: str) -> dict:
+    return cosine_stats(got, ref) if gates in REDUCED_GATES else error_stats(got, ref)
+
+
+def validate_pool(runner, model, gates: str = "fp32") -> dict:
     import torch
 
     head = model.vision_model.head
@@ -113,11 +170,13 @@ def validate_pool(runner, model) -> dict:
             att = head.attention(probe, x, x, key_padding_mask=torch.from_numpy(kpm))[0]
             ref = (att + head.mlp(head.layernorm(att)))[:, 0].numpy()
         got = runner.run({"hidden": hidden, "key_padding_mask": kpm})["pooled"]
-        cases.append(error_stats(got, ref))
+        cases.append(_stats(got, ref, gates))
+    if gates in REDUCED_GATES:
+        return _check_reduced("pool", cases, gates, "embedding")
     return _check("pool", cases)
 
 
-def validate_text(runner, model, processor, text: dict, bundle_dir: Path) -> dict:
+def validate_text(runner, model, processor, text: dict, bundle_dir: Path, gates: str = "fp32") -> dict:
     import torch
 
     prompts = ["a dog on the beach", "A CAT wearing pink glasses", "",
@@ -137,8 +196,8 @@ def validate_text(runner, model, processor, text: dict, bundle_dir: Path) -> dic
         with torch.no_grad():
             ref = model.text_model(input_ids=torch.from_numpy(ids[sel])).pooler_output.numpy()
         got = runner.run({"input_ids": ids[sel]})["text_embeds"]
-        cases.append(error_stats(got, ref))
-    report = _check("text", cases)
+        cases.append(_stats(got, ref, gates))
+    report = _check_reduced("text", cases, gates, "embedding") if gates in REDUCED_GATES else _check("text", cases)
     report["token_ids_equal"] = len(prompts)
     return report
 
@@ -187,14 +246,19 @@ def cp_validation_cases(width: int, seed: int = 5) -> list[dict]:
     return cases
 
 
-def validate_cp(runner, width: int) -> dict:
+def validate_cp(runner, width: int, gates: str = "fp32") -> dict:
     """The ``cp`` graph against the numpy head (runtime/heads.py ``masked_maxcos``).
 
     Checks per pair |Delta cp| (within ``tolerances.CP_HEAD_ATOL``), |Delta best| on every
     reference patch (0 where unkept; within ``tolerances.CP_BEST_ATOL``), ``n_keep`` (exact), and
     that a reference with no kept patch yields a finite cp (0). The report's ``max_abs`` is the cp
     error; a ``best`` or ``n_keep`` error past its own bound, or a non-finite output, fails too.
+    With ``fp16`` / ``bf16`` gates the cp bound is ``FIDELITY_MAX_ABS_DELTA`` (2e-3) and ``best``
+    is reported, not gated (its per-patch error is what the cp bound averages).
     """
+    reduced = gates in REDUCED_GATES
+    cp_atol = FIDELITY_MAX_ABS_DELTA if reduced else CP_HEAD_ATOL
+    best_atol = float("inf") if reduced else CP_BEST_ATOL
     cases = []
     for case in cp_validation_cases(width):
         res = runner.run(case["feeds"])
@@ -210,22 +274,117 @@ def validate_cp(runner, width: int) -> dict:
         n_keep_err = float(np.abs(res["n_keep"] - np.asarray(case["n_keep"], np.float32)).max())
         shape = list(case["feeds"]["out_tokens"].shape)
         finite = bool(all(np.isfinite(v).all() for v in res.values()))
-        ok = finite and max(d_best) <= CP_BEST_ATOL and n_keep_err == 0
+        ok = finite and max(d_best) <= best_atol and n_keep_err == 0
         cases.append({"max_abs": max(d_cp) if ok else float("inf"), "best_max_abs": max(d_best),
-                      "best_atol": CP_BEST_ATOL, "n_keep_max_abs": n_keep_err, "all_finite": finite,
+                      "best_atol": best_atol, "n_keep_max_abs": n_keep_err, "all_finite": finite,
                       "shape": shape, "pairs": len(case["pairs"])})
-    return _check("cp", cases, atol=CP_HEAD_ATOL, against="the numpy head (runtime/heads.py)")
+    against = "the numpy head (runtime/heads.py)"
+    if reduced:
+        against += f" with the {gates} gates (export with --precision fp32 instead)"
+    report = _check("cp", cases, atol=cp_atol, against=against)
+    report["gates"] = gates
+    return report
+
+
+def validate_graph(graph: str, path: Path, bundle_dir: Path, model, processor, image: dict, text: dict,
+                   gates: str = "fp32") -> dict:
+    """Check one ONNX file of the bundle against PyTorch (the numpy head for ``cp``) with ``gates``
+    (``fp32``: ``EXPORT_VALIDATION_ATOL``; ``fp16`` / ``bf16``: the reduced-precision gates).
+
+    bf16 graphs run emulated on ONNX Runtime CPU, which has no bf16 kernels
+    (export/precision.py :func:`~masc_engine.export.precision.emulate_bf16`); the report says so.
+
+    Raises:
+        ExportValidationError: a gate fails (the report is attached).
+        ValueError: an unknown graph name.
+    """
+    import tempfile
+
+    path = Path(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        run_path = path
+        if gates == "bf16":
+            from .precision import emulated_bf16_file
+
+            run_path = emulated_bf16_file(path, Path(tmp) / path.name)
+        runner = OrtRunner(run_path, graph)
+        if graph == "vision":
+            report = validate_vision(runner, model, processor, image, gates)
+        elif graph == "pool":
+            report = validate_pool(runner, model, gates)
+        elif graph == "text":
+            report = validate_text(runner, model, processor, text, bundle_dir, gates)
+        elif graph == "cp":
+            report = validate_cp(runner, int(model.vision_model.config.hidden_size), gates)
+        else:
+            raise ValueError(f"no validation for graph {graph!r}")
+    if gates == "bf16":
+        report["bf16_emulated"] = ("ONNX Runtime CPU has no bf16 kernels: ran the graph with float32 ops and every "
+                                   "bfloat16 tensor rounded to bfloat16 where produced (export/precision.py)")
+    return report
 
 
 def validate_bundle_graphs(bundle_dir: Path, model, processor, image: dict, text: dict, log=print) -> dict:
-    """Run every check; return ``{graph: report}`` or raise :class:`ExportValidationError`."""
+    """Run every fp32 check; return ``{graph: report}`` or raise :class:`ExportValidationError`."""
     bundle_dir = Path(bundle_dir)
-    report = {
-        "vision": validate_vision(OrtRunner(bundle_dir / "vision.onnx", "vision"), model, processor, image),
-        "pool": validate_pool(OrtRunner(bundle_dir / "pool.onnx", "pool"), model),
-        "text": validate_text(OrtRunner(bundle_dir / "text.onnx", "text"), model, processor, text, bundle_dir),
-        "cp": validate_cp(OrtRunner(bundle_dir / "cp.onnx", "cp"), int(model.vision_model.config.hidden_size)),
-    }
+    report = {g: validate_graph(g, bundle_dir / f"{g}.onnx", bundle_dir, model, processor, image, text)
+              for g in ("vision", "pool", "text", "cp")}
     for k, v in report.items():
         log(f"validated {k}: max |error| {v['max_abs']:.2e} (atol {v['atol']:g}) over {len(v['cases'])} cases")
+    return report
+
+
+def validation_pairs(n: int = 6, seed: int = 11) -> list:
+    """Synthetic pairs of odd sizes for the reduced-precision pair gate: ``[Pair]`` with elliptic
+    foreground masks (about 35% of the image) and prompts naming the subject."""
+    from ..runtime.scorer import Pair
+
+    sizes = [(224, 288), (480, 160), (333, 517), (512, 512), (97, 203), (640, 427), (300, 301), (181, 777)]
+    prompts = [("a photo of a dog on the beach", "dog"), ("a red backpack in the snow", "backpack"),
+               ("a cat wearing sunglasses", "cat")]
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for i in range(n):
+        (h1, w1), (h2, w2) = sizes[i % len(sizes)], sizes[(i + 3) % len(sizes)]
+        ref, out = synthetic_image(h1, w1, seed + 2 * i), synthetic_image(h2, w2, seed + 2 * i + 1)
+        masks = []
+        for h, w in ((h1, w1), (h2, w2)):
+            cy, cx = rng.uniform(0.35, 0.65) * h, rng.uniform(0.35, 0.65) * w
+            yy, xx = np.mgrid[0:h, 0:w]
+            masks.append(((((yy - cy) / (0.36 * h)) ** 2 + ((xx - cx) / (0.3 * w)) ** 2) <= 1).astype(np.uint8) * 255)
+        prompt, name = prompts[i % len(prompts)]
+        pairs.append(Pair(ref, masks[0], out, masks[1], prompt, name))
+    return pairs
+
+
+def validate_pairs(fp32_bundle: Path, reduced_bundle: Path, gates: str, pairs=None) -> dict:
+    """The per-pair gate of a reduced-precision bundle: |dCP| and |dPF| <= ``FIDELITY_MAX_ABS_DELTA``
+    against the same export's fp32 graphs (themselves validated against PyTorch just before), on
+    :func:`validation_pairs`; every score finite where fp32's is.
+
+    Raises:
+        ExportValidationError: with the figures and the suggestion to export fp32.
+    """
+    import warnings
+
+    from ..runtime.scorer import Scorer
+
+    pairs = validation_pairs() if pairs is None else pairs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = Scorer(fp32_bundle).score_batch(pairs)
+        got = Scorer(reduced_bundle).score_batch(pairs)
+    cp32, pf32 = np.array([r.cp for r in ref]), np.array([r.pf for r in ref])
+    cpx, pfx = np.array([r.cp for r in got]), np.array([r.pf for r in got])
+    finite = bool(np.array_equal(np.isfinite(cp32), np.isfinite(cpx)) and np.array_equal(np.isfinite(pf32), np.isfinite(pfx)))
+    d_cp = float(np.nanmax(np.abs(cpx - cp32))) if np.isfinite(cp32).any() else 0.0
+    d_pf = float(np.nanmax(np.abs(pfx - pf32))) if np.isfinite(pf32).any() else 0.0
+    report = {"gates": gates, "pairs": len(pairs), "max_abs_dcp": d_cp, "max_abs_dpf": d_pf,
+              "atol": FIDELITY_MAX_ABS_DELTA, "finite_where_fp32_finite": finite,
+              "against": "this export's fp32 graphs (validated against PyTorch above)"}
+    if not (finite and d_cp <= FIDELITY_MAX_ABS_DELTA and d_pf <= FIDELITY_MAX_ABS_DELTA):
+        raise ExportValidationError(
+            f"{gates} bundle fails its pair gates: max |dCP| {d_cp:.2e}, max |dPF| {d_pf:.2e} over {len(pairs)} "
+            f"pairs (gate {FIDELITY_MAX_ABS_DELTA:g})" + ("" if finite else "; non-finite scores")
+            + ". Export with --precision fp32 instead.", report)
     return report

@@ -2,8 +2,9 @@
 
 UNVERIFIED: no TensorRT and no GPU were available to the session that wrote this module. Every
 function below that touches ``tensorrt``, CUDA, CuPy or a GPU is marked "unverified" and has never
-been run; it follows the TensorRT 10 Python API as documented (``build_serialized_network``,
-``execute_async_v3``, named I/O tensors). The shape planning, engine-compatibility checks and
+been run; it follows the TensorRT 10/11 Python API as documented (``build_serialized_network``,
+``execute_async_v3``, named I/O tensors) and uses only names the real TensorRT 11.4 bindings have
+(tests/test_trt_conformance.py reads them from the ``tensorrt-cu13-bindings`` wheel). The shape planning, engine-compatibility checks and
 precision policy it relies on are pure functions in :mod:`.trt_profiles`, tested on CPU.
 
 ``tensorrt`` is imported lazily: importing masc_engine never needs it, and asking for the
@@ -15,9 +16,11 @@ Engine set layout (beside the ONNX bundle, which stays unchanged)::
                                                  precision, profiles, sha256 of engines and ONNX
     <bundle>/tensorrt-<precision>/<graph>.engine serialized engines (vision, pool, text, cp)
 
-Precision: ``fp16``/``bf16`` engines keep LayerNorm, softmax, reductions (incl. the CP head's L2
-norms and masked mean) and the tanh-GELU decomposition in fp32 via layer precision constraints
-(``OBEY_PRECISION_CONSTRAINTS``); ``fp32`` engines clear TF32. Graph inputs and outputs stay float32.
+Precision: strongly typed networks (TensorRT 11 has no other kind): an engine's precision is its
+ONNX graph's. ``fp16``/``bf16`` engines are built from an fp16/bf16 bundle (``masc-export
+--precision``), whose graphs keep LayerNorm, softmax, reductions (incl. the CP head's L2 norms and
+masked mean) and the tanh-GELU decomposition in fp32 (export/precision.py); TF32 is cleared, so
+float32 tensors compute in fp32. Graph inputs and outputs stay float32.
 The attention masks are finite (``graphs.MASK_VALUE`` = -30000, representable in fp16; the CP head
 uses ``Where`` with -4), so a fully masked row cannot become NaN.
 """
@@ -33,9 +36,14 @@ from typing import Callable
 
 import numpy as np
 
-from ...errors import BackendUnavailableError, EngineCompatibilityError
+from ...errors import BackendUnavailableError, EngineCompatibilityError, MascEngineError
 from ..device import CupyDevice
 from . import trt_profiles as tp
+
+class TensorRTCallError(MascEngineError):
+    """A TensorRT call that reports failure by its return value returned False (the message names
+    the call, the tensor and the shape)."""
+
 
 INSTALL_HINT = ("the TensorRT backend needs NVIDIA TensorRT's Python package and a CUDA GPU: "
                 "pip install tensorrt (or tensorrt-cu12 matching your CUDA), plus cupy-cuda12x "
@@ -129,37 +137,40 @@ def default_timing_cache(info: dict) -> Path:
 # --------------------------------------------------------------------------- builder
 
 
-def _fp32_nodes(onnx_path: Path) -> dict[str, str]:
-    """ONNX nodes to keep in fp32 (see :func:`trt_profiles.fp32_onnx_nodes`); needs ``onnx``,
-    else only TensorRT layer types decide (LayerNorm, softmax, reductions)."""
-    try:
-        import onnx
-    except ImportError:
-        return {}
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    nodes = []
-    for n in model.graph.node:
-        fx = next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
-        nodes.append((n.name, n.op_type, fx))
-    return tp.fp32_onnx_nodes(nodes)
+def network_flags(trt) -> int:
+    """Creation flags for a strongly typed network: ``1 << STRONGLY_TYPED`` where the flag exists
+    (TensorRT 10.x and the 11.4 bindings both bind ``NetworkDefinitionCreationFlag.STRONGLY_TYPED``;
+    on 11.x strong typing is the only mode), else 0."""
+    flag = getattr(getattr(trt, "NetworkDefinitionCreationFlag", None), "STRONGLY_TYPED", None)
+    return 0 if flag is None else 1 << int(flag)
 
 
 def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
                  profiles: list[dict[str, dict[str, list[int]]]], timing_cache: str | Path | None = None,
                  workspace_gib: float = 8.0, log: Callable[[str], None] = print) -> dict:
-    """Build one serialized engine from an ONNX graph.
+    """Build one serialized engine from an ONNX graph, as a strongly typed network.
 
     unverified: no TensorRT/GPU was available to this session; never run.
+
+    Every tensor's type comes from the graph (TensorRT 11 removed the weak-typing builder flags and
+    per-layer precision and output-type settings): an fp16 / bf16 engine is built from the
+    mixed-precision graph of an fp16 / bf16 bundle (export/precision.py), whose fp32 islands
+    (LayerNorm, softmax, GELU, reductions) are already in the graph. TF32 is cleared, so float32
+    tensors (fp32 engines, and the islands) compute in fp32.
 
     Args:
         onnx_path: the graph (external weights beside it are found by the parser).
         engine_path: where to write the serialized engine.
-        precision: ``fp32``, ``fp16`` or ``bf16``.
+        precision: ``fp32``, ``fp16`` or ``bf16``: the graph's precision (checked by the caller).
         profiles: one or more ``{input: {"min", "opt", "max"}}`` (:func:`trt_profiles.profile_shapes`).
         timing_cache: file read before and written after the build (created when missing).
 
     Returns:
-        build facts for the sidecar: ``fp32_layers`` (count), ``layers``, ``seconds``, ``sha256``.
+        build facts for the sidecar: ``layers``, ``seconds``, ``sha256``, ``strongly_typed``.
+
+    Raises:
+        BackendUnavailableError: the graph does not parse or the build fails.
+        TensorRTCallError: TensorRT refused the timing cache.
     """
     trt = import_tensorrt()
     if precision not in tp.PRECISIONS:
@@ -167,36 +178,16 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
     t0 = time.time()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
+    network = builder.create_network(network_flags(trt))
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise BackendUnavailableError(f"TensorRT could not parse {onnx_path}: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * (1 << 30)))
-    if precision == "fp32":
-        config.clear_flag(trt.BuilderFlag.TF32)  # fp32 engines are the fidelity reference
-    else:
-        if precision == "fp16" and not builder.platform_has_fast_fp16:
-            raise BackendUnavailableError("this GPU has no fast fp16; build --precision fp32")
-        config.set_flag(trt.BuilderFlag.FP16 if precision == "fp16" else trt.BuilderFlag.BF16)
-        config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
-    fp32_nodes = _fp32_nodes(Path(onnx_path)) if precision != "fp32" else {}
-    n_fp32 = 0
-    if precision != "fp32":
-        for i in range(network.num_layers):
-            layer = network.get_layer(i)
-            reason = tp.layer_fp32_reason(str(layer.type), layer.name, fp32_nodes)
-            if reason is None:
-                continue
-            # Shape, constant and boolean layers have no float precision to set.
-            if layer.type in (trt.LayerType.SHAPE, trt.LayerType.CONSTANT):
-                continue
-            layer.precision = trt.float32
-            for j in range(layer.num_outputs):
-                if layer.get_output(j).dtype in (trt.float16, trt.bfloat16, trt.float32):
-                    layer.set_output_type(j, trt.float32)
-            n_fp32 += 1
+    # float32 tensors compute in fp32: fp32 engines are the fidelity reference, and the islands of
+    # reduced-precision graphs exist for accuracy.
+    config.clear_flag(trt.BuilderFlag.TF32)
     for shapes in profiles:
         profile = builder.create_optimization_profile()
         for name, s in shapes.items():
@@ -207,7 +198,9 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
         timing_cache = Path(timing_cache)
         blob = timing_cache.read_bytes() if timing_cache.is_file() else b""
         cache = config.create_timing_cache(blob)
-        config.set_timing_cache(cache, ignore_mismatch=False)
+        if not config.set_timing_cache(cache, ignore_mismatch=False):
+            raise TensorRTCallError(f"TensorRT refused the timing cache {timing_cache} (another TensorRT version "
+                                    "or GPU?); delete it or pass --timing-cache with a new path")
     plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise BackendUnavailableError(f"TensorRT failed to build an engine from {onnx_path} (see its log above)")
@@ -221,30 +214,44 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
         tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
         tmp.replace(timing_cache)
     secs = time.time() - t0
-    log(f"built {engine_path.name} ({precision}, {network.num_layers} layers, {n_fp32} pinned to fp32) in {secs:.1f}s")
-    return {"layers": int(network.num_layers), "fp32_layers": n_fp32, "seconds": round(secs, 1),
+    log(f"built {engine_path.name} ({precision} graph, strongly typed, {network.num_layers} layers) in {secs:.1f}s")
+    return {"layers": int(network.num_layers), "seconds": round(secs, 1), "strongly_typed": True,
             "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def build_engines(bundle_dir: str | Path, precision: str = "fp16", max_batch: int = 16,
+def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batch: int = 16,
                   max_outs_per_ref: int = 16, graphs: list[str] | None = None,
                   timing_cache: str | Path | None = None, workspace_gib: float = 8.0,
                   log: Callable[[str], None] = print) -> Path:
     """Build the engine set ``<bundle>/tensorrt-<precision>/`` for every graph of a bundle.
+
+    Strongly typed: the engines' precision is the bundle's (``manifest["precision"]["mode"]``, set
+    by ``masc-export --precision``); ``precision``, when given, must equal it.
 
     unverified: no TensorRT/GPU was available to this session; never run.
 
     Raises:
         BackendUnavailableError: TensorRT or a GPU is missing, bf16 on a GPU before sm80, or a
             build fails.
-        BundleError: the bundle is missing or modified.
+        BundleError: the bundle is missing or modified, or holds graphs of another precision.
     """
+    from ...errors import BundleError
     from ..manifest import read_manifest, sha256_file, verify_files
 
     import_tensorrt()  # fail before any work
     bundle_dir = Path(bundle_dir)
     manifest = read_manifest(bundle_dir)
     verify_files(bundle_dir, manifest)
+    graph_precision = str(manifest.get("precision", {}).get("mode", "fp32"))
+    if graph_precision not in tp.PRECISIONS:
+        raise BundleError(f"bundle {bundle_dir} holds {graph_precision} graphs, which TensorRT engines are not built "
+                          "from; export an fp32, fp16 or bf16 bundle")
+    precision = precision or graph_precision
+    if precision != graph_precision:
+        raise BundleError(
+            f"bundle {bundle_dir} holds {graph_precision} graphs; TensorRT builds strongly typed networks, so "
+            f"{precision} engines need {precision} graphs: masc-export --model M --out B --precision {precision} "
+            f"--backend tensorrt")
     info = current_device_info()
     major = int(str(info["compute_capability"]).split(".")[0])
     if precision == "bf16" and major < 8:
@@ -264,6 +271,8 @@ def build_engines(bundle_dir: str | Path, precision: str = "fp16", max_batch: in
                           "profiles": [shapes], **facts}
     tp.write_sidecar(out, {
         **info, "precision": precision, "engines": engines, "timing_cache": str(cache),
+        "network": "strongly typed (precision from the ONNX graphs)",
+        "precision_policy": manifest.get("precision", {}).get("policy"),
         "axis_ranges": {k: v.to_list() for k, v in ranges.items()},
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     })
