@@ -213,9 +213,9 @@ def bench_model(a, preset: str, log) -> dict:
     from masc_engine.runtime.scorer import Scorer
 
     p = PRESETS[preset.split(":", 1)[1]]
-    bundle = Path(a.work) / f"{preset.split(':', 1)[1]}-{a.budget}"
-    if not (bundle / "manifest.json").is_file():
-        export_bundle(preset, bundle, max_num_patches=a.budget, log=log)
+    bundle = Path(a.work) / f"{preset.split(':', 1)[1]}-{a.budget}-{a.precision}"
+    if not (bundle / "manifest.json").is_file():  # the precision is in the graphs (both backends)
+        export_bundle(preset, bundle, max_num_patches=a.budget, log=log, precision=a.precision)
     if a.backend == "tensorrt" and not (bundle / f"tensorrt-{a.precision}").is_dir():
         from masc_engine.engine.backends.tensorrt import build_engines
 
@@ -228,7 +228,7 @@ def bench_model(a, preset: str, log) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mk = lambda b: Scorer(bundle, backend=a.backend, provider=a.provider, batch_size=b,  # noqa: E731
-                              device_resident=True, precision=a.precision if a.backend == "tensorrt" else None)
+                              device_resident=True, precision=a.precision)
         s1 = mk(1)
         t = time.perf_counter()
         for im, _ in refs[:8]:
@@ -242,7 +242,7 @@ def bench_model(a, preset: str, log) -> dict:
                 log(f"{preset} {mode} batch {b}: {per_batch[b]['pairs_per_s']:.1f} pairs/s")
             best = max(per_batch, key=lambda b: per_batch[b]["pairs_per_s"])
             out[mode] = {"by_batch": per_batch, "best_batch": best, "pairs_per_s": per_batch[best]["pairs_per_s"]}
-    prec = "fp32" if a.backend == "onnxruntime" else a.precision
+    prec = a.precision  # the graphs' precision on either backend; fp32 runs without TF32 on both
     peak = peak_tflops(out.get("gpu", gpu_name()), prec, a.peak_tflops)
     for mode, imgs in (("fresh", 2.0), ("cached", 1.0)):
         f = flops_per_pair(p.vision_width, p.vision_layers, p.vision_mlp, a.budget, imgs)
@@ -256,7 +256,7 @@ def bench_model(a, preset: str, log) -> dict:
             ref = time_masc_metric(manifest["source"]["checkpoint_dir"], "cpu" if a.dry_run else "cuda", a.budget,
                                    refs, pairs, a.masc_metric_pairs)
             ours = Scorer(bundle, backend=a.backend, provider=a.provider, device_resident=True,
-                          precision=a.precision if a.backend == "tensorrt" else None).score_batch(
+                          precision=a.precision).score_batch(
                 [_pair(refs, q) for q in pairs[:a.masc_metric_pairs]])
             d_cp = max(abs(o.cp - c) for o, (c, _) in zip(ours, ref.pop("scores")))
             out["masc_metric"] = {**ref, "max_abs_dcp_vs_ours": d_cp}
@@ -298,7 +298,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default="onnxruntime")
     ap.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16",
-                    help="TensorRT engine set (ONNX Runtime runs the fp32 graphs)")
+                    help="precision of the bundle's graphs (masc-export --precision), run by ONNX Runtime "
+                         "or built into strongly typed TensorRT engines; MFU is against this precision's peak")
     ap.add_argument("--models", default="random:base-naflex,random:so400m-naflex")
     ap.add_argument("--budget", type=int, default=1024)
     ap.add_argument("--batches", default="1,8,16,32,64")
@@ -331,7 +332,7 @@ def main(argv=None) -> int:
     import onnxruntime
 
     result = {"script": "bench/gpu_throughput.py", "dry_run": a.dry_run, "gpu": gpu_name(),
-              "backend": a.backend, "precision": a.precision if a.backend == "tensorrt" else "fp32",
+              "backend": a.backend, "precision": a.precision,
               "provider": a.provider, "python": platform.python_version(), "onnxruntime": onnxruntime.__version__,
               "onnxruntime_providers": onnxruntime.get_available_providers(), "cpu_cores": os.cpu_count(),
               "targets": TARGETS, "models": {}}

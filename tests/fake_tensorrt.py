@@ -167,65 +167,88 @@ class _Engine:
     def __init__(self, onnx_path):
         import onnxruntime as ort
 
-        self.session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
-        self.inputs = [(i.name, i.type) for i in self.session.get_inputs()]
-        self.outputs = [(o.name, o.type) for o in self.session.get_outputs()]
-        self.contexts = 0
+        self._session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+        self._inputs = [(i.name, i.type, i.shape) for i in self._session.get_inputs()]
+        self._outputs = [(o.name, o.type, o.shape) for o in self._session.get_outputs()]
 
     @property
     def num_io_tensors(self):
-        return len(self.inputs) + len(self.outputs)
+        return len(self._inputs) + len(self._outputs)
 
     def get_tensor_name(self, i):
-        return (self.inputs + self.outputs)[i][0]
+        return (self._inputs + self._outputs)[i][0]
 
     def get_tensor_mode(self, name):
-        return TensorIOMode.INPUT if name in dict(self.inputs) else TensorIOMode.OUTPUT
+        return TensorIOMode.INPUT if name in {n for n, _, _ in self._inputs} else TensorIOMode.OUTPUT
 
     def get_tensor_dtype(self, name):
-        t = dict(self.inputs + self.outputs)[name]
+        t = {n: t for n, t, _ in self._inputs + self._outputs}[name]
         return {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
                 "tensor(bool)": "bool", "tensor(int32)": "int32", "tensor(int64)": "int64"}[t]
 
     def create_execution_context(self):
-        self.contexts += 1
         return _Context(self)
 
 
 RUNS: list[dict] = []  # input shapes of each execution (tests read it)
+#: Tests put call names here ("set_input_shape", "set_tensor_address", "execute_async_v3") to
+#: make the fake return False as real TensorRT does on failure; "data_dependent" makes
+#: get_tensor_shape report -1 for output dimensions, as the real one does for a dimension that
+#: depends on input values.
+FAIL: set = set()
+#: Every call on an execution context, in order, with the thread that made it (tests read it).
+CALLS: list[tuple] = []
 
 
 class _Context:
+    """Like TensorRT 11's IExecutionContext: input shapes and tensor addresses are set by name and
+    report failure by returning False; ``get_tensor_shape`` of an output is derived from the input
+    shapes set so far (ONNX Runtime's symbolic dimensions), with -1 for a dimension not known yet."""
+
     def __init__(self, engine):
-        self.engine, self.shapes, self.addresses, self._result = engine, {}, {}, None
+        self._engine, self._shapes, self._addresses = engine, {}, {}
 
     def set_input_shape(self, name, shape):
-        self.shapes[name] = tuple(shape)
-        self._result = None
+        CALLS.append(("set_input_shape", name))
+        if "set_input_shape" in FAIL:
+            return False
+        self._shapes[name] = tuple(shape)
         return True
 
     def set_tensor_address(self, name, ptr):
-        self.addresses[name] = ptr
-        self._result = None
+        CALLS.append(("set_tensor_address", name))
+        if "set_tensor_address" in FAIL:
+            return False
+        self._addresses[name] = ptr
         return True
 
-    def _compute(self):
-        if self._result is None:
-            feeds = {n: _MEMORY[self.addresses[n]] for n, _ in self.engine.inputs}
-            for n, a in feeds.items():
-                assert a.shape == self.shapes[n], (n, a.shape, self.shapes[n])
-            outs = self.engine.session.run(None, feeds)
-            self._result = dict(zip([n for n, _ in self.engine.outputs], outs))
-        return self._result
-
     def get_tensor_shape(self, name):
-        return self._compute()[name].shape
+        CALLS.append(("get_tensor_shape", name))
+        known = {}
+        for n, _, dims in self._engine._inputs:
+            if n in self._shapes:
+                for d, v in zip(dims, self._shapes[n]):
+                    if isinstance(d, str):
+                        known[d] = v
+        if name in self._shapes:
+            return self._shapes[name]
+        dims = {n: d for n, _, d in self._engine._inputs + self._engine._outputs}[name]
+        if "data_dependent" in FAIL:
+            return tuple(-1 for _ in dims)
+        return tuple(int(d) if isinstance(d, int) else known.get(d, -1) for d in dims)
 
     def execute_async_v3(self, stream):
-        res = self._compute()
-        RUNS.append({n: self.shapes[n] for n, _ in self.engine.inputs})
-        for n, _ in self.engine.outputs:
-            _MEMORY[self.addresses[n]][...] = res[n]
+        CALLS.append(("execute_async_v3", None))
+        if "execute_async_v3" in FAIL:
+            return False
+        feeds = {n: _MEMORY[self._addresses[n]] for n, _, _ in self._engine._inputs}
+        for n, a in feeds.items():
+            assert a.shape == self._shapes[n], (n, a.shape, self._shapes[n])
+        outs = self._engine._session.run(None, feeds)
+        RUNS.append({n: self._shapes[n] for n, _, _ in self._engine._inputs})
+        for (n, _, _), res in zip(self._engine._outputs, outs):
+            assert _MEMORY[self._addresses[n]].shape == res.shape, (n, res.shape)
+            _MEMORY[self._addresses[n]][...] = res
         return True
 
 
@@ -251,14 +274,30 @@ class NumpyDevice:
         pass
 
     def is_device_array(self, x):
-        return isinstance(x, np.ndarray) and id(x) in _MEMORY and _MEMORY[id(x)] is x
+        """True for a registered array and for views of one (a CuPy slice is a CuPy array too)."""
+        while isinstance(x, np.ndarray):
+            if id(x) in _MEMORY and _MEMORY[id(x)] is x:
+                return True
+            x = x.base
+        return False
 
     def from_host(self, x):
         x = np.array(x, copy=True)
         _MEMORY[id(x)] = x
         return x
 
-    def empty(self, shape, dtype):
+    def zeros(self, shape, dtype=np.float32):
+        x = np.zeros(shape, dtype)
+        _MEMORY[id(x)] = x
+        return x
+
+    def copy(self, x):
+        y = np.array(x, copy=True)
+        _MEMORY[id(y)] = y
+        return y
+
+    def empty(self, shape, dtype=np.float32):
+        CALLS.append(("empty", tuple(shape)))
         x = np.empty(shape, dtype)
         _MEMORY[id(x)] = x
         return x
@@ -268,7 +307,11 @@ class NumpyDevice:
         return id(x)
 
     def contiguous(self, x):
-        return x
+        if id(x) in _MEMORY and _MEMORY[id(x)] is x and x.flags.c_contiguous:
+            return x
+        y = np.ascontiguousarray(x).copy()  # a new device buffer, as cupy.ascontiguousarray of a view
+        _MEMORY[id(y)] = y
+        return y
 
     def to_host(self, x):
         return np.asarray(x)
@@ -277,7 +320,7 @@ class NumpyDevice:
         return self.from_host(np.concatenate(xs, axis=0))
 
     def synchronize(self):
-        pass
+        CALLS.append(("synchronize", None))
 
     def new_stream(self):
         return types.SimpleNamespace(ptr=0, synchronize=lambda: None)

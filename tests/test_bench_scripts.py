@@ -31,7 +31,7 @@ def test_gpu_throughput_dry_run(tmp_path):
     pytest.importorskip("masc")
     bench = _load("gpu_throughput")
     out = tmp_path / "dry.json"
-    assert bench.main(["--dry-run", "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
+    assert bench.main(["--dry-run", "--precision", "fp32", "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     m = res["models"]["random:tiny-naflex"]
     for mode in ("fresh", "cached"):

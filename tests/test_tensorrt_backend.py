@@ -127,7 +127,7 @@ def test_plan_batches_splits_and_refuses(naflex_bundle):
     cprof = tp.profile_shapes(cp, tp.default_axis_ranges(m, max_batch=4, max_outs_per_ref=8))
     cshapes = {"ref_tokens": (9, 30, 64), "ref_keep": (9, 30), "out_tokens": (9, 8, 40, 64), "out_valid": (9, 8, 40)}
     assert tp.plan_batches("cp", cp, cshapes, cprof) == [slice(0, 4), slice(4, 8), slice(8, 9)]
-    with pytest.raises(ProfileError, match="'outs_per_ref' is 9.*--max-batch"):
+    with pytest.raises(ProfileError, match="'outs_per_ref' is 9.*--max-outs-per-ref"):
         tp.plan_batches("cp", cp, {**cshapes, "out_tokens": (9, 9, 40, 64), "out_valid": (9, 9, 40)}, cprof)
 
 
@@ -220,7 +220,7 @@ def test_fp32_engines_clear_tf32_and_take_fp32_graphs(fake_trt, bundle_copy):
     fake_trt.build_engines(bundle_copy, graphs=["pool"], log=lambda s: None)  # the bundle's precision: fp32
     (build,) = fake_tensorrt.BUILDS
     assert build["strongly_typed"] and build["flags"] == set()  # TF32 cleared
-    assert build["initializer_dtypes"] == {"FLOAT"}
+    assert "FLOAT" in build["initializer_dtypes"] and "FLOAT16" not in build["initializer_dtypes"]
     assert json.loads((bundle_copy / "tensorrt-fp32" / "engines.json").read_text())["precision"] == "fp32"
     with pytest.raises(BundleError, match="holds fp32 graphs.*--precision bf16"):
         fake_trt.build_engines(bundle_copy, precision="bf16", log=lambda s: None)
@@ -233,3 +233,144 @@ def test_fp32_engines_clear_tf32_and_take_fp32_graphs(fake_trt, bundle_copy):
 
         trt_backend._query_gpu = lambda device: ("Tesla T4", "7.5")  # restored by monkeypatch
         fake_trt.build_engines(bundle_copy, log=lambda s: None)
+
+
+@pytest.mark.parametrize("n_outs", [32, 100])
+def test_cp_scores_any_outputs_per_reference_through_trt_and_ort(fake_trt, bundle_copy, n_outs):
+    """One reference against 32 / 100 outputs (the DreamBench shape is 32): GraphCP packs within the
+    engine profile's outs_per_ref range (16 by default), and CP equals the ORT cp graph's."""
+    from masc_engine.runtime.cp_device import GraphCP
+    from masc_engine.runtime.heads import masked_maxcos
+    from masc_engine.tolerances import CP_HEAD_ATOL
+
+    fake_trt.build_engines(bundle_copy, graphs=["cp"], log=lambda s: None)  # masc-export's defaults
+    b = Bundle(bundle_copy)
+    cp_trt, cp_ort = b.runner("cp", backend="tensorrt", provider="cuda"), b.runner("cp")
+    assert cp_trt.axis_limit("outs_per_ref") == 16
+    rng = np.random.default_rng(n_outs)
+    base = rng.normal(size=64)
+    ref = (rng.normal(size=(40, 64)) + base).astype(np.float32)
+    w = rng.random(40).astype(np.float32)
+    outs = [(rng.normal(size=(int(m), 64)) + base).astype(np.float32) for m in rng.integers(5, 60, n_outs)]
+    fake_tensorrt.RUNS.clear()
+    got = [c for c, _ in GraphCP(cp_trt).score(ref, w, outs)]
+    assert fake_tensorrt.RUNS and max(r["out_tokens"][1] for r in fake_tensorrt.RUNS) <= 16
+    want = [c for c, _ in GraphCP(cp_ort).score(ref, w, outs)]
+    numpy_head = [masked_maxcos(ref, o, w, 0.5)[0] for o in outs]
+    assert len(got) == n_outs
+    np.testing.assert_allclose(got, want, rtol=0, atol=CP_HEAD_ATOL)
+    np.testing.assert_allclose(got, numpy_head, rtol=0, atol=CP_HEAD_ATOL)
+    feeds = {"ref_tokens": ref[None], "ref_keep": (w > 0.5)[None], "out_tokens": np.zeros((1, 17, 8, 64), np.float32),
+             "out_valid": np.ones((1, 17, 8), bool)}
+    with pytest.raises(ProfileError, match=r"'outs_per_ref' is 17.*\[1, 16\].*--max-outs-per-ref"):
+        cp_trt.run(feeds)
+
+
+# ------------------------------------------------------------------ issue 13: checked calls, order, threads
+
+
+@pytest.fixture
+def trt_engines(fake_trt, bundle_copy):
+    fake_trt.build_engines(bundle_copy, log=lambda s: None)
+    fake_tensorrt.FAIL.clear()
+    fake_tensorrt.CALLS.clear()
+    yield Bundle(bundle_copy)
+    fake_tensorrt.FAIL.clear()
+
+
+def _pool_feeds(b=2, n=30):
+    rng = np.random.default_rng(0)
+    return {"hidden": rng.normal(size=(b, n, 64)).astype(np.float32), "key_padding_mask": rng.random((b, n)) < 0.3}
+
+
+@pytest.mark.parametrize("call,match", [
+    ("set_input_shape", r"set_input_shape\('hidden', \(2, 30, 64\)\) failed"),
+    ("set_tensor_address", r"set_tensor_address\('hidden'\) failed for shape \(2, 30, 64\)"),
+    ("execute_async_v3", r"execution of 'pool' failed"),
+    ("data_dependent", r"output 'pooled' has shape \(-1, -1\).*data-dependent"),
+])
+def test_trt_failures_reported_by_return_value_raise_typed_errors(trt_engines, call, match):
+    from masc_engine.engine.backends.tensorrt import TensorRTCallError
+
+    runner = trt_engines.runner("pool", backend="tensorrt", provider="cuda")
+    fake_tensorrt.FAIL.add(call)
+    with pytest.raises(TensorRTCallError, match=match):
+        runner.run(_pool_feeds())
+
+
+def test_trt_device_inputs_are_dtype_checked(trt_engines):
+    runner = trt_engines.runner("pool", backend="tensorrt", provider="cuda")
+    dev = fake_tensorrt.NumpyDevice()
+    feeds = _pool_feeds()
+    with pytest.raises(TypeError, match="input hidden must be float32, got float64"):
+        runner.run_device({**feeds, "hidden": dev.from_host(feeds["hidden"].astype(np.float64))}, dev)
+
+
+def test_trt_run_device_allocates_outputs_before_synchronizing(trt_engines):
+    """As OrtRunner.run_device: outputs are allocated, then the device is synchronised, then bound."""
+    runner = trt_engines.runner("pool", backend="tensorrt", provider="cuda")
+    dev = fake_tensorrt.NumpyDevice()
+    feeds = {k: dev.from_host(v) for k, v in _pool_feeds().items()}
+    fake_tensorrt.CALLS.clear()
+    out = runner.run_device(feeds, dev)
+    names = [c for c, _ in fake_tensorrt.CALLS]
+    last_empty = max(i for i, c in enumerate(names) if c == "empty")
+    sync = names.index("synchronize", last_empty)
+    first_bind = names.index("set_tensor_address")
+    assert last_empty < sync < first_bind < names.index("execute_async_v3")
+    assert [x for x in fake_tensorrt.CALLS if x[0] == "empty"] == [("empty", (2, 64)), ("empty", (2, 30))]
+    np.testing.assert_array_equal(dev.to_host(out["pooled"]), trt_engines.runner("pool").run(_pool_feeds())["pooled"])
+
+
+def test_one_trt_scorer_serves_several_threads_on_the_device_path(trt_engines):
+    """Four threads share one device-resident TensorRT scorer (fake engines, numpy 'device'): each
+    gets the scores a sequential run gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import blob_mask
+    from masc_engine.export.validate import synthetic_image
+    from masc_engine.runtime.scorer import Pair, Scorer
+
+    sizes = [(224, 288), (160, 480), (333, 217), (256, 256), (97, 203), (300, 301), (181, 377), (200, 150)]
+    pairs = [Pair(synthetic_image(h, w, i), blob_mask(h, w, i), synthetic_image(w, h, i + 50),
+                  blob_mask(w, h, i + 50, frac=0.2), ["a dog on the beach", "a red cat"][i % 2], ["dog", "cat"][i % 2])
+             for i, (h, w) in enumerate(sizes)]
+    scorer = Scorer(trt_engines, backend="tensorrt", provider="cuda", device_resident=True,
+                    array_device=fake_tensorrt.NumpyDevice(), batch_size=2)
+    want = [(r.cp, r.pf) for r in Scorer(trt_engines, cp_head="graph").score_batch(pairs)]
+    chunks = [pairs[i::4] for i in range(4)]
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda ps: [(r.cp, r.pf) for r in scorer.score_batch(ps)] , chunks * 2))
+    for j, res in enumerate(got):
+        idx = list(range(len(pairs)))[j % 4::4]
+        np.testing.assert_allclose(res, [want[i] for i in idx], rtol=0, atol=1e-6)
+
+
+def test_ort_cuda_provider_gets_tf32_off(monkeypatch, naflex_bundle):
+    """fp32 on ONNX Runtime's CUDA provider is fp32: ``use_tf32`` = 0 in the provider options."""
+    import onnxruntime as ort
+
+    from masc_engine.engine.backends.onnxruntime import OrtRunner
+
+    calls = []
+    real = ort.InferenceSession
+
+    class Spy:
+        def __init__(self, path, sess_options=None, providers=None):
+            calls.append(providers)
+            self._s = real(path, sess_options=sess_options, providers=["CPUExecutionProvider"])
+
+        def get_providers(self):
+            return [calls[-1][0][0]]
+
+        def __getattr__(self, k):
+            return getattr(self._s, k)
+
+    preloads = []
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "InferenceSession", Spy)
+    monkeypatch.setattr(ort, "preload_dlls", lambda *a, **k: preloads.append(1), raising=False)
+    OrtRunner(str(naflex_bundle / "cp.onnx"), "cp", provider="cuda")
+    OrtRunner(str(naflex_bundle / "cp.onnx"), "cp", provider="cpu")
+    assert calls == [[("CUDAExecutionProvider", {"use_tf32": "0"})], [("CPUExecutionProvider", {})]]
+    assert preloads == [1]  # CUDA/cuDNN from the NVIDIA wheels, for the CUDA provider only

@@ -120,7 +120,7 @@ class CupyDevice(ArrayDevice):
             import cupy
         except ImportError as e:
             raise BackendUnavailableError(
-                "GPU memory here means CuPy (pip install cupy-cuda12x): the TensorRT backend and "
+                "GPU memory here means CuPy (pip install cupy-cuda13x, or cupy-cuda12x: the CUDA major of your onnxruntime-gpu / TensorRT): the TensorRT backend and "
                 "device-resident tokens need it; for ONNX Runtime CUDA without it, run with "
                 "device_resident=False / masc-run --no-device-resident") from e
         try:

@@ -49,7 +49,10 @@ class GraphCP:
     Args:
         runner: a :class:`~masc_engine.engine.backends.base.Runner` for the bundle's ``cp`` graph.
         fg_threshold: a reference patch is kept when its weight is ``> fg_threshold``.
-        max_outs_per_ref: outputs per reference slot in one call (``K``); larger groups are split.
+        max_outs_per_ref: outputs per reference slot in one call (``K``); larger groups are split
+            into several slots, so any number of outputs per reference is scored. Capped by the
+            runner's ``axis_limit("outs_per_ref")`` when it has one (a TensorRT engine's profile,
+            where ``outs_per_ref`` is a bounded axis: a larger ``K`` would be refused).
         max_refs_per_call: reference slots per call (``R``).
         max_sims: cap on ``R * K * N * M`` per call (the cosine tensor's size).
         device: the token device (engine/device.py ``ArrayDevice``) when tokens are device arrays;
@@ -62,6 +65,10 @@ class GraphCP:
         self.device = device
         self.fg_threshold = float(fg_threshold)
         self.max_outs_per_ref = max(1, int(max_outs_per_ref))
+        limit = getattr(runner, "axis_limit", None)
+        cap = limit("outs_per_ref") if callable(limit) else None
+        if cap is not None:
+            self.max_outs_per_ref = min(self.max_outs_per_ref, max(1, int(cap)))
         self.max_refs_per_call = max(1, int(max_refs_per_call))
         self.max_sims = max(1, int(max_sims))
 

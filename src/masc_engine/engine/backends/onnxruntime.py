@@ -40,6 +40,10 @@ def resolve_provider(provider: str) -> str:
     import onnxruntime as ort
 
     name = PROVIDERS.get(provider, provider)
+    if name == "CUDAExecutionProvider" and hasattr(ort, "preload_dlls"):
+        # CUDA and cuDNN from the NVIDIA wheels (onnxruntime-gpu[cuda,cudnn], README "GPU install"),
+        # else the system's; missing libraries surface below as the provider not being created.
+        ort.preload_dlls()
     available = ort.get_available_providers()
     if name not in available:
         raise BackendUnavailableError(
@@ -48,6 +52,16 @@ def resolve_provider(provider: str) -> str:
             "onnxruntime package (e.g. onnxruntime-gpu for CUDA) or choose --provider cpu."
         )
     return name
+
+
+def provider_options(provider_name: str) -> dict:
+    """Options passed with the provider. CUDA: ``use_tf32`` off. ONNX Runtime's CUDA provider runs
+    float32 GEMMs in TF32 by default (``use_tf32`` = 1, onnxruntime's CUDA provider options), which
+    would make "fp32" on a GPU TF32 and the fp32 fidelity reference not fp32; an fp16/bf16 bundle's
+    float32 islands stay fp32 too. (unverified on a GPU: no onnxruntime-gpu run in this project.)"""
+    if provider_name == "CUDAExecutionProvider":
+        return {"use_tf32": "0"}
+    return {}
 
 
 class OrtRunner:
@@ -66,7 +80,9 @@ class OrtRunner:
             opts.intra_op_num_threads = int(intra_op_threads)
         if inter_op_threads:
             opts.inter_op_num_threads = int(inter_op_threads)
-        self.session = ort.InferenceSession(str(path), sess_options=opts, providers=[provider_name])
+        self.provider_options = provider_options(provider_name)
+        self.session = ort.InferenceSession(str(path), sess_options=opts,
+                                            providers=[(provider_name, self.provider_options)])
         got = self.session.get_providers()[0]
         if got != provider_name:
             raise BackendUnavailableError(f"onnxruntime created {name} on {got}, not the requested {provider_name}")

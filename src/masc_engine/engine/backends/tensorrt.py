@@ -46,8 +46,8 @@ class TensorRTCallError(MascEngineError):
 
 
 INSTALL_HINT = ("the TensorRT backend needs NVIDIA TensorRT's Python package and a CUDA GPU: "
-                "pip install tensorrt (or tensorrt-cu12 matching your CUDA), plus cupy-cuda12x "
-                "for device buffers; or use --backend onnxruntime")
+                "pip install tensorrt (or tensorrt-cu13 / tensorrt-cu12 matching your CUDA major), plus "
+                "cupy-cuda13x / cupy-cuda12x (the same CUDA major) for device buffers; or use --backend onnxruntime")
 
 
 def import_tensorrt():
@@ -320,6 +320,11 @@ class TrtRunner:
         self._dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
         self._lock = threading.Lock()  # one execution context: calls are serialised
 
+    def axis_limit(self, axis: str) -> int | None:
+        """The engine profile's largest size for a named axis (``outs_per_ref`` for the CP head:
+        runtime/cp_device.py ``GraphCP`` packs within it); None when the graph has no such axis."""
+        return tp.axis_max(self.graph_entry, self.profile, axis)
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = self.run_device(feeds)
         return {k: self._dev.to_host(v) for k, v in out.items()}
@@ -341,27 +346,45 @@ class TrtRunner:
         return {k: self._dev.concat([p[k] for p in parts]) for k in self.output_names}
 
     def _run_once(self, feeds: dict) -> dict:
+        """One execution. Order (issue 13): input shapes set and checked, output shapes read and
+        checked, outputs allocated, *then* the device synchronised (so no block CuPy's pool hands
+        out is still read by another thread's kernel on another stream), then addresses bound and
+        the engine run on its stream."""
         dev = self._dev
         bufs = {}
         for k in self.input_names:
             x = feeds[k]
-            if not dev.is_device_array(x):
+            if dev.is_device_array(x):
+                if np.dtype(x.dtype) != self._dtypes[k]:  # as OrtRunner.run_device: no silent cast
+                    raise TypeError(f"TensorRT engine {self.name!r}: input {k} must be {self._dtypes[k]}, got {x.dtype}")
+            else:
                 x = dev.from_host(np.ascontiguousarray(x, dtype=self._dtypes[k]))
             bufs[k] = dev.contiguous(x)
-        # Packing, copies and host uploads were queued on CuPy's current stream; the engine's
-        # stream does not wait for it.
-        dev.synchronize()
         with self._lock:
+            ctx = self.context
             for k in self.input_names:
-                self.context.set_input_shape(k, tuple(bufs[k].shape))
-                self.context.set_tensor_address(k, dev.ptr(bufs[k]))
+                shape = tuple(int(n) for n in bufs[k].shape)
+                if not ctx.set_input_shape(k, shape):
+                    raise TensorRTCallError(f"TensorRT engine {self.name!r}: set_input_shape({k!r}, {shape}) failed "
+                                            "(shape outside the engine's optimization profile?)")
             outs = {}
             for k in self.output_names:
-                shape = tuple(self.context.get_tensor_shape(k))
+                shape = tuple(int(n) for n in ctx.get_tensor_shape(k))
+                if any(n < 0 for n in shape):
+                    raise TensorRTCallError(f"TensorRT engine {self.name!r}: output {k!r} has shape {shape} after the "
+                                            "input shapes were set (-1: a data-dependent dimension), so it cannot be "
+                                            "allocated; the bundle's graphs have none")
                 outs[k] = dev.empty(shape, self._dtypes[k])
-                self.context.set_tensor_address(k, dev.ptr(outs[k]))
-            if not self.context.execute_async_v3(self._stream.ptr):
-                raise RuntimeError(f"TensorRT execution of {self.name!r} failed")
+            # Packing, copies, host uploads and the allocations above were queued on CuPy's current
+            # stream; the engine's stream does not wait for it.
+            dev.synchronize()
+            for k, x in [*bufs.items(), *outs.items()]:
+                if not ctx.set_tensor_address(k, dev.ptr(x)):
+                    raise TensorRTCallError(f"TensorRT engine {self.name!r}: set_tensor_address({k!r}) failed for "
+                                            f"shape {tuple(x.shape)}")
+            if not ctx.execute_async_v3(self._stream.ptr):
+                raise TensorRTCallError(f"TensorRT execution of {self.name!r} failed (input shapes "
+                                        f"{ {k: tuple(v.shape) for k, v in bufs.items()} })")
             self._stream.synchronize()
         return outs
 

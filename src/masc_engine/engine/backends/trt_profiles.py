@@ -126,12 +126,24 @@ def plan_batches(graph: str, graph_entry: Mapping, feed_shapes: Mapping[str, Seq
                 hint = (" (the engine's profile covers the bundle's patch budget; rebuild the engines "
                         "with a larger --max-num-patches bundle, or score with a smaller budget)"
                         if ax in ("num_patches", "num_tokens", "ref_patches", "out_patches") else
-                        " (rebuild the engines with a larger --max-batch)" if ax == "outs_per_ref" else "")
+                        " (runtime/cp_device.py GraphCP packs within the engine's range when given the "
+                        "runner; to pack more outputs per call rebuild the engines with a larger "
+                        "--max-outs-per-ref)" if ax == "outs_per_ref" else "")
                 raise ProfileError(f"graph {graph!r}: input {name!r} {what} is {n}, outside the engine "
                                    f"profile's allowed range [{lo}, {hi}]{hint}")
     if batch is None:  # no batch-like axis: one run
         return [slice(None)]
     return [slice(s, min(s + max_batch, batch)) for s in range(0, batch, max_batch)]
+
+
+def axis_max(graph_entry: Mapping, profile: Mapping[str, Mapping[str, Sequence[int]]], axis: str) -> int | None:
+    """The profile's largest size for a named dynamic axis (``outs_per_ref``, ``num_patches``...),
+    from the first input that has it; None when no input has that axis."""
+    for inp in graph_entry["inputs"]:
+        for i, ax in enumerate(inp["shape"]):
+            if ax == axis and inp["name"] in profile:
+                return int(profile[inp["name"]]["max"][i])
+    return None
 
 
 # --------------------------------------------------------------------------- sidecar
