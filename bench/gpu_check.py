@@ -579,28 +579,38 @@ def _fidelity_for_model(torch, cfg, ctx, name, spec):
     if not dev.startswith("cuda") or torch.cuda.is_bf16_supported():
         precisions.append(("bf16", torch.bfloat16))
     for pname, pdt in precisions:
-        tower = _build_tower(torch, spec, cfg, seed=0).to(dev).to(pdt)
-        toks, pooled, cp_f32gemm, secs = scores(tower, torch.float32)
-        cp_lowgemm = _cp_matrix(torch, toks, ref_w, pdt)
-        token_cos = torch.cat([torch.nn.functional.cosine_similarity(a, b, dim=-1) for a, b in zip(toks32, toks)])
-        nonfinite_tokens = int(sum((~torch.isfinite(t)).sum().item() for t in toks))
-        per_kind = {}
-        for kind in sorted({k for _, _, k in images}):
-            sel = [idx for idx, (_, _, k) in enumerate(images) if k == kind]
-            c = torch.cat([torch.nn.functional.cosine_similarity(toks32[s], toks[s], dim=-1) for s in sel])
-            per_kind[kind] = float(c.min())
-        results[pname] = {
-            "seconds": secs,
-            "nonfinite_tokens": nonfinite_tokens,
-            "token_cosine_min": float(token_cos.min()), "token_cosine_mean": float(token_cos.mean()),
-            "token_cosine_min_by_image_kind": per_kind,
-            "gates_cp_gemm_fp32": fg.fidelity_gates(ref, pack(pooled, cp_f32gemm)),
-            f"gates_cp_gemm_{pname}": fg.fidelity_gates(ref, pack(pooled, cp_lowgemm)),
-        }
-        del tower
+        try:  # one precision's failure keeps the other's results (recorded next to them)
+            results[pname] = _fidelity_one_precision(torch, spec, cfg, dev, pdt, pname, scores, toks32, ref_w, images,
+                                                     ref, pack, fg)
+        except Exception as e:  # noqa: BLE001
+            results[pname] = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()
     return results
+
+
+def _fidelity_one_precision(torch, spec, cfg, dev, pdt, pname, scores, toks32, ref_w, images, ref, pack, fg):
+    """One reduced precision of :func:`_fidelity_for_model` (its results, or the caller records the error)."""
+    tower = _build_tower(torch, spec, cfg, seed=0).to(dev).to(pdt)
+    toks, pooled, cp_f32gemm, secs = scores(tower, torch.float32)
+    cp_lowgemm = _cp_matrix(torch, toks, ref_w, pdt)
+    token_cos = torch.cat([torch.nn.functional.cosine_similarity(a, b, dim=-1) for a, b in zip(toks32, toks)])
+    nonfinite_tokens = int(sum((~torch.isfinite(t)).sum().item() for t in toks))
+    per_kind = {}
+    for kind in sorted({k for _, _, k in images}):
+        sel = [idx for idx, (_, _, k) in enumerate(images) if k == kind]
+        c = torch.cat([torch.nn.functional.cosine_similarity(toks32[s], toks[s], dim=-1) for s in sel])
+        per_kind[kind] = float(c.min())
+    out = {
+        "seconds": secs,
+        "nonfinite_tokens": nonfinite_tokens,
+        "token_cosine_min": float(token_cos.min()), "token_cosine_mean": float(token_cos.mean()),
+        "token_cosine_min_by_image_kind": per_kind,
+        "gates_cp_gemm_fp32": fg.fidelity_gates(ref, pack(pooled, cp_f32gemm)),
+        f"gates_cp_gemm_{pname}": fg.fidelity_gates(ref, pack(pooled, cp_lowgemm)),
+    }
+    del tower
+    return out
 
 
 def section_throughput(cfg, ctx):
@@ -666,11 +676,44 @@ def section_ort_cuda(cfg, ctx):
         acc = _cp_accuracy(lambda g: OrtRunner(Path(d) / "cp.onnx", "cp", provider="cuda"), width)
     out = {"provider": "CUDAExecutionProvider", "accuracy": acc["float32"],
            "within_atol": acc["float32"]["max_abs_delta_cp"] <= CP_HEAD_ATOL}
-    try:
-        out["device_resident_scorer"] = _ort_cuda_device_resident()
-    except Skip as e:
-        out["device_resident_scorer"] = {"status": "skipped", "reason": str(e)}
+    for key, step in (("device_resident_scorer", _ort_cuda_device_resident), ("fp16_bundle", _ort_cuda_fp16_bundle)):
+        try:  # each step's result (or error) is kept next to the others
+            out[key] = step()
+        except Skip as e:
+            out[key] = {"status": "skipped", "reason": str(e)}
+        except Exception as e:  # noqa: BLE001
+            out[key] = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     return out
+
+
+def _ort_cuda_fp16_bundle():
+    """The fp16 bundle's mixed-precision graphs on ORT CUDA (issue 9 item 5): against the same
+    graphs on ORT CPU and against the fp32 bundle on CUDA (``use_tf32`` off), with the export
+    gates' per-pair bound. UNVERIFIED until run on a GPU."""
+    for mod in ("transformers", "tokenizers", "PIL"):
+        if _try_import(mod) is None:
+            raise Skip(f"{mod} is not importable")
+    import tempfile
+
+    from masc_engine.export.exporter import export_bundle
+    from masc_engine.export.validate import validation_pairs
+    from masc_engine.runtime.scorer import Scorer
+    from masc_engine.tolerances import FIDELITY_MAX_ABS_DELTA
+
+    pairs = validation_pairs(8)
+    with tempfile.TemporaryDirectory() as d:
+        b32 = export_bundle("random:tiny-naflex", Path(d) / "b32", log=lambda s: None)
+        b16 = export_bundle("random:tiny-naflex", Path(d) / "b16", log=lambda s: None, precision="fp16")
+        cuda16 = Scorer(b16, provider="cuda").score_batch(pairs)
+        cpu16 = Scorer(b16).score_batch(pairs)
+        cuda32 = Scorer(b32, provider="cuda").score_batch(pairs)
+    d = lambda a, b, k: max(abs(getattr(x, k) - getattr(y, k)) for x, y in zip(a, b))  # noqa: E731
+    res = {"pairs": len(pairs), "cuda_fp16_vs_cpu_fp16": {"max_abs_dcp": d(cuda16, cpu16, "cp"),
+                                                         "max_abs_dpf": d(cuda16, cpu16, "pf")},
+           "cuda_fp16_vs_cuda_fp32": {"max_abs_dcp": d(cuda16, cuda32, "cp"), "max_abs_dpf": d(cuda16, cuda32, "pf")},
+           "gate": FIDELITY_MAX_ABS_DELTA}
+    res["passes"] = max(res["cuda_fp16_vs_cuda_fp32"].values()) <= FIDELITY_MAX_ABS_DELTA
+    return res
 
 
 def _ort_cuda_device_resident():

@@ -85,7 +85,11 @@ class OrtRunner:
                                             providers=[(provider_name, self.provider_options)])
         got = self.session.get_providers()[0]
         if got != provider_name:
-            raise BackendUnavailableError(f"onnxruntime created {name} on {got}, not the requested {provider_name}")
+            hint = (" (its CUDA/cuDNN libraries were not found or no GPU is visible: install onnxruntime-gpu[cuda,cudnn], "
+                    "which brings the matching NVIDIA CUDA and cuDNN wheels, or a system CUDA/cuDNN of the major "
+                    "versions onnxruntime-gpu names in its log above; README \"GPU install\")"
+                    if provider_name == "CUDAExecutionProvider" else "")
+            raise BackendUnavailableError(f"onnxruntime created {name} on {got}, not the requested {provider_name}{hint}")
         self.name = name
         self.provider = provider_name
         self.input_names = [i.name for i in self.session.get_inputs()]
