@@ -125,7 +125,8 @@ class Scorer:
             the host path with ``cp_head="graph"`` (tests/test_device_resident.py).
         backend: ``"onnxruntime"`` (default) or ``"tensorrt"`` (the bundle's engine set from
             ``masc-export --backend tensorrt``; ``provider="cuda"``; unverified, see README).
-        precision: TensorRT engine set (``fp32``/``fp16``/``bf16``); ONNX graphs are fp32.
+        precision: TensorRT engine set (``fp32``/``fp16``/``bf16``); for ONNX Runtime, ``None`` or
+            the bundle's own precision (``masc-export --precision``: the graphs carry it).
         array_device: the token device to use instead of the one chosen from backend and
             provider (an engine/device.py ``ArrayDevice``; tests pass a strict fake).
 
