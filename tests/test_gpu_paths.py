@@ -66,16 +66,17 @@ def test_onnxruntime_cuda_provider(naflex_bundle):
     _check(runner, _items())
 
 
-def test_tensorrt_cp_engine(naflex_bundle, tmp_path):
+def test_tensorrt_cp_engine(request, tmp_path):
     pytest.importorskip("tensorrt", reason="needs NVIDIA TensorRT and a CUDA GPU (none here)")
     import shutil
 
     from masc_engine.engine.backends.tensorrt import build_engines
     from masc_engine.engine.bundle import Bundle
 
-    b = tmp_path / "b"
-    shutil.copytree(naflex_bundle, b)
-    for precision in ("fp32", "fp16"):
+    # Strongly typed engines: fp32 engines from the fp32 bundle, fp16 engines from the fp16 bundle.
+    for precision, fixture in (("fp32", "naflex_bundle"), ("fp16", "fp16_bundle")):
+        b = tmp_path / precision
+        shutil.copytree(request.getfixturevalue(fixture), b)
         build_engines(b, precision=precision, graphs=["cp"], max_batch=4, max_outs_per_ref=8, log=lambda s: None)
         runner = Bundle(b).runner("cp", backend="tensorrt", provider="cuda", precision=precision)
         if precision == "fp32":
