@@ -87,7 +87,7 @@ def real() -> RealBindings:
 
 
 #: Receivers of TensorRT objects in engine/backends/tensorrt.py -> what they hold.
-_RECEIVERS = r"(trt|self\._trt|builder|network|parser|config|profile|self\.context|self\.engine|self\._runtime|cache)"
+_RECEIVERS = r"(trt|self\._trt|builder|network|parser|config|profile|self\.context|ctx|self\.engine|self\._runtime|cache)"
 
 
 def used_names() -> set[str]:
