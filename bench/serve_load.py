@@ -64,14 +64,14 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return vals["VmRSS"], vals["VmHWM"]
 
 
-def start_server(bundle: Path, max_batch: int, max_wait_ms: float, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(bundle: Path, max_batch: int, max_wait_ms: float, budget: int, log: Path) -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "masc_engine.cli.serve_cmd", "--bundle", str(bundle),
                              "--host", "127.0.0.1", "--port", str(port), "--max-batch", str(max_batch),
-                             "--max-wait-ms", str(max_wait_ms), "--log-level", "warning",
+                             "--max-wait-ms", str(max_wait_ms), "--max-num-patches", str(budget), "--log-level", "warning",
                              "--request-timeout-s", "600", "--max-queue", "4096"],
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     deadline = time.time() + 300
@@ -102,6 +102,26 @@ def run_locust(url: str, users: int, seconds: int, bodies: Path, prefix: Path) -
             "p50_ms": float(agg["50%"]), "p99_ms": float(agg["99%"]), "mean_ms": float(agg["Average Response Time"])}
 
 
+def check_bit_identity(url: str, bodies: Path, n: int, clients: int) -> dict:
+    """The first ``n`` pairs scored one at a time, then all at once from ``clients`` threads
+    (micro-batched): every field of every response must be equal."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    lines = open(bodies, "rb").read().splitlines()[:n]
+    post = lambda b: httpx.post(url + "/v1/score", content=b, timeout=600,  # noqa: E731
+                                headers={"content-type": "application/json"}).json()
+    alone = [post(b) for b in lines]
+    before = scrape(url)
+    with ThreadPoolExecutor(clients) as ex:
+        together = list(ex.map(post, lines))
+    after = scrape(url)
+    batches = after["masc_batch_size_count"] - before["masc_batch_size_count"]
+    return {"pairs": len(lines), "clients": clients, "batches": batches, "mean_batch_size": len(lines) / batches,
+            "bit_identical": alone == together, "max_abs_dcp": max(abs(a["cp"] - b["cp"]) for a, b in zip(alone, together))}
+
+
 def scrape(url: str) -> dict:
     import httpx
 
@@ -119,7 +139,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default=str(REPO / "out" / "bench-serve"))
     ap.add_argument("--bundle", default=None, help="default: export random:base-naflex (budget --budget) into --work")
-    ap.add_argument("--budget", type=int, default=256)
+    ap.add_argument("--budget", type=int, default=256, help="NaFlex patch budget the server runs with")
     ap.add_argument("--seconds", type=int, default=40, help="locust run time per level")
     ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
     ap.add_argument("--max-batch", type=int, default=8)
@@ -152,15 +172,17 @@ def main() -> None:
               "versions": {"masc_engine": __version__, "onnxruntime": onnxruntime.__version__,
                            "fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__,
                            "locust": locust.__version__},
-              "model": f"{manifest['source'].get('model')} (bundle {bundle.name}), NaFlex budget "
-                       f"{manifest['image'].get('max_num_patches')}",
+              "model": f"{manifest['source'].get('model')}, NaFlex budget {a.budget} (--max-num-patches)",
               "traffic": f"{n_pairs} DreamBooth pairs ({n_refs} references), JSON base64, round-robin per client",
               "note": "loopback; locust runs on the same 2 cores as the server; other helpers share the machine "
                       "(see loadavg per run)",
               "loadavg_start": os.getloadavg(), "runs": []}
     for max_batch in (a.max_batch, 1):
-        proc, url = start_server(bundle, max_batch, a.max_wait_ms, work / f"server-b{max_batch}.log")
+        proc, url = start_server(bundle, max_batch, a.max_wait_ms, a.budget, work / f"server-b{max_batch}.log")
         try:
+            if max_batch > 1:
+                result["bit_identity"] = check_bit_identity(url, bodies, 32, 16)
+                print(json.dumps(result["bit_identity"]), flush=True)
             for users in levels:
                 before = scrape(url)
                 load = os.getloadavg()
@@ -206,6 +228,12 @@ def write_markdown(res: dict, path: Path) -> None:
         lines.append(f"| {r['max_batch']} | {r['clients']} | {r['requests']} | {r['failures']} | "
                      f"{r['requests_per_s']:.2f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {mb} | "
                      f"{r['server_peak_rss_mb']:.0f} | {r['loadavg_before'][0]:.2f} |")
+    bi = res.get("bit_identity")
+    if bi:
+        lines += ["", f"Bit identity: {bi['pairs']} pairs scored one at a time, then all at once from {bi['clients']} "
+                  f"clients ({bi['batches']:.0f} micro-batches, mean size {bi['mean_batch_size']:.2f}): "
+                  f"{'every response equal, field for field' if bi['bit_identical'] else 'DIFFERENT'} "
+                  f"(max |dCP| {bi['max_abs_dcp']:.1e})."]
     lines += ["", "Throughput gain of micro-batching over `--max-batch 1`, by clients: "
               + ", ".join(f"{k}: {v}x" for k, v in res["gain_over_max_batch_1"].items()) + ".",
               f"Server exit status after SIGTERM: {res['exit_status']}.", ""]

@@ -17,6 +17,8 @@ import click
 @click.option("--provider", default="cpu", show_default=True, help="Execution provider: cpu or cuda.")
 @click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="ONNX Runtime intra-op threads (0: ONNX Runtime's default).")
+@click.option("--max-num-patches", type=click.IntRange(1, 16384), default=None,
+              help="Override the bundle's NaFlex patch budget.")
 @click.option("--stripper", type=click.Choice(["regex", "spacy", "none"]), default="regex", show_default=True,
               help="Default PF prompt stripper; a request may ask for regex or none (spacy only if this is spacy).")
 @click.option("--exif", type=click.Choice(["apply", "ignore"]), default="apply", show_default=True,
@@ -54,7 +56,7 @@ import click
               help="On SIGTERM/SIGINT: how long in-flight requests may take to finish.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def main(bundle, host, port, provider, threads, stripper, exif, mask_size_tolerance, max_batch, max_wait_ms,
+def main(bundle, host, port, provider, threads, max_num_patches, stripper, exif, mask_size_tolerance, max_batch, max_wait_ms,
          max_queue, cache_mb, cache_dir, cache_size_gb, max_body_mb, max_pixels, max_batch_items,
          request_timeout_s, body_timeout_s, decode_workers, max_connections, graceful_timeout_s, log_level):
     """Serve MaSC scoring over HTTP for the bundle BUNDLE.
@@ -72,7 +74,8 @@ def main(bundle, host, port, provider, threads, stripper, exif, mask_size_tolera
     import logging
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = ServeConfig(bundle=bundle, provider=provider, threads=threads or None, stripper=stripper, exif=exif,
+    cfg = ServeConfig(bundle=bundle, provider=provider, threads=threads or None, max_num_patches=max_num_patches,
+                      stripper=stripper, exif=exif,
                       mask_size_tolerance=mask_size_tolerance, max_batch=max_batch, max_wait_ms=max_wait_ms,
                       max_queue=max_queue, cache_mb=cache_mb, cache_dir=cache_dir, cache_size_gb=cache_size_gb,
                       max_body_mb=max_body_mb, max_pixels=max_pixels, max_batch_items=max_batch_items,

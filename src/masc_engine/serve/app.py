@@ -52,6 +52,7 @@ class ServeConfig:
     bundle: str
     provider: str = "cpu"
     threads: int | None = None
+    max_num_patches: int | None = None
     stripper: str = "regex"
     exif: str = "apply"
     mask_size_tolerance: int = 0
@@ -169,7 +170,8 @@ class _State:
 
             cfg = self.cfg
             scorer = Scorer(cfg.bundle, provider=cfg.provider, stripper=cfg.stripper,
-                            batch_size=2 * cfg.max_batch, intra_op_threads=cfg.threads)
+                            batch_size=2 * cfg.max_batch, intra_op_threads=cfg.threads,
+                            naflex_max_patches=cfg.max_num_patches)
             if cfg.cache_dir:
                 from ..runtime.cache import EncodingStore
 
