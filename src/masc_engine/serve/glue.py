@@ -94,9 +94,6 @@ class DecodedItem:
     error: FieldError | None = None
     uid: int = 0
 
-    def seq_lengths(self) -> set[int]:
-        return {_seq_len(li) for li in self.images.values() if isinstance(li, LoadedImage) and li.pre is not None}
-
 
 def _seq_len(li: LoadedImage) -> int:
     h, w = li.pre.spatial_shape
