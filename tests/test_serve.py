@@ -377,3 +377,27 @@ def test_disk_cache_is_shared_with_masc_run(naflex_bundle, odd_items, tmp_path):
     assert summary.cache_hits == 2 and summary.images_encoded == 0  # both images came from the service's entries
     want = json.loads(open(tmp_path / "out.jsonl").readline())
     assert (rec["cp"], rec["pf"], rec["status"]) == (want["cp"], want["pf"], want["status"])
+
+
+def test_reference_cache_is_bounded_in_bytes(naflex_bundle, odd_items):
+    """The in-memory reference LRU holds at most --cache-mb of patch tokens, evicting the least
+    recently used reference; outputs are never cached."""
+    from masc_engine.runtime.scorer import Scorer
+    from masc_engine.serve.glue import BYTE_FIELDS, ServiceScorer
+
+    items = [{f: base64.b64decode(it[f]) for f in BYTE_FIELDS} | {"prompt": it["prompt"]} for it, _ in odd_items[:4]]
+    probe = ServiceScorer(Scorer(naflex_bundle), cache_bytes=2**30)
+    sizes = []
+    for it in items:
+        probe.score([probe.decode(it, it["prompt"], None, None)])
+        sizes.append(probe.cache.nbytes - sum(sizes))
+    assert len(probe.cache) == 4 and all(s > 0 for s in sizes)  # references only, one entry each
+    bound = sizes[2] + sizes[3] + min(sizes[:2]) // 2  # room for the last two references, not three
+    svc = ServiceScorer(Scorer(naflex_bundle), cache_bytes=bound)
+    for it in items:
+        svc.score([svc.decode(it, it["prompt"], None, None)])
+    assert len(svc.cache) == 2 and svc.cache.nbytes == sizes[2] + sizes[3] <= bound
+    assert (svc.cache.hits, svc.cache.misses) == (0, 4)
+    svc.score([svc.decode(items[3], items[3]["prompt"], None, None)])  # still cached
+    svc.score([svc.decode(items[0], items[0]["prompt"], None, None)])  # evicted
+    assert (svc.cache.hits, svc.cache.misses) == (1, 5)
