@@ -84,7 +84,8 @@ def main() -> None:
         run_s = time.time() - t
         with open(tmp / "scores.csv", newline="", encoding="utf-8") as f:
             ours = list(csv.DictReader(f))
-        oracle = MaSC(model_id=m["source"]["checkpoint_dir"], device="cpu",
+        ckpt = m["source"].get("checkpoint_dir") or m["source"]["model"]  # random preset, or the local dir
+        oracle = MaSC(model_id=ckpt, device="cpu",
                       naflex_max_patches=int(m["image"]["max_num_patches"]))
         t = time.time()
         ref = [oracle.score(Image.open(tmp / r["ref_image"]), np.array(Image.open(tmp / r["ref_mask"])),
