@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import SHARED, checkpoint_dir, grid_image
+from conftest import EXAMPLES, checkpoint_dir, grid_image
 from masc_engine.runtime.position import position_weights
 from masc_engine.runtime.preprocess import ImageSettings, naflex_target_size, preprocess_image
 from masc_engine.tolerances import PIXEL_VALUES_ATOL, POSITION_ATOL
@@ -52,10 +52,13 @@ def test_naflex_pixels_equal_reference(naflex_bundle, hf_processor, grid, budget
     assert ours.pixel_attention_mask.sum() == grid[0] * grid[1]
 
 
-def test_naflex_pixels_on_real_photos(naflex_bundle, hf_processor, shared_dir):
+def test_naflex_pixels_on_real_photos(naflex_bundle, hf_processor, photo_dir):
     s = _settings(naflex_bundle)
     worst = 0.0
-    for path in sorted(shared_dir.glob("images/*/00.jpg")):
+    # every shipped photo; on the larger shared set, each subject's reference photo
+    paths = sorted(photo_dir.glob("images/*/*.jpg" if photo_dir == EXAMPLES else "images/*/00.jpg"))
+    assert len(paths) >= 22, photo_dir
+    for path in paths:
         im = Image.open(path)
         ours = preprocess_image(im, s)
         ref = hf_processor(images=[im.convert("RGB")], max_num_patches=s.max_num_patches, return_tensors="np")

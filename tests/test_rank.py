@@ -1,5 +1,5 @@
 """masc-rank (Finer-Personalization Rank): AP/CMC core, similarities, the ONNX encoder manifest,
-and the job on the shared DreamBooth gallery (oracle mode)."""
+and the job on the real DreamBooth galleries (examples/dreambooth, the shared set when present; oracle mode)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from conftest import EXAMPLES, SHARED
+from conftest import EXAMPLES, photo_sets
 from masc_engine.cli.rank_cmd import main as rank_main
 from masc_engine.protocols import rank
 from masc_engine.protocols.rank import (EncoderManifestError, average_precision, cmc, cmc_at, cosine_scores,
@@ -464,7 +464,7 @@ def test_engine_queries_file_bad_rows_get_statuses(naflex_bundle, examples_galle
     assert "gallery rows left out: 1" in res.output
 
 
-# ====================================================================== engine: shared gallery, oracle
+# ====================================================================== engine: real galleries, oracle
 
 
 def _read(path):
@@ -472,51 +472,52 @@ def _read(path):
         return list(csv.DictReader(f))
 
 
-@pytest.fixture(scope="module")
-def shared_oracle(naflex_bundle, tmp_path_factory):
-    """masc-rank --oracle on the shared gallery, and again on the rows shuffled (absolute paths)."""
-    if not (SHARED / "gallery.csv").is_file():
-        pytest.skip(f"shared DreamBooth gallery not found at {SHARED} (only present beside a project checkout)")
+@pytest.fixture(scope="module", params=photo_sets())
+def shared_oracle(naflex_bundle, tmp_path_factory, request):
+    """masc-rank --oracle on a real gallery (the shipped examples; the shared set too when present
+    beside the checkout), and again on the rows shuffled (absolute paths)."""
+    root = request.param
     d = tmp_path_factory.mktemp("rank-oracle")
-    rows = _read(SHARED / "gallery.csv")
+    rows = _read(root / "gallery.csv")
     rng = np.random.default_rng(7)
-    shuffled = [{**rows[i], "image": str(SHARED / rows[i]["image"]), "mask": str(SHARED / rows[i]["mask"])}
+    shuffled = [{**rows[i], "image": str(root / rows[i]["image"]), "mask": str(root / rows[i]["mask"])}
                 for i in rng.permutation(len(rows))]
     _write_csv(d / "shuffled.csv", list(rows[0]), shuffled)
     runs = {}
-    for name, gallery in (("original", SHARED / "gallery.csv"), ("shuffled", d / "shuffled.csv")):
+    for name, gallery in (("original", root / "gallery.csv"), ("shuffled", d / "shuffled.csv")):
         out = d / f"{name}.csv"
         res = CliRunner().invoke(rank_main, ["--oracle", "--gallery", str(gallery), "--bundle", str(naflex_bundle),
                                              "--out", str(out), "--no-progress"])
         assert res.exit_code == 0, res.output
         runs[name] = (_read(out), _read(d / f"{name}.summary.csv"), res.output)
-    return rows, runs
+    return root, rows, runs
 
 
 def test_shared_oracle_structure_and_invariants(shared_oracle):
-    gallery, runs = shared_oracle
+    _, gallery, runs = shared_oracle
     rows, summary, output = runs["original"]
-    assert len(rows) == len(gallery) == 158
+    n = len(gallery)
+    assert len(rows) == n and n in (22, 158)  # examples/dreambooth, shared set
     counts = {}
     for g in gallery:
         counts[g["identity"]] = counts.get(g["identity"], 0) + 1
-    for r, g in zip(rows, gallery):
+    for r, g in zip(rows, gallery, strict=True):
         assert r["status"] == "ok", r
         assert r["query"] == g["image"] and r["identity"] == g["identity"] and r["class"] == g["class"]
         assert r["method"] == "oracle" and r["similarity"] == "global" and r["level"] == "identity"
         # leave-one-out: the query is never in its own gallery, so it cannot retrieve itself
-        assert r["n_excluded"] == "1" and r["n_gallery"] == "157" and r["top1_image"] != r["query"]
+        assert r["n_excluded"] == "1" and r["n_gallery"] == str(n - 1) and r["top1_image"] != r["query"]
         n_rel = int(r["n_relevant"])
         assert n_rel == counts[g["identity"]] - 1 >= 1
         ap, first = float(r["ap"]), int(r["first_rank"])
-        assert 0 < ap <= 1 and 1 <= first <= 157 - n_rel + 1
+        assert 0 < ap <= 1 and 1 <= first <= n - 1 - n_rel + 1
         assert ap <= (1 / first + n_rel - 1) / n_rel + 1e-12  # the first hit's precision is 1/first, the rest <= 1
         assert r["top1"] == str(int(first == 1)) and r["top5"] == str(int(first <= 5))
         assert (r["top1_identity"] == r["identity"]) == (first == 1)
         assert -1 <= float(r["top1_score"]) <= 1 + 1e-6
     s = {(x["method"], x["class"]): x for x in summary}
     overall = s[("*", "*")]
-    assert overall["n_queries"] == "158" and overall["n_scored"] == "158"
+    assert overall["n_queries"] == str(n) and overall["n_scored"] == str(n)
     assert overall["n_undefined"] == "0" and overall["n_failed"] == "0"
     assert 0 <= float(overall["mAP"]) <= 1
     assert float(overall["mAP"]) == pytest.approx(np.mean([float(r["ap"]) for r in rows]), abs=1e-12)
@@ -525,21 +526,21 @@ def test_shared_oracle_structure_and_invariants(shared_oracle):
     assert s[("oracle", "*")]["mAP"] == overall["mAP"]
     classes = {g["class"] for g in gallery}
     assert {c for (m, c) in s if m == "oracle" and c != "*"} == classes
-    assert sum(int(s[("oracle", c)]["n_queries"]) for c in classes) == 158
+    assert sum(int(s[("oracle", c)]["n_queries"]) for c in classes) == n
     assert "WARNING" in output and "random weights" in output
 
 
 def test_shared_oracle_is_independent_of_gallery_row_order(shared_oracle):
     """Run twice (original and shuffled rows): every query's result is bit-identical."""
-    _, runs = shared_oracle
-    key = lambda r: os.path.realpath(SHARED / r["query"])  # noqa: E731
+    root, gallery, runs = shared_oracle
+    key = lambda r: os.path.realpath(root / r["query"])  # noqa: E731
     a = {key(r): r for r in runs["original"][0]}
     b = {key(r): r for r in runs["shuffled"][0]}
-    assert a.keys() == b.keys() and len(a) == 158
+    assert a.keys() == b.keys() and len(a) == len(gallery)
     for k in a:
         for col in ("ap", "first_rank", "n_relevant", "n_gallery", "top1_score", "top1_identity"):
             assert a[k][col] == b[k][col], (k, col)
-        assert os.path.realpath(SHARED / a[k]["top1_image"]) == os.path.realpath(b[k]["top1_image"])
+        assert os.path.realpath(root / a[k]["top1_image"]) == os.path.realpath(b[k]["top1_image"])
     sa = {(x["method"], x["class"]): x for x in runs["original"][1]}
     sb = {(x["method"], x["class"]): x for x in runs["shuffled"][1]}
     assert sa == sb
@@ -550,10 +551,10 @@ def test_global_embedding_is_the_unmasked_pooling_head(naflex_bundle, shared_ora
     from masc_engine.runtime.io import load_image
     from masc_engine.runtime.scorer import Scorer
 
-    _, runs = shared_oracle
+    root, _, runs = shared_oracle
     rows = runs["original"][0][:3]
     s = Scorer(naflex_bundle)
     for r in rows:
-        encs = s.encode_images([load_image(str(SHARED / r["query"])), load_image(str(SHARED / r["top1_image"]))])
+        encs = s.encode_images([load_image(str(root / r["query"])), load_image(str(root / r["top1_image"]))])
         pooled, _ = s.pool_background(encs, [np.zeros(e.tokens.shape[0], bool) for e in encs])
         assert abs(heads.cosine(pooled[0], pooled[1]) - float(r["top1_score"])) <= 10 * BATCH_INVARIANCE_ATOL

@@ -28,6 +28,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import photo_sets
 from masc_engine.runtime import stripping
 from masc_engine.runtime.stripping import (
     STRIPPERS,
@@ -43,18 +44,11 @@ REPO = Path(__file__).resolve().parents[1]
 # Data
 # --------------------------------------------------------------------------
 
-def _pairs_csv() -> Path | None:
-    for shared in (REPO / "shared", REPO.parent / "shared"):
-        path = shared / "data" / "dreambooth" / "pairs.csv"
-        if path.is_file():
-            return path
-    return None
-
-
-def _dreambooth_rows() -> list[tuple[str, str]]:
-    path = _pairs_csv()
-    if path is None:
-        pytest.skip("shared/data/dreambooth/pairs.csv not found beside or inside the checkout")
+@pytest.fixture(scope="module", params=photo_sets())
+def dreambooth_rows(request) -> list[tuple[str, str]]:
+    """(prompt, object_name) of every row of a real pairs.csv: the shipped examples, and the
+    shared set when present beside the checkout (conftest.photo_sets)."""
+    path = request.param / "pairs.csv"
     with path.open(newline="", encoding="utf-8-sig") as f:
         rows = [(r["prompt"], r["object_name"]) for r in csv.DictReader(f)]
     assert rows, f"{path} has no rows"
@@ -234,8 +228,8 @@ def _hand_pairs():
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("stripper", ["regex", "none"])
-def test_oracle_dreambooth_all_rows(oracle, stripper):
-    rows = _dreambooth_rows()
+def test_oracle_dreambooth_all_rows(oracle, stripper, dreambooth_rows):
+    rows = dreambooth_rows
     n_stripped = 0
     for prompt, object_name in rows:
         ours = strip_subject_from_prompt(prompt, object_name, stripper)
@@ -247,9 +241,9 @@ def test_oracle_dreambooth_all_rows(oracle, stripper):
 
 
 @pytest.mark.oracle
-def test_oracle_dreambooth_cross_subjects(oracle):
+def test_oracle_dreambooth_cross_subjects(oracle, dreambooth_rows):
     """Every prompt against every subject name: mostly no-mention cases."""
-    rows = _dreambooth_rows()
+    rows = dreambooth_rows
     names = sorted({o for _, o in rows}) + OBJECT_NAMES_EXTRA
     prompts = sorted({p for p, _ in rows})
     for prompt in prompts:
@@ -288,8 +282,8 @@ def test_oracle_unknown_stripper_message(oracle):
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("stripper", ["regex", "none"])
-def test_oracle_pf_prompt(oracle, stripper):
-    pairs = _dreambooth_rows() + _hand_pairs()
+def test_oracle_pf_prompt(oracle, stripper, dreambooth_rows):
+    pairs = dreambooth_rows + _hand_pairs()
     pairs += [(p, None) for p, _, _ in REGEX_CASES]
     for prompt, object_name in pairs:
         ours = pf_prompt(prompt, object_name, stripper)
@@ -892,8 +886,8 @@ def test_real_model_docstring_examples(en_core_web_sm):
 
 
 @pytest.mark.oracle
-def test_oracle_real_model_dreambooth(oracle, en_core_web_sm):
-    rows = _dreambooth_rows()
+def test_oracle_real_model_dreambooth(oracle, en_core_web_sm, dreambooth_rows):
+    rows = dreambooth_rows
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ours = SpacySubjectStripper.load(en_core_web_sm)

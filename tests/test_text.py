@@ -17,22 +17,22 @@ EXTRA = ["", " ", "A PHOTO OF A DOG", "a  dog\twith\nnewlines", "café crème br
          ", ".join(["a cat"] * 30)]
 
 
-def _prompts(shared_dir) -> list[str]:
-    rows = read_rows(shared_dir)
+def _prompts(photo_dir) -> list[str]:
+    rows = read_rows(photo_dir)
     out = [r["prompt"] for r in rows]
     out += [strip_subject_from_prompt(r["prompt"], r["object_name"]) for r in rows]
     return sorted(set(out)) + EXTRA
 
 
 @pytest.mark.parametrize("kind", ["naflex", "fixed"])
-def test_token_ids_equal_reference_processor(kind, request, shared_dir):
+def test_token_ids_equal_reference_processor(kind, request, photo_dir):
     transformers = pytest.importorskip("transformers")
     bundle = request.getfixturevalue(f"{kind}_bundle")
     m = json.loads((bundle / "manifest.json").read_text())
     settings = TextSettings.from_manifest(m["text"])
     tok = PromptTokenizer(bundle / settings.tokenizer_file, settings)
     processor = transformers.AutoProcessor.from_pretrained(checkpoint_dir(bundle))
-    prompts = _prompts(shared_dir)
+    prompts = _prompts(photo_dir)
     ours = tok.encode(prompts)
     for p, e in zip(prompts, ours):
         assert e.input_ids.shape == (64,) and e.input_ids.dtype == np.int64
