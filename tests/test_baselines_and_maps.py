@@ -35,7 +35,7 @@ def test_baselines_agree_with_their_definitions(naflex_bundle, scored):
         items.append(EncodedPair(r, mask_to_patch_grid(p.ref_mask, r.grid), o,
                                  mask_to_patch_grid(p.out_mask, o.grid), p.prompt, p.object_name))
     res = s.score_encoded(items, baselines=True)
-    for r, base, it in zip(res, plain, items):
+    for r, base, it in zip(res, plain, items, strict=True):
         ex = r.extras
         assert set(BASELINE_COLUMNS) <= set(ex)
         assert r.cp == pytest.approx(base.cp, abs=1e-6) and r.pf == pytest.approx(base.pf, abs=1e-6)

@@ -90,7 +90,7 @@ def test_real_tokens_one_reference_many_outputs(naflex_bundle, cp_runner):
     images = [grid_image(g, seed=i) for i, g in enumerate(grids)]
     encs = scorer.encode_images(images)
     weights = [mask_to_patch_grid(blob_mask(im.height, im.width, seed=i), e.grid)
-               for i, (im, e) in enumerate(zip(images, encs))]
+               for i, (im, e) in enumerate(zip(images, encs, strict=True))]
     empty = np.zeros_like(weights[2])
     items = []
     for r in (0, 1, 2):
@@ -107,7 +107,7 @@ def test_real_tokens_one_reference_many_outputs(naflex_bundle, cp_runner):
                  expected)
     assert small.calls > 2
     # Self-pairs: CP = 1.
-    for (cp, _), it in zip(GraphCP(cp_runner).score_items(items), items):
+    for (cp, _), it in zip(GraphCP(cp_runner).score_items(items), items, strict=True):
         if it.out_tokens is it.ref_tokens and not np.isnan(cp):
             assert abs(cp - 1.0) <= 1e-6
 
@@ -123,7 +123,7 @@ def test_best_per_patch_and_degenerate_tokens(cp_runner):
     _assert_same(got, [masked_maxcos(ref, o, w) for o in outs])
     got = GraphCP(cp_runner).score_items([CPItem(ref, w, o) for o in outs], return_best=True)
     keep = w > 0.5
-    for (cp, ex), o in zip(got, outs):
+    for (cp, ex), o in zip(got, outs, strict=True):
         assert ex["best"].shape == (30,) and np.all(ex["best"][~keep] == 0) and np.isfinite(ex["best"]).all()
         assert np.abs(ex["best"][keep] - best_match_cosines(ref[keep], o)).max() <= CP_BEST_ATOL
         assert abs(float(ex["best"][keep].mean()) - cp) <= CP_HEAD_ATOL
@@ -178,6 +178,6 @@ def test_scorer_graph_cp_head_equals_numpy_head(naflex_bundle):
     pairs = [Pair(*load_pair(EXAMPLES, r)) for r in read_rows(EXAMPLES)]
     a = Scorer(naflex_bundle).score_batch(pairs)
     b = Scorer(naflex_bundle, cp_head="graph").score_batch(pairs)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert abs(x.cp - y.cp) <= CP_HEAD_ATOL and x.pf == y.pf
         assert x.extras["cp_n_ref_fg"] == y.extras["cp_n_ref_fg"]

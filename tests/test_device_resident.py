@@ -162,7 +162,7 @@ def test_device_resident_scores_equal_host_path(naflex_bundle):
     numpy_head = Scorer(naflex_bundle).score_batch(pairs)
     dev = Scorer(naflex_bundle, device_resident=True).score_batch(pairs)
     assert isinstance(Scorer(naflex_bundle, device_resident=True).device, HostDevice)
-    for h, n, r in zip(host, numpy_head, dev):
+    for h, n, r in zip(host, numpy_head, dev, strict=True):
         assert r.cp == h.cp and r.pf == h.pf  # same graphs, same inputs: bit-identical
         assert abs(r.cp - n.cp) <= 1e-6 and r.pf == n.pf
         assert r.extras == h.extras
@@ -176,7 +176,7 @@ def test_tokens_never_leave_the_device(naflex_bundle):
     s = Scorer(naflex_bundle, device_resident=True, array_device=dev, batch_size=4)
     got = s.score_batch(pairs)
     want = Scorer(naflex_bundle, cp_head="graph", batch_size=4).score_batch(pairs)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert (g.cp, g.pf) == (w.cp, w.pf)
     d = s.bundle.manifest["architecture"]["vision_width"]
     assert dev.to_host_log, "scores must come back through to_host"
@@ -219,7 +219,7 @@ def test_device_resident_maps_and_baselines_copy_only_when_asked(naflex_bundle):
 
     got = s.score_encoded(encoded(s), baselines=True, with_arrays=True)
     want = h.score_encoded(encoded(h), baselines=True, with_arrays=True)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         for k, v in w.extras.items():
             assert g.extras[k] == v or (np.isnan(v) and np.isnan(g.extras[k])), k
         np.testing.assert_array_equal(g.arrays["cp_best"], w.arrays["cp_best"])

@@ -32,7 +32,7 @@ def _items(width=64, seed=0):
 
 def _check(runner, items):
     got = GraphCP(runner).score_items(items)
-    for (cp, _), it in zip(got, items):
+    for (cp, _), it in zip(got, items, strict=True):
         assert abs(cp - masked_maxcos(it.ref_tokens, it.out_tokens, it.ref_weights)[0]) <= CP_HEAD_ATOL
 
 
@@ -83,7 +83,7 @@ def test_tensorrt_cp_engine(request, tmp_path):
             _check(runner, _items())
         else:
             got = GraphCP(runner).score_items(_items())
-            for (cp, _), it in zip(got, _items()):
+            for (cp, _), it in zip(got, _items(), strict=True):
                 assert abs(cp - masked_maxcos(it.ref_tokens, it.out_tokens, it.ref_weights)[0]) <= 2e-3
 
 

@@ -410,7 +410,7 @@ def test_engine_maxcos_oracle_equals_masked_maxcos(naflex_bundle, examples_galle
     # Recompute one query by hand with the scorer's public pieces and heads.masked_maxcos.
     q = "images/dog2/00.jpg"
     paths = [r["image"] for r in ok]
-    encs = dict(zip(paths, scorer.encode_images([load_image(str(examples_gallery / p)) for p in paths])))
+    encs = dict(zip(paths, scorer.encode_images([load_image(str(examples_gallery / p)) for p in paths]), strict=True))
     qmask = load_mask(str(examples_gallery / "masks/dog2/00.png"))
     w = mask_to_patch_grid(qmask, encs[q].grid)
     assert by[q]["n_query_patches"] == int((w > scorer.fg_threshold).sum()) < encs[q].tokens.shape[0]

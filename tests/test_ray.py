@@ -20,7 +20,7 @@ def test_ray_executor_equals_local(naflex_bundle, tmp_path):
     assert s.rows == 40 and s.ok == 40
     a, b = read_output(local), read_output(remote)
     assert [r["row_index"] for r in a] == [r["row_index"] for r in b] == [str(i) for i in range(1, 41)]
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x["key"] == y["key"] and x["status"] == y["status"] and x["row_key"] == y["row_key"]
         # Same code, same chunks: identical values (batch composition per chunk is the same).
         assert abs(float(x["cp"]) - float(y["cp"])) <= 1e-6 and abs(float(x["pf"]) - float(y["pf"])) <= 1e-6

@@ -107,7 +107,7 @@ def test_example_rows_match_api(naflex_bundle, tmp_path):
     assert res.exit_code == 0, res.output
     got = list(csv.DictReader(open(out)))
     api = Scorer(naflex_bundle).score_batch([Pair(*load_pair(EXAMPLES, r)) for r in read_rows(EXAMPLES)])
-    for g, a in zip(got, api):
+    for g, a in zip(got, api, strict=True):
         assert abs(float(g["cp"]) - a.cp) <= BATCH_INVARIANCE_ATOL
         assert abs(float(g["pf"]) - a.pf) <= BATCH_INVARIANCE_ATOL
 
@@ -128,7 +128,8 @@ def test_device_resident_run_equals_graph_head_run(naflex_bundle, tmp_path):
         meta = json.loads((tmp_path / f"{out.name}.meta.json").read_text())
         assert meta["settings"]["device_resident"] is (flag == "--device-resident")
         assert meta["settings"]["cp_head"] == "graph"
-    for a, b in zip(outs["--device-resident"], outs["--no-device-resident"]):
+    assert len(outs["--device-resident"]) == len(read_rows(EXAMPLES)) == 20
+    for a, b in zip(outs["--device-resident"], outs["--no-device-resident"], strict=True):
         assert (a["cp"], a["pf"], a["status"]) == (b["cp"], b["pf"], b["status"])
 
 

@@ -34,7 +34,7 @@ def test_scores_do_not_depend_on_batch_composition_or_order(naflex_bundle, examp
     s = Scorer(naflex_bundle, batch_size=5)
     order = np.random.default_rng(0).permutation(len(example_pairs))
     shuffled = s.score_batch([example_pairs[i] for i in order])
-    by_index = {int(i): r for i, r in zip(order, shuffled)}
+    by_index = {int(i): r for i, r in zip(order, shuffled, strict=True)}
     for i, a in enumerate(alone):
         b = by_index[i]
         assert abs(a.cp - b.cp) <= BATCH_INVARIANCE_ATOL and abs(a.pf - b.pf) <= BATCH_INVARIANCE_ATOL

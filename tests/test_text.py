@@ -34,7 +34,7 @@ def test_token_ids_equal_reference_processor(kind, request, photo_dir):
     processor = transformers.AutoProcessor.from_pretrained(checkpoint_dir(bundle))
     prompts = _prompts(photo_dir)
     ours = tok.encode(prompts)
-    for p, e in zip(prompts, ours):
+    for p, e in zip(prompts, ours, strict=True):
         assert e.input_ids.shape == (64,) and e.input_ids.dtype == np.int64
         if e.truncated and not m["text"]["reference_truncates"]:
             # SiglipProcessor does not truncate: the reference would fail in the text tower.
