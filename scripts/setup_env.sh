@@ -11,7 +11,7 @@ python -m pip install -q --upgrade pip
 # a multi-GB CUDA build through transformers.
 python -m pip install -q "torch==2.13.0"
 if [ "${1:-}" = "--test" ]; then
-  python -m pip install -q -e ".[export,test,eval,spacy,serve]"
+  python -m pip install -q -e ".[export,test,eval,spacy,parquet,ray,serve]"
   # The oracle. --no-deps: its torchvision requirement cannot be met beside the CPU torch build,
   # and without torchvision transformers uses its PIL image processors (what we reproduce exactly).
   python -m pip install -q --no-deps "masc-metric==0.3.0"

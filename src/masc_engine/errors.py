@@ -42,3 +42,13 @@ class ProfileError(InputError):
 
     def __init__(self, detail: str):
         super().__init__("outside_engine_profile", detail)
+
+
+class MissingDependencyError(MascEngineError, ImportError):
+    """An optional package is not installed; the message names the extra and the pip command
+    (see :mod:`masc_engine.extras`)."""
+
+
+class MissingModelError(MascEngineError, OSError):
+    """A model the run needs (the spaCy pipeline ``en_core_web_sm``) is not installed; the message
+    gives the command that installs it."""

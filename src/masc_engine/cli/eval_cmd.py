@@ -77,10 +77,12 @@ def read_rows(path: str | Path) -> tuple[list[dict[str, Any]], list[int] | None]
             raise ag.DataError(f"{name}: a .json file must hold an array of objects (one per row); use .jsonl for JSON Lines")
         return obj, None
     if suffix == ".parquet":
+        from .. import extras
+
         try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ag.DataError(f"{name}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+            pq = extras.require("pyarrow.parquet", f"{name}: reading Parquet")
+        except ImportError as e:
+            raise ag.DataError(str(e)) from None
         return pq.read_table(p).to_pylist(), None
     raise ag.DataError(f"{name}: unknown file type {suffix!r}; expected one of {', '.join(_TABLE_FORMATS)}")
 

@@ -75,9 +75,9 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
         try:
             from ..export.exporter import export_bundle
         except ImportError as e:  # torch / transformers / onnx missing
-            raise click.ClickException(
-                f"masc-export needs the export extra ({e.name} is missing): pip install 'masc-engine[export]'"
-            ) from e
+            from ..extras import missing
+
+            raise click.ClickException(str(missing(e.name or "torch", "masc-export", extra="export"))) from e
         try:
             export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=log,
                           precision=precision or "fp32")

@@ -43,9 +43,11 @@ def main(scores, out_path, within_column, within_value, method_column, top_k, ti
     opts = ReportOptions(title=title, method_column=method_column, within_column=within_column,
                          within_value=within_value, top_k=top_k, thumb_px=thumb_size, n_resamples=n_resamples,
                          seed=seed, image_root=image_root)
+    from ..errors import MascEngineError
+
     try:
         write_report(scores, out_path, opts, log=click.echo)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, MascEngineError) as e:  # MissingDependencyError: Parquet without pyarrow
         raise click.ClickException(str(e)) from e
 
 

@@ -73,16 +73,11 @@ HUMAN_AGGS = ("per_rater", "joint")
 # exact pairable-values formulas in _alpha_direct instead.
 _PACKAGE_MAX_DOMAIN = 64
 
-_EXTRA_HINT = "install the evaluation extra: pip install 'masc-engine[eval]'"
-
-
 def _require(module: str) -> Any:
-    import importlib
+    from .. import extras
 
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(f"{module} is needed for masc-engine's meta-evaluation; {_EXTRA_HINT}") from exc
+    # MissingDependencyError (an ImportError): one line naming the [eval] extra's packages
+    return extras.require(module, "masc-engine's meta-evaluation", extra="eval")
 
 
 # --------------------------------------------------------------------------

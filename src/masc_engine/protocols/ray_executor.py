@@ -53,7 +53,9 @@ def run_chunks_on_ray(chunks, rows, keys, base, scorer, settings, address=None, 
     try:
         import ray
     except ImportError as e:
-        raise BackendUnavailableError("--executor ray needs Ray: pip install 'ray>=2.9'") from e
+        from ..extras import install_hint
+
+        raise BackendUnavailableError(f"--executor ray needs Ray, which is not installed: {install_hint('ray')}") from e
     from dataclasses import asdict
 
     if not chunks:

@@ -1,7 +1,7 @@
 """Result files of ``masc-run``: format by extension, an append-only journal for resume, and the
 metadata sidecar.
 
-- Output formats: ``.csv`` (default), ``.parquet`` (pyarrow), ``.jsonl`` / ``.ndjson`` (JSON Lines).
+- Output formats: ``.csv`` (default), ``.parquet`` (pyarrow, the ``[parquet]`` extra), ``.jsonl`` / ``.ndjson`` (JSON Lines).
   Written once, in input order, atomically (temporary file + rename).
 - Journal ``<out>.journal.jsonl``: one JSON line per finished row, appended and flushed per chunk
   while the run goes on. An interrupted run (Ctrl-C, kill -9) leaves at most one torn last line,
@@ -17,6 +17,8 @@ import math
 import os
 from pathlib import Path
 
+from .. import extras
+
 FORMATS = {".csv": "csv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 
@@ -29,6 +31,8 @@ def output_format(path: str | Path) -> str:
     ext = Path(path).suffix.lower()
     if ext not in FORMATS:
         raise ValueError(f"cannot write {path}: use one of {', '.join(FORMATS)}")
+    if FORMATS[ext] == "parquet":  # fail before a run, not after it: pyarrow is the [parquet] extra
+        extras.check("pyarrow", f"{path}: Parquet")
     return FORMATS[ext]
 
 
@@ -112,9 +116,8 @@ def write_output(path: str | Path, rows: list[dict], columns: list[str]) -> None
             for r in rows:
                 f.write(json.dumps({k: _json_safe(r.get(k)) for k in columns}, ensure_ascii=False) + "\n")
     else:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+        pa = extras.require("pyarrow", f"{path}: Parquet")
+        pq = extras.require("pyarrow.parquet", f"{path}: Parquet")
         data = {k: [_arrow_cell(r.get(k)) for r in rows] for k in columns}
         pq.write_table(pa.table(data), tmp)
     os.replace(tmp, path)
@@ -135,6 +138,5 @@ def read_output(path: str | Path) -> list[dict]:
     if fmt == "jsonl":
         with open(path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
-    import pyarrow.parquet as pq
-
+    pq = extras.require("pyarrow.parquet", f"{path}: Parquet")
     return pq.read_table(path).to_pylist()
