@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
 # Create (or update) the project virtualenv in .venv with the runtime, the export extra and,
 # with --test, everything the test suite compares against (masc-metric 0.3.0 as the oracle).
+# Prints one line per stage; pip's own output goes to .venv/setup.log (shown if a step fails).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+step() { echo "setup: $*" >&2; }
+[ -x .venv/bin/python ] || { step "creating .venv with $("$PY" --version 2>&1)"; "$PY" -m venv .venv; }
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
+LOG=.venv/setup.log
+: >"$LOG"
+pipi() {
+  if ! python -m pip install "$@" >>"$LOG" 2>&1; then
+    step "pip install $* failed; the end of $LOG:"
+    tail -n 25 "$LOG" >&2
+    exit 1
+  fi
+}
+step "installing packages into .venv (a first run takes a few minutes; pip's log: $LOG)"
+pipi --upgrade pip
 # torch first, pinned: on these machines 2.13.0 is a local CPU build; an unpinned torch would pull
 # a multi-GB CUDA build through transformers.
-python -m pip install -q "torch==2.13.0"
+step "torch 2.13.0 (CPU build; only masc-export and the tests need it)"
+pipi "torch==2.13.0"
 if [ "${1:-}" = "--test" ]; then
-  python -m pip install -q -e ".[export,test,eval,spacy,parquet,ray,serve]"
+  step "masc-engine (editable) with the export, test, eval, spacy, parquet, ray and serve extras"
+  pipi -e ".[export,test,eval,spacy,parquet,ray,serve]"
   # The oracle. --no-deps: its torchvision requirement cannot be met beside the CPU torch build,
   # and without torchvision transformers uses its PIL image processors (what we reproduce exactly).
-  python -m pip install -q --no-deps "masc-metric==0.3.0"
+  step "the oracle masc-metric 0.3.0 (--no-deps)"
+  pipi --no-deps "masc-metric==0.3.0"
 else
-  python -m pip install -q -e ".[export,eval]"
+  step "masc-engine (editable) with the export and eval extras"
+  pipi -e ".[export,eval]"
 fi
+step "done: activate it with  . .venv/bin/activate"

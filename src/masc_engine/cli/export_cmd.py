@@ -78,11 +78,20 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
             from ..extras import missing
 
             raise click.ClickException(str(missing(e.name or "torch", "masc-export", extra="export"))) from e
+        from pathlib import Path
+
+        from .quiet import libraries_to_log
+
+        # torch.onnx / onnxscript / transformers chatter goes to OUT/export.log; stages stay on screen
+        lib_log = Path(out_dir) / "export.log"
         try:
-            export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=log,
-                          precision=precision or "fp32")
+            with libraries_to_log(lib_log) as (say, lib):
+                say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
+                export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=say,
+                              precision=precision or "fp32")
         except MascEngineError as e:
-            raise click.ClickException(str(e)) from e
+            raise click.ClickException(f"{e} (library messages: {lib_log})") from e
+        click.echo(lib.summary(), err=True)
     if backend == "tensorrt":
         # unverified: no TensorRT/GPU was available to the session that wrote this path.
         from ..engine.backends.tensorrt import build_engines

@@ -1,0 +1,99 @@
+"""A quiet terminal for long commands: our stages and progress on screen, library chatter in a log.
+
+The exporter drives torch.onnx, onnxscript, transformers and ONNX Runtime, which print dozens of
+lines a user cannot act on (axis-name ``UserWarning``\\ s, "torchvision is not installed. Skipping
+torchvision::nms", ``FutureWarning``\\ s, config notes). :func:`libraries_to_log` sends all of it to
+a log file: Python warnings, ``logging`` records and whatever is written to file descriptors 1 and
+2 (C++ libraries write there directly). Nothing of value is hidden: our own warnings
+(``masc_engine.*``) still reach the terminal, errors still raise (the CLI prints them as one line
+naming the log), and the caller's summary names the log and how many lines it holds.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class LibraryLog:
+    """Where library output went, for the command's summary."""
+
+    path: Path
+    lines: int = 0
+    warnings: int = 0
+
+    def summary(self) -> str:
+        if not self.lines:
+            return f"library messages: none (log: {self.path})"
+        return (f"library messages: {self.lines} lines ({self.warnings} Python warnings) in {self.path} "
+                "(nothing there stopped the command)")
+
+
+def _terminal_stream():
+    """The stream that reaches the user once fd 2 points at the log: a duplicate of the real fd 2
+    when sys.stderr is it, else sys.stderr itself (click's CliRunner, pytest's capture)."""
+    try:
+        if sys.stderr.fileno() == 2:
+            return os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace"), True
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+    return sys.stderr, False
+
+
+def _ours(category: type, filename: str) -> bool:
+    return category.__module__.startswith("masc_engine") or f"{os.sep}masc_engine{os.sep}" in filename
+
+
+@contextmanager
+def libraries_to_log(log_path: str | Path):
+    """Within the block, library output goes to ``log_path`` (appended); yields ``(say, log)``.
+
+    ``say(msg)`` prints a line to the terminal; ``log`` is a :class:`LibraryLog` whose counts are
+    final once the block ends. Warnings raised by masc_engine itself are shown on the terminal too.
+    """
+    path = Path(log_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    start = path.stat().st_size if path.is_file() else 0
+    info = LibraryLog(path)
+    term, dup = _terminal_stream()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logf = open(path, "a", encoding="utf-8", errors="replace", buffering=1)  # noqa: SIM115
+    saved_fds = {fd: os.dup(fd) for fd in (1, 2)}
+    saved_streams = sys.stdout, sys.stderr
+
+    def say(msg: str) -> None:
+        print(msg, file=term, flush=True)
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        info.warnings += 1
+        logf.write(warnings.formatwarning(message, category, filename, lineno, line))
+        if _ours(category, filename):
+            say(f"WARNING: {message}")
+
+    old_show = warnings.showwarning
+    try:
+        for fd in (1, 2):
+            os.dup2(logf.fileno(), fd)
+        sys.stdout = sys.stderr = logf  # Python-level writers that do not go through fds 1/2
+        warnings.showwarning = show
+        yield say, info
+    finally:
+        warnings.showwarning = old_show
+        sys.stdout, sys.stderr = saved_streams
+        logf.flush()
+        for fd, keep in saved_fds.items():
+            os.dup2(keep, fd)
+            os.close(keep)
+        logf.close()
+        if dup:
+            term.close()
+        with open(path, "rb") as f:
+            f.seek(start)
+            info.lines = f.read().count(b"\n")
