@@ -331,7 +331,11 @@ def main(argv=None) -> int:
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     import onnxruntime
 
-    result = {"script": "bench/gpu_throughput.py", "dry_run": a.dry_run, "gpu": gpu_name(),
+    result = {"script": "bench/gpu_throughput.py", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "python": platform.python_version(), "loadavg_1_5_15": list(os.getloadavg())},
+              "versions": {"python": platform.python_version(), "onnxruntime": onnxruntime.__version__},
+              "dry_run": a.dry_run, "gpu": gpu_name(),
               "backend": a.backend, "precision": a.precision,
               "provider": a.provider, "python": platform.python_version(), "onnxruntime": onnxruntime.__version__,
               "onnxruntime_providers": onnxruntime.get_available_providers(), "cpu_cores": os.cpu_count(),

@@ -59,6 +59,7 @@ def main() -> None:
                           "python": platform.python_version(), "loadavg_1_5_15_start": list(os.getloadavg()),
                           "note": "shared 2-core machine: other sessions ran jobs at the same time "
                                   "(import times are upper bounds)"},
+              "versions": {"python": platform.python_version(), "pip_freeze": "see runtime.pip_freeze"},
               "targets": {"venv_mb": 250, "import_s": 0.5}}
     with tempfile.TemporaryDirectory() as d:
         venv = Path(d) / "venv"

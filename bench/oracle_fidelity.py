@@ -1,7 +1,9 @@
 """Fidelity against the oracle: max |dCP| and |dPF| between masc-engine and masc-metric 0.3.0.
 
 Same random weights on both sides (the tiny NaFlex and tiny fixed-size test models), every row of
-../shared/data/dreambooth/pairs.csv, plus the NaFlex grid suite of tests/test_preprocess.py.
+examples/dreambooth/pairs.csv (shipped) and of ../shared/data/dreambooth/pairs.csv (when present
+beside the checkout), plus the NaFlex grid suite of tests/test_preprocess.py. The record holds the
+date, the versions and the machine.
 The tests assert these stay within tolerances.ORACLE_SCORE_ATOL; this script records the figures.
 
     python bench/oracle_fidelity.py --out bench/results/oracle_fidelity.json
@@ -12,7 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import platform
 import sys
+import time
 import tempfile
 import warnings
 from pathlib import Path
@@ -26,7 +31,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "oracle_fidelity.json"))
     a = ap.parse_args()
     warnings.simplefilter("ignore")
-    from conftest import SHARED, blob_mask, load_pair, read_rows
+    import masc
+    import onnxruntime
+    import torch
+    import transformers
+
+    import masc_engine
+    from conftest import EXAMPLES, SHARED, blob_mask, load_pair, read_rows
     from masc import MaSC as Oracle
     from test_preprocess import GRID_CASES
 
@@ -40,20 +51,33 @@ def main() -> None:
             return 0.0
         return abs(a_ - b_)
 
-    rows = read_rows(SHARED)
-    result = {"reference": "masc-metric 0.3.0", "pairs": len(rows)}
+    sets = {"examples_pairs": EXAMPLES}
+    if (SHARED / "pairs.csv").is_file():
+        sets["shared_pairs"] = SHARED
+    result = {"reference": "masc-metric 0.3.0", "script": "bench/oracle_fidelity.py",
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "loadavg_1_5_15": list(os.getloadavg()),
+                          "note": "shared machine; the figures are score differences, not timings"},
+              "versions": {"python": platform.python_version(), "masc_engine": masc_engine.__version__,
+                           "masc_metric": getattr(masc, "__version__", "0.3.0"), "torch": torch.__version__,
+                           "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__},
+              "pairs": {k: len(read_rows(v)) for k, v in sets.items()}}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("naflex", "fixed"):
             bundle = export_bundle(f"random:tiny-{kind}", Path(tmp) / kind, log=lambda s: None)
             ckpt = json.loads((bundle / "manifest.json").read_text())["source"]["checkpoint_dir"]
-            ours = Scorer(bundle).score_batch([Pair(*load_pair(SHARED, r)) for r in rows])
             ref = Oracle(model_id=ckpt, device="cpu")
-            d_cp, d_pf, nan = 0.0, 0.0, 0
-            for r, o in zip(rows, ours):
-                x = ref.score(*load_pair(SHARED, r))
-                d_cp, d_pf = max(d_cp, delta(o.cp, x.cp)), max(d_pf, delta(o.pf, x.pf))
-                nan += math.isnan(x.cp) or math.isnan(x.pf)
-            entry = {"shared_pairs": {"max_abs_dcp": d_cp, "max_abs_dpf": d_pf, "undefined_on_both_sides": nan}}
+            entry = {}
+            for set_name, root in sets.items():
+                rows = read_rows(root)
+                ours = Scorer(bundle).score_batch([Pair(*load_pair(root, r)) for r in rows])
+                d_cp, d_pf, nan = 0.0, 0.0, 0
+                for r, o in zip(rows, ours, strict=True):
+                    x = ref.score(*load_pair(root, r))
+                    d_cp, d_pf = max(d_cp, delta(o.cp, x.cp)), max(d_pf, delta(o.pf, x.pf))
+                    nan += math.isnan(x.cp) or math.isnan(x.pf)
+                entry[set_name] = {"max_abs_dcp": d_cp, "max_abs_dpf": d_pf, "undefined_on_both_sides": nan}
             if kind == "naflex":
                 g_cp = g_pf = 0.0
                 for grid, budget, size in GRID_CASES:

@@ -270,7 +270,8 @@ def main() -> int:
     log = log_factory(lines)
     t0 = time.time()
     info = machine_info()
-    result: dict = {"machine": info}
+    result: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "script": "bench/pixels_vs_torchvision.py", "machine": dict(info, loadavg_1_5_15=list(os.getloadavg()))}
     log("# Our pixels vs transformers' torchvision-backed SigLIP2 image processor")
     log(f"machine: {info['cpu']}, {info['cores_usable']} usable cores ({info['cores_visible']} visible), "
         f"torch threads {info['torch_threads']}, {info['platform']}, Python {info['python']}")
