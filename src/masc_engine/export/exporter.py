@@ -4,7 +4,7 @@ Steps (optimum-style): load the checkpoint and its processor; read every preproc
 setting from the processor objects into the manifest; export each graph from its spec
 (export/graphs.py); validate each graph against PyTorch right away on batch sizes and patch
 grids other than the traced ones (export/validate.py), raising :class:`ExportValidationError`
-past ``tolerances.EXPORT_VALIDATION_ATOL``; write ``manifest.json`` with every file's sha256.
+past its per-shape budget (``tolerances.EXPORT_VALIDATION_BUDGETS``); write ``manifest.json`` with every file's sha256.
 """
 
 from __future__ import annotations

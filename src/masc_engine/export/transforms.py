@@ -7,7 +7,7 @@ it applies to, :func:`run_transforms`:
 1. reads the graph's current file (the output of the previous transform that replaced it, or the
    exported fp32 graph) and has the transform write a new ONNX file;
 2. validates the new file against PyTorch right away, with the gates the transform names
-   (``"fp32"``: ``tolerances.EXPORT_VALIDATION_ATOL``; ``"fp16"`` / ``"bf16"``: the
+   (``"fp32"``: the per-shape budgets ``tolerances.EXPORT_VALIDATION_BUDGETS``; ``"fp16"`` / ``"bf16"``: the
    reduced-precision gates in :mod:`masc_engine.tolerances`), through the ``validate`` callable
    the exporter passes in (it holds the PyTorch model; export/validate.py does the checks); a
    failure raises and nothing becomes a bundle;

@@ -21,11 +21,12 @@ from ..runtime.position import position_weights
 from ..runtime.preprocess import ImageSettings, preprocess_image
 from ..runtime.text import PromptTokenizer, TextSettings
 from ..runtime.heads import best_match_cosines, masked_maxcos
-from ..tolerances import (CP_BEST_ATOL, CP_HEAD_ATOL, EXPORT_VALIDATION_ATOL, FIDELITY_MAX_ABS_DELTA,
-                          FIDELITY_MIN_EMBEDDING_COSINE, REDUCED_TOKEN_COSINE_MEDIAN, REDUCED_TOKEN_COSINE_P001)
+from ..tolerances import (CP_BEST_ATOL, CP_HEAD_ATOL, FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_EMBEDDING_COSINE,
+                          REDUCED_TOKEN_COSINE_MEDIAN, REDUCED_TOKEN_COSINE_P001, export_validation_atol)
 
 #: Reduced-precision graphs (export/precision.py) are checked with the ``fp16`` / ``bf16`` gates
-#: instead of ``EXPORT_VALIDATION_ATOL``: cosines of patch tokens and pooled embeddings, |dCP|.
+#: instead of the fp32 per-shape budgets (``tolerances.EXPORT_VALIDATION_BUDGETS``): cosines of
+#: patch tokens and pooled embeddings, |dCP|.
 REDUCED_GATES = ("fp16", "bf16")
 
 
@@ -38,10 +39,15 @@ def error_stats(actual: np.ndarray, expected: np.ndarray) -> dict:
             "shape": list(np.shape(actual))}
 
 
-def _check(name: str, cases: list[dict], atol: float = EXPORT_VALIDATION_ATOL,
+def _check(name: str, cases: list[dict], atol: float | None = None,
            against: str = "PyTorch") -> dict:
+    """Raise unless every case's max |error| is within ``atol``; default: the per-shape budget of
+    ``tolerances.export_validation_atol`` for the outputs' width (the cases' last dimension)."""
+    budget_from = "given"
+    if atol is None:
+        atol, budget_from = export_validation_atol(name, int(cases[0]["shape"][-1]))
     worst = max(c["max_abs"] for c in cases)
-    report = {"max_abs": worst, "atol": atol, "cases": cases}
+    report = {"max_abs": worst, "atol": atol, "budget_from": budget_from, "cases": cases}
     if not np.isfinite(worst) or worst > atol:
         raise ExportValidationError(
             f"graph {name!r} differs from {against}: max |error| {worst:.3g} > {atol:g}", report,
@@ -289,7 +295,8 @@ def validate_cp(runner, width: int, gates: str = "fp32") -> dict:
 def validate_graph(graph: str, path: Path, bundle_dir: Path, model, processor, image: dict, text: dict,
                    gates: str = "fp32") -> dict:
     """Check one ONNX file of the bundle against PyTorch (the numpy head for ``cp``) with ``gates``
-    (``fp32``: ``EXPORT_VALIDATION_ATOL``; ``fp16`` / ``bf16``: the reduced-precision gates).
+    (``fp32``: the per-shape budgets, ``tolerances.EXPORT_VALIDATION_BUDGETS``; ``fp16`` / ``bf16``: the
+    reduced-precision gates).
 
     bf16 graphs run emulated on ONNX Runtime CPU, which has no bf16 kernels
     (export/precision.py :func:`~masc_engine.export.precision.emulate_bf16`); the report says so.
