@@ -70,12 +70,15 @@ import click
               help="Keep patch tokens in GPU memory between the vision graph, the pooling head and the CP "
                    "graph, and cache reference tokens there (needs CuPy). Default: on for --provider cuda "
                    "and --backend tensorrt, off on CPU.")
+@click.option("--ort-memory", type=click.Choice(["lean", "arena"]), default="lean", show_default=True,
+              help="ONNX Runtime CPU memory: lean (no CPU arena, no memory patterns: memory is weights + "
+                   "the batch in flight) or arena (ONNX Runtime's defaults; keeps its high-water mark).")
 @click.option("--print-scores", is_flag=True, help="Print each row's key, method, CP, PF and status.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif, paper_filter,
          min_output_mask_frac, min_reference_mask_frac, mask_size_tolerance, baselines, save_maps, cache_dir, cache_size_gb,
          batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, cp_head, backend, precision,
-         device_resident, print_scores, no_progress) -> None:
+         device_resident, ort_memory, print_scores, no_progress) -> None:
     """Score every row of PAIRS_CSV (columns ref_image, ref_mask, out_image, out_mask, prompt,
     object_name; other columns are carried through) and print a summary."""
     from ..engine.bundle import RandomWeightsWarning
@@ -102,7 +105,7 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
             scorer = Scorer(bundle, provider=provider, stripper=stripper, batch_size=batch_size,
                             intra_op_threads=threads or None, naflex_max_patches=max_num_patches,
                             cp_head=cp_head, backend=backend, precision=precision,
-                            device_resident=device_resident)
+                            device_resident=device_resident, ort_memory=ort_memory)
         for w in caught:
             click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
         summary = run_pairs(pairs_csv, scorer, out_path, settings, chunk_size=chunk_size, io_workers=io_workers,

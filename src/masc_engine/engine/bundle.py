@@ -61,7 +61,8 @@ class Bundle:
             raise BundleError(f"bundle {self.path} has no {name!r} graph") from None
 
     def runner(self, graph: str, backend: str = "onnxruntime", provider: str = "cpu",
-               intra_op_threads: int | None = None, precision: str | None = None) -> Runner:
+               intra_op_threads: int | None = None, precision: str | None = None,
+               ort_memory: str = "lean") -> Runner:
         """A runner for one of the bundle's graphs (``vision``, ``pool``, ``text``, ``cp``).
 
         Args:
@@ -71,6 +72,8 @@ class Bundle:
             precision: TensorRT: ``fp32``, ``fp16`` or ``bf16`` (default: the only engine set
                 present). ONNX Runtime: ``None`` or the bundle's own precision (:attr:`precision`;
                 the graphs carry it, their inputs and outputs stay float32).
+            ort_memory: ONNX Runtime CPU memory settings, ``lean`` or ``arena``
+                (engine/backends/onnxruntime.py ``ORT_MEMORY``).
 
         Raises:
             BackendUnavailableError: unknown backend, the provider or TensorRT is missing (never a
@@ -93,7 +96,7 @@ class Bundle:
                     f"bundle {self.path} holds bf16 graphs, which ONNX Runtime's CPU provider cannot run (no bf16 "
                     "kernels); use --provider cuda or --backend tensorrt on a GPU, or an fp16/fp32 bundle on CPU")
             runner = OrtRunner(self.file(entry["file"]), graph, provider=provider,
-                               intra_op_threads=intra_op_threads)
+                               intra_op_threads=intra_op_threads, ort_memory=ort_memory)
             runner.precision = own
             return runner
         if backend == "tensorrt":

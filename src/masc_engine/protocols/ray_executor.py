@@ -73,7 +73,8 @@ def run_chunks_on_ray(chunks, rows, keys, base, scorer, settings, address=None, 
         kwargs = {"provider": scorer.provider, "stripper": scorer.stripper, "fg_threshold": scorer.fg_threshold,
                   "naflex_max_patches": scorer.image_settings.max_num_patches, "batch_size": scorer.batch_size,
                   "verify": False, "cp_head": scorer.cp_head, "backend": scorer.backend,
-                  "precision": scorer.precision, "device_resident": scorer.device is not None}
+                  "precision": scorer.precision, "device_resident": scorer.device is not None,
+                  "ort_memory": getattr(scorer, "ort_memory", "lean")}
         actors = [Actor.remote(str(Path(scorer.bundle.path).resolve()), kwargs, asdict(settings), io_workers)
                   for _ in range(n)]
         pool = ray.util.ActorPool(actors)

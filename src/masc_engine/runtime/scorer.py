@@ -127,6 +127,9 @@ class Scorer:
             ``masc-export --backend tensorrt``; ``provider="cuda"``; unverified, see README).
         precision: TensorRT engine set (``fp32``/``fp16``/``bf16``); for ONNX Runtime, ``None`` or
             the bundle's own precision (``masc-export --precision``: the graphs carry it).
+        ort_memory: ONNX Runtime CPU memory settings: ``"lean"`` (default: no CPU arena, no
+            memory patterns; host memory = weights + the batch in flight) or ``"arena"`` (ONNX
+            Runtime's defaults). See README "Memory" and bench/results/memory_*.json.
         array_device: the token device to use instead of the one chosen from backend and
             provider (an engine/device.py ``ArrayDevice``; tests pass a strict fake).
 
@@ -139,7 +142,7 @@ class Scorer:
                  naflex_max_patches: int | None = None, batch_size: int = 8,
                  intra_op_threads: int | None = None, mask_size_policy: str = "refuse",
                  verify: bool = True, cp_head: str | None = None, device_resident: bool = False,
-                 array_device=None, precision: str | None = None):
+                 array_device=None, precision: str | None = None, ort_memory: str = "lean"):
         if stripper not in STRIPPERS:
             raise ValueError(f"stripper must be one of {STRIPPERS}, got {stripper!r}")
         if mask_size_policy not in ("refuse", "stretch"):
@@ -163,8 +166,10 @@ class Scorer:
         self.mask_size_policy = mask_size_policy
         self.provider = provider
         self.backend = backend
+        self.ort_memory = ort_memory
         runner = lambda g: self.bundle.runner(g, backend=backend, provider=provider,  # noqa: E731
-                                              intra_op_threads=intra_op_threads, precision=precision)
+                                              intra_op_threads=intra_op_threads, precision=precision,
+                                              **({"ort_memory": ort_memory} if backend == "onnxruntime" else {}))
         #: Optional persistent text-embedding cache (runtime/cache.py EncodingStore), set by masc-run.
         self.text_store = None
         if cp_head is None:

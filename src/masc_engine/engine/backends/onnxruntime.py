@@ -64,22 +64,49 @@ def provider_options(provider_name: str) -> dict:
     return {}
 
 
+#: ``ort_memory`` settings for CPU sessions (issue 15; figures in bench/results/memory_*.json).
+#: ``"lean"`` (default): ONNX Runtime's CPU arena off and memory patterns off. The arena keeps the
+#: high-water mark of every batch it has served, and NaFlex batches change shape (patch count,
+#: batch size); memory patterns pre-plan one block per input shape. Off, a batch's buffers go back
+#: to the C allocator when it is done, so the host memory is weights + the batch in flight.
+#: ``"arena"``: ONNX Runtime's defaults. CUDA sessions are not affected (device memory has its own
+#: arena; these two options only concern CPU allocations).
+ORT_MEMORY = ("lean", "arena")
+
+
+def session_options(ort, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
+                    memory: str = "lean"):
+    """``onnxruntime.SessionOptions`` for one of our graphs (see :data:`ORT_MEMORY`).
+
+    Raises:
+        ValueError: ``memory`` is not one of :data:`ORT_MEMORY`.
+    """
+    if memory not in ORT_MEMORY:
+        raise ValueError(f"ort_memory must be one of {ORT_MEMORY}, got {memory!r}")
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if intra_op_threads:
+        opts.intra_op_num_threads = int(intra_op_threads)
+    if inter_op_threads:
+        opts.inter_op_num_threads = int(inter_op_threads)
+    if memory == "lean":
+        opts.enable_cpu_mem_arena = False
+        opts.enable_mem_pattern = False
+    return opts
+
+
 class OrtRunner:
     """One ``onnxruntime.InferenceSession``. ``run`` is thread-safe (ORT sessions are)."""
 
     backend = "onnxruntime"
 
     def __init__(self, path: str, name: str, provider: str = "cpu", intra_op_threads: int | None = None,
-                 inter_op_threads: int | None = None):
+                 inter_op_threads: int | None = None, ort_memory: str = "lean"):
         import onnxruntime as ort
 
         provider_name = resolve_provider(provider)
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if intra_op_threads:
-            opts.intra_op_num_threads = int(intra_op_threads)
-        if inter_op_threads:
-            opts.inter_op_num_threads = int(inter_op_threads)
+        opts = session_options(ort, intra_op_threads, inter_op_threads, ort_memory)
+        self.ort_memory = ort_memory
         self.provider_options = provider_options(provider_name)
         self.session = ort.InferenceSession(str(path), sess_options=opts,
                                             providers=[(provider_name, self.provider_options)])
