@@ -43,7 +43,7 @@ VARIANTS = {
 }
 
 METRIC_LOOP = r"""
-import csv, json, sys
+import csv, json, os, sys
 import numpy as np
 from PIL import Image
 from masc import MaSC
@@ -52,8 +52,8 @@ base = pairs.rsplit("/", 1)[0]
 m = MaSC(model_id=ckpt, device="cpu", naflex_max_patches=budget)
 res = []
 for r in csv.DictReader(open(pairs, encoding="utf-8")):
-    im = lambda k: Image.open(f"{base}/{r[k]}")
-    mk = lambda k: np.array(Image.open(f"{base}/{r[k]}").convert("L"))
+    im = lambda k: Image.open(os.path.join(base, r[k]))
+    mk = lambda k: np.array(Image.open(os.path.join(base, r[k])).convert("L"))
     s = m.score(im("ref_image"), mk("ref_mask"), im("out_image"), mk("out_mask"), r["prompt"], r["object_name"])
     res.append([s.cp, s.pf])
 json.dump(res, open(out, "w"))
