@@ -291,7 +291,7 @@ def test_batch_records_equal_masc_run(server, naflex_bundle, odd_items, tmp_path
     want = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
     assert [g["status"] for g in got] == [w["status"] for w in want] == [
         "ok", "unreadable_image", "mask_size_mismatch", "empty_reference_mask", "no_background", "ok", "ok"]
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         for k, v in g.items():
             if k == "status_detail":
                 assert bool(v) == bool(w[k]), (k, v, w[k])
