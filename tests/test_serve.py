@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import oracle_for, read_rows
+from conftest import EXAMPLES, oracle_for, read_rows
 from masc_engine.tolerances import ORACLE_SCORE_ATOL
 
 httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (test extra)")
@@ -98,16 +98,19 @@ def _save(im: Image.Image, fmt: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def odd_items(shared_dir):
-    """Real DreamBooth pairs with references and outputs resized to odd sizes, saved as PNG, JPEG,
-    WebP and TIFF: ``(json item, oracle args)`` per pair."""
-    rows = read_rows(shared_dir)[::31][:len(ODD)]
+def odd_items():
+    """Real DreamBooth pairs (the shipped examples/dreambooth, in every clone) with references and
+    outputs resized to odd sizes, saved as PNG, JPEG, WebP and TIFF: ``(json item, oracle args)``
+    per pair."""
+    all_rows = read_rows(EXAMPLES)
+    rows = all_rows[::len(all_rows) // len(ODD)][:len(ODD)]
+    assert len(rows) == len(ODD)
     items = []
     for i, row in enumerate(rows):
         files = {}
         for side, (size, fmt) in (("ref", ODD[i]), ("out", ODD[(i + 2) % len(ODD)])):
-            im = Image.open(shared_dir / row[f"{side}_image"]).convert("RGB").resize(size, Image.BILINEAR)
-            m = Image.open(shared_dir / row[f"{side}_mask"]).convert("L").resize(size, Image.NEAREST)
+            im = Image.open(EXAMPLES / row[f"{side}_image"]).convert("RGB").resize(size, Image.BILINEAR)
+            m = Image.open(EXAMPLES / row[f"{side}_mask"]).convert("L").resize(size, Image.NEAREST)
             files[f"{side}_image"] = _save(im, fmt)
             files[f"{side}_mask"] = _save(m, "PNG")
         item = {k: b64(v) for k, v in files.items()}
@@ -194,10 +197,10 @@ def _png_header(width: int, height: int) -> bytes:
             + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
 
 
-def test_hostile_input_gets_4xx_naming_the_field(server, odd_items, shared_dir):
+def test_hostile_input_gets_4xx_naming_the_field(server, odd_items):
     item = odd_items[0][0]
     good = _post(server, "/v1/score", json=item).json()
-    photo = sorted((shared_dir / "images").rglob("*.jpg"))[0]
+    photo = sorted((EXAMPLES / "images").rglob("*.jpg"))[0]
     cases = [  # (body kwargs, status, error, field)
         ({"content": b"this is not json", "headers": {"content-type": "application/json"}}, 400, "malformed_json", None),
         ({"json": {k: v for k, v in item.items() if k != "out_mask"}}, 422, "missing_field", "out_mask"),
