@@ -67,17 +67,18 @@ def test_fp16_bundle_records_precision_policy_and_transforms(fp16_bundle, naflex
         b16.runner("cp", precision="fp32")
 
 
-def _odd_size_pairs(shared_dir, tmp_path, n=24):
-    """Shared DreamBooth pairs, each image (and its mask) cropped and resized to an odd size."""
+def _odd_size_pairs(photo_dir, tmp_path, n=24):
+    """Real DreamBooth pairs (conftest.photo_dir: the shipped examples, the shared set when present),
+    each image (and its mask) cropped and resized to an odd size."""
     sizes = [(333, 517), (517, 333), (401, 299), (257, 263), (480, 271), (199, 601)]
-    rows = read_rows(shared_dir)[:n]
+    rows = read_rows(photo_dir)[:n]
     out_rows = []
     for i, r in enumerate(rows):
         row = dict(r)
         for j, (img_col, mask_col) in enumerate((("ref_image", "ref_mask"), ("out_image", "out_mask"))):
             w, h = sizes[(i + j) % len(sizes)]
-            img = Image.open(shared_dir / r[img_col]).convert("RGB")
-            mask = Image.open(shared_dir / r[mask_col]).convert("L")
+            img = Image.open(photo_dir / r[img_col]).convert("RGB")
+            mask = Image.open(photo_dir / r[mask_col]).convert("L")
             box = (7, 3, img.width - 5, img.height - 11)
             img = img.crop(box).resize((w, h), Image.BICUBIC)
             mask = mask.crop(box).resize((w, h), Image.NEAREST)
@@ -93,7 +94,7 @@ def _odd_size_pairs(shared_dir, tmp_path, n=24):
     return tmp_path / "pairs.csv", out_rows
 
 
-def test_fp16_bundle_matches_the_fp32_oracle_on_odd_sized_photos(fp16_bundle, naflex_bundle, shared_dir, tmp_path):
+def test_fp16_bundle_matches_the_fp32_oracle_on_odd_sized_photos(fp16_bundle, naflex_bundle, photo_dir, tmp_path):
     """masc-run on the fp16 bundle vs masc-metric 0.3.0 (fp32 torch, same random weights): per-pair
     |dCP|, |dPF| within the fp16 gate, rankings (Spearman) kept."""
     from click.testing import CliRunner
@@ -102,14 +103,14 @@ def test_fp16_bundle_matches_the_fp32_oracle_on_odd_sized_photos(fp16_bundle, na
     from masc_engine.cli.run_cmd import main
 
     assert checkpoint_dir(fp16_bundle) == checkpoint_dir(naflex_bundle)
-    pairs_csv, rows = _odd_size_pairs(shared_dir, tmp_path)
+    pairs_csv, rows = _odd_size_pairs(photo_dir, tmp_path)
     out = tmp_path / "scores.csv"
     res = CliRunner().invoke(main, [str(pairs_csv), "--bundle", str(fp16_bundle), "--out", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
     ours = read_rows(tmp_path, "scores.csv")
     oracle = oracle_for(naflex_bundle)
     cp_o, pf_o, cp_r, pf_r = [], [], [], []
-    for row, got in zip(rows, ours):
+    for row, got in zip(rows, ours, strict=True):
         args = [Image.open(tmp_path / row["ref_image"]), np.array(Image.open(tmp_path / row["ref_mask"])),
                 Image.open(tmp_path / row["out_image"]), np.array(Image.open(tmp_path / row["out_mask"]))]
         ref = oracle.score(*args, row["prompt"], row["object_name"])
