@@ -90,3 +90,16 @@ def test_ray_executor_without_ray(naflex_bundle, tmp_path, monkeypatch):
                                         "--out", str(tmp_path / "s.csv"), "--executor", "ray", "--no-progress"])
     line = _one_line_error(res)
     assert "needs Ray" in line and "pip install 'ray>=2.9'" in line and "[ray]" in line
+
+
+def test_outputs_go_to_a_folder_that_does_not_exist_yet(naflex_bundle, tmp_path):
+    """The README's commands write under out/, which a fresh checkout does not have."""
+    out = tmp_path / "out" / "sub" / "scores.csv"
+    res = CliRunner().invoke(run_main, [str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle),
+                                        "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 21
+    page = tmp_path / "out2" / "report.html"
+    res = CliRunner().invoke(report_main, [str(out), "--out", str(page)])
+    assert res.exit_code == 0, res.output
+    assert page.stat().st_size > 0

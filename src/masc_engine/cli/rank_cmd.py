@@ -66,6 +66,8 @@ def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest,
     stem = Path(gallery_csv if oracle else queries_csv).stem + (".oracle" if oracle else "")
     out_path = out_path or f"{stem}.rank.csv"
     summary_path = summary_path or str(Path(out_path).with_suffix("")) + ".summary.csv"
+    for p in (out_path, summary_path):  # --out out/rank.csv on a fresh checkout
+        Path(p).parent.mkdir(parents=True, exist_ok=True)
     try:
         if encoder_manifest:
             encoder = OnnxEmbeddingEncoder(encoder_manifest, provider=provider, intra_op_threads=threads or None,

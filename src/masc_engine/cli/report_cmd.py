@@ -40,6 +40,7 @@ def main(scores, out_path, within_column, within_value, method_column, top_k, ti
     if within_value is not None and not within_column:
         raise click.UsageError("--within-value needs --within-column")
     out_path = out_path or str(Path(scores).with_name(Path(scores).name + ".report.html"))
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     opts = ReportOptions(title=title, method_column=method_column, within_column=within_column,
                          within_value=within_value, top_k=top_k, thumb_px=thumb_size, n_resamples=n_resamples,
                          seed=seed, image_root=image_root)

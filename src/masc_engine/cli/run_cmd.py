@@ -87,6 +87,7 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
     from ..runtime.scorer import Scorer
 
     out_path = out_path or f"{Path(pairs_csv).stem}.masc.csv"
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)  # --out out/scores.csv on a fresh checkout
     if paper_filter:
         min_output_mask_frac = 0.05 if min_output_mask_frac is None else min_output_mask_frac
         min_reference_mask_frac = 0.05 if min_reference_mask_frac is None else min_reference_mask_frac
