@@ -198,7 +198,7 @@ def main() -> None:
       masc-eval auc SCORES --within-column COL       within- vs cross-subject AUC
 
     SCORES is a masc-run score file (.csv, .tsv, .jsonl, .json array, .parquet).
-    Needs the 'eval' extra: pip install 'masc-engine[eval]'.
+    Needs the 'eval' extra: pip install -e '.[eval]' in a checkout (scipy, krippendorff, scikit-learn).
     """
 
 

@@ -69,7 +69,9 @@ def main(bundle, host, port, provider, threads, max_num_patches, stripper, exif,
 
         from ..serve.app import ServeConfig, create_app
     except ImportError as e:
-        click.echo(f"masc-serve: {e.name} is missing: pip install 'masc-engine[serve]'", err=True)
+        from ..extras import missing
+
+        click.echo(f"Error: {missing(e.name or 'fastapi', 'masc-serve', extra='serve')}", err=True)
         sys.exit(2)
     import logging
 

@@ -12,7 +12,7 @@ Differences from the original, none of which changes a stripped prompt:
   the ``"spacy"`` stripper is first loaded.
 - The per-process spaCy pipeline cache is guarded by a `threading.Lock`, so
   concurrent scorer threads load each pipeline exactly once.
-- Install hints name this package's extra (``masc-engine[spacy]``).
+- Install hints name this package's extra (``[spacy]``: masc_engine.extras.install_hint).
 
 Why strip at all: the subject is invariant across the prompts of a
 single-concept personalization benchmark, so keeping its name in the prompt
