@@ -2,7 +2,7 @@
 # The main job on real input shipped in the repo: set up .venv, export the tiny random-weight
 # SigLIP2 test model to a bundle, and score examples/dreambooth/pairs.csv torch-free.
 # Outputs go under out/ (ignored by git); library messages of the export go to
-# bundles/tiny-naflex/export.log.
+# bundles/tiny-naflex.export.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "[1/3] environment (.venv)" >&2

@@ -82,8 +82,10 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
 
         from .quiet import libraries_to_log
 
-        # torch.onnx / onnxscript / transformers chatter goes to OUT/export.log; stages stay on screen
-        lib_log = Path(out_dir) / "export.log"
+        # torch.onnx / onnxscript / transformers chatter goes to OUT.export.log beside the bundle (not
+        # inside it: the exporter refuses a non-empty OUT that is not a bundle and renames the staged
+        # bundle into place); stages stay on screen
+        lib_log = Path(out_dir).with_name(Path(out_dir).name + ".export.log")
         try:
             with libraries_to_log(lib_log) as (say, lib):
                 say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
