@@ -76,8 +76,8 @@ def child_masc_run(bundle: str, pairs: str, out: str, batch_size: int) -> dict:
     import warnings
 
     warnings.simplefilter("ignore")
-    from masc_engine.protocols.pairs import run_pairs
-    from masc_engine.protocols.results import read_output
+    from masc_engine.jobs.pairs import run_pairs
+    from masc_engine.jobs.results import read_output
     from masc_engine.runtime.scorer import Scorer
 
     t = time.perf_counter()
@@ -189,7 +189,7 @@ def main() -> None:
 
 def _int8(a, result, bundle, pairs, work, ours) -> None:
     """Quantize, gate, and time the int8 bundle (timed even when refused, labelled as such)."""
-    from masc_engine.export.int8 import Int8GateError, quantize_bundle
+    from masc_engine.jobs.int8_gate import Int8GateError, quantize_bundle
 
     int8 = work / f"base-naflex-{a.budget}-int8"
     refused = work / f"base-naflex-{a.budget}-int8-refused"

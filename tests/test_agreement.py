@@ -16,7 +16,8 @@ pytest.importorskip("sklearn.metrics")
 from click.testing import CliRunner  # noqa: E402
 
 from masc_engine.cli.eval_cmd import main  # noqa: E402
-from masc_engine.protocols import agreement as ag  # noqa: E402
+from masc_engine.cli import eval_tables as et
+from masc_engine.metrics import agreement as ag  # noqa: E402
 
 NAN = float("nan")
 
@@ -312,7 +313,7 @@ RHO_POOLED = 76 / math.sqrt(82.5 * 80)
 
 
 def test_join_counts():
-    j = ag.join_scores_ratings(SCORE_ROWS, RATING_ROWS, rating_columns=["human_cp"])
+    j = et.join_scores_ratings(SCORE_ROWS, RATING_ROWS, rating_columns=["human_cp"])
     assert j.counts == {"score_rows": 12, "not_ok": 1, "missing_score": 0, "rating_rows": 12, "unrated": 1, "unscored": 2, "units": 10}
     assert j.methods == ["A"] * 5 + ["B"] * 5
     assert j.human.shape == (1, 10)
@@ -320,7 +321,7 @@ def test_join_counts():
 
 
 def test_agreement_table_values():
-    rows = ag.agreement_table(SCORE_ROWS, RATING_ROWS, rating_columns=["human_cp"], scale=range(5), n_resamples=300, seed=0)
+    rows = et.agreement_table(SCORE_ROWS, RATING_ROWS, rating_columns=["human_cp"], scale=range(5), n_resamples=300, seed=0)
     assert [(r["scope"], r["method"], r["n"]) for r in rows] == [("method", "A", 5), ("method", "B", 5), ("pooled", "pooled", 10)]
     a, b, pooled = rows
     assert a["alpha_interval"] == pytest.approx(1.0, abs=1e-12)
@@ -348,7 +349,7 @@ def test_agreement_rows_fast_paths_equal_generic_bootstrap():
     h[1, ::7] = np.nan
     ratings = [{"key": f"k{i}", "g1": h[0, i], "g2": h[1, i]} for i in range(n)]
     for agg in ag.HUMAN_AGGS:
-        j = ag.join_scores_ratings(scores, ratings, rating_columns=["g1", "g2"])
+        j = et.join_scores_ratings(scores, ratings, rating_columns=["g1", "g2"])
         rows = ag.agreement_rows(j, levels=ag.LEVELS, categories=range(5), human_agg=agg, n_resamples=60, seed=3)
         cats = np.arange(5.0)
         for r in rows:
@@ -372,32 +373,32 @@ def test_agreement_rows_fast_paths_equal_generic_bootstrap():
 
 def test_join_errors_name_row_and_reason():
     dup = RATING_ROWS + [{"key": "a1", "human_cp": "3"}]
-    with pytest.raises(ag.DataError, match=r"ratings, row 13: duplicate key 'a1' \(first at row 1\)"):
-        ag.join_scores_ratings(SCORE_ROWS, dup, rating_columns=["human_cp"])
+    with pytest.raises(et.DataError, match=r"ratings, row 13: duplicate key 'a1' \(first at row 1\)"):
+        et.join_scores_ratings(SCORE_ROWS, dup, rating_columns=["human_cp"])
     bad = [dict(r) for r in RATING_ROWS]
     bad[2]["human_cp"] = "three"
-    with pytest.raises(ag.DataError, match=r"human\.csv, line 4 \(key 'a3'\): rating column 'human_cp' value 'three' is not a number"):
-        ag.join_scores_ratings(
+    with pytest.raises(et.DataError, match=r"human\.csv, line 4 \(key 'a3'\): rating column 'human_cp' value 'three' is not a number"):
+        et.join_scores_ratings(
             SCORE_ROWS, bad, rating_columns=["human_cp"], ratings_name="human.csv", ratings_lines=list(range(2, 2 + len(bad)))
         )
     off = [dict(r) for r in RATING_ROWS]
     off[0]["human_cp"] = "7"
-    with pytest.raises(ag.DataError, match="not on the scale"):
-        ag.join_scores_ratings(SCORE_ROWS, off, rating_columns=["human_cp"], scale=range(5))
+    with pytest.raises(et.DataError, match="not on the scale"):
+        et.join_scores_ratings(SCORE_ROWS, off, rating_columns=["human_cp"], scale=range(5))
     empty_ok = [dict(r) for r in SCORE_ROWS]
     empty_ok[0]["cp"] = ""
-    with pytest.raises(ag.DataError, match=r"scores, row 1 \(key 'a1'\): status is 'ok' but score column 'cp' is empty"):
-        ag.join_scores_ratings(empty_ok, RATING_ROWS, rating_columns=["human_cp"])
-    with pytest.raises(ag.DataError, match="no key column 'id'"):
-        ag.join_scores_ratings(SCORE_ROWS, RATING_ROWS, key="id", rating_columns=["human_cp"])
+    with pytest.raises(et.DataError, match=r"scores, row 1 \(key 'a1'\): status is 'ok' but score column 'cp' is empty"):
+        et.join_scores_ratings(empty_ok, RATING_ROWS, rating_columns=["human_cp"])
+    with pytest.raises(et.DataError, match="no key column 'id'"):
+        et.join_scores_ratings(SCORE_ROWS, RATING_ROWS, key="id", rating_columns=["human_cp"])
 
 
 def test_ok_status_collection():
     rows = [dict(r) for r in SCORE_ROWS]
     rows[10] = {"key": "b6", "method": "B", "cp": "0.05", "status": "no_background"}
-    strict = ag.join_scores_ratings(rows, RATING_ROWS, rating_columns=["human_cp"])
+    strict = et.join_scores_ratings(rows, RATING_ROWS, rating_columns=["human_cp"])
     assert (strict.counts["not_ok"], strict.counts["units"]) == (1, 10)
-    loose = ag.join_scores_ratings(rows, RATING_ROWS, rating_columns=["human_cp"], ok_status=("ok", "no_background"))
+    loose = et.join_scores_ratings(rows, RATING_ROWS, rating_columns=["human_cp"], ok_status=("ok", "no_background"))
     assert (loose.counts["not_ok"], loose.counts["units"]) == (0, 11)
     assert loose.keys[-1] == ("b6",) and loose.metric[-1] == 0.05
 
@@ -405,10 +406,10 @@ def test_ok_status_collection():
 def test_composite_key():
     scores = [{"method": m, "key": "x", "cp": v} for m, v in (("A", 0.1), ("B", 0.9))]
     ratings = [{"method": m, "key": "x", "cp": v} for m, v in (("A", 0), ("B", 4))]
-    j = ag.join_scores_ratings(scores, ratings, key="method,key")
+    j = et.join_scores_ratings(scores, ratings, key="method,key")
     assert j.keys == [("A", "x"), ("B", "x")]
-    with pytest.raises(ag.DataError, match="duplicate key 'x'"):
-        ag.join_scores_ratings(scores, ratings, key="key")
+    with pytest.raises(et.DataError, match="duplicate key 'x'"):
+        et.join_scores_ratings(scores, ratings, key="key")
 
 
 # ---------------------------------------------------------------- CLI

@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from conftest import EXAMPLES
-from masc_engine.protocols.pairs import RunSettings, run_pairs
-from masc_engine.protocols.results import read_output
+from masc_engine.jobs.pairs import RunSettings, run_pairs
+from masc_engine.jobs.results import read_output
 from masc_engine.runtime.io import load_image, load_mask, mask_coverage
 from masc_engine.runtime.scorer import Scorer
 

@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from conftest import EXAMPLES, load_pair, read_rows
-from masc_engine.protocols.pairs import BASELINE_COLUMNS, RunSettings, run_pairs
-from masc_engine.protocols.results import read_output
+from masc_engine.jobs.pairs import BASELINE_COLUMNS, RunSettings, run_pairs
+from masc_engine.jobs.results import read_output
 from masc_engine.runtime import heads
 from masc_engine.runtime.scorer import Pair, Scorer
 

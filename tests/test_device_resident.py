@@ -252,8 +252,8 @@ def test_masc_run_device_resident_with_cache_equals_host(naflex_bundle, tmp_path
     for the on-disk store); a device-resident run, cold and warm, scores as the host run."""
     import csv
 
-    from masc_engine.protocols.pairs import RunSettings, run_pairs
-    from masc_engine.protocols.results import read_output
+    from masc_engine.jobs.pairs import RunSettings, run_pairs
+    from masc_engine.jobs.results import read_output
 
     rows = read_rows(EXAMPLES)
     csv_path = tmp_path / "pairs.csv"

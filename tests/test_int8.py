@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLES
-from masc_engine.export.int8 import INT8_MAX_ABS_DCP, Int8GateError, gate_report, quantize_bundle
+from masc_engine.jobs.int8_gate import INT8_MAX_ABS_DCP, Int8GateError, gate_report, quantize_bundle
 
 pytest.importorskip("scipy")
 

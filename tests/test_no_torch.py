@@ -12,7 +12,7 @@ BLOCK = "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = 
 
 
 def test_runtime_imports_without_torch():
-    code = BLOCK + ("import masc_engine, masc_engine.runtime.scorer, masc_engine.protocols.pairs, "
+    code = BLOCK + ("import masc_engine, masc_engine.runtime.scorer, masc_engine.jobs.pairs, "
                     "masc_engine.cli.run_cmd; "
                     "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

@@ -17,9 +17,9 @@ from PIL import Image
 
 from conftest import EXAMPLES, photo_sets
 from masc_engine.cli.rank_cmd import main as rank_main
-from masc_engine.protocols import rank
-from masc_engine.protocols.rank import (EncoderManifestError, average_precision, cmc, cmc_at, cosine_scores,
-                                        first_correct_rank, maxcos_scores, rank_query, summarize)
+from masc_engine.jobs import rank, rank_encoders
+from masc_engine.jobs.rank_encoders import EncoderManifestError, cosine_scores, maxcos_scores
+from masc_engine.metrics.retrieval import average_precision, cmc, cmc_at, first_correct_rank, rank_query, summarize
 from masc_engine.runtime import heads
 from masc_engine.tolerances import BATCH_INVARIANCE_ATOL
 
@@ -162,9 +162,9 @@ def test_cosine_scores_match_heads_and_do_not_depend_on_other_rows():
     assert np.array_equal(cosine_scores(q, g[:3]), s[:3])
 
 
-@pytest.mark.parametrize("block", [rank.MAXCOS_BLOCK, 40])
+@pytest.mark.parametrize("block", [rank_encoders.MAXCOS_BLOCK, 40])
 def test_maxcos_scores_equal_masked_maxcos(monkeypatch, block):
-    monkeypatch.setattr(rank, "MAXCOS_BLOCK", block)  # 40 floats: one gallery image per block
+    monkeypatch.setattr(rank_encoders, "MAXCOS_BLOCK", block)  # 40 floats: one gallery image per block
     rng = np.random.default_rng(3)
     q = rng.normal(size=(12, 8)).astype(np.float32)
     gallery = [rng.normal(size=(int(m), 8)).astype(np.float32) for m in rng.integers(1, 20, 7)]
@@ -285,7 +285,7 @@ def test_onnx_encoder_ranks_as_computed_by_hand(colour_data, tmp_path):
 def test_onnx_encoder_oracle_leave_one_out_and_class_level(colour_data):
     """Oracle on the colour gallery: red's only other A image is blue (cosine 0), ranked after
     yellow (0.707); at class level (warm = red, blue) the same; green -> yellow (B) first."""
-    enc = rank.OnnxEmbeddingEncoder(_manifest(colour_data))
+    enc = rank_encoders.OnnxEmbeddingEncoder(_manifest(colour_data))
     rep = rank.run_rank(colour_data / "gallery.csv", enc, oracle=True)
     by = {r["image"]: r for r in rep.rows}
     assert all(r["n_excluded"] == 1 and r["n_gallery"] == 3 and r["method"] == "oracle" for r in rep.rows)
@@ -298,10 +298,10 @@ def test_onnx_encoder_oracle_leave_one_out_and_class_level(colour_data):
 
 def test_onnx_encoder_fixed_batch_and_nhwc(colour_data):
     ims = [Image.open(colour_data / f"{n}.png") for n in ("red", "blue", "yellow")]
-    dyn = rank.OnnxEmbeddingEncoder(_manifest(colour_data)).embed(ims)
+    dyn = rank_encoders.OnnxEmbeddingEncoder(_manifest(colour_data)).embed(ims)
     np.testing.assert_allclose(dyn, [[1, 0, 0], [0, 0, 1], [1, 1, 0]], atol=1e-6)
     _tiny_encoder(colour_data, fixed_batch=1, name="b1.onnx")
-    enc1 = rank.OnnxEmbeddingEncoder(_manifest(colour_data, "b1.onnx"), batch_size=8)
+    enc1 = rank_encoders.OnnxEmbeddingEncoder(_manifest(colour_data, "b1.onnx"), batch_size=8)
     assert enc1.batch_size == 1
     np.testing.assert_allclose(enc1.embed(ims), dyn, atol=1e-6)
 
@@ -314,25 +314,25 @@ def test_manifest_preprocess_resize_modes():
     im = Image.fromarray(arr)
     base = dict(onnx=Path("x.onnx"), input="x", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), output="y",
                 interpolation="nearest")
-    crop = rank.manifest_preprocess(im, rank.EncoderManifest(input_size=(2, 2), resize="center_crop", **base))
+    crop = rank_encoders.manifest_preprocess(im, rank_encoders.EncoderManifest(input_size=(2, 2), resize="center_crop", **base))
     assert crop.shape == (3, 2, 2)
     np.testing.assert_array_equal(crop[0], [[1, -1], [1, -1]])  # (1 - .5) / .5 = 1 red, -1 elsewhere
     np.testing.assert_array_equal(crop[2], [[-1, 1], [-1, 1]])
-    box = rank.manifest_preprocess(im, rank.EncoderManifest(input_size=(4, 4), resize="letterbox", layout="NHWC",
+    box = rank_encoders.manifest_preprocess(im, rank_encoders.EncoderManifest(input_size=(4, 4), resize="letterbox", layout="NHWC",
                                                             **base))
     assert box.shape == (4, 4, 3)
     np.testing.assert_array_equal(box[0], 0)   # padding = the mean colour = 0 after normalisation
     np.testing.assert_array_equal(box[3], 0)
     np.testing.assert_array_equal(box[1:3, :2, 0], 1)
     np.testing.assert_array_equal(box[1:3, 2:, 2], 1)
-    st = rank.manifest_preprocess(im, rank.EncoderManifest(input_size=(3, 2), resize="stretch", pixel_scale=1.0,
+    st = rank_encoders.manifest_preprocess(im, rank_encoders.EncoderManifest(input_size=(3, 2), resize="stretch", pixel_scale=1.0,
                                                            **{**base, "mean": (0, 0, 0), "std": (1, 1, 1)}))
     assert st.shape == (3, 3, 2) and st.max() == 255.0  # pixel_scale 1: raw 0..255
 
 
 def test_bad_manifests_are_refused(colour_data, tmp_path):
     with pytest.raises(EncoderManifestError, match="does not exist"):
-        rank.load_encoder_manifest(tmp_path / "nope.json")
+        rank_encoders.load_encoder_manifest(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     for content, msg in [("{not json", "not valid JSON"),
                          (json.dumps({"onnx": "enc.onnx"}), "missing key"),
@@ -343,16 +343,16 @@ def test_bad_manifests_are_refused(colour_data, tmp_path):
                           "input_size")]:
         bad.write_text(content)
         with pytest.raises(EncoderManifestError, match=msg):
-            rank.load_encoder_manifest(bad)
+            rank_encoders.load_encoder_manifest(bad)
     with pytest.raises(EncoderManifestError, match="does not exist"):
-        rank.load_encoder_manifest(_manifest(colour_data, "missing.onnx"))
+        rank_encoders.load_encoder_manifest(_manifest(colour_data, "missing.onnx"))
     for over, msg in [({"input": "pixels"}, "input named"), ({"output": "feat"}, "no output"),
                       ({"input_size": [16, 16]}, "input_size"), ({"sha256": "0" * 64}, "sha256")]:
         with pytest.raises(EncoderManifestError, match=msg):
-            rank.OnnxEmbeddingEncoder(_manifest(colour_data, **over))
+            rank_encoders.OnnxEmbeddingEncoder(_manifest(colour_data, **over))
     import hashlib
     good = hashlib.sha256((colour_data / "enc.onnx").read_bytes()).hexdigest()
-    rank.OnnxEmbeddingEncoder(_manifest(colour_data, sha256=good))
+    rank_encoders.OnnxEmbeddingEncoder(_manifest(colour_data, sha256=good))
 
 
 def test_cli_usage_errors(colour_data):
@@ -396,7 +396,7 @@ def test_engine_maxcos_oracle_equals_masked_maxcos(naflex_bundle, examples_galle
     from masc_engine.runtime.scorer import Scorer
 
     scorer = Scorer(naflex_bundle)
-    enc = rank.EngineEncoder(scorer)
+    enc = rank_encoders.EngineEncoder(scorer)
     rep = rank.run_rank(examples_gallery / "gallery.csv", enc, oracle=True, similarity="maxcos")
     assert len(rep.rows) == 23 and rep.gallery_size == 22
     assert [f["status"] for f in rep.gallery_failures] == ["missing_file"]

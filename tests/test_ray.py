@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from masc_engine.protocols.pairs import run_pairs
-from masc_engine.protocols.results import read_output
+from masc_engine.jobs.pairs import run_pairs
+from masc_engine.jobs.results import read_output
 from masc_engine.runtime.scorer import Scorer
 from test_resume_and_cache import _big_pairs
 

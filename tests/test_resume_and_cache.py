@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES
-from masc_engine.protocols.pairs import RunSettings, run_pairs
-from masc_engine.protocols.results import journal_path, read_output
+from masc_engine.jobs.pairs import RunSettings, run_pairs
+from masc_engine.jobs.results import journal_path, read_output
 from masc_engine.runtime.scorer import Scorer
 
 
@@ -139,7 +139,7 @@ def test_cache_size_is_bounded(naflex_bundle, tmp_path):
 
 
 def test_journal_of_other_settings_is_kept_not_deleted(naflex_bundle, tmp_path):
-    from masc_engine.protocols.results import append_journal
+    from masc_engine.jobs.results import append_journal
 
     pairs = _big_pairs(tmp_path, copies=1)
     out = tmp_path / "o.csv"

@@ -258,7 +258,7 @@ def test_stalled_body_gets_408(server):
 def test_batch_records_equal_masc_run(server, naflex_bundle, odd_items, tmp_path):
     """/v1/score_batch gives masc-run's statuses and values for the same files, a bad item
     costing only its own record."""
-    from masc_engine.protocols.pairs import run_pairs
+    from masc_engine.jobs.pairs import run_pairs
     from masc_engine.runtime.scorer import Scorer
 
     item = odd_items[1][0]
@@ -353,7 +353,7 @@ def test_sigterm_finishes_in_flight_requests(naflex_bundle, odd_items, tmp_path)
 
 def test_disk_cache_is_shared_with_masc_run(naflex_bundle, odd_items, tmp_path):
     """--cache-dir: what the service encodes, masc-run finds in the same cache (and vice versa)."""
-    from masc_engine.protocols.pairs import RunSettings, run_pairs
+    from masc_engine.jobs.pairs import RunSettings, run_pairs
     from masc_engine.runtime.cache import EncodingStore
     from masc_engine.runtime.scorer import Scorer
     from masc_engine.serve.glue import BYTE_FIELDS, ServiceScorer

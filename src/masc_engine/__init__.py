@@ -1,7 +1,8 @@
 """masc-engine: torch-free scoring engine for MaSC (arXiv 2605.22469).
 
-Layers: ``export`` (torch, build time only) -> ``engine`` (bundle, manifest, backends) ->
-``runtime`` (torch-free scoring) -> ``protocols`` and ``cli``.
+Layers, each importing only those before it: ``engine`` (bundle, manifest, backends), ``export``
+(torch, build time only), ``runtime`` (torch-free scoring), ``metrics`` (pure statistics),
+``jobs`` (the job layer every command and the service share), ``report``, ``cli``.
 
 ``from masc_engine import MaSC`` is the drop-in for ``masc.MaSC`` (built on a bundle).
 """

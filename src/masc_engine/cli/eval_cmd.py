@@ -1,8 +1,8 @@
 """masc-eval: agreement of MaSC scores with human ratings, and ORIDa-style AUC.
 
-A thin shell over :mod:`masc_engine.protocols.agreement`: read files, call
-the core, print a table, optionally write CSV/JSON. All statistics live in
-the core.
+A thin shell: files read by the job layer (:mod:`masc_engine.jobs.tables`), joined by
+:mod:`masc_engine.cli.eval_tables`, statistics from :mod:`masc_engine.metrics.agreement`; prints a
+table, optionally writes CSV/JSON.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import click
 
-from masc_engine.protocols import agreement as ag
-
-_TABLE_FORMATS = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet")
+from ..jobs.tables import TableError, parse_bool, parse_number, read_table
+from ..metrics import agreement as ag
+from .eval_tables import DataError, join_scores_ratings
 
 
 # --------------------------------------------------------------------------
@@ -27,64 +27,19 @@ _TABLE_FORMATS = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet")
 
 
 def read_rows(path: str | Path) -> tuple[list[dict[str, Any]], list[int] | None]:
-    """Rows of a CSV/TSV, JSON Lines, JSON (array of objects) or Parquet file.
+    """Rows of a CSV/TSV, JSON Lines, JSON (array of objects) or Parquet file, read by the job
+    layer's :func:`~masc_engine.jobs.tables.read_table`.
 
-    Returns ``(rows, lines)``: ``lines[i]`` is the 1-based source line of row
-    i (CSV/TSV: the header is line 1; JSON Lines: the line of the object), or
-    None for JSON arrays and Parquet (errors then say "row i").
+    Returns:
+        ``(rows, lines)``: ``lines[i]`` is the 1-based source line of row i (CSV/TSV: the
+        header is line 1; JSON Lines: the line of the object), or None for JSON arrays and
+        Parquet (errors then say "row i").
 
-    Raises ``ag.DataError`` naming the file and line for unparsable input.
+    Raises:
+        TableError: the file is missing or unparsable (file and line named).
     """
-    p = Path(path)
-    suffix = p.suffix.lower()
-    name = str(path)
-    if suffix in (".csv", ".tsv", ".txt"):
-        rows, lines = [], []
-        with p.open(newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh, delimiter="\t" if suffix == ".tsv" else ",")
-            try:
-                if not reader.fieldnames:
-                    raise ag.DataError(f"{name}: empty file (no header line)")
-                for row in reader:
-                    if None in row:
-                        raise ag.DataError(f"{name}, line {reader.line_num}: more fields than the header has columns")
-                    rows.append(row)
-                    lines.append(reader.line_num)
-            except csv.Error as exc:
-                raise ag.DataError(f"{name}, line {reader.line_num}: {exc}") from None
-        return rows, lines
-    if suffix in (".jsonl", ".ndjson"):
-        rows, lines = [], []
-        with p.open(encoding="utf-8-sig") as fh:
-            for lineno, text in enumerate(fh, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise ag.DataError(f"{name}, line {lineno}: invalid JSON ({exc.msg})") from None
-                if not isinstance(obj, dict):
-                    raise ag.DataError(f"{name}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
-                rows.append(obj)
-                lines.append(lineno)
-        return rows, lines
-    if suffix == ".json":
-        try:
-            obj = json.loads(p.read_text(encoding="utf-8-sig"))
-        except json.JSONDecodeError as exc:
-            raise ag.DataError(f"{name}, line {exc.lineno}: invalid JSON ({exc.msg})") from None
-        if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
-            raise ag.DataError(f"{name}: a .json file must hold an array of objects (one per row); use .jsonl for JSON Lines")
-        return obj, None
-    if suffix == ".parquet":
-        from .. import extras
-
-        try:
-            pq = extras.require("pyarrow.parquet", f"{name}: reading Parquet")
-        except ImportError as e:
-            raise ag.DataError(str(e)) from None
-        return pq.read_table(p).to_pylist(), None
-    raise ag.DataError(f"{name}: unknown file type {suffix!r}; expected one of {', '.join(_TABLE_FORMATS)}")
+    t = read_table(path, what="input")
+    return t.rows, t.lines
 
 
 def _parse_scale(text: str | None) -> list[float] | None:
@@ -328,7 +283,7 @@ def agreement_cmd(
         score_rows, score_lines = read_rows(scores)
         rating_rows, rating_lines = read_rows(ratings)
         scale_vals = _parse_scale(scale)
-        joined = ag.join_scores_ratings(
+        joined = join_scores_ratings(
             score_rows,
             rating_rows,
             score_column=score_column,
@@ -343,7 +298,7 @@ def agreement_cmd(
             scores_lines=score_lines,
             ratings_lines=rating_lines,
         )
-    except ag.DataError as exc:
+    except (TableError, DataError) as exc:
         raise click.ClickException(str(exc)) from None
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -446,7 +401,7 @@ def auc_cmd(
     """
     try:
         rows, lines = read_rows(scores)
-    except ag.DataError as exc:
+    except (TableError, DataError) as exc:
         raise click.ClickException(str(exc)) from None
     vals: list[float] = []
     within: list[bool] = []
@@ -461,13 +416,13 @@ def auc_cmd(
             if col not in row:
                 raise click.ClickException(f"{where}: no column {col!r} (columns: {', '.join(map(str, row.keys()))})")
         try:
-            v = ag._parse_number(row[score_column])
+            v = parse_number(row[score_column])
         except ValueError:
             raise click.ClickException(f"{where}: score column {score_column!r} value {row[score_column]!r} is not a number") from None
         if v is None:
             raise click.ClickException(f"{where}: score column {score_column!r} is empty")
         try:
-            w = ag.parse_bool(row[within_column])
+            w = parse_bool(row[within_column])
         except ValueError as exc:
             raise click.ClickException(f"{where}: column {within_column!r}: {exc}") from None
         vals.append(v)

@@ -109,7 +109,7 @@ def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bun
     import tempfile
 
     from ..errors import MascEngineError
-    from ..export.int8 import Int8GateError, quantize_bundle
+    from ..jobs.int8_gate import Int8GateError, quantize_bundle
 
     log = lambda s: click.echo(s, err=True)  # noqa: E731
     try:

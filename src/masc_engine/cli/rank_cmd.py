@@ -1,8 +1,8 @@
 """``masc-rank``: Finer-Personalization Rank (arXiv 2512.19026), generated images as queries
 against an identity-labelled gallery of real images; mAP and CMC top-1/top-5 per method and class.
 
-A thin shell over :mod:`masc_engine.protocols.rank` (the protocol, the tie rule and the encoder
-manifest format are documented there).
+A thin shell over :mod:`masc_engine.jobs.rank` (the protocol; the tie rule is in
+:mod:`masc_engine.metrics.retrieval`, the encoder manifest format in :mod:`masc_engine.jobs.rank_encoders`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest,
     print mAP and CMC top-1/top-5 per method, per class and overall."""
     from ..engine.bundle import RandomWeightsWarning
     from ..errors import MascEngineError
-    from ..protocols.rank import EngineEncoder, OnnxEmbeddingEncoder, run_rank, write_rank_outputs
+    from ..jobs.rank import run_rank, write_rank_outputs
+    from ..jobs.rank_encoders import EngineEncoder, OnnxEmbeddingEncoder
 
     if oracle and queries_csv:
         raise click.UsageError("--oracle uses the gallery images as queries: give no QUERIES_CSV")

@@ -35,7 +35,7 @@ def main(scores, out_path, within_column, within_value, method_column, top_k, ti
     """Write a self-contained HTML report (summary, per-method means with 95% CIs, distributions,
     within- vs cross-subject histograms with AUC, best and worst pairs with thumbnails) of SCORES,
     a masc-run output (.csv, .parquet, .jsonl)."""
-    from ..protocols.report import ReportOptions, write_report
+    from ..report import ReportOptions, write_report
 
     if within_value is not None and not within_column:
         raise click.UsageError("--within-value needs --within-column")

@@ -83,7 +83,7 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
     object_name; other columns are carried through) and print a summary."""
     from ..engine.bundle import RandomWeightsWarning
     from ..errors import MascEngineError
-    from ..protocols.pairs import RunSettings, run_pairs
+    from ..jobs.pairs import RunSettings, run_pairs
     from ..runtime.scorer import Scorer
 
     out_path = out_path or f"{Path(pairs_csv).stem}.masc.csv"
@@ -114,7 +114,7 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
                             ray_address=ray_address, ray_workers=ray_workers, progress=not no_progress,
                             log=lambda s: click.echo(s, err=True))
     except KeyboardInterrupt:
-        from ..protocols.results import journal_path
+        from ..jobs.results import journal_path
 
         jp = journal_path(out_path)
         n = max(0, jp.read_text(encoding="utf-8").count("\n") - 1) if jp.is_file() else 0
@@ -124,7 +124,7 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
     except (MascEngineError, ValueError) as e:
         raise click.ClickException(str(e)) from e
     if print_scores:
-        from ..protocols.results import read_output
+        from ..jobs.results import read_output
 
         rows = read_output(out_path)
         label = next((c for c in ("key", "out_image") if c in rows[0]), "row_index") if rows else "row_index"

@@ -1,6 +1,7 @@
-"""Persistent, content-keyed cache of patch tokens and text embeddings.
+"""The encoding cache: an in-memory LRU of image encodings (:class:`EncodingCache`) in front of a
+persistent, content-keyed store of patch tokens and text embeddings (:class:`EncodingStore`).
 
-Backed by `diskcache` (SQLite index + files): safe for several worker processes on one machine to
+The store is backed by `diskcache` (SQLite index + files): safe for several worker processes on one machine to
 share, with a size bound enforced by least-recently-used eviction. Keys are content, never paths:
 
 - image: sha256 of the file bytes + the bundle fingerprint + the preprocessing settings (patch
@@ -14,16 +15,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
+from .preprocess import PreprocessedImage
 from .scorer import ImageEncoding
 
 DEFAULT_SIZE_LIMIT = 8 * 2**30  # 8 GiB
 
 
 def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data`` (the content key of an image file)."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -72,3 +78,92 @@ class EncodingStore:
 
     def close(self) -> None:
         self.cache.close()
+
+
+class EncodingCache:
+    """Image encodings by content hash: an in-memory LRU in front of an optional disk store.
+
+    One object for both levels, so a job (masc-run, the service) asks one thing for an image's
+    tokens. Device-resident scorers keep LRU entries on their token device; the disk store always
+    holds host float32 copies, so a hit from disk is bit-identical to a fresh encoding.
+
+    Args:
+        scorer: the :class:`~masc_engine.runtime.scorer.Scorer` that encodes misses (and moves
+            encodings between host and its token device).
+        items: in-memory LRU size in images (so400m at 1,024 patches: 4.7 MB each).
+        store: an :class:`EncodingStore` (``--cache-dir``), or None for memory only.
+
+    Attributes:
+        images_encoded: images that went through the vision tower.
+        cache_hits: images served from the disk store (memory hits are not counted: within one
+            run each distinct image is encoded once either way).
+
+    Thread-safe for lookups; :meth:`encode` is called by one thread at a time per cache.
+    """
+
+    def __init__(self, scorer, items: int = 512, store: EncodingStore | None = None):
+        self.scorer = scorer
+        self.items = int(items)
+        self.store = store
+        self._lru: OrderedDict[str, ImageEncoding] = OrderedDict()
+        self._lock = threading.Lock()
+        self.images_encoded = 0
+        self.cache_hits = 0
+
+    def in_memory(self, digest: str) -> bool:
+        """Whether the LRU holds ``digest`` (loader threads skip preprocessing such images)."""
+        with self._lock:
+            return digest in self._lru
+
+    def _lru_get(self, digest: str) -> ImageEncoding | None:
+        with self._lock:
+            v = self._lru.get(digest)
+            if v is not None:
+                self._lru.move_to_end(digest)
+            return v
+
+    def _lru_put(self, digest: str, enc: ImageEncoding) -> None:
+        with self._lock:
+            self._lru[digest] = enc
+            while len(self._lru) > self.items:
+                self._lru.popitem(last=False)
+
+    def get(self, digest: str) -> ImageEncoding | None:
+        """The encoding of the image with content hash ``digest`` from memory, else from disk."""
+        enc = self._lru_get(digest)
+        if enc is None and self.store is not None:
+            enc = self.store.get_image(digest)
+            if enc is not None:
+                enc = self.scorer.device_encoding(enc)  # device-resident runs keep tokens there
+                self.cache_hits += 1
+                self._lru_put(digest, enc)
+        return enc
+
+    def encode(self, sources: Mapping[str, object]) -> dict[str, ImageEncoding]:
+        """Encodings by content hash; only images in neither level go through the vision tower.
+
+        Args:
+            sources: ``{digest: PreprocessedImage or PIL image}``; a PIL image is preprocessed
+                here when it is not cached.
+
+        Returns:
+            ``{digest: ImageEncoding}`` for every key of ``sources``.
+        """
+        out: dict[str, ImageEncoding] = {}
+        todo: dict[str, object] = {}
+        for digest, src in sources.items():
+            enc = self.get(digest)
+            if enc is None:
+                todo[digest] = src
+            else:
+                out[digest] = enc
+        if todo:
+            s = self.scorer
+            pre = [src if isinstance(src, PreprocessedImage) else s.preprocess(src) for src in todo.values()]
+            for digest, enc in zip(todo, s.encode_preprocessed(pre)):
+                out[digest] = enc
+                self._lru_put(digest, enc)
+                if self.store is not None:
+                    self.store.put_image(digest, s.host_encoding(enc))
+            self.images_encoded += len(todo)
+        return out

@@ -74,45 +74,33 @@ def strip_subject_from_prompt(
     Port of ``masc.text.strip_subject_from_prompt`` (masc-metric 0.3.0,
     ``masc/text.py``); same output for every input.
 
-    Parameters
-    ----------
-    prompt : str
-        The generation prompt.
-    object_name : str
-        Canonical subject name, e.g. ``"kitten"`` or ``"piggy bank"``. Leading
-        and trailing whitespace is ignored; an empty or all-whitespace name
-        matches nothing (the prompt comes back whitespace-collapsed). ``None``
-        is not accepted (AttributeError), except with ``stripper="none"``,
-        which never looks at it; `pf_prompt` handles ``None``.
-    stripper : str
-        ``"regex"`` (default, the paper's stripper), ``"spacy"`` or ``"none"``.
-    spacy_model : str
-        spaCy pipeline used by ``stripper="spacy"``; loaded once per process.
+    Args:
+        prompt (str): The generation prompt.
+        object_name (str): Canonical subject name, e.g. ``"kitten"`` or ``"piggy bank"``. Leading
+            and trailing whitespace is ignored; an empty or all-whitespace name
+            matches nothing (the prompt comes back whitespace-collapsed). ``None``
+            is not accepted (AttributeError), except with ``stripper="none"``,
+            which never looks at it; `pf_prompt` handles ``None``.
+        stripper (str): ``"regex"`` (default, the paper's stripper), ``"spacy"`` or ``"none"``.
+        spacy_model (str): spaCy pipeline used by ``stripper="spacy"``; loaded once per process.
 
-    Returns
-    -------
-    str
-        The prompt without the subject, whitespace collapsed to single spaces
-        and trimmed; with ``stripper="none"``, the prompt exactly as given.
+    Returns:
+        str: The prompt without the subject, whitespace collapsed to single spaces
+            and trimmed; with ``stripper="none"``, the prompt exactly as given.
 
-    Raises
-    ------
-    ValueError
-        If `stripper` is not one of `STRIPPERS`.
-    ImportError
-        ``stripper="spacy"`` and spaCy is not installed (the message says how
-        to install it).
-    OSError
-        ``stripper="spacy"`` and the `spacy_model` pipeline is not installed
-        (the message gives the ``python -m spacy download`` command).
+    Raises:
+        ValueError: If `stripper` is not one of `STRIPPERS`.
+        ImportError: ``stripper="spacy"`` and spaCy is not installed (the message says how
+            to install it).
+        OSError: ``stripper="spacy"`` and the `spacy_model` pipeline is not installed
+            (the message gives the ``python -m spacy download`` command).
 
-    Examples
-    --------
-    >>> strip_subject_from_prompt(
-    ...     "A photo of a kitten chasing a butterfly in a sunny garden",
-    ...     "kitten",
-    ... )
-    'A photo of chasing a butterfly in a sunny garden'
+    Examples:
+        >>> strip_subject_from_prompt(
+        ...     "A photo of a kitten chasing a butterfly in a sunny garden",
+        ...     "kitten",
+        ... )
+        'A photo of chasing a butterfly in a sunny garden'
     """
     if stripper not in STRIPPERS:
         raise ValueError(f"Unknown stripper {stripper!r}; expected one of {STRIPPERS}")
@@ -131,43 +119,33 @@ def pf_prompt(prompt: str, object_name: Optional[str], stripper: str) -> tuple[s
     Port of ``masc.metric.MaSC._pf_prompt`` (masc-metric 0.3.0,
     ``masc/metric.py``), with the stripper validation of ``MaSC.__init__``.
 
-    Parameters
-    ----------
-    prompt : str
-        The generation prompt.
-    object_name : str or None
-        Canonical subject name. ``None``, ``""`` or an all-whitespace name
-        means "do not strip": the prompt comes back exactly as given (not even
-        whitespace-collapsed) and ``extras["stripper"]`` is ``None``.
-    stripper : str
-        ``"regex"``, ``"spacy"`` or ``"none"``; see
-        `strip_subject_from_prompt`. ``"spacy"`` always uses the
-        ``en_core_web_sm`` pipeline, as ``MaSC`` does.
+    Args:
+        prompt (str): The generation prompt.
+        object_name (str or None): Canonical subject name. ``None``, ``""`` or an all-whitespace name
+            means "do not strip": the prompt comes back exactly as given (not even
+            whitespace-collapsed) and ``extras["stripper"]`` is ``None``.
+        stripper (str): ``"regex"``, ``"spacy"`` or ``"none"``; see
+            `strip_subject_from_prompt`. ``"spacy"`` always uses the
+            ``en_core_web_sm`` pipeline, as ``MaSC`` does.
 
-    Returns
-    -------
-    tuple[str, dict]
-        ``(text, extras)``. `text` is the prompt to encode. `extras` has
-        exactly the keys:
+    Returns:
+        tuple[str, dict]: ``(text, extras)``. `text` is the prompt to encode. `extras` has
+            exactly the keys:
 
-        - ``"prompt_stripped"`` (bool): the stripped text differs from the
-          prompt other than in whitespace, i.e. the subject was found.
-        - ``"stripper"`` (str or None): the stripper used; ``None`` when
-          nothing was stripped because there is no object name.
-        - ``"stripper_model"`` (str or None): for ``"spacy"``, the pipeline
-          as ``"<lang>_<name>-<version>"`` (e.g. ``"en_core_web_sm-3.8.0"``);
-          otherwise ``None``.
+            - ``"prompt_stripped"`` (bool): the stripped text differs from the
+              prompt other than in whitespace, i.e. the subject was found.
+            - ``"stripper"`` (str or None): the stripper used; ``None`` when
+              nothing was stripped because there is no object name.
+            - ``"stripper_model"`` (str or None): for ``"spacy"``, the pipeline
+              as ``"<lang>_<name>-<version>"`` (e.g. ``"en_core_web_sm-3.8.0"``);
+              otherwise ``None``.
 
-    Raises
-    ------
-    ValueError
-        If `stripper` is not one of `STRIPPERS`, whatever `object_name` is
-        (``MaSC`` checks it in its constructor).
-    ImportError
-        ``stripper="spacy"``, a non-empty name, and spaCy is not installed.
-    OSError
-        ``stripper="spacy"``, a non-empty name, and ``en_core_web_sm`` is not
-        installed.
+    Raises:
+        ValueError: If `stripper` is not one of `STRIPPERS`, whatever `object_name` is
+            (``MaSC`` checks it in its constructor).
+        ImportError: ``stripper="spacy"``, a non-empty name, and spaCy is not installed.
+        OSError: ``stripper="spacy"``, a non-empty name, and ``en_core_web_sm`` is not
+            installed.
     """
     if stripper not in STRIPPERS:
         raise ValueError(f"stripper must be one of {STRIPPERS}, got {stripper!r}")
@@ -267,12 +245,10 @@ class SpacySubjectStripper:
       spaCy and model version; loading an en_core_web_sm other than
       `REFERENCE_SPACY_MODEL_VERSION` warns.
 
-    Parameters
-    ----------
-    nlp : spacy.language.Language
-        A pipeline with a tagger/lemmatizer and a dependency parser (or any
-        callable returning a parsed `spacy.tokens.Doc`, with a ``meta`` dict).
-        Use `load` to get a cached ``en_core_web_sm`` one.
+    Args:
+        nlp (spacy.language.Language): A pipeline with a tagger/lemmatizer and a dependency parser (or any
+            callable returning a parsed `spacy.tokens.Doc`, with a ``meta`` dict).
+            Use `load` to get a cached ``en_core_web_sm`` one.
     """
 
     def __init__(self, nlp: Language) -> None:
@@ -282,32 +258,23 @@ class SpacySubjectStripper:
     def load(cls, model: str = DEFAULT_SPACY_MODEL) -> SpacySubjectStripper:
         """A stripper on the spaCy pipeline `model`, loaded once per process.
 
-        Parameters
-        ----------
-        model : str
-            spaCy pipeline package name, loaded with ``spacy.load(model,
-            disable=["ner"])``.
+        Args:
+            model (str): spaCy pipeline package name, loaded with ``spacy.load(model,
+                disable=["ner"])``.
 
-        Returns
-        -------
-        SpacySubjectStripper
-            A stripper sharing the process-wide cached pipeline. Thread-safe:
-            concurrent first calls load the pipeline once.
+        Returns:
+            SpacySubjectStripper: A stripper sharing the process-wide cached pipeline. Thread-safe:
+                concurrent first calls load the pipeline once.
 
-        Raises
-        ------
-        ImportError
-            spaCy is not installed (the message gives the pip command).
-        OSError
-            The `model` pipeline is not installed (the message gives the
-            ``python -m spacy download`` command).
+        Raises:
+            ImportError: spaCy is not installed (the message gives the pip command).
+            OSError: The `model` pipeline is not installed (the message gives the
+                ``python -m spacy download`` command).
 
-        Warns
-        -----
-        UserWarning
-            `model` is ``en_core_web_sm`` and its version is not
-            `REFERENCE_SPACY_MODEL_VERSION`: stripped prompts can differ from
-            the paper's.
+        Warns:
+            UserWarning: `model` is ``en_core_web_sm`` and its version is not
+                `REFERENCE_SPACY_MODEL_VERSION`: stripped prompts can differ from
+                the paper's.
         """
         with _PIPELINES_LOCK:
             nlp = _PIPELINES.get(model)
@@ -352,18 +319,13 @@ class SpacySubjectStripper:
     def find_mentions(self, doc: Doc, object_name: str) -> list[tuple[int, int]]:
         """Token spans of the subject's mentions in `doc` (rule 1).
 
-        Parameters
-        ----------
-        doc : spacy.tokens.Doc
-            The parsed prompt.
-        object_name : str
-            Canonical subject name; parsed with ``self.nlp``.
+        Args:
+            doc (spacy.tokens.Doc): The parsed prompt.
+            object_name (str): Canonical subject name; parsed with ``self.nlp``.
 
-        Returns
-        -------
-        list[tuple[int, int]]
-            Non-overlapping ``[start, end)`` token spans, left to right; empty
-            if the name parses to no tokens or is not found.
+        Returns:
+            list[tuple[int, int]]: Non-overlapping ``[start, end)`` token spans, left to right; empty
+                if the name parses to no tokens or is not found.
         """
         name = self.nlp(object_name.strip())
         n = len(name)
@@ -425,20 +387,15 @@ class SpacySubjectStripper:
         """`prompt` without the mentions of `object_name` and their
         noun-phrase pre-modifiers (rules 1-3).
 
-        Parameters
-        ----------
-        prompt : str
-            The generation prompt.
-        object_name : str
-            Canonical subject name (non-empty after stripping whitespace for a
-            meaningful result).
+        Args:
+            prompt (str): The generation prompt.
+            object_name (str): Canonical subject name (non-empty after stripping whitespace for a
+                meaningful result).
 
-        Returns
-        -------
-        str
-            The kept tokens with their original spacing, whitespace collapsed,
-            no space before ``, . ; : ! ?``, and no leading ``, ; :``. With no
-            mention, the prompt whitespace-collapsed.
+        Returns:
+            str: The kept tokens with their original spacing, whitespace collapsed,
+                no space before ``, . ; : ! ?``, and no leading ``, ; :``. With no
+                mention, the prompt whitespace-collapsed.
         """
         doc = self.nlp(prompt)
         spans = self.find_mentions(doc, object_name)

@@ -165,7 +165,7 @@ class _State:
     def load(self) -> None:
         """Load the bundle, run its graphs once, then mark ready (runs in a thread at startup)."""
         try:
-            from ..protocols.pairs import RunSettings
+            from ..jobs.pairs import RunSettings
             from ..runtime.scorer import Scorer
 
             cfg = self.cfg
@@ -175,7 +175,7 @@ class _State:
             if cfg.cache_dir:
                 from ..runtime.cache import EncodingStore
 
-                # masc-run's namespace (protocols/pairs.run_pairs): the two commands share entries.
+                # masc-run's namespace (jobs/pairs.run_pairs): the two commands share entries.
                 ns = {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches,
                       "exif": cfg.exif, "provider": scorer.provider, "backend": scorer.backend,
                       "precision": scorer.precision}

@@ -2,7 +2,7 @@
 
 Every scoring rule (mask checks, undefined scores and their statuses, notes in ``status_detail``,
 the encoding cache and the on-disk store) is masc-run's own: items are scored by
-:meth:`masc_engine.protocols.pairs.PairsJob.score_rows`, fed with images decoded from request
+:meth:`masc_engine.jobs.pairs.PairsJob.score_rows`, fed with images decoded from request
 bytes instead of files (its ``loaded`` argument), so a request gets exactly the ``cp``, ``pf``,
 ``status`` and extras that masc-run writes for the same files. When the job layer exposes a
 function that scores one in-memory item, this module is what changes; the app and the batcher
@@ -36,7 +36,8 @@ import numpy as np
 from cachetools import LRUCache
 
 from ..errors import InputError
-from ..protocols.pairs import FILE_COLUMNS, LoadedImage, PairsJob, RunSettings
+from ..jobs.pairs import FILE_COLUMNS, LoadedImage, PairsJob, RunSettings
+from ..runtime.cache import EncodingCache as _JobCache
 from ..runtime.cache import EncodingStore, sha256_bytes
 from ..runtime.io import image_from_bytes, mask_from_bytes
 from ..runtime.scorer import ImageEncoding, Scorer
@@ -100,22 +101,31 @@ def _seq_len(li: LoadedImage) -> int:
     return int(h) * int(w)
 
 
-class _ServiceJob(PairsJob):
-    """masc-run's :class:`PairsJob` with the service's cache policy (see module docstring).
+class _SharedCache(_JobCache):
+    """The pairs job's encoding cache (runtime/cache.py) with the service's memory level: the
+    batch's own encodings, then the shared byte-bounded reference LRU; misses go to masc-run's
+    on-disk store and the vision tower as in masc-run."""
 
-    ``_lru_get``/``_lru_put`` are PairsJob's cache hooks: here they read the batch's own
-    encodings first, then the shared byte-bounded reference LRU.
-    """
+    def __init__(self, scorer: Scorer, store, shared: "EncodingCache"):
+        super().__init__(scorer, items=0, store=store)
+        self.shared = shared
 
-    def __init__(self, scorer: Scorer, settings: RunSettings, store, cache: "EncodingCache"):
-        super().__init__(scorer, settings, store=store, io_workers=1, cache_items=0)
-        self.shared = cache
+    def in_memory(self, key: str) -> bool:
+        return self.shared.peek(key)
 
     def _lru_get(self, key: str) -> ImageEncoding | None:
         return self.shared.get(key)
 
     def _lru_put(self, key: str, enc: ImageEncoding) -> None:
         self.shared.put(key, enc)
+
+
+class _ServiceJob(PairsJob):
+    """masc-run's :class:`PairsJob` with the service's cache policy (see module docstring)."""
+
+    def __init__(self, scorer: Scorer, settings: RunSettings, store, cache: "EncodingCache"):
+        super().__init__(scorer, settings, io_workers=1, cache=_SharedCache(scorer, store, cache))
+        self.shared = cache
 
 
 class EncodingCache:

@@ -1,4 +1,5 @@
-"""Scoring a pairs file (the job behind ``masc-run``): resumable, exactly once, at scale.
+"""The pairs job behind ``masc-run`` (and, one item at a time, the service): resumable, exactly
+once, at scale.
 
 Input columns: ``ref_image, ref_mask, out_image, out_mask, prompt, object_name``; paths relative
 to the CSV's folder or absolute; every other column is carried through. Output: one row per input
@@ -16,7 +17,7 @@ Per-row statuses (a bad row never stops the run; NaN never appears without a sta
 - ``no_background``: the output mask hides every patch; CP is scored, PF is undefined (NaN);
 - ``bad_row``: a required cell is empty.
 
-Exactly once: finished rows go to an append-only journal (protocols/results.py) keyed by
+Exactly once: finished rows go to an append-only journal (jobs/results.py) keyed by
 ``row_index`` and ``row_key`` (a hash of the row's cells and its files' size and mtime) under a
 settings fingerprint (bundle, stripper, threshold, budget, EXIF policy, filters, provider). A
 rerun of the same command scores only what is missing; a changed row, bundle or setting is
@@ -25,28 +26,29 @@ scored again, never reused.
 
 from __future__ import annotations
 
-import csv
+import functools
 import hashlib
 import json
 import math
 import os
 import platform
-import threading
 import time
-from collections import Counter, OrderedDict, defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
-from ..runtime.cache import EncodingStore, sha256_bytes
+from ..runtime.cache import EncodingCache, EncodingStore, sha256_bytes
 from ..runtime.io import image_from_bytes, mask_coverage, mask_from_bytes, read_bytes
 from ..runtime.masks import mask_to_patch_grid
-from ..runtime.scorer import EncodedPair, ImageEncoding, Scorer
+from ..runtime.scorer import EncodedPair, Scorer
+from .executors import Chunk, LocalExecutor, RayExecutor
+from .loading import load_all
 from .results import (append_journal, journal_path, meta_path, output_format, read_journal,
                       read_output, write_output)
+from .tables import TableError, read_table, resolve_path
 
 REQUIRED_COLUMNS = ("ref_image", "ref_mask", "out_image", "out_mask", "prompt", "object_name")
 FILE_COLUMNS = REQUIRED_COLUMNS[:4]
@@ -60,30 +62,25 @@ BASELINE_COLUMNS = ("cp_global", "cp_mnn", "cp_mnn_frac") + tuple(
 MAP_COLUMNS = ("cp_map", "pf_map")
 
 
-class PairsFileError(InputError):
+class PairsFileError(TableError):
     """The pairs file itself is unusable (missing, no header, missing columns)."""
 
 
 def read_pairs(csv_path: str | Path) -> tuple[list[str], list[dict]]:
-    """Read a pairs CSV (UTF-8, byte-order mark tolerated, quoted commas/newlines allowed).
+    """Read a pairs table with the job layer's reader (:func:`~masc_engine.jobs.tables.read_table`;
+    CSV: UTF-8, byte-order mark tolerated, quoted commas/newlines allowed).
+
+    Returns:
+        ``(columns, rows)``; cells are strings (``""`` for a missing cell).
 
     Raises:
-        PairsFileError: the file is missing, empty, or lacks required columns (named).
+        PairsFileError: the file is missing, empty, unparsable, or lacks required columns (named).
     """
-    csv_path = Path(csv_path)
-    if not csv_path.is_file():
-        raise PairsFileError("missing_file", f"pairs file {csv_path} does not exist")
-    with open(csv_path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        if not reader.fieldnames:
-            raise PairsFileError("bad_pairs_file", f"{csv_path} is empty (no header row)")
-        missing = [c for c in REQUIRED_COLUMNS if c not in reader.fieldnames]
-        if missing:
-            raise PairsFileError("bad_pairs_file",
-                                 f"{csv_path}: missing column(s) {', '.join(missing)}; "
-                                 f"required: {', '.join(REQUIRED_COLUMNS)}")
-        rows = [{k: (v if v is not None else "") for k, v in r.items() if k is not None} for r in reader]
-    return list(reader.fieldnames), rows
+    try:
+        t = read_table(csv_path, REQUIRED_COLUMNS, "pairs", extra_fields="ignore")
+    except TableError as e:
+        raise PairsFileError(e.reason, e.detail) from None
+    return t.columns, [{k: ("" if v is None else v) for k, v in r.items()} for r in t.rows]
 
 
 @dataclass(frozen=True)
@@ -108,9 +105,12 @@ class RunSettings:
     save_maps: str | None = None
 
     def result_columns(self) -> tuple[str, ...]:
+        """The result columns a run with these settings writes, in order."""
         return RESULT_COLUMNS + (BASELINE_COLUMNS if self.baselines else ()) + (MAP_COLUMNS if self.save_maps else ())
 
     def fingerprint(self, scorer: Scorer) -> str:
+        """16 hex digits identifying these settings with the scorer's (a journal is reused only
+        under the same fingerprint)."""
         d = {"run": asdict(self), "bundle": scorer.bundle.fingerprint, "stripper": scorer.stripper,
              "fg_threshold": scorer.fg_threshold, "budget": scorer.image_settings.max_num_patches,
              "provider": scorer.provider, "cp_head": scorer.cp_head, "backend": scorer.backend,
@@ -118,16 +118,12 @@ class RunSettings:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _resolve(base: Path, p: str) -> str:
-    return p if os.path.isabs(p) else str(base / p)
-
-
 def row_key(row: dict, base: Path) -> str:
-    """Identity of a row's inputs: its cells plus size and mtime of its four files."""
+    """Identity of a row's inputs: its cells plus size and mtime of its four files (20 hex digits)."""
     h = hashlib.sha256(json.dumps(row, sort_keys=True, ensure_ascii=False).encode())
     for c in FILE_COLUMNS:
         try:
-            st = os.stat(_resolve(base, row.get(c) or ""))
+            st = os.stat(resolve_path(base, row.get(c) or ""))
             h.update(f"|{st.st_size}:{st.st_mtime_ns}".encode())
         except OSError:
             h.update(b"|missing")
@@ -136,6 +132,8 @@ def row_key(row: dict, base: Path) -> str:
 
 @dataclass
 class Summary:
+    """What a run did: row and status counts, per-method means, duplicates, counters, time."""
+
     rows: int = 0
     ok: int = 0
     resumed: int = 0
@@ -148,6 +146,7 @@ class Summary:
     journal_repaired: bool = False
 
     def add(self, row: dict, method: str | None) -> None:
+        """Count one output row (``method``: its method column's value, or None)."""
         self.rows += 1
         self.statuses[row["status"]] += 1
         self.ok += row["status"] == "ok"
@@ -160,6 +159,7 @@ class Summary:
                     m[k].append(float(v))
 
     def lines(self) -> list[str]:
+        """The console summary, one line per item."""
         out = [f"rows: {self.rows}  ok: {self.ok}  not ok: {self.rows - self.ok}  resumed: {self.resumed}  "
                f"({self.seconds:.1f}s, {self.images_encoded} images encoded, {self.cache_hits} cache hits)"]
         for status, n in sorted(self.statuses.items()):
@@ -179,6 +179,7 @@ class Summary:
         return out
 
     def counts(self) -> dict:
+        """The counts recorded in ``<out>.meta.json``."""
         return {"rows": self.rows, "ok": self.ok, "resumed": self.resumed, "statuses": dict(self.statuses),
                 "duplicate_rows": len(self.duplicates), "images_encoded": self.images_encoded,
                 "cache_hits": self.cache_hits}
@@ -186,108 +187,68 @@ class Summary:
 
 @dataclass
 class LoadedImage:
+    """A decoded image: the PIL image, its content hash, conversion notes, and its preprocessed
+    form when it was not already cached (made in a loader thread)."""
+
     image: object  # PIL.Image.Image
     sha256: str
     notes: tuple
-    pre: object = None  # PreprocessedImage, made in the loader thread when not already encoded
+    pre: object = None  # PreprocessedImage
 
 
 class PairsJob:
-    """Score rows of a pairs file with one :class:`Scorer`.
+    """Score rows of a pairs file (or single in-memory items) with one :class:`Scorer`.
 
-    Within a run each distinct image (by content) is encoded once, held in an in-memory LRU of
-    ``cache_items`` encodings and, with ``store``, in a persistent content-keyed cache shared
-    across runs and processes. Images and masks are decoded by ``io_workers`` threads.
+    Each distinct image (by content) is encoded once: ``cache`` (an
+    :class:`~masc_engine.runtime.cache.EncodingCache`, by default an LRU of ``cache_items``
+    encodings in front of ``store``, a persistent content-keyed store shared across runs and
+    processes). Images and masks are decoded by ``io_workers`` threads.
     """
 
     def __init__(self, scorer: Scorer, settings: RunSettings = RunSettings(), store: EncodingStore | None = None,
-                 io_workers: int = 4, cache_items: int = 512):
+                 io_workers: int = 4, cache_items: int = 512, cache: EncodingCache | None = None):
         self.scorer = scorer
         self.settings = settings
-        self.store = store
         self.io_workers = io_workers
-        self.cache_items = cache_items
-        self._lru: OrderedDict[str, ImageEncoding] = OrderedDict()
-        self._lock = threading.Lock()
-        self.images_encoded = 0
-        self.cache_hits = 0
+        self.cache = cache if cache is not None else EncodingCache(scorer, cache_items, store)
+
+    def stats(self) -> dict:
+        """``{"images_encoded", "cache_hits"}`` since this job was made (executor interface)."""
+        return {"images_encoded": self.cache.images_encoded, "cache_hits": self.cache.cache_hits}
 
     # ---------------------------------------------------------------- loading
 
-    def _load_image(self, path: str):
-        try:
-            data = read_bytes(path, "image")
-            im, notes = image_from_bytes(data, path, self.settings.exif)
-            sha = sha256_bytes(data)
-            # Preprocess here, in the loader threads, so it overlaps inference on the previous chunk.
-            pre = None if self._lru_get(sha) is not None else self.scorer.preprocess(im)
-            return LoadedImage(im, sha, notes, pre)
-        except InputError as e:
-            return e
+    def _image(self, data: bytes, name: str) -> LoadedImage:
+        im, notes = image_from_bytes(data, name, self.settings.exif)
+        sha = sha256_bytes(data)
+        # Preprocess here, in the loader threads, so it overlaps inference on the previous chunk.
+        pre = None if self.cache.in_memory(sha) else self.scorer.preprocess(im)
+        return LoadedImage(im, sha, notes, pre)
 
-    def _load_mask(self, path: str):
-        try:
-            return mask_from_bytes(read_bytes(path, "mask"), path, self.settings.exif)
-        except InputError as e:
-            return e
+    def _load_image(self, path: str) -> LoadedImage:
+        return self._image(read_bytes(path, "image"), path)
 
-    def load(self, rows: list[dict], base: Path) -> tuple[dict, dict]:
+    def _load_mask(self, path: str) -> np.ndarray:
+        return mask_from_bytes(read_bytes(path, "mask"), path, self.settings.exif)
+
+    def load(self, rows, base: str | Path) -> tuple[dict, dict]:
         """Decode the distinct images and masks of some rows: ``(images, masks)`` by path, each
         value the decoded object or the :class:`InputError` it raised."""
         imgs, masks = set(), set()
         for row in rows:
             if all((row.get(c) or "").strip() for c in FILE_COLUMNS):
-                imgs.update(_resolve(base, row[c]) for c in ("ref_image", "out_image"))
-                masks.update(_resolve(base, row[c]) for c in ("ref_mask", "out_mask"))
-        with ThreadPoolExecutor(self.io_workers) as ex:
-            images = dict(zip(sorted(imgs), ex.map(self._load_image, sorted(imgs))))
-            mask_arrays = dict(zip(sorted(masks), ex.map(self._load_mask, sorted(masks))))
-        return images, mask_arrays
+                imgs.update(resolve_path(base, row[c]) for c in ("ref_image", "out_image"))
+                masks.update(resolve_path(base, row[c]) for c in ("ref_mask", "out_mask"))
+        return load_all(imgs, self._load_image, self.io_workers), load_all(masks, self._load_mask, self.io_workers)
 
     # ---------------------------------------------------------------- encoding
 
-    def _lru_get(self, key: str) -> ImageEncoding | None:
-        with self._lock:
-            v = self._lru.get(key)
-            if v is not None:
-                self._lru.move_to_end(key)
-            return v
-
-    def _lru_put(self, key: str, enc: ImageEncoding) -> None:
-        with self._lock:
-            self._lru[key] = enc
-            while len(self._lru) > self.cache_items:
-                self._lru.popitem(last=False)
-
-    def encode(self, images: list[LoadedImage]) -> dict[str, ImageEncoding]:
-        """Encodings by content hash; only images in neither cache go through the vision tower."""
-        out: dict[str, ImageEncoding] = {}
-        todo: dict[str, LoadedImage] = {}
+    def encode(self, images: list[LoadedImage]) -> dict:
+        """Encodings by content hash; only images in neither cache level go through the vision tower."""
+        sources: dict = {}
         for li in images:
-            if li.sha256 in out or li.sha256 in todo:
-                continue
-            enc = self._lru_get(li.sha256)
-            if enc is None and self.store is not None:
-                enc = self.store.get_image(li.sha256)
-                if enc is not None:
-                    enc = self.scorer.device_encoding(enc)  # device-resident runs keep tokens there
-                    self.cache_hits += 1
-                    self._lru_put(li.sha256, enc)
-            if enc is None:
-                todo[li.sha256] = li
-            else:
-                out[li.sha256] = enc
-        if todo:
-            s = self.scorer
-            encs = s.encode_preprocessed([li.pre if li.pre is not None else s.preprocess(li.image)
-                                          for li in todo.values()])
-            for key, enc in zip(todo, encs):
-                out[key] = enc
-                self._lru_put(key, enc)
-                if self.store is not None:
-                    self.store.put_image(key, s.host_encoding(enc))
-            self.images_encoded += len(todo)
-        return out
+            sources.setdefault(li.sha256, li.pre if li.pre is not None else li.image)
+        return self.cache.encode(sources)
 
     # ---------------------------------------------------------------- scoring
 
@@ -320,38 +281,112 @@ class PairsJob:
         pf_map(out_im, it.out_enc.grid, sc.arrays["pf_attention"], sc.arrays["pf_hidden"]).save(pf_path)
         return {"cp_map": str(cp_path.resolve()), "pf_map": str(pf_path.resolve())}
 
-    def score_rows(self, rows: list[dict], base: Path, first_index: int = 1, loaded=None,
+    def score_rows(self, rows: list[dict], base: str | Path, first_index: int = 1, loaded=None,
                    indices: list[int] | None = None) -> list[dict]:
         """Score rows; ``indices`` are their 1-based row indices (default ``first_index``,
         ``first_index + 1``, ...). Results in input order."""
-        s, st = self.scorer, self.settings
         images, masks = loaded if loaded is not None else self.load(rows, base)
         indices = indices if indices is not None else list(range(first_index, first_index + len(rows)))
+        items = []
+        for idx, row in zip(indices, rows):
+            objs = names = None
+            if all((row.get(c) or "").strip() for c in FILE_COLUMNS):
+                names = {c: resolve_path(base, row[c]) for c in FILE_COLUMNS}
+                objs = {c: (images if "image" in c else masks)[names[c]] for c in FILE_COLUMNS}
+            items.append((idx, row, objs, names))
+        return self._score(items)
+
+    def score_chunk(self, chunk: Chunk, loaded=None) -> list[dict]:
+        """Score a chunk's rows (executor interface); each result carries its ``row_key``."""
+        results = self.score_rows(list(chunk.rows), chunk.base, loaded=loaded, indices=list(chunk.indices))
+        for r, k in zip(results, chunk.keys):
+            r["row_key"] = k
+        return results
+
+    def score_item(self, ref_image, ref_mask, out_image, out_mask, prompt: str, object_name: str = "",
+                   row_index: int = 1, extra: dict | None = None) -> dict:
+        """Score one in-memory pair; returns the very result record masc-run writes for a row.
+
+        Args:
+            ref_image, out_image: encoded image bytes (PNG, JPEG, ...) or a PIL image (converted
+                to RGB; an 8-bit image is used as it is).
+            ref_mask, out_mask: encoded mask bytes, or a ``[H, W]`` uint8 array (foreground
+                non-zero), as masc-run decodes mask files.
+            prompt, object_name: the row's ``prompt`` and ``object_name`` cells.
+            row_index: the record's ``row_index`` (a service's request item number).
+            extra: other cells to carry through (as a pairs file's extra columns).
+
+        Returns:
+            a dict with ``RESULT_COLUMNS`` (``row_key`` empty) and the carried cells; a bad input
+            gives its status and detail (naming the field), never an exception.
+        """
+        row = {**(extra or {}), "ref_image": "ref_image", "ref_mask": "ref_mask", "out_image": "out_image",
+               "out_mask": "out_mask", "prompt": prompt, "object_name": object_name}
+        objs = {}
+        for c, v in (("ref_image", ref_image), ("out_image", out_image)):
+            try:
+                objs[c] = self._image(v, c) if isinstance(v, (bytes, bytearray, memoryview)) else self._pil_image(v, c)
+            except InputError as e:
+                objs[c] = e
+        for c, v in (("ref_mask", ref_mask), ("out_mask", out_mask)):
+            try:
+                objs[c] = (mask_from_bytes(bytes(v), c, self.settings.exif) if isinstance(v, (bytes, bytearray, memoryview))
+                           else self._array_mask(v, c))
+            except InputError as e:
+                objs[c] = e
+        res = self._score([(row_index, row, objs, {c: c for c in FILE_COLUMNS})])[0]
+        res["row_key"] = ""
+        return res
+
+    def _pil_image(self, im, name: str) -> LoadedImage:
+        from PIL import Image
+
+        if not isinstance(im, Image.Image):
+            raise InputError("unreadable_image", f"{name}: expected image bytes or a PIL image, got {type(im).__name__}")
+        rgb = im if im.mode == "RGB" else im.convert("RGB")
+        arr = np.asarray(rgb)
+        sha = sha256_bytes(b"pil:%d:%d:" % rgb.size + arr.tobytes())  # content key of the pixels
+        pre = None if self.cache.in_memory(sha) else self.scorer.preprocess(rgb)
+        notes = () if im.mode == "RGB" else (f"{im.mode} converted to RGB",)
+        return LoadedImage(rgb, sha, notes, pre)
+
+    @staticmethod
+    def _array_mask(m, name: str) -> np.ndarray:
+        a = np.asarray(m)
+        if a.ndim != 2 or a.dtype != np.uint8:
+            raise InputError("unreadable_mask", f"{name}: expected mask bytes or a [H, W] uint8 array, got "
+                                                f"{a.dtype} {list(a.shape)}")
+        return a
+
+    def _score(self, items: list[tuple]) -> list[dict]:
+        """Score ``(row_index, row, objs, names)`` items: ``objs`` maps each file column to its
+        decoded object (or the InputError decoding raised), ``names`` to the path named in
+        messages; both None when a file cell is empty."""
+        s, st = self.scorer, self.settings
         results = [{**row, "row_index": idx, "cp": float("nan"), "pf": float("nan"),
-                    "status": "ok", "status_detail": ""} for idx, row in zip(indices, rows)]
-        good_images = [v for v in images.values() if isinstance(v, LoadedImage)]
+                    "status": "ok", "status_detail": ""} for idx, row, _, _ in items]
+        good_images = [o for _, _, objs, _ in items if objs for c, o in objs.items()
+                       if "image" in c and isinstance(o, LoadedImage)]
         encs = self.encode(good_images)
-        items, slots = [], []
-        for row, res in zip(rows, results):
+        pairs, slots = [], []
+        for (idx, row, objs, names), res in zip(items, results):
             try:
                 empty = [c for c in REQUIRED_COLUMNS if c != "object_name" and not (row.get(c) or "").strip()]
                 if empty:
                     raise InputError("bad_row", f"empty column(s): {', '.join(empty)}")
-                paths = {c: _resolve(base, row[c]) for c in FILE_COLUMNS}
                 for c in FILE_COLUMNS:
-                    obj = (images if "image" in c else masks)[paths[c]]
-                    if isinstance(obj, InputError):
-                        raise obj
-                ref, out = images[paths["ref_image"]], images[paths["out_image"]]
-                ref_m, out_m = masks[paths["ref_mask"]], masks[paths["out_mask"]]
-                notes = [n for n in (self._check_mask(ref.image, ref_m, "reference", paths["ref_mask"]),
-                                     self._check_mask(out.image, out_m, "output", paths["out_mask"])) if n]
+                    if isinstance(objs[c], InputError):
+                        raise objs[c]
+                ref, out = objs["ref_image"], objs["out_image"]
+                ref_m, out_m = objs["ref_mask"], objs["out_mask"]
+                notes = [n for n in (self._check_mask(ref.image, ref_m, "reference", names["ref_mask"]),
+                                     self._check_mask(out.image, out_m, "output", names["out_mask"])) if n]
                 notes += list(ref.notes) + list(out.notes)
                 res["ref_mask_coverage"] = round(mask_coverage(ref_m), 6)
                 res["out_mask_coverage"] = round(mask_coverage(out_m), 6)
                 res["status_detail"] = "; ".join(notes)
                 if not ref_m.any():
-                    raise InputError("empty_reference_mask", f"{paths['ref_mask']} has no foreground pixel")
+                    raise InputError("empty_reference_mask", f"{names['ref_mask']} has no foreground pixel")
                 if st.min_reference_mask_frac is not None and res["ref_mask_coverage"] < st.min_reference_mask_frac:
                     raise InputError("filtered_reference_mask",
                                      f"reference mask covers {res['ref_mask_coverage']:.2%} < "
@@ -364,15 +399,15 @@ class PairsJob:
                 rw = mask_to_patch_grid(ref_m, r.grid)
                 if not (rw > s.fg_threshold).any():
                     raise InputError("reference_mask_below_threshold",
-                                     f"{paths['ref_mask']}: no patch of the {r.grid[0]}x{r.grid[1]} grid has "
+                                     f"{names['ref_mask']}: no patch of the {r.grid[0]}x{r.grid[1]} grid has "
                                      f"mask weight > {s.fg_threshold}")
-                items.append(EncodedPair(r, rw, o, mask_to_patch_grid(out_m, o.grid), row["prompt"],
+                pairs.append(EncodedPair(r, rw, o, mask_to_patch_grid(out_m, o.grid), row["prompt"],
                                          row.get("object_name") or None))
                 slots.append((res, ref.image, out.image))
             except InputError as e:
                 res.update(status=e.reason, status_detail=e.detail)
-        scored = s.score_encoded(items, baselines=st.baselines, with_arrays=st.save_maps is not None)
-        for (res, ref_im, out_im), it, sc in zip(slots, items, scored):
+        scored = s.score_encoded(pairs, baselines=st.baselines, with_arrays=st.save_maps is not None)
+        for (res, ref_im, out_im), it, sc in zip(slots, pairs, scored):
             ex = sc.extras
             res.update(cp=sc.cp, pf=sc.pf, **{k: ex[k] for k in (
                 "prompt_text", "prompt_stripped", "prompt_truncated", "cp_n_ref_fg", "cp_n_ref_total",
@@ -391,6 +426,22 @@ class PairsJob:
                 detail.append("the output mask hides every patch: PF undefined, CP scored")
             res["status_detail"] = "; ".join(detail)
         return results
+
+
+def build_pairs_job(bundle_dir: str, scorer_kwargs: dict, settings: dict, io_workers: int) -> PairsJob:
+    """A :class:`PairsJob` on a fresh scorer: the factory Ray workers call (picklable through
+    :func:`functools.partial`, so executors need not know this module)."""
+    return PairsJob(Scorer(bundle_dir, **scorer_kwargs), RunSettings(**settings), io_workers=io_workers)
+
+
+def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int):
+    kwargs = {"provider": scorer.provider, "stripper": scorer.stripper, "fg_threshold": scorer.fg_threshold,
+              "naflex_max_patches": scorer.image_settings.max_num_patches, "batch_size": scorer.batch_size,
+              "verify": False, "cp_head": scorer.cp_head, "backend": scorer.backend,
+              "precision": scorer.precision, "device_resident": scorer.device is not None,
+              "ort_memory": getattr(scorer, "ort_memory", "lean")}
+    return functools.partial(build_pairs_job, str(Path(scorer.bundle.path).resolve()), kwargs, asdict(settings),
+                             io_workers)
 
 
 def _versions() -> dict:
@@ -420,6 +471,8 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
         ValueError: an unsupported output extension.
     """
     from tqdm import tqdm
+
+    from ..engine.device import is_gpu
 
     t0 = time.time()
     out_path = Path(out_path)
@@ -474,21 +527,17 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
               "precision": scorer.precision}  # fp16 engines' tokens must never serve an fp32 run
         store = EncodingStore(cache_dir, ns, **({"size_limit": cache_size_limit} if cache_size_limit else {}))
         scorer.text_store = store
-    chunks = [todo[i:i + chunk_size] for i in range(0, len(todo), chunk_size)]
-    # Chunks are runs of consecutive row indices only where nothing was done; score_rows needs
-    # each chunk's rows and their indices.
+    # Chunks are runs of consecutive row indices only where nothing was done.
+    chunks = [Chunk(tuple(c), tuple(rows[i - 1] for i in c), tuple(keys[i - 1] for i in c), str(base))
+              for c in (todo[i:i + chunk_size] for i in range(0, len(todo), chunk_size))]
+    if executor == "ray":
+        runner = RayExecutor(_ray_factory(scorer, settings, io_workers), gpu=is_gpu(scorer.backend, scorer.provider),
+                             address=ray_address, workers=ray_workers)
+    else:
+        runner = LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=io_workers))
     bar = tqdm(total=len(rows), initial=len(done), unit="pair", disable=not progress, desc="masc-run")
     try:
-        if executor == "ray":
-            from .ray_executor import run_chunks_on_ray
-
-            results_iter = run_chunks_on_ray(chunks, rows, keys, base, scorer, settings, ray_address, ray_workers,
-                                             io_workers)
-            job = None
-        else:
-            job = PairsJob(scorer, settings, store=store, io_workers=io_workers)
-            results_iter = _local_chunks(job, chunks, rows, keys, base)
-        for results in results_iter:
+        for results in runner.run(chunks):
             append_journal(jpath, results)
             for r in results:
                 done[int(r["row_index"])] = r
@@ -498,8 +547,8 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
         if store is not None:
             store.close()
             scorer.text_store = None
-    if job is not None:
-        summary.images_encoded, summary.cache_hits = job.images_encoded, job.cache_hits
+    stats = runner.stats()  # Ray: summed over the workers' reports
+    summary.images_encoded, summary.cache_hits = stats.get("images_encoded", 0), stats.get("cache_hits", 0)
 
     # ---- materialize the output in input order, then the sidecar, then drop the journal
     method_col = "method" if "method" in fieldnames else None
@@ -535,26 +584,3 @@ def _num(v) -> float:
     if v is None or v == "":
         return float("nan")
     return float(v)
-
-
-def _local_chunks(job: PairsJob, chunks: list[list[int]], rows, keys, base):
-    """Yield each chunk's results; the next chunk is decoded while the current one is inferred."""
-    def rows_of(chunk):
-        return [rows[i - 1] for i in chunk]
-
-    with ThreadPoolExecutor(1) as prefetch:
-        pending = prefetch.submit(job.load, rows_of(chunks[0]), base) if chunks else None
-        for n, chunk in enumerate(chunks):
-            loaded = pending.result()
-            if n + 1 < len(chunks):
-                pending = prefetch.submit(job.load, rows_of(chunks[n + 1]), base)
-            yield score_index_chunk(job, chunk, rows, keys, base, loaded)
-
-
-def score_index_chunk(job: PairsJob, chunk: list[int], rows, keys, base, loaded=None) -> list[dict]:
-    """Score the rows with 1-based indices ``chunk`` (not necessarily consecutive)."""
-    sub = [rows[i - 1] for i in chunk]
-    results = job.score_rows(sub, base, first_index=1, loaded=loaded, indices=chunk)
-    for r in results:
-        r["row_key"] = keys[r["row_index"] - 1]
-    return results

@@ -1,6 +1,6 @@
 """``masc-report``: one self-contained HTML file from a ``masc-run`` score file.
 
-The page makes no request of its own: plots are inline SVG written here (no plotting library),
+The page makes no request of its own: plots are matplotlib SVG inlined in the page (report/plots.py),
 images are downscaled JPEG data URIs, the CSS is inline, and a Content-Security-Policy
 (``default-src 'none'``) tells the browser to refuse anything else. Every piece of text that
 comes from the data (prompts, keys, paths, metadata) goes through :func:`html.escape`.
@@ -10,11 +10,10 @@ Sections (each an element with that ``id``):
 - ``summary``: the file, the number of rows, status counts (``ok`` and each failure reason) and
   the run's bundle / model / settings / versions from the ``<scores>.meta.json`` sidecar;
 - ``methods``: per method (the ``method`` column, or one group ``all``) n, mean CP and mean PF
-  with percentile-bootstrap 95% CIs (:func:`.agreement.bootstrap_ci`, fixed seed);
+  with percentile-bootstrap 95% CIs (:func:`masc_engine.metrics.agreement.bootstrap_ci`, fixed seed);
 - ``distributions``: per-method CP and PF box + strip plots;
 - ``within-cross``: CP and PF histograms of within- vs cross-subject pairs, overlaid, with the
-  ROC AUC and its stratified bootstrap CI (the numbers of :func:`.agreement.within_vs_cross_auc`,
-  computed faster and without the ``eval`` extra, see :func:`within_cross_auc`);
+  ROC AUC and its stratified bootstrap CI (:func:`masc_engine.metrics.agreement.within_vs_cross_auc`);
 - ``extremes``: the best and worst K pairs by CP and by PF with thumbnails of the reference and
   output images and, when the score file has ``cp_map`` / ``pf_map`` columns, the attribution
   overlay of that score.
@@ -43,8 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from . import agreement as ag
-from .results import meta_path, read_output
+from ..jobs.results import meta_path, read_output
+from ..jobs.tables import parse_bool
+from ..metrics import agreement as ag
+from .plots import CROSS_COLOR, STRIP_MAX_POINTS, WITHIN_COLOR, svg_box_strip, svg_histograms
 
 __all__ = [
     "POOLED",
@@ -69,11 +70,6 @@ POOLED = "all methods"  # label of the pooled row
 METRICS = ("cp", "pf")
 METRIC_NAMES = {"cp": "CP (concept preservation)", "pf": "PF (prompt following)"}
 MAP_COLUMN = {"cp": "cp_map", "pf": "pf_map"}
-# tab10, the palette people read plots in
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22", "#17becf")
-WITHIN_COLOR, CROSS_COLOR = "#1f77b4", "#ff7f0e"
-STRIP_MAX_POINTS = 400  # points drawn per method in a strip plot (the box uses all values)
 
 
 @dataclass(frozen=True)
@@ -232,67 +228,32 @@ def within_labels(rows: Sequence[Mapping[str, Any]], column: str, value: str | N
     out = []
     for r in rows:
         try:
-            out.append(ag.parse_bool(r.get(column)))
+            out.append(parse_bool(r.get(column)))
         except ValueError as e:
             raise ValueError(f"row {r.get('_row', '?')}: {column}={r.get(column)!r} is not a boolean ({e}); "
                              "give --within-value to compare against a value") from None
     return np.asarray(out, dtype=bool)
 
 
-def _auc_counts(c_pos: np.ndarray, c_neg: np.ndarray) -> float:
-    """AUC from per-distinct-value counts (values ascending) of the two classes: P(within >
-    cross) + P(tie) / 2, the Mann-Whitney form (equal to roc_auc_score)."""
-    below = np.cumsum(c_neg) - c_neg
-    n_pos, n_neg = float(c_pos.sum()), float(c_neg.sum())
-    return float(np.dot(c_pos, below + 0.5 * c_neg)) / (n_pos * n_neg)
-
-
-def _auc_numpy(s: np.ndarray, lab: np.ndarray) -> float:
-    """Mann-Whitney AUC with ties counted 1/2 (equal to roc_auc_score); no scipy needed."""
-    _, inv = np.unique(s, return_inverse=True)
-    k = int(inv.max()) + 1 if inv.size else 0
-    return _auc_counts(np.bincount(inv[lab], minlength=k).astype(np.float64),
-                       np.bincount(inv[~lab], minlength=k).astype(np.float64))
-
-
 def within_cross_auc(scores: np.ndarray, labels: np.ndarray, opts: ReportOptions = ReportOptions()) -> dict:
-    """``{"auc", "low", "high", "n_within", "n_cross", "note"}`` for one score (NaN dropped).
+    """``{"auc", "low", "high", "n_within", "n_cross", "note"}`` for one score (NaN dropped):
+    :func:`masc_engine.metrics.agreement.within_vs_cross_auc` (ROC AUC, stratified percentile
+    bootstrap, ``opts.seed``) laid out for the page.
 
-    The same numbers as :func:`.agreement.within_vs_cross_auc` (ROC AUC, percentile bootstrap
-    stratified on the class, the same seed and index stream; the tests check they are equal),
-    computed in O(n) per resample from counts per distinct value instead of re-ranking: 100k
-    rows, 1000 resamples take seconds instead of minutes. Needs neither scipy nor scikit-learn.
+    Raises:
+        ValueError: bad bootstrap settings (confidence outside (0, 1), no resample).
     """
     s = np.asarray(scores, dtype=np.float64)
     lab = np.asarray(labels, dtype=bool)
     ok = ~np.isnan(s)
-    s, lab = s[ok], lab[ok]
-    n_w, n_c = int(lab.sum()), int((~lab).sum())
+    n_w, n_c = int(lab[ok].sum()), int((~lab[ok]).sum())
     out = {"auc": float("nan"), "low": float("nan"), "high": float("nan"), "n_within": n_w, "n_cross": n_c,
            "note": ""}
     if n_w == 0 or n_c == 0:
         out["note"] = "AUC needs both within- and cross-subject pairs"
         return out
-    if not 0.0 < opts.confidence < 1.0 or opts.n_resamples < 1:
-        raise ValueError(f"bad bootstrap settings: confidence {opts.confidence}, n_resamples {opts.n_resamples}")
-    _, inv = np.unique(s, return_inverse=True)
-    k = int(inv.max()) + 1
-    out["auc"] = _auc_counts(np.bincount(inv[lab], minlength=k).astype(np.float64),
-                             np.bincount(inv[~lab], minlength=k).astype(np.float64))
-    # agreement._resample_indices with strata=lab: per resample, for each class in np.unique
-    # order (cross=False, then within=True), draw that class's size of its members.
-    neg, pos = np.flatnonzero(~lab), np.flatnonzero(lab)
-    inv_neg, inv_pos = inv[neg], inv[pos]
-    rng = np.random.default_rng(opts.seed)
-    vals = np.empty(opts.n_resamples)
-    for b in range(opts.n_resamples):
-        i_neg = rng.integers(0, neg.size, size=neg.size)
-        i_pos = rng.integers(0, pos.size, size=pos.size)
-        vals[b] = _auc_counts(np.bincount(inv_pos[i_pos], minlength=k),
-                              np.bincount(inv_neg[i_neg], minlength=k))
-    a = 1.0 - opts.confidence
-    low, high = np.quantile(vals, [a / 2.0, 1.0 - a / 2.0])
-    out.update(low=float(low), high=float(high))
+    ci = ag.within_vs_cross_auc(s, lab, n_resamples=opts.n_resamples, confidence=opts.confidence, seed=opts.seed)
+    out.update(auc=ci.value, low=ci.low, high=ci.high)
     return out
 
 
@@ -389,150 +350,6 @@ def _e(v: Any) -> str:
 
 def _f(x: float, nd: int = 4) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
-
-
-def _nice_ticks(lo: float, hi: float, n: int = 6) -> tuple[float, float, list[float]]:
-    """Axis limits and ticks at 1/2/5 x 10^k steps covering [lo, hi]."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        lo, hi = 0.0, 1.0
-    if hi - lo < 1e-9:
-        pad = max(abs(lo) * 0.05, 0.01)
-        lo, hi = lo - pad, hi + pad
-    raw = (hi - lo) / max(1, n - 1)
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    a, b = math.floor(lo / step) * step, math.ceil(hi / step) * step
-    ticks = [a + i * step for i in range(int(round((b - a) / step)) + 1)]
-    return a, b, ticks
-
-
-def _tick_label(t: float, ticks: list[float]) -> str:
-    step = abs(ticks[1] - ticks[0]) if len(ticks) > 1 else 1.0
-    nd = 0
-    while nd < 6 and abs(round(step, nd) - step) > 1e-9 * max(1.0, step):
-        nd += 1
-    s = f"{t:.{nd}f}"
-    return s[1:] if s.startswith("-") and float(s) == 0 else s
-
-
-def _x_axis(x0: float, x1: float, y: float, y_top: float, lo: float, hi: float, ticks: list[float],
-            label: str) -> list[str]:
-    def sx(v):
-        return x0 + (v - lo) / (hi - lo) * (x1 - x0)
-
-    parts = [f'<line x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="#555"/>']
-    for t in ticks:
-        x = sx(t)
-        parts.append(f'<line x1="{x:.1f}" y1="{y_top:.1f}" x2="{x:.1f}" y2="{y:.1f}" stroke="#e3e3e3"/>')
-        parts.append(f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x:.1f}" y2="{y + 4:.1f}" stroke="#555"/>')
-        parts.append(f'<text x="{x:.1f}" y="{y + 16:.1f}" text-anchor="middle" class="tick">'
-                     f'{_e(_tick_label(t, ticks))}</text>')
-    parts.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{y + 34:.1f}" text-anchor="middle" class="axis">{_e(label)}</text>')
-    return parts
-
-
-def svg_box_strip(groups: Sequence[tuple[str, np.ndarray]], label: str, *, width: int = 560,
-                  row_h: int = 38, seed: int = 0) -> str:
-    """Horizontal box plot (quartiles, median, whiskers to min/max, mean as a diamond) with the
-    values jittered over it, one row per group; NaN values are left out. At most
-    ``STRIP_MAX_POINTS`` points are drawn per group (an evenly spaced subset of the sorted
-    values); the box uses all."""
-    left, right, top, bottom = 150, 24, 30, 50
-    h = top + bottom + row_h * max(1, len(groups))
-    vals = [np.asarray(v, dtype=np.float64) for _, v in groups]
-    vals = [v[~np.isnan(v)] for v in vals]
-    allv = np.concatenate(vals) if vals else np.empty(0)
-    lo, hi, ticks = _nice_ticks(float(allv.min()) if allv.size else 0.0, float(allv.max()) if allv.size else 1.0)
-    x0, x1 = left, width - right
-
-    def sx(v):
-        return x0 + (v - lo) / (hi - lo) * (x1 - x0)
-
-    rng = np.random.default_rng(seed)
-    parts = [f'<svg class="plot" role="img" width="{width}" height="{h}" viewBox="0 0 {width} {h}">',
-             f'<title>{_e(label)} by method</title>',
-             f'<text x="{width / 2:.1f}" y="18" text-anchor="middle" class="ptitle">{_e(label)}</text>']
-    parts += _x_axis(x0, x1, h - bottom, top - 4, lo, hi, ticks, label.split(" ")[0])
-    for gi, ((name, _), v) in enumerate(zip(groups, vals)):
-        color = PALETTE[gi % len(PALETTE)]
-        cy = top + row_h * gi + row_h / 2
-        short = name if len(name) <= 20 else name[:19] + "…"
-        parts.append(f'<text x="{left - 8}" y="{cy - 1:.1f}" text-anchor="end" class="glabel">'
-                     f'<title>{_e(name)}</title>{_e(short)}</text>')
-        parts.append(f'<text x="{left - 8}" y="{cy + 12:.1f}" text-anchor="end" class="tick">n={v.size}</text>')
-        if v.size == 0:
-            parts.append(f'<text x="{x0 + 6}" y="{cy + 4:.1f}" class="tick">no scores</text>')
-            continue
-        q1, med, q3 = np.quantile(v, [0.25, 0.5, 0.75])
-        bh = row_h * 0.56
-        parts.append(f'<line x1="{sx(v.min()):.1f}" y1="{cy:.1f}" x2="{sx(v.max()):.1f}" y2="{cy:.1f}" '
-                     f'stroke="{color}" stroke-width="1.2"/>')
-        for w in (v.min(), v.max()):
-            parts.append(f'<line x1="{sx(w):.1f}" y1="{cy - bh / 3:.1f}" x2="{sx(w):.1f}" y2="{cy + bh / 3:.1f}" '
-                         f'stroke="{color}" stroke-width="1.2"/>')
-        parts.append(f'<rect x="{sx(q1):.1f}" y="{cy - bh / 2:.1f}" width="{max(1.0, sx(q3) - sx(q1)):.1f}" '
-                     f'height="{bh:.1f}" fill="{color}" fill-opacity="0.28" stroke="{color}" stroke-width="1.2"/>')
-        parts.append(f'<line x1="{sx(med):.1f}" y1="{cy - bh / 2:.1f}" x2="{sx(med):.1f}" y2="{cy + bh / 2:.1f}" '
-                     f'stroke="{color}" stroke-width="2.4"/>')
-        pts = np.sort(v)
-        if pts.size > STRIP_MAX_POINTS:
-            pts = pts[np.linspace(0, pts.size - 1, STRIP_MAX_POINTS).round().astype(int)]
-        jit = rng.uniform(-bh / 2, bh / 2, size=pts.size)
-        parts.append(f'<g fill="{color}" fill-opacity="0.7">')
-        parts += [f'<circle cx="{sx(p):.1f}" cy="{cy + j:.1f}" r="2.3"/>' for p, j in zip(pts, jit)]
-        parts.append('</g>')
-        m = sx(float(v.mean()))
-        parts.append(f'<path d="M{m:.1f},{cy - 6:.1f} L{m + 5:.1f},{cy:.1f} L{m:.1f},{cy + 6:.1f} '
-                     f'L{m - 5:.1f},{cy:.1f} Z" fill="#fff" stroke="#222" stroke-width="1.3">'
-                     f'<title>mean {float(v.mean()):.4f}</title></path>')
-    parts.append('</svg>')
-    return "\n".join(parts)
-
-
-def svg_histograms(series: Sequence[tuple[str, np.ndarray, str]], label: str, *, title: str = "",
-                   width: int = 560, height: int = 290, bins: int = 30) -> str:
-    """Overlaid density histograms (shared bins) of several series ``(name, values, color)``;
-    NaN values are left out. Densities, so classes of different sizes compare."""
-    left, right, top, bottom = 52, 20, 56, 50
-    vals = [np.asarray(v, dtype=np.float64) for _, v, _ in series]
-    vals = [v[~np.isnan(v)] for v in vals]
-    allv = np.concatenate(vals) if vals else np.empty(0)
-    lo, hi, ticks = _nice_ticks(float(allv.min()) if allv.size else 0.0, float(allv.max()) if allv.size else 1.0)
-    edges = np.linspace(lo, hi, bins + 1)
-    dens = [np.histogram(v, bins=edges, density=True)[0] if v.size else np.zeros(bins) for v in vals]
-    ymax = max([float(d.max()) for d in dens] + [1e-9]) * 1.08
-    x0, x1, y0, y1 = left, width - right, height - bottom, top
-
-    def sx(v):
-        return x0 + (v - lo) / (hi - lo) * (x1 - x0)
-
-    def sy(d):
-        return y0 - d / ymax * (y0 - y1)
-
-    parts = [f'<svg class="plot" role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
-             f'<title>{_e(title or label)}</title>',
-             f'<text x="{width / 2:.1f}" y="18" text-anchor="middle" class="ptitle">{_e(title or label)}</text>']
-    parts += _x_axis(x0, x1, y0, y1, lo, hi, ticks, label)
-    parts.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#555"/>')
-    parts.append(f'<text x="14" y="{(y0 + y1) / 2:.1f}" text-anchor="middle" class="axis" '
-                 f'transform="rotate(-90 14 {(y0 + y1) / 2:.1f})">density</text>')
-    for (name, _, color), d, v in zip(series, dens, vals):
-        if v.size == 0:
-            continue
-        path = [f"M{sx(edges[0]):.1f},{y0:.1f}"]
-        for i in range(bins):
-            path.append(f"L{sx(edges[i]):.1f},{sy(d[i]):.1f} L{sx(edges[i + 1]):.1f},{sy(d[i]):.1f}")
-        path.append(f"L{sx(edges[-1]):.1f},{y0:.1f} Z")
-        parts.append(f'<path d="{" ".join(path)}" fill="{color}" fill-opacity="0.35" stroke="{color}" '
-                     f'stroke-width="1.5"/>')
-    lx = x0 + 8
-    for i, ((name, _, color), v) in enumerate(zip(series, vals)):
-        ly = 32 + 15 * i
-        parts.append(f'<rect x="{lx}" y="{ly - 9}" width="12" height="10" fill="{color}" fill-opacity="0.5" '
-                     f'stroke="{color}"/>')
-        parts.append(f'<text x="{lx + 17}" y="{ly}" class="tick">{_e(name)} (n={v.size})</text>')
-    parts.append('</svg>')
-    return "\n".join(parts)
 
 
 # --------------------------------------------------------------------------
@@ -809,7 +626,16 @@ def build_report(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | No
 
 def write_report(scores_path: str | Path, out: str | Path, options: ReportOptions = ReportOptions(),
                  log: Callable[[str], None] | None = None) -> Path:
-    """Read a score file (and its sidecar), build the report and write it (atomically)."""
+    """Read a score file (and its sidecar), build the report and write it (atomically).
+
+    Raises:
+        MissingDependencyError: matplotlib (the ``[report]`` extra) is not installed; raised
+            before the score file is read.
+        TableError: the score file is missing or unparsable (file and line named).
+    """
+    from .. import extras
+
+    extras.check("matplotlib", "masc-report's plots", extra="report")
     rows, meta = load_scores(scores_path)
     text = build_report(rows, meta, scores_path=scores_path, options=options)
     out = Path(out)

@@ -1,4 +1,4 @@
-"""Result files of ``masc-run``: format by extension, an append-only journal for resume, and the
+"""Result files of the pairs job (``masc-run``): format by extension, an append-only journal for resume, and the
 metadata sidecar.
 
 - Output formats: ``.csv`` (default), ``.parquet`` (pyarrow, the ``[parquet]`` extra), ``.jsonl`` / ``.ndjson`` (JSON Lines).
@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from .. import extras
+from .tables import read_table
 
 FORMATS = {".csv": "csv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
@@ -37,10 +38,12 @@ def output_format(path: str | Path) -> str:
 
 
 def journal_path(out: str | Path) -> Path:
+    """``<out>.journal.jsonl``."""
     return Path(str(out) + ".journal.jsonl")
 
 
 def meta_path(out: str | Path) -> Path:
+    """``<out>.meta.json``."""
     return Path(str(out) + ".meta.json")
 
 
@@ -62,8 +65,10 @@ def append_journal(path: Path, entries: list[dict]) -> None:
 def read_journal(path: Path) -> tuple[dict | None, list[dict], bool]:
     """Read a journal: ``(header, entries, repaired)``.
 
-    A torn last line (no newline, or not valid JSON) is cut off the file (``repaired=True``);
-    an invalid line elsewhere means the file is not ours and raises ``ValueError``.
+    A torn last line (no newline, or not valid JSON) is cut off the file (``repaired=True``).
+
+    Raises:
+        ValueError: an invalid line elsewhere (the file is not a masc-run journal).
     """
     if not path.is_file():
         return None, [], False
@@ -130,13 +135,12 @@ def _arrow_cell(v):
 
 
 def read_output(path: str | Path) -> list[dict]:
-    """Read a result file written by :func:`write_output` back into dicts (for resume/eval)."""
-    fmt = output_format(path)
-    if fmt == "csv":
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            return list(csv.DictReader(f))
-    if fmt == "jsonl":
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    pq = extras.require("pyarrow.parquet", f"{path}: Parquet")
-    return pq.read_table(path).to_pylist()
+    """Read a result file written by :func:`write_output` back into dicts (for resume, the
+    report and the int8 gate), with the job layer's one table reader.
+
+    Raises:
+        ValueError: an extension we do not write.
+        TableError: the file is missing or unparsable (file and line named).
+    """
+    output_format(path)
+    return read_table(path, what="scores").rows

@@ -1,0 +1,11 @@
+"""The job layer shared by every command (masc-run, masc-rank, masc-eval, masc-report) and the
+service: one table reader (:mod:`.tables`), threaded loading (:mod:`.loading`), the journal and
+result files (:mod:`.results`), executors behind one interface (:mod:`.executors`: local, Ray),
+and the jobs themselves: pairs (:mod:`.pairs`, masc-run; :meth:`.pairs.PairsJob.score_item` for
+one in-memory item), FP-Rank (:mod:`.rank`, :mod:`.rank_encoders`) and the int8 gate
+(:mod:`.int8_gate`). The encoding cache (memory LRU + disk store) is
+:class:`masc_engine.runtime.cache.EncodingCache`.
+
+Dependencies point down only: jobs import runtime, engine, metrics (and export, lazily, for the
+int8 gate); nothing below imports a job (tests/test_layers.py).
+"""

@@ -1,0 +1,129 @@
+"""Opt-in int8 on CPU: the gated build step. A quantized bundle is accepted only when its gates hold.
+
+``masc-export --precision int8`` (or :func:`quantize_bundle`) copies an fp32 bundle, quantizes the
+weights of the vision tower's and text tower's MatMuls to int8 (:func:`masc_engine.export.int8.quantize_graphs`,
+ONNX Runtime's dynamic quantization, activations quantized per call), scores a gate set of pairs
+with both bundles through the pairs job (masc-run's own code), and keeps the int8 bundle only
+if, against fp32 on the same pairs (issue 4):
+
+- max per-pair |Delta CP| <= 1e-2, and
+- Spearman's rho >= 0.995 for CP and for PF.
+
+Otherwise it raises :class:`Int8GateError` printing the measured figures, and writes nothing.
+The pooling head stays fp32: it is a few MatMuls on one query, and PF is its cosine.
+
+This step sits in the job layer, above both the export layer (which only quantizes) and the
+runtime, so that ``export/`` never imports the jobs that score.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..engine.manifest import write_manifest
+from ..errors import MascEngineError
+from ..export.int8 import quantize_graphs
+from .pairs import run_pairs
+from .results import read_output
+
+#: Gates for int8 against fp32 (issue 4): per-pair |dCP|, and Spearman for CP and for PF.
+INT8_MAX_ABS_DCP = 1e-2
+INT8_MIN_SPEARMAN = 0.995
+
+
+class Int8GateError(MascEngineError):
+    """The int8 bundle failed its gates against fp32; ``report`` holds the figures."""
+
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+
+
+def gate_report(cp32, pf32, cp8, pf8) -> dict:
+    """The int8 gate figures for paired score arrays (NaN pairs dropped pairwise).
+
+    Args:
+        cp32, pf32, cp8, pf8: ``[N]`` scores of the same pairs from the fp32 and int8 bundles.
+
+    Returns:
+        ``pairs``, ``max_abs_dcp``, ``mean_abs_dcp``, ``max_abs_dpf``, ``mean_abs_dpf``,
+        ``spearman_cp``, ``spearman_pf`` (scipy.stats.spearmanr), ``gates`` and ``passed``.
+    """
+    from scipy.stats import spearmanr
+
+    cp32, pf32, cp8, pf8 = (np.asarray(x, np.float64) for x in (cp32, pf32, cp8, pf8))
+    ok = np.isfinite(cp32) & np.isfinite(cp8) & np.isfinite(pf32) & np.isfinite(pf8)
+    d_cp = np.abs(cp32[ok] - cp8[ok])
+    d_pf = np.abs(pf32[ok] - pf8[ok])
+    rho_cp = float(spearmanr(cp32[ok], cp8[ok]).statistic)
+    rho_pf = float(spearmanr(pf32[ok], pf8[ok]).statistic)
+    passed = bool(d_cp.max() <= INT8_MAX_ABS_DCP and rho_cp >= INT8_MIN_SPEARMAN and rho_pf >= INT8_MIN_SPEARMAN)
+    return {"pairs": int(ok.sum()), "max_abs_dcp": float(d_cp.max()), "mean_abs_dcp": float(d_cp.mean()),
+            "max_abs_dpf": float(d_pf.max()), "mean_abs_dpf": float(d_pf.mean()), "spearman_cp": rho_cp,
+            "spearman_pf": rho_pf, "gates": {"max_abs_dcp": INT8_MAX_ABS_DCP, "min_spearman": INT8_MIN_SPEARMAN},
+            "passed": passed}
+
+
+def _score_csv(bundle: Path, pairs_csv: Path) -> tuple[np.ndarray, np.ndarray]:
+    import warnings
+
+    from ..runtime.scorer import Scorer
+
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = Path(tmp) / "gate.csv"
+        run_pairs(pairs_csv, Scorer(bundle), out, progress=False)
+        rows = read_output(out)
+    return (np.array([float(r["cp"]) for r in rows]), np.array([float(r["pf"]) for r in rows]))
+
+
+def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: str | Path, log=print,
+                    keep_refused_at: str | Path | None = None) -> dict:
+    """Write an int8 copy of ``fp32_bundle`` to ``out_dir`` if it passes its gates.
+
+    Args:
+        fp32_bundle: a bundle from masc-export (fp32).
+        out_dir: where the int8 bundle goes (must not be the fp32 bundle).
+        gate_pairs: a pairs CSV to gate on (the shared DreamBooth pairs in this project).
+        keep_refused_at: benchmarks only: where to keep a *refused* int8 bundle (marked
+            ``"refused": true`` in its manifest) so its speed can still be measured.
+
+    Returns:
+        The gate report (also stored in the int8 manifest under ``precision``).
+
+    Raises:
+        Int8GateError: the gates fail; nothing is written to ``out_dir``.
+    """
+    src, out = Path(fp32_bundle), Path(out_dir)
+    if src.resolve() == out.resolve():
+        raise ValueError("write the int8 bundle to another directory than the fp32 one")
+    with tempfile.TemporaryDirectory(dir=out.parent if out.parent.exists() else None) as tmp:
+        stage = Path(tmp) / "bundle"
+        shutil.copytree(src, stage)
+        manifest = quantize_graphs(src, stage, log)
+        cp32, pf32 = _score_csv(src, Path(gate_pairs))
+        cp8, pf8 = _score_csv(stage, Path(gate_pairs))
+        report = gate_report(cp32, pf32, cp8, pf8)
+        log("int8 gates vs fp32: " + json.dumps({k: v for k, v in report.items() if k != "gates"}))
+        if not report["passed"]:
+            if keep_refused_at is not None:
+                manifest["precision"].update(refused=True, gate_report=report)
+                write_manifest(stage, manifest)
+                shutil.rmtree(keep_refused_at, ignore_errors=True)
+                shutil.move(str(stage), str(keep_refused_at))
+            raise Int8GateError(
+                f"int8 refused: max |dCP| {report['max_abs_dcp']:.4f} (gate {INT8_MAX_ABS_DCP}), Spearman CP "
+                f"{report['spearman_cp']:.4f} and PF {report['spearman_pf']:.4f} (gate {INT8_MIN_SPEARMAN}) "
+                f"over {report['pairs']} pairs", report)
+        manifest["precision"]["gate_report"] = report
+        manifest["precision"]["gate_pairs"] = str(gate_pairs)
+        write_manifest(stage, manifest)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.move(str(stage), str(out))
+    return report

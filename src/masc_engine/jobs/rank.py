@@ -1,0 +1,364 @@
+"""Finer-Personalization Rank (arXiv 2512.19026): identity preservation as retrieval.
+
+Each generated image is a *query* against an identity-labelled *gallery* of real images. The
+gallery is ranked by similarity to the query; a gallery image is *relevant* when it shows the
+query's identity (``level="identity"``, the default) or its class (``level="class"``, the paper's
+category level). Scores: average precision (AP) per query, mean AP (mAP) over queries, and the
+CMC top-1 / top-5 rates (share of queries whose first relevant image is at rank <= k), per
+method, per class and overall.
+
+The job is a client of the job layer: tables read by :func:`~masc_engine.jobs.tables.read_table`,
+paths resolved by :func:`~masc_engine.jobs.tables.resolve_path`, files decoded by
+:func:`~masc_engine.jobs.loading.load_all`. The metrics are :mod:`masc_engine.metrics.retrieval`
+(AP, CMC, the tie rule); the encoders, similarities and the encoder manifest format are
+:mod:`masc_engine.jobs.rank_encoders`.
+
+Each distinct image path is decoded and encoded once per run (gallery first, in sorted path order,
+then the query-only images), so a gallery image's encoding does not depend on the CSV's row order
+or on the queries.
+
+Exclusion and the oracle:
+Every gallery item whose image is the query's own file (same resolved path) is removed from that
+query's gallery (``n_excluded``), so an image can never retrieve itself. The paper's *oracle*
+(``--oracle``) uses the real gallery images themselves as the queries (method ``oracle``), each
+against the rest of the gallery (leave-one-out): the upper reference for a generator.
+
+Outputs:
+Per query, in input order (input columns carried through): ``query_index`` (1-based row),
+``query``, ``identity``, ``method``, ``class`` (the queries file's, else the identity's class in
+the gallery), ``status``, ``status_detail``, ``ap``, ``first_rank`` (rank of the first correct
+gallery image), ``top1``, ``top5`` (0/1), ``n_relevant``, ``n_gallery`` (after exclusion),
+``n_excluded``, ``n_query_patches`` (maxcos), ``top1_image``, ``top1_identity``, ``top1_score``.
+Summary (:func:`summarize`): ``n_queries, n_scored, n_undefined, n_failed, mAP, top1, top5`` per
+(method, class), per method (class ``*``), per class (method ``*``) and overall (``*``, ``*``).
+Gallery rows that cannot be used (empty cell, unreadable image) are left out of every query's
+gallery and listed in :attr:`RankReport.gallery_failures` (and on the console).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..metrics.retrieval import rank_query, summarize
+from ..runtime.io import load_image, load_mask
+from ..runtime.masks import mask_to_patch_grid
+from .loading import load_all
+from .rank_encoders import cosine_scores, maxcos_scores
+from .tables import TableError, cell, read_table, resolve_path
+
+
+SIMILARITIES = ("global", "maxcos")
+LEVELS = ("identity", "class")
+ORACLE_METHOD = "oracle"
+
+GALLERY_REQUIRED = ("image", "identity")
+QUERY_REQUIRED = ("image", "identity", "method")
+
+QUERY_RESULT_COLUMNS = ("query_index", "query", "identity", "method", "class", "status", "status_detail", "ap",
+                        "first_rank", "top1", "top5", "n_relevant", "n_gallery", "n_excluded", "n_query_patches",
+                        "top1_image", "top1_identity", "top1_score", "similarity", "level")
+SUMMARY_COLUMNS = ("method", "class", "n_queries", "n_scored", "n_undefined", "n_failed", "mAP", "top1", "top5")
+
+
+class RankFileError(TableError):
+    """A gallery or queries file itself is unusable (missing, no header, missing columns, no
+    usable gallery image)."""
+
+
+@dataclass
+class _Item:
+    """A gallery entry or a query: the row, where it came from, and its state."""
+
+    index: int                 # 1-based data row of its CSV
+    row: dict
+    image: str = ""            # resolved path ("" when the cell is empty)
+    mask: str = ""
+    identity: str = ""
+    cls: str = ""
+    method: str = ""
+    status: str = "ok"
+    detail: str = ""
+
+
+@dataclass
+class RankReport:
+    """What :func:`run_rank` did: per-query rows, summary rows, gallery problems, counts."""
+
+    rows: list[dict]
+    summary: list[dict]
+    gallery_size: int
+    gallery_failures: list[dict] = field(default_factory=list)
+    images_encoded: int = 0
+    seconds: float = 0.0
+    similarity: str = "global"
+    level: str = "identity"
+    encoder: str = ""
+    input_columns: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        statuses = Counter(r["status"] for r in self.rows)
+        out = [f"queries: {len(self.rows)}  scored: {statuses.get('ok', 0)}  gallery: {self.gallery_size} images  "
+               f"similarity: {self.similarity}  level: {self.level}  encoder: {self.encoder}  "
+               f"({self.seconds:.1f}s, {self.images_encoded} images encoded)"]
+        for status, n in sorted(statuses.items()):
+            if status != "ok":
+                out.append(f"  {status}: {n}")
+        if self.gallery_failures:
+            out.append(f"  gallery rows left out: {len(self.gallery_failures)}")
+            for g in self.gallery_failures[:10]:
+                out.append(f"    row {g['row_index']}: {g['status']} {g['status_detail']}")
+        out.append(f"{'method':<24} {'class':<20} {'n':>5} {'undef':>5} {'fail':>5} {'mAP':>7} {'top1':>7} {'top5':>7}")
+        for s in self.summary:
+            f = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"  # noqa: E731
+            out.append(f"{s['method'][:24]:<24} {s['class'][:20]:<20} {s['n_queries']:>5} {s['n_undefined']:>5} "
+                       f"{s['n_failed']:>5} {f(s['mAP']):>7} {f(s['top1']):>7} {f(s['top5']):>7}")
+        return out
+
+
+def _read_items(path: str | Path, required: Sequence[str], what: str) -> tuple[list[str], list["_Item"]]:
+    """A gallery or queries table as items: cells parsed, paths resolved (symbolic links too, so
+    a query's own file is recognised in the gallery), empty required cells flagged ``bad_row``."""
+    try:
+        t = read_table(path, required, what, extra_fields="ignore")
+    except TableError as e:
+        raise RankFileError(e.reason, e.detail) from None
+    base = Path(path).resolve().parent
+    items = []
+    for i, row in enumerate(t.rows, start=1):
+        it = _Item(i, row, identity=cell(row, "identity"), cls=cell(row, "class"), method=cell(row, "method"))
+        empty = [c for c in required if not cell(row, c)]
+        if empty:
+            it.status, it.detail = "bad_row", f"empty column(s): {', '.join(empty)}"
+        else:
+            it.image = resolve_path(base, cell(row, "image"), real=True)
+            it.mask = resolve_path(base, cell(row, "mask"), real=True) if cell(row, "mask") else ""
+        items.append(it)
+    return t.columns, items
+
+
+def _encode_paths(paths: list[str], encoder, similarity: str, chunk: int, workers: int,
+                  progress) -> tuple[dict, dict, int]:
+    """Decode and encode ``paths`` (in the given order, ``chunk`` at a time).
+
+    Returns ``(features, sizes, n_encoded)``: features[path] is a ``[D]`` embedding (global), an
+    ImageEncoding (maxcos) or the InputError that stopped it; sizes[path] is ``(H, W)``.
+    """
+    feats: dict = {}
+    sizes: dict = {}
+    n = 0
+    for start in range(0, len(paths), chunk):
+        part = paths[start:start + chunk]
+        images = load_all(part, load_image, workers)
+        ok = [p for p in part if not isinstance(images[p], InputError)]
+        for p in part:
+            if isinstance(images[p], InputError):
+                feats[p] = images[p]
+            else:
+                sizes[p] = (images[p].height, images[p].width)
+        if ok:
+            if similarity == "maxcos":
+                for p, enc in zip(ok, encoder.encode([images[p] for p in ok])):
+                    feats[p] = enc
+            else:
+                for p, e in zip(ok, encoder.embed([images[p] for p in ok])):
+                    feats[p] = np.asarray(e, np.float32)
+            n += len(ok)
+        progress(len(part))
+    return feats, sizes, n
+
+
+def _query_keep(q: _Item, enc, sizes: dict, masks: dict, fg_threshold: float) -> np.ndarray | None:
+    """The query's foreground patches for maxcos (None: no mask, all patches).
+
+    Raises:
+        InputError: the mask cannot be read, its size differs from the image's
+            (``mask_size_mismatch``), it is empty (``empty_query_mask``), or no patch passes the
+            threshold (``query_mask_below_threshold``).
+    """
+    if not q.mask:
+        return None
+    mask = masks[q.mask]
+    if isinstance(mask, InputError):
+        raise mask
+    h, w = sizes[q.image]
+    if mask.shape != (h, w):
+        raise InputError("mask_size_mismatch", f"query mask {q.mask} is {mask.shape[1]}x{mask.shape[0]} (WxH) "
+                                               f"but its image is {w}x{h}")
+    if not mask.any():
+        raise InputError("empty_query_mask", f"{q.mask} has no foreground pixel")
+    keep = mask_to_patch_grid(mask, enc.grid) > np.float32(fg_threshold)
+    if not keep.any():
+        raise InputError("query_mask_below_threshold", f"{q.mask}: no patch of the {enc.grid[0]}x{enc.grid[1]} "
+                                                       f"grid has mask weight > {fg_threshold}")
+    return keep
+
+
+def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None = None, oracle: bool = False,
+             similarity: str = "global", level: str = "identity", use_masks: bool = True,
+             io_workers: int = 4, chunk_size: int = 64, progress: bool = False) -> RankReport:
+    """Rank a gallery for every query and summarise (the job behind ``masc-rank``).
+
+    Args:
+        gallery_csv: columns ``image, identity`` (``mask``, ``class`` optional; others ignored);
+            paths relative to the CSV's folder or absolute.
+        encoder: :class:`EngineEncoder` or :class:`OnnxEmbeddingEncoder`.
+        queries_csv: columns ``image, identity, method`` (``mask``, ``class`` optional; other
+            columns carried through); required unless ``oracle``.
+        oracle: the gallery images are the queries (method ``oracle``), leave-one-out.
+        similarity: ``global`` or ``maxcos`` (needs an encoder with patch tokens).
+        level: relevance by ``identity`` or by ``class``.
+        use_masks: maxcos restricts the query to its mask's foreground patches when it has one.
+
+    Returns:
+        a :class:`RankReport`; per-query rows are in query order, with ``status`` ``ok``,
+        ``no_relevant_gallery_item`` (AP undefined) or a failure reason (``missing_file``,
+        ``unreadable_image``, ``unreadable_mask``, ``image_too_large``, ``mask_size_mismatch``,
+        ``empty_query_mask``, ``query_mask_below_threshold``, ``bad_row``).
+
+    Raises:
+        RankFileError: a file is unusable or the gallery has no usable image.
+        ValueError: bad option combination.
+    """
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if similarity == "maxcos" and not getattr(encoder, "supports_tokens", False):
+        raise ValueError("maxcos similarity needs patch tokens: use a bundle, not an embedding-only encoder")
+    if oracle == (queries_csv is not None):
+        raise ValueError("give a queries file, or oracle=True (the gallery images as queries), not both")
+    t0 = time.time()
+
+    g_fields, gallery = _read_items(gallery_csv, GALLERY_REQUIRED, "gallery")
+    if oracle:
+        queries = [_Item(g.index, g.row, image=g.image, mask=g.mask, identity=g.identity, cls=g.cls,
+                         method=ORACLE_METHOD, status=g.status, detail=g.detail) for g in gallery]
+        q_fields: list[str] = []
+    else:
+        q_fields, queries = _read_items(queries_csv, QUERY_REQUIRED, "queries")
+    if not (similarity == "maxcos" and use_masks):
+        for q in queries:
+            q.mask = ""
+
+    # Encode: the gallery's images first (sorted), then the query-only ones (sorted).
+    g_paths = sorted({g.image for g in gallery if g.status == "ok"})
+    q_paths = sorted({q.image for q in queries if q.status == "ok"} - set(g_paths))
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=len(g_paths) + len(q_paths), unit="image", disable=not progress, desc="masc-rank")
+    except ImportError:  # pragma: no cover
+        bar = None
+    tick = (lambda n: bar.update(n)) if bar is not None else (lambda n: None)
+    feats, sizes, n_enc = _encode_paths(g_paths, encoder, similarity, chunk_size, io_workers, tick)
+    f2, s2, n2 = _encode_paths(q_paths, encoder, similarity, chunk_size, io_workers, tick)
+    feats.update(f2)
+    sizes.update(s2)
+    if bar is not None:
+        bar.close()
+
+    # The usable gallery, in canonical order (resolved path, then row).
+    failures = []
+    for g in gallery:
+        if g.status == "ok" and isinstance(feats[g.image], InputError):
+            g.status, g.detail = feats[g.image].reason, feats[g.image].detail
+        if g.status != "ok":
+            failures.append({"row_index": g.index, "image": g.row.get("image", ""), "status": g.status,
+                             "status_detail": g.detail})
+    usable = sorted((g for g in gallery if g.status == "ok"), key=lambda g: (g.image, g.index))
+    if not usable:
+        raise RankFileError("empty_gallery", f"{gallery_csv}: no gallery row has a usable image "
+                                             f"({len(failures)} rows failed)")
+    g_image = np.array([g.image for g in usable])
+    g_label = np.array([g.identity if level == "identity" else g.cls for g in usable])
+    if similarity == "global":
+        g_emb = np.stack([feats[g.image] for g in usable])
+    else:
+        g_tok = [feats[g.image].tokens for g in usable]
+
+    classes_of: dict[str, set] = defaultdict(set)
+    for g in usable:
+        if g.cls:
+            classes_of[g.identity].add(g.cls)
+
+    masks = load_all([q.mask for q in queries if q.mask and q.status == "ok"], load_mask, io_workers)
+    fg = getattr(encoder, "fg_threshold", 0.5)
+    rows = []
+    for q in queries:
+        cls = q.cls or (next(iter(classes_of[q.identity])) if len(classes_of.get(q.identity, ())) == 1 else "")
+        res = {**q.row, "query_index": q.index, "query": q.row.get("image", ""), "identity": q.identity,
+               "method": q.method, "class": cls, "status": q.status, "status_detail": q.detail,
+               "ap": float("nan"), "first_rank": None, "top1": None, "top5": None, "n_relevant": None,
+               "n_gallery": None, "n_excluded": None, "n_query_patches": None, "top1_image": "",
+               "top1_identity": "", "top1_score": float("nan"), "similarity": similarity, "level": level}
+        rows.append(res)
+        if q.status != "ok":
+            continue
+        try:
+            f = feats[q.image]
+            if isinstance(f, InputError):
+                raise f
+            if level == "class" and not cls:
+                raise InputError("bad_row", "level 'class' needs the query's class (class column, or an identity "
+                                            "with one class in the gallery)")
+            if similarity == "global":
+                scores = cosine_scores(f, g_emb)
+                n_patches = None
+            else:
+                keep = _query_keep(q, f, sizes, masks, fg)
+                scores = maxcos_scores(f.tokens, g_tok, keep)
+                n_patches = int(f.tokens.shape[0] if keep is None else keep.sum())
+        except InputError as e:
+            res.update(status=e.reason, status_detail=e.detail)
+            continue
+        label = q.identity if level == "identity" else cls
+        include = g_image != q.image
+        r = rank_query(scores[include], g_label[include] == label)
+        res.update(n_relevant=r.n_relevant, n_gallery=r.n_gallery, n_excluded=int((~include).sum()),
+                   n_query_patches=n_patches)
+        if r.top_index is not None:
+            top = usable[int(np.flatnonzero(include)[r.top_index])]
+            res.update(top1_image=top.row.get("image", ""), top1_identity=top.identity,
+                       top1_score=float(scores[include][r.top_index]))
+        if not r.defined:
+            res.update(status="no_relevant_gallery_item",
+                       status_detail=f"no gallery image of {level} {label!r} (after excluding the query itself): "
+                                     "AP undefined, left out of mAP")
+            continue
+        res.update(ap=r.ap, first_rank=r.first_rank, top1=int(r.top(1)), top5=int(r.top(5)))
+
+    name = getattr(encoder, "name", "")
+    return RankReport(rows=rows, summary=summarize(rows), gallery_size=len(usable), gallery_failures=failures,
+                      images_encoded=n_enc + n2, seconds=time.time() - t0, similarity=similarity, level=level,
+                      encoder=name, input_columns=list(g_fields if oracle else q_fields))
+
+
+def _fmt(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else repr(v)
+    return v
+
+
+def write_rank_outputs(report: RankReport, out_path: str | Path, summary_path: str | Path) -> None:
+    """Per-query rows to ``out_path`` (the input columns carried through, then the results) and
+    the summary to ``summary_path`` (CSV, each written atomically)."""
+    cols = [c for c in report.input_columns if c not in QUERY_RESULT_COLUMNS] + list(QUERY_RESULT_COLUMNS)
+    for path, fields, rows in ((out_path, cols, report.rows), (summary_path, list(SUMMARY_COLUMNS), report.summary)):
+        tmp = Path(str(path) + ".partial")
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            w.writeheader()
+            for row in rows:
+                w.writerow({k: _fmt(v) for k, v in row.items()})
+        os.replace(tmp, path)

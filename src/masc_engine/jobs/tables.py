@@ -1,0 +1,231 @@
+"""The one table reader of every command (masc-run, masc-rank, masc-eval, masc-report) and the
+path and cell rules that go with it.
+
+Formats by extension: ``.csv`` / ``.txt`` (comma) and ``.tsv`` (tab), read as UTF-8 with a
+byte-order mark tolerated and quoted commas / newlines allowed; ``.jsonl`` / ``.ndjson`` (one JSON
+object per line); ``.json`` (an array of objects); ``.parquet`` (pyarrow). Every error is a
+:class:`TableError` whose message names the file, the line (or row) and the reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+FORMATS = {".csv": "csv", ".txt": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json",
+           ".parquet": "parquet"}
+
+
+class TableError(InputError):
+    """A table file itself is unusable: missing, empty, unparsable, or lacking a required column.
+
+    ``reason`` is ``missing_file`` or ``bad_<what>_file``; the message names file, line and cause.
+    """
+
+
+@dataclass
+class Table:
+    """A table read by :func:`read_table`.
+
+    Attributes:
+        path: the file read.
+        columns: column names in file order (CSV/TSV header; first object's keys otherwise).
+        rows: one dict per data row, in file order. CSV/TSV cells are strings; a short row's
+            missing cells are ``""``.
+        lines: ``lines[i]`` is the 1-based source line where row ``i`` ends (CSV/TSV: the header
+            is line 1; JSON Lines: the object's line), or ``None`` for JSON arrays and Parquet.
+    """
+
+    path: Path
+    columns: list[str]
+    rows: list[dict[str, Any]]
+    lines: list[int] | None
+
+    def where(self, i: int) -> str:
+        """``"<file>, line N"`` (or ``"row N"`` where the format has no lines) for row ``i`` (0-based)."""
+        if self.lines is not None:
+            return f"{self.path}, line {self.lines[i]}"
+        return f"{self.path}, row {i + 1}"
+
+
+def read_table(path: str | Path, required: Sequence[str] = (), what: str = "table", *,
+               extra_fields: str = "error") -> Table:
+    """Read a table file (format by extension, see the module docstring).
+
+    Args:
+        path: the file.
+        required: columns that must be present (named in the error otherwise).
+        what: what the table is (``pairs``, ``gallery``, ``scores``...), used in messages and in
+            the error reason ``bad_<what>_file``.
+        extra_fields: a CSV/TSV row with more cells than the header: ``"error"`` raises,
+            ``"ignore"`` drops the extra cells (masc-run's behaviour: the row is still scored).
+
+    Returns:
+        a :class:`Table`.
+
+    Raises:
+        TableError: the file is missing, of an unknown type, empty, unparsable (file and line
+            named), or a required column is missing.
+    """
+    p = Path(path)
+    bad = f"bad_{what}_file"
+    if not p.is_file():
+        raise TableError("missing_file", f"{what} file {p} does not exist")
+    fmt = FORMATS.get(p.suffix.lower())
+    if fmt is None:
+        raise TableError(bad, f"{p}: unknown file type {p.suffix!r}; expected one of {', '.join(FORMATS)}")
+    if fmt in ("csv", "tsv"):
+        table = _read_delimited(p, "\t" if fmt == "tsv" else ",", bad, extra_fields)
+    elif fmt == "jsonl":
+        table = _read_jsonl(p, bad)
+    elif fmt == "json":
+        table = _read_json(p, bad)
+    else:
+        table = _read_parquet(p, bad)
+    missing = [c for c in required if c not in table.columns]
+    if missing:
+        raise TableError(bad, f"{p}: missing column(s) {', '.join(missing)}; required: {', '.join(required)}")
+    return table
+
+
+def _read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str) -> Table:
+    rows, lines = [], []
+    with p.open(newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh, delimiter=delimiter)
+        try:
+            if not reader.fieldnames:
+                raise TableError(bad, f"{p} is empty (no header row)")
+            for row in reader:
+                if None in row:
+                    if extra_fields == "error":
+                        raise TableError(bad, f"{p}, line {reader.line_num}: more fields than the header has columns")
+                    del row[None]
+                rows.append({k: ("" if v is None else v) for k, v in row.items()})
+                lines.append(reader.line_num)
+        except csv.Error as exc:
+            raise TableError(bad, f"{p}, line {reader.line_num}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise TableError(bad, f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return Table(p, list(reader.fieldnames), rows, lines)
+
+
+def _columns_of(rows: list[dict]) -> list[str]:
+    cols: dict[str, None] = {}
+    for r in rows:
+        cols.update(dict.fromkeys(r))
+    return list(cols)
+
+
+def _read_jsonl(p: Path, bad: str) -> Table:
+    rows, lines = [], []
+    with p.open(encoding="utf-8-sig") as fh:
+        for lineno, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise TableError(bad, f"{p}, line {lineno}: invalid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise TableError(bad, f"{p}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
+            rows.append(obj)
+            lines.append(lineno)
+    return Table(p, _columns_of(rows), rows, lines)
+
+
+def _read_json(p: Path, bad: str) -> Table:
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as exc:
+        raise TableError(bad, f"{p}, line {exc.lineno}: invalid JSON ({exc.msg})") from None
+    if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
+        raise TableError(bad, f"{p}: a .json file must hold an array of objects (one per row); "
+                              "use .jsonl for JSON Lines")
+    return Table(p, _columns_of(obj), obj, None)
+
+
+def _read_parquet(p: Path, bad: str) -> Table:
+    from .. import extras
+
+    try:
+        pq = extras.require("pyarrow.parquet", f"{p}: reading Parquet")
+    except ImportError as exc:  # MissingDependencyError: one line naming the [parquet] extra
+        raise TableError(bad, str(exc)) from None
+    try:
+        t = pq.read_table(p)
+    except Exception as exc:  # pyarrow's own errors (ArrowInvalid, OSError) for a damaged file
+        raise TableError(bad, f"{p}: not a readable Parquet file ({exc})") from None
+    return Table(p, list(t.column_names), t.to_pylist(), None)
+
+
+# ---------------------------------------------------------------------------------- paths, cells
+
+
+def resolve_path(base: str | Path, p: str, *, real: bool = False) -> str:
+    """A path cell resolved against the table's folder ``base`` (absolute paths kept as they are);
+    ``real=True`` also resolves symbolic links (``os.path.realpath``), so two spellings of one file
+    compare equal."""
+    out = p if os.path.isabs(p) else str(Path(base) / p)
+    return os.path.realpath(out) if real else out
+
+
+def cell(row: dict, key: str) -> str:
+    """A cell as stripped text (``""`` when absent or None)."""
+    v = row.get(key)
+    return "" if v is None else str(v).strip()
+
+
+MISSING = frozenset({"", "nan", "na", "n/a", "none", "null"})
+
+
+def parse_number(value: Any) -> float | None:
+    """A numeric cell: ``float``, or ``None`` for a missing value (empty, ``nan``, ``NA``, ``null``...).
+
+    Raises:
+        ValueError: not a number, a boolean, or infinite.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is a boolean, not a number")
+    text = value if isinstance(value, (int, float)) else str(value).strip()
+    if isinstance(text, str) and text.lower() in MISSING:
+        return None
+    v = float(text)  # raises ValueError
+    if math.isnan(v):
+        return None
+    if math.isinf(v):
+        raise ValueError(f"{value!r} is infinite")
+    return v
+
+
+_TRUE = {"1", "true", "t", "yes", "y", "within", "same"}
+_FALSE = {"0", "false", "f", "no", "n", "cross", "different"}
+
+
+def parse_bool(value: Any) -> bool:
+    """A boolean cell: bool, 0/1, true/false, yes/no, within/cross (case-insensitive).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy scalars
+        return parse_bool(value.item())
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"{value!r} is not a boolean (use true/false, 1/0, yes/no or within/cross)")
