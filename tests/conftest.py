@@ -91,6 +91,18 @@ def fixed_bundle(tmp_path_factory, cache_dir) -> Path:
     return _export("fixed", tmp_path_factory, cache_dir)
 
 
+@pytest.fixture(scope="session")
+def base_bundle(tmp_path_factory, cache_dir) -> Path:
+    """A base-shaped random-weight NaFlex bundle (SigLIP2-base sizes: 12 layers, D = 768) at a
+    patch budget of 256, exported once per session without the post-export validation (tested on
+    the tiny models; here only the shapes matter): the user shape for batch-invariance checks."""
+    pytest.importorskip("torch", reason="exporting a test bundle needs the export extra (torch)")
+    from masc_engine.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp("bundle-base")
+    return export_bundle("random:base-naflex", out, max_num_patches=256, validate=False, log=lambda s: None)
+
+
 @pytest.fixture(scope="session", params=["naflex", "fixed"])
 def any_bundle(request) -> Path:
     return request.getfixturevalue(f"{request.param}_bundle")

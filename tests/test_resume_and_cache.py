@@ -35,6 +35,11 @@ def _big_pairs(tmp_path: Path, copies: int = 5) -> Path:
     return out
 
 
+def _journaled(jp: Path) -> int:
+    """Rows in a journal (not its header or run records)."""
+    return jp.read_text(encoding="utf-8").count('"row_index"') if jp.is_file() else 0
+
+
 def _scores(path) -> dict:
     return {int(r["row_index"]): (r["status"], float(r["cp"]), float(r["pf"])) for r in read_output(path)}
 
@@ -54,13 +59,13 @@ def test_killed_run_resumes_exactly_once_with_equal_scores(naflex_bundle, tmp_pa
     jp = journal_path(out)
     deadline = time.time() + 120
     while time.time() < deadline:
-        if jp.is_file() and jp.read_text().count("\n") >= 5:  # header + >= 4 rows journaled
+        if _journaled(jp) >= 4:
             break
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert jp.is_file() and not out.exists(), "the run must have been killed mid-way"
-    done_before = jp.read_text().count("\n") - 1
+    done_before = _journaled(jp)
     with open(jp, "a") as f:
         f.write('{"row_index": 99, "cp": 0.1')  # a torn last line, as a kill during a write leaves
     summary = _run(naflex_bundle, pairs, out)
@@ -152,3 +157,105 @@ def test_journal_of_other_settings_is_kept_not_deleted(naflex_bundle, tmp_path):
     stale = jp.with_name(jp.name + ".another-setting.stale")
     assert stale.is_file() and "row_key" in stale.read_text()
     assert any(str(stale) in m for m in said)
+
+
+# ------------------------------------------------------------------ resume after an edit
+
+
+def _interrupt_after(monkeypatch, n_chunks: int):
+    """Make the next run stop (KeyboardInterrupt, as Ctrl-C) when chunk ``n_chunks + 1`` starts."""
+    from masc_engine.jobs.pairs import PairsJob
+
+    real, calls = PairsJob.score_chunk, []
+
+    def score_chunk(self, chunk, loaded=None):
+        calls.append(chunk.indices)
+        if len(calls) > n_chunks:
+            raise KeyboardInterrupt
+        return real(self, chunk, loaded)
+
+    monkeypatch.setattr(PairsJob, "score_chunk", score_chunk)
+    return lambda: monkeypatch.setattr(PairsJob, "score_chunk", real)
+
+
+def _poison_journal(jp: Path, rows: set[int]) -> None:
+    """Give the journaled results of ``rows`` an impossible CP, so a reuse shows in the output."""
+    lines = jp.read_text(encoding="utf-8").splitlines()
+    out = []
+    for line in lines:
+        e = json.loads(line)
+        if e.get("row_index") in rows:
+            e["cp"] = 123.0
+        out.append(json.dumps(e))
+    jp.write_text("\n".join(out) + "\n", encoding="utf-8")
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_rows_edited_between_interrupt_and_resume_are_rescored(naflex_bundle, tmp_path, monkeypatch):
+    """The journal branch of resume: a row whose cells changed, or whose file changed (size or
+    mtime), after an interrupted run is scored again; an unchanged row is reused (poisoned
+    journal values show which). Fails if run_pairs stops checking row_key on the journal."""
+    pairs = _big_pairs(tmp_path, copies=1)  # 20 rows
+    rows = list(csv.DictReader(open(pairs, encoding="utf-8")))
+    img = tmp_path / "copy.jpg"
+    img.write_bytes(Path(rows[4]["out_image"]).read_bytes())
+    rows[4]["out_image"] = str(img)
+    _write_rows(pairs, rows)
+    out = tmp_path / "o.csv"
+    restore = _interrupt_after(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        run_pairs(pairs, Scorer(naflex_bundle), out, chunk_size=2, progress=False)
+    restore()
+    jp = journal_path(out)
+    assert _journaled(jp) == 6 and not out.exists()  # rows 1-6 journaled, then Ctrl-C
+    _poison_journal(jp, {1, 2, 5})
+    rows[1]["prompt"] = "a backpack on the moon"  # row 2: a cell changed
+    _write_rows(pairs, rows)
+    st = img.stat()
+    os.utime(img, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # row 5: its output image touched
+    s = run_pairs(pairs, Scorer(naflex_bundle), out, chunk_size=2, progress=False)
+    assert s.resumed == 4  # rows 1, 3, 4, 6
+    got = {int(r["row_index"]): r for r in read_output(out)}
+    assert float(got[1]["cp"]) == 123.0  # unchanged: taken from the journal
+    assert float(got[2]["cp"]) != 123.0 and got[2]["prompt"] == "a backpack on the moon"
+    assert float(got[5]["cp"]) != 123.0
+    clean = tmp_path / "clean.csv"
+    run_pairs(pairs, Scorer(naflex_bundle), clean, chunk_size=2, progress=False)
+    ref = {int(r["row_index"]): r for r in read_output(clean)}
+    for i in (2, 5):
+        assert (got[i]["cp"], got[i]["pf"], got[i]["row_key"]) == (ref[i]["cp"], ref[i]["pf"], ref[i]["row_key"])
+
+
+def test_csv_reordered_after_kill_resumes_each_row_once(naflex_bundle, tmp_path, monkeypatch):
+    """After an interrupted run the pairs file is reordered: every row is matched to its own
+    journaled result or scored again, never given another row's result."""
+    pairs = _big_pairs(tmp_path, copies=1)
+    rows = list(csv.DictReader(open(pairs, encoding="utf-8")))
+    out = tmp_path / "o.jsonl"
+    restore = _interrupt_after(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        run_pairs(pairs, Scorer(naflex_bundle), out, chunk_size=2, progress=False)
+    restore()
+    jp = journal_path(out)
+    assert _journaled(jp) == 8
+    _poison_journal(jp, {1, 2, 3})
+    moved = list(rows)
+    moved[1], moved[2] = rows[2], rows[1]  # journaled rows 2 and 3 trade places
+    moved[14], moved[15] = rows[15], rows[14]  # and two rows not yet scored
+    _write_rows(pairs, moved)
+    s = run_pairs(pairs, Scorer(naflex_bundle), out, chunk_size=2, progress=False)
+    assert s.resumed == 6  # rows 1, 4-8 kept their place and their cells
+    got = read_output(out)
+    assert [r["key"] for r in got] == [r["key"] for r in moved]  # input order, each row once
+    assert got[0]["cp"] == 123.0 and all(r["cp"] != 123.0 for r in got[1:])
+    clean = tmp_path / "clean.jsonl"
+    run_pairs(pairs, Scorer(naflex_bundle), clean, chunk_size=2, progress=False)
+    for a, b in zip(got[1:], read_output(clean)[1:]):
+        assert (a["key"], a["row_key"], a["status"]) == (b["key"], b["row_key"], b["status"])
+        assert a["cp"] == b["cp"] and a["pf"] == b["pf"]  # batch-independent to the bit (issue 14)

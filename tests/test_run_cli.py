@@ -62,15 +62,19 @@ def test_bad_rows_get_reasons_and_good_rows_are_scored(naflex_bundle, messy_csv,
     status = {k: r["status"] for k, r in rows.items()}
     assert status == {"good1": "ok", "missing": "missing_file", "broken": "unreadable_image",
                       "mismatch": "mask_size_mismatch", "empty_ref": "empty_reference_mask",
-                      "no_bg": "no_background", "blank": "bad_row", "good2": "ok"}
+                      "no_bg": "no_background", "blank": "ok", "good2": "ok"}
     assert "99.jpg" in rows["missing"]["status_detail"]
     assert "small_mask.png" in rows["mismatch"]["status_detail"]
-    for k, r in rows.items():  # NaN never appears without a status saying why
-        if r["status"] == "ok":
-            assert math.isfinite(float(r["cp"])) and math.isfinite(float(r["pf"]))
-        elif r["status"] != "no_background":  # unscored rows carry no score at all
-            assert r["cp"] == "nan" and r["pf"] == "nan" and r["status_detail"]
-    assert math.isfinite(float(rows["no_bg"]["cp"])) and rows["no_bg"]["pf"] == "nan"
+    for k, r in rows.items():  # a score is NaN exactly when its own status says why
+        for score in ("cp", "pf"):
+            assert (r[f"{score}_status"] == "ok") == math.isfinite(float(r[score])), (k, score)
+            if r[f"{score}_status"] != "ok":
+                assert r["status_detail"]
+    # an empty reference mask costs CP only, an output mask hiding everything PF only (issue 14)
+    assert rows["empty_ref"]["cp_status"] == "empty_reference_mask" and rows["empty_ref"]["pf_status"] == "ok"
+    assert rows["no_bg"]["cp_status"] == "ok" and rows["no_bg"]["pf_status"] == "no_background"
+    # an empty prompt is data: scored and flagged
+    assert rows["blank"]["prompt_empty"] == "True" and rows["good1"]["prompt_empty"] == "False"
     assert rows["good1"]["prompt"] == "a cat, on the beach\n(at dusk)"  # quoted comma + newline carried
     # Good rows equal the Python API on the same inputs.
     api = Scorer(naflex_bundle).score_batch([Pair(*load_pair(messy_csv.parent, {

@@ -670,7 +670,7 @@ def test_spacy_strip_with_empty_name_collapses(fake_nlp):
 
 def test_spacy_through_public_api(spacy, fake_nlp, monkeypatch):
     """strip_subject_from_prompt / pf_prompt with stripper="spacy" use the cache."""
-    monkeypatch.setitem(stripping._PIPELINES, "en_core_web_sm", fake_nlp)
+    monkeypatch.setitem(stripping._PIPELINES, ("en_core_web_sm", id(spacy)), fake_nlp)
     prompt = "a fluffy little kitten chasing a butterfly"
     assert strip_subject_from_prompt(prompt, "kitten", "spacy") == "chasing a butterfly"
     assert pf_prompt(prompt, "kitten", "spacy") == (
@@ -690,7 +690,7 @@ def test_spacy_through_public_api(spacy, fake_nlp, monkeypatch):
     # another model name goes to its own cache entry
     other = FakeNLP(spacy, meta={"lang": "en", "name": "core_web_md",
                                   "version": "3.8.0"})
-    monkeypatch.setitem(stripping._PIPELINES, "en_core_web_md", other)
+    monkeypatch.setitem(stripping._PIPELINES, ("en_core_web_md", id(spacy)), other)
     assert strip_subject_from_prompt(prompt, "kitten", "spacy",
                                      spacy_model="en_core_web_md") == "chasing a butterfly"
     assert other.calls == [prompt, "kitten"]
@@ -838,8 +838,8 @@ def test_oracle_spacy_label_parses(oracle, spacy):
 
 
 @pytest.mark.oracle
-def test_oracle_spacy_public_api(oracle, fake_nlp, monkeypatch):
-    monkeypatch.setitem(stripping._PIPELINES, "en_core_web_sm", fake_nlp)
+def test_oracle_spacy_public_api(oracle, spacy, fake_nlp, monkeypatch):
+    monkeypatch.setitem(stripping._PIPELINES, ("en_core_web_sm", id(spacy)), fake_nlp)
     monkeypatch.setitem(oracle.text._PIPELINES, "en_core_web_sm", fake_nlp)
     ref_model = oracle.text.SpacySubjectStripper.load().model_name
     names = ["", "  "]
@@ -899,3 +899,25 @@ def test_oracle_real_model_dreambooth(oracle, en_core_web_sm, dreambooth_rows):
             (prompt, object_name)
         assert pf_prompt(prompt, object_name, "spacy") == \
             _oracle_pf_prompt(oracle, prompt, object_name, "spacy", ref.model_name)
+
+
+def test_version_warning_follows_the_spacy_module(empty_cache, monkeypatch):
+    """masc-metric's own test_other_model_version_warns, as its stand-in runs it: spaCy is
+    replaced by a stand-in reporting another en_core_web_sm version after a pipeline was already
+    cached. The cached pipeline belongs to the old module, so the new one is loaded and warns
+    (through a shim that copies the names, resetting the shim's cache never reaches ours)."""
+    import types
+
+    def stand_in(version):
+        def load(model, disable=()):
+            return types.SimpleNamespace(meta={"lang": "en", "name": "core_web_sm", "version": version})
+        monkeypatch.setitem(sys.modules, "spacy", types.SimpleNamespace(load=load))
+
+    stand_in(stripping.REFERENCE_SPACY_MODEL_VERSION)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = SpacySubjectStripper.load()
+        assert SpacySubjectStripper.load().nlp is first.nlp  # cached for the same spaCy
+    stand_in("3.7.1")
+    with pytest.warns(UserWarning, match=r"en_core_web_sm 3\.7\.1.*tested with 3\.8\.0"):
+        assert SpacySubjectStripper.load().model_name == "en_core_web_sm-3.7.1"

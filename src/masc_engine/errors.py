@@ -21,8 +21,12 @@ class ExportValidationError(MascEngineError):
         self.report = report or {}
 
 
-class InputError(MascEngineError):
-    """A scoring input (image, mask, CSV row) is unusable; the message names file, row, reason."""
+class InputError(MascEngineError, ValueError):
+    """A scoring input (image, mask, CSV row) is unusable; the message names file, row, reason.
+
+    A ``ValueError``, so callers written for masc-metric (which raises ``ValueError`` for bad
+    inputs) catch it too.
+    """
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}" if detail else reason)

@@ -42,6 +42,15 @@ def read_rows(path: str | Path) -> tuple[list[dict[str, Any]], list[int] | None]
     return t.rows, t.lines
 
 
+def _score_status_column(rows: list[dict[str, Any]], score_column: str, status_column: str | None) -> str | None:
+    """masc-run writes one status per score (``cp_status``, ``pf_status``): with the default
+    ``status`` column, filter on the score's own status when the file has it."""
+    own = f"{score_column}_status"
+    if status_column == "status" and rows and own in rows[0]:
+        return own
+    return status_column
+
+
 def _parse_scale(text: str | None) -> list[float] | None:
     if text is None or not text.strip():
         return None
@@ -163,7 +172,9 @@ _common = [
         "--status-column",
         default="status",
         show_default=True,
-        help="Only rows whose status is an --ok-status are used; ignored if the column is absent. Empty string disables.",
+        help="Only rows whose status is an --ok-status are used; ignored if the column is absent. Empty string "
+        "disables. Left at 'status' with a masc-run file, the score's own <score-column>_status is used, so "
+        "a PF defined on a row whose CP is undefined still counts.",
     ),
     click.option(
         "--ok-status",
@@ -282,6 +293,7 @@ def agreement_cmd(
     try:
         score_rows, score_lines = read_rows(scores)
         rating_rows, rating_lines = read_rows(ratings)
+        status_column = _score_status_column(score_rows, score_column, status_column)
         scale_vals = _parse_scale(scale)
         joined = join_scores_ratings(
             score_rows,
@@ -403,6 +415,7 @@ def auc_cmd(
         rows, lines = read_rows(scores)
     except (TableError, DataError) as exc:
         raise click.ClickException(str(exc)) from None
+    status_column = _score_status_column(rows, score_column, status_column)
     vals: list[float] = []
     within: list[bool] = []
     groups: list[str | None] = []

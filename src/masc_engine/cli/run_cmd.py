@@ -26,8 +26,8 @@ import click
               help="EXIF orientation: apply to image and mask alike, or ignore (read stored pixels, as "
                    "masc-metric does).")
 @click.option("--paper-filter", is_flag=True,
-              help="The paper's filtering protocol: drop pairs whose output mask covers < 5%% of the image "
-                   "and all pairs of a reference whose mask covers < 5%%.")
+              help="The paper's filtering protocol: drop pairs whose output mask covers < 5% of the image "
+                   "and all pairs of a reference whose mask covers < 5%.")
 @click.option("--min-output-mask-frac", type=click.FloatRange(0, 1), default=None,
               help="Drop a pair whose output mask covers less than this fraction (rows kept with a status).")
 @click.option("--min-reference-mask-frac", type=click.FloatRange(0, 1), default=None,
@@ -114,10 +114,10 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
                             ray_address=ray_address, ray_workers=ray_workers, progress=not no_progress,
                             log=lambda s: click.echo(s, err=True))
     except KeyboardInterrupt:
-        from ..jobs.results import journal_path
+        from ..jobs.results import journal_path, read_journal
 
         jp = journal_path(out_path)
-        n = max(0, jp.read_text(encoding="utf-8").count("\n") - 1) if jp.is_file() else 0
+        n = sum("row_index" in e for e in read_journal(jp)[1])
         click.echo(f"\ninterrupted: {n} finished rows are saved in {jp}; run the same command again to "
                    "score only the rest", err=True)
         sys.exit(130)

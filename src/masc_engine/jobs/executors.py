@@ -27,7 +27,7 @@ shared filesystem), and masc-engine installed on every node::
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -118,28 +118,60 @@ class RayExecutor:
         self.address = address
         self.workers = workers
         self._stats: Counter = Counter()
+        #: Workers lost during :meth:`run` (their chunks were scored again by others).
+        self.lost_workers = 0
 
     def run(self, chunks: Iterable[Chunk]) -> Iterator[list[dict]]:
-        """Each chunk's results, in completion order."""
+        """Each chunk's results, in completion order.
+
+        A worker that dies (its process killed, its node lost) costs nothing but time: its
+        chunk goes back to the queue and is scored by another worker, and a replacement worker
+        is started where the cluster still has a free slot. Each chunk's results are yielded
+        exactly once (the driver journals only what it receives). If every worker is gone,
+        :class:`BackendUnavailableError` says so; the journal keeps every finished row, and the
+        same command finishes the rest.
+        """
         try:
             import ray
         except ImportError as e:
             from ..extras import install_hint
 
             raise BackendUnavailableError(f"--executor ray needs Ray, which is not installed: {install_hint('ray')}") from e
-        chunks = list(chunks)
-        if not chunks:
+        from ray.exceptions import RayActorError
+
+        queue = deque(chunks)
+        if not queue:
             return
         started_here = not ray.is_initialized()
         if started_here:
             local = {} if self.address or not self.workers else {"num_cpus": int(self.workers)}
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False, **local)
+        slot = "GPU" if self.gpu else "CPU"
+        actor = _actor_class(ray).options(num_gpus=1 if self.gpu else 0, num_cpus=0 if self.gpu else 1,
+                                          max_restarts=0)
         try:
-            slots = int(ray.cluster_resources().get("GPU" if self.gpu else "CPU", 1))
-            n = max(1, min(self.workers or slots, len(chunks)))
-            actor = _actor_class(ray).options(num_gpus=1 if self.gpu else 0, num_cpus=0 if self.gpu else 1)
-            pool = ray.util.ActorPool([actor.remote(self.make_job) for _ in range(n)])
-            for results, delta in pool.map_unordered(lambda a, c: a.score.remote(c), chunks):
+            n = max(1, min(self.workers or int(ray.cluster_resources().get(slot, 1)), len(queue)))
+            idle = [actor.remote(self.make_job) for _ in range(n)]
+            inflight: dict = {}
+            while queue or inflight:
+                while idle and queue:
+                    a, c = idle.pop(), queue.popleft()
+                    inflight[a.score.remote(c)] = (a, c)
+                if not inflight:
+                    raise BackendUnavailableError(
+                        f"every Ray worker died with {len(queue)} chunk(s) left; the finished rows are in the "
+                        "journal: run the same command again to score the rest")
+                (ref,), _ = ray.wait(list(inflight), num_returns=1)
+                a, c = inflight.pop(ref)
+                try:
+                    results, delta = ray.get(ref)
+                except RayActorError:
+                    self.lost_workers += 1
+                    queue.appendleft(c)  # scored again elsewhere; nothing of it was yielded
+                    if ray.available_resources().get(slot, 0) >= 1:
+                        idle.append(actor.remote(self.make_job))
+                    continue
+                idle.append(a)
                 self._stats.update(delta)
                 yield results
         finally:
@@ -147,5 +179,5 @@ class RayExecutor:
                 ray.shutdown()
 
     def stats(self) -> dict:
-        """Counters summed over the actors' reports."""
-        return dict(self._stats)
+        """Counters summed over the workers' reports (``lost_workers`` too, when any)."""
+        return {**self._stats, **({"lost_workers": self.lost_workers} if self.lost_workers else {})}

@@ -3,19 +3,28 @@ once, at scale.
 
 Input columns: ``ref_image, ref_mask, out_image, out_mask, prompt, object_name``; paths relative
 to the CSV's folder or absolute; every other column is carried through. Output: one row per input
-row, in input order, with ``row_index`` (1-based data row), ``row_key``, ``cp``, ``pf``, ``status``
-(``ok`` or a reason), ``status_detail`` (file and cause), and the reference's extras.
+row, in input order, with ``row_index`` (1-based data row), ``row_key``, ``cp``, ``pf``, ``status``,
+``status_detail`` (file and cause), ``cp_status``, ``pf_status``, ``prompt_empty`` and the
+reference's extras.
 
-Per-row statuses (a bad row never stops the run; NaN never appears without a status):
+Each score has its own outcome: ``cp_status`` / ``pf_status`` is ``ok`` exactly when that score is
+defined, else the reason it is NaN; ``status`` is ``ok`` when both are, else the first reason (CP's,
+then PF's). A bad row never stops the run, a defined score is never dropped, and NaN never appears
+without its reason:
 
-- ``missing_file``, ``unreadable_image``, ``unreadable_mask``, ``image_too_large``: file problems;
-- ``mask_size_mismatch``: a mask's size differs from its image's (the reference stretches it);
-- ``mask_orientation_mismatch``: the mask fits the image only rotated by 90 degrees (EXIF);
-- ``empty_reference_mask``: the reference mask has no foreground pixel (CP undefined);
-- ``reference_mask_below_threshold``: no reference patch above the threshold (CP undefined);
-- ``filtered_reference_mask`` / ``filtered_output_mask``: dropped by the paper's coverage filter;
-- ``no_background``: the output mask hides every patch; CP is scored, PF is undefined (NaN);
-- ``bad_row``: a required cell is empty.
+- both scores (the row cannot be scored): ``missing_file``, ``unreadable_image``,
+  ``unreadable_mask``, ``image_too_large``; ``mask_size_mismatch`` (a mask's size differs from its
+  image's; the reference stretches it); ``mask_orientation_mismatch`` (the mask fits the image only
+  rotated by 90 degrees, EXIF); ``bad_row`` (an empty image or mask cell);
+  ``filtered_reference_mask`` / ``filtered_output_mask`` (dropped on request by the paper's
+  coverage filter);
+- CP only: ``empty_reference_mask`` (no foreground pixel), ``reference_mask_below_threshold``
+  (no reference patch above the threshold);
+- PF only: ``no_background`` (the output mask hides every patch).
+
+An empty prompt, or one that is only the subject name (it strips to nothing), is data: scored as
+masc-metric scores it (PF against the empty text) and flagged ``prompt_empty`` (also in
+``status_detail``), never a failed row.
 
 Exactly once: finished rows go to an append-only journal (jobs/results.py) keyed by
 ``row_index`` and ``row_key`` (a hash of the row's cells and its files' size and mtime) under a
@@ -41,8 +50,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..runtime.cache import EncodingCache, EncodingStore, sha256_bytes
-from ..runtime.io import image_from_bytes, mask_coverage, mask_from_bytes, read_bytes
-from ..runtime.masks import mask_to_patch_grid
+from ..runtime.io import image_from_bytes, mask_from_bytes, read_bytes
+from ..runtime.masks import mask_coverage, mask_to_patch_grid
 from ..runtime.scorer import EncodedPair, Scorer
 from .executors import Chunk, LocalExecutor, RayExecutor
 from .loading import load_all
@@ -52,7 +61,8 @@ from .tables import TableError, read_table, resolve_path
 
 REQUIRED_COLUMNS = ("ref_image", "ref_mask", "out_image", "out_mask", "prompt", "object_name")
 FILE_COLUMNS = REQUIRED_COLUMNS[:4]
-RESULT_COLUMNS = ("row_index", "row_key", "cp", "pf", "status", "status_detail", "prompt_text",
+RESULT_COLUMNS = ("row_index", "row_key", "cp", "pf", "status", "status_detail", "cp_status", "pf_status",
+                  "prompt_empty", "prompt_text",
                   "prompt_stripped", "prompt_truncated", "cp_n_ref_fg", "cp_n_ref_total", "pf_n_bg_pooled",
                   "pf_n_total", "ref_mask_coverage", "out_mask_coverage")
 #: Opt-in columns (``--baselines``): the paper's same-forward-pass ablations (Scorer._baselines).
@@ -143,6 +153,7 @@ class Summary:
     seconds: float = 0.0
     images_encoded: int = 0
     cache_hits: int = 0
+    lost_workers: int = 0
     journal_repaired: bool = False
 
     def add(self, row: dict, method: str | None) -> None:
@@ -170,6 +181,8 @@ class Summary:
             out.append(f"  duplicate input rows: {len(self.duplicates)} (row=first seen: {shown})")
         if self.journal_repaired:
             out.append("  a torn last line of the previous run's journal was repaired")
+        if self.lost_workers:
+            out.append(f"  {self.lost_workers} Ray worker(s) lost; their chunks were scored again by the others")
         if self.by_method:
             out.append(f"{'method':<28} {'rows':>6} {'n CP':>6} {'mean CP':>9} {'n PF':>6} {'mean PF':>9}")
             for name, m in sorted(self.by_method.items()):
@@ -211,6 +224,16 @@ class PairsJob:
         self.settings = settings
         self.io_workers = io_workers
         self.cache = cache if cache is not None else EncodingCache(scorer, cache_items, store)
+
+    @property
+    def images_encoded(self) -> int:
+        """Images that went through the vision tower for this job."""
+        return self.cache.images_encoded
+
+    @property
+    def cache_hits(self) -> int:
+        """Images served from the disk store for this job."""
+        return self.cache.cache_hits
 
     def stats(self) -> dict:
         """``{"images_encoded", "cache_hits"}`` since this job was made (executor interface)."""
@@ -361,17 +384,23 @@ class PairsJob:
     def _score(self, items: list[tuple]) -> list[dict]:
         """Score ``(row_index, row, objs, names)`` items: ``objs`` maps each file column to its
         decoded object (or the InputError decoding raised), ``names`` to the path named in
-        messages; both None when a file cell is empty."""
+        messages; both None when a file cell is empty.
+
+        Each score gets its own outcome (``cp_status``, ``pf_status``; ``status`` is the first
+        that is not ``ok``): a row that cannot be read costs both, a reference mask without a
+        usable foreground costs CP only, an output mask hiding every patch costs PF only.
+        """
         s, st = self.scorer, self.settings
-        results = [{**row, "row_index": idx, "cp": float("nan"), "pf": float("nan"),
-                    "status": "ok", "status_detail": ""} for idx, row, _, _ in items]
+        results = [{**row, "row_index": idx, "cp": float("nan"), "pf": float("nan"), "status": "ok",
+                    "status_detail": "", "cp_status": "ok", "pf_status": "ok", "prompt_empty": False}
+                   for idx, row, _, _ in items]
         good_images = [o for _, _, objs, _ in items if objs for c, o in objs.items()
                        if "image" in c and isinstance(o, LoadedImage)]
         encs = self.encode(good_images)
         pairs, slots = [], []
         for (idx, row, objs, names), res in zip(items, results):
             try:
-                empty = [c for c in REQUIRED_COLUMNS if c != "object_name" and not (row.get(c) or "").strip()]
+                empty = [c for c in FILE_COLUMNS if not (row.get(c) or "").strip()]
                 if empty:
                     raise InputError("bad_row", f"empty column(s): {', '.join(empty)}")
                 for c in FILE_COLUMNS:
@@ -385,8 +414,6 @@ class PairsJob:
                 res["ref_mask_coverage"] = round(mask_coverage(ref_m), 6)
                 res["out_mask_coverage"] = round(mask_coverage(out_m), 6)
                 res["status_detail"] = "; ".join(notes)
-                if not ref_m.any():
-                    raise InputError("empty_reference_mask", f"{names['ref_mask']} has no foreground pixel")
                 if st.min_reference_mask_frac is not None and res["ref_mask_coverage"] < st.min_reference_mask_frac:
                     raise InputError("filtered_reference_mask",
                                      f"reference mask covers {res['ref_mask_coverage']:.2%} < "
@@ -397,17 +424,13 @@ class PairsJob:
                                      f"{st.min_output_mask_frac:.2%} of the image")
                 r, o = encs[ref.sha256], encs[out.sha256]
                 rw = mask_to_patch_grid(ref_m, r.grid)
-                if not (rw > s.fg_threshold).any():
-                    raise InputError("reference_mask_below_threshold",
-                                     f"{names['ref_mask']}: no patch of the {r.grid[0]}x{r.grid[1]} grid has "
-                                     f"mask weight > {s.fg_threshold}")
-                pairs.append(EncodedPair(r, rw, o, mask_to_patch_grid(out_m, o.grid), row["prompt"],
+                pairs.append(EncodedPair(r, rw, o, mask_to_patch_grid(out_m, o.grid), row.get("prompt") or "",
                                          row.get("object_name") or None))
-                slots.append((res, ref.image, out.image))
+                slots.append((res, ref.image, out.image, ref_m, names["ref_mask"]))
             except InputError as e:
-                res.update(status=e.reason, status_detail=e.detail)
+                res.update(status=e.reason, status_detail=e.detail, cp_status=e.reason, pf_status=e.reason)
         scored = s.score_encoded(pairs, baselines=st.baselines, with_arrays=st.save_maps is not None)
-        for (res, ref_im, out_im), it, sc in zip(slots, pairs, scored):
+        for (res, ref_im, out_im, ref_m, ref_name), it, sc in zip(slots, pairs, scored):
             ex = sc.extras
             res.update(cp=sc.cp, pf=sc.pf, **{k: ex[k] for k in (
                 "prompt_text", "prompt_stripped", "prompt_truncated", "cp_n_ref_fg", "cp_n_ref_total",
@@ -417,13 +440,28 @@ class PairsJob:
             if st.save_maps is not None:
                 res.update(self._save_maps(res["row_index"], ref_im, out_im, it, sc))
             detail = [res["status_detail"]] if res["status_detail"] else []
+            if math.isnan(sc.cp):
+                if not np.any(ref_m):
+                    res["cp_status"] = "empty_reference_mask"
+                    detail.append(f"{ref_name} has no foreground pixel: CP undefined, PF scored")
+                else:
+                    g = it.ref_enc.grid
+                    res["cp_status"] = "reference_mask_below_threshold"
+                    detail.append(f"{ref_name}: no patch of the {g[0]}x{g[1]} grid has mask weight > "
+                                  f"{s.fg_threshold}: CP undefined, PF scored")
+            if math.isnan(sc.pf):
+                res["pf_status"] = "no_background"
+                detail.append("the output mask hides every patch: PF undefined, CP scored")
             if not (res.get("object_name") or "").strip():
                 detail.append("no object_name: the PF prompt was not stripped")
+            if not ex["prompt_text"].strip():
+                res["prompt_empty"] = True
+                detail.append("prompt_empty: PF compares with an empty text" + (
+                    "" if not (res.get("prompt") or "").strip() else
+                    f" (the prompt is only the subject {res.get('object_name')!r})"))
             if ex["prompt_truncated"]:
                 detail.append(f"prompt truncated to {s.text_settings.max_length} tokens")
-            if math.isnan(sc.pf):
-                res["status"] = "no_background"
-                detail.append("the output mask hides every patch: PF undefined, CP scored")
+            res["status"] = next((x for x in (res["cp_status"], res["pf_status"]) if x != "ok"), "ok")
             res["status_detail"] = "; ".join(detail)
         return results
 
@@ -494,12 +532,16 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     # ---- what is already done (journal of an interrupted run, or a complete previous output)
     jpath = journal_path(out_path)
     header, entries, summary.journal_repaired = read_journal(jpath)
+    runs = [e for e in entries if e.get("type") == "run"]
+    entries = [e for e in entries if e.get("type") != "run"]
     done: dict[int, dict] = {}
+    earlier_runs: list[dict] = []  # the records of the runs that made what is reused
     if header is not None and header.get("fingerprint") == fp:
         for e in entries:
             i = int(e["row_index"])
             if 1 <= i <= len(rows) and e.get("row_key") == keys[i - 1]:
                 done[i] = e
+        earlier_runs = list(header.get("earlier_runs") or []) + _last_per_run(runs)
     elif out_path.is_file() and meta_path(out_path).is_file():
         meta = json.loads(meta_path(out_path).read_text())
         if meta.get("fingerprint") == fp:
@@ -507,6 +549,7 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
                 i = int(e["row_index"])
                 if 1 <= i <= len(rows) and e.get("row_key") == keys[i - 1]:
                     done[i] = e
+            earlier_runs = list(meta.get("runs") or [])
     if header is None or header.get("fingerprint") != fp:
         if header is not None and entries:
             # Another bundle or setting: nothing is reused, but the old partial work is kept.
@@ -515,7 +558,8 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
             log(f"masc-run: the journal of an earlier run with other settings ({len(entries)} rows) was kept as "
                 f"{stale}; rows are scored again with the current settings")
         jpath.unlink(missing_ok=True)
-        append_journal(jpath, [{"type": "header", "fingerprint": fp, "input": str(csv_path)}])
+        append_journal(jpath, [{"type": "header", "fingerprint": fp, "input": str(csv_path),
+                                "earlier_runs": earlier_runs}])
         append_journal(jpath, list(done.values()))
     summary.resumed = len(done)
     todo = [i for i in range(1, len(rows) + 1) if i not in done]
@@ -536,9 +580,24 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     else:
         runner = LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=io_workers))
     bar = tqdm(total=len(rows), initial=len(done), unit="pair", disable=not progress, desc="masc-run")
+    run_id = len(earlier_runs) + 1
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))
+    scored = 0
+
+    def record(completed: bool) -> dict:
+        st = runner.stats()
+        sec = time.time() - t0
+        return {"type": "run", "run": run_id, "started": started, "seconds": round(sec, 3),
+                "rows_scored": scored, "rows_reused": summary.resumed, "images_encoded": st.get("images_encoded", 0),
+                "cache_hits": st.get("cache_hits", 0), "lost_workers": st.get("lost_workers", 0),
+                "executor": executor, "completed": completed,
+                "pairs_per_second": round(scored / sec, 3) if sec > 0 else None}
+
     try:
         for results in runner.run(chunks):
-            append_journal(jpath, results)
+            scored += len(results)
+            # The run's figures so far travel in the journal, so a killed run's work stays on record.
+            append_journal(jpath, results + [record(False)])
             for r in results:
                 done[int(r["row_index"])] = r
             bar.update(len(results))
@@ -549,6 +608,7 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
             scorer.text_store = None
     stats = runner.stats()  # Ray: summed over the workers' reports
     summary.images_encoded, summary.cache_hits = stats.get("images_encoded", 0), stats.get("cache_hits", 0)
+    summary.lost_workers = stats.get("lost_workers", 0)
 
     # ---- materialize the output in input order, then the sidecar, then drop the journal
     method_col = "method" if "method" in fieldnames else None
@@ -565,6 +625,14 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     columns = fieldnames + [c for c in result_cols if c not in fieldnames]
     write_output(out_path, ordered, columns)
     summary.seconds = time.time() - t0
+    this_run = {k: v for k, v in record(True).items() if k != "type"}
+    this_run["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    all_runs = earlier_runs + [this_run]
+    total_s = sum(float(r.get("seconds") or 0.0) for r in all_runs)
+    total_scored = sum(int(r.get("rows_scored") or 0) for r in all_runs)
+    counts = summary.counts()
+    counts.update(images_encoded=sum(int(r.get("images_encoded") or 0) for r in all_runs),
+                  cache_hits=sum(int(r.get("cache_hits") or 0) for r in all_runs))
     meta = {"fingerprint": fp, "input": str(csv_path.resolve()), "output": str(out_path.resolve()), "bundle": str(scorer.bundle.path),
             "bundle_fingerprint": scorer.bundle.fingerprint, "source_model": scorer.bundle.manifest["source"],
             "bundle_versions": scorer.bundle.manifest.get("versions"), "runtime_versions": _versions(),
@@ -572,12 +640,22 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
                          "max_num_patches": scorer.image_settings.max_num_patches, "provider": scorer.provider,
                          "backend": scorer.backend, "precision": scorer.precision, "cp_head": scorer.cp_head,
                          "device_resident": scorer.device is not None, "executor": executor, "batch_size": scorer.batch_size, "chunk_size": chunk_size},
-            "counts": summary.counts(), "seconds": round(summary.seconds, 2),
-            "pairs_per_second": round(len(todo) / summary.seconds, 3) if summary.seconds else None,
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            # Cumulative over every run that produced this output (a resumed or repeated command
+            # adds its record to "runs" and never erases what the earlier ones measured).
+            "counts": counts, "seconds": round(total_s, 2),
+            "pairs_per_second": round(total_scored / total_s, 3) if total_s > 0 and total_scored else None,
+            "runs": all_runs, "finished": this_run["finished"]}
     meta_path(out_path).write_text(json.dumps(meta, indent=2, default=str) + "\n")
     jpath.unlink(missing_ok=True)
     return summary
+
+
+def _last_per_run(records: list[dict]) -> list[dict]:
+    """The last journal record of each run (each chunk rewrites its run's figures)."""
+    last: dict = {}
+    for r in records:
+        last[r.get("run")] = {k: v for k, v in r.items() if k != "type"}
+    return list(last.values())
 
 
 def _num(v) -> float:

@@ -17,7 +17,8 @@ Policies (documented in README "Input policies"):
 - **Masks**: read as ``convert("L")`` (the reference's README), except palette PNGs, whose
   *indices* are the labels (index 0 = background, as in VOC/DAVIS-style masks), and 16-bit masks,
   scaled to 8 bits. JPEG masks are accepted; their compression noise stays below the 0.5 patch
-  threshold, and mask coverage is measured at 0.5, not at "non-zero".
+  threshold, and mask coverage (:func:`masc_engine.runtime.masks.mask_coverage`) is measured at 0.5
+  of the normalised mask, the rule scoring reads masks with, not at "non-zero".
 - **Decompression bombs**: Pillow's pixel limit (about 89.5 Mpixel) is an error for that row.
 """
 
@@ -32,6 +33,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from ..errors import InputError
+from .masks import mask_coverage  # noqa: F401  (re-exported: coverage lives beside the mask rule)
 
 EXIF_POLICIES = ("apply", "ignore")
 
@@ -60,9 +62,12 @@ def _decode(data: bytes, path: str, kind: str, exif: str) -> Image.Image:
         return im
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise InputError("image_too_large", f"{kind} {path}: {e}") from e
-    except (OSError, ValueError, SyntaxError, Image.UnidentifiedImageError) as e:
-        # Pillow names the BytesIO object (a memory address): name the file instead.
-        msg = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "it", str(e))
+    except Image.UnidentifiedImageError:
+        # Pillow's own message names our BytesIO object (a memory address), not the file.
+        raise InputError(f"unreadable_{kind}", f"{path}: not an image Pillow can identify (unknown format, "
+                                               "or not an image file)") from None
+    except (OSError, ValueError, SyntaxError) as e:
+        msg = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(e))
         raise InputError(f"unreadable_{kind}", f"{path}: {msg}") from e
 
 
@@ -121,12 +126,3 @@ def load_mask(path: str, exif: str = "apply") -> np.ndarray:
         InputError: ``missing_file``, ``unreadable_mask`` or ``image_too_large``.
     """
     return mask_from_bytes(read_bytes(path, "mask"), path, exif)
-
-
-def mask_coverage(mask: np.ndarray) -> float:
-    """Share of mask pixels at or above half intensity (``>= 128`` for uint8, ``>= 0.5`` for
-    float), in ``[0, 1]``: the paper's "mask covers less than 5% of the image" filter, robust to
-    JPEG noise in masks."""
-    arr = np.asarray(mask)
-    thr = 0.5 if np.issubdtype(arr.dtype, np.floating) and arr.max() <= 1.0 else 127.5
-    return float(np.count_nonzero(arr >= thr)) / float(arr.size)

@@ -40,6 +40,25 @@ def normalize_mask(mask: np.ndarray) -> np.ndarray:
     return arr
 
 
+def mask_coverage(mask: np.ndarray) -> float:
+    """Share of a mask's pixels that are foreground under the scoring rule, in ``[0, 1]``.
+
+    The one mask rule: the mask is read as scoring reads it (:func:`normalize_mask`: uint8
+    0..255, or any array whose maximum is at most 1 as 0..1, so a 0/1 PNG covers what its 1s
+    cover), and a pixel is foreground at ``>= 0.5``, so JPEG noise does not count. Used by the
+    paper's coverage filter, the report and the summary (masc-run's ``*_mask_coverage`` columns).
+
+    Args:
+        mask: ``[H, W]`` uint8, bool or float mask (the loader's output: palette and 16-bit masks
+            are already 0/255 or 8-bit).
+
+    Raises:
+        ValueError: the mask is not 2-D, or is empty.
+    """
+    arr = normalize_mask(mask)
+    return float(np.count_nonzero(arr >= np.float32(0.5))) / float(arr.size)
+
+
 def _linear_indices(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """ATen ``compute_indices_weights_linear`` for ``align_corners=False``: index0, index1,
     lambda0, lambda1 (float32)."""

@@ -99,6 +99,42 @@ def check_mask_matches(image: Image.Image, mask: np.ndarray, what: str) -> None:
                          f"{image.width}x{image.height}")
 
 
+def check_pair_arguments(p: Pair, where: str = "", refuse_size_mismatch: bool = True) -> None:
+    """Check one pair's arguments before any inference (the API boundary).
+
+    Args:
+        p: the pair.
+        where: prefix naming the pair in messages (``"pairs[3]."``; ``""`` for :meth:`Scorer.score`).
+        refuse_size_mismatch: also refuse a mask whose ``(H, W)`` differs from its image's.
+
+    Raises:
+        TypeError: ``ref_image`` / ``out_image`` not a PIL image, a mask not a numpy array of
+            numbers or booleans, ``prompt`` not a str, ``object_name`` neither a str nor None
+            (the message names the argument).
+        InputError: (a ``ValueError``) a mask that is not 2-D (``bad_mask``) or whose size differs
+            from its image's (``mask_size_mismatch``).
+    """
+    for name in ("ref_image", "out_image"):
+        im = getattr(p, name)
+        if not isinstance(im, Image.Image):
+            raise TypeError(f"{where}{name} must be a PIL.Image.Image (open files with PIL.Image.open), "
+                            f"got {type(im).__name__}")
+    for name, image_name, what in (("ref_mask", "ref_image", "reference"), ("out_mask", "out_image", "output")):
+        m = getattr(p, name)
+        if not isinstance(m, np.ndarray) or m.dtype.kind not in "biuf":
+            got = type(m).__name__ if not isinstance(m, np.ndarray) else f"an array of {m.dtype}"
+            raise TypeError(f"{where}{name} must be a numpy array [H, W] (uint8 0..255, float 0..1 or bool), "
+                            f"got {got}")
+        if m.ndim != 2:
+            raise InputError("bad_mask", f"{where}{name} must be 2-D [H, W], got shape {m.shape}")
+        if refuse_size_mismatch:
+            check_mask_matches(getattr(p, image_name), m, what)
+    if not isinstance(p.prompt, str):
+        raise TypeError(f"{where}prompt must be a str, got {type(p.prompt).__name__}")
+    if p.object_name is not None and not isinstance(p.object_name, str):
+        raise TypeError(f"{where}object_name must be a str or None, got {type(p.object_name).__name__}")
+
+
 class Scorer:
     """MaSC on a bundle, without PyTorch.
 
@@ -143,6 +179,9 @@ class Scorer:
                  intra_op_threads: int | None = None, mask_size_policy: str = "refuse",
                  verify: bool = True, cp_head: str | None = None, device_resident: bool = False,
                  array_device=None, precision: str | None = None, ort_memory: str = "lean"):
+        _check_options(provider=provider, backend=backend, stripper=stripper, fg_threshold=fg_threshold,
+                       naflex_max_patches=naflex_max_patches, batch_size=batch_size,
+                       intra_op_threads=intra_op_threads)
         if stripper not in STRIPPERS:
             raise ValueError(f"stripper must be one of {STRIPPERS}, got {stripper!r}")
         if mask_size_policy not in ("refuse", "stretch"):
@@ -207,35 +246,41 @@ class Scorer:
     def encode_preprocessed(self, items: Sequence[PreprocessedImage]) -> list[ImageEncoding]:
         """Run the vision tower on preprocessed images, ``batch_size`` at a time.
 
-        NaFlex batches are padded to the longest real sequence in the batch instead of the full
-        budget: padding slots are hidden keys, so real patches' tokens do not depend on how many
-        there are (checked by tests/test_scorer.py's batch-invariance test).
+        Batches hold images of one patch count only, so no input is ever padded: an image's
+        tokens are the same bits whatever else is in its batch and whatever ``batch_size`` is
+        (padding a batch changes ONNX Runtime's reduction order on base-shaped graphs; tests in
+        tests/test_batch_invariance.py check equality, not closeness). Images of a dataset at one
+        resolution share a patch count, so this costs nothing there; mixed sizes cost more calls.
         """
-        out: list[ImageEncoding] = []
-        for start in range(0, len(items), self.batch_size):
-            chunk = items[start:start + self.batch_size]
-            counts = [p.spatial_shape[0] * p.spatial_shape[1] for p in chunk]
-            if self.image_settings.mode == "naflex":
-                n = max(counts)
-                feeds = {
-                    "pixel_values": np.stack([p.pixel_values[:n] for p in chunk]),
-                    "pixel_attention_mask": np.stack([p.pixel_attention_mask[:n] for p in chunk]),
-                    "position_weights": np.stack([position_weights(self.position_grid, p.spatial_shape, n)
-                                                  for p in chunk]),
-                }
-            else:
-                feeds = {"pixel_values": np.stack([p.pixel_values for p in chunk])}
-            if self.device is not None:  # tokens stay on the device
-                hidden = self.vision.run_device(feeds, self.device)["last_hidden_state"]
-                # A device-to-device copy per image, not a view: a cached encoding must not keep
-                # its whole [B, n, D] batch output alive (masc-run caches hundreds of encodings).
-                out.extend(ImageEncoding(self.device.copy(hidden[i, :c]), p.spatial_shape)
-                           for i, (p, c) in enumerate(zip(chunk, counts)))
-                continue
-            hidden = self.vision.run(feeds)["last_hidden_state"]
-            out.extend(ImageEncoding(np.ascontiguousarray(hidden[i, :c]), p.spatial_shape)
-                       for i, (p, c) in enumerate(zip(chunk, counts)))
+        out: list[ImageEncoding | None] = [None] * len(items)
+        groups: dict[int, list[int]] = {}
+        for i, p in enumerate(items):
+            groups.setdefault(int(p.spatial_shape[0] * p.spatial_shape[1]), []).append(i)
+        for n, members in groups.items():
+            for start in range(0, len(members), self.batch_size):
+                sel = members[start:start + self.batch_size]
+                for i, enc in zip(sel, self._encode_batch([items[i] for i in sel], n)):
+                    out[i] = enc
         return out
+
+    def _encode_batch(self, chunk: Sequence[PreprocessedImage], n: int) -> list[ImageEncoding]:
+        """One vision call on images that all have ``n`` real patches."""
+        if self.image_settings.mode == "naflex":
+            feeds = {
+                "pixel_values": np.stack([p.pixel_values[:n] for p in chunk]),
+                "pixel_attention_mask": np.stack([p.pixel_attention_mask[:n] for p in chunk]),
+                "position_weights": np.stack([position_weights(self.position_grid, p.spatial_shape, n)
+                                              for p in chunk]),
+            }
+        else:
+            feeds = {"pixel_values": np.stack([p.pixel_values for p in chunk])}
+        if self.device is not None:  # tokens stay on the device
+            hidden = self.vision.run_device(feeds, self.device)["last_hidden_state"]
+            # A device-to-device copy per image, not a view: a cached encoding must not keep
+            # its whole [B, n, D] batch output alive (masc-run caches hundreds of encodings).
+            return [ImageEncoding(self.device.copy(hidden[i, :n]), p.spatial_shape) for i, p in enumerate(chunk)]
+        hidden = self.vision.run(feeds)["last_hidden_state"]
+        return [ImageEncoding(np.ascontiguousarray(hidden[i, :n]), p.spatial_shape) for i, p in enumerate(chunk)]
 
     def host_encoding(self, enc: ImageEncoding) -> ImageEncoding:
         """``enc`` with its tokens in host memory (a copy from the token device if needed)."""
@@ -250,7 +295,14 @@ class Scorer:
         return ImageEncoding(self.device.from_host(np.ascontiguousarray(enc.tokens, np.float32)), enc.grid)
 
     def encode_images(self, images: Sequence[Image.Image]) -> list[ImageEncoding]:
-        """Preprocess and encode images. Returns one :class:`ImageEncoding` per image."""
+        """Preprocess and encode images. Returns one :class:`ImageEncoding` per image.
+
+        Raises:
+            TypeError: an item is not a PIL image (checked before any inference).
+        """
+        for i, im in enumerate(images):
+            if not isinstance(im, Image.Image):
+                raise TypeError(f"images[{i}] must be a PIL.Image.Image, got {type(im).__name__}")
         return self.encode_preprocessed([self.preprocess(im) for im in images])
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, list]:
@@ -286,10 +338,15 @@ class Scorer:
         d = encs[0].tokens.shape[1] if encs else 0
         pooled = np.full((len(encs), d), np.nan, dtype=np.float32)
         attn: list = [None] * len(encs)
-        idx = [i for i, k in enumerate(kpms) if not k.all()]
+        # Batches of one sequence length only: no padding slot, so a pooled vector is the same
+        # bits in any batch (see encode_preprocessed).
+        by_len: dict[int, list[int]] = {}
+        for i, k in enumerate(kpms):
+            if not k.all():
+                by_len.setdefault(int(encs[i].tokens.shape[0]), []).append(i)
+        batches = [m[s:s + self.batch_size] for m in by_len.values() for s in range(0, len(m), self.batch_size)]
         dev = self.device
-        for start in range(0, len(idx), self.batch_size):
-            sel = idx[start:start + self.batch_size]
+        for sel in batches:
             n = max(encs[i].tokens.shape[0] for i in sel)
             hidden = (np.zeros if dev is None else dev.zeros)((len(sel), n, d), np.float32)
             kpm = np.ones((len(sel), n), dtype=bool)
@@ -326,9 +383,14 @@ class Scorer:
             object_name: subject name stripped from the prompt for PF (``None``: keep the prompt).
 
         Raises:
-            InputError: a mask's size differs from its image's (``mask_size_policy="refuse"``).
+            TypeError: an argument of the wrong type (named): images must be PIL images, masks
+                numpy arrays, ``prompt`` a str, ``object_name`` a str or None.
+            InputError: (a ``ValueError``) a mask is not 2-D, or its size differs from its
+                image's (``mask_size_policy="refuse"``). Raised before any inference.
         """
-        return self.score_batch([Pair(ref_image, ref_mask, out_image, out_mask, prompt, object_name)])[0]
+        pair = Pair(ref_image, ref_mask, out_image, out_mask, prompt, object_name)
+        check_pair_arguments(pair, "", refuse_size_mismatch=self.mask_size_policy == "refuse")
+        return self.score_batch([pair])[0]
 
     def score_batch(self, pairs: Iterable[Pair]) -> list[MaSCResult]:
         """Score many pairs; each distinct image object and each distinct PF prompt is encoded
@@ -337,12 +399,12 @@ class Scorer:
         Results do not depend on batch composition or order (tests/test_scorer.py).
         """
         pairs = list(pairs)
+        for i, p in enumerate(pairs):  # every argument checked before any inference
+            if not isinstance(p, Pair):
+                raise TypeError(f"pairs[{i}] must be a masc_engine.Pair, got {type(p).__name__}")
+            check_pair_arguments(p, f"pairs[{i}].", refuse_size_mismatch=self.mask_size_policy == "refuse")
         images: dict[int, Image.Image] = {}
         for p in pairs:
-            for what, im in (("ref_image", p.ref_image), ("out_image", p.out_image)):
-                if not isinstance(im, Image.Image):
-                    raise TypeError(f"{what} must be a PIL.Image.Image (open files with PIL.Image.open), "
-                                    f"got {type(im).__name__}")
             images.setdefault(id(p.ref_image), p.ref_image)
             images.setdefault(id(p.out_image), p.out_image)
         keys = list(images)
@@ -463,6 +525,32 @@ class _HostTokens:
         if id(enc) not in self._memo:
             self._memo[id(enc)] = self.scorer.host_encoding(enc).tokens
         return self._memo[id(enc)]
+
+
+def _check_options(*, provider, backend, stripper, fg_threshold, naflex_max_patches, batch_size,
+                   intra_op_threads) -> None:
+    """Types and ranges of the scorer's options, before a bundle is loaded.
+
+    Raises:
+        TypeError: an option of the wrong type (named).
+        ValueError: a number out of range (named).
+    """
+    for name, v in (("provider", provider), ("backend", backend), ("stripper", stripper)):
+        if not isinstance(v, str):
+            raise TypeError(f"{name} must be a str, got {type(v).__name__}")
+    for name, v, lo in (("batch_size", batch_size, 1), ("naflex_max_patches", naflex_max_patches, 1),
+                        ("intra_op_threads", intra_op_threads, 0)):
+        if v is None and name != "batch_size":
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if v < lo:
+            raise ValueError(f"{name} must be >= {lo}, got {v}")
+    if fg_threshold is not None:
+        if isinstance(fg_threshold, bool) or not isinstance(fg_threshold, (int, float, np.floating, np.integer)):
+            raise TypeError(f"fg_threshold must be a number, got {type(fg_threshold).__name__}")
+        if not 0.0 <= float(fg_threshold) <= 1.0:
+            raise ValueError(f"fg_threshold must be in [0, 1], got {fg_threshold}")
 
 
 def _check_backend_available(backend: str, provider: str) -> None:

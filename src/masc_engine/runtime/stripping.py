@@ -56,9 +56,11 @@ DEFAULT_SPACY_MODEL = "en_core_web_sm"
 # tested with (masc/text.py, masc-metric 0.3.0).
 REFERENCE_SPACY_MODEL_VERSION = "3.8.0"
 
-# spaCy pipelines by model name, so each loads once per process. Guarded by
+# spaCy pipelines by (model name, the spacy module that loaded it), so each loads once per process
+# and a pipeline is never served once ``spacy`` itself was replaced (a reload, or a stand-in in a
+# test): the version check below then runs again for the pipeline actually in use. Guarded by
 # _PIPELINES_LOCK: the scorer runs in several threads.
-_PIPELINES: dict[str, Language] = {}
+_PIPELINES: dict[tuple[str, int], Language] = {}
 _PIPELINES_LOCK = threading.Lock()
 
 
@@ -267,28 +269,30 @@ class SpacySubjectStripper:
                 concurrent first calls load the pipeline once.
 
         Raises:
-            ImportError: spaCy is not installed (the message gives the pip command).
-            OSError: The `model` pipeline is not installed (the message gives the
-                ``python -m spacy download`` command).
+            MissingDependencyError: spaCy is not installed (an ImportError; the message gives
+                the pip command).
+            MissingModelError: The `model` pipeline is not installed (an OSError; the message
+                gives the ``python -m spacy download`` command).
 
         Warns:
             UserWarning: `model` is ``en_core_web_sm`` and its version is not
                 `REFERENCE_SPACY_MODEL_VERSION`: stripped prompts can differ from
                 the paper's.
         """
-        with _PIPELINES_LOCK:
-            nlp = _PIPELINES.get(model)
-            if nlp is None:
-                from ..errors import MissingDependencyError, MissingModelError
-                from ..extras import install_hint
+        from ..errors import MissingDependencyError, MissingModelError
+        from ..extras import install_hint
 
-                try:
-                    import spacy
-                except ImportError as e:
-                    raise MissingDependencyError(
-                        f"the spaCy stripper needs spaCy, which is not installed: {install_hint('spacy')}, "
-                        f"then: python -m spacy download {model}"
-                    ) from e
+        with _PIPELINES_LOCK:
+            try:
+                import spacy
+            except ImportError as e:
+                raise MissingDependencyError(
+                    f"the spaCy stripper needs spaCy, which is not installed: {install_hint('spacy')}, "
+                    f"then: python -m spacy download {model}"
+                ) from e
+            key = (model, id(spacy))  # a re-imported spaCy (tests' fakes) gets its own pipeline
+            nlp = _PIPELINES.get(key)
+            if nlp is None:
                 try:
                     nlp = spacy.load(model, disable=["ner"])
                 except OSError as e:
@@ -306,7 +310,7 @@ class SpacySubjectStripper:
                         "from the paper's.",
                         stacklevel=2,
                     )
-                _PIPELINES[model] = nlp
+                _PIPELINES[key] = nlp
         return cls(nlp)
 
     @property
