@@ -15,7 +15,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "src" / "masc_engine"
 
 #: Layers from the bottom; a module may import its own layer and those below it. ``core`` is the
-#: package's shared leaves (errors, tolerances); ``api`` its __init__ (the MaSC drop-in, on the
+#: package's shared leaves (errors, tolerances, extras: the optional-dependency hints); ``api`` its __init__ (the MaSC drop-in, on the
 #: runtime); ``export`` validates its graphs against the runtime's preprocessing and heads.
 LAYERS = ("core", "engine", "runtime", "api", "export", "metrics", "jobs", "report", "serve", "cli")
 LOW = ("export", "engine", "runtime")
@@ -71,7 +71,7 @@ def layer_of(mod: str) -> str:
     parts = mod.split(".")
     if len(parts) == 1:
         return "api"
-    if parts[1] in ("errors", "tolerances"):
+    if parts[1] in ("errors", "tolerances", "extras"):
         return "core"
     return parts[1]
 
