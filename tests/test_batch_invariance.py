@@ -4,6 +4,8 @@ shape where padding changes ONNX Runtime's reduction order), through the API and
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -46,3 +48,26 @@ def test_masc_run_batch_size_1_equals_default(base_bundle, table, tmp_path):  # 
     a, b = read_output(one), read_output(default)
     assert [(r["key"], r["cp"], r["pf"], r["status"]) for r in a] == [(r["key"], r["cp"], r["pf"], r["status"])
                                                                       for r in b]
+
+
+def test_scores_do_not_depend_on_the_blas_thread_count(naflex_bundle, tmp_path):
+    """CP's cosine matrix is a numpy GEMM; OpenBLAS splits it differently on 1 and 2+ threads and
+    the float32 bits differed (6e-8 on 2 of these 20 rows) between a Ray worker
+    (``OMP_NUM_THREADS=1``) and a local run, until runtime/blas.py pinned that product to one
+    thread. The same rows through masc-run in a child process with one BLAS thread: equal bits."""
+    import os
+    import subprocess
+    import sys
+
+    from test_resume_and_cache import _big_pairs
+
+    pairs = _big_pairs(tmp_path, copies=1)  # 20 rows of the shipped examples
+    here, there = tmp_path / "here.csv", tmp_path / "there.csv"
+    run_pairs(pairs, Scorer(naflex_bundle), here, progress=False)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "masc_engine.cli.run_cmd", str(pairs), "--bundle", str(naflex_bundle),
+                    "--out", str(there), "--no-progress"], env=env, capture_output=True, text=True, timeout=300,
+                   check=True)
+    a, b = read_output(here), read_output(there)
+    assert len(a) == 20
+    assert [(r["cp"], r["pf"]) for r in a] == [(r["cp"], r["pf"]) for r in b]  # equality, not closeness

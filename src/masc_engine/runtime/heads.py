@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .blas import single_thread_blas
+
 #: ``torch.nn.functional.normalize``'s default eps: x / max(||x||, eps).
 NORMALIZE_EPS = 1e-12
 
@@ -23,6 +25,17 @@ def l2_normalize(x: np.ndarray, axis: int = -1) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     n = np.sqrt(np.sum(x * x, axis=axis, keepdims=True, dtype=np.float32))
     return x / np.maximum(n, np.float32(NORMALIZE_EPS))
+
+
+def cosine_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``[N, D]``, ``[M, D]`` -> ``[N, M] float32`` cosines (rows L2-normalised as ``F.normalize``).
+
+    The product runs on one BLAS thread (runtime/blas.py), so its bits do not depend on the
+    process's BLAS thread count (a Ray worker's ``OMP_NUM_THREADS=1`` included).
+    """
+    an, bn = l2_normalize(a), l2_normalize(b)
+    with single_thread_blas():
+        return an @ bn.T
 
 
 def best_match_cosines(ref_tokens: np.ndarray, out_tokens: np.ndarray) -> np.ndarray:
@@ -35,8 +48,7 @@ def best_match_cosines(ref_tokens: np.ndarray, out_tokens: np.ndarray) -> np.nda
     Returns:
         ``[N] float32`` in ``[-1, 1]``.
     """
-    sims = l2_normalize(ref_tokens) @ l2_normalize(out_tokens).T  # [N, M]
-    return sims.max(axis=1)
+    return cosine_matrix(ref_tokens, out_tokens).max(axis=1)  # [N, M] -> [N]
 
 
 def masked_maxcos(ref_tokens: np.ndarray, out_tokens: np.ndarray, ref_weights: np.ndarray,

@@ -505,7 +505,7 @@ class Scorer:
             keep = it.ref_weights > np.float32(self.fg_threshold)
             if keep.any():
                 ref_t, out_t = host_tokens(it.ref_enc), host_tokens(it.out_enc)
-                sims = heads.l2_normalize(ref_t[keep]) @ heads.l2_normalize(out_t).T
+                sims = heads.cosine_matrix(ref_t[keep], out_t)
                 j = sims.argmax(axis=1)
                 mutual = sims.argmax(axis=0)[j] == np.arange(sims.shape[0])
                 ex["cp_mnn"] = float(np.mean(np.where(mutual, sims.max(axis=1), 0.0), dtype=np.float32))
