@@ -21,7 +21,9 @@ def test_manifest_is_the_single_source_of_truth(naflex_bundle):
     txt = m["text"]
     assert txt["max_length"] == 64 and txt["lowercase"] is True and txt["text_tower_attention_mask"] is False
     assert set(m["graphs"]) == {"vision", "pool", "text", "cp"}
-    assert set(m["files"]) == {"tokenizer.json", "vision.onnx", "pool.onnx", "text.onnx", "cp.onnx"}
+    assert set(m["files"]) == {"tokenizer.json", "vision.onnx", "pool.onnx", "text.onnx", "cp.onnx",
+                               "vision.ort-cpu.onnx", "vision.ort-cpu.onnx.data", "text.ort-cpu.onnx",
+                               "text.ort-cpu.onnx.data"}  # + the fused variant (test_fusion.py)
     assert all(len(v) == 64 for v in m["files"].values())
     for k in ("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "masc_engine"):
         assert m["versions"][k]
@@ -42,7 +44,13 @@ def test_tampered_file_is_refused(naflex_bundle, tmp_path):
     with open(copy / "pool.onnx", "ab") as f:
         f.write(b"\0")
     with pytest.raises(BundleError, match="pool.onnx"):
-        Bundle(copy)
+        Bundle(copy, verify="all")
+    # by default each file is hashed before its first use: a run hashes only what it loads
+    b = Bundle(copy)
+    b.runner("vision")
+    with pytest.raises(BundleError, match="pool.onnx"):
+        b.runner("pool")
+    Bundle(copy, verify=False).runner("text")  # unchecked: loads
     (copy / "pool.onnx").unlink()
     with pytest.raises(BundleError, match="missing"):
         Bundle(copy)

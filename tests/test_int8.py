@@ -32,10 +32,12 @@ def test_quantize_bundle_is_gated(naflex_bundle, tmp_path):
     out = tmp_path / "int8"
     lines: list[str] = []
     try:
-        report = quantize_bundle(naflex_bundle, out, EXAMPLES / "pairs.csv", log=lines.append)
+        report = quantize_bundle(naflex_bundle, out, EXAMPLES / "pairs.csv", log=lines.append,
+                                 keep_refused_at=tmp_path / "refused")
     except Int8GateError as e:
         # Refused: nothing written, and the message carries the measured figures.
         assert not out.exists()
+        out = tmp_path / "refused"  # kept for benchmarks only: checked below like an accepted one
         r = e.report
         assert not r["passed"] and r["pairs"] == 20
         assert f"{r['max_abs_dcp']:.4f}" in str(e) and f"{r['spearman_pf']:.4f}" in str(e)
@@ -45,6 +47,14 @@ def test_quantize_bundle_is_gated(naflex_bundle, tmp_path):
         assert m["precision"]["mode"] == "int8-dynamic" and m["precision"]["gate_report"] == report
         assert report["passed"] and report["max_abs_dcp"] <= INT8_MAX_ABS_DCP
     assert any("int8 gates vs fp32" in s for s in lines)
+    # The fp32 bundle's fused ort-cpu graphs are dropped: CPU runs of the int8 bundle use int8.
+    from masc_engine.runtime.scorer import Scorer
+
+    m = json.loads((out / "manifest.json").read_text())
+    assert "variants" not in m and m["precision"]["dropped_variants"] == ["ort-cpu"]
+    assert not list(out.glob("*.ort-cpu.*")) and not any("variants" in g for g in m["graphs"].values())
+    assert not any(".ort-cpu." in f for f in m["files"])
+    assert Scorer(out).graph_variant == "portable"
 
 
 def test_masc_export_int8_cli(naflex_bundle, tmp_path):

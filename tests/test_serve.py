@@ -362,7 +362,8 @@ def test_disk_cache_is_shared_with_masc_run(naflex_bundle, odd_items, tmp_path):
     data = {f: base64.b64decode(item[f]) for f in BYTE_FIELDS}
     scorer = Scorer(naflex_bundle, batch_size=1)
     ns = {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches, "exif": "apply",
-          "provider": scorer.provider, "backend": scorer.backend, "precision": scorer.precision}
+          "provider": scorer.provider, "backend": scorer.backend, "precision": scorer.precision,
+          "graph_variant": scorer.graph_variant}
     store = EncodingStore(tmp_path / "cache", ns)
     svc = ServiceScorer(scorer, RunSettings(), store=store)
     rec = svc.score([svc.decode(data, item["prompt"], item["object_name"], None)])[0]

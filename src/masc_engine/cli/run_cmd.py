@@ -66,6 +66,10 @@ import click
                    "--backend tensorrt (on CUDA: --provider defaults to cuda with it; unverified: see the README's support matrix).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
               help="TensorRT engine set to load (default: the only one in the bundle).")
+@click.option("--graph-variant", type=click.Choice(["auto", "portable", "ort-cpu"]), default="auto", show_default=True,
+              help="ONNX graphs to run: the fused ort-cpu vision and text graphs (ONNX Runtime on CPU; auto picks "
+                   "them when the bundle has them), or the portable standard-op graphs. A variant the bundle "
+                   "lacks is an error. The choice is recorded in <out>.meta.json.")
 @click.option("--device-resident/--no-device-resident", default=None,
               help="Keep patch tokens in GPU memory between the vision graph, the pooling head and the CP "
                    "graph, and cache reference tokens there (needs CuPy). Default: on for --provider cuda "
@@ -77,7 +81,7 @@ import click
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif, paper_filter,
          min_output_mask_frac, min_reference_mask_frac, mask_size_tolerance, baselines, save_maps, cache_dir, cache_size_gb,
-         batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, cp_head, backend, precision,
+         batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, cp_head, backend, precision, graph_variant,
          device_resident, ort_memory, print_scores, no_progress) -> None:
     """Score every row of PAIRS_CSV (columns ref_image, ref_mask, out_image, out_mask, prompt,
     object_name; other columns are carried through) and print a summary."""
@@ -106,7 +110,8 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
             scorer = Scorer(bundle, provider=provider, stripper=stripper, batch_size=batch_size,
                             intra_op_threads=threads or None, naflex_max_patches=max_num_patches,
                             cp_head=cp_head, backend=backend, precision=precision,
-                            device_resident=device_resident, ort_memory=ort_memory)
+                            device_resident=device_resident, ort_memory=ort_memory,
+                            graph_variant=graph_variant)
         for w in caught:
             click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
         summary = run_pairs(pairs_csv, scorer, out_path, settings, chunk_size=chunk_size, io_workers=io_workers,

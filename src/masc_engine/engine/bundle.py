@@ -1,7 +1,15 @@
 """A bundle: a directory of ONNX graphs, tokenizer files and ``manifest.json``.
 
-Loading checks the format and (by default) every file's sha256, then hands out runners for its
-graphs on an explicitly chosen backend and provider.
+Loading checks the format and that every listed file exists; by default each file's sha256 is
+checked before its first use (a run hashes only the graphs it loads). It hands out runners for its
+graphs on an explicitly chosen backend, provider and graph variant.
+
+Graph variants: ``portable`` (the standard-op graphs every backend builds, TensorRT included) and
+``ort-cpu`` (the vision and text graphs fused with ONNX Runtime's transformer optimizer into
+``com.microsoft`` contrib ops, export/fusion.py; only for ONNX Runtime on CPU). The manifest's
+``variants[<name>]`` says which backend and provider a variant is for and how it was validated;
+each graph it replaces lists its file under ``graphs[<graph>]["variants"][<name>]``; its other
+graphs are the portable ones.
 """
 
 from __future__ import annotations
@@ -12,6 +20,13 @@ from pathlib import Path
 from ..errors import BackendUnavailableError, BundleError
 from .backends.base import BACKENDS, Runner
 from .manifest import fingerprint, read_manifest, verify_files
+
+
+#: The standard-op graphs (``manifest["graphs"]``).
+PORTABLE = "portable"
+#: ``Scorer(graph_variant="auto")``: the fused ``ort-cpu`` graphs for ONNX Runtime on CPU when
+#: the bundle has them, else the portable graphs.
+AUTO = "auto"
 
 
 class RandomWeightsWarning(UserWarning):
@@ -27,11 +42,30 @@ class Bundle:
         fingerprint: 16 hex chars identifying the bundle's content and settings.
     """
 
-    def __init__(self, path: str | Path, verify: bool = True):
+    def __init__(self, path: str | Path, verify: bool | str = True):
+        """Load a bundle.
+
+        Args:
+            verify: ``True`` (default): every listed file must exist now, and each file's sha256
+                is checked before its first use (a runner's graph and weights, the tokenizer), so
+                a run hashes only what it loads (start-up, issue 10: the fused and portable
+                graphs of a base bundle are 1.3 GB). ``"all"``: hash every file now. ``False``:
+                no check.
+
+        Raises:
+            BundleError: missing directory, manifest or listed file; with ``"all"``, a modified file.
+        """
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
-        if verify:
+        self.verify = verify
+        self._verified: set[str] = set()
+        if verify == "all":
             verify_files(self.path, self.manifest)
+            self._verified.update(self.manifest["files"])
+        elif verify:
+            for name in self.manifest["files"]:
+                if not (self.path / name).is_file():
+                    raise BundleError(f"bundle {self.path}: file {name} listed in the manifest is missing")
         self.fingerprint = fingerprint(self.manifest)
         if self.random_weights:
             warnings.warn(
@@ -54,15 +88,75 @@ class Bundle:
     def file(self, name: str) -> Path:
         return self.path / name
 
+    def checked_file(self, name: str) -> Path:
+        """``file(name)``, its sha256 checked against the manifest first (once per bundle object)
+        when the bundle was loaded with ``verify``; with it any ``<name>.data`` external weights.
+
+        Raises:
+            BundleError: the file (or its weights) is not the one the manifest lists.
+        """
+        if self.verify:
+            for f in (name, name + ".data"):
+                if f in self._verified or (f != name and f not in self.manifest["files"]):
+                    continue
+                if f not in self.manifest["files"]:
+                    raise BundleError(f"bundle {self.path}: {f} is not listed in the manifest")
+                verify_files(self.path, {"files": {f: self.manifest["files"][f]}})
+                self._verified.add(f)
+        return self.path / name
+
     def graph(self, name: str) -> dict:
         try:
             return self.manifest["graphs"][name]
         except KeyError:
             raise BundleError(f"bundle {self.path} has no {name!r} graph") from None
 
+    @property
+    def variants(self) -> list[str]:
+        """Graph variants this bundle holds: ``portable`` first, then the manifest's ``variants``."""
+        return [PORTABLE] + sorted(self.manifest.get("variants") or {})
+
+    def resolve_variant(self, requested: str, backend: str, provider: str) -> str:
+        """The graph variant to run: ``requested`` checked, or ``auto`` resolved.
+
+        ``auto`` is ``ort-cpu`` for ONNX Runtime on CPU when the bundle has it, else ``portable``.
+
+        Raises:
+            BundleError: a requested variant this bundle does not hold (never a silent switch).
+            BackendUnavailableError: a variant asked for on a backend/provider it is not for.
+        """
+        if requested == AUTO:
+            entry = (self.manifest.get("variants") or {}).get("ort-cpu")
+            return "ort-cpu" if entry and backend == "onnxruntime" and provider == "cpu" else PORTABLE
+        if requested == PORTABLE:
+            return PORTABLE
+        entry = (self.manifest.get("variants") or {}).get(requested)
+        if entry is None:
+            raise BundleError(f"bundle {self.path} has no {requested!r} graph variant (it holds: "
+                              f"{', '.join(self.variants)}); re-export it with masc-export, or use the portable graphs")
+        want = entry.get("runtime", {})
+        if (backend, provider) != (want.get("backend"), want.get("provider")):
+            raise BackendUnavailableError(f"graph variant {requested!r} is for {want.get('backend')} on "
+                                          f"{want.get('provider')}, not {backend} on {provider}")
+        return requested
+
+    def graph_file(self, graph: str, variant: str = PORTABLE) -> Path:
+        """Path of ``graph`` in ``variant`` (the portable graph where the variant does not replace it),
+        its sha256 checked before first use.
+
+        A variant's graph files are listed where the export-time transform pipeline
+        (export/transforms.py) records them: ``graphs[<graph>]["variants"][<variant>]["file"]``.
+        """
+        entry = self.graph(graph)
+        if variant != PORTABLE:
+            if variant not in (self.manifest.get("variants") or {}):
+                raise BundleError(f"bundle {self.path} has no {variant!r} graph variant")
+            entry = (entry.get("variants") or {}).get(variant, entry)
+        return self.checked_file(entry["file"])
+
     def runner(self, graph: str, backend: str = "onnxruntime", provider: str = "cpu",
                intra_op_threads: int | None = None, precision: str | None = None,
-               ort_memory: str = "lean") -> Runner:
+               ort_memory: str = "lean", variant: str = PORTABLE) -> Runner:
         """A runner for one of the bundle's graphs (``vision``, ``pool``, ``text``, ``cp``).
 
         Args:
@@ -74,6 +168,8 @@ class Bundle:
                 the graphs carry it, their inputs and outputs stay float32).
             ort_memory: ONNX Runtime CPU memory settings, ``lean`` or ``arena``
                 (engine/backends/onnxruntime.py ``ORT_MEMORY``).
+            variant: ONNX Runtime only: ``portable`` or a variant the bundle holds (``ort-cpu``);
+                checked with :meth:`resolve_variant` (``auto`` is resolved there too).
 
         Raises:
             BackendUnavailableError: unknown backend, the provider or TensorRT is missing (never a
@@ -81,7 +177,8 @@ class Bundle:
             EngineCompatibilityError: TensorRT engines built for another GPU / TensorRT version.
             BundleError: the bundle has no such graph (or no such engine set).
         """
-        entry = self.graph(graph)
+        self.graph(graph)  # BundleError for an unknown graph, whatever the backend
+        variant = self.resolve_variant(variant, backend, provider)
         if backend == "onnxruntime":
             from .backends.onnxruntime import OrtRunner
 
@@ -95,7 +192,7 @@ class Bundle:
                 raise BackendUnavailableError(
                     f"bundle {self.path} holds bf16 graphs, which ONNX Runtime's CPU provider cannot run (no bf16 "
                     "kernels); use --provider cuda or --backend tensorrt on a GPU, or an fp16/fp32 bundle on CPU")
-            runner = OrtRunner(self.file(entry["file"]), graph, provider=provider,
+            runner = OrtRunner(self.graph_file(graph, variant), graph, provider=provider,
                                intra_op_threads=intra_op_threads, ort_memory=ort_memory)
             runner.precision = own
             return runner

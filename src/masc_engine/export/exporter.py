@@ -4,7 +4,11 @@ Steps (optimum-style): load the checkpoint and its processor; read every preproc
 setting from the processor objects into the manifest; export each graph from its spec
 (export/graphs.py); validate each graph against PyTorch right away on batch sizes and patch
 grids other than the traced ones (export/validate.py), raising :class:`ExportValidationError`
-past its per-shape budget (``tolerances.EXPORT_VALIDATION_BUDGETS``); write ``manifest.json`` with every file's sha256.
+past its per-shape budget (``tolerances.EXPORT_VALIDATION_BUDGETS``); run the graph-transform
+pipeline (export/transforms.py: mixed precision, and for fp32 bundles the fused ``ort-cpu``
+variant of the vision and text graphs, export/fusion.py), validating each result the same way
+(the fused graphs also on CP and PF, within ``tolerances.ORACLE_SCORE_ATOL``); write
+``manifest.json`` with every file's sha256.
 """
 
 from __future__ import annotations
@@ -172,7 +176,7 @@ def _versions() -> dict:
 
 def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None = None,
                   revision: str | None = None, validate: bool = True, log=print, precision: str = "fp32",
-                  transforms: Sequence | None = None) -> Path:
+                  transforms: Sequence | None = None, ort_cpu_variant: bool = True) -> Path:
     """Export ``model`` to a bundle in ``out_dir`` and validate it.
 
     The bundle is written to a staging directory beside ``out_dir`` and renamed into place only
@@ -190,12 +194,16 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
             validated with the reduced-precision gates of :mod:`masc_engine.tolerances`.
         transforms: further export/transforms.py :class:`~.transforms.GraphTransform` s, run in
             order after the precision transform, each validated and recorded in the manifest.
+        ort_cpu_variant: fp32 only: also write the fused ONNX Runtime CPU graphs (the ``ort-cpu``
+            variant, export/fusion.py :class:`~.fusion.FusionTransform`, run last in the transform
+            pipeline; the manifest's ``variants``), validated like the portable ones.
 
     Raises:
         CheckpointError: the checkpoint cannot be loaded or is not SigLIP2.
         ExportValidationError: a graph disagrees with PyTorch beyond its gates (for fp16 / bf16
             the message gives the figures and suggests fp32); nothing is left at ``out_dir``.
         BundleError: ``out_dir`` is a non-empty directory that is not a bundle.
+        FusionError: an attention block of the vision or text graph did not fuse.
     """
     from .precision import PRECISIONS
 
@@ -211,7 +219,8 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
     try:
-        _export_into(stage, model, max_num_patches, revision, validate, log, precision, list(transforms or []))
+        _export_into(stage, model, max_num_patches, revision, validate, log, precision, list(transforms or []),
+                     ort_cpu_variant)
         if out.exists():
             old = out.with_name(f".{out.name}.{os.getpid()}.old")
             out.rename(old)
@@ -248,10 +257,10 @@ def _linked_copy(src: Path, dst: Path, names: Sequence[str]) -> Path:
 
 
 def _export_into(out: Path, model: str, max_num_patches, revision, validate: bool, log, precision: str,
-                 transforms: list) -> None:
+                 transforms: list, ort_cpu_variant: bool = True) -> None:
     import torch
 
-    from . import cp_head, graphs, validate as val
+    from . import cp_head, fusion, graphs, validate as val
     from .precision import PrecisionTransform, emulated_bf16_file, policy
     from .transforms import run_transforms
 
@@ -297,12 +306,18 @@ def _export_into(out: Path, model: str, max_num_patches, revision, validate: boo
         "validation": report,
         "precision": {"mode": "fp32"},
         "transforms": [],
+        "variants": {},
         "versions": _versions(),
         "files": _bundle_files(out, graph_entries),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if precision != "fp32":
         transforms = [PrecisionTransform(precision)] + transforms
+    # The fused ONNX Runtime CPU graphs are made from fp32 graphs only (ONNX Runtime's fusions and
+    # their validation are measured there); reduced-precision bundles keep their portable graphs.
+    fused = fusion.FusionTransform.for_model(m) if ort_cpu_variant and precision == "fp32" else None
+    if fused is not None:
+        transforms = transforms + [fused]
     if transforms:
         import tempfile
 
@@ -334,6 +349,14 @@ def _export_into(out: Path, model: str, max_num_patches, revision, validate: boo
                     "validated_on": "ONNX Runtime CPU" + (", bf16 emulated (export/precision.py emulate_bf16)"
                                                           if precision == "bf16" else ""),
                 }
+            if fused is not None:
+                entry = {"runtime": dict(fused.runtime), "transform": fused.name, "graphs": list(fused.graphs)}
+                if validate:
+                    entry["validation"] = {"scores": fusion.validate_variant_scores(out, graph_entries, m, processor,
+                                                                                    image, text)}
+                    log(f"validated {fusion.VARIANT} scores: max |dCP| {entry['validation']['scores']['max_abs_dcp']:.2e}, "
+                        f"max |dPF| {entry['validation']['scores']['max_abs_dpf']:.2e}")
+                manifest["variants"][fusion.VARIANT] = entry
     manifest["export_seconds"] = round(time.time() - t0, 1)
     write_manifest(out, manifest)
 

@@ -34,6 +34,17 @@ def quantize_graphs(src: str | Path, stage: str | Path, log=print) -> dict:
                          per_channel=True, weight_type=QuantType.QInt8)
         log(f"quantized {graph} -> int8 ({f.stat().st_size / 1e6:.1f} MB)")
     manifest["precision"] = {"mode": "int8-dynamic", "graphs": list(INT8_GRAPHS), "source_bundle": str(src)}
-    manifest["files"] = list(manifest["files"])
+    # The fp32 bundle's fused ort-cpu graphs (export/fusion.py) would otherwise be picked on CPU
+    # instead of the int8 ones: an int8 bundle holds the quantized portable graphs only, so its
+    # gate figures do not depend on the fusion.
+    dropped = sorted(manifest.pop("variants", None) or {})
+    gone = set()
+    for entry in manifest["graphs"].values():
+        for v in entry.pop("variants", {}).values():
+            gone.update({v["file"], v["file"] + ".data"})
+    for f in gone:
+        (stage / f).unlink(missing_ok=True)
+    manifest["precision"]["dropped_variants"] = dropped
+    manifest["files"] = [f for f in manifest["files"] if f not in gone]
     write_manifest(stage, manifest)
     return manifest

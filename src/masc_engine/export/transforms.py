@@ -17,8 +17,8 @@ it applies to, :func:`run_transforms`:
 
 A transform either **replaces** the bundle's graph (``variant = None``: e.g. the fp16 conversion,
 whose output is the graph every backend then runs) or writes an **additional variant** beside it
-(``variant = "cpu-fused"``: e.g. ONNX Runtime's transformer fusions, whose contrib ops TensorRT
-cannot parse), recorded under ``graphs[<graph>]["variants"][<variant>]`` in the manifest while the
+(``variant = "ort-cpu"``: ONNX Runtime's transformer fusions, export/fusion.py, whose contrib ops
+TensorRT cannot parse), recorded under ``graphs[<graph>]["variants"][<variant>]`` in the manifest while the
 portable graph stays in place.
 
 Writing a transform: a small class with the four attributes and ``apply`` below; no base class is
@@ -26,7 +26,7 @@ needed (:class:`GraphTransform` is a ``typing.Protocol``). Example::
 
     class MyFusion:
         name = "ort-fusion"
-        variant = "cpu-fused"          # or None to replace the graph
+        variant = "ort-cpu"            # or None to replace the graph
         gates = "fp32"                 # validation gates for the result
         graphs = ("vision", "text")
 
@@ -80,17 +80,18 @@ class GraphTransform(Protocol):
 Validator = Callable[[str, Path, str], dict]
 
 
-def op_counts(path: str | Path) -> dict[str, int]:
-    """Node count per op type (``domain::op`` outside the default domain) of an ONNX file."""
+def op_counts(path) -> dict[str, int]:
+    """Node count per op type (``domain::op`` outside the default domain) of an ONNX file (or an
+    ``onnx.ModelProto``), sorted by op type."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = path if isinstance(path, onnx.ModelProto) else onnx.load(str(path), load_external_data=False)
     return dict(sorted(Counter((f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type)
                                for n in model.graph.node).items()))
 
 
 def variant_file(graph_file: str, variant: str) -> str:
-    """``vision.onnx`` + ``cpu-fused`` -> ``vision.cpu-fused.onnx``."""
+    """``vision.onnx`` + ``ort-cpu`` -> ``vision.ort-cpu.onnx``."""
     stem = graph_file[:-5] if graph_file.endswith(".onnx") else graph_file
     return f"{stem}.{variant}.onnx"
 
@@ -125,10 +126,15 @@ def run_transforms(bundle_dir: str | Path, graphs: dict, transforms: Sequence[Gr
             dst_name = src_name if t.variant is None else variant_file(src_name, t.variant)
             src, dst = bundle_dir / src_name, bundle_dir / dst_name
             before = op_counts(src)
-            # Write beside the source first: a replacing transform must not clobber its own input.
-            tmp = dst.with_name(dst.name + ".tmp.onnx")
-            facts = t.apply(g, src, tmp) or {}
-            tmp.replace(dst)
+            if t.variant is None:
+                # Write beside the source first: a replacing transform must not clobber its own input.
+                tmp = dst.with_name(dst.name + ".tmp.onnx")
+                facts = t.apply(g, src, tmp) or {}
+                tmp.replace(dst)
+            else:
+                # A new file: written under its final name, so external weights it writes
+                # (``<dst>.data``, referenced by name from inside the graph) need no renaming.
+                facts = t.apply(g, src, dst) or {}
             after = op_counts(dst)
             report = validate(g, dst, t.gates)
             if t.variant is not None:

@@ -28,7 +28,8 @@ masc-metric scores it (PF against the empty text) and flagged ``prompt_empty`` (
 
 Exactly once: finished rows go to an append-only journal (jobs/results.py) keyed by
 ``row_index`` and ``row_key`` (a hash of the row's cells and its files' size and mtime) under a
-settings fingerprint (bundle, stripper, threshold, budget, EXIF policy, filters, provider). A
+settings fingerprint (bundle, stripper, threshold, budget, EXIF policy, filters, provider, graph
+variant). A
 rerun of the same command scores only what is missing; a changed row, bundle or setting is
 scored again, never reused.
 """
@@ -124,7 +125,7 @@ class RunSettings:
         d = {"run": asdict(self), "bundle": scorer.bundle.fingerprint, "stripper": scorer.stripper,
              "fg_threshold": scorer.fg_threshold, "budget": scorer.image_settings.max_num_patches,
              "provider": scorer.provider, "cp_head": scorer.cp_head, "backend": scorer.backend,
-             "precision": scorer.precision}
+             "precision": scorer.precision, "graph_variant": scorer.graph_variant}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -477,7 +478,7 @@ def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int):
               "naflex_max_patches": scorer.image_settings.max_num_patches, "batch_size": scorer.batch_size,
               "verify": False, "cp_head": scorer.cp_head, "backend": scorer.backend,
               "precision": scorer.precision, "device_resident": scorer.device is not None,
-              "ort_memory": getattr(scorer, "ort_memory", "lean")}
+              "ort_memory": getattr(scorer, "ort_memory", "lean"), "graph_variant": scorer.graph_variant}
     return functools.partial(build_pairs_job, str(Path(scorer.bundle.path).resolve()), kwargs, asdict(settings),
                              io_workers)
 
@@ -568,7 +569,8 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     if cache_dir is not None:
         ns = {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches,
               "exif": settings.exif, "provider": scorer.provider, "backend": scorer.backend,
-              "precision": scorer.precision}  # fp16 engines' tokens must never serve an fp32 run
+              "precision": scorer.precision,  # fp16 engines' tokens must never serve an fp32 run
+              "graph_variant": scorer.graph_variant}  # fused and portable tokens differ by rounding
         store = EncodingStore(cache_dir, ns, **({"size_limit": cache_size_limit} if cache_size_limit else {}))
         scorer.text_store = store
     # Chunks are runs of consecutive row indices only where nothing was done.
@@ -639,7 +641,7 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
             "settings": {**asdict(settings), "stripper": scorer.stripper, "fg_threshold": scorer.fg_threshold,
                          "max_num_patches": scorer.image_settings.max_num_patches, "provider": scorer.provider,
                          "backend": scorer.backend, "precision": scorer.precision, "cp_head": scorer.cp_head,
-                         "device_resident": scorer.device is not None, "executor": executor, "batch_size": scorer.batch_size, "chunk_size": chunk_size},
+                         "graph_variant": scorer.graph_variant, "device_resident": scorer.device is not None, "executor": executor, "batch_size": scorer.batch_size, "chunk_size": chunk_size},
             # Cumulative over every run that produced this output (a resumed or repeated command
             # adds its record to "runs" and never erases what the earlier ones measured).
             "counts": counts, "seconds": round(total_s, 2),

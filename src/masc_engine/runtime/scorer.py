@@ -16,6 +16,7 @@ then holds reference tokens on the device across pairs.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -149,7 +150,8 @@ class Scorer:
         intra_op_threads: ONNX Runtime threads per graph call (default: ORT's choice).
         mask_size_policy: ``"refuse"`` (default: a mask whose size differs from its image raises
             :class:`InputError`) or ``"stretch"`` (the reference's silent bilinear stretch).
-        verify: check every bundle file's sha256 on load.
+        verify: check the sha256 of each bundle file the scorer loads, before loading it
+            (``"all"``: every file, at once; see :class:`Bundle`).
         cp_head: ``"numpy"`` (default: runtime/heads.py, exact on CPU) or ``"graph"`` (the
             bundle's ``cp`` graph on the same backend and provider, e.g. the GPU; equal to the
             numpy head within ``tolerances.CP_HEAD_ATOL``). A bundle without a ``cp`` graph and
@@ -168,6 +170,11 @@ class Scorer:
             Runtime's defaults). See README "Memory" and bench/results/memory_*.json.
         array_device: the token device to use instead of the one chosen from backend and
             provider (an engine/device.py ``ArrayDevice``; tests pass a strict fake).
+        graph_variant: ``"auto"`` (default: the bundle's fused ``ort-cpu`` vision and text graphs
+            for ONNX Runtime on CPU when it has them, else the portable graphs), ``"portable"`` or
+            ``"ort-cpu"`` (a bundle without it is a :class:`BundleError`; another backend or
+            provider a :class:`BackendUnavailableError`). The choice is ``self.graph_variant``
+            (masc-run records it).
 
     Raises:
         BundleError, BackendUnavailableError, ValueError (bad option).
@@ -178,7 +185,8 @@ class Scorer:
                  naflex_max_patches: int | None = None, batch_size: int = 8,
                  intra_op_threads: int | None = None, mask_size_policy: str = "refuse",
                  verify: bool = True, cp_head: str | None = None, device_resident: bool = False,
-                 array_device=None, precision: str | None = None, ort_memory: str = "lean"):
+                 array_device=None, precision: str | None = None, ort_memory: str = "lean",
+                 graph_variant: str = "auto"):
         _check_options(provider=provider, backend=backend, stripper=stripper, fg_threshold=fg_threshold,
                        naflex_max_patches=naflex_max_patches, batch_size=batch_size,
                        intra_op_threads=intra_op_threads)
@@ -193,7 +201,7 @@ class Scorer:
             self.image_settings = self.image_settings.with_budget(naflex_max_patches)
         self.position_grid = m["image"].get("position_grid")
         self.text_settings = TextSettings.from_manifest(m["text"])
-        self.tokenizer = PromptTokenizer(self.bundle.file(self.text_settings.tokenizer_file), self.text_settings)
+        self.tokenizer = PromptTokenizer(self.bundle.checked_file(self.text_settings.tokenizer_file), self.text_settings)
         self.fg_threshold = float(fg_threshold if fg_threshold is not None
                                   else m["scoring"].get("fg_threshold", DEFAULT_FG_THRESHOLD))
         self.stripper = stripper
@@ -206,8 +214,11 @@ class Scorer:
         self.provider = provider
         self.backend = backend
         self.ort_memory = ort_memory
+        #: The graph variant in use (engine/bundle.py): ``portable`` or ``ort-cpu``.
+        self.graph_variant = self.bundle.resolve_variant(graph_variant, backend, provider)
         runner = lambda g: self.bundle.runner(g, backend=backend, provider=provider,  # noqa: E731
                                               intra_op_threads=intra_op_threads, precision=precision,
+                                              variant=self.graph_variant,
                                               **({"ort_memory": ort_memory} if backend == "onnxruntime" else {}))
         #: Optional persistent text-embedding cache (runtime/cache.py EncodingStore), set by masc-run.
         self.text_store = None
@@ -227,7 +238,11 @@ class Scorer:
             self.device = array_device if array_device is not None else device_for(backend, provider)
         self.vision = runner("vision")
         self.pool = runner("pool")
-        self.text = runner("text")
+        # The text session is made on first use: masc-rank and runs whose prompts all come from
+        # the persistent cache never pay for it (start-up, issue 10).
+        self._make_text_runner = lambda: runner("text")  # noqa: E731
+        self._text = None
+        self._text_lock = threading.Lock()
         # TensorRT picks the engine set when none is named: record the one loaded (it keys
         # masc-run's resume fingerprint and token cache).
         self.precision = precision or getattr(self.vision, "precision", None)
@@ -237,6 +252,15 @@ class Scorer:
             from .cp_device import GraphCP
 
             self._graph_cp = GraphCP(runner("cp"), self.fg_threshold, device=self.device)
+
+    @property
+    def text(self):
+        """The text graph's runner, created on first use (thread-safe)."""
+        if self._text is None:
+            with self._text_lock:
+                if self._text is None:
+                    self._text = self._make_text_runner()
+        return self._text
 
     # ------------------------------------------------------------------ encoders
 

@@ -178,7 +178,7 @@ class _State:
                 # masc-run's namespace (jobs/pairs.run_pairs): the two commands share entries.
                 ns = {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches,
                       "exif": cfg.exif, "provider": scorer.provider, "backend": scorer.backend,
-                      "precision": scorer.precision}
+                      "precision": scorer.precision, "graph_variant": scorer.graph_variant}
                 kw = {"size_limit": int(cfg.cache_size_gb * 2**30)} if cfg.cache_size_gb else {}
                 self.store = EncodingStore(cfg.cache_dir, ns, **kw)
                 scorer.text_store = self.store

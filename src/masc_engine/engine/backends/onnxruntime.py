@@ -118,6 +118,7 @@ class OrtRunner:
                     if provider_name == "CUDAExecutionProvider" else "")
             raise BackendUnavailableError(f"onnxruntime created {name} on {got}, not the requested {provider_name}{hint}")
         self.name = name
+        self.path = str(path)
         self.provider = provider_name
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -1,0 +1,468 @@
+"""The ``ort-cpu`` graph variant: ONNX Runtime's transformer fusions on the exported fp32 graphs.
+
+Build time only. ``onnxruntime.transformers.optimizer`` (the library ONNX Runtime ships for this,
+which optimum's ``ORTOptimizer`` wraps) fuses each encoder layer's attention into one
+``com.microsoft`` ``Attention`` node (one packed QKV GEMM plus ONNX Runtime's attention kernel),
+residual Add + LayerNormalization into ``SkipLayerNormalization`` and the tanh GELU into
+``FastGelu``. The fused graphs use contrib ops that TensorRT's ONNX parser cannot build, so the
+bundle keeps the portable standard-op graphs and stores these beside them as the ``ort-cpu``
+variant (``vision.ort-cpu.onnx``, ``text.ort-cpu.onnx``): :class:`FusionTransform` is one step of
+the export-time transform pipeline (export/transforms.py), which validates each fused graph
+against PyTorch and records it in the manifest; the exporter then checks CP and PF on the fused
+graphs (:func:`validate_scores`). The runtime picks them for ONNX Runtime on CPU
+(engine/bundle.py, runtime/scorer.py).
+
+Attention fusion needs the exported graph in a shape the optimizer's pattern matcher
+(``fusion_attention.FusionAttention``, onnxruntime 1.32) recognises. torch's dynamo exporter
+writes SigLIP2's attention differently in three ways, which :func:`canonicalize_attention`
+rewrites (each rewrite computes the same values; the fused result is validated against PyTorch
+afterwards, export/validate.py):
+
+1. The NaFlex key_padding_mask is ``Mul(Cast(Unsqueeze(Equal(pixel_attention_mask, 0))), -30000)``;
+   the matcher knows BERT's ``Mul(Sub(1, Cast(Unsqueeze(Unsqueeze(mask)))), value)``. Both give
+   0 for a real patch and ``MASK_VALUE`` for a padding slot when the mask holds 0/1 (the runtime
+   writes exactly that). The optimizer then carries ``pixel_attention_mask`` into every
+   ``Attention`` node as a raw 2-D mask (``AttentionMaskFormat.AttentionMask``: any padding
+   layout, not only right padding) with ``mask_filter_value`` = ``MASK_VALUE``.
+2. Scores are scaled by ``Mul(QK^T, head_dim**-0.5)``; with a Mul-shaped mask the matcher takes
+   the wrong Mul, so the scale becomes ``Div(QK^T, head_dim**0.5)``. The fused kernel applies its
+   own default scale ``1/sqrt(head_size)``, which we check equals the exported one.
+3. The text tower adds a constant all-visible mask (transformers 5 builds one even without an
+   attention mask); a constant zero bias is dropped. The first layer's residual Add lists the
+   embeddings first, and the matcher takes the first Add parent, so residual Adds put the
+   attention branch first (addition commutes).
+
+Every attention block must fuse: the variant is refused (:class:`FusionError`) if any Softmax is
+left, so a partly fused graph never ships. The pooling head (``pool``) and the ``cp`` graph are
+not fused: the pooling head's query is a learned constant (no self-attention pattern), its
+attention weights are an output the fused kernel does not return, and both cost little.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MascEngineError
+
+#: Name of the variant in the manifest and its folder in the bundle.
+VARIANT = "ort-cpu"
+#: Graphs the variant replaces; the rest (pool, cp) run the portable graphs.
+FUSED_GRAPHS = ("vision", "text")
+#: Contrib ops whose counts the manifest records.
+FUSED_OP_TYPES = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "FastGelu", "BiasGelu",
+                  "Gelu", "LayerNormalization", "SkipSimplifiedLayerNormalization")
+
+
+class FusionError(MascEngineError):
+    """The optimizer could not fuse every attention block, or the graph is not one we know."""
+
+
+class _Graph:
+    """Producer/consumer lookups over an ``onnx.GraphProto`` (rebuilt after each rewrite)."""
+
+    def __init__(self, graph):
+        from onnx import numpy_helper
+
+        self.g = graph
+        self._np = numpy_helper
+        self.producer = {o: n for n in graph.node for o in n.output}
+        self.consumers = collections.defaultdict(list)
+        for n in graph.node:
+            for i in n.input:
+                self.consumers[i].append(n)
+        self.inits = {t.name: t for t in graph.initializer}
+        self.inputs = {t.name: t for t in graph.input}
+
+    def const(self, name: str):
+        """The value of an initializer or Constant output, else None."""
+        if name in self.inits:
+            return self._np.to_array(self.inits[name])
+        p = self.producer.get(name)
+        if p is not None and p.op_type == "Constant" and p.attribute and p.attribute[0].name == "value":
+            return self._np.to_array(p.attribute[0].t)
+        return None
+
+    def op(self, name: str) -> str | None:
+        p = self.producer.get(name)
+        return p.op_type if p is not None else None
+
+
+def _scaled_scores(g: _Graph, name: str):
+    """``(mul_node, scale)`` if ``name`` is ``Mul(MatMul(Q, K^T), scalar)``, else None."""
+    mul = g.producer.get(name)
+    if mul is None or mul.op_type != "Mul":
+        return None
+    for i, j in ((0, 1), (1, 0)):
+        s = g.const(mul.input[j])
+        if g.op(mul.input[i]) == "MatMul" and s is not None and s.size == 1:
+            return mul, i, float(s.reshape(()))
+    return None
+
+
+def _all_visible(g: _Graph, name: str) -> bool:
+    """True if the additive mask ``name`` is a constant zero tensor: an initializer of zeros, or
+    ``Where(cond, 0, x)`` with ``cond`` (or the ``Expand`` input behind it) constant all-True."""
+    v = g.const(name)
+    if v is not None:
+        return bool(np.all(v == 0))
+    w = g.producer.get(name)
+    if w is None or w.op_type != "Where":
+        return False
+    cond = g.const(w.input[0])
+    if cond is None and g.op(w.input[0]) == "Expand":
+        cond = g.const(g.producer[w.input[0]].input[0])
+    zero = g.const(w.input[1])
+    return cond is not None and bool(np.all(cond)) and zero is not None and bool(np.all(zero == 0))
+
+
+def _padding_mask_source(g: _Graph, name: str):
+    """``(graph_input, mask_value)`` if ``name`` is the exporter's NaFlex key_padding_mask
+    ``Mul(Cast(Unsqueeze(Equal(input, 0), axes=[1, 2])), value)``, value < 0; else None."""
+    mul = g.producer.get(name)
+    if mul is None or mul.op_type != "Mul":
+        return None
+    for i, j in ((0, 1), (1, 0)):
+        value = g.const(mul.input[j])
+        cast = g.producer.get(mul.input[i])
+        if value is None or value.size != 1 or float(value.reshape(())) >= 0 or cast is None or cast.op_type != "Cast":
+            continue
+        unsq = g.producer.get(cast.input[0])
+        if unsq is None or unsq.op_type != "Unsqueeze":
+            continue
+        axes = g.const(unsq.input[1]) if len(unsq.input) > 1 else None
+        eq = g.producer.get(unsq.input[0])
+        if axes is None or sorted(axes.ravel().tolist()) != [1, 2] or eq is None or eq.op_type != "Equal":
+            continue
+        zero = g.const(eq.input[1])
+        if eq.input[0] in g.inputs and zero is not None and np.all(zero == 0):
+            return eq.input[0], float(value.reshape(()))
+    return None
+
+
+def _residual_add(g: _Graph, softmax) -> tuple | None:
+    """The residual ``Add`` after an attention block and the index of its attention-branch input:
+    Softmax -> MatMul(P, V) -> Transpose -> Reshape -> MatMul(out_proj) -> Add(bias) -> Add."""
+    node = softmax
+    for op in ("MatMul", "Transpose", "Reshape", "MatMul", "Add", "Add"):
+        nxt = [c for c in g.consumers[node.output[0]] if c.op_type == op]
+        if len(nxt) != 1:
+            return None
+        prev, node = node, nxt[0]
+    return node, list(node.input).index(prev.output[0])
+
+
+def canonicalize_attention(model, head_dim: int) -> dict:
+    """Rewrite ``model`` (an ``onnx.ModelProto``, in place) so that ONNX Runtime's attention
+    fusion recognises every attention block (see the module docstring for the three rewrites).
+
+    Args:
+        model: an exported SigLIP2 vision or text graph (export/graphs.py).
+        head_dim: the attention head size; the exported score scale must be ``head_dim**-0.5``
+            (the fused kernel's default).
+
+    Returns:
+        ``{"attention_blocks", "padding_masks", "constant_masks_dropped", "unmasked",
+        "mask_value"}``: what was found and rewritten.
+
+    Raises:
+        FusionError: a score scale other than ``head_dim**-0.5``, or an additive mask of a form
+            this adapter does not know (fusing it could drop the mask).
+    """
+    from onnx import TensorProto, helper
+
+    g = _Graph(model.graph)
+    report = {"attention_blocks": 0, "padding_masks": 0, "constant_masks_dropped": 0, "unmasked": 0,
+              "mask_value": None}
+    canonical: dict[str, str] = {}  # graph input -> canonical additive mask tensor
+    new_nodes, new_inits = [], []
+    inv_scale_name = None
+    want = head_dim ** -0.5
+    for sm in [n for n in model.graph.node if n.op_type == "Softmax"]:
+        src = g.producer.get(sm.input[0])
+        if src is None:
+            continue
+        mask = None
+        scaled = _scaled_scores(g, sm.input[0])
+        if scaled is None and src.op_type == "Add":
+            for i in (0, 1):
+                scaled = _scaled_scores(g, src.input[i])
+                if scaled is not None:
+                    scores, mask = src.input[i], src.input[1 - i]
+                    break
+        if scaled is None:
+            continue  # not a self-attention block of ours (left for the count check)
+        mul, qk_index, scale = scaled
+        if not math.isclose(scale, want, rel_tol=1e-6):
+            raise FusionError(f"attention at {sm.name}: score scale {scale!r} is not head_dim**-0.5 = {want!r}; "
+                              "the fused kernel would scale differently")
+        report["attention_blocks"] += 1
+        if mask is None:
+            report["unmasked"] += 1
+        elif _all_visible(g, mask):
+            sm.input[0] = scores
+            report["constant_masks_dropped"] += 1
+        else:
+            found = _padding_mask_source(g, mask)
+            if found is None:
+                raise FusionError(f"attention at {sm.name}: additive mask {mask!r} has a form the fusion "
+                                  "adapter does not know; refusing rather than risk dropping it")
+            inp, value = found
+            if report["mask_value"] not in (None, value):
+                raise FusionError("attention blocks use different mask values")
+            report["mask_value"] = value
+            if inp not in canonical:
+                nm = f"masc_kpm_{inp}"
+                one = helper.make_tensor(nm + "_one", TensorProto.FLOAT, [], [1.0])
+                ax1 = helper.make_tensor(nm + "_axis1", TensorProto.INT64, [1], [1])
+                ax2 = helper.make_tensor(nm + "_axis2", TensorProto.INT64, [1], [2])
+                val = helper.make_tensor(nm + "_value", TensorProto.FLOAT, [], [value])
+                new_inits += [one, ax1, ax2, val]
+                new_nodes += [
+                    helper.make_node("Unsqueeze", [inp, ax1.name], [nm + "_u1"], name=nm + "_u1"),
+                    helper.make_node("Unsqueeze", [nm + "_u1", ax2.name], [nm + "_u2"], name=nm + "_u2"),
+                    helper.make_node("Cast", [nm + "_u2"], [nm + "_f"], name=nm + "_cast", to=TensorProto.FLOAT),
+                    helper.make_node("Sub", [one.name, nm + "_f"], [nm + "_hidden"], name=nm + "_sub"),
+                    helper.make_node("Mul", [nm + "_hidden", val.name], [nm], name=nm + "_mul"),
+                ]
+                canonical[inp] = nm
+            src.input[0], src.input[1] = scores, canonical[inp]
+            report["padding_masks"] += 1
+        # Mul(QK^T, s) -> Div(QK^T, 1/s): see rewrite 2 in the module docstring.
+        if inv_scale_name is None:
+            inv_scale_name = "masc_attention_inv_scale"
+            new_inits.append(helper.make_tensor(inv_scale_name, TensorProto.FLOAT, [], [float(1.0 / np.float64(scale))]))
+        mul.op_type = "Div"
+        mul.input[:] = [mul.input[qk_index], inv_scale_name]
+        res = _residual_add(g, sm)
+        if res is not None and res[1] != 0:
+            add, i = res
+            add.input[0], add.input[i] = add.input[i], add.input[0]
+    model.graph.initializer.extend(new_inits)
+    for n in reversed(new_nodes):  # inputs are graph inputs and initializers: safe at the top
+        model.graph.node.insert(0, n)
+    return report
+
+
+def fuse_graph(src: str | Path, dst: str | Path, num_heads: int, hidden_size: int) -> dict:
+    """Fuse one exported encoder graph with ONNX Runtime's transformer optimizer.
+
+    Runs :func:`canonicalize_attention`, then ``onnxruntime.transformers.optimizer.optimize_model``
+    (model type ``bert``: its fusions cover SigLIP2's pre-LN encoder; raw 2-D attention mask,
+    embedding fusion off, ``opt_level=0`` so the stored graph holds only the Python fusions and
+    no hardware-specific ONNX Runtime rewrites; ONNX Runtime applies those at session creation).
+
+    Args:
+        src: the portable graph (``vision.onnx`` or ``text.onnx``).
+        dst: where to write the fused graph; its weights go to ``<dst>.data`` beside it.
+        num_heads, hidden_size: the tower's attention heads and width.
+
+    Returns:
+        Facts for the manifest: ``fusions`` (fused node counts by op type), ``adapter`` (:func:`canonicalize_attention`'s report),
+        ``optimizer`` settings and version.
+
+    Raises:
+        FusionError: an attention block was left unfused (any Softmax remains), or fewer
+            ``Attention`` nodes than attention blocks.
+    """
+    import onnx
+    import onnxruntime
+    from onnxruntime.transformers import optimizer
+    from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
+
+    from .transforms import op_counts
+
+    model = onnx.load(str(src))
+    adapter = canonicalize_attention(model, hidden_size // num_heads)
+    options = FusionOptions("bert")
+    options.attention_mask_format = AttentionMaskFormat.AttentionMask
+    options.enable_embed_layer_norm = False  # our embeddings are not BERT's (patches, positions)
+    opt = optimizer.optimize_model(model, model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
+                                   opt_level=0, optimization_options=options)
+    fused = opt.model
+    after = op_counts(fused)
+    blocks = adapter["attention_blocks"]
+    if after.get("Softmax", 0) or after.get("com.microsoft::Attention", 0) != blocks or blocks == 0:
+        raise FusionError(f"{Path(src).name}: {after.get('com.microsoft::Attention', 0)} of {blocks} attention blocks "
+                          f"fused ({after.get('Softmax', 0)} Softmax left); refusing a partly fused graph")
+    attn = [n for n in fused.graph.node if n.op_type == "Attention"]
+    masks = {n.input[3] if len(n.input) > 3 else "" for n in attn}
+    if adapter["padding_masks"] and masks != {"pixel_attention_mask"}:
+        raise FusionError(f"{Path(src).name}: fused Attention nodes take mask {sorted(masks)}, not pixel_attention_mask")
+    if not adapter["padding_masks"] and masks != {""}:
+        raise FusionError(f"{Path(src).name}: unexpected attention mask inputs {sorted(masks)}")
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    # Weights in ``<dst>.data`` beside the graph: ONNX Runtime reads them without parsing a
+    # protobuf of the model's size, which made session creation for the base vision graph
+    # 2.6 s instead of 4.3 s here (start-up, issue 10); also keeps so400m under protobuf's 2 GiB.
+    for old in (dst, Path(str(dst) + ".data")):
+        old.unlink(missing_ok=True)
+    opt.save_model_to_file(str(dst), use_external_data_format=True)
+    return {
+        "fusions": {k.split("::", 1)[1]: v for k, v in after.items() if k.startswith("com.microsoft::")},
+        "adapter": adapter,
+        "optimizer": {"tool": "onnxruntime.transformers.optimizer.optimize_model", "onnxruntime": onnxruntime.__version__,
+                      "model_type": "bert", "opt_level": 0, "num_heads": int(num_heads), "hidden_size": int(hidden_size),
+                      "attention_mask_format": "AttentionMask (raw 2-D)", "enable_embed_layer_norm": False},
+    }
+
+
+def _ellipse_mask(height: int, width: int, seed: int) -> np.ndarray:
+    """``[H, W] uint8`` mask of an off-centre ellipse (foreground 255) covering 20-45% of the image."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width]
+    cy, cx = height * rng.uniform(0.35, 0.65), width * rng.uniform(0.35, 0.65)
+    ry, rx = height * rng.uniform(0.25, 0.38), width * rng.uniform(0.25, 0.38)
+    return ((((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2) <= 1).astype(np.uint8) * 255
+
+
+def validate_scores(model, processor, image: dict, text: dict, bundle_dir: Path, vision_runner, text_runner,
+                    pool_runner) -> dict:
+    """CP and PF from a graph set against the same scores from PyTorch, on off-trace shapes.
+
+    PyTorch side: ``vision_model(...)`` on the reference processor's inputs (all validation
+    images in one padded batch), the pooling head ``head.attention(..., key_padding_mask=...)``
+    with the output's foreground hidden (masc-metric 0.3.0 ``MaSC._pool_with_kpm``), the text
+    tower's pooled output. Graph side: our preprocessing, ``vision_runner`` (the images in one
+    batch, padded to the longest), ``pool_runner``, ``text_runner``. CP is
+    ``heads.masked_maxcos`` on each side's tokens. Every ordered pair of the
+    ``validate.VALIDATION_SIZES`` images (tall, wide, tiny, square grids) with an ellipse mask
+    each, and two prompts.
+
+    Returns:
+        ``{"max_abs": max(|dCP|, |dPF|), "max_abs_dcp", "max_abs_dpf", "pairs", "atol", "cases"}``.
+
+    Raises:
+        ExportValidationError: past ``tolerances.ORACLE_SCORE_ATOL`` (1e-5), or a NaN on one side only.
+    """
+    import torch
+
+    from ..runtime import heads
+    from ..runtime.masks import mask_to_patch_grid
+    from ..runtime.position import position_weights
+    from ..runtime.preprocess import ImageSettings, preprocess_image
+    from ..runtime.text import PromptTokenizer, TextSettings
+    from ..tolerances import ORACLE_SCORE_ATOL
+    from .validate import VALIDATION_SIZES, _check, synthetic_image
+
+    s = ImageSettings.from_manifest(image)
+    vm = model.vision_model
+    imgs = [synthetic_image(h, w, seed=h * 7 + w) for h, w in VALIDATION_SIZES]
+    masks = [_ellipse_mask(h, w, seed=i) for i, (h, w) in enumerate(VALIDATION_SIZES)]
+    pre = [preprocess_image(im, s) for im in imgs]
+    counts = [p.spatial_shape[0] * p.spatial_shape[1] for p in pre]
+    with torch.no_grad():
+        if s.mode == "naflex":
+            ref_in = processor.image_processor(images=imgs, max_num_patches=s.max_num_patches, return_tensors="pt")
+            ref = vm(pixel_values=ref_in["pixel_values"], pixel_attention_mask=ref_in["pixel_attention_mask"],
+                     spatial_shapes=ref_in["spatial_shapes"]).last_hidden_state.numpy()
+        else:
+            ref_in = processor.image_processor(images=imgs, return_tensors="pt")
+            ref = vm(pixel_values=ref_in["pixel_values"]).last_hidden_state.numpy()
+    if s.mode == "naflex":
+        n = max(counts)
+        feeds = {"pixel_values": np.stack([p.pixel_values[:n] for p in pre]),
+                 "pixel_attention_mask": np.stack([p.pixel_attention_mask[:n] for p in pre]),
+                 "position_weights": np.stack([position_weights(image["position_grid"], p.spatial_shape, n)
+                                               for p in pre])}
+    else:
+        feeds = {"pixel_values": np.stack([p.pixel_values for p in pre])}
+    got = vision_runner.run(feeds)["last_hidden_state"]
+    ref_tok = [ref[i, :c] for i, c in enumerate(counts)]
+    got_tok = [got[i, :c] for i, c in enumerate(counts)]
+    weights = [mask_to_patch_grid(m, p.spatial_shape) for m, p in zip(masks, pre)]
+    prompts = ["a dog on the beach", "a red backpack with a city in the background"]
+    tok = PromptTokenizer(Path(bundle_dir) / text["tokenizer_file"], TextSettings.from_manifest(text))
+    ids = np.stack([e.input_ids for e in tok.encode(prompts)])
+    with torch.no_grad():
+        t_ref = model.text_model(input_ids=torch.from_numpy(ids)).pooler_output.numpy()
+    t_got = text_runner.run({"input_ids": ids})["text_embeds"]
+    head = vm.head
+    d_cp, d_pf, pairs = [], [], 0
+    for j, (w_out, rt, gt) in enumerate(zip(weights, ref_tok, got_tok)):
+        kpm = heads.background_key_padding_mask(w_out, 0.5)
+        if kpm.all():
+            continue
+        with torch.no_grad():
+            x = torch.from_numpy(rt[None])
+            att = head.attention(head.probe, x, x, key_padding_mask=torch.from_numpy(kpm[None]))[0]
+            pooled_ref = (att + head.mlp(head.layernorm(att)))[0, 0].numpy()
+        pooled_got = pool_runner.run({"hidden": gt[None], "key_padding_mask": kpm[None]})["pooled"][0]
+        for k in range(len(prompts)):
+            d_pf.append(abs(heads.cosine(pooled_got, t_got[k]) - heads.cosine(pooled_ref, t_ref[k])))
+        for i in range(len(imgs)):
+            if i == j:
+                continue
+            cp_ref, _ = heads.masked_maxcos(ref_tok[i], rt, weights[i], 0.5)
+            cp_got, _ = heads.masked_maxcos(got_tok[i], gt, weights[i], 0.5)
+            if np.isnan(cp_ref) != np.isnan(cp_got):
+                d_cp.append(float("inf"))
+            elif not np.isnan(cp_ref):
+                d_cp.append(abs(cp_got - cp_ref))
+            pairs += 1
+    case = {"max_abs": float(max(d_cp + d_pf)), "max_abs_dcp": float(max(d_cp)), "max_abs_dpf": float(max(d_pf)),
+            "pairs": pairs, "grids": [list(p.spatial_shape) for p in pre], "prompts": len(prompts)}
+    report = _check("scores", [case], atol=ORACLE_SCORE_ATOL, against="PyTorch (CP and PF)")
+    report.update(max_abs_dcp=case["max_abs_dcp"], max_abs_dpf=case["max_abs_dpf"], pairs=pairs)
+    return report
+
+
+class FusionTransform:
+    """The ``ort-cpu`` variant as an export-time graph transform (export/transforms.py
+    :class:`~masc_engine.export.transforms.GraphTransform`): :func:`fuse_graph` on the vision and
+    text graphs, written beside the portable ones and validated against PyTorch with the fp32
+    budgets by the pipeline.
+
+    Args:
+        towers: ``{graph: (num_heads, hidden_size)}`` for ``vision`` and ``text``.
+    """
+
+    name = "ort-fusion"
+    variant = VARIANT
+    gates = "fp32"
+    graphs = FUSED_GRAPHS
+    #: What the variant is for (engine/bundle.py ``resolve_variant``): the contrib ops run on
+    #: ONNX Runtime; measured and validated on its CPU provider only.
+    runtime = {"backend": "onnxruntime", "provider": "cpu"}
+
+    def __init__(self, towers: dict[str, tuple[int, int]]):
+        self.towers = {g: (int(h), int(w)) for g, (h, w) in towers.items()}
+
+    @classmethod
+    def for_model(cls, model) -> "FusionTransform":
+        """From a transformers ``Siglip2Model`` (its towers' heads and widths)."""
+        v, t = model.vision_model.config, model.text_model.config
+        return cls({"vision": (v.num_attention_heads, v.hidden_size), "text": (t.num_attention_heads, t.hidden_size)})
+
+    def settings(self) -> dict:
+        return {"optimizer": "onnxruntime.transformers.optimizer.optimize_model", "model_type": "bert",
+                "opt_level": 0, "towers": {g: {"num_heads": h, "hidden_size": w} for g, (h, w) in self.towers.items()},
+                "runtime": dict(self.runtime)}
+
+    def apply(self, graph: str, src: Path, dst: Path) -> dict:
+        heads_, width = self.towers[graph]
+        return fuse_graph(src, dst, heads_, width)
+
+
+def validate_variant_scores(bundle_dir: str | Path, graphs: dict, model, processor, image: dict, text: dict) -> dict:
+    """:func:`validate_scores` on the fused graphs of a bundle being written (the pooling head is
+    the portable one, as at run time).
+
+    Args:
+        graphs: the manifest's ``graphs`` section, with the ``ort-cpu`` variant recorded by the
+            transform pipeline.
+
+    Raises:
+        ExportValidationError: CP or PF past ``tolerances.ORACLE_SCORE_ATOL``.
+    """
+    from ..engine.backends.onnxruntime import OrtRunner
+
+    d = Path(bundle_dir)
+    vision = OrtRunner(d / graphs["vision"]["variants"][VARIANT]["file"], "vision")
+    text_runner = OrtRunner(d / graphs["text"]["variants"][VARIANT]["file"], "text")
+    return validate_scores(model, processor, image, text, d, vision, text_runner,
+                           OrtRunner(d / graphs["pool"]["file"], "pool"))
