@@ -495,6 +495,21 @@ def _versions() -> dict:
             "pillow": PIL.__version__, "tokenizers": tokenizers.__version__, "python": platform.python_version()}
 
 
+def encoding_namespace(scorer: Scorer, exif: str) -> dict:
+    """The disk store's namespace (runtime/cache.py ``EncodingStore``) for ``scorer``'s encodings:
+    everything that changes a stored token or text embedding. masc-run and masc-serve both use it,
+    so the two share entries exactly when their encodings are interchangeable.
+
+    Args:
+        scorer: the scorer whose encodings are stored.
+        exif: the EXIF orientation policy (``RunSettings.exif``).
+    """
+    return {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches,
+            "exif": exif, "provider": scorer.provider, "backend": scorer.backend,
+            "precision": scorer.precision,  # fp16 engines' tokens must never serve an fp32 run
+            "graph_variant": scorer.graph_variant}  # fused and portable tokens differ by rounding
+
+
 def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settings: RunSettings = RunSettings(),
               chunk_size: int = 64, io_workers: int = 4, cache_dir: str | Path | None = None,
               cache_size_limit: int | None = None, executor: str = "local", ray_address: str | None = None,
@@ -567,11 +582,7 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
 
     store = None
     if cache_dir is not None:
-        ns = {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches,
-              "exif": settings.exif, "provider": scorer.provider, "backend": scorer.backend,
-              "precision": scorer.precision,  # fp16 engines' tokens must never serve an fp32 run
-              "graph_variant": scorer.graph_variant}  # fused and portable tokens differ by rounding
-        store = EncodingStore(cache_dir, ns, **({"size_limit": cache_size_limit} if cache_size_limit else {}))
+        store = EncodingStore(cache_dir, encoding_namespace(scorer, settings.exif), **({"size_limit": cache_size_limit} if cache_size_limit else {}))
         scorer.text_store = store
     # Chunks are runs of consecutive row indices only where nothing was done.
     chunks = [Chunk(tuple(c), tuple(rows[i - 1] for i in c), tuple(keys[i - 1] for i in c), str(base))

@@ -175,12 +175,11 @@ class _State:
             if cfg.cache_dir:
                 from ..runtime.cache import EncodingStore
 
-                # masc-run's namespace (jobs/pairs.run_pairs): the two commands share entries.
-                ns = {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches,
-                      "exif": cfg.exif, "provider": scorer.provider, "backend": scorer.backend,
-                      "precision": scorer.precision, "graph_variant": scorer.graph_variant}
+                from ..jobs.pairs import encoding_namespace
+
+                # masc-run's namespace: the two commands share entries.
                 kw = {"size_limit": int(cfg.cache_size_gb * 2**30)} if cfg.cache_size_gb else {}
-                self.store = EncodingStore(cfg.cache_dir, ns, **kw)
+                self.store = EncodingStore(cfg.cache_dir, encoding_namespace(scorer, cfg.exif), **kw)
                 scorer.text_store = self.store
             settings = RunSettings(exif=cfg.exif, mask_size_tolerance=cfg.mask_size_tolerance)
             service = ServiceScorer(scorer, settings, cache_bytes=int(cfg.cache_mb * 2**20), store=self.store,
