@@ -40,49 +40,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from workloads import dreambench_pairs  # noqa: E402
+
 SHARED = REPO.parent / "shared" / "data" / "dreambooth"
-PROMPTS = ["a {} in the jungle", "a {} on the beach", "a {} with a city in the background",
-           "a {} floating on top of water", "a red {}", "a {} in the snow"]
-
-
-def build_workload(work: Path, references: int, prompts: int, methods: int) -> Path:
-    """The DreamBench-shaped pairs CSV: per subject, photo 00 against unique transformed outputs."""
-    from PIL import Image, ImageEnhance, ImageOps
-
-    out_dir = work / "outputs"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    subjects = list(csv.DictReader(open(SHARED / "subjects.csv")))[:references]
-    rows = []
-    for s in subjects:
-        name, cls = s["subject"], s["class"]
-        photos = sorted((SHARED / "images" / name).glob("*.jpg"))[1:]
-        for p in range(prompts):
-            for m in range(methods):
-                src = photos[(p * methods + m) % len(photos)]
-                im = Image.open(src).convert("RGB")
-                mask = Image.open(SHARED / "masks" / name / (src.stem + ".png")).convert("L")
-                k = p * methods + m
-                if k % 2:
-                    im, mask = ImageOps.mirror(im), ImageOps.mirror(mask)
-                w, h = im.size
-                c = 4 + 6 * (k % 5)
-                box = (c, c // 2, w - c // 2, h - c)
-                im, mask = im.crop(box), mask.crop(box)
-                im = ImageEnhance.Color(im).enhance(0.8 + 0.1 * (k % 4))
-                stem = f"{name}_p{p}_m{m}"
-                im.save(out_dir / f"{stem}.jpg", quality=92)
-                mask.save(out_dir / f"{stem}.png")
-                rows.append({"key": stem, "subject": name, "method": f"method{m}",
-                             "ref_image": str(SHARED / "images" / name / "00.jpg"),
-                             "ref_mask": str(SHARED / "masks" / name / "00.png"),
-                             "out_image": str(out_dir / f"{stem}.jpg"), "out_mask": str(out_dir / f"{stem}.png"),
-                             "prompt": PROMPTS[p % len(PROMPTS)].format(cls), "object_name": cls})
-    path = work / "pairs.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return path
 
 
 # ----------------------------------------------------------------------------- vision per image
@@ -386,7 +347,8 @@ def part_job(a, work: Path) -> dict:
     from masc_engine.export.exporter import export_bundle
     from masc_engine.jobs.results import read_output
 
-    pairs = build_workload(work, a.references, a.prompts, a.methods)
+    subjects = [(r["subject"], r["class"]) for r in csv.DictReader(open(SHARED / "subjects.csv"))][:a.references]
+    pairs = dreambench_pairs(work, SHARED, subjects, a.prompts, a.methods)
     bundle = work / f"base-naflex-{a.budget}"
     if not (bundle / "manifest.json").is_file() or "variants" not in json.loads((bundle / "manifest.json").read_text()):
         export_bundle("random:base-naflex", bundle, max_num_patches=a.budget, log=lambda s: print(s, flush=True))

@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from workloads import dreambench_pairs  # noqa: E402
+
 EXAMPLES = REPO / "examples" / "dreambooth"
-PROMPTS = ["a {} in the jungle", "a {} on the beach", "a {} with a city in the background",
-           "a {} floating on top of water", "a red {}", "a {} in the snow"]
 
 #: masc-run configurations: name -> extra command-line options.
 VARIANTS = {
@@ -60,45 +61,6 @@ json.dump(res, open(out, "w"))
 """
 
 
-def build_workload(work: Path) -> Path:
-    """48 pairs: 4 references x 6 prompts x 2 methods, each output a unique transformed photo."""
-    from PIL import Image, ImageEnhance, ImageOps
-
-    out_dir = work / "outputs"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    subjects = sorted({r["identity"]: r["class"] for r in csv.DictReader(open(EXAMPLES / "gallery.csv"))}.items())
-    rows = []
-    for name, cls in subjects:
-        photos = sorted((EXAMPLES / "images" / name).glob("*.jpg"))[1:]
-        for p, prompt in enumerate(PROMPTS):
-            for m in range(2):
-                k = p * 2 + m
-                src = photos[k % len(photos)]
-                im = Image.open(src).convert("RGB")
-                mask = Image.open(EXAMPLES / "masks" / name / (src.stem + ".png")).convert("L")
-                if k % 2:
-                    im, mask = ImageOps.mirror(im), ImageOps.mirror(mask)
-                w, h = im.size
-                c = 4 + 6 * (k % 5)
-                box = (c, c // 2, w - c // 2, h - c)
-                im, mask = im.crop(box), mask.crop(box)
-                im = ImageEnhance.Color(im).enhance(0.8 + 0.1 * (k % 4))
-                stem = f"{name}_p{p}_m{m}"
-                im.save(out_dir / f"{stem}.jpg", quality=92)
-                mask.save(out_dir / f"{stem}.png")
-                rows.append({"key": stem, "method": f"method{m}",
-                             "ref_image": str(EXAMPLES / "images" / name / "00.jpg"),
-                             "ref_mask": str(EXAMPLES / "masks" / name / "00.png"),
-                             "out_image": f"outputs/{stem}.jpg", "out_mask": f"outputs/{stem}.png",
-                             "prompt": prompt.format(cls), "object_name": cls})
-    path = work / "pairs.csv"
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return path
-
-
 def peak_rss_mb(cmd: list[str]) -> tuple[float, float]:
     """Run ``cmd`` as a child; return (its peak RSS in MB, wall seconds). Fails loudly."""
     t = time.time()
@@ -125,7 +87,8 @@ def main() -> None:
     import masc_engine
 
     work = Path(args.work)
-    pairs = build_workload(work)
+    subjects = sorted({r["identity"]: r["class"] for r in csv.DictReader(open(EXAMPLES / "gallery.csv"))}.items())
+    pairs = dreambench_pairs(work, EXAMPLES, subjects, relative_outputs=True)  # 4 x 6 prompts x 2 methods = 48
     manifest = json.loads((Path(args.bundle) / "manifest.json").read_text())
     ckpt = manifest["source"]["checkpoint_dir"]
     arch = manifest["architecture"]

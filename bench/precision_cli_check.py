@@ -31,31 +31,10 @@ import numpy as np
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from workloads import odd_size_pairs  # noqa: E402
+
 SHARED = REPO.parent / "shared" / "data" / "dreambooth"
-SIZES = [(333, 517), (517, 333), (401, 299), (257, 263), (480, 271), (199, 601)]
-
-
-def odd_size_pairs(out_dir: Path, n: int) -> tuple[Path, list[dict]]:
-    """The first ``n`` shared pairs with every image and mask cropped and resized to an odd size."""
-    with open(SHARED / "pairs.csv", newline="", encoding="utf-8-sig") as f:
-        rows = list(csv.DictReader(f))[:n]
-    out_rows = []
-    for i, r in enumerate(rows):
-        row = dict(r)
-        for j, (ic, mc) in enumerate((("ref_image", "ref_mask"), ("out_image", "out_mask"))):
-            w, h = SIZES[(i + j) % len(SIZES)]
-            img, mask = Image.open(SHARED / r[ic]).convert("RGB"), Image.open(SHARED / r[mc]).convert("L")
-            box = (7, 3, img.width - 5, img.height - 11)
-            stem = f"{i:03d}_{j}"
-            img.crop(box).resize((w, h), Image.BICUBIC).save(out_dir / f"{stem}.png")
-            mask.crop(box).resize((w, h), Image.NEAREST).save(out_dir / f"{stem}_mask.png")
-            row[ic], row[mc] = f"{stem}.png", f"{stem}_mask.png"
-        out_rows.append(row)
-    with open(out_dir / "pairs.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(out_rows[0]))
-        w.writeheader()
-        w.writerows(out_rows)
-    return out_dir / "pairs.csv", out_rows
 
 
 def main() -> None:
@@ -77,7 +56,9 @@ def main() -> None:
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        pairs_csv, rows = odd_size_pairs(tmp, a.pairs)
+        with open(SHARED / "pairs.csv", newline="", encoding="utf-8-sig") as f:
+            shared_rows = list(csv.DictReader(f))[:a.pairs]
+        pairs_csv, rows = odd_size_pairs(shared_rows, SHARED, tmp)
         t = time.time()
         subprocess.run(["masc-run", str(pairs_csv), "--bundle", str(bundle), "--out", str(tmp / "scores.csv"),
                         "--no-progress"], check=True)

@@ -5,7 +5,6 @@ emulation), and the refusal of a checkpoint whose fp16 graphs fail their gates.
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import checkpoint_dir, oracle_for, read_rows
+from conftest import REPO, checkpoint_dir, oracle_for, read_rows
 from masc_engine.engine.bundle import Bundle
 from masc_engine.errors import BackendUnavailableError, ExportValidationError
 from masc_engine.export import precision as prec
@@ -69,29 +68,14 @@ def test_fp16_bundle_records_precision_policy_and_transforms(fp16_bundle, naflex
 
 def _odd_size_pairs(photo_dir, tmp_path, n=24):
     """Real DreamBooth pairs (conftest.photo_dir: the shipped examples, the shared set when present),
-    each image (and its mask) cropped and resized to an odd size."""
-    sizes = [(333, 517), (517, 333), (401, 299), (257, 263), (480, 271), (199, 601)]
-    rows = read_rows(photo_dir)[:n]
-    out_rows = []
-    for i, r in enumerate(rows):
-        row = dict(r)
-        for j, (img_col, mask_col) in enumerate((("ref_image", "ref_mask"), ("out_image", "out_mask"))):
-            w, h = sizes[(i + j) % len(sizes)]
-            img = Image.open(photo_dir / r[img_col]).convert("RGB")
-            mask = Image.open(photo_dir / r[mask_col]).convert("L")
-            box = (7, 3, img.width - 5, img.height - 11)
-            img = img.crop(box).resize((w, h), Image.BICUBIC)
-            mask = mask.crop(box).resize((w, h), Image.NEAREST)
-            stem = f"{i:03d}_{j}"
-            img.save(tmp_path / f"{stem}.png")
-            mask.save(tmp_path / f"{stem}_mask.png")
-            row[img_col], row[mask_col] = f"{stem}.png", f"{stem}_mask.png"
-        out_rows.append(row)
-    with open(tmp_path / "pairs.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(out_rows[0]))
-        w.writeheader()
-        w.writerows(out_rows)
-    return tmp_path / "pairs.csv", out_rows
+    each image (and its mask) cropped and resized to an odd size (bench/workloads.py, the generator
+    bench/precision_cli_check.py uses too)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from workloads import odd_size_pairs
+
+    return odd_size_pairs(read_rows(photo_dir)[:n], photo_dir, tmp_path)
 
 
 def test_fp16_bundle_matches_the_fp32_oracle_on_odd_sized_photos(fp16_bundle, naflex_bundle, photo_dir, tmp_path):
