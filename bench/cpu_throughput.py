@@ -403,11 +403,11 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     out = Path(a.out)
     result = json.loads(out.read_text()) if out.is_file() else {}
-    if "issue" not in result:  # a results file of the old layout is replaced, not merged
-        result = {"issue": 10}
-    result.update(machine=machine(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                  shared_machine_note="other helpers' jobs may run on this machine: load averages are recorded "
-                                      "per part; ratios are side by side in one run")
+    if "issue" not in result or {"vision", "job"} <= set(a.parts.split(",")):
+        result = {"issue": 10}  # a full run (or an old layout) starts a fresh file; one part updates its key
+    result.update(script="bench/cpu_throughput.py", command=" ".join([sys.executable, *sys.argv]),
+                  machine=machine(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  load_note="load averages are recorded per part; ratios are side by side in one run")
     parts = a.parts.split(",")
     if "vision" in parts:
         result["vision_per_image"] = part_vision(a, work)

@@ -38,6 +38,8 @@ EXAMPLES = REPO / "examples" / "dreambooth"
 VARIANTS = {
     "default": [],
     "ort-arena": ["--ort-memory", "arena"],
+    "batch-4": ["--batch-size", "4"],
+    "batch-2": ["--batch-size", "2"],
     "batch-1": ["--batch-size", "1"],
     "arena-batch-1": ["--ort-memory", "arena", "--batch-size", "1"],
     "chunk-8": ["--chunk-size", "8"],
@@ -92,8 +94,13 @@ def main() -> None:
     manifest = json.loads((Path(args.bundle) / "manifest.json").read_text())
     ckpt = manifest["source"]["checkpoint_dir"]
     arch = manifest["architecture"]
-    weights_mb = sum(p.stat().st_size for p in Path(args.bundle).iterdir()
-                     if p.suffix in (".onnx", ".data")) / 2**20
+    from masc_engine.engine.bundle import Bundle
+
+    b = Bundle(args.bundle, verify=False)
+    variant = b.resolve_variant("auto", "onnxruntime", "cpu")  # what masc-run loads on CPU
+    loaded = [b.graph_file(g, variant) for g in ("vision", "pool", "text", "cp")]
+    weights_mb = sum(f.stat().st_size + (Path(str(f) + ".data").stat().st_size if Path(str(f) + ".data").is_file()
+                                         else 0) for f in loaded) / 2**20
     record = {
         "what": "peak RSS (ru_maxrss of each child process) of masc-run vs a masc-metric MaSC.score loop, "
                 "same 48 pairs, one run, same machine",
@@ -101,11 +108,12 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "python": platform.python_version(), "loadavg_1_5_15_start": list(os.getloadavg()),
-                    "note": "shared 2-core, 24 GiB machine: other sessions ran jobs at the same time "
-                            "(RSS is per process and not affected; times are)"},
+                    "note": "RSS is per process and not affected by other load; times are (see the "
+                            "load averages)"},
         "versions": {"masc_engine": masc_engine.__version__, "onnxruntime": onnxruntime.__version__},
         "model": f"{manifest['source'].get('model')} (width {arch['vision_width']}, {arch['vision_layers']} layers)",
-        "budget": args.budget, "bundle_graph_mb": round(weights_mb, 1),
+        "budget": args.budget, "graph_variant": variant,
+        "bundle_graph_mb": round(weights_mb, 1),  # the four graphs (and weights) a CPU run loads
         "workload": {"pairs": 48, "references": 4, "distinct_images": 52, "source": "examples/dreambooth"},
         "masc_run": {},
     }

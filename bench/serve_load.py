@@ -174,8 +174,7 @@ def main() -> None:
                            "locust": locust.__version__},
               "model": f"{manifest['source'].get('model')}, NaFlex budget {a.budget} (--max-num-patches)",
               "traffic": f"{n_pairs} DreamBooth pairs ({n_refs} references), JSON base64, round-robin per client",
-              "note": "loopback; locust runs on the same 2 cores as the server; other helpers share the machine "
-                      "(see loadavg per run)",
+              "note": "loopback; locust runs on the same cores as the server (see loadavg per run)",
               "loadavg_start": os.getloadavg(), "runs": []}
     for max_batch in (a.max_batch, 1):
         proc, url = start_server(bundle, max_batch, a.max_wait_ms, a.budget, work / f"server-b{max_batch}.log")
@@ -218,7 +217,7 @@ def write_markdown(res: dict, path: Path) -> None:
         + ", ".join(f"{k} {v}" for k, v in res["versions"].items()) + ".",
         f"Model: {res['model']}. Traffic: {res['traffic']}. Locust closed loop (no think time), "
         "one level after another on the same server process.",
-        f"**Shared machine**: {res['note']}. Load average at start {tuple(round(x, 2) for x in res['loadavg_start'])}, "
+        f"Note: {res['note']}. Load average at start {tuple(round(x, 2) for x in res['loadavg_start'])}, "
         f"at end {tuple(round(x, 2) for x in res['loadavg_end'])}. Raw figures: `serve_load.json`.", "",
         "| --max-batch | clients | requests | errors | req/s | p50 ms | p99 ms | mean batch | server peak RSS MiB | load avg before |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
