@@ -71,6 +71,11 @@ def child_export_vision(preset: str, budget: int, work: str) -> dict:
     t = time.perf_counter()
     rec = fusion.fuse_graph(d / "vision.onnx", d / "vision.fused.onnx", int(vm.config.num_attention_heads),
                             int(vm.config.hidden_size))
+    from masc_engine.export.transforms import op_counts
+
+    before, after = op_counts(d / "vision.onnx"), op_counts(d / "vision.fused.onnx")
+    rec["node_counts"] = {"before": before, "after": after, "total_before": sum(before.values()),
+                          "total_after": sum(after.values())}
     rec.update(export_seconds=t_export, fuse_seconds=time.perf_counter() - t, checkpoint=str(ckpt))
     rec_path.write_text(json.dumps(rec, indent=2))
     return rec
