@@ -281,26 +281,24 @@ class NumpyDevice:
             x = x.base
         return False
 
-    def from_host(self, x):
-        x = np.array(x, copy=True)
+    @staticmethod
+    def _track(x):
+        """Register ``x`` as fake device memory (what is_device_array recognises)."""
         _MEMORY[id(x)] = x
         return x
+
+    def from_host(self, x):
+        return self._track(np.array(x, copy=True))
 
     def zeros(self, shape, dtype=np.float32):
-        x = np.zeros(shape, dtype)
-        _MEMORY[id(x)] = x
-        return x
+        return self._track(np.zeros(shape, dtype))
 
     def copy(self, x):
-        y = np.array(x, copy=True)
-        _MEMORY[id(y)] = y
-        return y
+        return self._track(np.array(x, copy=True))
 
     def empty(self, shape, dtype=np.float32):
         CALLS.append(("empty", tuple(shape)))
-        x = np.empty(shape, dtype)
-        _MEMORY[id(x)] = x
-        return x
+        return self._track(np.empty(shape, dtype))
 
     def ptr(self, x):
         assert id(x) in _MEMORY

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from .options import threads_option
+
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("queries_csv", required=False, type=click.Path(dir_okay=False))
@@ -40,8 +42,7 @@ import click
               help="ONNX Runtime execution provider: cpu or cuda. A missing provider is an error.")
 @click.option("--batch-size", type=click.IntRange(1, 1024), default=8, show_default=True,
               help="Images per encoder call.")
-@click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
-              help="ONNX Runtime intra-op threads (0: ONNX Runtime's default).")
+@threads_option
 @click.option("--io-workers", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Threads decoding images and masks.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")

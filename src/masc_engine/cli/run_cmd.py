@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from .options import exif_option, mask_size_tolerance_option, max_num_patches_option, threads_option
+
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("pairs_csv", type=click.Path(dir_okay=False))
@@ -20,11 +22,8 @@ import click
                    "provider is an error.")
 @click.option("--stripper", type=click.Choice(["regex", "spacy", "none"]), default="regex", show_default=True,
               help="How the subject is removed from the PF prompt (regex is the paper's).")
-@click.option("--max-num-patches", type=click.IntRange(1, 16384), default=None,
-              help="Override the bundle's NaFlex patch budget.")
-@click.option("--exif", type=click.Choice(["apply", "ignore"]), default="apply", show_default=True,
-              help="EXIF orientation: apply to image and mask alike, or ignore (read stored pixels, as "
-                   "masc-metric does).")
+@max_num_patches_option
+@exif_option
 @click.option("--paper-filter", is_flag=True,
               help="The paper's filtering protocol: drop pairs whose output mask covers < 5% of the image "
                    "and all pairs of a reference whose mask covers < 5%.")
@@ -32,8 +31,7 @@ import click
               help="Drop a pair whose output mask covers less than this fraction (rows kept with a status).")
 @click.option("--min-reference-mask-frac", type=click.FloatRange(0, 1), default=None,
               help="Drop every pair of a reference whose mask covers less than this fraction (ORIDa: 0.005).")
-@click.option("--mask-size-tolerance", type=click.IntRange(0, 64), default=0, show_default=True,
-              help="Stretch a mask at most this many pixels off its image's size instead of refusing it.")
+@mask_size_tolerance_option
 @click.option("--baselines", is_flag=True,
               help="Add the paper's same-forward-pass baselines: cp_global, cp_mnn, and PF with full / "
                    "background / foreground pooling x stripped / unstripped prompt.")
@@ -48,8 +46,7 @@ import click
               help="Images per vision-tower call.")
 @click.option("--chunk-size", type=click.IntRange(1, 100000), default=64, show_default=True,
               help="Rows decoded, scored and journaled per step.")
-@click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
-              help="ONNX Runtime intra-op threads (0: ONNX Runtime's default).")
+@threads_option
 @click.option("--io-workers", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Threads decoding images and masks (overlapping inference).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,

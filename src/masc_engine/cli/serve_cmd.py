@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from .options import exif_option, mask_size_tolerance_option, max_num_patches_option, threads_option
+
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--bundle", "-b", required=True, type=click.Path(file_okay=False, exists=True),
@@ -15,16 +17,12 @@ import click
               help="Address to listen on (0.0.0.0: every interface; put a reverse proxy with TLS in front).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--provider", default="cpu", show_default=True, help="Execution provider: cpu or cuda.")
-@click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
-              help="ONNX Runtime intra-op threads (0: ONNX Runtime's default).")
-@click.option("--max-num-patches", type=click.IntRange(1, 16384), default=None,
-              help="Override the bundle's NaFlex patch budget.")
+@threads_option
+@max_num_patches_option
 @click.option("--stripper", type=click.Choice(["regex", "spacy", "none"]), default="regex", show_default=True,
               help="Default PF prompt stripper; a request may ask for regex or none (spacy only if this is spacy).")
-@click.option("--exif", type=click.Choice(["apply", "ignore"]), default="apply", show_default=True,
-              help="EXIF orientation policy, as masc-run.")
-@click.option("--mask-size-tolerance", type=click.IntRange(0, 64), default=0, show_default=True,
-              help="Stretch a mask at most this many pixels off its image's size instead of refusing it.")
+@exif_option
+@mask_size_tolerance_option
 @click.option("--max-batch", type=click.IntRange(1, 1024), default=8, show_default=True,
               help="Most requests coalesced into one scoring call (1: no micro-batching).")
 @click.option("--max-wait-ms", type=click.FloatRange(0, 10000), default=5.0, show_default=True,
