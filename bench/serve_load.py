@@ -7,10 +7,11 @@ Traffic is evaluation-shaped: real DreamBooth pairs (../shared/data/dreambooth, 
 real evaluation. Each configuration gets a fresh server process; peak RSS is the server's
 ``VmHWM`` after each level (cumulative over the levels, as a server's memory grows).
 
-Run it alone (other helpers share this 2-core machine; locust's own process competes with the
-server for the same cores, which the results file says):
+Needs the ``[serve]`` and ``[bench]`` extras (``pip install -e '.[serve,bench]'``). Run it on an
+otherwise idle machine (locust's own process competes with the server for the same cores, which
+the results file says):
 
-    flock /tmp/masc-heavy.lock python bench/serve_load.py
+    python bench/serve_load.py
 
 Results: bench/results/serve_load.json and serve_load.md.
 """
