@@ -181,3 +181,16 @@ def test_scorer_graph_cp_head_equals_numpy_head(naflex_bundle):
     for x, y in zip(a, b, strict=True):
         assert abs(x.cp - y.cp) <= CP_HEAD_ATOL and x.pf == y.pf
         assert x.extras["cp_n_ref_fg"] == y.extras["cp_n_ref_fg"]
+
+
+def test_cp_cosines_run_on_one_blas_thread():
+    """runtime/blas.py: inside the limit numpy's BLAS runs one thread (so CP's bits do not depend on
+    the process's thread count, tests/test_batch_invariance.py), and threadpoolctl does find
+    numpy's BLAS (an old threadpoolctl missing numpy 2's scipy-openblas would make the limit a no-op)."""
+    from threadpoolctl import threadpool_info
+
+    from masc_engine.runtime.blas import single_thread_blas
+
+    assert [i for i in threadpool_info() if i["user_api"] == "blas"], "threadpoolctl finds no BLAS"
+    with single_thread_blas():
+        assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {1}

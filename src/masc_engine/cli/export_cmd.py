@@ -118,8 +118,9 @@ def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bun
             if src is None:
                 from ..export.exporter import export_bundle
 
+                # the portable graphs only: the int8 bundle drops the fused CPU variant anyway
                 src = export_bundle(model, f"{tmp}/fp32", max_num_patches=max_num_patches, revision=revision,
-                                    log=log)
+                                    log=log, ort_cpu_variant=False)
             quantize_bundle(src, out_dir, gate_pairs, log=log)
     except Int8GateError as e:
         raise click.ClickException(str(e)) from e

@@ -125,6 +125,7 @@ class Bundle:
             BundleError: a requested variant this bundle does not hold (never a silent switch).
             BackendUnavailableError: a variant asked for on a backend/provider it is not for.
         """
+        provider = _short_provider(provider)
         if requested == AUTO:
             entry = (self.manifest.get("variants") or {}).get("ort-cpu")
             return "ort-cpu" if entry and backend == "onnxruntime" and provider == "cpu" else PORTABLE
@@ -201,3 +202,10 @@ class Bundle:
 
             return load_runner(self, graph, precision=precision, provider=provider)
         raise BackendUnavailableError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+
+
+def _short_provider(provider: str) -> str:
+    """``CPUExecutionProvider`` -> ``cpu``, ``CUDAExecutionProvider`` -> ``cuda`` (the runners accept
+    both spellings; the variant check compares the short one)."""
+    p = str(provider)
+    return {"cpuexecutionprovider": "cpu", "cudaexecutionprovider": "cuda"}.get(p.lower(), p)

@@ -48,7 +48,7 @@ import numpy as np
 
 from ..errors import MascEngineError
 
-#: Name of the variant in the manifest and its folder in the bundle.
+#: Name of the variant in the manifest and the infix of its files (``vision.ort-cpu.onnx``).
 VARIANT = "ort-cpu"
 #: Graphs the variant replaces; the rest (pool, cp) run the portable graphs.
 FUSED_GRAPHS = ("vision", "text")

@@ -35,8 +35,11 @@ def quantize_graphs(src: str | Path, stage: str | Path, log=print) -> dict:
         log(f"quantized {graph} -> int8 ({f.stat().st_size / 1e6:.1f} MB)")
     manifest["precision"] = {"mode": "int8-dynamic", "graphs": list(INT8_GRAPHS), "source_bundle": str(src)}
     # The fp32 bundle's fused ort-cpu graphs (export/fusion.py) would otherwise be picked on CPU
-    # instead of the int8 ones: an int8 bundle holds the quantized portable graphs only, so its
-    # gate figures do not depend on the fusion.
+    # instead of the int8 ones: an int8 bundle holds the quantized portable graphs only. (The fp32
+    # side of the int8 gate scores the fp32 bundle as masc-run runs it, fused graphs included;
+    # they differ from the portable ones by ~1e-6, far inside the gate's 1e-2.)
+    from .exporter import _bundle_files, _drop_unreferenced_data
+
     dropped = sorted(manifest.pop("variants", None) or {})
     gone = set()
     for entry in manifest["graphs"].values():
@@ -44,7 +47,11 @@ def quantize_graphs(src: str | Path, stage: str | Path, log=print) -> dict:
             gone.update({v["file"], v["file"] + ".data"})
     for f in gone:
         (stage / f).unlink(missing_ok=True)
+    manifest["transforms"] = [r for r in manifest.get("transforms", []) if r.get("variant") not in dropped]
     manifest["precision"]["dropped_variants"] = dropped
-    manifest["files"] = [f for f in manifest["files"] if f not in gone]
+    # A quantized graph is written inline: the fp32 external weights it replaced (so400m's
+    # ``text.onnx.data``) are no longer referenced and must not stay in the bundle's file list.
+    _drop_unreferenced_data(stage, manifest["graphs"])
+    manifest["files"] = _bundle_files(stage, manifest["graphs"])
     write_manifest(stage, manifest)
     return manifest

@@ -34,6 +34,10 @@ from dataclasses import dataclass
 
 from ..errors import BackendUnavailableError
 
+#: How many times one chunk may lose its Ray worker before the run stops (a chunk that kills
+#: every worker it meets, e.g. out of memory, must not respawn workers forever).
+MAX_CHUNK_LOSSES = 3
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -153,6 +157,7 @@ class RayExecutor:
             n = max(1, min(self.workers or int(ray.cluster_resources().get(slot, 1)), len(queue)))
             idle = [actor.remote(self.make_job) for _ in range(n)]
             inflight: dict = {}
+            losses: dict[int, int] = {}
             while queue or inflight:
                 while idle and queue:
                     a, c = idle.pop(), queue.popleft()
@@ -165,8 +170,16 @@ class RayExecutor:
                 a, c = inflight.pop(ref)
                 try:
                     results, delta = ray.get(ref)
-                except RayActorError:
+                except RayActorError as e:
+                    if getattr(e, "actor_init_failed", False):  # it would fail the same way again, forever
+                        raise BackendUnavailableError(f"a Ray worker could not start its scorer: {e}") from e
                     self.lost_workers += 1
+                    losses[id(c)] = losses.get(id(c), 0) + 1
+                    if losses[id(c)] > MAX_CHUNK_LOSSES:  # a chunk that kills every worker it meets
+                        raise BackendUnavailableError(
+                            f"the chunk of rows {c.indices[0]}-{c.indices[-1]} lost its Ray worker "
+                            f"{losses[id(c)]} times (out of memory?); the finished rows are in the journal: "
+                            "run the same command again, or with a smaller --batch-size / --chunk-size") from e
                     queue.appendleft(c)  # scored again elsewhere; nothing of it was yielded
                     if ray.available_resources().get(slot, 0) >= 1:
                         idle.append(actor.remote(self.make_job))

@@ -82,7 +82,8 @@ def read_pairs(csv_path: str | Path) -> tuple[list[str], list[dict]]:
     CSV: UTF-8, byte-order mark tolerated, quoted commas/newlines allowed).
 
     Returns:
-        ``(columns, rows)``; cells are strings (``""`` for a missing cell).
+        ``(columns, rows)``; the required columns' cells are strings (``""`` for a missing or
+        null cell, numbers as text); other columns are carried through as read.
 
     Raises:
         PairsFileError: the file is missing, empty, unparsable, or lacks required columns (named).
@@ -91,7 +92,16 @@ def read_pairs(csv_path: str | Path) -> tuple[list[str], list[dict]]:
         t = read_table(csv_path, REQUIRED_COLUMNS, "pairs", extra_fields="ignore")
     except TableError as e:
         raise PairsFileError(e.reason, e.detail) from None
-    return t.columns, [{k: ("" if v is None else v) for k, v in r.items()} for r in t.rows]
+    return t.columns, [{k: (_cell(v) if k in REQUIRED_COLUMNS else ("" if v is None else v)) for k, v in r.items()}
+                       for r in t.rows]
+
+
+def _cell(v) -> str:
+    """A required cell as text: JSON and Parquet tables can hold numbers (a numeric object_name or
+    file name) or nulls (NaN from pandas); those are data, not a reason to stop the run."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return v if isinstance(v, str) else str(v)
 
 
 @dataclass(frozen=True)
@@ -479,6 +489,12 @@ def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int):
               "verify": False, "cp_head": scorer.cp_head, "backend": scorer.backend,
               "precision": scorer.precision, "device_resident": scorer.device is not None,
               "ort_memory": getattr(scorer, "ort_memory", "lean"), "graph_variant": scorer.graph_variant}
+    if scorer.backend == "onnxruntime" and scorer.bundle.verify:
+        # The workers load the bundle unverified (one hash per run, not per worker): the driver
+        # checks every graph file (and weights) they will load, the text graph included, which the
+        # driver itself may never load.
+        for g in ("vision", "pool", "text", "cp"):
+            scorer.bundle.graph_file(g, scorer.graph_variant)
     return functools.partial(build_pairs_job, str(Path(scorer.bundle.path).resolve()), kwargs, asdict(settings),
                              io_workers)
 

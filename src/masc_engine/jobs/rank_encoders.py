@@ -50,6 +50,7 @@ import numpy as np
 
 from ..errors import MascEngineError
 from ..runtime import heads
+from ..runtime.blas import single_thread_blas
 
 
 class EncoderManifestError(MascEngineError):
@@ -102,7 +103,8 @@ def maxcos_scores(query_tokens: np.ndarray, gallery_tokens: Sequence[np.ndarray]
             m += gallery_tokens[stop].shape[0]
             stop += 1
         gn = heads.l2_normalize(np.concatenate([np.asarray(t, np.float32) for t in gallery_tokens[start:stop]]))
-        sims = qn @ gn.T  # [N, M]
+        with single_thread_blas():  # bits independent of the BLAS thread count (runtime/blas.py)
+            sims = qn @ gn.T  # [N, M]
         offsets = np.cumsum([0] + [gallery_tokens[i].shape[0] for i in range(start, stop - 1)])
         best = np.ascontiguousarray(np.maximum.reduceat(sims, offsets, axis=1).T)  # [chunk, N]
         out[start:stop] = np.mean(best, axis=1, dtype=np.float32)

@@ -206,6 +206,8 @@ class ServiceScorer:
         self.default_stripper = scorer.stripper
         self.strippers = tuple(dict.fromkeys((scorer.stripper, *strippers)))
         self.jobs: dict[str, _ServiceJob] = {}
+        if len(self.strippers) > 1:
+            scorer.text  # make the lazy text session now, so the per-stripper copies share it
         for name in self.strippers:
             s = scorer
             if name != scorer.stripper:
