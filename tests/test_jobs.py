@@ -109,3 +109,32 @@ def test_score_item_is_the_row_masc_run_writes(naflex_bundle, tmp_path):
     wrong = job.score_item(files["ref_image"], np.zeros((4, 4), np.float64), files["out_image"], files["out_mask"],
                            "a dog", "dog")
     assert wrong["status"] == "unreadable_mask" and "ref_mask" in wrong["status_detail"]
+
+
+def test_numeric_and_null_cells_of_a_json_pairs_table_are_data(naflex_bundle, tmp_path):
+    """A JSON Lines pairs table may hold numbers and nulls where a CSV holds text: a numeric
+    object_name is its text, a null prompt an empty one; the run scores every row, none crashes it."""
+    import csv as _csv
+
+    rows = list(_csv.DictReader(open(EXAMPLES / "pairs.csv", encoding="utf-8")))[:3]
+    for r in rows:
+        for c in ("ref_image", "ref_mask", "out_image", "out_mask"):
+            r[c] = str(EXAMPLES / r[c])
+    rows[0]["object_name"] = 5
+    rows[1]["prompt"] = None
+    rows[2]["object_name"] = float("nan")  # what pandas writes for a missing cell
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows).replace("NaN", "null"), encoding="utf-8")
+    out = tmp_path / "scores.jsonl"
+    s = run_pairs(path, Scorer(naflex_bundle), out, progress=False)
+    got = read_output(out)
+    assert s.rows == 3 and [r["status"] for r in got] == ["ok", "ok", "ok"]
+    assert got[0]["object_name"] == "5" and got[1]["prompt_empty"] is True
+    assert all(math.isfinite(float(r["cp"])) and math.isfinite(float(r["pf"])) for r in got)
+
+
+def test_variant_check_accepts_either_provider_spelling(naflex_bundle):
+    from masc_engine.engine.bundle import Bundle
+
+    b = Bundle(naflex_bundle)
+    assert b.resolve_variant("auto", "onnxruntime", "CPUExecutionProvider") == b.resolve_variant("auto", "onnxruntime", "cpu")
