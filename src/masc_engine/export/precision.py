@@ -218,7 +218,13 @@ def emulated_bf16_file(src: str | Path, dst: str | Path) -> Path:
     import onnx
 
     model = emulate_bf16(onnx.load(str(src)))
-    onnx.save(model, str(dst))
+    # The emulation widens bf16 weights to float32 (2x): a real so400m text graph passes protobuf's
+    # 2 GiB cap, so large results keep external weights beside them, as the exporter's do.
+    external = model.ByteSize() > _EXTERNAL_DATA_BYTES
+    if external:
+        Path(str(dst) + ".data").unlink(missing_ok=True)
+    onnx.save(model, str(dst), save_as_external_data=external,
+              location=(Path(dst).name + ".data") if external else None)
     return Path(dst)
 
 

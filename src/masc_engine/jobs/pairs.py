@@ -477,13 +477,23 @@ class PairsJob:
         return results
 
 
-def build_pairs_job(bundle_dir: str, scorer_kwargs: dict, settings: dict, io_workers: int) -> PairsJob:
+def build_pairs_job(bundle_dir: str, scorer_kwargs: dict, settings: dict, io_workers: int,
+                    cache_dir: str | None = None, cache_size_limit: int | None = None) -> PairsJob:
     """A :class:`PairsJob` on a fresh scorer: the factory Ray workers call (picklable through
-    :func:`functools.partial`, so executors need not know this module)."""
-    return PairsJob(Scorer(bundle_dir, **scorer_kwargs), RunSettings(**settings), io_workers=io_workers)
+    :func:`functools.partial`, so executors need not know this module). With ``cache_dir`` the
+    worker reads and writes the same persistent store as the driver (diskcache is safe across
+    processes; on several nodes the folder must be shared storage)."""
+    scorer = Scorer(bundle_dir, **scorer_kwargs)
+    run_settings = RunSettings(**settings)
+    store = None
+    if cache_dir is not None:
+        store = EncodingStore(cache_dir, encoding_namespace(scorer, run_settings.exif),
+                              **({"size_limit": cache_size_limit} if cache_size_limit else {}))
+        scorer.text_store = store
+    return PairsJob(scorer, run_settings, store=store, io_workers=io_workers)
 
 
-def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int):
+def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int, cache_dir=None, cache_size_limit=None):
     kwargs = {"provider": scorer.provider, "stripper": scorer.stripper, "fg_threshold": scorer.fg_threshold,
               "naflex_max_patches": scorer.image_settings.max_num_patches, "batch_size": scorer.batch_size,
               "verify": False, "cp_head": scorer.cp_head, "backend": scorer.backend,
@@ -496,7 +506,7 @@ def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int):
         for g in ("vision", "pool", "text", "cp"):
             scorer.bundle.graph_file(g, scorer.graph_variant)
     return functools.partial(build_pairs_job, str(Path(scorer.bundle.path).resolve()), kwargs, asdict(settings),
-                             io_workers)
+                             io_workers, None if cache_dir is None else str(Path(cache_dir).resolve()), cache_size_limit)
 
 
 def _versions() -> dict:
@@ -604,7 +614,7 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     chunks = [Chunk(tuple(c), tuple(rows[i - 1] for i in c), tuple(keys[i - 1] for i in c), str(base))
               for c in (todo[i:i + chunk_size] for i in range(0, len(todo), chunk_size))]
     if executor == "ray":
-        runner = RayExecutor(_ray_factory(scorer, settings, io_workers), gpu=is_gpu(scorer.backend, scorer.provider),
+        runner = RayExecutor(_ray_factory(scorer, settings, io_workers, cache_dir, cache_size_limit), gpu=is_gpu(scorer.backend, scorer.provider),
                              address=ray_address, workers=ray_workers)
     else:
         runner = LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=io_workers))
