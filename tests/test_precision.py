@@ -220,3 +220,29 @@ def test_checkpoint_failing_fp16_gates_is_refused_and_leaves_nothing(naflex_bund
     msg = str(e.value)
     assert "fp16 graph 'vision' fails its gates" in msg and "--precision fp32" in msg and "cosine" in msg
     assert not out.exists() and list((tmp_path / "bundles").iterdir()) == []  # nothing half-written
+
+
+def test_linked_reference_copy_keeps_external_weights_readable(tmp_path):
+    """so400m graphs keep external weights (``*.data``). The exporter's fp32 reference copy hard-links
+    the stage's files; a hard-linked ``.data`` made onnx refuse to load the stage's graph ("potential
+    hardlink attack"), so every transform of an so400m graph failed. ``.data`` files are copied."""
+    import os
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from masc_engine.export.exporter import _linked_copy
+
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    w = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
+    onnx.save(helper.make_model(g), str(stage / "vision.onnx"), save_as_external_data=True,
+              location="vision.onnx.data", size_threshold=0)
+    ref = _linked_copy(stage, tmp_path / "ref", ["vision.onnx", "vision.onnx.data"])
+    assert os.stat(stage / "vision.onnx.data").st_nlink == 1
+    for d in (stage, ref):  # both load, weights included
+        m = onnx.load(str(d / "vision.onnx"))
+        assert np.array_equal(numpy_helper.to_array(m.graph.initializer[0]), numpy_helper.to_array(w))

@@ -246,9 +246,16 @@ def _bundle_files(d: Path, graphs: dict) -> list[str]:
 
 def _linked_copy(src: Path, dst: Path, names: Sequence[str]) -> Path:
     """``dst`` holding hard links to ``src``'s files (the fp32 reference while the stage's graphs
-    are replaced: a replaced file gets a new inode, the link keeps the old one)."""
+    are replaced: a replaced file gets a new inode, the link keeps the old one).
+
+    External-weight files (``*.data``, so400m's graphs) are copied, not linked: the onnx library
+    refuses to read external data from a file with more than one hard link ("potential hardlink
+    attack"), which made every transform of an so400m graph fail."""
     dst.mkdir()
     for name in names:
+        if name.endswith(".data"):
+            shutil.copy2(src / name, dst / name)
+            continue
         try:
             os.link(src / name, dst / name)
         except OSError:
@@ -322,8 +329,10 @@ def _export_into(out: Path, model: str, max_num_patches, revision, validate: boo
         import tempfile
 
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.fp32ref.") as tmp:
-            fp32_ref = _linked_copy(out, Path(tmp) / "fp32", manifest["files"])
-            write_manifest(fp32_ref, manifest)
+            fp32_ref = None
+            if precision != "fp32":  # the reduced-precision pair gates score against these fp32 graphs
+                fp32_ref = _linked_copy(out, Path(tmp) / "fp32", manifest["files"])
+                write_manifest(fp32_ref, manifest)
             check = ((lambda g, path, gates: val.validate_graph(g, path, out, m, processor, image, text, gates))
                      if validate else (lambda g, path, gates: {"skipped": True}))
             records = run_transforms(out, graph_entries, transforms, check, log=log)
