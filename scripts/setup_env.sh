@@ -31,7 +31,7 @@ if [ "${1:-}" = "--test" ]; then
   step "the oracle masc-metric 0.3.0 (--no-deps)"
   pipi --no-deps "masc-metric==0.3.0"
 else
-  step "masc-engine (editable) with the export and eval extras"
-  pipi -e ".[export,eval]"
+  step "masc-engine (editable) with the export, eval and report extras"
+  pipi -e ".[export,eval,report]"
 fi
 step "done: activate it with  . .venv/bin/activate"

@@ -415,8 +415,9 @@ class PairsJob:
                 if empty:
                     raise InputError("bad_row", f"empty column(s): {', '.join(empty)}")
                 for c in FILE_COLUMNS:
-                    if isinstance(objs[c], InputError):
-                        raise objs[c]
+                    if isinstance(objs[c], InputError):  # name the column: the same file can be in two
+                        e = objs[c]
+                        raise InputError(e.reason, e.detail if c in e.detail else f"{c}: {e.detail}")
                 ref, out = objs["ref_image"], objs["out_image"]
                 ref_m, out_m = objs["ref_mask"], objs["out_mask"]
                 notes = [n for n in (self._check_mask(ref.image, ref_m, "reference", names["ref_mask"]),

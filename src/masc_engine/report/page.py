@@ -635,7 +635,7 @@ def write_report(scores_path: str | Path, out: str | Path, options: ReportOption
     """
     from .. import extras
 
-    extras.check("matplotlib", "masc-report's plots", extra="report")
+    extras.check("matplotlib", "masc-report (its plots)", extra="report")
     rows, meta = load_scores(scores_path)
     text = build_report(rows, meta, scores_path=scores_path, options=options)
     out = Path(out)
