@@ -416,6 +416,11 @@ def auc_cmd(
     except (TableError, DataError) as exc:
         raise click.ClickException(str(exc)) from None
     status_column = _score_status_column(rows, score_column, status_column)
+    present = set().union(*(r.keys() for r in rows)) if rows else set()
+    for col in (score_column, within_column):
+        if rows and col not in present:  # a header problem, not a row's: say so once, up front
+            raise click.ClickException(f"{scores}: no column {col!r} (columns: "
+                                       f"{', '.join(sorted(map(str, present)))})")
     vals: list[float] = []
     within: list[bool] = []
     groups: list[str | None] = []
