@@ -222,7 +222,7 @@ def within_labels(rows: Sequence[Mapping[str, Any]], column: str, value: str | N
         ValueError: the column is absent, or (boolean) a cell is not a recognisable boolean.
     """
     if rows and not any(column in r for r in rows):
-        raise ValueError(f"within column {column!r} not in the score file (columns: {', '.join(map(str, rows[0]))})")
+        raise ValueError(f"within column {column!r} not in the score file (columns: {', '.join(str(k) for k in rows[0] if k != '_row')})")
     if value is not None:
         return np.asarray([_text(r.get(column)).strip() == str(value).strip() for r in rows], dtype=bool)
     out = []
