@@ -129,7 +129,7 @@ def main() -> None:
         record["masc_metric"] = {"peak_rss_mb": round(rss, 1), "seconds": round(sec, 1)}
         print(f"masc-metric loop: {rss:.0f} MB", file=sys.stderr, flush=True)
         ref = json.loads((work / "metric.json").read_text())
-    for name in args.variants.split(","):
+    for name in [v for v in args.variants.split(",") if v]:  # --variants '': the masc-metric side only
         out = work / f"run-{name}.csv"
         for p in work.glob(f"run-{name}.csv*"):
             p.unlink()
