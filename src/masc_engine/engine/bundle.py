@@ -205,7 +205,8 @@ class Bundle:
 
 
 def _short_provider(provider: str) -> str:
-    """``CPUExecutionProvider`` -> ``cpu``, ``CUDAExecutionProvider`` -> ``cuda`` (the runners accept
-    both spellings; the variant check compares the short one)."""
-    p = str(provider)
-    return {"cpuexecutionprovider": "cpu", "cudaexecutionprovider": "cuda"}.get(p.lower(), p)
+    """``CPUExecutionProvider`` -> ``cpu`` (the inverse of the ONNX Runtime backend's ``PROVIDERS``;
+    the runners accept both spellings, the variant check compares the short one)."""
+    from .backends.onnxruntime import PROVIDERS
+
+    return {full: short for short, full in PROVIDERS.items()}.get(provider, provider)

@@ -456,6 +456,15 @@ def _check_agg(human_agg: str) -> None:
         raise ValueError(f"human_agg must be one of {HUMAN_AGGS}, got {human_agg!r}")
 
 
+def _mean_over_raters(per_rater: Sequence[Estimate], n: int) -> Estimate:
+    """``human_agg="per_rater"``: the mean of the raters' defined estimates (``n`` units), undefined
+    with every rater's reason when none is defined."""
+    vals = [e.value for e in per_rater if e.defined]
+    if not vals:
+        return Estimate.undefined(n, "; ".join(f"rater {i}: {e.reason}" for i, e in enumerate(per_rater)))
+    return Estimate(float(np.mean(vals)), n)
+
+
 def metric_human_alpha(
     metric_scores: Any,
     human_scores: Any,
@@ -518,16 +527,7 @@ def metric_human_alpha(
     if human_agg == "joint" or hu.shape[0] == 1:
         est = krippendorff_alpha(np.vstack([hu, mapped]), level, value_domain=domain)
         return Estimate(est.value, n, est.reason)
-    vals, reasons = [], []
-    for i in range(hu.shape[0]):
-        est = krippendorff_alpha(np.vstack([hu[i], mapped]), level, value_domain=domain)
-        if est.defined:
-            vals.append(est.value)
-        else:
-            reasons.append(f"rater {i}: {est.reason}")
-    if not vals:
-        return Estimate.undefined(n, "; ".join(reasons))
-    return Estimate(float(np.mean(vals)), n)
+    return _mean_over_raters([krippendorff_alpha(np.vstack([r, mapped]), level, value_domain=domain) for r in hu], n)
 
 
 class _CountsAlpha:
@@ -726,16 +726,7 @@ def metric_human_spearman(metric_scores: Any, human_scores: Any, *, human_agg: s
             mean = np.where(cnt > 0, np.nansum(h, axis=0) / np.maximum(cnt, 1), np.nan)
         est = spearman(m, mean)
         return Estimate(est.value, n, est.reason)
-    vals, reasons = [], []
-    for i in range(h.shape[0]):
-        est = spearman(m, h[i])
-        if est.defined:
-            vals.append(est.value)
-        else:
-            reasons.append(f"rater {i}: {est.reason}")
-    if not vals:
-        return Estimate.undefined(n, "; ".join(reasons))
-    return Estimate(float(np.mean(vals)), n)
+    return _mean_over_raters([spearman(m, r) for r in h], n)
 
 
 # --------------------------------------------------------------------------
