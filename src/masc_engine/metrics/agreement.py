@@ -9,9 +9,9 @@ The MaSC paper (arXiv 2605.22469) validates its CP and PF scores two ways:
   pairs from cross-subject pairs.
 
 This module is the statistics for both. Everything here is pure: arrays in,
-small frozen result objects out. No file I/O, no printing, no table layout
-(joining score and rating tables and laying out the paper's rows is
-``masc_engine.cli.eval_tables``, next to the command that needs it).
+small frozen result objects (or rows of plain values) out. No file I/O, no
+printing, no reading of table cells: joining score and rating tables is
+:mod:`masc_engine.jobs.evaluation`, which masc-eval and masc-report share.
 
 Conventions used throughout:
 * Arrays are float64. ``NaN`` means *missing* (an unrated unit, a failed
@@ -58,6 +58,8 @@ __all__ = [
     "auc_from_counts",
     "within_vs_cross_auc",
     "Joined",
+    "POOLED",
+    "groups_in_order",
     "agreement_rows",
     "auc_rows",
 ]
@@ -1008,7 +1010,46 @@ class Joined:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+#: The label of the row over every unit (all methods / groups together), in the ``method`` or
+#: ``group`` column of masc-eval's rows and of masc-report's per-method table; also the ``scope``
+#: of that row. One label in every output.
 POOLED = "pooled"
+
+
+def groups_in_order(labels: Iterable[Any] | None, n: int, scope: str = "method") -> list[tuple[str, str, np.ndarray]]:
+    """The rows of a per-group table: one group per distinct label, in order of first
+    appearance, then the pooled group over every unit.
+
+    Args:
+        labels: one label per unit (``None``, NaN or blank text: unlabelled), or None (no grouping
+            column: the pooled group only). Labels are compared as stripped text.
+        n: the number of units (``len(labels)`` when labels are given).
+        scope: the ``scope`` of the per-label groups (``"method"`` or ``"group"``).
+
+    Returns:
+        ``[(scope, name, indices)]``: ``indices`` an int64 array of the group's units, ascending.
+        Unlabelled units belong to the pooled group only. The last entry is always
+        ``("pooled", POOLED, arange(n))``.
+
+    Raises:
+        ValueError: ``labels`` does not have ``n`` entries.
+    """
+    order: dict[str, list[int]] = {}
+    if labels is not None:
+        names = [_label(x) for x in labels]
+        if len(names) != n:
+            raise ValueError(f"{len(names)} labels for {n} units")
+        for i, name in enumerate(names):
+            if name:
+                order.setdefault(name, []).append(i)
+    out = [(scope, name, np.asarray(idx, dtype=np.int64)) for name, idx in order.items()]
+    return out + [("pooled", POOLED, np.arange(n))]
+
+
+def _label(x: Any) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return str(x).strip()
 
 
 def _ci_cols(prefix: str, ci: CI) -> dict[str, Any]:
@@ -1044,8 +1085,9 @@ def agreement_rows(
         ValueError: Unknown level / human_agg / mapping, ratings off ``categories``.
 
     Returns:
-        list of dict: One row per method (order of first appearance) then one pooled row
-            (``scope`` = "pooled", ``method`` = "pooled"). Keys: ``scope``,
+        list of dict: One row per method then one pooled row (:func:`groups_in_order`:
+            methods in order of first appearance; ``scope`` and ``method`` of the last row
+            are ``"pooled"``, :data:`POOLED`). Keys: ``scope``,
             ``method``, ``n``, for each level ``alpha_<level>``,
             ``alpha_<level>_low``, ``alpha_<level>_high``, then ``spearman``,
             ``spearman_low``, ``spearman_high``, and ``note`` (reasons for
@@ -1070,19 +1112,9 @@ def agreement_rows(
     def rho_stat(mm: np.ndarray, hh: np.ndarray) -> Estimate:
         return metric_human_spearman(mm, hh, human_agg=human_agg)
 
-    groups: list[tuple[str, str, np.ndarray]] = []
-    order: list[str] = []
-    for meth in joined.methods:
-        if meth is not None and meth not in order:
-            order.append(meth)
-    meth_arr = np.asarray([x if x is not None else "" for x in joined.methods], dtype=object)
-    for meth in order:
-        groups.append(("method", meth, np.flatnonzero(meth_arr == meth)))
-    groups.append(("pooled", POOLED, np.arange(m.size)))
-
     kw = dict(n_resamples=n_resamples, confidence=confidence, seed=seed)
     rows = []
-    for scope, name, idx in groups:
+    for scope, name, idx in groups_in_order(joined.methods, m.size, "method"):
         row: dict[str, Any] = {"scope": scope, "method": name, "n": int(idx.size)}
         notes = []
         for lv in levels:
@@ -1121,23 +1153,16 @@ def auc_rows(
 ) -> list[dict[str, Any]]:
     """Per-group and pooled within-vs-cross AUC rows.
 
-    ``scores`` float (n,), ``is_within`` bool (n,), ``groups`` optional labels
-    (n,). Rows: ``scope``, ``group``, ``n``, ``n_within``, ``n_cross``,
-    ``auc``, ``auc_low``, ``auc_high``, ``note``.
+    ``scores`` float (n,), NaN = no score (left out); ``is_within`` bool (n,);
+    ``groups`` optional labels (n,), grouped by :func:`groups_in_order` (order of first
+    appearance, unlabelled units in the pooled row only, last row :data:`POOLED`).
+    Rows: ``scope``, ``group``, ``n``, ``n_within``, ``n_cross``, ``auc``, ``auc_low``,
+    ``auc_high``, ``note``; each AUC is :func:`within_vs_cross_auc` on the row's units.
     """
     s = np.asarray(scores, dtype=np.float64)
     lab = _as_labels(is_within)
-    g = None if groups is None else np.asarray([x if x is not None else "" for x in groups], dtype=object)
-    parts: list[tuple[str, str, np.ndarray]] = []
-    if g is not None:
-        order: list[str] = []
-        for x in g:
-            if x != "" and x not in order:
-                order.append(x)
-        parts += [("group", x, np.flatnonzero(g == x)) for x in order]
-    parts.append(("pooled", POOLED, np.arange(s.size)))
     rows = []
-    for scope, name, idx in parts:
+    for scope, name, idx in groups_in_order(groups, s.size, "group"):
         ss, ll = s[idx], lab[idx]
         ok = ~np.isnan(ss)
         ci = within_vs_cross_auc(ss, ll, n_resamples=n_resamples, confidence=confidence, seed=seed)
