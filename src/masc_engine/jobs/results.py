@@ -11,14 +11,12 @@ metadata sidecar.
 
 from __future__ import annotations
 
-import csv
 import json
-import math
 import os
 from pathlib import Path
 
 from .. import extras
-from .tables import read_table
+from .tables import json_cell as _json_safe, read_table, write_table
 
 FORMATS = {".csv": "csv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
@@ -45,12 +43,6 @@ def journal_path(out: str | Path) -> Path:
 def meta_path(out: str | Path) -> Path:
     """``<out>.meta.json``."""
     return Path(str(out) + ".meta.json")
-
-
-def _json_safe(v):
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    return v
 
 
 def append_journal(path: Path, entries: list[dict]) -> None:
@@ -97,41 +89,11 @@ def read_journal(path: Path) -> tuple[dict | None, list[dict], bool]:
     return entries[0], entries[1:], repaired
 
 
-def _cell(v):
-    if v is None:
-        return ""
-    if isinstance(v, float) and math.isnan(v):
-        return "nan"
-    return v
-
-
 def write_output(path: str | Path, rows: list[dict], columns: list[str]) -> None:
-    """Write rows (dicts) with ``columns`` in order, atomically, in the path's format."""
-    fmt = output_format(path)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
-    if fmt == "csv":
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: _cell(r.get(k)) for k in columns})
-    elif fmt == "jsonl":
-        with open(tmp, "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps({k: _json_safe(r.get(k)) for k in columns}, ensure_ascii=False) + "\n")
-    else:
-        pa = extras.require("pyarrow", f"{path}: Parquet")
-        pq = extras.require("pyarrow.parquet", f"{path}: Parquet")
-        data = {k: [_arrow_cell(r.get(k)) for r in rows] for k in columns}
-        pq.write_table(pa.table(data), tmp)
-    os.replace(tmp, path)
-
-
-def _arrow_cell(v):
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    return v
+    """Write rows (dicts) with ``columns`` in order, atomically, in the path's format, by the job
+    layer's one table writer (:func:`~masc_engine.jobs.tables.write_table`: NaN is ``nan`` in CSV,
+    null in JSON Lines and Parquet)."""
+    write_table(path, rows, columns, fmt=output_format(path))
 
 
 def read_output(path: str | Path) -> list[dict]:

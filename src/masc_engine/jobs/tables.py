@@ -1,10 +1,15 @@
-"""The one table reader of every command (masc-run, masc-rank, masc-eval, masc-report) and the
-path and cell rules that go with it.
+"""The one table reader and the one table writer of every command (masc-run, masc-rank,
+masc-eval, masc-report), and the path and cell rules that go with them.
 
 Formats by extension: ``.csv`` / ``.txt`` (comma) and ``.tsv`` (tab), read as UTF-8 with a
 byte-order mark tolerated and quoted commas / newlines allowed; ``.jsonl`` / ``.ndjson`` (one JSON
 object per line); ``.json`` (an array of objects); ``.parquet`` (pyarrow). Every error is a
 :class:`TableError` whose message names the file, the line (or row) and the reason.
+
+Missing values in every output table (:func:`write_table`): a NaN number is written ``nan`` in
+CSV / TSV and ``null`` in JSON, JSON Lines and Parquet; ``None`` (a cell with no value, e.g. the
+rank of a query that was not ranked) is an empty CSV / TSV cell and ``null`` elsewhere. The reader
+takes all of them back as missing (:func:`parse_number`).
 """
 
 from __future__ import annotations
@@ -228,4 +233,85 @@ def parse_bool(value: Any) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise ValueError(f"{value!r} is not a boolean (use true/false, 1/0, yes/no or within/cross)")
+    raise ValueError(f"{value!r} is not a boolean (use true/false, 1/0, yes/no, within/cross or same/different)")
+
+
+# ---------------------------------------------------------------------------------- writing
+
+#: How a NaN number is spelled in a CSV / TSV output (JSON and Parquet: null).
+CSV_NAN = "nan"
+WRITE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json",
+                 ".parquet": "parquet"}
+
+
+def csv_cell(v: Any) -> Any:
+    """A value as a CSV / TSV cell: ``None`` -> ``""``, NaN -> ``"nan"`` (:data:`CSV_NAN`), a float
+    (numpy's too) as Python's shortest round-tripping repr, anything else as it is."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return CSV_NAN if math.isnan(v) else float(v)
+    return v
+
+
+def json_cell(v: Any) -> Any:
+    """A value for JSON, JSON Lines or Parquet: NaN -> ``None`` (null); numpy floats as Python
+    floats; anything else as it is."""
+    if isinstance(v, float):
+        return None if math.isnan(v) else float(v)
+    return v
+
+
+def write_table(path: str | Path, rows: Sequence[dict], columns: Sequence[str], *, fmt: str | None = None,
+                meta: dict | None = None) -> Path:
+    """Write ``rows`` (dicts; ``columns`` in order, other keys ignored, absent keys missing)
+    atomically (a ``.partial`` file renamed into place), with the missing-value convention of
+    the module docstring.
+
+    Args:
+        path: the output file.
+        rows: the rows.
+        columns: the columns, in order.
+        fmt: ``csv``, ``tsv``, ``jsonl``, ``json`` or ``parquet``; default from the extension
+            (:data:`WRITE_FORMATS`).
+        meta: ``json`` only: write one object ``{**meta, "rows": [...]}`` instead of an array.
+
+    Returns:
+        the path written.
+
+    Raises:
+        ValueError: an extension (or ``fmt``) that is not a table format written here.
+        MissingDependencyError: Parquet without pyarrow (the ``[parquet]`` extra).
+    """
+    path = Path(path)
+    fmt = fmt or WRITE_FORMATS.get(path.suffix.lower())
+    if fmt not in set(WRITE_FORMATS.values()):
+        raise ValueError(f"cannot write {path}: use one of {', '.join(WRITE_FORMATS)}")
+    tmp = path.with_name(path.name + ".partial")
+    if fmt in ("csv", "tsv"):
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore",
+                               delimiter="\t" if fmt == "tsv" else ",")
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: csv_cell(r.get(k)) for k in columns})
+    elif fmt == "parquet":
+        _write_parquet(tmp, path, rows, columns)
+    else:
+        records = [{k: json_cell(r.get(k)) for k in columns} for r in rows]
+        with open(tmp, "w", encoding="utf-8") as f:
+            if fmt == "jsonl":
+                f.writelines(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
+            else:
+                doc: Any = records if meta is None else {**meta, "rows": records}
+                f.write(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _write_parquet(tmp: Path, path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
+    from .. import extras
+
+    pa = extras.require("pyarrow", f"{path}: Parquet")
+    pq = extras.require("pyarrow.parquet", f"{path}: Parquet")
+    pq.write_table(pa.table({k: [json_cell(r.get(k)) for r in rows] for k in columns}), tmp)
