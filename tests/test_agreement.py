@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ pytest.importorskip("sklearn.metrics")
 from click.testing import CliRunner  # noqa: E402
 
 from masc_engine.cli.eval_cmd import main  # noqa: E402
-from masc_engine.cli import eval_tables as et
+from masc_engine.jobs import evaluation as ev  # noqa: E402
+from masc_engine.jobs.tables import Table  # noqa: E402
 from masc_engine.metrics import agreement as ag  # noqa: E402
 
 NAN = float("nan")
@@ -313,7 +315,7 @@ RHO_POOLED = 76 / math.sqrt(82.5 * 80)
 
 
 def test_join_counts():
-    j = et.join_scores_ratings(SCORE_ROWS, RATING_ROWS, rating_columns=["human_cp"])
+    j = ev.join_scores_ratings(SCORE_ROWS, RATING_ROWS, ev.AgreementOptions(rating_columns=["human_cp"]))
     assert j.counts == {"score_rows": 12, "not_ok": 1, "missing_score": 0, "rating_rows": 12, "unrated": 1, "unscored": 2, "units": 10}
     assert j.methods == ["A"] * 5 + ["B"] * 5
     assert j.human.shape == (1, 10)
@@ -321,7 +323,8 @@ def test_join_counts():
 
 
 def test_agreement_table_values():
-    rows = et.agreement_table(SCORE_ROWS, RATING_ROWS, rating_columns=["human_cp"], scale=range(5), n_resamples=300, seed=0)
+    opts = ev.AgreementOptions(rating_columns=["human_cp"], scale=range(5), n_resamples=300, seed=0)
+    rows = ev.agreement_table(SCORE_ROWS, RATING_ROWS, opts).rows
     assert [(r["scope"], r["method"], r["n"]) for r in rows] == [("method", "A", 5), ("method", "B", 5), ("pooled", "pooled", 10)]
     a, b, pooled = rows
     assert a["alpha_interval"] == pytest.approx(1.0, abs=1e-12)
@@ -349,7 +352,7 @@ def test_agreement_rows_fast_paths_equal_generic_bootstrap():
     h[1, ::7] = np.nan
     ratings = [{"key": f"k{i}", "g1": h[0, i], "g2": h[1, i]} for i in range(n)]
     for agg in ag.HUMAN_AGGS:
-        j = et.join_scores_ratings(scores, ratings, rating_columns=["g1", "g2"])
+        j = ev.join_scores_ratings(scores, ratings, ev.AgreementOptions(rating_columns=["g1", "g2"]))
         rows = ag.agreement_rows(j, levels=ag.LEVELS, categories=range(5), human_agg=agg, n_resamples=60, seed=3)
         cats = np.arange(5.0)
         for r in rows:
@@ -372,44 +375,72 @@ def test_agreement_rows_fast_paths_equal_generic_bootstrap():
 
 
 def test_join_errors_name_row_and_reason():
+    human = ev.AgreementOptions(rating_columns=["human_cp"])
     dup = RATING_ROWS + [{"key": "a1", "human_cp": "3"}]
-    with pytest.raises(et.DataError, match=r"ratings, row 13: duplicate key 'a1' \(first at row 1\)"):
-        et.join_scores_ratings(SCORE_ROWS, dup, rating_columns=["human_cp"])
+    with pytest.raises(ev.DataError, match=r"ratings, row 13: duplicate key 'a1' \(first at row 1\)"):
+        ev.join_scores_ratings(SCORE_ROWS, dup, human)
     bad = [dict(r) for r in RATING_ROWS]
     bad[2]["human_cp"] = "three"
-    with pytest.raises(et.DataError, match=r"human\.csv, line 4 \(key 'a3'\): rating column 'human_cp' value 'three' is not a number"):
-        et.join_scores_ratings(
-            SCORE_ROWS, bad, rating_columns=["human_cp"], ratings_name="human.csv", ratings_lines=list(range(2, 2 + len(bad)))
-        )
+    table = Table(Path("human.csv"), ["key", "human_cp"], bad, list(range(2, 2 + len(bad))))
+    with pytest.raises(ev.DataError, match=r"human\.csv, line 4 \(key 'a3'\): rating column 'human_cp' value 'three' is not a number"):
+        ev.join_scores_ratings(SCORE_ROWS, table, human)
     off = [dict(r) for r in RATING_ROWS]
     off[0]["human_cp"] = "7"
-    with pytest.raises(et.DataError, match="not on the scale"):
-        et.join_scores_ratings(SCORE_ROWS, off, rating_columns=["human_cp"], scale=range(5))
+    with pytest.raises(ev.DataError, match="not on the scale"):
+        ev.join_scores_ratings(SCORE_ROWS, off, ev.AgreementOptions(rating_columns=["human_cp"], scale=range(5)))
     empty_ok = [dict(r) for r in SCORE_ROWS]
     empty_ok[0]["cp"] = ""
-    with pytest.raises(et.DataError, match=r"scores, row 1 \(key 'a1'\): status is 'ok' but score column 'cp' is empty"):
-        et.join_scores_ratings(empty_ok, RATING_ROWS, rating_columns=["human_cp"])
-    with pytest.raises(et.DataError, match="no key column 'id'"):
-        et.join_scores_ratings(SCORE_ROWS, RATING_ROWS, key="id", rating_columns=["human_cp"])
+    with pytest.raises(ev.DataError, match=r"scores, row 1 \(key 'a1'\): status is 'ok' but score column 'cp' is empty"):
+        ev.join_scores_ratings(empty_ok, RATING_ROWS, human)
+    with pytest.raises(ev.DataError, match="no key column 'id'"):
+        ev.join_scores_ratings(SCORE_ROWS, RATING_ROWS, ev.AgreementOptions(key="id", rating_columns=["human_cp"]))
+    no_status = [{k: v for k, v in r.items() if k != "status"} for r in empty_ok]  # no status: a missing score
+    j = ev.join_scores_ratings(no_status, RATING_ROWS, human)
+    assert (j.counts["missing_score"], j.counts["units"]) == (2, 9)  # a1 and b6 (no score), b7 unrated
+    with pytest.raises(ev.DataError, match="no units to evaluate"):
+        ev.agreement_table([], RATING_ROWS, human)
 
 
 def test_ok_status_collection():
     rows = [dict(r) for r in SCORE_ROWS]
     rows[10] = {"key": "b6", "method": "B", "cp": "0.05", "status": "no_background"}
-    strict = et.join_scores_ratings(rows, RATING_ROWS, rating_columns=["human_cp"])
+    strict = ev.join_scores_ratings(rows, RATING_ROWS, ev.AgreementOptions(rating_columns=["human_cp"]))
     assert (strict.counts["not_ok"], strict.counts["units"]) == (1, 10)
-    loose = et.join_scores_ratings(rows, RATING_ROWS, rating_columns=["human_cp"], ok_status=("ok", "no_background"))
+    loose = ev.join_scores_ratings(rows, RATING_ROWS, ev.AgreementOptions(rating_columns=["human_cp"],
+                                                                         ok_statuses=("ok", "no_background")))
     assert (loose.counts["not_ok"], loose.counts["units"]) == (0, 11)
     assert loose.keys[-1] == ("b6",) and loose.metric[-1] == 0.05
+
+
+def test_own_status_column_is_used():
+    """masc-run's cp_status / pf_status: a PF defined on a row whose CP failed still counts."""
+    rows = [dict(r, cp_status=r["status"], pf="0.5", pf_status="ok") for r in SCORE_ROWS]
+    rows[0].update(cp="", cp_status="empty_reference_mask", status="empty_reference_mask")
+    ratings = [dict(r, pf=r["human_cp"]) for r in RATING_ROWS]
+    cp = ev.join_scores_ratings(rows, ratings, ev.AgreementOptions(rating_columns=["human_cp"]))
+    pf = ev.join_scores_ratings(rows, ratings, ev.AgreementOptions(score_column="pf"))
+    assert (cp.counts["not_ok"], cp.counts["units"]) == (2, 9)
+    assert (pf.counts["not_ok"], pf.counts["units"]) == (0, 11) and pf.keys[0] == ("a1",)  # b7: unrated
 
 
 def test_composite_key():
     scores = [{"method": m, "key": "x", "cp": v} for m, v in (("A", 0.1), ("B", 0.9))]
     ratings = [{"method": m, "key": "x", "cp": v} for m, v in (("A", 0), ("B", 4))]
-    j = et.join_scores_ratings(scores, ratings, key="method,key")
+    j = ev.join_scores_ratings(scores, ratings, ev.AgreementOptions(key="method,key"))
     assert j.keys == [("A", "x"), ("B", "x")]
-    with pytest.raises(et.DataError, match="duplicate key 'x'"):
-        et.join_scores_ratings(scores, ratings, key="key")
+    with pytest.raises(ev.DataError, match="duplicate key 'x'"):
+        ev.join_scores_ratings(scores, ratings, ev.AgreementOptions(key="key"))
+
+
+def test_groups_in_order_is_the_one_grouping():
+    labels = ["b", None, "a", " b ", "", float("nan"), "a", "c"]
+    got = ag.groups_in_order(labels, len(labels), "group")
+    assert [(s, n, i.tolist()) for s, n, i in got] == [
+        ("group", "b", [0, 3]), ("group", "a", [2, 6]), ("group", "c", [7]), ("pooled", ag.POOLED, list(range(8)))]
+    assert [(s, n) for s, n, _ in ag.groups_in_order(None, 3)] == [("pooled", "pooled")]
+    assert ev.POOLED == ag.POOLED == "pooled"
+    with pytest.raises(ValueError, match="3 labels for 4 units"):
+        ag.groups_in_order(["a", "b", "c"], 4)
 
 
 # ---------------------------------------------------------------- CLI
