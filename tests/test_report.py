@@ -174,6 +174,24 @@ def test_method_stats_match_numpy_and_bootstrap(synthetic):
     assert stats[rp.POOLED]["cp_n"] == stats[rp.POOLED]["pf_n"] + 1
 
 
+def test_random_weights_banner(synthetic):
+    """The sidecar's source_model (the bundle manifest's source) says random weights: one line
+    on top of the page; a real model or no sidecar: no banner."""
+    path = _write(synthetic)
+    banner = html.escape(rp.RANDOM_WEIGHTS_BANNER, quote=True)
+    text = _report(path)
+    assert text.count('id="random-weights"') == 1 and banner in text
+    assert text.index('id="random-weights"') < text.index('<section id="summary">')
+    real = dict(synthetic["meta"], source_model={"model": "google/siglip2-so400m-patch16-naflex",
+                                                  "revision": "main", "random_weights": False})
+    rows, _ = rp.load_scores(path)
+    assert 'id="random-weights"' not in rp.build_report(rows, real, scores_path=path, options=_opts())
+    assert 'id="random-weights"' not in rp.build_report(rows, None, scores_path=path, options=_opts())
+    assert rp.random_weights({"source_model": "random:tiny-naflex"})
+    assert not rp.random_weights({"source_model": "google/siglip2-base-patch16-naflex"})
+    assert not rp.random_weights({})
+
+
 def test_prompts_and_all_text_are_escaped(synthetic):
     path = _write(synthetic)
     text = _report(path, title='<img src=x onerror="alert(1)">')
@@ -229,21 +247,24 @@ def test_image_root_from_relative_input(synthetic, monkeypatch, tmp_path):
 
 def test_within_cross_auc_and_labels(synthetic):
     rows = rp.prepare_rows(synthetic["rows"])
-    lab = rp.within_labels(rows, "within")
-    assert lab.sum() == sum(r["within"] == "true" for r in synthetic["rows"])
-    by_value = rp.within_labels(rows, "method", METHODS[0])
-    assert list(by_value) == [r["method"] == METHODS[0] for r in rows]
-    with pytest.raises(ValueError, match="not in the score file"):
-        rp.within_labels(rows, "nope")
-    with pytest.raises(ValueError, match="not a boolean"):
-        rp.within_labels(rows, "method")
-    cp = np.asarray([r["cp"] for r in rows])
-    a = rp.within_cross_auc(cp, lab, _opts())
-    assert a["low"] <= a["auc"] <= a["high"]
+    opts = _opts()
+    t = rp.within_cross(rows, "cp", opts)
+    scored = [r for r in synthetic["rows"] if not math.isnan(r["cp"])]  # every row with a CP
+    assert t.units.within.sum() == sum(r["within"] == "true" for r in scored)
+    assert t.units.scores.tolist() == [r["cp"] for r in scored]
+    by_value = rp.within_cross(rows, "cp", _opts(within_column="method", within_value=METHODS[0]))
+    assert by_value.units.within.tolist() == [r["method"] == METHODS[0] for r in scored]
+    with pytest.raises(ValueError, match="no column 'nope'"):
+        rp.within_cross(rows, "cp", _opts(within_column="nope"))
+    with pytest.raises(ValueError, match="is not a boolean"):
+        rp.within_cross(rows, "cp", _opts(within_column="method"))
+    a = t.pooled
+    assert (a["scope"], a["group"]) == ("pooled", rp.POOLED)
+    assert a["auc_low"] <= a["auc"] <= a["auc_high"]
     text = _report(_write(synthetic))
     shown = float(re.search(r'data-metric="cp" data-auc="([^"]+)"', text).group(1))
     assert shown == pytest.approx(a["auc"], abs=1e-12)
-    one = rp.within_cross_auc(cp, np.ones_like(lab), _opts())
+    one = rp.within_cross([dict(r, within="true") for r in rows], "cp", opts).pooled
     assert math.isnan(one["auc"]) and "both" in one["note"]
 
 
@@ -263,16 +284,17 @@ def test_within_cross_auc_equals_agreement(ties):
         s = np.round(s * 2) / 2
     s[rng.random(n) < 0.05] = np.nan
     ok = ~np.isnan(s)
+    rows = rp.prepare_rows([{"cp": float(v), "pf": "", "w": bool(w)} for v, w in zip(s, lab)])
     for seed, conf in ((0, 0.95), (11, 0.9)):
-        opts = rp.ReportOptions(n_resamples=300, seed=seed, confidence=conf)
-        mine = rp.within_cross_auc(s, lab, opts)
+        opts = rp.ReportOptions(within_column="w", n_resamples=300, seed=seed, confidence=conf)
+        mine = rp.within_cross(rows, "cp", opts).pooled
         ref = ag.within_vs_cross_auc(s, lab, n_resamples=300, seed=seed, confidence=conf)
         slow = ag.bootstrap_ci(lambda a, b: roc_auc_score(b, a), s[ok], lab[ok], n_resamples=300, seed=seed,
                                confidence=conf, strata=lab[ok])
         assert mine["auc"] == ref.value == pytest.approx(roc_auc_score(lab[ok], s[ok]), abs=1e-12)
-        assert mine["low"] == ref.low == pytest.approx(slow.low, abs=1e-12)
-        assert mine["high"] == ref.high == pytest.approx(slow.high, abs=1e-12)
-        assert mine["n_within"] + mine["n_cross"] == ref.n
+        assert mine["auc_low"] == ref.low == pytest.approx(slow.low, abs=1e-12)
+        assert mine["auc_high"] == ref.high == pytest.approx(slow.high, abs=1e-12)
+        assert mine["n_within"] + mine["n_cross"] == mine["n"] == ref.n
 
 
 def test_extremes_order_and_report_is_deterministic(synthetic):
@@ -298,7 +320,7 @@ def test_empty_and_odd_score_files(tmp_path):
     # one method column value only, all PF NaN, a single row
     one = [{"cp": "0.5", "pf": "nan", "status": "no_background", "prompt": "x"}]
     text = rp.build_report(one)
-    assert "no scores" in text and 'data-method="all"' in text
+    assert "no scores" in text and f'data-method="{rp.POOLED}"' in text  # no method column: the pooled row
 
 
 def test_cli(synthetic):
@@ -312,7 +334,7 @@ def test_cli(synthetic):
     assert "<title>T&lt;1&gt;</title>" in text and f"method = {METHODS[0]}" in text
     assert text.count("<h3>Best 2 by") == 2
     res = CliRunner().invoke(report_main, [str(path), "--within-column", "nope"])
-    assert res.exit_code != 0 and "not in the score file" in res.output
+    assert res.exit_code != 0 and "no column 'nope'" in res.output
     res = CliRunner().invoke(report_main, [str(path), "--within-value", "x"])
     assert res.exit_code != 0 and "--within-column" in res.output
     res = CliRunner().invoke(report_main, [str(path)])  # default output beside the score file
@@ -402,6 +424,7 @@ def test_end_to_end_from_masc_run(naflex_bundle, tmp_path):
         shown = float(re.search(r'data-metric="cp" data-value="([^"]+)"', tr).group(1))
         assert shown == pytest.approx(float(np.nanmean(v)), rel=1e-12)
     assert re.search(r'data-metric="cp" data-auc="[0-9.]+"', text)
+    assert 'id="random-weights"' in text  # masc-run recorded the random-weight bundle in the sidecar
     assert "http://" not in text and "https://" not in text
     if in_ci() or _chromium() is not None:
         require_chromium()  # under CI a missing Chromium fails here

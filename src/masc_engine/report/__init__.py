@@ -4,10 +4,11 @@
 matplotlib's SVG backend, inlined. Everything public is re-exported here.
 """
 
-from .page import (POOLED, ReportOptions, Thumbnails, build_report, extremes, image_root, load_scores,
-                   method_stats, prepare_rows, status_counts, within_cross_auc, within_labels, write_report)
+from .page import (POOLED, RANDOM_WEIGHTS_BANNER, ReportOptions, Thumbnails, build_report, extremes, image_root,
+                   load_scores, method_groups, method_stats, prepare_rows, random_weights, status_counts,
+                   within_cross, write_report)
 from .plots import svg_box_strip, svg_histograms
 
-__all__ = ["POOLED", "ReportOptions", "load_scores", "prepare_rows", "status_counts", "method_stats",
-           "within_labels", "within_cross_auc", "extremes", "image_root", "Thumbnails", "svg_box_strip",
-           "svg_histograms", "build_report", "write_report"]
+__all__ = ["POOLED", "RANDOM_WEIGHTS_BANNER", "ReportOptions", "load_scores", "prepare_rows", "status_counts",
+           "method_groups", "method_stats", "within_cross", "random_weights", "extremes", "image_root",
+           "Thumbnails", "svg_box_strip", "svg_histograms", "build_report", "write_report"]

@@ -7,13 +7,18 @@ comes from the data (prompts, keys, paths, metadata) goes through :func:`html.es
 
 Sections (each an element with that ``id``):
 
+- ``random-weights`` (a banner, only when the sidecar says the bundle has random weights): these
+  scores test the pipeline, not the subjects;
 - ``summary``: the file, the number of rows, status counts (``ok`` and each failure reason) and
   the run's bundle / model / settings / versions from the ``<scores>.meta.json`` sidecar;
-- ``methods``: per method (the ``method`` column, or one group ``all``) n, mean CP and mean PF
-  with percentile-bootstrap 95% CIs (:func:`masc_engine.metrics.agreement.bootstrap_ci`, fixed seed);
+- ``methods``: per method (the ``method`` column; methods in order of first appearance, then the
+  pooled row labelled ``pooled``, as masc-eval's rows: :func:`masc_engine.metrics.agreement.groups_in_order`)
+  n, mean CP and mean PF with percentile-bootstrap 95% CIs
+  (:func:`masc_engine.metrics.agreement.bootstrap_ci`, fixed seed);
 - ``distributions``: per-method CP and PF box + strip plots;
 - ``within-cross``: CP and PF histograms of within- vs cross-subject pairs, overlaid, with the
-  ROC AUC and its stratified bootstrap CI (:func:`masc_engine.metrics.agreement.within_vs_cross_auc`);
+  ROC AUC and its stratified bootstrap CI: the pooled row of
+  :func:`masc_engine.jobs.evaluation.auc_table`, the function behind ``masc-eval auc``;
 - ``extremes``: the best and worst K pairs by CP and by PF with thumbnails of the reference and
   output images and, when the score file has ``cp_map`` / ``pf_map`` columns, the attribution
   overlay of that score.
@@ -42,20 +47,24 @@ from typing import Any
 
 import numpy as np
 
+from ..jobs import evaluation as ev
+from ..jobs.evaluation import POOLED
 from ..jobs.results import meta_path, read_output
-from ..jobs.tables import parse_bool
+from ..jobs.tables import Table
 from ..metrics import agreement as ag
 from .plots import CROSS_COLOR, STRIP_MAX_POINTS, WITHIN_COLOR, svg_box_strip, svg_histograms
 
 __all__ = [
     "POOLED",
+    "RANDOM_WEIGHTS_BANNER",
     "ReportOptions",
     "load_scores",
     "prepare_rows",
     "status_counts",
     "method_stats",
-    "within_labels",
-    "within_cross_auc",
+    "method_groups",
+    "within_cross",
+    "random_weights",
     "extremes",
     "image_root",
     "Thumbnails",
@@ -66,7 +75,8 @@ __all__ = [
 ]
 
 OK = "ok"
-POOLED = "all methods"  # label of the pooled row
+RANDOM_WEIGHTS_BANNER = ("Random-weight bundle: these scores test the pipeline, not subjects "
+                         "(cross-subject CP can exceed same-subject).")
 METRICS = ("cp", "pf")
 METRIC_NAMES = {"cp": "CP (concept preservation)", "pf": "PF (prompt following)"}
 MAP_COLUMN = {"cp": "cp_map", "pf": "pf_map"}
@@ -78,7 +88,8 @@ class ReportOptions:
 
     Attributes:
         title: page title (default: ``MaSC report: <file name>``).
-        method_column: column grouping rows into methods; rows without it form one group.
+        method_column: column grouping rows into methods (order of first appearance); rows
+            without a method (no column, an empty cell) count in the pooled row only.
         within_column / within_value: rows whose ``within_column`` equals ``within_value`` are
             within-subject pairs, the others cross-subject; without a value the column is read
             as a boolean (1/0, true/false, yes/no, within/cross, same/different).
@@ -175,15 +186,13 @@ def status_counts(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
     return [(OK, c.get(OK, 0))] + rest
 
 
-def _groups(rows: Sequence[Mapping[str, Any]], column: str) -> list[tuple[str, list[int]]]:
-    """Method groups in order of first appearance (rows lacking the column: ``(none)``)."""
-    if not rows or not any(column in r for r in rows):
-        return [("all", list(range(len(rows))))]
-    order: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        name = _text(r.get(column)).strip() or "(none)"
-        order.setdefault(name, []).append(i)
-    return list(order.items())
+def method_groups(rows: Sequence[Mapping[str, Any]], column: str) -> list[tuple[str, str, np.ndarray]]:
+    """``[(scope, name, indices)]``: the methods in order of first appearance, then the pooled
+    group (``scope`` and ``name`` ``POOLED``): masc-eval's grouping
+    (:func:`masc_engine.metrics.agreement.groups_in_order`). Rows without a method (no column,
+    an empty cell) are in the pooled group only."""
+    labels = [r.get(column) for r in rows] if any(column in r for r in rows) else None
+    return ag.groups_in_order(labels, len(rows), "method")
 
 
 def _mean_ci(x: np.ndarray, opts: ReportOptions) -> dict:
@@ -195,14 +204,14 @@ def _mean_ci(x: np.ndarray, opts: ReportOptions) -> dict:
 
 
 def method_stats(rows: Sequence[Mapping[str, Any]], opts: ReportOptions = ReportOptions()) -> list[dict]:
-    """Per method, then pooled (``method`` = ``POOLED``, ``scope`` = ``pooled``; only when there are
-    several methods): ``n`` rows, ``n_ok``, and for CP and PF ``<m>_n`` (rows with a score),
-    ``<m>_mean``, ``<m>_low``, ``<m>_high`` (percentile bootstrap over rows, ``opts.seed``).
-    NaN scores (failed rows; PF of ``no_background``) are left out."""
-    groups = _groups(rows, opts.method_column)
-    parts = [("method", name, idx) for name, idx in groups]
-    if len(groups) > 1:
-        parts.append(("pooled", POOLED, list(range(len(rows)))))
+    """Per method, then pooled (``method`` and ``scope`` ``POOLED``; left out when one method holds
+    every row, as it would repeat that row), grouped by :func:`method_groups`: ``n`` rows,
+    ``n_ok``, and for CP and PF ``<m>_n`` (rows with a score), ``<m>_mean``, ``<m>_low``,
+    ``<m>_high`` (percentile bootstrap over rows, ``opts.seed``). NaN scores (failed rows; PF of
+    ``no_background``) are left out."""
+    parts = method_groups(rows, opts.method_column)
+    if len(parts) == 2 and parts[0][2].size == len(rows):
+        parts = parts[:1]
     out = []
     for scope, name, idx in parts:
         d: dict[str, Any] = {"scope": scope, "method": name, "n": len(idx),
@@ -214,47 +223,41 @@ def method_stats(rows: Sequence[Mapping[str, Any]], opts: ReportOptions = Report
     return out
 
 
-def within_labels(rows: Sequence[Mapping[str, Any]], column: str, value: str | None = None) -> np.ndarray:
-    """Boolean within-subject labels: ``row[column] == value`` (as text, stripped), or the column
-    read as a boolean when ``value`` is None.
+def within_cross(rows: Sequence[Mapping[str, Any]], metric: str, opts: ReportOptions,
+                 columns: Sequence[str] | None = None, source: str = "scores") -> ev.AucTable:
+    """The within- vs cross-subject AUC of one score: :func:`masc_engine.jobs.evaluation.auc_table`
+    (masc-eval auc's function) on the prepared rows, over every row with a defined score (no
+    status filter: for a masc-run file, the rows whose ``<metric>_status`` is ``ok``).
+
+    Args:
+        rows: rows from :func:`prepare_rows`.
+        metric: ``cp`` or ``pf``.
+        opts: ``within_column`` (required), ``within_value`` and the bootstrap settings.
+        columns: the score file's columns (named in errors); default: the rows' keys.
+        source: the file named in errors.
 
     Raises:
-        ValueError: the column is absent, or (boolean) a cell is not a recognisable boolean.
+        DataError: the within column is absent, or (boolean reading) a scored row's cell is not
+            a boolean.
     """
-    if rows and not any(column in r for r in rows):
-        raise ValueError(f"within column {column!r} not in the score file (columns: {', '.join(str(k) for k in rows[0] if k != '_row')})")
-    if value is not None:
-        return np.asarray([_text(r.get(column)).strip() == str(value).strip() for r in rows], dtype=bool)
-    out = []
-    for r in rows:
-        try:
-            out.append(parse_bool(r.get(column)))
-        except ValueError as e:
-            raise ValueError(f"row {r.get('_row', '?')}: {column}={r.get(column)!r} is not a boolean ({e}); "
-                             "give --within-value to compare against a value") from None
-    return np.asarray(out, dtype=bool)
+    if columns is None:
+        columns = [c for c in ev.as_table(list(rows), source).columns if c != "_row"]
+    # prepare_rows gave every row both scores (NaN when absent): a file without PF has no PF units
+    table = Table(Path(source), [*columns, *(m for m in METRICS if m not in columns)], list(rows), None)
+    options = ev.AucOptions(score_column=metric, within_column=opts.within_column, within_value=opts.within_value,
+                            status_column=None, n_resamples=opts.n_resamples, confidence=opts.confidence,
+                            seed=opts.seed)
+    return ev.auc_table(table, options)
 
 
-def within_cross_auc(scores: np.ndarray, labels: np.ndarray, opts: ReportOptions = ReportOptions()) -> dict:
-    """``{"auc", "low", "high", "n_within", "n_cross", "note"}`` for one score (NaN dropped):
-    :func:`masc_engine.metrics.agreement.within_vs_cross_auc` (ROC AUC, stratified percentile
-    bootstrap, ``opts.seed``) laid out for the page.
-
-    Raises:
-        ValueError: bad bootstrap settings (confidence outside (0, 1), no resample).
-    """
-    s = np.asarray(scores, dtype=np.float64)
-    lab = np.asarray(labels, dtype=bool)
-    ok = ~np.isnan(s)
-    n_w, n_c = int(lab[ok].sum()), int((~lab[ok]).sum())
-    out = {"auc": float("nan"), "low": float("nan"), "high": float("nan"), "n_within": n_w, "n_cross": n_c,
-           "note": ""}
-    if n_w == 0 or n_c == 0:
-        out["note"] = "AUC needs both within- and cross-subject pairs"
-        return out
-    ci = ag.within_vs_cross_auc(s, lab, n_resamples=opts.n_resamples, confidence=opts.confidence, seed=opts.seed)
-    out.update(auc=ci.value, low=ci.low, high=ci.high)
-    return out
+def random_weights(meta: Mapping[str, Any] | None) -> bool:
+    """Whether the sidecar says the scores came from a random-weight bundle: ``source_model``
+    (the bundle manifest's ``source``, as masc-run records it) has ``random_weights`` true, or
+    names a ``random:`` preset model."""
+    src = (meta or {}).get("source_model")
+    if isinstance(src, Mapping):
+        return bool(src.get("random_weights")) or _text(src.get("model")).startswith("random:")
+    return _text(src).startswith("random:")
 
 
 def extremes(rows: Sequence[Mapping[str, Any]], metric: str, k: int, best: bool) -> list[dict]:
@@ -394,6 +397,8 @@ svg .ptitle{font-size:13px;font-weight:bold;fill:#1d2330}
 figure{margin:0;text-align:center}
 figure img{display:block;border-radius:3px;border:1px solid #d3d8e0;max-width:112px;max-height:112px}
 figcaption{font-size:10.5px;color:#6a7285}
+.banner{margin:10px 0 0;padding:9px 14px;border:1px solid #e0b252;border-left:5px solid #d97706;border-radius:6px;
+    background:#fff7e6;color:#7a4a00;font-weight:bold}
 .ph{width:112px;height:84px;border:1px dashed #b8bfcc;border-radius:3px;background:#f1f2f5;color:#6a7285;
     font-size:10.5px;display:flex;align-items:center;justify-content:center;text-align:center;padding:3px;
     overflow:hidden;overflow-wrap:anywhere}
@@ -480,45 +485,52 @@ def _methods_section(stats: list[dict], opts: ReportOptions) -> str:
 
 
 def _distributions_section(rows: list[dict], opts: ReportOptions) -> str:
-    groups = _groups(rows, opts.method_column)
+    groups = method_groups(rows, opts.method_column)
+    groups = groups[:-1] or groups  # the methods; the pooled rows only when there is no method
     plots = []
     for m in METRICS:
-        g = [(name, np.asarray([rows[i][m] for i in idx], dtype=np.float64)) for name, idx in groups]
+        g = [(name, np.asarray([rows[i][m] for i in idx], dtype=np.float64)) for _, name, idx in groups]
         plots.append(svg_box_strip(g, METRIC_NAMES[m], seed=opts.seed))
     return (f'<section id="distributions"><h2>Distributions by method</h2><div class="plots">{"".join(plots)}</div>'
             f'<p class="note">Box: quartiles and median; whiskers: min and max; diamond: mean; dots: the rows '
             f'(at most {STRIP_MAX_POINTS} per method, evenly spaced in rank).</p></section>')
 
 
-def _within_section(rows: list[dict], opts: ReportOptions) -> str:
+def _auc_text(a: Mapping[str, Any]) -> str:
+    if math.isnan(a["auc"]):
+        return "AUC undefined"
+    return f"AUC {_f(a['auc'], 3)}" + (f" [{_f(a['auc_low'], 3)}, {_f(a['auc_high'], 3)}]"
+                                        if not math.isnan(a["auc_low"]) else "")
+
+
+def _within_section(rows: list[dict], opts: ReportOptions, columns: Sequence[str], source: str) -> str:
     if not opts.within_column:
         return ('<section id="within-cross"><h2>Within- vs cross-subject</h2><p class="note">Not requested: give '
                 '<code>--within-column COL</code> (with <code>--within-value V</code>, or a boolean column) to '
                 'compare within-subject with cross-subject pairs.</p></section>')
-    lab = within_labels(rows, opts.within_column, opts.within_value)
     rule = (f"{opts.within_column} = {opts.within_value}" if opts.within_value is not None
             else f"{opts.within_column} is true")
     plots, trs = [], []
     for m in METRICS:
-        s = np.asarray([r[m] for r in rows], dtype=np.float64)
-        a = within_cross_auc(s, lab, opts)
-        auc_txt = (f"AUC {_f(a['auc'], 3)}" + (f" [{_f(a['low'], 3)}, {_f(a['high'], 3)}]"
-                                                if not math.isnan(a["low"]) else "")) if not math.isnan(a["auc"]) \
-            else "AUC undefined"
+        t = within_cross(rows, m, opts, columns, source)
+        a, s, lab = t.pooled, t.units.scores, t.units.within
         plots.append(svg_histograms([("within", s[lab], WITHIN_COLOR), ("cross", s[~lab], CROSS_COLOR)],
-                                    m.upper(), title=f"{m.upper()}: within vs cross, {auc_txt}", ))
+                                    m.upper(), title=f"{m.upper()}: within vs cross, {_auc_text(a)}"))
         dv = "" if math.isnan(a["auc"]) else repr(float(a["auc"]))
         trs.append(f'<tr><td>{m.upper()}</td><td class="num">{a["n_within"]}</td><td class="num">{a["n_cross"]}</td>'
                    f'<td class="num" data-metric="{m}" data-auc="{dv}">{_f(a["auc"], 4)}</td>'
-                   f'<td class="num ci">[{_f(a["low"], 4)}, {_f(a["high"], 4)}]</td><td>{_e(a["note"])}</td></tr>')
+                   f'<td class="num ci">[{_f(a["auc_low"], 4)}, {_f(a["auc_high"], 4)}]</td>'
+                   f'<td>{_e(a["note"])}</td></tr>')
     table = ('<table class="data" style="width:auto"><thead><tr><th>score</th><th class="num">within</th>'
-             '<th class="num">cross</th><th class="num">AUC</th><th class="num">95% CI</th><th>note</th></tr></thead>'
+             f'<th class="num">cross</th><th class="num">AUC</th><th class="num">{round(100 * opts.confidence)}% CI</th>'
+             '<th>note</th></tr></thead>'
              f'<tbody>{"".join(trs)}</tbody></table>')
     return (f'<section id="within-cross"><h2>Within- vs cross-subject</h2>'
             f'<p class="sub">within-subject: {_e(rule)}; every other row is cross-subject.</p>'
             f'<div class="plots">{"".join(plots)}</div>{table}'
             '<p class="note">ROC AUC: the probability that a within-subject pair scores above a cross-subject '
-            'pair (ties count one half); interval: stratified percentile bootstrap.</p></section>')
+            'pair (ties count one half), over the rows with that score; interval: stratified percentile '
+            'bootstrap. <code>masc-eval auc</code> gives the same rows.</p></section>')
 
 
 def _figure(label: str, uri: str | None, reason: str | None, path: Path | None) -> str:
@@ -584,6 +596,12 @@ def _model_name(meta: Mapping[str, Any] | None) -> str:
     return _text(src)
 
 
+def _banner(meta: Mapping[str, Any] | None) -> str:
+    if not random_weights(meta):
+        return ""
+    return f'<div id="random-weights" class="banner" role="alert">{_e(RANDOM_WEIGHTS_BANNER)}</div>'
+
+
 def build_report(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None, *,
                  scores_path: str | Path | None = None, options: ReportOptions = ReportOptions(),
                  thumbnails: Thumbnails | None = None) -> str:
@@ -598,9 +616,11 @@ def build_report(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | No
         thumbnails: a :class:`Thumbnails` (default: one of ``options.thumb_px``).
 
     Raises:
-        ValueError: not a score file (no cp/pf), or a bad ``within_column``.
+        ValueError: not a score file (no cp/pf), or a bad ``within_column`` (a
+            :class:`~masc_engine.jobs.evaluation.DataError`).
     """
     opts = options
+    columns = list(ev.as_table(rows[:1], "scores").columns)
     rows = prepare_rows(rows)
     thumbs = thumbnails or Thumbnails(opts.thumb_px)
     img_root = Path(opts.image_root) if opts.image_root else image_root(meta, scores_path)
@@ -611,10 +631,11 @@ def build_report(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | No
     body = [
         f'<header><h1>{_e(title)}</h1><p class="sub">{len(rows)} rows scored by masc-run'
         + (f" with {_e(_model_name(meta))}" if _model_name(meta) else "") + "</p></header>",
+        _banner(meta),
         _summary_section(label, rows, meta, img_root),
         _methods_section(stats, opts),
         _distributions_section(rows, opts),
-        _within_section(rows, opts),
+        _within_section(rows, opts, columns, label),
         _extremes_section(rows, opts, img_root, map_root, thumbs),
     ]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
