@@ -16,6 +16,20 @@ import click
 from .options import threads_option
 
 
+def _bundle_scorer(bundle: str, provider: str, batch_size: int, threads: int | None):
+    """The bundle's :class:`~masc_engine.runtime.scorer.Scorer` (the one place masc-rank builds
+    one), its random-weights warning shown as one line on stderr."""
+    from ..engine.bundle import RandomWeightsWarning
+    from ..runtime.scorer import Scorer
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RandomWeightsWarning)
+        scorer = Scorer(bundle, provider=provider, batch_size=batch_size, intra_op_threads=threads or None)
+    for w in caught:
+        click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
+    return scorer
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("queries_csv", required=False, type=click.Path(dir_okay=False))
 @click.option("--gallery", "-g", "gallery_csv", required=True, type=click.Path(dir_okay=False),
@@ -51,7 +65,6 @@ def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest,
     """Rank the gallery for every query of QUERIES_CSV (columns image, identity, method; mask and
     class optional; other columns carried through), or for every gallery image with --oracle, and
     print mAP and CMC top-1/top-5 per method, per class and overall."""
-    from ..engine.bundle import RandomWeightsWarning
     from ..errors import MascEngineError
     from ..jobs.rank import run_rank, write_rank_outputs
     from ..jobs.rank_encoders import EngineEncoder, OnnxEmbeddingEncoder
@@ -75,14 +88,7 @@ def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest,
             encoder = OnnxEmbeddingEncoder(encoder_manifest, provider=provider, intra_op_threads=threads or None,
                                            batch_size=batch_size)
         else:
-            from ..runtime.scorer import Scorer
-
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", RandomWeightsWarning)
-                scorer = Scorer(bundle, provider=provider, batch_size=batch_size, intra_op_threads=threads or None)
-            for w in caught:
-                click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
-            encoder = EngineEncoder(scorer)
+            encoder = EngineEncoder(_bundle_scorer(bundle, provider, batch_size, threads))
         report = run_rank(gallery_csv, encoder, queries_csv=None if oracle else queries_csv, oracle=oracle,
                           similarity=similarity, level=level, use_masks=not no_masks, io_workers=io_workers,
                           progress=not no_progress)

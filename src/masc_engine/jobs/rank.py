@@ -37,9 +37,7 @@ gallery and listed in :attr:`RankReport.gallery_failures` (and on the console).
 
 from __future__ import annotations
 
-import csv
 import math
-import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -54,7 +52,7 @@ from ..runtime.io import load_image, load_mask
 from ..runtime.masks import mask_to_patch_grid
 from .loading import load_all
 from .rank_encoders import cosine_scores, maxcos_scores
-from .tables import TableError, cell, read_table, resolve_path
+from .tables import TableError, cell, read_table, resolve_path, write_table
 
 
 SIMILARITIES = ("global", "maxcos")
@@ -203,10 +201,151 @@ def _query_keep(q: _Item, enc, sizes: dict, masks: dict, fg_threshold: float) ->
     return keep
 
 
+def _check_options(encoder, queries_csv, oracle: bool, similarity: str, level: str) -> None:
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if similarity == "maxcos" and not getattr(encoder, "supports_tokens", False):
+        raise ValueError("maxcos similarity needs patch tokens: use a bundle, not an embedding-only encoder")
+    if oracle == (queries_csv is not None):
+        raise ValueError("give a queries file, or oracle=True (the gallery images as queries), not both")
+
+
+def _read_queries(gallery_csv, queries_csv, oracle: bool, query_masks: bool) -> tuple[list[_Item], list[_Item], list[str]]:
+    """``(gallery, queries, input_columns)``: with ``oracle`` the gallery's items are the queries
+    (method ``oracle``); without ``query_masks`` the queries' masks are dropped."""
+    g_fields, gallery = _read_items(gallery_csv, GALLERY_REQUIRED, "gallery")
+    if oracle:
+        queries = [_Item(g.index, g.row, image=g.image, mask=g.mask, identity=g.identity, cls=g.cls,
+                         method=ORACLE_METHOD, status=g.status, detail=g.detail) for g in gallery]
+        q_fields: list[str] = []
+    else:
+        q_fields, queries = _read_items(queries_csv, QUERY_REQUIRED, "queries")
+    if not query_masks:
+        for q in queries:
+            q.mask = ""
+    return gallery, queries, list(g_fields if oracle else q_fields)
+
+
+def _encode_all(gallery: list[_Item], queries: list[_Item], encoder, similarity: str, chunk: int, workers: int,
+                progress: bool) -> tuple[dict, dict, int]:
+    """Encode every usable image once: the gallery's first (sorted), then the query-only ones
+    (sorted), so a gallery encoding depends neither on row order nor on the queries.
+    Returns :func:`_encode_paths`' ``(features, sizes, n_encoded)`` over both."""
+    g_paths = sorted({g.image for g in gallery if g.status == "ok"})
+    q_paths = sorted({q.image for q in queries if q.status == "ok"} - set(g_paths))
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=len(g_paths) + len(q_paths), unit="image", disable=not progress, desc="masc-rank")
+    except ImportError:  # pragma: no cover
+        bar = None
+    tick = (lambda n: bar.update(n)) if bar is not None else (lambda n: None)
+    feats, sizes, n_enc = _encode_paths(g_paths, encoder, similarity, chunk, workers, tick)
+    f2, s2, n2 = _encode_paths(q_paths, encoder, similarity, chunk, workers, tick)
+    feats.update(f2)
+    sizes.update(s2)
+    if bar is not None:
+        bar.close()
+    return feats, sizes, n_enc + n2
+
+
+@dataclass
+class _Gallery:
+    """The usable gallery in canonical order (resolved path, then row), as arrays."""
+
+    items: list[_Item]
+    image: np.ndarray          # [G] resolved paths
+    label: np.ndarray          # [G] identity or class, by level
+    emb: np.ndarray | None     # [G, D] global embeddings (similarity "global")
+    tokens: list | None        # G token arrays (similarity "maxcos")
+    classes_of: dict           # identity -> its classes in the gallery
+
+
+def _usable_gallery(gallery: list[_Item], feats: dict, similarity: str, level: str,
+                    gallery_csv) -> tuple[_Gallery, list[dict]]:
+    """The gallery rows that encoded, and the failures (rows left out, with their reasons).
+
+    Raises:
+        RankFileError: no gallery row has a usable image (``empty_gallery``).
+    """
+    failures = []
+    for g in gallery:
+        if g.status == "ok" and isinstance(feats[g.image], InputError):
+            g.status, g.detail = feats[g.image].reason, feats[g.image].detail
+        if g.status != "ok":
+            failures.append({"row_index": g.index, "image": g.row.get("image", ""), "status": g.status,
+                             "status_detail": g.detail})
+    usable = sorted((g for g in gallery if g.status == "ok"), key=lambda g: (g.image, g.index))
+    if not usable:
+        raise RankFileError("empty_gallery", f"{gallery_csv}: no gallery row has a usable image "
+                                             f"({len(failures)} rows failed)")
+    classes_of: dict[str, set] = defaultdict(set)
+    for g in usable:
+        if g.cls:
+            classes_of[g.identity].add(g.cls)
+    glob = similarity == "global"
+    return _Gallery(items=usable, image=np.array([g.image for g in usable]),
+                    label=np.array([g.identity if level == "identity" else g.cls for g in usable]),
+                    emb=np.stack([feats[g.image] for g in usable]) if glob else None,
+                    tokens=None if glob else [feats[g.image].tokens for g in usable],
+                    classes_of=classes_of), failures
+
+
+def _query_row(q: _Item, cls: str, similarity: str, level: str) -> dict:
+    """A query's output row before ranking (input columns, then the results, unset)."""
+    return {**q.row, "query_index": q.index, "query": q.row.get("image", ""), "identity": q.identity,
+            "method": q.method, "class": cls, "status": q.status, "status_detail": q.detail,
+            "ap": float("nan"), "first_rank": None, "top1": None, "top5": None, "n_relevant": None,
+            "n_gallery": None, "n_excluded": None, "n_query_patches": None, "top1_image": "",
+            "top1_identity": "", "top1_score": float("nan"), "similarity": similarity, "level": level}
+
+
+def _similarities(q: _Item, cls: str, gal: _Gallery, feats: dict, sizes: dict, masks: dict, fg: float,
+                  similarity: str, level: str) -> tuple[np.ndarray, int | None]:
+    """``(scores [G], n_query_patches)`` of a query against the usable gallery.
+
+    Raises:
+        InputError: the query's image failed, its class is unknown at class level, or its mask
+            is unusable (:func:`_query_keep`).
+    """
+    f = feats[q.image]
+    if isinstance(f, InputError):
+        raise f
+    if level == "class" and not cls:
+        raise InputError("bad_row", "level 'class' needs the query's class (class column, or an identity "
+                                    "with one class in the gallery)")
+    if similarity == "global":
+        return cosine_scores(f, gal.emb), None
+    keep = _query_keep(q, f, sizes, masks, fg)
+    return maxcos_scores(f.tokens, gal.tokens, keep), int(f.tokens.shape[0] if keep is None else keep.sum())
+
+
+def _rank_into(res: dict, q: _Item, label: str, scores: np.ndarray, gal: _Gallery, level: str) -> None:
+    """Rank the gallery (the query's own file excluded) and fill the query's row."""
+    include = gal.image != q.image
+    r = rank_query(scores[include], gal.label[include] == label)
+    res.update(n_relevant=r.n_relevant, n_gallery=r.n_gallery, n_excluded=int((~include).sum()))
+    if r.top_index is not None:
+        top = gal.items[int(np.flatnonzero(include)[r.top_index])]
+        res.update(top1_image=top.row.get("image", ""), top1_identity=top.identity,
+                   top1_score=float(scores[include][r.top_index]))
+    if not r.defined:
+        res.update(status="no_relevant_gallery_item",
+                   status_detail=f"no gallery image of {level} {label!r} (after excluding the query itself): "
+                                 "AP undefined, left out of mAP")
+        return
+    res.update(ap=r.ap, first_rank=r.first_rank, top1=int(r.top(1)), top5=int(r.top(5)))
+
+
 def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None = None, oracle: bool = False,
              similarity: str = "global", level: str = "identity", use_masks: bool = True,
              io_workers: int = 4, chunk_size: int = 64, progress: bool = False) -> RankReport:
     """Rank a gallery for every query and summarise (the job behind ``masc-rank``).
+
+    Stages: read the tables (:func:`_read_queries`), encode each image once
+    (:func:`_encode_all`), keep the usable gallery (:func:`_usable_gallery`), then per query its
+    similarities (:func:`_similarities`) and ranking (:func:`_rank_into`).
 
     Args:
         gallery_csv: columns ``image, identity`` (``mask``, ``class`` optional; others ignored);
@@ -229,136 +368,40 @@ def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None
         RankFileError: a file is unusable or the gallery has no usable image.
         ValueError: bad option combination.
     """
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
-    if level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    if similarity == "maxcos" and not getattr(encoder, "supports_tokens", False):
-        raise ValueError("maxcos similarity needs patch tokens: use a bundle, not an embedding-only encoder")
-    if oracle == (queries_csv is not None):
-        raise ValueError("give a queries file, or oracle=True (the gallery images as queries), not both")
+    _check_options(encoder, queries_csv, oracle, similarity, level)
     t0 = time.time()
-
-    g_fields, gallery = _read_items(gallery_csv, GALLERY_REQUIRED, "gallery")
-    if oracle:
-        queries = [_Item(g.index, g.row, image=g.image, mask=g.mask, identity=g.identity, cls=g.cls,
-                         method=ORACLE_METHOD, status=g.status, detail=g.detail) for g in gallery]
-        q_fields: list[str] = []
-    else:
-        q_fields, queries = _read_items(queries_csv, QUERY_REQUIRED, "queries")
-    if not (similarity == "maxcos" and use_masks):
-        for q in queries:
-            q.mask = ""
-
-    # Encode: the gallery's images first (sorted), then the query-only ones (sorted).
-    g_paths = sorted({g.image for g in gallery if g.status == "ok"})
-    q_paths = sorted({q.image for q in queries if q.status == "ok"} - set(g_paths))
-    try:
-        from tqdm import tqdm
-        bar = tqdm(total=len(g_paths) + len(q_paths), unit="image", disable=not progress, desc="masc-rank")
-    except ImportError:  # pragma: no cover
-        bar = None
-    tick = (lambda n: bar.update(n)) if bar is not None else (lambda n: None)
-    feats, sizes, n_enc = _encode_paths(g_paths, encoder, similarity, chunk_size, io_workers, tick)
-    f2, s2, n2 = _encode_paths(q_paths, encoder, similarity, chunk_size, io_workers, tick)
-    feats.update(f2)
-    sizes.update(s2)
-    if bar is not None:
-        bar.close()
-
-    # The usable gallery, in canonical order (resolved path, then row).
-    failures = []
-    for g in gallery:
-        if g.status == "ok" and isinstance(feats[g.image], InputError):
-            g.status, g.detail = feats[g.image].reason, feats[g.image].detail
-        if g.status != "ok":
-            failures.append({"row_index": g.index, "image": g.row.get("image", ""), "status": g.status,
-                             "status_detail": g.detail})
-    usable = sorted((g for g in gallery if g.status == "ok"), key=lambda g: (g.image, g.index))
-    if not usable:
-        raise RankFileError("empty_gallery", f"{gallery_csv}: no gallery row has a usable image "
-                                             f"({len(failures)} rows failed)")
-    g_image = np.array([g.image for g in usable])
-    g_label = np.array([g.identity if level == "identity" else g.cls for g in usable])
-    if similarity == "global":
-        g_emb = np.stack([feats[g.image] for g in usable])
-    else:
-        g_tok = [feats[g.image].tokens for g in usable]
-
-    classes_of: dict[str, set] = defaultdict(set)
-    for g in usable:
-        if g.cls:
-            classes_of[g.identity].add(g.cls)
-
+    gallery, queries, input_columns = _read_queries(gallery_csv, queries_csv, oracle,
+                                                    similarity == "maxcos" and use_masks)
+    feats, sizes, n_encoded = _encode_all(gallery, queries, encoder, similarity, chunk_size, io_workers, progress)
+    gal, failures = _usable_gallery(gallery, feats, similarity, level, gallery_csv)
     masks = load_all([q.mask for q in queries if q.mask and q.status == "ok"], load_mask, io_workers)
     fg = getattr(encoder, "fg_threshold", 0.5)
     rows = []
     for q in queries:
-        cls = q.cls or (next(iter(classes_of[q.identity])) if len(classes_of.get(q.identity, ())) == 1 else "")
-        res = {**q.row, "query_index": q.index, "query": q.row.get("image", ""), "identity": q.identity,
-               "method": q.method, "class": cls, "status": q.status, "status_detail": q.detail,
-               "ap": float("nan"), "first_rank": None, "top1": None, "top5": None, "n_relevant": None,
-               "n_gallery": None, "n_excluded": None, "n_query_patches": None, "top1_image": "",
-               "top1_identity": "", "top1_score": float("nan"), "similarity": similarity, "level": level}
+        one = gal.classes_of.get(q.identity, ())
+        cls = q.cls or (next(iter(one)) if len(one) == 1 else "")
+        res = _query_row(q, cls, similarity, level)
         rows.append(res)
         if q.status != "ok":
             continue
         try:
-            f = feats[q.image]
-            if isinstance(f, InputError):
-                raise f
-            if level == "class" and not cls:
-                raise InputError("bad_row", "level 'class' needs the query's class (class column, or an identity "
-                                            "with one class in the gallery)")
-            if similarity == "global":
-                scores = cosine_scores(f, g_emb)
-                n_patches = None
-            else:
-                keep = _query_keep(q, f, sizes, masks, fg)
-                scores = maxcos_scores(f.tokens, g_tok, keep)
-                n_patches = int(f.tokens.shape[0] if keep is None else keep.sum())
+            scores, n_patches = _similarities(q, cls, gal, feats, sizes, masks, fg, similarity, level)
         except InputError as e:
             res.update(status=e.reason, status_detail=e.detail)
             continue
-        label = q.identity if level == "identity" else cls
-        include = g_image != q.image
-        r = rank_query(scores[include], g_label[include] == label)
-        res.update(n_relevant=r.n_relevant, n_gallery=r.n_gallery, n_excluded=int((~include).sum()),
-                   n_query_patches=n_patches)
-        if r.top_index is not None:
-            top = usable[int(np.flatnonzero(include)[r.top_index])]
-            res.update(top1_image=top.row.get("image", ""), top1_identity=top.identity,
-                       top1_score=float(scores[include][r.top_index]))
-        if not r.defined:
-            res.update(status="no_relevant_gallery_item",
-                       status_detail=f"no gallery image of {level} {label!r} (after excluding the query itself): "
-                                     "AP undefined, left out of mAP")
-            continue
-        res.update(ap=r.ap, first_rank=r.first_rank, top1=int(r.top(1)), top5=int(r.top(5)))
+        res["n_query_patches"] = n_patches
+        _rank_into(res, q, q.identity if level == "identity" else cls, scores, gal, level)
 
-    name = getattr(encoder, "name", "")
-    return RankReport(rows=rows, summary=summarize(rows), gallery_size=len(usable), gallery_failures=failures,
-                      images_encoded=n_enc + n2, seconds=time.time() - t0, similarity=similarity, level=level,
-                      encoder=name, input_columns=list(g_fields if oracle else q_fields))
-
-
-def _fmt(v):
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else repr(v)
-    return v
+    return RankReport(rows=rows, summary=summarize(rows), gallery_size=len(gal.items), gallery_failures=failures,
+                      images_encoded=n_encoded, seconds=time.time() - t0, similarity=similarity, level=level,
+                      encoder=getattr(encoder, "name", ""), input_columns=input_columns)
 
 
 def write_rank_outputs(report: RankReport, out_path: str | Path, summary_path: str | Path) -> None:
     """Per-query rows to ``out_path`` (the input columns carried through, then the results) and
-    the summary to ``summary_path`` (CSV, each written atomically)."""
+    the summary to ``summary_path``: CSV whatever the extension, each written atomically by the
+    job layer's one table writer (:func:`~masc_engine.jobs.tables.write_table`: an undefined AP
+    or score is ``nan``, an unset value such as the rank of a failed query an empty cell)."""
     cols = [c for c in report.input_columns if c not in QUERY_RESULT_COLUMNS] + list(QUERY_RESULT_COLUMNS)
-    for path, fields, rows in ((out_path, cols, report.rows), (summary_path, list(SUMMARY_COLUMNS), report.summary)):
-        tmp = Path(str(path) + ".partial")
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-            w.writeheader()
-            for row in rows:
-                w.writerow({k: _fmt(v) for k, v in row.items()})
-        os.replace(tmp, path)
+    write_table(out_path, report.rows, cols, fmt="csv")
+    write_table(summary_path, report.summary, list(SUMMARY_COLUMNS), fmt="csv")
