@@ -18,7 +18,8 @@ import click
 @click.option("--within-value", default=None,
               help="Rows whose --within-column equals this are within-subject; all others cross-subject.")
 @click.option("--method-column", default="method", show_default=True,
-              help="Column grouping rows into methods (absent: one group).")
+              help="Column grouping rows into methods, in order of first appearance, then the pooled row "
+                   "(absent, or an empty cell: the pooled row only).")
 @click.option("--top", "top_k", type=click.IntRange(0, 1000), default=5, show_default=True,
               help="Best and worst pairs shown per score.")
 @click.option("--title", default=None, help="Page title (default: MaSC report: <file name>).")
