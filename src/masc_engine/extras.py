@@ -20,6 +20,7 @@ from .errors import MissingDependencyError
 MODULE_EXTRA = {
     "pyarrow": "parquet", "spacy": "spacy", "scipy": "eval", "krippendorff": "eval", "sklearn": "eval",
     "matplotlib": "report", "ray": "ray", "torch": "export", "transformers": "export", "onnx": "export", "onnxscript": "export",
+    "openvino": "openvino",
 }
 
 

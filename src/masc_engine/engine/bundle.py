@@ -161,9 +161,11 @@ class Bundle:
         """A runner for one of the bundle's graphs (``vision``, ``pool``, ``text``, ``cp``).
 
         Args:
-            backend: ``onnxruntime`` (the ONNX graphs; ``provider`` ``cpu`` or ``cuda``) or
+            backend: ``onnxruntime`` (the ONNX graphs; ``provider`` ``cpu`` or ``cuda``),
                 ``tensorrt`` (the engine set ``tensorrt-<precision>/`` built by
-                ``masc-export --backend tensorrt``; ``provider`` must be ``cuda``).
+                ``masc-export --backend tensorrt``; ``provider`` must be ``cuda``) or ``openvino``
+                (the portable graphs on OpenVINO's CPU plugin, backends/openvino.py ``load_runner``;
+                ``precision`` ``fp32``, or ``bf16`` on a ``bf16-cpu`` bundle, its default there).
             precision: TensorRT: ``fp32``, ``fp16`` or ``bf16`` (default: the only engine set
                 present). ONNX Runtime: ``None`` or the bundle's own precision (:attr:`precision`;
                 the graphs carry it, their inputs and outputs stay float32).
@@ -183,7 +185,7 @@ class Bundle:
         if backend == "onnxruntime":
             from .backends.onnxruntime import OrtRunner
 
-            own = self.precision
+            own = "fp32" if self.precision == "bf16-cpu" else self.precision  # bf16-cpu: fp32 graphs + an OpenVINO certificate
             if precision not in (None, own):
                 raise BackendUnavailableError(
                     f"bundle {self.path} holds {own} graphs; for precision {precision!r} export a bundle with "
@@ -201,6 +203,10 @@ class Bundle:
             from .backends.tensorrt import load_runner  # lazy: tensorrt is optional
 
             return load_runner(self, graph, precision=precision, provider=provider)
+        if backend == "openvino":
+            from .backends.openvino import load_runner as load_openvino  # lazy: openvino is optional
+
+            return load_openvino(self, graph, precision=precision, threads=intra_op_threads, provider=provider)
         raise BackendUnavailableError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
 
 

@@ -37,4 +37,6 @@ class Runner(Protocol):
 #: ``onnxruntime``: ONNX Runtime on the bundle's ONNX graphs (CPU or CUDA execution provider).
 #: ``tensorrt``: serialized TensorRT engines built from them (backends/tensorrt.py, imported
 #: lazily; unverified: no TensorRT/GPU was available to the session that wrote it).
-BACKENDS = ("onnxruntime", "tensorrt")
+#: ``openvino``: OpenVINO's CPU plugin on the portable ONNX graphs, f32 or certified bf16
+#: (backends/openvino.py, imported lazily; the ``[openvino]`` extra).
+BACKENDS = ("onnxruntime", "tensorrt", "openvino")
