@@ -22,7 +22,7 @@ import click
               help="onnx: the ONNX bundle only. tensorrt: also build TensorRT engines from its graphs "
                    "into OUT/tensorrt-<precision>/ (needs the tensorrt package and a CUDA GPU; "
                    "engines are specific to the GPU and TensorRT version that build them).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]), default=None,
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8", "bf16-cpu"]), default=None,
               help="Precision of the bundle's graphs (default fp32). fp16 / bf16: mixed-precision ONNX graphs "
                    "(LayerNorm, softmax, GELU, reductions and casts stay fp32; inputs and outputs stay fp32), "
                    "validated against PyTorch fp32 with the fp16 gates and refused with the figures if they "
@@ -30,7 +30,14 @@ import click
                    "TensorRT bf16 needs compute capability >= 8.0). With --backend tensorrt the engines are "
                    "strongly typed from these graphs (--engines-only: default and only choice, the bundle's "
                    "precision). int8: an ONNX bundle with int8 (dynamic) vision and text towers for CPU, kept "
-                   "only if it passes its gates against fp32 on --gate-pairs.")
+                   "only if it passes its gates against fp32 on --gate-pairs. bf16-cpu: the fp32 bundle, "
+                   "certified for bf16 on OpenVINO's CPU plugin (needs the openvino extra and a CPU with native "
+                   "bf16): scored against fp32 on calibration and held-out pairs, encoder layers kept in fp32 "
+                   "where the gates need it, refused with the figures if they still fail (docs/cpu_precision.md).")
+@click.option("--calibration-pairs", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="bf16-cpu: a pairs CSV to calibrate on instead of the shipped examples + a synthetic grid.")
+@click.option("--heldout-pairs", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="bf16-cpu: a pairs CSV (>= 1000 pairs) to confirm on instead of the default held-out set.")
 @click.option("--gate-pairs", type=click.Path(dir_okay=False, exists=True), default=None,
               help="int8: the pairs CSV the int8 bundle is gated on (e.g. the shared DreamBooth pairs).")
 @click.option("--fp32-bundle", type=click.Path(file_okay=False, exists=True), default=None,
@@ -48,9 +55,16 @@ import click
                    "$MASC_ENGINE_CACHE/tensorrt/timing-<trt>-sm<cc>.cache).")
 def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | None, backend: str,
          precision: str, gate_pairs: str | None, fp32_bundle: str | None, engines_only: bool, max_batch: int,
-         max_outs_per_ref: int, timing_cache: str | None) -> None:
+         max_outs_per_ref: int, timing_cache: str | None, calibration_pairs: str | None = None,
+         heldout_pairs: str | None = None) -> None:
     """Export a SigLIP2 checkpoint to ONNX graphs + manifest, validated against PyTorch."""
     from ..errors import MascEngineError
+
+    if precision == "bf16-cpu" and backend != "onnx":
+        raise click.UsageError("--precision bf16-cpu makes a bundle for OpenVINO's CPU plugin: use --backend onnx")
+    if (calibration_pairs or heldout_pairs) and precision != "bf16-cpu":
+        raise click.UsageError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu")
+    cpu_options = {"calibration": calibration_pairs, "heldout": heldout_pairs} if precision == "bf16-cpu" else None
 
     if precision == "int8":
         if backend != "onnx":
@@ -90,7 +104,7 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
             with libraries_to_log(lib_log) as (say, lib):
                 say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
                 export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=say,
-                              precision=precision or "fp32")
+                              precision=precision or "fp32", cpu_precision_options=cpu_options)
         except MascEngineError as e:
             raise click.ClickException(f"{e} (library messages: {lib_log})") from e
         click.echo(lib.summary(), err=True)

@@ -176,7 +176,8 @@ def _versions() -> dict:
 
 def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None = None,
                   revision: str | None = None, validate: bool = True, log=print, precision: str = "fp32",
-                  transforms: Sequence | None = None, ort_cpu_variant: bool = True) -> Path:
+                  transforms: Sequence | None = None, ort_cpu_variant: bool = True,
+                  cpu_precision_options: dict | None = None) -> Path:
     """Export ``model`` to a bundle in ``out_dir`` and validate it.
 
     The bundle is written to a staging directory beside ``out_dir`` and renamed into place only
@@ -192,11 +193,16 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
             required for fp16 / bf16).
         precision: ``fp32``, or ``fp16`` / ``bf16``: mixed-precision graphs (export/precision.py)
             validated with the reduced-precision gates of :mod:`masc_engine.tolerances`.
+            ``bf16-cpu``: the fp32 bundle, then certified for bf16 on OpenVINO's CPU plugin on the
+            staged bundle (export/cpu_precision.py; refused with the figures if the gates fail).
         transforms: further export/transforms.py :class:`~.transforms.GraphTransform` s, run in
             order after the precision transform, each validated and recorded in the manifest.
         ort_cpu_variant: fp32 only: also write the fused ONNX Runtime CPU graphs (the ``ort-cpu``
             variant, export/fusion.py :class:`~.fusion.FusionTransform`, run last in the transform
             pipeline; the manifest's ``variants``), validated like the portable ones.
+        cpu_precision_options: ``bf16-cpu`` only: keyword arguments of the certification
+            (export/cpu_precision.py :func:`~.cpu_precision.certify_bundle`: ``calibration``,
+            ``heldout``, ``graphs``, ``threads``, ``max_keep``).
 
     Raises:
         CheckpointError: the checkpoint cannot be loaded or is not SigLIP2.
@@ -204,9 +210,18 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
             the message gives the figures and suggests fp32); nothing is left at ``out_dir``.
         BundleError: ``out_dir`` is a non-empty directory that is not a bundle.
         FusionError: an attention block of the vision or text graph did not fuse.
+        CertificationError: ``bf16-cpu`` fails its gates (export/cpu_precision.py; nothing is left).
+        BackendUnavailableError: ``bf16-cpu`` without openvino or native bf16 (before exporting).
     """
+    from .cpu_precision import BF16_CPU, certify_bundle
     from .precision import PRECISIONS
 
+    certify = precision == BF16_CPU  # fp32 graphs + an OpenVINO bf16 certificate, made on the stage below
+    if certify:
+        from ..engine.backends.openvino import check_available
+
+        check_available("bf16")  # before the long export: openvino installed, native bf16 on this CPU
+        precision = "fp32"
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision != "fp32" and not validate:
@@ -221,6 +236,8 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     try:
         _export_into(stage, model, max_num_patches, revision, validate, log, precision, list(transforms or []),
                      ort_cpu_variant)
+        if certify:
+            certify_bundle(stage, log=log, **(cpu_precision_options or {}))
         if out.exists():
             old = out.with_name(f".{out.name}.{os.getpid()}.old")
             out.rename(old)
@@ -231,7 +248,7 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    log(f"bundle written: {out} ({precision})")
+    log(f"bundle written: {out} ({BF16_CPU if certify else precision})")
     return out
 
 

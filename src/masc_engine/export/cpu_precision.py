@@ -1,0 +1,527 @@
+"""bf16 on the CPU, certified: OpenVINO bf16 scores gated against fp32, mixed per layer if needed.
+
+A ``bf16-cpu`` bundle is an fp32 bundle (graphs unchanged, still oracle-equal on ONNX Runtime) plus
+a certificate in ``manifest["precision"]``: OpenVINO's CPU plugin may run its ``graphs`` in bf16,
+keeping the units in ``keep_fp32`` in fp32 (engine/backends/openvino.py runs it so). The
+certificate is earned here, at export:
+
+1. **Pairs.** Calibration pairs (default: the shipped examples ``examples/dreambooth`` in a
+   checkout, plus a generated grid of synthetic images of varied sizes and patch grids) choose the
+   precision plan; held-out pairs (default: DreamBench-shaped copies of the shipped photos, cropped,
+   mirrored, colour-shifted and resized to odd sizes, plus another synthetic grid, at least
+   ``tolerances.FIDELITY_MIN_PAIRS`` pairs) confirm it. A user's pairs CSV can replace either.
+2. **Reference.** Both sets are scored in fp32 by ONNX Runtime on the same bundle (what masc-run
+   runs by default).
+3. **Gates** (:func:`gate_figures`, the reduced-precision gates of :mod:`masc_engine.tolerances`):
+   per pair |dCP| and |dPF| <= ``FIDELITY_MAX_ABS_DELTA``, Spearman of CP and of PF >=
+   ``FIDELITY_MIN_SPEARMAN``, no NaN where fp32 is finite (nor the reverse), and on the held-out set
+   at least ``FIDELITY_MIN_PAIRS`` pairs.
+4. **Search** (:func:`search_keep_list`). The whole graph in bf16 first. If it fails on the
+   calibration pairs: each unit's sensitivity is measured by keeping it alone in fp32 (the gate
+   load, :func:`gate_load`, with that unit in fp32), units are sorted by it (most helpful first),
+   and kept in fp32 one more at a time until the calibration gates pass. Then the held-out gates;
+   if they fail, the next unit is kept, and so on. Greedy by single-unit sensitivity: not
+   guaranteed the smallest set, but each added unit is the one that helped most alone. More than
+   ``max_keep`` units (default half the graph's units) is a refusal: bf16 would then buy little.
+5. **Certificate** (:func:`certificate_record`) or :class:`CertificationError` with the figures.
+
+Units of a graph (:func:`graph_units`): ``<graph>.embeddings``, ``<graph>.layers.<i>`` (one
+pre-LayerNorm encoder layer) and ``<graph>.head`` (the final LayerNorm, plus the text tower's
+projection), cut at the residual stream: the first input of each layer's first LayerNormalization
+and of the final one. Only the vision graph is certified by default: it is most of a pair's
+compute; the text graph runs once per distinct prompt and the pooling head once per output image.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import csv
+import gc
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+from PIL import Image, ImageEnhance, ImageOps
+
+from ..engine.backends.openvino import BF16_CPU_MODE, check_available
+from ..errors import ExportValidationError, InputError
+from ..tolerances import FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_PAIRS, FIDELITY_MIN_SPEARMAN
+
+#: ``masc-export --precision bf16-cpu``.
+BF16_CPU = BF16_CPU_MODE
+#: Graphs run in bf16 by default (the vision tower: most of a pair's FLOPs).
+DEFAULT_GRAPHS = ("vision",)
+#: The shipped example photos (in a checkout; an installed package has no ``examples/``).
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "dreambooth"
+#: Most rows read from a user's pairs CSV (each row is two images to encode per configuration).
+MAX_CSV_PAIRS = 20000
+#: DreamBench-style prompts (``{}`` is the subject's class), as bench/workloads.py's.
+PROMPTS = ("a {} in the jungle", "a {} on the beach", "a {} with a city in the background",
+           "a {} floating on top of water", "a red {}", "a {} in the snow")
+
+
+class CertificationError(ExportValidationError):
+    """The bf16 configuration fails its gates (or needs more fp32 units than allowed); ``report``
+    holds every figure measured."""
+
+
+# --------------------------------------------------------------------------- units of a graph
+
+
+def graph_units(onnx_path: str | Path, graph: str) -> dict:
+    """The unit table of a pre-LayerNorm transformer graph (vision or text tower).
+
+    Returns:
+        ``{"names": [graph.embeddings, graph.layers.0 .. graph.layers.L-1, graph.head],
+        "boundaries": [L + 1 tensor names]}``: boundary ``i < L`` is layer ``i``'s input (the first
+        input of its first LayerNormalization), boundary ``L`` the final LayerNorm's input.
+
+    Raises:
+        CertificationError: the graph is not ``2 L + 1`` LayerNormalization nodes in order, or the
+            exporter's scope metadata (``pkg.torch.onnx.name_scopes``) places them in other layers.
+    """
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    lns = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
+    if len(lns) < 3 or len(lns) % 2 != 1:
+        raise CertificationError(f"graph {graph!r} has {len(lns)} LayerNormalization nodes; per-layer precision "
+                                 "needs a pre-LayerNorm encoder (2 per layer + a final one)")
+    n_layers = (len(lns) - 1) // 2
+    for i in range(n_layers):
+        for node in lns[2 * i:2 * i + 2]:
+            meta = {p.key: p.value for p in node.metadata_props}
+            scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
+            if scopes and not any(s.endswith(f"layers.{i}") for s in scopes):
+                raise CertificationError(f"graph {graph!r}: LayerNormalization {node.name} is not in encoder layer {i} "
+                                         f"(scopes {scopes[:4]})")
+    bounds = [lns[2 * i].input[0] for i in range(n_layers)] + [lns[-1].input[0]]
+    names = [f"{graph}.embeddings"] + [f"{graph}.layers.{i}" for i in range(n_layers)] + [f"{graph}.head"]
+    return {"names": names, "boundaries": bounds}
+
+
+# --------------------------------------------------------------------------- pairs
+
+
+def _ellipse_mask(h: int, w: int, rng) -> np.ndarray:
+    cy, cx = rng.uniform(0.35, 0.65) * h, rng.uniform(0.35, 0.65) * w
+    ry, rx = rng.uniform(0.22, 0.4) * h, rng.uniform(0.2, 0.38) * w
+    yy, xx = np.mgrid[0:h, 0:w]
+    return ((((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2) <= 1).astype(np.uint8) * 255
+
+
+#: ``(height, width)`` of the synthetic grid images: square, tall, wide, tiny, odd (NaFlex grids that
+#: do not divide evenly).
+GRID_SIZES = ((224, 288), (480, 160), (333, 517), (512, 512), (97, 203), (640, 427), (300, 301),
+              (181, 777), (256, 256), (517, 333), (401, 299), (199, 601))
+GRID_CLASSES = ("dog", "backpack", "cat", "teapot", "sneaker", "vase")
+
+
+def synthetic_images(n: int, seed: int) -> list[tuple[Image.Image, np.ndarray, str]]:
+    """``n`` synthetic ``(image, mask, class)`` triples (export/validate.py ``synthetic_image``:
+    gradients, a checkerboard and noise), sizes cycling :data:`GRID_SIZES`, elliptic masks."""
+    from .validate import synthetic_image
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        h, w = GRID_SIZES[(i + seed) % len(GRID_SIZES)]
+        out.append((synthetic_image(h, w, seed * 1000 + i), _ellipse_mask(h, w, rng), GRID_CLASSES[i % len(GRID_CLASSES)]))
+    return out
+
+
+def cross_pairs(items: Sequence[tuple[Image.Image, np.ndarray, str]], refs_per_output: int, offset: int = 1) -> list:
+    """Pairs among ``items``: each one as the output against ``refs_per_output`` others as
+    references (a rotation), the prompt naming the output's class. Each image is encoded once
+    whatever the number of pairs (``Scorer.score_batch`` deduplicates image objects)."""
+    from ..runtime.scorer import Pair
+
+    n = len(items)
+    pairs = []
+    for o, (out, out_mask, cls) in enumerate(items):
+        others = [j % n for j in range(o + offset, o + offset + n) if j % n != o][:refs_per_output]
+        for k, r in enumerate(others):
+            ref, ref_mask, _ = items[r]
+            pairs.append(Pair(ref, ref_mask, out, out_mask, PROMPTS[(o + k) % len(PROMPTS)].format(cls), cls))
+    return pairs
+
+
+def _photos(examples: Path) -> list[tuple[Path, Path, str]]:
+    """``(image, mask, class)`` of every shipped photo (class = the subject folder, digits dropped)."""
+    out = []
+    for d in sorted((examples / "images").iterdir()):
+        for img in sorted(d.glob("*.jpg")):
+            out.append((img, examples / "masks" / d.name / (img.stem + ".png"), d.name.rstrip("0123456789")))
+    return out
+
+
+def example_pairs(examples: Path = EXAMPLES) -> list:
+    """The shipped examples: their ``pairs.csv`` (same-subject pairs: the narrow score range) plus
+    every photo as an output against 3 photos of other subjects (wide range). Empty when absent."""
+    from ..runtime.io import load_image, load_mask
+
+    if not (examples / "pairs.csv").is_file():
+        return []
+    pairs = read_pairs_csv(examples / "pairs.csv")
+    items = [(load_image(str(i)), load_mask(str(m)), c) for i, m, c in _photos(examples)]
+    return pairs + cross_pairs(items, 3, offset=5)
+
+
+def dreambench_copies(examples: Path = EXAMPLES) -> list[tuple[Image.Image, np.ndarray, str]]:
+    """Each shipped photo cropped, mirrored (every other one), colour-shifted and resized to an odd
+    size, with its mask (DreamBench-shaped outputs, as bench/workloads.py makes them)."""
+    from ..runtime.io import load_image, load_mask
+
+    if not (examples / "images").is_dir():
+        return []
+    sizes = ((333, 517), (517, 333), (401, 299), (257, 263), (480, 271), (199, 601))
+    out = []
+    for k, (img_path, mask_path, cls) in enumerate(_photos(examples)):
+        im, mask = load_image(str(img_path)), Image.fromarray(load_mask(str(mask_path)))
+        if k % 2:
+            im, mask = ImageOps.mirror(im), ImageOps.mirror(mask)
+        c = 4 + 6 * (k % 5)
+        box = (c, c // 2, im.width - c // 2, im.height - c)
+        w, h = sizes[k % len(sizes)]
+        im = ImageEnhance.Color(im.crop(box)).enhance(0.8 + 0.1 * (k % 4)).resize((w, h), Image.BICUBIC)
+        out.append((im, np.asarray(mask.crop(box).resize((w, h), Image.NEAREST)), cls))
+    return out
+
+
+def default_calibration(examples: Path = EXAMPLES, grid: int = 12) -> tuple[list, dict]:
+    """The default calibration pairs and their description: the shipped examples (when present)
+    plus a synthetic grid of ``grid`` images, each against 6 others."""
+    ex = example_pairs(examples)
+    syn = cross_pairs(synthetic_images(grid, seed=11), 6)
+    return ex + syn, {"source": "examples+grid" if ex else "grid (no examples/ beside the package)",
+                      "example_pairs": len(ex), "grid_pairs": len(syn)}
+
+
+def default_heldout(examples: Path = EXAMPLES, min_pairs: int = FIDELITY_MIN_PAIRS) -> tuple[list, dict]:
+    """The default held-out pairs: DreamBench-shaped copies of the shipped photos plus a synthetic
+    grid (other seeds than calibration), every image against enough others for ``min_pairs``."""
+    items = dreambench_copies(examples) + synthetic_images(18, seed=29)
+    per = -(-min_pairs // len(items))
+    pairs = cross_pairs(items, per, offset=3)
+    return pairs, {"source": "dreambench copies+grid" if len(items) > 18 else "grid", "images": len(items),
+                   "pairs": len(pairs)}
+
+
+def read_pairs_csv(path: str | Path, max_pairs: int = MAX_CSV_PAIRS) -> list:
+    """A pairs CSV (masc-run's columns ``ref_image, ref_mask, out_image, out_mask, prompt,
+    object_name``; paths relative to the file's folder) as :class:`~masc_engine.runtime.scorer.Pair`
+    s, each distinct file loaded once.
+
+    Raises:
+        InputError: a missing column, more than ``max_pairs`` rows, an unreadable image or mask.
+    """
+    from ..runtime.io import load_image, load_mask
+    from ..runtime.scorer import Pair
+
+    path = Path(path)
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        need = {"ref_image", "ref_mask", "out_image", "out_mask", "prompt"}
+        missing = need - set(reader.fieldnames or ())
+        if missing:
+            raise InputError("bad_pairs_file", f"{path}: missing columns {sorted(missing)}")
+        rows = []
+        for row in reader:
+            rows.append(row)
+            if len(rows) > max_pairs:
+                raise InputError("too_many_pairs", f"{path}: more than {max_pairs} pairs")
+    loaded: dict[tuple[str, str], object] = {}
+
+    def get(kind: str, name: str):
+        if (kind, name) not in loaded:  # one object per file: each image is encoded once
+            loaded[kind, name] = (load_image if kind == "image" else load_mask)(str(path.parent / name))
+        return loaded[kind, name]
+
+    return [Pair(get("image", r["ref_image"]), get("mask", r["ref_mask"]), get("image", r["out_image"]),
+                 get("mask", r["out_mask"]), r["prompt"], r.get("object_name") or None) for r in rows]
+
+
+# --------------------------------------------------------------------------- gates
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks, 1-based (``scipy.stats.rankdata(method="average")``)."""
+    order = np.argsort(x, kind="mergesort")
+    xs = x[order]
+    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+    counts = np.diff(np.r_[starts, len(x)])
+    ranks = np.empty(len(x), np.float64)
+    ranks[order] = np.repeat(starts + (counts - 1) / 2.0 + 1.0, counts)
+    return ranks
+
+
+def spearman(a, b) -> float:
+    """Spearman's rho with average ranks for ties (as ``scipy.stats.spearmanr``, without scipy:
+    the export extra does not install it); NaN when a side is constant or has < 2 values."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if len(a) < 2:
+        return float("nan")
+    ra, rb = _ranks(a) - (len(a) + 1) / 2.0, _ranks(b) - (len(b) + 1) / 2.0
+    den = np.sqrt((ra * ra).sum() * (rb * rb).sum())
+    return float((ra * rb).sum() / den) if den > 0 else float("nan")
+
+
+def _gate(value, threshold, ok) -> dict:
+    return {"value": value, "threshold": threshold, "pass": bool(ok)}
+
+
+def gate_figures(ref: dict, test: dict, min_pairs: int = 0) -> dict:
+    """The reduced-precision gates for paired scores (tolerances.py thresholds).
+
+    Args:
+        ref, test: ``{"cp": [P], "pf": [P]}`` float arrays, same pairs in the same order (fp32
+            reference, bf16 candidate). NaN is an undefined score (no kept reference patch, no
+            background).
+        min_pairs: the least number of pairs for the gates to count (``FIDELITY_MIN_PAIRS`` on
+            held-out pairs; 0 on calibration pairs).
+
+    Returns:
+        ``{"pass", "pairs", "gates": {name: {"value", "threshold", "pass"}}, "mean_abs_dcp",
+        "mean_abs_dpf"}``; gates ``max_abs_dcp``, ``max_abs_dpf``, ``spearman_cp``,
+        ``spearman_pf``, ``finite_as_fp32`` (count of pairs finite on one side only) and
+        ``min_pairs``.
+    """
+    gates, out = {}, {}
+    bad = 0
+    for k in ("cp", "pf"):
+        r, t = np.asarray(ref[k], np.float64), np.asarray(test[k], np.float64)
+        if r.shape != t.shape:
+            raise ValueError(f"{k}: {r.shape} reference scores vs {t.shape} candidate scores")
+        bad += int((np.isfinite(r) != np.isfinite(t)).sum() + np.isinf(t).sum())
+        both = np.isfinite(r) & np.isfinite(t)
+        d = np.abs(r[both] - t[both])
+        worst = float(d.max()) if d.size else 0.0
+        gates[f"max_abs_d{k}"] = _gate(worst, FIDELITY_MAX_ABS_DELTA, worst <= FIDELITY_MAX_ABS_DELTA)
+        rho = spearman(r[both], t[both])
+        gates[f"spearman_{k}"] = _gate(rho, FIDELITY_MIN_SPEARMAN, np.isfinite(rho) and rho >= FIDELITY_MIN_SPEARMAN)
+        out[f"mean_abs_d{k}"] = float(d.mean()) if d.size else 0.0
+    n = int(np.asarray(ref["cp"]).shape[0])
+    gates["finite_as_fp32"] = _gate(bad, 0, bad == 0)
+    gates["min_pairs"] = _gate(n, min_pairs, n >= min_pairs)
+    return {"pass": all(g["pass"] for g in gates.values()), "pairs": n, "gates": gates, **out}
+
+
+def gate_load(figures: dict) -> float:
+    """One number per configuration, <= 1 when the score gates pass: the largest of max |dCP| and
+    max |dPF| over their bound and (1 - Spearman) over (1 - its bound); infinite when a score is
+    finite on one side only. Sorts units in the search (lower: closer to fp32)."""
+    g = figures["gates"]
+    if not g["finite_as_fp32"]["pass"]:
+        return float("inf")
+    parts = [g["max_abs_dcp"]["value"] / FIDELITY_MAX_ABS_DELTA, g["max_abs_dpf"]["value"] / FIDELITY_MAX_ABS_DELTA]
+    for k in ("spearman_cp", "spearman_pf"):
+        rho = g[k]["value"]
+        parts.append((1.0 - rho) / (1.0 - FIDELITY_MIN_SPEARMAN) if np.isfinite(rho) else float("inf"))
+    return float(max(parts))
+
+
+def _summary(figures: dict) -> dict:
+    g = figures["gates"]
+    return {"pass": figures["pass"], "load": gate_load(figures), "pairs": figures["pairs"],
+            "max_abs_dcp": g["max_abs_dcp"]["value"], "max_abs_dpf": g["max_abs_dpf"]["value"],
+            "spearman_cp": g["spearman_cp"]["value"], "spearman_pf": g["spearman_pf"]["value"]}
+
+
+# --------------------------------------------------------------------------- scoring configurations
+
+
+def scores(scorer, pairs: Sequence) -> dict:
+    """``{"cp": [P], "pf": [P]}`` float64 arrays from ``scorer.score_batch(pairs)``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = scorer.score_batch(pairs)
+    return {"cp": np.array([r.cp for r in res], np.float64), "pf": np.array([r.pf for r in res], np.float64)}
+
+
+def certificate_record(units: dict, keep_fp32: Sequence[str], graphs: Sequence[str]) -> dict:
+    """The ``manifest["precision"]`` record of a bf16-cpu configuration (before its gate figures):
+    what engine/backends/openvino.py ``load_runner`` reads."""
+    import openvino
+
+    from ..engine.backends.openvino import core
+
+    return {"mode": BF16_CPU, "backend": "openvino", "openvino": openvino.__version__,
+            "cpu": str(core().get_property("CPU", "FULL_DEVICE_NAME")), "graphs": list(graphs),
+            "units": {g: units[g] for g in graphs}, "keep_fp32": list(keep_fp32), "graph_weights": "fp32"}
+
+
+class Evaluator:
+    """Scores pair sets with candidate bf16 configurations of one fp32 bundle, against fp32 ONNX
+    Runtime on the same bundle (the reference, scored once per set).
+
+    A candidate runs exactly as masc-run would run the certified bundle: a copy of the loaded
+    :class:`~masc_engine.engine.bundle.Bundle` whose manifest carries the candidate record, scored
+    by ``Scorer(bundle, backend="openvino")`` (every graph on OpenVINO; the certified ones in bf16).
+    """
+
+    def __init__(self, bundle_dir: str | Path, graphs: Sequence[str] = DEFAULT_GRAPHS, threads: int | None = None,
+                 log: Callable[[str], None] = print):
+        from ..engine.bundle import Bundle
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.bundle = Bundle(bundle_dir)
+        self.graphs, self.threads, self.log = tuple(graphs), threads, log
+        self.units = {g: graph_units(self.bundle.graph_file(g), g) for g in self.graphs}
+        self.unit_names = [u for g in self.graphs for u in self.units[g]["names"]]
+        self._ref: dict[int, dict] = {}
+        self.configurations = 0
+
+    def reference(self, pairs: Sequence) -> dict:
+        """fp32 ONNX Runtime scores of ``pairs`` (cached per pair list)."""
+        from ..runtime.scorer import Scorer
+
+        if id(pairs) not in self._ref:
+            self._ref[id(pairs)] = scores(Scorer(self.bundle, intra_op_threads=self.threads), pairs)
+        return self._ref[id(pairs)]
+
+    def candidate_scores(self, keep_fp32: Sequence[str], pairs: Sequence) -> dict:
+        """Scores of ``pairs`` with the graphs in bf16 except ``keep_fp32``."""
+        from ..runtime.scorer import Scorer
+
+        b = copy.copy(self.bundle)  # shares the sha256 checks already done
+        b.manifest = {**self.bundle.manifest, "precision": certificate_record(self.units, keep_fp32, self.graphs)}
+        scorer = Scorer(b, backend="openvino", intra_op_threads=self.threads)
+        try:
+            self.configurations += 1
+            return scores(scorer, pairs)
+        finally:
+            del scorer
+            gc.collect()
+
+    def figures(self, keep_fp32: Sequence[str], pairs: Sequence, min_pairs: int = 0) -> dict:
+        return gate_figures(self.reference(pairs), self.candidate_scores(keep_fp32, pairs), min_pairs)
+
+
+def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, max_keep: int | None = None) -> dict:
+    """The accuracy-aware search (module docstring, step 4).
+
+    Returns:
+        ``{"keep_fp32", "calibration", "heldout"`` (figures of the chosen plan), ``"whole_graph"``,
+        ``"sensitivity"`` ({unit: gate load with it alone in fp32}), ``"order"``,
+        ``"trajectory"`` ([{keep count, calibration and held-out summaries}])}.
+
+    Raises:
+        CertificationError: no plan with at most ``max_keep`` fp32 units passes both sets.
+    """
+    names = ev.unit_names
+    max_keep = min(len(names), len(names) // 2 if max_keep is None else int(max_keep))
+    log = ev.log
+    out = {"trajectory": [], "sensitivity": {}, "order": []}
+    cal = ev.figures((), calibration)
+    out["whole_graph"] = _summary(cal)
+    log(f"bf16 whole graph, calibration: {_fmt(cal)}")
+    order: list[str] = []
+    k = 0
+    while True:
+        step = {"kept": k, "calibration": _summary(cal)}
+        held = ev.figures(order[:k], heldout, FIDELITY_MIN_PAIRS) if cal["pass"] else None
+        if held is not None:
+            step["heldout"] = _summary(held)
+        log(f"{k} units in fp32 {order[:k]}: calibration {_fmt(cal)}"
+            + (f"; held-out {_fmt(held)}" if held is not None else ""))
+        out["trajectory"].append(step)
+        if held is not None and held["pass"]:
+            break
+        k += 1
+        if k > max_keep:
+            raise CertificationError(
+                f"bf16-cpu refused: no plan with at most {max_keep} of {len(names)} units in fp32 passes the gates "
+                f"(whole graph in bf16: {_fmt_summary(out['whole_graph'])}; with {k - 1} units in fp32: "
+                f"calibration {_fmt_summary(step['calibration'])}"
+                + (f", held-out {_fmt_summary(step['heldout'])}" if "heldout" in step else "")
+                + "). Use fp32 (the default).", out)
+        if not order:  # the whole graph failed: rank the units by what keeping each alone in fp32 does
+            for u in names:
+                out["sensitivity"][u] = gate_load(ev.figures((u,), calibration))
+                log(f"  {u} alone in fp32: gate load {out['sensitivity'][u]:.3f}")
+            order = out["order"] = sorted(names, key=lambda u: (out["sensitivity"][u], names.index(u)))
+        cal = ev.figures(order[:k], calibration)
+    out.update(keep_fp32=order[:k], calibration=cal, heldout=held)
+    return out
+
+
+def _fmt(fig: dict) -> str:
+    return _fmt_summary(_summary(fig))
+
+
+def _fmt_summary(s: dict) -> str:
+    return (f"{'pass' if s['pass'] else 'FAIL'} (max |dCP| {s['max_abs_dcp']:.2e}, max |dPF| {s['max_abs_dpf']:.2e}, "
+            f"Spearman CP {s['spearman_cp']:.6f} / PF {s['spearman_pf']:.6f}, {s['pairs']} pairs)")
+
+
+def _pair_set(given, default: Callable[[], tuple[list, dict]]) -> tuple[list, dict]:
+    """``given`` (a pairs CSV path, or Pairs) as a pair list with its description; else the default."""
+    if given is None:
+        return default()
+    if isinstance(given, (str, Path)):
+        return read_pairs_csv(given), {"source": str(given)}
+    return list(given), {"source": "given pairs"}
+
+
+def certify_bundle(bundle_dir: str | Path, *, calibration: str | Path | Sequence | None = None,
+                   heldout: str | Path | Sequence | None = None,
+                   graphs: Sequence[str] = DEFAULT_GRAPHS, threads: int | None = None, max_keep: int | None = None,
+                   log: Callable[[str], None] = print) -> dict:
+    """Certify an fp32 bundle for bf16 on OpenVINO's CPU plugin and write the certificate into its
+    manifest (in place; nothing is written when it is refused).
+
+    Args:
+        bundle_dir: an fp32 bundle (masc-export).
+        calibration, heldout: pairs CSVs (or lists of :class:`~masc_engine.runtime.scorer.Pair`)
+            replacing the default sets (:func:`default_calibration`, :func:`default_heldout`);
+            held-out needs ``FIDELITY_MIN_PAIRS`` pairs.
+        graphs: the graphs run in bf16 (``vision``; ``text`` too if asked).
+        threads: OpenVINO / ONNX Runtime threads while scoring.
+        max_keep: most units kept in fp32 (default half the units).
+
+    Returns:
+        The ``manifest["precision"]`` record written.
+
+    Raises:
+        BackendUnavailableError: openvino missing or no native bf16 on this CPU.
+        CertificationError: the gates fail (figures in the message and ``report``).
+        BundleError: not an fp32 bundle.
+    """
+    from ..engine.manifest import write_manifest
+    from ..errors import BundleError
+
+    check_available("bf16")
+    t0 = time.time()
+    ev = Evaluator(bundle_dir, graphs, threads, log)
+    mode = (ev.bundle.manifest.get("precision") or {}).get("mode", "fp32")
+    if mode not in ("fp32", BF16_CPU):
+        raise BundleError(f"bundle {bundle_dir} holds {mode} graphs; bf16-cpu certifies an fp32 bundle")
+    cal, cal_info = _pair_set(calibration, default_calibration)
+    held, held_info = _pair_set(heldout, default_heldout)
+    cal_info["pairs"], held_info["pairs"] = len(cal), len(held)
+    if len(held) < FIDELITY_MIN_PAIRS:
+        raise CertificationError(f"bf16-cpu needs at least {FIDELITY_MIN_PAIRS} held-out pairs for its gates to count; "
+                                 f"{held_info['source']} has {len(held)}", {"pairs": {"heldout": held_info}})
+    log(f"bf16-cpu certification of {', '.join(graphs)}: {len(cal)} calibration pairs ({cal_info['source']}), "
+        f"{len(held)} held-out pairs ({held_info['source']}), against fp32 ONNX Runtime")
+    found = search_keep_list(ev, cal, held, max_keep)
+    record = certificate_record(ev.units, found["keep_fp32"], graphs)
+    record.update(
+        gates={"calibration": found["calibration"], "heldout": found["heldout"],
+               "thresholds": {"max_abs_delta": FIDELITY_MAX_ABS_DELTA, "min_spearman": FIDELITY_MIN_SPEARMAN,
+                              "min_pairs_heldout": FIDELITY_MIN_PAIRS}},
+        reference="fp32 ONNX Runtime CPU on this bundle (graph variant auto)",
+        pairs={"calibration": cal_info, "heldout": held_info},
+        search={k: found[k] for k in ("whole_graph", "sensitivity", "order", "trajectory")},
+        configurations_scored=ev.configurations, seconds=round(time.time() - t0, 1),
+        claim="scores are certified to the gates against fp32, not bit-equal to fp32",
+    )
+    manifest = dict(ev.bundle.manifest, precision=record)
+    write_manifest(ev.bundle.path, manifest)
+    log(f"bf16-cpu certified: {len(found['keep_fp32'])} units kept in fp32 {found['keep_fp32']}; held-out "
+        f"{_fmt(found['heldout'])}")
+    return record
