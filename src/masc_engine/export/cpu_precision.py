@@ -401,6 +401,21 @@ class Evaluator:
         return gate_figures(self.reference(pairs), self.candidate_scores(keep_fp32, pairs), min_pairs)
 
 
+def unit_sensitivity(ev: "Evaluator", pairs: Sequence) -> dict[str, float]:
+    """``{unit: gate load on pairs with that unit alone in fp32, the rest in bf16}``."""
+    out = {}
+    for u in ev.unit_names:
+        out[u] = gate_load(ev.figures((u,), pairs))
+        ev.log(f"  {u} alone in fp32: gate load {out[u]:.3f}")
+    return out
+
+
+def sensitivity_order(sensitivity: dict[str, float], names: Sequence[str]) -> list[str]:
+    """Units most helpful in fp32 first (lowest gate load when kept alone), ties in graph order."""
+    names = list(names)
+    return sorted(names, key=lambda u: (sensitivity[u], names.index(u)))
+
+
 def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, max_keep: int | None = None) -> dict:
     """The accuracy-aware search (module docstring, step 4).
 
@@ -440,10 +455,8 @@ def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, ma
                 + (f", held-out {_fmt_summary(step['heldout'])}" if "heldout" in step else "")
                 + "). Use fp32 (the default).", out)
         if not order:  # the whole graph failed: rank the units by what keeping each alone in fp32 does
-            for u in names:
-                out["sensitivity"][u] = gate_load(ev.figures((u,), calibration))
-                log(f"  {u} alone in fp32: gate load {out['sensitivity'][u]:.3f}")
-            order = out["order"] = sorted(names, key=lambda u: (out["sensitivity"][u], names.index(u)))
+            out["sensitivity"] = unit_sensitivity(ev, calibration)
+            order = out["order"] = sensitivity_order(out["sensitivity"], names)
         cal = ev.figures(order[:k], calibration)
     out.update(keep_fp32=order[:k], calibration=cal, heldout=held)
     return out
