@@ -49,6 +49,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+import workloads  # noqa: E402
 from workloads import dreambench_pairs  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data" / "dreambooth"
@@ -246,7 +247,7 @@ def frontier_plot(frontiers: dict[str, list[dict]], path: Path) -> None:
     """Speed-up against max |dPF| and against 1 - Spearman PF, one point per k, a line per shape."""
     import matplotlib
 
-    matplotlib.use("svg")
+    matplotlib.use("Agg")  # savefig picks the format from the file name (svg in bench/results)
     import matplotlib.pyplot as plt
 
     from masc_engine.tolerances import FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_SPEARMAN
@@ -316,15 +317,7 @@ def child_masc_metric(checkpoint: str, pairs: str, budget: int) -> dict:
 
 def run_child(fn: str, *args) -> tuple[object, float]:
     """``fn(*args)`` of this script in a fresh Python process: (its result, wall seconds spawn->exit)."""
-    code = (f"import json, sys; sys.path.insert(0, {str(REPO / 'bench')!r}); import cpu_precision as b; "
-            f"print('RESULT' + json.dumps(b.{fn}(*{args!r}), default=float))")
-    t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    if out.returncode:
-        raise RuntimeError(f"{fn} failed:\n{out.stderr[-4000:]}")
-    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    return json.loads(line[len("RESULT"):]), wall
+    return workloads.run_child("cpu_precision", fn, *args)
 
 
 def _masc_run(bundle: str, pairs: Path, out: Path, batch: int) -> float:

@@ -41,6 +41,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+import workloads  # noqa: E402
 from workloads import dreambench_pairs  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data" / "dreambooth"
@@ -279,15 +280,7 @@ def child_masc_metric(checkpoint: str, pairs: str, budget: int) -> dict:
 
 def run_child(fn: str, *args) -> tuple[dict, float]:
     """Run ``fn(*args)`` in a fresh Python process; returns (its result, wall seconds spawn->exit)."""
-    code = (f"import json, sys; sys.path.insert(0, {str(REPO / 'bench')!r}); import cpu_throughput as b; "
-            f"print('RESULT' + json.dumps(b.{fn}(*{args!r})))")
-    t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    if out.returncode:
-        raise RuntimeError(f"{fn} failed:\n{out.stderr[-4000:]}")
-    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    return json.loads(line[len("RESULT"):]), wall
+    return workloads.run_child("cpu_throughput", fn, *args)
 
 
 def masc_run_process(bundle: Path, pairs: Path, out: Path, extra: list[str]) -> tuple[dict, float]:

@@ -12,6 +12,10 @@ Two kinds of pairs, both written as a masc-run pairs CSV:
 from __future__ import annotations
 
 import csv
+import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 #: The prompts of the DreamBench-shaped workloads (``{}`` is the subject's class).
@@ -92,3 +96,18 @@ def odd_size_pairs(rows: list[dict], base: Path, out_dir: Path) -> tuple[Path, l
             row[ic], row[mc] = f"{stem}.png", f"{stem}_mask.png"
         out_rows.append(row)
     return write_pairs_csv(out_dir / "pairs.csv", out_rows), out_rows
+
+
+def run_child(module: str, fn: str, *args) -> tuple[object, float]:
+    """``fn(*args)`` of the bench script ``module`` in a fresh Python process (cold: imports, model
+    loads and first calls all counted); returns (its JSON result, wall seconds spawn -> exit)."""
+    bench = str(Path(__file__).resolve().parent)
+    code = (f"import json, sys; sys.path.insert(0, {bench!r}); import {module} as b; "
+            f"print('RESULT' + json.dumps(b.{fn}(*{args!r}), default=float))")
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if out.returncode:
+        raise RuntimeError(f"{module}.{fn} failed:\n{out.stderr[-4000:]}")
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
+    return json.loads(line[len("RESULT"):]), wall
