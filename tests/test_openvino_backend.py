@@ -109,6 +109,26 @@ def test_segments_cut_at_every_boundary_compose_exactly(naflex_bundle):
                                                      ovb.Segment("f32", "no_such_tensor", None)])
 
 
+def test_concurrent_calls_and_host_device(naflex_bundle):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from masc_engine.engine.device import HostDevice
+
+    b = _bundle(naflex_bundle)
+    units = cpc.graph_units(b.graph_file("vision"), "vision")
+    # two f32 segments: the intermediate tensor stays in each thread's own infer requests
+    runner = ovb.OpenVINORunner(b.graph_file("vision"), "vision", segments=[
+        ovb.Segment("f32", None, units["boundaries"][1]), ovb.Segment("f32", units["boundaries"][1], None)])
+    feeds = [_feeds("vision", 64, 2, 20 + 9 * i, seed=i) for i in range(6)]
+    alone = [runner.run(f)["last_hidden_state"] for f in feeds]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda f: runner.run(f)["last_hidden_state"], feeds * 2))
+    for a, t in zip(alone * 2, together):
+        assert np.array_equal(a, t)
+    on_device = runner.run_device(feeds[0], HostDevice())["last_hidden_state"]
+    assert np.array_equal(on_device, alone[0])
+
+
 def test_plan_segments_merges_runs_and_names_unknown_units():
     units = {"names": ["v.embeddings", "v.layers.0", "v.layers.1", "v.layers.2", "v.head"],
              "boundaries": ["b0", "b1", "b2", "b3"]}
@@ -189,6 +209,17 @@ def test_bundle_dispatch_refusals(naflex_bundle):
         b.runner("vision", backend="openvino", provider="cuda")
     with pytest.raises(BackendUnavailableError, match="ort-cpu"):
         b.runner("vision", backend="openvino", variant="ort-cpu")
+
+
+def test_fingerprint_follows_the_certified_plan():
+    from masc_engine.engine.manifest import fingerprint
+
+    base = {"files": {"vision.onnx": "ab"}, "image": {}, "text": {}, "scoring": {}, "precision": {"mode": "fp32"}}
+    cert = {"mode": "bf16-cpu", "graphs": ["vision"], "keep_fp32": [], "openvino": "2026.4.1", "gates": {"x": 1}}
+    fps = {fingerprint(base), fingerprint({**base, "precision": cert}),
+           fingerprint({**base, "precision": {**cert, "keep_fp32": ["vision.layers.3"]}})}
+    assert len(fps) == 3  # cached bf16 tokens never serve another plan (or fp32)
+    assert fingerprint({**base, "precision": {**cert, "gates": {"x": 2}}}) == fingerprint({**base, "precision": cert})
 
 
 # --------------------------------------------------------------------------- gates and search

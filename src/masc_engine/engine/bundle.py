@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import BackendUnavailableError, BundleError
 from .backends.base import BACKENDS, Runner
+from .backends.openvino import BF16_CPU_MODE
 from .manifest import fingerprint, read_manifest, verify_files
 
 
@@ -185,7 +186,7 @@ class Bundle:
         if backend == "onnxruntime":
             from .backends.onnxruntime import OrtRunner
 
-            own = "fp32" if self.precision == "bf16-cpu" else self.precision  # bf16-cpu: fp32 graphs + an OpenVINO certificate
+            own = "fp32" if self.precision == BF16_CPU_MODE else self.precision  # fp32 graphs + an OpenVINO certificate
             if precision not in (None, own):
                 raise BackendUnavailableError(
                     f"bundle {self.path} holds {own} graphs; for precision {precision!r} export a bundle with "
