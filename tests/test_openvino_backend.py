@@ -252,6 +252,16 @@ def test_gate_figures_each_gate():
     assert not cpc.gate_figures(few, few, tol.FIDELITY_MIN_PAIRS)["gates"]["min_pairs"]["pass"]
 
 
+def test_default_pair_sets(tmp_path):
+    cal, cal_info = cpc.default_calibration()
+    assert cal_info["example_pairs"] > 0 and len(cal) == cal_info["example_pairs"] + cal_info["grid_pairs"]
+    for examples in (cpc.EXAMPLES, tmp_path):  # an installed package has no examples/: still enough pairs
+        held, info = cpc.default_heldout(examples)
+        assert len(held) >= tol.FIDELITY_MIN_PAIRS
+        assert all(p.ref_image is not p.out_image for p in held)
+    assert info["source"].startswith("grid")
+
+
 class _FakeEvaluator:
     """Scores as a function of the units kept: unit ``u`` in bf16 adds ``err[u]`` to every CP."""
 

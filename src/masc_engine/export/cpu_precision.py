@@ -203,11 +203,13 @@ def default_calibration(examples: Path = EXAMPLES, grid: int = 12) -> tuple[list
 def default_heldout(examples: Path = EXAMPLES, min_pairs: int = FIDELITY_MIN_PAIRS) -> tuple[list, dict]:
     """The default held-out pairs: DreamBench-shaped copies of the shipped photos plus a synthetic
     grid (other seeds than calibration), every image against enough others for ``min_pairs``."""
-    items = dreambench_copies(examples) + synthetic_images(18, seed=29)
+    copies = dreambench_copies(examples)
+    need = next(n for n in range(2, 10 ** 6) if n * (n - 1) >= min_pairs)  # images for min_pairs distinct pairs
+    items = copies + synthetic_images(max(18, need - len(copies)), seed=29)
     per = -(-min_pairs // len(items))
     pairs = cross_pairs(items, per, offset=3)
-    return pairs, {"source": "dreambench copies+grid" if len(items) > 18 else "grid", "images": len(items),
-                   "pairs": len(pairs)}
+    return pairs, {"source": "dreambench copies+grid" if copies else "grid (no examples/ beside the package)",
+                   "images": len(items), "pairs": len(pairs)}
 
 
 def read_pairs_csv(path: str | Path, max_pairs: int = MAX_CSV_PAIRS) -> list:
