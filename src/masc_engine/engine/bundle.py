@@ -82,8 +82,9 @@ class Bundle:
     @property
     def precision(self) -> str:
         """The graphs' precision: ``fp32``, ``fp16`` or ``bf16`` (mixed-precision graphs from
-        ``masc-export --precision``), or ``int8-dynamic``; bundles written before it was recorded
-        are fp32."""
+        ``masc-export --precision``), ``int8-dynamic``, or ``bf16-cpu`` (fp32 graphs certified
+        for bf16 on OpenVINO's CPU plugin, export/cpu_precision.py); bundles written before it was
+        recorded are fp32."""
         return str(self.manifest.get("precision", {}).get("mode", "fp32"))
 
     def file(self, name: str) -> Path:
