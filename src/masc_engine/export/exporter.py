@@ -384,6 +384,9 @@ def _export_into(out: Path, model: str, max_num_patches, revision, validate: boo
                         f"max |dPF| {entry['validation']['scores']['max_abs_dpf']:.2e}")
                 manifest["variants"][fusion.VARIANT] = entry
     manifest["export_seconds"] = round(time.time() - t0, 1)
+    from .onnx_check import check_graphs  # every graph passes the ONNX checker, or no bundle
+
+    manifest["onnx_checker"] = {"full_check": True, "graphs": check_graphs(out, manifest["files"])}
     write_manifest(out, manifest)
 
 

@@ -53,5 +53,8 @@ def quantize_graphs(src: str | Path, stage: str | Path, log=print) -> dict:
     # ``text.onnx.data``) are no longer referenced and must not stay in the bundle's file list.
     _drop_unreferenced_data(stage, manifest["graphs"])
     manifest["files"] = _bundle_files(stage, manifest["graphs"])
+    from .onnx_check import check_graphs
+
+    manifest["onnx_checker"] = {"full_check": True, "graphs": check_graphs(stage, manifest["files"])}
     write_manifest(stage, manifest)
     return manifest

@@ -25,7 +25,10 @@ bundle's graphs:
 
 The transform (:class:`PrecisionTransform`) plugs into export/transforms.py's pipeline; the
 exporter validates its output against PyTorch with the reduced-precision gates in
-:mod:`masc_engine.tolerances`.
+:mod:`masc_engine.tolerances`. The converter appends its island-border Casts at the end of the
+node list, so its graphs are not in topological order, which the ONNX spec requires and
+``onnx.checker`` enforces (ONNX Runtime and TensorRT's parser sort nodes themselves, so they ran
+anyway); :func:`topological_sort` restores the order before the graph is written.
 """
 
 from __future__ import annotations
@@ -161,6 +164,71 @@ def retype_fp16_to_bf16(model16, model32):
     return model16
 
 
+def topological_sort(graph) -> int:
+    """Reorder ``graph.node`` (an ``onnx.GraphProto``, in place) so that every node comes after
+    the nodes producing its inputs, as the ONNX spec requires; stable (nodes already in order keep
+    their relative order). Inputs of subgraphs (``If`` / ``Loop`` bodies) that name outer values
+    count as inputs of the node holding them.
+
+    Returns:
+        the number of nodes that moved.
+
+    Raises:
+        ValueError: a node reads a value no graph input, initializer or node produces, or the
+            nodes form a cycle (the message names the node and the value).
+    """
+    import heapq
+
+    nodes = list(graph.node)
+    known = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    known |= {t.name for t in graph.sparse_initializer}
+    producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
+    waits = [set() for _ in nodes]
+    users: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for name in _node_reads(n):
+            if name in known:
+                continue
+            if name not in producer:
+                raise ValueError(f"node {n.name or n.op_type!r} reads {name!r}, which no input, initializer or "
+                                 "node of the graph produces")
+            if producer[name] != i:
+                waits[i].add(producer[name])
+                users.setdefault(producer[name], []).append(i)
+    ready = [i for i, w in enumerate(waits) if not w]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for j in users.get(i, ()):
+            waits[j].discard(i)
+            if not waits[j]:
+                heapq.heappush(ready, j)
+    if len(order) != len(nodes):
+        stuck = next(nodes[i] for i in range(len(nodes)) if i not in set(order))
+        raise ValueError(f"the graph's nodes form a cycle (through {stuck.name or stuck.op_type!r})")
+    moved = sum(1 for pos, i in enumerate(order) if pos != i)
+    if moved:
+        del graph.node[:]
+        graph.node.extend(nodes[i] for i in order)
+    return moved
+
+
+def _node_reads(node) -> set[str]:
+    """Values a node reads: its inputs, and the outer-scope values its subgraphs read."""
+    import onnx
+
+    reads = set(node.input)
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for g in graphs:
+            inner = {i.name for i in g.input} | {t.name for t in g.initializer}
+            inner |= {o for n in g.node for o in n.output}
+            reads |= {r for n in g.node for r in _node_reads(n)} - inner
+    return reads
+
+
 def emulate_bf16(model):
     """A float32 graph that rounds to bfloat16 wherever the bf16 ``model`` has a bfloat16 tensor.
 
@@ -280,11 +348,12 @@ class PrecisionTransform:
         del model.graph.value_info[:]
         if self.precision == "bf16":
             model = retype_fp16_to_bf16(model, model32)
+        moved = topological_sort(model.graph)
         external = model.ByteSize() > _EXTERNAL_DATA_BYTES
         onnx.save(model, str(dst), save_as_external_data=external,
                   location=(Path(dst).name + ".data") if external else None)
         counts = initializer_dtypes(dst)
         total = sum(c["elements"] for c in counts.values()) or 1
         reduced = counts.get("float16" if self.precision == "fp16" else "bfloat16", {}).get("elements", 0)
-        return {"fp32_nodes": len(keep), "fp32_node_reasons": dict(Counter(keep.values())),
+        return {"fp32_nodes": len(keep), "fp32_node_reasons": dict(Counter(keep.values())), "nodes_reordered": moved,
                 "initializer_dtypes": counts, "reduced_weight_fraction": round(reduced / total, 4)}
