@@ -1,10 +1,17 @@
 """The TensorRT backend's CPU-checkable parts: lazy import, refusal without TensorRT, profiles
-(split / refuse), engine-compatibility checks, the fp32 precision policy, and the builder /
-runner plumbing against a fake ``tensorrt`` (tests/fake_tensorrt.py).
+(split / refuse), engine-compatibility checks, the fp32 precision policy, the device-memory plan,
+and the builder / runner plumbing against a fake ``tensorrt`` (tests/fake_tensorrt.py) that is
+asynchronous, runs out of memory, rejects unsupported ops and bad profiles as the real one does.
+
+Each unkindness has a test the code would fail without its guard, and the guard is shown to
+matter: a copy of engine/backends/tensorrt.py with the guard removed (:func:`mutant`) fails that
+test (no synchronize before reading outputs, no None check on the execution context, no check of
+``add_optimization_profile``, no typed error for a refused profile, a static context, a stream
+object for the handle).
 
 What these tests cannot show: that real TensorRT accepts these calls, builds these graphs, or
-meets the fidelity gates. No TensorRT or GPU was available where they were written; the README's
-support matrix lists the TensorRT path as unverified.
+meets the fidelity gates. No TensorRT or GPU was available where they were written; docs/gpu.md
+lists the TensorRT path as unverified.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import json
 import shutil
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -22,7 +30,8 @@ import fake_tensorrt
 from conftest import REPO
 from masc_engine.engine.backends import trt_profiles as tp
 from masc_engine.engine.bundle import Bundle
-from masc_engine.errors import BackendUnavailableError, BundleError, EngineCompatibilityError, InputError, ProfileError
+from masc_engine.errors import (BackendUnavailableError, BundleError, DeviceMemoryError, EngineCompatibilityError,
+                                InputError, ProfileError)
 
 INFO = {"tensorrt_version": "11.4.0.106", "gpu_name": "NVIDIA H200", "compute_capability": "9.0"}
 
@@ -41,9 +50,9 @@ def fake_trt(monkeypatch, tmp_path):
     monkeypatch.setattr(trt_backend, "CupyDevice", fake_tensorrt.NumpyDevice)
     monkeypatch.setattr(trt_backend, "_query_gpu", lambda device: (INFO["gpu_name"], INFO["compute_capability"]))
     monkeypatch.setenv("MASC_ENGINE_CACHE", str(tmp_path / "cache"))
-    fake_tensorrt.BUILDS.clear()
-    fake_tensorrt.RUNS.clear()
-    return trt_backend
+    fake_tensorrt.reset()
+    yield trt_backend
+    fake_tensorrt.reset()
 
 
 @pytest.fixture
@@ -307,18 +316,23 @@ def test_trt_device_inputs_are_dtype_checked(trt_engines):
 
 
 def test_trt_run_device_allocates_outputs_before_synchronizing(trt_engines):
-    """As OrtRunner.run_device: outputs are allocated, then the device is synchronised, then bound."""
+    """As OrtRunner.run_device: outputs and context memory are allocated, then the device is
+    synchronised, then copies are queued on the engine's stream, tensors bound, the engine run."""
     runner = trt_engines.runner("pool", backend="tensorrt", provider="cuda")
     dev = fake_tensorrt.NumpyDevice()
     feeds = {k: dev.from_host(v) for k, v in _pool_feeds().items()}
+    feeds["key_padding_mask"] = _pool_feeds()["key_padding_mask"]  # a host input: staged, copied on the stream
     fake_tensorrt.CALLS.clear()
     out = runner.run_device(feeds, dev)
     names = [c for c, _ in fake_tensorrt.CALLS]
     last_empty = max(i for i, c in enumerate(names) if c == "empty")
     sync = names.index("synchronize", last_empty)
     first_bind = names.index("set_tensor_address")
-    assert last_empty < sync < first_bind < names.index("execute_async_v3")
-    assert [x for x in fake_tensorrt.CALLS if x[0] == "empty"] == [("empty", (2, 64)), ("empty", (2, 30))]
+    assert names.index("set_device_memory") < sync < names.index("copy_to_device") < first_bind
+    assert last_empty < sync < first_bind < names.index("execute_async_v3") < names.index("stream.synchronize")
+    empties = [x[1] for x in fake_tensorrt.CALLS if x[0] == "empty"]
+    assert empties[:3] == [(2, 30), (2, 64), (2, 30)]  # the staged mask's device buffer, then the outputs
+    assert len(empties) == 4 and len(empties[3]) == 1  # the context memory (bytes), made once
     np.testing.assert_array_equal(dev.to_host(out["pooled"]), trt_engines.runner("pool").run(_pool_feeds())["pooled"])
 
 
@@ -374,3 +388,340 @@ def test_ort_cuda_provider_gets_tf32_off(monkeypatch, naflex_bundle):
     OrtRunner(str(naflex_bundle / "cp.onnx"), "cp", provider="cpu")
     assert calls == [[("CUDAExecutionProvider", {"use_tf32": "0"})], [("CPUExecutionProvider", {})]]
     assert preloads == [1]  # CUDA/cuDNN from the NVIDIA wheels, for the CUDA provider only
+
+
+# ------------------------------------------------------------------ the fake's unkindness, and the guards it needs
+
+TRT_SOURCE = REPO / "src" / "masc_engine" / "engine" / "backends" / "tensorrt.py"
+
+
+def mutant(old: str, new: str) -> types.ModuleType:
+    """engine/backends/tensorrt.py with one guard removed (``old`` -> ``new``, which must occur
+    once), loaded as a module beside the real one and wired to the fake like the ``fake_trt``
+    fixture wires the real one."""
+    src = TRT_SOURCE.read_text()
+    assert src.count(old) == 1, f"mutation site found {src.count(old)} times: {old!r}"
+    mod = types.ModuleType("masc_engine.engine.backends._tensorrt_mutant")
+    mod.__package__ = "masc_engine.engine.backends"
+    mod.__file__ = str(TRT_SOURCE)
+    exec(compile(src.replace(old, new), str(TRT_SOURCE), "exec"), mod.__dict__)  # noqa: S102 - our own source
+    mod.CupyDevice = fake_tensorrt.NumpyDevice
+    mod._query_gpu = lambda device: (INFO["gpu_name"], INFO["compute_capability"])
+    return mod
+
+
+def real_module():
+    from masc_engine.engine.backends import tensorrt as trt_backend
+
+    return trt_backend
+
+
+def _cp_feeds(r=1, k=1, n=12, m=9):
+    rng = np.random.default_rng(r * 100 + k)
+    return {"ref_tokens": rng.normal(size=(r, n, 64)).astype(np.float32), "ref_keep": rng.random((r, n)) < 0.7,
+            "out_tokens": rng.normal(size=(r, k, m, 64)).astype(np.float32), "out_valid": np.ones((r, k, m), bool)}
+
+
+def test_outputs_are_read_after_the_engine_stream_synchronizes(trt_engines):
+    """Kernels and copies complete on the stream's worker after a delay: a runner that returned
+    before synchronizing its stream would hand back NaN (the buffers' uninitialised contents)."""
+    fake_tensorrt.LATENCY_S = 0.05
+    feeds = _pool_feeds()
+    want = trt_engines.runner("pool").run(feeds)
+
+    def check(mod):
+        runner = mod.load_runner(trt_engines, "pool")
+        got = runner.run(feeds)
+        dev = fake_tensorrt.NumpyDevice()
+        on_device = runner.run_device({k: dev.from_host(v) for k, v in feeds.items()}, dev)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+            np.testing.assert_array_equal(dev.to_host(on_device[k]), want[k])
+
+    check(real_module())
+    no_sync = mutant("            stream.synchronize()\n            self._staging.next_call()",
+                     "            self._staging.next_call()")
+    with pytest.raises(AssertionError, match="Mismatch|nan"):
+        check(no_sync)
+
+
+def test_execution_context_none_is_a_typed_error(trt_engines):
+    """``create_execution_context`` returns None when TensorRT cannot give a context memory."""
+    from masc_engine.errors import MascEngineError
+
+    fake_tensorrt.FAIL.add("create_execution_context")
+
+    def check(mod):
+        with pytest.raises(MascEngineError, match=r"execution context for engine 'pool' \(optimization profile 0, "
+                                                  r"max shapes .*'hidden': \[16, 1024, 64\]"):
+            mod.load_runner(trt_engines, "pool")
+
+    check(real_module())
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):  # the None kept, to fail later
+        check(mutant("        if self.context is None:\n            raise DeviceMemoryError",
+                     "        if False:\n            raise DeviceMemoryError"))
+
+
+def test_a_refused_optimization_profile_is_named(fake_trt, bundle_copy):
+    """``add_optimization_profile`` returns -1 for a profile TensorRT refuses; unchecked, the build
+    fails later with a generic message."""
+    from masc_engine.errors import MascEngineError
+
+    fake_tensorrt.FAIL.add("add_optimization_profile")
+
+    def check(mod):
+        with pytest.raises(MascEngineError, match=r"engine 'cp': TensorRT refused optimization profile 0 "
+                                                  r"\(\{'ref_tokens': \[16, 1024, 64\]"):
+            mod.build_engines(bundle_copy, graphs=["cp"], log=lambda s: None)
+
+    check(fake_trt)
+    with pytest.raises(AssertionError, match="Regex pattern did not match"):  # the generic message instead
+        check(mutant("        if config.add_optimization_profile(profile) < 0:",
+                     "        if config.add_optimization_profile(profile) < -1:"))
+
+
+def test_set_shape_refusal_names_engine_profile_and_shapes(fake_trt, bundle_copy, tmp_path):
+    """The real ``IOptimizationProfile.set_shape`` raises RuntimeError unless min <= opt <= max."""
+    from masc_engine.errors import MascEngineError
+
+    bad = [{"hidden": {"min": [1, 1, 64], "opt": [4, 2048, 64], "max": [8, 1024, 64]},
+            "key_padding_mask": {"min": [1, 1], "opt": [4, 512], "max": [8, 1024]}}]
+
+    def check(mod):
+        with pytest.raises(MascEngineError, match=r"engine 'pool', optimization profile 0: TensorRT refused input "
+                                                  r"'hidden' min \[1, 1, 64\] opt \[4, 2048, 64\] max \[8, 1024, 64\] "
+                                                  r"\(Shape provided for max is inconsistent"):
+            mod.build_engine(bundle_copy / "pool.onnx", tmp_path / "pool.engine", "fp32", bad, log=lambda s: None)
+
+    check(fake_trt)
+    with pytest.raises(RuntimeError, match="inconsistent"):  # untyped, and naming neither engine nor profile
+        check(mutant("            except (RuntimeError, ValueError, TypeError) as e:", "            except () as e:"))
+
+
+def test_parser_rejections_and_failed_builds_are_typed_errors(fake_trt, bundle_copy, tmp_path):
+    from masc_engine.engine.backends.tensorrt import EngineBuildError
+
+    entry = json.loads((bundle_copy / "manifest.json").read_text())
+    profile = tp.profile_shapes(entry["graphs"]["vision"], tp.default_axis_ranges(entry, max_batch=2))
+    # The fused ONNX Runtime graphs hold com.microsoft contrib ops, which TensorRT's parser does not import.
+    with pytest.raises(EngineBuildError, match=r"parser rejected .*vision.ort-cpu.onnx \(engine 'vision'\): node \d+ "
+                                               r"\(SkipLayerNormalization\): .* node \d+ \(Attention\): No importer "
+                                               r"registered for op: Attention \(domain com.microsoft\)"):
+        fake_trt.build_engine(bundle_copy / "vision.ort-cpu.onnx", tmp_path / "v.engine", "fp32", [profile],
+                              log=lambda s: None, graph="vision")
+    fake_tensorrt.FAIL.add("build")
+    with pytest.raises(EngineBuildError, match=r"failed to build engine 'vision' .*'pixel_values': \[2, 1024, 768\]"):
+        fake_trt.build_engine(bundle_copy / "vision.onnx", tmp_path / "v.engine", "fp32", [profile], log=lambda s: None,
+                              graph="vision")
+    assert not (tmp_path / "v.engine").exists()
+
+
+def test_one_trt_logger_per_process(trt_engines):
+    """Four builds and four runners (and their deserializations) share one trt.Logger."""
+    for graph in ("vision", "pool", "text", "cp"):
+        trt_engines.runner(graph, backend="tensorrt", provider="cuda")
+    assert len(fake_tensorrt.LOGGERS) == 1
+
+
+def test_execute_async_v3_takes_the_stream_handle(trt_engines):
+    def check(mod):
+        got = mod.load_runner(trt_engines, "pool").run(_pool_feeds())
+        assert np.isfinite(got["pooled"]).all()
+
+    check(real_module())
+    with pytest.raises(TypeError, match="(?s)incompatible function arguments.*stream_handle: int"):
+        check(mutant("if not ctx.execute_async_v3(stream.ptr):", "if not ctx.execute_async_v3(stream):"))
+
+
+# ------------------------------------------------------------------ device memory: plan, budget, user-managed contexts
+
+
+def test_memory_plan_is_written_to_engines_json(fake_trt, bundle_copy):
+    fake_trt.build_engines(bundle_copy, log=lambda s: None)
+    side = json.loads((bundle_copy / "tensorrt-fp32" / "engines.json").read_text())
+    plan = side["memory_plan"]
+    assert plan["budget_source"].startswith("free device memory at build")
+    assert plan["max_batch"] == 16 and plan["max_outs_per_ref"] == 16
+    total = 0
+    for graph, e in side["engines"].items():
+        mem = e["memory"]
+        onnx_file = bundle_copy / f"{graph}.onnx"
+        assert mem["weights_bytes"] == onnx_file.stat().st_size > 0
+        assert mem["profile_max"]["shapes"] == {k: v["max"] for k, v in e["profiles"][0].items()}
+        assert mem["profile_max"]["activation_bytes"] > 0 and mem["profile_max"]["io_bytes"] > 0
+        assert len(mem["device_memory_bytes"]) == 1 and mem["device_memory_bytes"][0] > 0  # TensorRT's own figure
+        total += mem["weights_bytes"] + mem["profile_max"]["activation_bytes"] + mem["profile_max"]["io_bytes"]
+    assert plan["total_bytes"] == total
+    cp = side["engines"]["cp"]["memory"]["profile_max"]
+    # 16 refs x 16 outputs x 1024 x 1024 cosines: fp32 with its fp32 reduction, plus normalised copies
+    assert cp["activation_bytes"] == (16 * 1024 + 16 * 16 * 1024) * 64 * 4 + 16 * 16 * 1024 * 1024 * 8
+
+
+def test_profile_maxima_are_chosen_from_the_budget(fake_trt, bundle_copy):
+    from masc_engine.cli.export_cmd import main
+
+    manifest = json.loads((bundle_copy / "manifest.json").read_text())
+    weights = {g: (bundle_copy / e["file"]).stat().st_size for g, e in manifest["graphs"].items()}
+    _, full = tp.choose_ranges(manifest, "fp32", weights, 1 << 50)
+    budget_gib = full["total_bytes"] / tp.GIB / 3  # a third of what batch 16 needs
+    logs = []
+    fake_trt.build_engines(bundle_copy, log=logs.append, gpu_memory_budget=budget_gib)
+    side = json.loads((bundle_copy / "tensorrt-fp32" / "engines.json").read_text())
+    plan = side["memory_plan"]
+    assert plan["max_batch"] < 16 and plan["total_bytes"] <= plan["usable_bytes"] < plan["budget_bytes"]
+    assert side["axis_ranges"]["batch"][2] == plan["max_batch"]
+    assert plan["budget_source"] == f"--gpu-memory-budget {budget_gib:g} GiB"
+    assert any("profile maxima lowered to fit" in line for line in logs)
+    res = CliRunner().invoke(main, ["--out", str(bundle_copy), "--backend", "tensorrt", "--engines-only",
+                                    "--gpu-memory-budget", "0.01"])
+    assert res.exit_code != 0 and "even at batch 1" in res.output and "budget" in res.output
+
+
+def test_contexts_hold_memory_for_the_shapes_run(trt_engines):
+    runner = trt_engines.runner("cp", backend="tensorrt", provider="cuda")
+    assert runner.device_memory_bytes == 0  # user-managed: nothing reserved at creation
+    static = runner.engine.device_memory_size_v2  # what a static context would hold for its life
+    runner.run(_cp_feeds(1, 1))
+    small = runner.device_memory_bytes
+    assert 0 < small < static / 1000
+    runner.run(_cp_feeds(2, 3, n=40, m=50))
+    assert runner.device_memory_bytes > small  # grown for a larger call
+    grown = runner.device_memory_bytes
+    runner.run(_cp_feeds(1, 1))
+    assert runner.device_memory_bytes == grown  # reused, not shrunk
+    before = fake_tensorrt.LEDGER.used
+    runner.close()
+    assert runner.device_memory_bytes == 0 and fake_tensorrt.LEDGER.used < before
+    from masc_engine.engine.backends.tensorrt import TensorRTCallError
+
+    with pytest.raises(TensorRTCallError, match="closed"):
+        runner.run(_cp_feeds())
+
+
+def test_user_managed_contexts_let_engines_share_a_gpu(trt_engines):
+    """Two CP runners on a device with room for one profile maximum: with user-managed memory both
+    run (each holds what its calls need); static contexts would each hold their maximum."""
+    side = tp.read_sidecar(trt_engines.path, "fp32")
+    need = tp.engine_need_bytes(side["engines"]["cp"], (trt_engines.path / "tensorrt-fp32" / "cp.engine").stat().st_size)
+    fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + int(1.5 * need)
+
+    def check(mod):
+        first = mod.load_runner(trt_engines, "cp")
+        first.run(_cp_feeds())
+        second = mod.load_runner(trt_engines, "cp")
+        second.run(_cp_feeds())
+
+    check(real_module())
+    with pytest.raises(DeviceMemoryError):
+        check(mutant("create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)",
+                     "create_execution_context(trt.ExecutionContextAllocationStrategy.STATIC)"))
+
+
+def test_a_load_that_would_not_fit_is_refused_before_the_first_batch(trt_engines, monkeypatch):
+    deserialized = []
+    real = fake_tensorrt.Runtime.deserialize_cuda_engine
+    monkeypatch.setattr(fake_tensorrt.Runtime, "deserialize_cuda_engine",
+                        lambda self, serialized_engine: deserialized.append(1) or real(self, serialized_engine))
+    fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + (64 << 20)
+    with pytest.raises(DeviceMemoryError) as e:
+        trt_engines.runner("vision", backend="tensorrt", provider="cuda")
+    msg = str(e.value)
+    assert "\n" not in msg and not deserialized
+    assert msg.startswith("TensorRT fp32 engine 'vision' needs up to ") and "GiB of device memory" in msg
+    assert "fake-cuda has 0.06 GiB free" in msg and "--engines-only --gpu-memory-budget" in msg
+
+
+# ------------------------------------------------------------------ scorers release device memory deterministically
+
+
+def _pairs(n=4):
+    from conftest import blob_mask
+    from masc_engine.export.validate import synthetic_image
+    from masc_engine.runtime.scorer import Pair
+
+    return [Pair(synthetic_image(160, 224, i), blob_mask(160, 224, i), synthetic_image(224, 160, i + 9),
+                 blob_mask(224, 160, i + 9, frac=0.2), "a red dog on the beach", "dog") for i in range(n)]
+
+
+def test_scorer_close_and_context_manager_free_device_memory(trt_engines):
+    import gc
+
+    from masc_engine.runtime.scorer import Scorer
+
+    gc.collect()  # earlier tests' garbage out of the baseline
+    used = fake_tensorrt.LEDGER.used
+    with Scorer(trt_engines, backend="tensorrt", provider="cuda", device_resident=True,
+                array_device=fake_tensorrt.NumpyDevice(), batch_size=2) as s:
+        results = s.score_batch(_pairs())
+        runners = [s.vision, s.pool, s.text, s._graph_cp.runner]
+        assert fake_tensorrt.LEDGER.used > used
+    assert all(r.context is None and r.device_memory_bytes == 0 for r in runners)
+    assert fake_tensorrt.LEDGER.used == used  # no gc pass needed
+    assert all(np.isfinite(r.cp) for r in results)
+    s.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        s.text
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "tensorrt"])
+def test_a_scorer_is_freed_without_the_cycle_collector(trt_engines, backend):
+    """No reference cycle holds a scorer (and so its sessions or engines): the last reference
+    going frees it at once, with the cycle collector off."""
+    import gc
+    import weakref
+
+    from masc_engine.runtime.scorer import Scorer
+
+    kwargs = {"backend": "tensorrt", "provider": "cuda", "device_resident": True,
+              "array_device": fake_tensorrt.NumpyDevice()} if backend == "tensorrt" else {}
+    gc.collect()
+    gc.disable()
+    try:
+        s = Scorer(trt_engines, **kwargs)
+        s.text  # the lazily made runner too
+        s.score_batch(_pairs(1))
+        ref, vision = weakref.ref(s), weakref.ref(s.vision)
+        del s
+        assert ref() is None and vision() is None
+    finally:
+        gc.enable()
+
+
+# ------------------------------------------------------------------ copies overlapped with compute
+
+
+def test_overlapped_encoding_equals_serial_and_overlaps(trt_engines, monkeypatch):
+    """Preprocessing of batch n+1 runs while batch n is on the (fake, slow) device: the same tokens
+    and scores as the serial path, in less wall time. Artificial latencies: 0.02 s per queued
+    kernel or copy (4 per vision call), 0.05 s to preprocess an image (2 per call)."""
+    import time
+
+    from masc_engine.runtime.pipeline import encode_images_overlapped, plan_batches
+    from masc_engine.runtime.scorer import EncodedPair, Scorer
+
+    fake_tensorrt.LATENCY_S = 0.02
+    dev = fake_tensorrt.NumpyDevice()
+    scorer = Scorer(trt_engines, backend="tensorrt", provider="cuda", device_resident=True, array_device=dev,
+                    batch_size=2)
+    pairs = _pairs(6)
+    images = [p.out_image for p in pairs] + [p.ref_image for p in pairs]
+    assert len(plan_batches(images, scorer)) == 6
+    real_preprocess = scorer.preprocess
+    monkeypatch.setattr(scorer, "preprocess", lambda im: time.sleep(0.05) or real_preprocess(im))
+    t0 = time.perf_counter()
+    serial = scorer.encode_images(images)
+    t1 = time.perf_counter()
+    overlapped = encode_images_overlapped(scorer, images)
+    t2 = time.perf_counter()
+    for a, b in zip(serial, overlapped, strict=True):
+        assert a.grid == b.grid
+        np.testing.assert_array_equal(dev.to_host(a.tokens), dev.to_host(b.tokens))
+    ratio = (t2 - t1) / (t1 - t0)
+    assert ratio < 0.85, f"overlapped / serial wall time = {ratio:.2f}"
+    encs = dict(zip(map(id, images), overlapped))
+    items = [EncodedPair(encs[id(p.ref_image)], scorer.mask_weights(p.ref_image, p.ref_mask, encs[id(p.ref_image)].grid,
+                                                                     "reference"),
+                         encs[id(p.out_image)], scorer.mask_weights(p.out_image, p.out_mask, encs[id(p.out_image)].grid,
+                                                                    "output"), p.prompt, p.object_name) for p in pairs]
+    got = [(r.cp, r.pf) for r in scorer.score_encoded(items)]
+    assert got == [(r.cp, r.pf) for r in scorer.score_batch(pairs)]

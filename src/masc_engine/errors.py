@@ -40,6 +40,13 @@ class EngineCompatibilityError(MascEngineError):
     and the command that rebuilds the engines."""
 
 
+class DeviceMemoryError(MascEngineError):
+    """Device memory cannot hold what was asked: an engine set's plan over the budget at build, an
+    engine that would not fit the GPU's free memory at load (refused before the first batch), or
+    an execution context TensorRT could not give memory to. The message names the engine, the
+    profile or shapes, the figures, and what to change."""
+
+
 class ProfileError(InputError):
     """An input shape lies outside every optimization profile of an engine (refused before
     inference; the message gives the allowed range)."""

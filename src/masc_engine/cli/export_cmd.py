@@ -50,13 +50,17 @@ import click
                    "calls are split.")
 @click.option("--max-outs-per-ref", type=click.IntRange(1, 4096), default=16, show_default=True,
               help="TensorRT profile of the CP head: outputs scored against one reference per call.")
+@click.option("--gpu-memory-budget", type=click.FloatRange(0.01, 4096), default=None, metavar="GIB",
+              help="TensorRT: device memory (GiB) the engine set may use; --max-batch / --max-outs-per-ref are "
+                   "halved until its memory plan (weights + activations at the profile maxima) fits. Default: the "
+                   "GPU's free memory at build time. The plan is written to engines.json.")
 @click.option("--timing-cache", type=click.Path(dir_okay=False), default=None,
               help="TensorRT timing cache file, reused between builds (default: "
                    "$MASC_ENGINE_CACHE/tensorrt/timing-<trt>-sm<cc>.cache).")
 def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | None, backend: str,
          precision: str, gate_pairs: str | None, fp32_bundle: str | None, engines_only: bool, max_batch: int,
-         max_outs_per_ref: int, timing_cache: str | None, calibration_pairs: str | None = None,
-         heldout_pairs: str | None = None) -> None:
+         max_outs_per_ref: int, gpu_memory_budget: float | None, timing_cache: str | None,
+         calibration_pairs: str | None = None, heldout_pairs: str | None = None) -> None:
     """Export a SigLIP2 checkpoint to ONNX graphs + manifest, validated against PyTorch."""
     from ..errors import MascEngineError
 
@@ -114,7 +118,7 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
 
         try:
             build_engines(out_dir, precision=precision, max_batch=max_batch, max_outs_per_ref=max_outs_per_ref,
-                          timing_cache=timing_cache, log=log)
+                          timing_cache=timing_cache, log=log, gpu_memory_budget=gpu_memory_budget)
         except MascEngineError as e:
             raise click.ClickException(str(e)) from e
 

@@ -15,13 +15,31 @@ Every device-to-host copy goes through :meth:`ArrayDevice.to_host`, the one plac
 watch (tests/test_device_resident.py). CuPy refuses implicit conversion to numpy, so a stray
 host conversion in the pipeline is an error on the GPU, and the tests reproduce that strictness
 on CPU with a fake device.
+
+Streams, pinned host memory and asynchronous copies (what the TensorRT runner needs to overlap
+copies with compute): :meth:`ArrayDevice.new_stream`, :meth:`~ArrayDevice.pinned_empty` (page-
+locked host memory, which a DMA engine can read while the GPU computes; a copy from pageable
+memory is staged by the driver and does not overlap), :meth:`~ArrayDevice.copy_to_device` and
+:meth:`~ArrayDevice.copy_to_host` (queued on a stream; the data is there only after that stream's
+``synchronize()``), :meth:`~ArrayDevice.mem_get_info` (free and total device memory, for the
+TensorRT memory plan). :func:`overlapped` is the double-buffered loop: preparing batch n+1 (decode,
+preprocess) on a worker thread while batch n runs. tests/fake_tensorrt.py ``NumpyDevice`` stands in
+for CuPy with copies and kernels that complete on a background thread, so a missing
+``synchronize()`` reads stale data there as it would on a GPU.
 """
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, TypeVar
+
 import numpy as np
 
 from ..errors import BackendUnavailableError
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class ArrayDevice:
@@ -69,6 +87,39 @@ class ArrayDevice:
     def synchronize(self) -> None:
         """Wait until work queued on the device's current stream has finished."""
 
+    def new_stream(self):
+        """A stream for one engine: ``.ptr`` (the ``cudaStream_t`` as an int) and ``.synchronize()``."""
+        raise NotImplementedError
+
+    def pinned_empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """An uninitialised host array in page-locked memory (asynchronous copies read it directly)."""
+        raise NotImplementedError
+
+    def copy_to_device(self, host: np.ndarray, dst, stream) -> None:
+        """Queue a host-to-device copy of ``host`` into the device array ``dst`` on ``stream``."""
+        raise NotImplementedError
+
+    def copy_to_host(self, src, out: np.ndarray, stream) -> None:
+        """Queue a device-to-host copy of ``src`` into the host array ``out`` on ``stream``;
+        ``out`` holds the data once ``stream.synchronize()`` returns."""
+        raise NotImplementedError
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes of the device's memory."""
+        raise NotImplementedError
+
+    def release_cached(self) -> None:
+        """Hand memory the array module keeps cached (freed blocks) back to the driver."""
+
+
+class _HostStream:
+    """Host memory has no streams: work is done when the call returns."""
+
+    ptr = 0
+
+    def synchronize(self) -> None:
+        pass
+
 
 class HostDevice(ArrayDevice):
     """numpy arrays in host memory (ONNX Runtime CPU execution provider)."""
@@ -103,6 +154,27 @@ class HostDevice(ArrayDevice):
 
     def concat(self, xs):
         return np.concatenate(xs, axis=0)
+
+    def new_stream(self):
+        return _HostStream()
+
+    def pinned_empty(self, shape, dtype=np.float32) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def copy_to_device(self, host, dst, stream) -> None:
+        np.copyto(dst, host)
+
+    def copy_to_host(self, src, out, stream) -> None:
+        np.copyto(out, src)
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """Available and total host memory (``/proc/meminfo``; ``(0, 0)`` where it cannot be read)."""
+        try:
+            info = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines() if ":" in line)
+            kib = lambda k: int(info[k].split()[0]) * 1024  # noqa: E731
+            return kib("MemAvailable"), kib("MemTotal")
+        except (OSError, KeyError, ValueError):
+            return 0, 0
 
 
 class CupyDevice(ArrayDevice):
@@ -167,6 +239,30 @@ class CupyDevice(ArrayDevice):
         # before they read it, and theirs before CuPy reads their outputs.
         self.xp.cuda.get_current_stream().synchronize()
 
+    def pinned_empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """Page-locked host memory from CuPy's pinned pool (``cupy.cuda.alloc_pinned_memory``); the
+        numpy array keeps the allocation alive. unverified on a GPU."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        mem = self.xp.cuda.alloc_pinned_memory(max(1, count * dtype.itemsize))
+        return np.frombuffer(mem, dtype, count).reshape(shape)
+
+    def copy_to_device(self, host, dst, stream) -> None:
+        # ndarray.set(arr, stream): cudaMemcpyAsync on that stream; asynchronous with respect to
+        # the host only from pinned memory. unverified on a GPU.
+        dst.set(host, stream=stream)
+
+    def copy_to_host(self, src, out, stream) -> None:
+        src.get(stream=stream, out=out)  # unverified on a GPU
+
+    def mem_get_info(self) -> tuple[int, int]:
+        free, total = self.xp.cuda.runtime.memGetInfo()  # unverified on a GPU
+        return int(free), int(total)
+
+    def release_cached(self) -> None:
+        self.xp.get_default_memory_pool().free_all_blocks()
+        self.xp.get_default_pinned_memory_pool().free_all_blocks()
+
 
 def is_gpu(backend: str, provider: str) -> bool:
     """Whether a backend/provider pair computes on a CUDA GPU (TensorRT always does)."""
@@ -187,3 +283,66 @@ def device_for(backend: str, provider: str) -> ArrayDevice:
     if backend == "onnxruntime" and provider in ("cpu", "CPUExecutionProvider"):
         return HostDevice()
     raise BackendUnavailableError(f"no token device for backend {backend!r} with provider {provider!r}")
+
+
+def overlapped(batches: Iterable[T], prepare: Callable[[T], object], run: Callable[[object], R]) -> list[R]:
+    """``[run(prepare(b)) for b in batches]`` with ``prepare`` of batch n+1 on a worker thread
+    while ``run`` of batch n goes on in the caller's thread (double buffering: at most one
+    prepared batch waits, so host memory holds two batches).
+
+    ``prepare`` is the host work (decode, preprocess, stacking into pinned buffers) and ``run``
+    the device work (copies and engine on its stream, then its synchronize); the GIL is released
+    while a kernel, an ONNX Runtime run or a stream synchronize waits, so the two overlap. Results
+    are those of the serial loop, in order; an exception from either is raised here (the batch
+    being prepared is finished first).
+    """
+    batches = list(batches)
+    if not batches:
+        return []
+    results: list[R] = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare") as pool:
+        pending = pool.submit(prepare, batches[0])
+        for i in range(len(batches)):
+            ready = pending.result()
+            if i + 1 < len(batches):
+                pending = pool.submit(prepare, batches[i + 1])
+            results.append(run(ready))
+    return results
+
+
+class PinnedStaging:
+    """Page-locked host buffers, two per input name: the copy of call n reads one while call n+1
+    fills the other (``slot`` alternates per call). Each is a byte buffer grown to the largest
+    input seen and viewed at each call's shape, so NaFlex batches of varying patch counts do not
+    pin a buffer per shape. A buffer is refilled only after the stream that read it was
+    synchronized, which the runner does before returning."""
+
+    def __init__(self, device: ArrayDevice):
+        self.device = device
+        self._buffers: dict[tuple, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self.slot = 0
+
+    def buffer(self, name: str, shape, dtype) -> np.ndarray:
+        """This call's pinned buffer for ``name`` viewed as ``shape`` / ``dtype`` (contents undefined)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        key = (name, self.slot)
+        with self._lock:
+            buf = self._buffers.get(key)
+            if buf is None or buf.nbytes < nbytes:
+                buf = self._buffers[key] = self.device.pinned_empty((max(1, nbytes),), np.uint8)
+        return buf[:nbytes].view(dtype).reshape(shape)
+
+    def stage(self, name: str, x: np.ndarray) -> np.ndarray:
+        """``x`` copied into this call's pinned buffer for ``name``."""
+        view = self.buffer(name, x.shape, x.dtype)
+        np.copyto(view, x)
+        return view
+
+    def next_call(self) -> None:
+        self.slot ^= 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._buffers.clear()

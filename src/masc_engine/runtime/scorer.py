@@ -16,6 +16,7 @@ then holds reference tokens on the device across pairs.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,10 +217,11 @@ class Scorer:
         self.ort_memory = ort_memory
         #: The graph variant in use (engine/bundle.py): ``portable`` or ``ort-cpu``.
         self.graph_variant = self.bundle.resolve_variant(graph_variant, backend, provider)
-        runner = lambda g: self.bundle.runner(g, backend=backend, provider=provider,  # noqa: E731
-                                              intra_op_threads=intra_op_threads, precision=precision,
-                                              variant=self.graph_variant,
-                                              **({"ort_memory": ort_memory} if backend == "onnxruntime" else {}))
+        # A partial over the bundle, not a lambda over self: a runner factory kept by the scorer
+        # must not hold the scorer (a cycle keeps its engines' device memory until a gc pass).
+        runner = functools.partial(self.bundle.runner, backend=backend, provider=provider,
+                                   intra_op_threads=intra_op_threads, precision=precision, variant=self.graph_variant,
+                                   **({"ort_memory": ort_memory} if backend == "onnxruntime" else {}))
         #: Optional persistent text-embedding cache (runtime/cache.py EncodingStore), set by masc-run.
         self.text_store = None
         if cp_head is None:
@@ -240,7 +242,7 @@ class Scorer:
         self.pool = runner("pool")
         # The text session is made on first use: masc-rank and runs whose prompts all come from
         # the persistent cache never pay for it (start-up, issue 10).
-        self._make_text_runner = lambda: runner("text")  # noqa: E731
+        self._make_text_runner = functools.partial(runner, "text")
         self._text = None
         self._text_lock = threading.Lock()
         # TensorRT picks the engine set when none is named: record the one loaded (it keys
@@ -258,9 +260,29 @@ class Scorer:
         """The text graph's runner, created on first use (thread-safe)."""
         if self._text is None:
             with self._text_lock:
+                if self._make_text_runner is None:
+                    raise RuntimeError("this Scorer was closed")
                 if self._text is None:
                     self._text = self._make_text_runner()
         return self._text
+
+    def close(self) -> None:
+        """Release the runners now: TensorRT contexts, engines and their device memory, ONNX Runtime
+        sessions, and the token device's cached blocks. Idempotent; the scorer cannot score after.
+        ``with Scorer(...) as s:`` closes on exit."""
+        runners = [self.vision, self.pool, self._text, getattr(self._graph_cp, "runner", None)]
+        self.vision = self.pool = self._text = self._graph_cp = self._make_text_runner = None
+        for r in runners:
+            if callable(getattr(r, "close", None)):
+                r.close()
+        if self.device is not None and callable(getattr(self.device, "release_cached", None)):
+            self.device.release_cached()
+
+    def __enter__(self) -> "Scorer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ encoders
 

@@ -1,11 +1,35 @@
 """TensorRT backend: engines built from the bundle's ONNX graphs, and a runner for them.
 
-UNVERIFIED: no TensorRT and no GPU were available to the session that wrote this module. Every
+UNVERIFIED: no TensorRT and no GPU were available to the sessions that wrote this module. Every
 function below that touches ``tensorrt``, CUDA, CuPy or a GPU is marked "unverified" and has never
-been run; it follows the TensorRT 10/11 Python API as documented (``build_serialized_network``,
-``execute_async_v3``, named I/O tensors) and uses only names the real TensorRT 11.4 bindings have
-(tests/test_trt_conformance.py reads them from the ``tensorrt-cu13-bindings`` wheel). The shape planning, engine-compatibility checks and
-precision policy it relies on are pure functions in :mod:`.trt_profiles`, tested on CPU.
+been run; it follows the TensorRT 11 Python API as documented (``build_serialized_network``,
+``execute_async_v3``, named I/O tensors, user-managed context memory), and every TensorRT call is
+checked by class, arity and argument kind against the real TensorRT 11.4 bindings' surface
+(tests/test_trt_conformance.py against tests/data/tensorrt_11_surface.json, extracted from the
+``tensorrt-cu13-bindings`` wheel by scripts/extract_trt_surface.py). It runs on CPU against
+tests/fake_tensorrt.py, which is asynchronous, fails and refuses where the real one does. The
+shape planning, memory plan, engine-compatibility checks and precision policy it relies on are
+pure functions in :mod:`.trt_profiles`, tested on CPU.
+
+Failures TensorRT reports by a return value (``None``, ``False``, ``-1``) are checked at every
+call and raised as :class:`TensorRTCallError` (:class:`EngineBuildError` while building,
+:class:`~masc_engine.errors.DeviceMemoryError` for memory) naming the engine, the profile and the
+shapes. One ``trt.Logger`` serves the whole process (:func:`trt_logger`): TensorRT expects the
+logger to outlive every builder, runtime and engine made through it.
+
+Device memory: execution contexts are created with
+``ExecutionContextAllocationStrategy.USER_MANAGED`` and given, per call, memory sized by
+``update_device_memory_size_for_shapes()`` for the shapes actually run (a static context would
+hold its profile maximum for its whole life: 1 GiB of cosines for the CP engine at 16 refs x 16
+outputs x 1024 x 1024 whatever the call). Profile maxima are chosen at build from a device-memory
+budget (``--gpu-memory-budget`` or the free memory then, :func:`.trt_profiles.choose_ranges`); the
+plan and TensorRT's own figure per profile go into ``engines.json``; a load whose plan exceeds the
+free memory is refused before anything is allocated. :meth:`TrtRunner.close` frees the context,
+engine, scratch and staging buffers.
+
+Copies: host inputs are staged in pinned host memory and copied on the engine's stream, host
+outputs copied back on it, so copies queue behind and ahead of the engine without host waits;
+:func:`~masc_engine.engine.device.overlapped` lets the caller prepare the next batch meanwhile.
 
 ``tensorrt`` is imported lazily: importing masc_engine never needs it, and asking for the
 ``tensorrt`` backend without it raises :class:`BackendUnavailableError` naming what to install.
@@ -36,13 +60,35 @@ from typing import Callable
 
 import numpy as np
 
-from ...errors import BackendUnavailableError, EngineCompatibilityError, MascEngineError
-from ..device import CupyDevice
+from ...errors import BackendUnavailableError, DeviceMemoryError, EngineCompatibilityError, MascEngineError
+from ..device import CupyDevice, PinnedStaging
 from . import trt_profiles as tp
 
+
 class TensorRTCallError(MascEngineError):
-    """A TensorRT call that reports failure by its return value returned False (the message names
-    the call, the tensor and the shape)."""
+    """A TensorRT call that reports failure by its return value returned ``False`` / ``None`` /
+    ``-1`` (the message names the call, the engine, the tensor or profile and the shapes)."""
+
+
+class EngineBuildError(TensorRTCallError):
+    """Building an engine failed: the parser rejected the graph (its errors are listed), a
+    profile was refused (index and shapes named), or the build returned no plan."""
+
+
+_LOGGER: tuple | None = None
+_LOGGER_LOCK = threading.Lock()
+
+
+def trt_logger(trt):
+    """The process's one ``trt.Logger`` (severity WARNING), made on first use. TensorRT requires
+    the logger passed to ``Builder``, ``Runtime`` and ``OnnxParser`` to outlive every object they
+    make; one module-level logger does, and creating one per build or runner does not help
+    (TensorRT registers the first logger per process). unverified on a GPU."""
+    global _LOGGER
+    with _LOGGER_LOCK:
+        if _LOGGER is None or _LOGGER[0] is not trt:
+            _LOGGER = (trt, trt.Logger(trt.Logger.WARNING))
+        return _LOGGER[1]
 
 
 INSTALL_HINT = ("the TensorRT backend needs NVIDIA TensorRT's Python package and a CUDA GPU: "
@@ -125,6 +171,29 @@ def _query_gpu(device: int) -> tuple[str, str]:
                                       f"nvidia-smi all failed: {e})") from e
 
 
+def device_memory_info(device: int = 0) -> tuple[int, int]:
+    """``(free, total)`` bytes of device memory now (cuda-python, else CuPy). unverified on a GPU.
+
+    Raises:
+        BackendUnavailableError: neither could query the device.
+    """
+    try:
+        try:
+            from cuda.bindings import runtime as cudart
+        except ImportError:
+            from cuda import cudart
+        err, free, total = cudart.cudaMemGetInfo()
+        if int(err) == 0:
+            return int(free), int(total)
+    except Exception:  # noqa: BLE001 - try CuPy
+        pass
+    try:
+        return CupyDevice(device).mem_get_info()
+    except Exception as e:  # noqa: BLE001
+        raise BackendUnavailableError(f"the free memory of CUDA device {device} could not be read "
+                                      f"(cuda-python, cupy): {e}") from e
+
+
 def default_timing_cache(info: dict) -> Path:
     """``$MASC_ENGINE_CACHE/tensorrt/timing-<trt>-sm<cc>.cache``: shared by every build on this
     machine (all bundles and precisions), since a timing cache is specific to the GPU and the
@@ -145,12 +214,93 @@ def network_flags(trt) -> int:
     return 0 if flag is None else 1 << int(flag)
 
 
+def _parse(trt, builder: "trt.Builder", onnx_path: Path, graph: str) -> tuple:
+    """``(network, parser)``: the network TensorRT's ONNX parser makes of a graph (the parser is
+    returned so that it outlives the network it filled, as TensorRT requires). unverified on a GPU.
+
+    Raises:
+        EngineBuildError: the network could not be made, or the parser rejected the graph (each
+            error with its node and operator).
+    """
+    network = builder.create_network(network_flags(trt))
+    if network is None:
+        raise EngineBuildError(f"TensorRT could not create a network for engine {graph!r}")
+    parser = trt.OnnxParser(network, trt_logger(trt))
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = [_parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise EngineBuildError(f"TensorRT's ONNX parser rejected {onnx_path} (engine {graph!r}): " + "; ".join(errors))
+    return network, parser
+
+
+def _parser_error(err: "trt.ParserError") -> str:
+    try:
+        return f"node {err.node()} ({err.node_operator()}): {err.desc()}"
+    except AttributeError:  # a plain string (older bindings)
+        return str(err)
+
+
+def _add_profiles(trt, builder: "trt.Builder", config: "trt.IBuilderConfig", profiles: list, graph: str) -> None:
+    """One optimization profile per entry of ``profiles``, each checked where TensorRT reports a
+    refusal: ``set_shape`` raises on min > opt or opt > max, ``add_optimization_profile`` returns
+    -1 for a profile the network does not accept. unverified on a GPU.
+
+    Raises:
+        EngineBuildError: naming the engine, the profile index, the input and the shapes.
+    """
+    for i, shapes in enumerate(profiles):
+        profile = builder.create_optimization_profile()
+        if profile is None:
+            raise EngineBuildError(f"TensorRT could not create optimization profile {i} of engine {graph!r}")
+        for name, s in shapes.items():
+            try:
+                profile.set_shape(name, s["min"], s["opt"], s["max"])
+            except (RuntimeError, ValueError, TypeError) as e:
+                raise EngineBuildError(f"engine {graph!r}, optimization profile {i}: TensorRT refused input {name!r} "
+                                       f"min {s['min']} opt {s['opt']} max {s['max']} ({e})") from e
+        if config.add_optimization_profile(profile) < 0:
+            raise EngineBuildError(f"engine {graph!r}: TensorRT refused optimization profile {i} "
+                                   f"({ {k: v['max'] for k, v in shapes.items()} } at max; every dynamic input needs "
+                                   "min <= opt <= max within its fixed dimensions)")
+
+
+def _builder_config(trt, builder: "trt.Builder", graph: str, workspace_gib: float) -> "trt.IBuilderConfig":
+    config = builder.create_builder_config()
+    if config is None:
+        raise EngineBuildError(f"TensorRT could not create a builder config for engine {graph!r}")
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * (1 << 30)))
+    # float32 tensors compute in fp32: fp32 engines are the fidelity reference, and the islands of
+    # reduced-precision graphs exist for accuracy.
+    config.clear_flag(trt.BuilderFlag.TF32)
+    return config
+
+
+def _use_timing_cache(config: "trt.IBuilderConfig", timing_cache: Path | None):
+    if timing_cache is None:
+        return None
+    blob = timing_cache.read_bytes() if timing_cache.is_file() else b""
+    cache = config.create_timing_cache(blob)
+    if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
+        raise TensorRTCallError(f"TensorRT refused the timing cache {timing_cache} (another TensorRT version "
+                                "or GPU?); delete it or pass --timing-cache with a new path")
+    return cache
+
+
+def _measured_device_memory(trt, data: bytes, graph: str) -> list[int]:
+    """TensorRT's own activation-memory figure per profile of a just-built plan (read by
+    deserializing it once). unverified on a GPU."""
+    runtime = trt.Runtime(trt_logger(trt))
+    engine = runtime.deserialize_cuda_engine(data)
+    if engine is None:
+        raise EngineBuildError(f"TensorRT could not deserialize the engine it just built for {graph!r}")
+    return [int(engine.get_device_memory_size_for_profile_v2(i)) for i in range(engine.num_optimization_profiles)]
+
+
 def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
                  profiles: list[dict[str, dict[str, list[int]]]], timing_cache: str | Path | None = None,
-                 workspace_gib: float = 8.0, log: Callable[[str], None] = print) -> dict:
+                 workspace_gib: float = 8.0, log: Callable[[str], None] = print, graph: str | None = None) -> dict:
     """Build one serialized engine from an ONNX graph, as a strongly typed network.
 
-    unverified: no TensorRT/GPU was available to this session; never run.
+    unverified: no TensorRT/GPU was available to the sessions that wrote this; never run on one.
 
     Every tensor's type comes from the graph (TensorRT 11 removed the weak-typing builder flags and
     per-layer precision and output-type settings): an fp16 / bf16 engine is built from the
@@ -164,46 +314,33 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
         precision: ``fp32``, ``fp16`` or ``bf16``: the graph's precision (checked by the caller).
         profiles: one or more ``{input: {"min", "opt", "max"}}`` (:func:`trt_profiles.profile_shapes`).
         timing_cache: file read before and written after the build (created when missing).
+        graph: the engine's name in messages (default: the file's stem).
 
     Returns:
-        build facts for the sidecar: ``layers``, ``seconds``, ``sha256``, ``strongly_typed``.
+        build facts for the sidecar: ``layers``, ``seconds``, ``sha256``, ``strongly_typed``,
+        ``device_memory_bytes`` (TensorRT's activation memory per profile).
 
     Raises:
-        BackendUnavailableError: the graph does not parse or the build fails.
+        EngineBuildError: the parser rejected the graph, a profile was refused or the build
+            returned no plan (each naming the engine, the profile and the shapes).
         TensorRTCallError: TensorRT refused the timing cache.
     """
     trt = import_tensorrt()
     if precision not in tp.PRECISIONS:
         raise ValueError(f"precision must be one of {tp.PRECISIONS}, got {precision!r}")
+    graph = graph or Path(onnx_path).stem
     t0 = time.time()
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = builder.create_network(network_flags(trt))
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise BackendUnavailableError(f"TensorRT could not parse {onnx_path}: {errors}")
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * (1 << 30)))
-    # float32 tensors compute in fp32: fp32 engines are the fidelity reference, and the islands of
-    # reduced-precision graphs exist for accuracy.
-    config.clear_flag(trt.BuilderFlag.TF32)
-    for shapes in profiles:
-        profile = builder.create_optimization_profile()
-        for name, s in shapes.items():
-            profile.set_shape(name, s["min"], s["opt"], s["max"])
-        config.add_optimization_profile(profile)
-    cache = None
-    if timing_cache is not None:
-        timing_cache = Path(timing_cache)
-        blob = timing_cache.read_bytes() if timing_cache.is_file() else b""
-        cache = config.create_timing_cache(blob)
-        if not config.set_timing_cache(cache, ignore_mismatch=False):
-            raise TensorRTCallError(f"TensorRT refused the timing cache {timing_cache} (another TensorRT version "
-                                    "or GPU?); delete it or pass --timing-cache with a new path")
+    builder = trt.Builder(trt_logger(trt))
+    network, parser = _parse(trt, builder, Path(onnx_path), graph)
+    config = _builder_config(trt, builder, graph, workspace_gib)
+    _add_profiles(trt, builder, config, profiles, graph)
+    timing_cache = Path(timing_cache) if timing_cache is not None else None
+    cache = _use_timing_cache(config, timing_cache)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise BackendUnavailableError(f"TensorRT failed to build an engine from {onnx_path} (see its log above)")
+        raise EngineBuildError(f"TensorRT failed to build engine {graph!r} from {onnx_path} with profiles "
+                               f"{[{k: v['max'] for k, v in p.items()} for p in profiles]} at max and a "
+                               f"{workspace_gib:g} GiB workspace (TensorRT's log above says why)")
     engine_path = Path(engine_path)
     engine_path.parent.mkdir(parents=True, exist_ok=True)
     data = bytes(plan)
@@ -216,23 +353,32 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
     secs = time.time() - t0
     log(f"built {engine_path.name} ({precision} graph, strongly typed, {network.num_layers} layers) in {secs:.1f}s")
     return {"layers": int(network.num_layers), "seconds": round(secs, 1), "strongly_typed": True,
-            "sha256": hashlib.sha256(data).hexdigest()}
+            "sha256": hashlib.sha256(data).hexdigest(), "device_memory_bytes": _measured_device_memory(trt, data, graph)}
+
+
+def graph_weight_bytes(bundle_dir: Path, manifest: dict, graph: str) -> int:
+    """Bytes of a graph's weights, as its ONNX file plus external data (weights dominate them)."""
+    f = bundle_dir / manifest["graphs"][graph]["file"]
+    return sum(p.stat().st_size for p in (f, f.with_name(f.name + ".data")) if p.is_file())
 
 
 def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batch: int = 16,
                   max_outs_per_ref: int = 16, graphs: list[str] | None = None,
                   timing_cache: str | Path | None = None, workspace_gib: float = 8.0,
-                  log: Callable[[str], None] = print) -> Path:
+                  log: Callable[[str], None] = print, gpu_memory_budget: float | None = None) -> Path:
     """Build the engine set ``<bundle>/tensorrt-<precision>/`` for every graph of a bundle.
 
     Strongly typed: the engines' precision is the bundle's (``manifest["precision"]["mode"]``, set
-    by ``masc-export --precision``); ``precision``, when given, must equal it.
+    by ``masc-export --precision``); ``precision``, when given, must equal it. Profile maxima are
+    ``max_batch`` / ``max_outs_per_ref``, halved until the memory plan fits the budget:
+    ``gpu_memory_budget`` GiB, else the device's free memory now (:func:`trt_profiles.choose_ranges`).
 
-    unverified: no TensorRT/GPU was available to this session; never run.
+    unverified: no TensorRT/GPU was available to the sessions that wrote this; never run on one.
 
     Raises:
-        BackendUnavailableError: TensorRT or a GPU is missing, bf16 on a GPU before sm80, or a
-            build fails.
+        BackendUnavailableError: TensorRT or a GPU is missing, or bf16 on a GPU before sm80.
+        EngineBuildError: a build failed (naming the engine, profile and shapes).
+        DeviceMemoryError: even the smallest profiles do not fit the budget.
         BundleError: the bundle is missing or modified, or holds graphs of another precision.
     """
     from ...errors import BundleError
@@ -242,6 +388,51 @@ def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batc
     bundle_dir = Path(bundle_dir)
     manifest = read_manifest(bundle_dir)
     verify_files(bundle_dir, manifest)
+    precision = _engine_precision(bundle_dir, manifest, precision)
+    info = current_device_info()
+    major = int(str(info["compute_capability"]).split(".")[0])
+    if precision == "bf16" and major < 8:
+        raise BackendUnavailableError(f"bf16 needs compute capability >= 8.0; {info['gpu_name']} is "
+                                      f"{info['compute_capability']}. Use --precision fp16.")
+    graphs = graphs or list(manifest["graphs"])
+    weights = {g: graph_weight_bytes(bundle_dir, manifest, g) for g in graphs}
+    free, total = device_memory_info()
+    budget = int(gpu_memory_budget * tp.GIB) if gpu_memory_budget else free
+    ranges, plan = tp.choose_ranges(manifest, precision, weights, budget, max_batch, max_outs_per_ref, graphs)
+    plan["budget_source"] = (f"--gpu-memory-budget {gpu_memory_budget:g} GiB" if gpu_memory_budget else
+                             f"free device memory at build ({free / tp.GIB:.2f} of {total / tp.GIB:.2f} GiB)")
+    if (plan["max_batch"], plan["max_outs_per_ref"]) != (max_batch, max_outs_per_ref):
+        log(f"profile maxima lowered to fit {budget / tp.GIB:.2f} GiB: --max-batch {plan['max_batch']}, "
+            f"--max-outs-per-ref {plan['max_outs_per_ref']} (asked {max_batch}, {max_outs_per_ref})")
+    out = bundle_dir / tp.engine_dir_name(precision)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(timing_cache) if timing_cache else default_timing_cache(info)
+    engines = {}
+    for graph in graphs:
+        entry = manifest["graphs"][graph]
+        shapes = tp.profile_shapes(entry, ranges)
+        facts = build_engine(bundle_dir / entry["file"], out / f"{graph}.engine", precision, [shapes],
+                             timing_cache=cache, workspace_gib=workspace_gib, log=log, graph=graph)
+        memory = {**plan["engines"][graph], "device_memory_bytes": facts.pop("device_memory_bytes")}
+        engines[graph] = {"file": f"{graph}.engine", "onnx_sha256": sha256_file(bundle_dir / entry["file"]),
+                          "profiles": [shapes], "memory": memory, **facts}
+    plan["engines"] = {g: e["memory"] for g, e in engines.items()}
+    tp.write_sidecar(out, {
+        **info, "precision": precision, "engines": engines, "timing_cache": str(cache),
+        "network": "strongly typed (precision from the ONNX graphs)",
+        "precision_policy": manifest.get("precision", {}).get("policy"),
+        "axis_ranges": {k: v.to_list() for k, v in ranges.items()},
+        "memory_plan": {k: v for k, v in plan.items() if k != "engines"},
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })
+    log(f"TensorRT {precision} engines written: {out} (memory plan {plan['total_bytes'] / tp.GIB:.2f} GiB at the "
+        f"profile maxima, budget {budget / tp.GIB:.2f} GiB)")
+    return out
+
+
+def _engine_precision(bundle_dir: Path, manifest: dict, precision: str | None) -> str:
+    from ...errors import BundleError
+
     graph_precision = str(manifest.get("precision", {}).get("mode", "fp32"))
     if graph_precision not in tp.PRECISIONS:
         raise BundleError(f"bundle {bundle_dir} holds {graph_precision} graphs, which TensorRT engines are not built "
@@ -252,32 +443,7 @@ def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batc
             f"bundle {bundle_dir} holds {graph_precision} graphs; TensorRT builds strongly typed networks, so "
             f"{precision} engines need {precision} graphs: masc-export --model M --out B --precision {precision} "
             f"--backend tensorrt")
-    info = current_device_info()
-    major = int(str(info["compute_capability"]).split(".")[0])
-    if precision == "bf16" and major < 8:
-        raise BackendUnavailableError(f"bf16 needs compute capability >= 8.0; {info['gpu_name']} is "
-                                      f"{info['compute_capability']}. Use --precision fp16.")
-    ranges = tp.default_axis_ranges(manifest, max_batch=max_batch, max_outs_per_ref=max_outs_per_ref)
-    out = bundle_dir / tp.engine_dir_name(precision)
-    out.mkdir(parents=True, exist_ok=True)
-    cache = Path(timing_cache) if timing_cache else default_timing_cache(info)
-    engines = {}
-    for graph in graphs or list(manifest["graphs"]):
-        entry = manifest["graphs"][graph]
-        shapes = tp.profile_shapes(entry, ranges)
-        facts = build_engine(bundle_dir / entry["file"], out / f"{graph}.engine", precision, [shapes],
-                             timing_cache=cache, workspace_gib=workspace_gib, log=log)
-        engines[graph] = {"file": f"{graph}.engine", "onnx_sha256": sha256_file(bundle_dir / entry["file"]),
-                          "profiles": [shapes], **facts}
-    tp.write_sidecar(out, {
-        **info, "precision": precision, "engines": engines, "timing_cache": str(cache),
-        "network": "strongly typed (precision from the ONNX graphs)",
-        "precision_policy": manifest.get("precision", {}).get("policy"),
-        "axis_ranges": {k: v.to_list() for k, v in ranges.items()},
-        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    })
-    log(f"TensorRT {precision} engines written: {out}")
-    return out
+    return precision
 
 
 # --------------------------------------------------------------------------- runner
@@ -289,104 +455,182 @@ class TrtRunner:
     and CP engines; cached reference tokens can be passed as device arrays).
 
     Calls larger than the profile's batch are split into runs that fit; a patch count outside the
-    profile is refused before inference (:class:`ProfileError` with the allowed range).
+    profile is refused before inference (:class:`ProfileError` with the allowed range). The
+    context's memory is user-managed: sized per call for the shapes run, grown when a call needs
+    more, freed by :meth:`close`.
 
-    unverified: no TensorRT/GPU was available to this session; never run.
+    unverified: no TensorRT/GPU was available to the sessions that wrote this; never run on one.
     """
 
     backend = "tensorrt"
 
-    def __init__(self, engine_path: str | Path, name: str, graph_entry: dict, profile: dict, device: int = 0):
+    def __init__(self, engine_path: str | Path, name: str, graph_entry: dict, profile: dict, device: int = 0,
+                 need_bytes: int | None = None, bundle_dir: str | Path | None = None, precision: str | None = None):
         trt = import_tensorrt()
         self._trt = trt
         self.name = name
         self.graph_entry = graph_entry
         self.profile = profile
+        self.precision = precision
         # Device memory through the runtime's token device (engine/device.py); the engine runs
-        # on its own non-blocking stream.
+        # on its own non-blocking stream, where its copies go too.
         self._dev = CupyDevice(device)
+        if need_bytes is not None:  # refuse before the engine's weights are allocated
+            tp.check_fits(name, precision or "?", need_bytes, self._dev.mem_get_info()[0],
+                          getattr(self._dev, "name", "the GPU"), bundle_dir or Path(engine_path).parent.parent)
         self._stream = self._dev.new_stream()
-        logger = trt.Logger(trt.Logger.WARNING)
-        self._runtime = trt.Runtime(logger)
+        self._runtime = trt.Runtime(trt_logger(trt))
         self.engine = self._runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
         if self.engine is None:
             raise EngineCompatibilityError(f"TensorRT {trt.__version__} could not deserialize {engine_path} "
                                            "(built with another TensorRT version or for another GPU?)")
-        self.context = self.engine.create_execution_context()
+        self.context = self.engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+        if self.context is None:
+            raise DeviceMemoryError(f"TensorRT could not create an execution context for engine {name!r} "
+                                    f"(optimization profile 0, max shapes { {k: v['max'] for k, v in profile.items()} }, "
+                                    "user-managed memory)")
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
         self.input_names = [n for n in names if is_input[n]]
         self.output_names = [n for n in names if not is_input[n]]
         self._dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
         self._lock = threading.Lock()  # one execution context: calls are serialised
+        self._scratch = None  # the context's user-managed memory (a device uint8 array)
+        self._staging = PinnedStaging(self._dev)
 
     def axis_limit(self, axis: str) -> int | None:
         """The engine profile's largest size for a named axis (``outs_per_ref`` for the CP head:
         runtime/cp_device.py ``GraphCP`` packs within it); None when the graph has no such axis."""
         return tp.axis_max(self.graph_entry, self.profile, axis)
 
+    @property
+    def device_memory_bytes(self) -> int:
+        """Bytes of context memory held now (grown to the largest call so far; 0 after close)."""
+        return 0 if self._scratch is None else int(self._scratch.nbytes)
+
+    def close(self) -> None:
+        """Free the execution context, the engine, the context memory and the pinned staging
+        buffers now (TensorRT objects in dependency order: context, engine, runtime). Further
+        calls raise :class:`TensorRTCallError`."""
+        with self._lock:
+            if getattr(self, "_stream", None) is not None:
+                self._stream.synchronize()
+            self.context = None
+            self.engine = None
+            self._runtime = None
+            self._scratch = None
+            self._staging.clear()
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = self.run_device(feeds)
-        return {k: self._dev.to_host(v) for k, v in out.items()}
+        """Host inputs in, host outputs out: copies on the engine's stream through pinned buffers."""
+        return self._split(feeds, to_host=True)
 
     def run_device(self, feeds: dict, device=None) -> dict:
-        """Inputs as numpy or device arrays; outputs as device arrays (CuPy or torch).
+        """Inputs as numpy or device arrays; outputs as device arrays (CuPy).
 
         ``device``: the runtime's token device; it must be CUDA memory (engine/device.py
         ``CupyDevice``)."""
         if device is not None and device.ort_device_type != "cuda":
             raise BackendUnavailableError(f"TensorRT engines cannot use {device.name} memory")
+        return self._split(feeds, to_host=False)
+
+    def _split(self, feeds: dict, to_host: bool) -> dict:
         shapes = {k: tuple(v.shape) for k, v in feeds.items()}
         runs = tp.plan_batches(self.name, self.graph_entry, shapes, self.profile)  # refuses before inference
         if not runs:
             raise ValueError(f"graph {self.name!r}: empty batch")
-        parts = [self._run_once({k: feeds[k][s] for k in self.input_names}) for s in runs]
+        parts = [self._run_once({k: feeds[k][s] for k in self.input_names}, to_host) for s in runs]
         if len(parts) == 1:
             return parts[0]
-        return {k: self._dev.concat([p[k] for p in parts]) for k in self.output_names}
+        join = (lambda xs: np.concatenate(xs, axis=0)) if to_host else self._dev.concat
+        return {k: join([p[k] for p in parts]) for k in self.output_names}
 
-    def _run_once(self, feeds: dict) -> dict:
-        """One execution. Order (issue 13): input shapes set and checked, output shapes read and
-        checked, outputs allocated, *then* the device synchronised (so no block CuPy's pool hands
-        out is still read by another thread's kernel on another stream), then addresses bound and
-        the engine run on its stream."""
-        dev = self._dev
-        bufs = {}
+    def _inputs(self, feeds: dict) -> tuple[dict, dict]:
+        """Device inputs as given (dtype checked); host inputs staged in pinned memory, with the
+        device buffers they will be copied into."""
+        dev, bufs, host = self._dev, {}, {}
         for k in self.input_names:
             x = feeds[k]
             if dev.is_device_array(x):
                 if np.dtype(x.dtype) != self._dtypes[k]:  # as OrtRunner.run_device: no silent cast
                     raise TypeError(f"TensorRT engine {self.name!r}: input {k} must be {self._dtypes[k]}, got {x.dtype}")
+                bufs[k] = dev.contiguous(x)
             else:
-                x = dev.from_host(np.ascontiguousarray(x, dtype=self._dtypes[k]))
-            bufs[k] = dev.contiguous(x)
+                host[k] = self._staging.stage(k, np.ascontiguousarray(x, dtype=self._dtypes[k]))
+                bufs[k] = dev.empty(host[k].shape, self._dtypes[k])
+        return bufs, host
+
+    def _run_once(self, feeds: dict, to_host: bool) -> dict:
+        """One execution. Order: inputs staged; input shapes set and checked; output shapes read
+        and checked; context memory sized for these shapes; outputs allocated; *then* CuPy's
+        current stream synchronised (packing done, and no block CuPy's pool hands out still read
+        elsewhere); host-to-device copies, the engine and device-to-host copies queued on the
+        engine's stream; that stream synchronised before anything is returned."""
+        if self.context is None:
+            raise TensorRTCallError(f"TensorRT engine {self.name!r} was closed")
+        dev, stream = self._dev, self._stream
         with self._lock:
+            bufs, host = self._inputs(feeds)
             ctx = self.context
-            for k in self.input_names:
-                shape = tuple(int(n) for n in bufs[k].shape)
-                if not ctx.set_input_shape(k, shape):
-                    raise TensorRTCallError(f"TensorRT engine {self.name!r}: set_input_shape({k!r}, {shape}) failed "
-                                            "(shape outside the engine's optimization profile?)")
-            outs = {}
-            for k in self.output_names:
-                shape = tuple(int(n) for n in ctx.get_tensor_shape(k))
-                if any(n < 0 for n in shape):
-                    raise TensorRTCallError(f"TensorRT engine {self.name!r}: output {k!r} has shape {shape} after the "
-                                            "input shapes were set (-1: a data-dependent dimension), so it cannot be "
-                                            "allocated; the bundle's graphs have none")
-                outs[k] = dev.empty(shape, self._dtypes[k])
-            # Packing, copies, host uploads and the allocations above were queued on CuPy's current
-            # stream; the engine's stream does not wait for it.
+            self._set_shapes(ctx, bufs)
+            outs = {k: dev.empty(s, self._dtypes[k]) for k, s in self._output_shapes(ctx).items()}
+            self._context_memory(ctx, bufs)
             dev.synchronize()
+            for k, x in host.items():
+                dev.copy_to_device(x, bufs[k], stream)
             for k, x in [*bufs.items(), *outs.items()]:
                 if not ctx.set_tensor_address(k, dev.ptr(x)):
                     raise TensorRTCallError(f"TensorRT engine {self.name!r}: set_tensor_address({k!r}) failed for "
                                             f"shape {tuple(x.shape)}")
-            if not ctx.execute_async_v3(self._stream.ptr):
+            if not ctx.execute_async_v3(stream.ptr):
                 raise TensorRTCallError(f"TensorRT execution of {self.name!r} failed (input shapes "
                                         f"{ {k: tuple(v.shape) for k, v in bufs.items()} })")
-            self._stream.synchronize()
+            if to_host:
+                pinned = {k: self._staging.buffer(k, v.shape, v.dtype) for k, v in outs.items()}
+                for k in outs:
+                    dev.copy_to_host(outs[k], pinned[k], stream)
+            stream.synchronize()
+            self._staging.next_call()
+            if to_host:  # copied out: the pinned buffers are refilled by a later call
+                return {k: np.array(v) for k, v in pinned.items()}
         return outs
+
+    def _set_shapes(self, ctx, bufs: dict) -> None:
+        for k in self.input_names:
+            shape = tuple(int(n) for n in bufs[k].shape)
+            if not ctx.set_input_shape(k, shape):
+                raise TensorRTCallError(f"TensorRT engine {self.name!r}: set_input_shape({k!r}, {shape}) failed "
+                                        "(shape outside the engine's optimization profile?)")
+
+    def _output_shapes(self, ctx) -> dict:
+        shapes = {}
+        for k in self.output_names:
+            shape = tuple(int(n) for n in ctx.get_tensor_shape(k))
+            if any(n < 0 for n in shape):
+                raise TensorRTCallError(f"TensorRT engine {self.name!r}: output {k!r} has shape {shape} after the "
+                                        "input shapes were set (-1: a data-dependent dimension), so it cannot be "
+                                        "allocated; the bundle's graphs have none")
+            shapes[k] = shape
+        return shapes
+
+    def _context_memory(self, ctx, bufs: dict) -> None:
+        """Give the context memory for the shapes just set: ``update_device_memory_size_for_shapes``
+        says how much; the buffer grows when a call needs more (never shrinks: a smaller call
+        reuses it). unverified on a GPU."""
+        size = int(ctx.update_device_memory_size_for_shapes())
+        shapes = {k: tuple(v.shape) for k, v in bufs.items()}
+        if size < 0:
+            raise TensorRTCallError(f"TensorRT engine {self.name!r}: update_device_memory_size_for_shapes() failed "
+                                    f"for input shapes {shapes}")
+        if self._scratch is None or self._scratch.nbytes < size:
+            self._scratch = None  # release the smaller buffer before asking for the larger one
+            try:
+                self._scratch = self._dev.empty((max(size, 256),), np.uint8)
+            except Exception as e:  # noqa: BLE001 - CuPy raises OutOfMemoryError
+                free = self._dev.mem_get_info()[0]
+                raise DeviceMemoryError(f"TensorRT engine {self.name!r} needs {size / tp.GIB:.2f} GiB of context "
+                                        f"memory for input shapes {shapes}; {free / tp.GIB:.2f} GiB are free ({e})") from e
+        ctx.set_device_memory(self._dev.ptr(self._scratch), int(self._scratch.nbytes))
 
 
 def load_runner(bundle, graph: str, precision: str | None = None, provider: str = "cuda") -> TrtRunner:
@@ -396,9 +640,11 @@ def load_runner(bundle, graph: str, precision: str | None = None, provider: str 
     provider is CUDA; an engine set exists for the precision; it was built for this TensorRT
     version, GPU and compute capability and from this bundle's ONNX graphs
     (:class:`EngineCompatibilityError` naming both sides and the rebuild command); the engine
-    file's sha256.
+    file's sha256; the engine's memory plan against the device's free memory
+    (:class:`DeviceMemoryError`, before the engine is deserialized).
 
-    unverified: no TensorRT/GPU was available to this session (the checks are tested with fakes).
+    unverified: no TensorRT/GPU was available to the sessions that wrote this (the checks are
+    tested with fakes).
     """
     from ...errors import BundleError
     from ..manifest import sha256_file
@@ -424,6 +670,6 @@ def load_runner(bundle, graph: str, precision: str | None = None, provider: str 
     path = bundle.path / tp.engine_dir_name(precision) / entry["file"]
     if not path.is_file() or sha256_file(path) != entry["sha256"]:
         raise BundleError(f"{path} is missing or modified; rebuild: {tp.rebuild_command(bundle.path, precision)}")
-    runner = TrtRunner(path, graph, bundle.graph(graph), entry["profiles"][0])
-    runner.precision = precision  # the engine set actually loaded (masc-run records it)
-    return runner
+    need = tp.engine_need_bytes(entry, path.stat().st_size)
+    return TrtRunner(path, graph, bundle.graph(graph), entry["profiles"][0], need_bytes=need,
+                     bundle_dir=bundle.path, precision=precision)

@@ -8,6 +8,11 @@
   compute capability, precision, profiles, and the sha256 of each engine and of the ONNX graph it
   was built from. :func:`check_compatible` refuses an engine set built elsewhere, naming both
   sides and the command that rebuilds it.
+- The device-memory plan (:func:`memory_plan`, :func:`choose_ranges`): weights plus activations
+  per engine at its profile maxima, on paper (:func:`activation_bytes`), so that profile maxima
+  are chosen to fit a device-memory budget before anything is built; the build then records
+  TensorRT's own figure per profile beside it (``device_memory_bytes``), and a load refuses an
+  engine whose figures exceed the free device memory (:func:`check_fits`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ...errors import BundleError, EngineCompatibilityError, ProfileError
+from ...errors import BundleError, DeviceMemoryError, EngineCompatibilityError, ProfileError
 
 SIDECAR_NAME = "engines.json"
 SIDECAR_FORMAT = "masc-tensorrt-engines"
@@ -144,6 +149,189 @@ def axis_max(graph_entry: Mapping, profile: Mapping[str, Mapping[str, Sequence[i
             if ax == axis and inp["name"] in profile:
                 return int(profile[inp["name"]]["max"][i])
     return None
+
+
+# --------------------------------------------------------------------------- device memory
+
+GIB = 1 << 30
+#: Bytes per element of the reduced-precision tensors of an fp16 / bf16 graph (fp32 islands,
+#: export/precision.py, stay 4).
+FLOAT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1, "int8": 1}
+#: Headroom kept free of the budget: the CUDA context, cuBLAS/cuDNN workspaces, CuPy's pool
+#: rounding and the patch tokens masc-run caches on the device live outside the engines.
+BUDGET_HEADROOM = 0.9
+
+
+def _tower(manifest: Mapping, graph: str) -> tuple[int, int, int]:
+    """(width, heads, MLP width) of the tower a graph runs. The manifest records the width and
+    the pooling head's heads (SigLIP2's ``num_attention_heads``, shared by the towers); the MLP
+    width is taken as 4 x width (so400m has 4304 = 3.74 x 1152: the estimate errs high by 7%)."""
+    a = manifest["architecture"]
+    width = int(a["text_projection"] if graph == "text" else a["vision_width"])
+    return width, int(a.get("pool_heads", max(1, width // 64))), 4 * width
+
+
+def activation_bytes(graph: str, manifest: Mapping, shapes: Mapping[str, Sequence[int]], precision: str) -> int:
+    """On-paper estimate of the activation memory one execution of ``graph`` needs at these input
+    shapes (what TensorRT's execution context reserves; inputs and outputs are bound separately,
+    :func:`io_bytes`).
+
+    The model: memory is reused across layers, so the peak is one layer's live tensors: the
+    residual stream (fp32, 2 copies) plus the larger of attention (q/k/v in the graph's float
+    type, scores and softmax in fp32 as the precision policy keeps them, probabilities cast back)
+    and the MLP (its hidden layer, plus the fp32 GELU island). Attention scores are counted as
+    materialised: TensorRT may fuse attention and never hold them (then this errs high). CP: the
+    L2-normalised copies (fp32) and the cosine tensor with its fp32 reduction. unverified on a GPU:
+    the build records TensorRT's own figure per profile (``device_memory_bytes``) beside this.
+
+    Args:
+        shapes: ``{input: shape}`` with every dynamic axis resolved.
+        precision: the engine set's precision (``fp32``, ``fp16``, ``bf16``).
+
+    Returns:
+        bytes.
+    """
+    reduced = graph in (manifest.get("precision", {}) or {}).get("graphs", ())
+    e = FLOAT_BYTES[precision] if reduced else 4
+    if graph == "cp":
+        r, n, d = shapes["ref_tokens"]
+        _, k, m, _ = shapes["out_tokens"]
+        return int((r * n + r * k * m) * d * 4 + r * k * n * m * (e + 4))
+    width, heads, mlp = _tower(manifest, graph)
+    if graph == "vision":
+        pv = shapes["pixel_values"]
+        b = pv[0]
+        n = pv[1] if len(pv) == 3 else (pv[2] // int(manifest["image"]["patch_size"])) * (
+            pv[3] // int(manifest["image"]["patch_size"]))
+    elif graph == "text":
+        b, n = shapes["input_ids"]
+    elif graph == "pool":
+        b, n, _ = shapes["hidden"]
+        # one probe query: K/V projections of every token, the probe's scores, LayerNorm copy
+        return int(2 * b * n * width * e + b * n * width * 4 + 2 * b * heads * n * 4 + b * mlp * (e + 4))
+    else:
+        raise ValueError(f"no activation model for graph {graph!r}")
+    resid = 2 * b * n * width * 4
+    attention = b * heads * n * n * (4 + 4 + e) + 3 * b * n * width * e
+    mlp_bytes = b * n * mlp * (e + 4)
+    return int(resid + max(attention, mlp_bytes))
+
+
+def resolve_shapes(graph_entry: Mapping, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+    """Output shapes from input shapes, through the manifest's axis names."""
+    axes = {}
+    for inp in graph_entry["inputs"]:
+        for ax, n in zip(inp["shape"], input_shapes[inp["name"]]):
+            if isinstance(ax, str):
+                axes[ax] = int(n)
+    return {o["name"]: [axes.get(ax, 1) if isinstance(ax, str) else int(ax) for ax in o["shape"]]
+            for o in graph_entry["outputs"]}
+
+
+def io_bytes(graph_entry: Mapping, input_shapes: Mapping[str, Sequence[int]]) -> int:
+    """Bytes of a call's input and output bindings (allocated by the runner, not by TensorRT)."""
+    total = 0
+    outs = resolve_shapes(graph_entry, input_shapes)
+    for t in graph_entry["inputs"]:
+        total += _DTYPE_BYTES[t["dtype"]] * _prod(input_shapes[t["name"]])
+    for t in graph_entry["outputs"]:
+        total += _DTYPE_BYTES[t["dtype"]] * _prod(outs[t["name"]])
+    return int(total)
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
+
+
+def memory_plan(manifest: Mapping, precision: str, ranges: Mapping[str, AxisRange], weights: Mapping[str, int],
+                graphs: Sequence[str] | None = None) -> dict:
+    """The device-memory plan of an engine set at its profile maxima (on paper).
+
+    Args:
+        weights: bytes of each graph's weights (its ONNX files' size: weights dominate them).
+
+    Returns:
+        ``{"engines": {graph: {"weights_bytes", "profile_max": {"shapes", "activation_bytes",
+        "io_bytes"}}}, "total_bytes"}``; ``total_bytes`` is every engine's weights, activations
+        and bindings at once (each runner keeps its own context memory).
+    """
+    engines, total = {}, 0
+    for graph in graphs or list(manifest["graphs"]):
+        entry = manifest["graphs"][graph]
+        shapes = {k: v["max"] for k, v in profile_shapes(entry, ranges).items()}
+        act = activation_bytes(graph, manifest, shapes, precision)
+        io = io_bytes(entry, shapes)
+        w = int(weights.get(graph, 0))
+        engines[graph] = {"weights_bytes": w, "profile_max": {"shapes": shapes, "activation_bytes": act, "io_bytes": io}}
+        total += w + act + io
+    return {"engines": engines, "total_bytes": int(total)}
+
+
+def choose_ranges(manifest: Mapping, precision: str, weights: Mapping[str, int], budget_bytes: int,
+                  max_batch: int = 16, max_outs_per_ref: int = 16,
+                  graphs: Sequence[str] | None = None) -> tuple[dict[str, AxisRange], dict]:
+    """Profile maxima that fit a device-memory budget: the requested ``max_batch`` and
+    ``max_outs_per_ref``, halved (batch first, then outputs per reference) until the plan's total
+    fits ``BUDGET_HEADROOM`` x ``budget_bytes``.
+
+    Returns:
+        ``(ranges, plan)``; the plan records the budget and the maxima chosen.
+
+    Raises:
+        DeviceMemoryError: even batch 1 and one output per reference do not fit (the message gives
+            the weights and the smallest plan's total against the budget).
+    """
+    usable = int(budget_bytes * BUDGET_HEADROOM)
+    mb, mo = max(1, int(max_batch)), max(1, int(max_outs_per_ref))
+    while True:
+        ranges = default_axis_ranges(manifest, max_batch=mb, max_outs_per_ref=mo)
+        plan = memory_plan(manifest, precision, ranges, weights, graphs)
+        if plan["total_bytes"] <= usable:
+            break
+        if mb > 1:
+            mb //= 2
+        elif mo > 1:
+            mo //= 2
+        else:
+            w = sum(int(v) for v in weights.values())
+            raise DeviceMemoryError(
+                f"the {precision} engines need {plan['total_bytes'] / GIB:.2f} GiB of device memory even at batch 1 "
+                f"and 1 output per reference (weights {w / GIB:.2f} GiB), more than {BUDGET_HEADROOM:.0%} of the "
+                f"{budget_bytes / GIB:.2f} GiB budget; use a GPU with more memory or a smaller --max-num-patches "
+                "bundle")
+    plan.update(budget_bytes=int(budget_bytes), usable_bytes=usable, max_batch=mb, max_outs_per_ref=mo,
+                requested={"max_batch": int(max_batch), "max_outs_per_ref": int(max_outs_per_ref)})
+    return ranges, plan
+
+
+def engine_need_bytes(sidecar_engine: Mapping, engine_file_bytes: int) -> int:
+    """Device memory one loaded engine may hold: its deserialized plan (about the engine file's
+    size) plus, at its largest profile, TensorRT's activation figure recorded at build
+    (``device_memory_bytes``; the on-paper estimate when the build could not read it) and the
+    bindings."""
+    plan = sidecar_engine.get("memory", {})
+    measured = plan.get("device_memory_bytes") or []
+    act = max(measured) if measured else int(plan.get("profile_max", {}).get("activation_bytes", 0))
+    return int(engine_file_bytes + act + int(plan.get("profile_max", {}).get("io_bytes", 0)))
+
+
+def check_fits(graph: str, precision: str, need_bytes: int, free_bytes: int, device_name: str,
+               bundle_dir: str | Path) -> None:
+    """Refuse, before anything is loaded, an engine whose plan exceeds the device's free memory.
+
+    Raises:
+        DeviceMemoryError: one line naming the engine, both figures and the rebuild command.
+    """
+    if need_bytes > free_bytes:
+        raise DeviceMemoryError(
+            f"TensorRT {precision} engine {graph!r} needs up to {need_bytes / GIB:.2f} GiB of device memory at its "
+            f"profile maxima (engines.json memory plan), {device_name} has {free_bytes / GIB:.2f} GiB free; rebuild "
+            f"for this GPU's memory: {rebuild_command(bundle_dir, precision)} --gpu-memory-budget "
+            f"{max(0.1, free_bytes / GIB * 0.8):.1f}")
 
 
 # --------------------------------------------------------------------------- sidecar
