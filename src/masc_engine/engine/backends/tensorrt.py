@@ -79,7 +79,7 @@ _LOGGER: tuple | None = None
 _LOGGER_LOCK = threading.Lock()
 
 
-def trt_logger(trt):
+def trt_logger(trt) -> "trt.Logger":
     """The process's one ``trt.Logger`` (severity WARNING), made on first use. TensorRT requires
     the logger passed to ``Builder``, ``Runtime`` and ``OnnxParser`` to outlive every object they
     make; one module-level logger does, and creating one per build or runner does not help
@@ -214,7 +214,8 @@ def network_flags(trt) -> int:
     return 0 if flag is None else 1 << int(flag)
 
 
-def _parse(trt, builder: "trt.Builder", onnx_path: Path, graph: str) -> tuple:
+def _parse(trt, builder: "trt.Builder", onnx_path: Path,
+           graph: str) -> "tuple[trt.INetworkDefinition, trt.OnnxParser]":
     """``(network, parser)``: the network TensorRT's ONNX parser makes of a graph (the parser is
     returned so that it outlives the network it filled, as TensorRT requires). unverified on a GPU.
 
@@ -274,7 +275,7 @@ def _builder_config(trt, builder: "trt.Builder", graph: str, workspace_gib: floa
     return config
 
 
-def _use_timing_cache(config: "trt.IBuilderConfig", timing_cache: Path | None):
+def _use_timing_cache(config: "trt.IBuilderConfig", timing_cache: Path | None) -> "trt.ITimingCache | None":
     if timing_cache is None:
         return None
     blob = timing_cache.read_bytes() if timing_cache.is_file() else b""
@@ -595,14 +596,14 @@ class TrtRunner:
                 return {k: np.array(v) for k, v in pinned.items()}
         return outs
 
-    def _set_shapes(self, ctx, bufs: dict) -> None:
+    def _set_shapes(self, ctx: "trt.IExecutionContext", bufs: dict) -> None:
         for k in self.input_names:
             shape = tuple(int(n) for n in bufs[k].shape)
             if not ctx.set_input_shape(k, shape):
                 raise TensorRTCallError(f"TensorRT engine {self.name!r}: set_input_shape({k!r}, {shape}) failed "
                                         "(shape outside the engine's optimization profile?)")
 
-    def _output_shapes(self, ctx) -> dict:
+    def _output_shapes(self, ctx: "trt.IExecutionContext") -> dict:
         shapes = {}
         for k in self.output_names:
             shape = tuple(int(n) for n in ctx.get_tensor_shape(k))
@@ -613,7 +614,7 @@ class TrtRunner:
             shapes[k] = shape
         return shapes
 
-    def _context_memory(self, ctx, bufs: dict) -> None:
+    def _context_memory(self, ctx: "trt.IExecutionContext", bufs: dict) -> None:
         """Give the context memory for the shapes just set: ``update_device_memory_size_for_shapes``
         says how much; the buffer grows when a call needs more (never shrinks: a smaller call
         reuses it). unverified on a GPU."""
