@@ -25,7 +25,19 @@ keeps what finished):
   Not TensorRT: it shows what fp16 / bf16 arithmetic does to these scores, not what an engine does.
 - ``throughput``: images/s of that tower at 1024 patches (fp32, TF32, fp16 policy) and CP pairs/s.
 - ``ort_cuda``, ``tensorrt``, ``masc_metric_gpu``: run only when onnxruntime-gpu, TensorRT, or
-  masc-metric + transformers are importable; otherwise skipped with the reason.
+  masc-metric + transformers are importable; otherwise skipped with the reason. ``tensorrt`` builds
+  the CP engine (fp32, fp16) with user-managed context memory and records TensorRT's activation
+  figure per profile next to the on-paper estimate (engine/backends/trt_profiles.py).
+- ``memory_plan``: the device-memory plan of an so400m engine set (fp16 and fp32) at the default
+  profiles (batch 16, 16 outputs per reference, 1,024 patches) and at the shapes the scorer runs
+  (batch 8; CP calls capped at 2**26 cosines), on paper, beside a 24 GB RTX 3090, a 141 GB H200 and
+  this GPU's free memory. Pure arithmetic: the same figures in a dry run.
+- ``pipeline``: whether a host-to-device copy from pinned memory on one stream overlaps a GEMM on
+  another (CUDA events), pinned vs pageable copy bandwidth, and the double-buffered loop
+  (engine/device.py ``overlapped``) against the serial one. Dry run: the loop with sleeps in numpy.
+- ``cupy_fp16_kernel``: compiles and runs a CuPy float16 kernel, which NVRTC compiles with
+  ``cuda_fp16.h`` at run time (the header the ``cupy-cuda13x[ctk]`` / ``nvidia-cuda-runtime``
+  wheels ship); an error here means the install recipe misses the CUDA headers.
 
 Usage (repo root)::
 
@@ -774,13 +786,201 @@ def section_tensorrt(cfg, ctx):
         for prec, graph in (("fp32", "cp.onnx"), ("fp16", "cp.fp16.onnx")):
             try:  # one precision's failure keeps the other's results
                 facts = build_engine(Path(d) / graph, Path(d) / f"cp.{prec}.engine", prec, [shapes],
-                                     timing_cache=Path(d) / "timing.cache", log=lambda s: None)
+                                     timing_cache=Path(d) / "timing.cache", log=lambda s: None, graph="cp")
                 acc = _cp_accuracy(lambda g: TrtRunner(Path(d) / f"cp.{prec}.engine", "cp", entry, shapes), width)
-                out[prec] = {"status": "ok", "build": facts, "accuracy": acc["float32"]}
+                stub = {"precision": {"graphs": ["cp"] if prec == "fp16" else []}}
+                paper = tp.activation_bytes("cp", stub, {k: v["max"] for k, v in shapes.items()}, prec)
+                out[prec] = {"status": "ok", "build": facts, "accuracy": acc["float32"],
+                             "activation_bytes_on_paper": paper,
+                             "measured_over_paper": facts["device_memory_bytes"][0] / paper}
             except Exception as e:  # noqa: BLE001 - recorded next to the other precision's results
                 out[prec] = {"status": "error", "error": f"{type(e).__name__}: {e}",
                              "traceback": traceback.format_exc()}
     return out
+
+
+#: Weights of the SigLIP2 so400m towers (patch16, NaFlex), from the architecture: 27 layers of width
+#: 1152 with MLP 4304 per tower, the vision patch and position embeddings, the text tower's 256k x
+#: 1152 token embedding (Gemma tokenizer), the pooling head (one attention block and its MLP).
+SO400M = {"width": 1152, "layers": 27, "heads": 16, "mlp": 4304, "vocab": 256_000, "patch": 16, "pos": 256,
+          "text_len": 64}
+
+
+def _so400m_params() -> dict:
+    a = SO400M
+    layer = 4 * a["width"] ** 2 + 2 * a["width"] * a["mlp"] + 9 * a["width"] + a["mlp"]
+    vision = a["layers"] * layer + 3 * a["patch"] ** 2 * a["width"] + a["pos"] * a["width"]
+    text = a["layers"] * layer + a["vocab"] * a["width"] + a["text_len"] * a["width"] + a["width"] ** 2
+    pool = layer + a["width"]
+    return {"vision": vision, "text": text, "pool": pool, "cp": 0}
+
+
+def so400m_manifest(precision: str, budget: int = 1024) -> dict:
+    """The manifest fields the memory plan reads, for an so400m bundle."""
+    a = SO400M
+    reduced = {"fp16": ["vision", "pool", "text", "cp"], "bf16": ["vision", "pool", "text"]}.get(precision, [])
+    d = a["width"]
+    return {"architecture": {"vision_width": d, "text_projection": d, "pool_heads": a["heads"], "vision_layers": 27},
+            "image": {"max_num_patches": budget, "patch_size": 16},
+            "precision": {"mode": precision, "graphs": reduced},
+            "graphs": {
+                "vision": {"inputs": [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", "num_patches", 768]},
+                                      {"name": "pixel_attention_mask", "dtype": "int32", "shape": ["batch", "num_patches"]},
+                                      {"name": "position_weights", "dtype": "float32",
+                                       "shape": ["batch", "num_patches", 256]}],
+                           "outputs": [{"name": "last_hidden_state", "dtype": "float32",
+                                        "shape": ["batch", "num_patches", d]}]},
+                "pool": {"inputs": [{"name": "hidden", "dtype": "float32", "shape": ["batch", "num_tokens", d]},
+                                    {"name": "key_padding_mask", "dtype": "bool", "shape": ["batch", "num_tokens"]}],
+                         "outputs": [{"name": "pooled", "dtype": "float32", "shape": ["batch", d]},
+                                     {"name": "attention", "dtype": "float32", "shape": ["batch", "num_tokens"]}]},
+                "text": {"inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", 64]}],
+                         "outputs": [{"name": "text_embeds", "dtype": "float32", "shape": ["batch", d]}]},
+                "cp": {"inputs": [{"name": "ref_tokens", "dtype": "float32", "shape": ["refs", "ref_patches", d]},
+                                  {"name": "ref_keep", "dtype": "bool", "shape": ["refs", "ref_patches"]},
+                                  {"name": "out_tokens", "dtype": "float32",
+                                   "shape": ["refs", "outs_per_ref", "out_patches", d]},
+                                  {"name": "out_valid", "dtype": "bool", "shape": ["refs", "outs_per_ref", "out_patches"]}],
+                       "outputs": [{"name": "cp", "dtype": "float32", "shape": ["refs", "outs_per_ref"]},
+                                   {"name": "best", "dtype": "float32",
+                                    "shape": ["refs", "outs_per_ref", "ref_patches"]}]}}}
+
+
+def _gpu_free_bytes():
+    cupy = _try_import("cupy")
+    try:
+        free, total = cupy.cuda.runtime.memGetInfo()
+        return int(free), int(total)
+    except Exception:  # noqa: BLE001 - no CuPy or no GPU
+        return None
+
+
+def section_memory_plan(cfg, ctx):
+    from masc_engine.engine.backends import trt_profiles as tp
+
+    gib = float(tp.GIB)
+    params = _so400m_params()
+    run_shapes = {"vision": {"pixel_values": [8, 1024, 768], "pixel_attention_mask": [8, 1024],
+                             "position_weights": [8, 1024, 256]},
+                  "pool": {"hidden": [8, 1024, 1152], "key_padding_mask": [8, 1024]},
+                  "text": {"input_ids": [8, 64]},
+                  # runtime/cp_device.py DEFAULT_MAX_SIMS: R * K * N * M <= 2**26 per call
+                  "cp": {"ref_tokens": [4, 1024, 1152], "ref_keep": [4, 1024], "out_tokens": [4, 16, 1024, 1152],
+                         "out_valid": [4, 16, 1024]}}
+    out = {"what": "on paper: trt_profiles.memory_plan (weights from the so400m architecture, activations from "
+                   "the layer model in trt_profiles.activation_bytes); unverified on a GPU",
+           "gpus": {"RTX 3090 (the paper's)": 24.0, "H200": 141.0}, "params": params}
+    free = _gpu_free_bytes()
+    if free:
+        out["this_gpu_free_gib"], out["this_gpu_total_gib"] = round(free[0] / gib, 2), round(free[1] / gib, 2)
+    for precision in ("fp16", "fp32"):
+        m = so400m_manifest(precision)
+        e = tp.FLOAT_BYTES[precision]
+        weights = {g: n * (e if g in m["precision"]["graphs"] or precision == "fp32" else 4) for g, n in params.items()}
+        ranges = tp.default_axis_ranges(m, max_batch=16, max_outs_per_ref=16)
+        plan = tp.memory_plan(m, precision, ranges, weights)
+        run = {g: {"activation_gib": round(tp.activation_bytes(g, m, s, precision) / gib, 3),
+                   "io_gib": round(tp.io_bytes(m["graphs"][g], s) / gib, 3)} for g, s in run_shapes.items()}
+        run_total = sum(weights.values()) + sum(tp.activation_bytes(g, m, s, precision) + tp.io_bytes(m["graphs"][g], s)
+                                                for g, s in run_shapes.items())
+        out[precision] = {
+            "weights_gib": {g: round(w / gib, 3) for g, w in weights.items()},
+            "profile_max": {g: {"activation_gib": round(v["profile_max"]["activation_bytes"] / gib, 3),
+                                "io_gib": round(v["profile_max"]["io_bytes"] / gib, 3)} for g, v in plan["engines"].items()},
+            "static_contexts_total_gib": round(plan["total_bytes"] / gib, 2),
+            "scorer_defaults": run, "user_managed_total_gib": round(run_total / gib, 2),
+            "fits": {name: {"static": plan["total_bytes"] / gib <= size * tp.BUDGET_HEADROOM,
+                            "user_managed": run_total / gib <= size * tp.BUDGET_HEADROOM}
+                     for name, size in out["gpus"].items()}}
+        # bench/gpu_throughput.py before: vision profiles to batch 64, a Scorer per batch size (1, 8, 16,
+        # 32, 64), each with static contexts, freed only by a cycle-collector pass
+        plan64 = tp.memory_plan(m, precision, tp.default_axis_ranges(m, max_batch=64, max_outs_per_ref=16), weights)
+        out[precision]["batch64_static_total_gib"] = round(plan64["total_bytes"] / gib, 2)
+        out[precision]["batch64_five_scorers_static_gib"] = round(5 * plan64["total_bytes"] / gib, 2)
+        for name, size in out["gpus"].items():
+            _, chosen = tp.choose_ranges(m, precision, weights, int(size * gib), 64, 16)
+            out[precision]["fits"][name]["max_batch_chosen_when_64_asked"] = chosen["max_batch"]
+    return out
+
+
+def section_pipeline(cfg, ctx):
+    from masc_engine.engine.device import overlapped
+
+    out = {}
+    # the double-buffered loop itself: host work (prepare) overlapping "device" work (run)
+    prep_s, run_s, n = (0.02, 0.02, 6) if cfg.dry_run else (0.01, 0.01, 10)
+    t = time.perf_counter()
+    serial = [(time.sleep(run_s), b)[1] for b in [(time.sleep(prep_s), i)[1] for i in range(n)]]
+    t_serial = time.perf_counter() - t
+    t = time.perf_counter()
+    over = overlapped(range(n), lambda i: (time.sleep(prep_s), i)[1], lambda b: (time.sleep(run_s), b)[1])
+    out["loop"] = {"serial_s": t_serial, "overlapped_s": time.perf_counter() - t, "same_results": serial == over,
+                   "what": "sleep-based host and device work"}
+    out["loop"]["ratio"] = out["loop"]["overlapped_s"] / t_serial
+    cupy = _try_import("cupy")
+    if cupy is None or cfg.dry_run or _gpu_free_bytes() is None:
+        out["copies"] = {"status": "skipped", "reason": "needs CuPy and a CUDA GPU"}
+        return out
+    out["copies"] = _copy_overlap(cupy)
+    return out
+
+
+def _copy_overlap(cupy):
+    """Pinned vs pageable H2D bandwidth (CUDA events on the copy stream), and a 256 MiB H2D copy from
+    pinned memory on one stream beside four fp16 8192^2 GEMMs on another: ``overlaps`` when doing
+    both takes clearly less than the two apart."""
+    from masc_engine.engine.device import CupyDevice
+
+    dev = CupyDevice(0)
+    nbytes = 256 << 20
+    pageable = np.ones(nbytes // 4, np.float32)
+    pinned = dev.pinned_empty(pageable.shape, np.float32)
+    pinned[...] = 1
+    dst = cupy.empty(pageable.shape, cupy.float32)
+    s_copy, s_gemm = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    a = cupy.random.standard_normal((8192, 8192), dtype=cupy.float32).astype(cupy.float16)
+    res = {}
+    for label, host in (("pageable", pageable), ("pinned", pinned)):
+        dev.copy_to_device(host, dst, s_copy)  # warm-up
+        s_copy.synchronize()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(s_copy)
+        dev.copy_to_device(host, dst, s_copy)
+        end.record(s_copy)
+        end.synchronize()
+        res[f"{label}_h2d_gb_per_s"] = nbytes / (cupy.cuda.get_elapsed_time(start, end) / 1e3) / 1e9
+
+    def gemms():
+        with s_gemm:
+            for _ in range(4):
+                a @ a
+
+    def wall(*steps):
+        t = time.perf_counter()
+        for step in steps:
+            step()
+        s_gemm.synchronize()
+        s_copy.synchronize()
+        return time.perf_counter() - t
+
+    wall(gemms)  # warm-up (cuBLAS handles, kernels)
+    copy = lambda: dev.copy_to_device(pinned, dst, s_copy)  # noqa: E731
+    gemm_s, copy_s, both_s = wall(gemms), wall(copy), wall(gemms, copy)
+    res.update(gemm_s=gemm_s, copy_s=copy_s, both_s=both_s, overlap_saved_s=gemm_s + copy_s - both_s,
+               overlaps=both_s < 0.9 * (gemm_s + copy_s))
+    return res
+
+
+def section_cupy_fp16_kernel(cfg, ctx):
+    cupy = _try_import("cupy")
+    if cupy is None or cfg.dry_run or _gpu_free_bytes() is None:
+        raise Skip("needs CuPy and a CUDA GPU")
+    x = cupy.arange(1024, dtype=cupy.float16)
+    y = (x * cupy.float16(0.5) + cupy.float16(1)).sum(dtype=cupy.float32)  # NVRTC compiles with cuda_fp16.h
+    ker = cupy.ElementwiseKernel("float16 x", "float16 y", "y = __hmul(x, __float2half(2.0f))", "masc_fp16_check")
+    z = ker(x)
+    return {"sum": float(y), "hmul_ok": bool(cupy.allclose(z.astype(cupy.float32), x.astype(cupy.float32) * 2)),
+            "cupy": cupy.__version__, "cuda_path": getattr(cupy.cuda, "get_cuda_path", lambda: None)()}
 
 
 def section_masc_metric_gpu(cfg, ctx):
@@ -853,7 +1053,9 @@ def main(argv=None) -> int:
                 raise Skip("torch is not importable")
             return _fidelity_for_model(torch, cfg, ctx, name, spec)
         sections.append((f"fidelity_{name}", fidelity))
-    sections += [("throughput", section_throughput), ("ort_cuda", section_ort_cuda), ("tensorrt", section_tensorrt),
+    sections += [("throughput", section_throughput), ("memory_plan", section_memory_plan),
+                 ("pipeline", section_pipeline), ("cupy_fp16_kernel", section_cupy_fp16_kernel),
+                 ("ort_cuda", section_ort_cuda), ("tensorrt", section_tensorrt),
                  ("masc_metric_gpu", section_masc_metric_gpu)]
     only = set(args.only.split(",")) if args.only else None
     for name, fn in sections:

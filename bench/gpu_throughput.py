@@ -19,6 +19,15 @@ built by ``masc-export --backend tensorrt``):
 
 Images are preprocessed on the host *before* timing (reported separately as host images/s on one
 thread): the figures are the device pipeline's, which masc-run feeds from its loader threads.
+``pipeline`` then times decode + preprocess + encode of the outputs both ways at the best fresh
+batch: serial (:meth:`Scorer.encode_images`) and overlapped (runtime/pipeline.py
+``encode_images_overlapped``: preprocessing of batch n+1 while batch n runs, copies from pinned
+memory on the engine's stream), with the tokens checked equal.
+
+Memory: every Scorer is closed when its measurement ends (``with Scorer(...)``), so one batch
+size's engines and context memory are gone before the next loads; TensorRT engines are built with
+profile maxima chosen from ``--gpu-memory-budget`` (default: the free memory), so a 24 GB GPU gets
+smaller maxima instead of an out-of-memory error.
 
 Targets on one H200 (issue 3): >= 300 pairs/s fresh (so400m, 1,024 patches), >= 550 cached,
 <= 10 ms/pair at batch 1, >= 20x masc-metric. The script reports each as met or not.
@@ -182,6 +191,27 @@ def time_ours(scorer, refs, pairs, batch: int, cached: bool, repeats: int) -> di
     return {"pairs": n, "seconds": dt, "pairs_per_s": n / dt, "ms_per_pair": 1e3 * dt / n}
 
 
+def time_pipeline(scorer, images) -> dict:
+    """Images/s of decode + preprocess + vision, serial and overlapped, and whether the tokens agree."""
+    from masc_engine.runtime.pipeline import encode_images_overlapped
+
+    scorer.encode_images(images[:scorer.batch_size])  # warm-up
+    _sync(scorer)
+    t = time.perf_counter()
+    serial = scorer.encode_images(images)
+    _sync(scorer)
+    t_serial = time.perf_counter() - t
+    t = time.perf_counter()
+    over = encode_images_overlapped(scorer, images)
+    _sync(scorer)
+    t_over = time.perf_counter() - t
+    host = scorer.device.to_host if scorer.device is not None else np.asarray
+    same = all(np.array_equal(host(x.tokens), host(y.tokens)) for x, y in zip(serial, over))
+    return {"images": len(images), "batch": scorer.batch_size, "serial_images_per_s": len(images) / t_serial,
+            "overlapped_images_per_s": len(images) / t_over, "overlapped_over_serial_time": t_over / t_serial,
+            "tokens_equal": same}
+
+
 def time_masc_metric(checkpoint: str, device: str, budget: int, refs, pairs, n: int) -> dict:
     import torch
     from masc import MaSC
@@ -219,7 +249,8 @@ def bench_model(a, preset: str, log) -> dict:
     if a.backend == "tensorrt" and not (bundle / f"tensorrt-{a.precision}").is_dir():
         from masc_engine.engine.backends.tensorrt import build_engines
 
-        build_engines(bundle, precision=a.precision, max_batch=max(a.batches), log=log)
+        build_engines(bundle, precision=a.precision, max_batch=max(a.batches), log=log,
+                      gpu_memory_budget=a.gpu_memory_budget)
     manifest = json.loads((bundle / "manifest.json").read_text())
     side = int(np.sqrt(a.budget)) * 16
     refs, pairs = workload(a.refs, a.outs_per_ref, side)
@@ -229,19 +260,22 @@ def bench_model(a, preset: str, log) -> dict:
         warnings.simplefilter("ignore")
         mk = lambda b: Scorer(bundle, backend=a.backend, provider=a.provider, batch_size=b,  # noqa: E731
                               device_resident=True, precision=a.precision)
-        s1 = mk(1)
-        t = time.perf_counter()
-        for im, _ in refs[:8]:
-            s1.preprocess(im)
-        out["host_preprocess_images_per_s_one_thread"] = min(8, len(refs)) / (time.perf_counter() - t)
-        out["batch1"] = time_ours(s1, refs, pairs[:a.batch1_pairs], 1, cached=False, repeats=1)
+        with mk(1) as s1:
+            t = time.perf_counter()
+            for im, _ in refs[:8]:
+                s1.preprocess(im)
+            out["host_preprocess_images_per_s_one_thread"] = min(8, len(refs)) / (time.perf_counter() - t)
+            out["batch1"] = time_ours(s1, refs, pairs[:a.batch1_pairs], 1, cached=False, repeats=1)
         for mode in ("fresh", "cached"):
             per_batch = {}
             for b in a.batches:
-                per_batch[b] = time_ours(mk(b), refs, pairs, b, cached=mode == "cached", repeats=a.repeats)
+                with mk(b) as s:  # closed before the next batch size loads its engines
+                    per_batch[b] = time_ours(s, refs, pairs, b, cached=mode == "cached", repeats=a.repeats)
                 log(f"{preset} {mode} batch {b}: {per_batch[b]['pairs_per_s']:.1f} pairs/s")
             best = max(per_batch, key=lambda b: per_batch[b]["pairs_per_s"])
             out[mode] = {"by_batch": per_batch, "best_batch": best, "pairs_per_s": per_batch[best]["pairs_per_s"]}
+        with mk(out["fresh"]["best_batch"]) as s:
+            out["pipeline"] = time_pipeline(s, [im for _, im, _, _, _ in pairs])
     prec = a.precision  # the graphs' precision on either backend; fp32 runs without TF32 on both
     peak = peak_tflops(out.get("gpu", gpu_name()), prec, a.peak_tflops)
     for mode, imgs in (("fresh", 2.0), ("cached", 1.0)):
@@ -255,9 +289,9 @@ def bench_model(a, preset: str, log) -> dict:
         try:
             ref = time_masc_metric(manifest["source"]["checkpoint_dir"], "cpu" if a.dry_run else "cuda", a.budget,
                                    refs, pairs, a.masc_metric_pairs)
-            ours = Scorer(bundle, backend=a.backend, provider=a.provider, device_resident=True,
-                          precision=a.precision).score_batch(
-                [_pair(refs, q) for q in pairs[:a.masc_metric_pairs]])
+            with Scorer(bundle, backend=a.backend, provider=a.provider, device_resident=True,
+                        precision=a.precision) as s:
+                ours = s.score_batch([_pair(refs, q) for q in pairs[:a.masc_metric_pairs]])
             d_cp = max(abs(o.cp - c) for o, (c, _) in zip(ours, ref.pop("scores")))
             out["masc_metric"] = {**ref, "max_abs_dcp_vs_ours": d_cp}
             out["speedup_fresh_vs_masc_metric"] = out["fresh"]["pairs_per_s"] / ref["pairs_per_s"]
@@ -310,6 +344,8 @@ def main(argv=None) -> int:
     ap.add_argument("--masc-metric-pairs", type=int, default=32)
     ap.add_argument("--no-masc-metric", action="store_true")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the GPU's peak at the precision (for MFU)")
+    ap.add_argument("--gpu-memory-budget", type=float, default=None, metavar="GIB",
+                    help="TensorRT: device memory the engine set may use (default: the free memory at build)")
     ap.add_argument("--work", default=str(REPO / "out" / "bench-gpu"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true",

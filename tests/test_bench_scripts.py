@@ -42,3 +42,4 @@ def test_gpu_throughput_dry_run(tmp_path):
 
     assert m["masc_metric"]["max_abs_dcp_vs_ours"] <= ORACLE_SCORE_ATOL
     assert m["fresh"]["mfu"] is None  # no GPU, no peak: no invented MFU
+    assert m["pipeline"]["tokens_equal"] and m["pipeline"]["images"] == 8  # overlapped == serial, bit for bit

@@ -1,5 +1,5 @@
 """The paths that need a GPU (CuPy CP head, ONNX Runtime CUDA EP, TensorRT engines), and the
-prepared GPU script's CPU dry run.
+prepared GPU script's CPU dry run (its memory plan and pipeline sections included).
 
 On a machine without the hardware or package, each GPU test skips and says why. The lent GPU
 session runs bench/gpu_check.py once instead (it covers the CuPy and CUDA-torch paths; that
@@ -92,7 +92,8 @@ def test_gpu_check_dry_run_executes(tmp_path):
     """The prepared GPU script runs end to end on CPU with tiny shapes (numpy for CuPy)."""
     out = tmp_path / "gpu_check.json"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--dry-run", "--out", str(out),
-                           "--only", "cp_head_cupy,cp_head_torch,fidelity_tiny,throughput,ort_cuda,tensorrt"],
+                           "--only", "cp_head_cupy,cp_head_torch,fidelity_tiny,throughput,memory_plan,pipeline,"
+                           "cupy_fp16_kernel,ort_cuda,tensorrt"],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     s = json.loads(out.read_text())["sections"]
@@ -107,4 +108,9 @@ def test_gpu_check_dry_run_executes(tmp_path):
         assert fid[p]["nonfinite_tokens"] == 0 and g["no_nan_inf"]["pass"]
         assert not g["min_pairs"]["pass"]  # 132 pairs in a dry run: the gates do not count
     assert s["throughput"]["status"] == "ok"
-    assert all(s[k]["status"] in ("ok", "skipped") for k in ("ort_cuda", "tensorrt"))
+    assert all(s[k]["status"] in ("ok", "skipped") for k in ("ort_cuda", "tensorrt", "cupy_fp16_kernel"))
+    plan = s["memory_plan"]
+    assert plan["status"] == "ok" and plan["fp16"]["user_managed_total_gib"] < plan["fp16"]["static_contexts_total_gib"]
+    assert plan["fp16"]["fits"]["RTX 3090 (the paper's)"]["max_batch_chosen_when_64_asked"] < 64
+    loop = s["pipeline"]["loop"]
+    assert loop["same_results"] and loop["overlapped_s"] < loop["serial_s"]

@@ -24,6 +24,9 @@ import numpy as np
 from .masks import DEFAULT_FG_THRESHOLD
 
 #: Default cap on one call's cosine tensor ``R * K * N * M`` (float32 elements): 2**26 = 256 MiB.
+#: It also bounds a TensorRT CP engine's context memory, which is sized per call for the shapes run
+#: (engine/backends/tensorrt.py; at so400m shapes about 0.7 GiB with the fp32 reduction and the
+#: normalised copies, against 2.7 GiB at the default profile's 16 x 16 x 1024 x 1024).
 DEFAULT_MAX_SIMS = 1 << 26
 
 
@@ -53,7 +56,8 @@ class GraphCP:
             into several slots, so any number of outputs per reference is scored. Capped by the
             runner's ``axis_limit("outs_per_ref")`` when it has one (a TensorRT engine's profile,
             where ``outs_per_ref`` is a bounded axis: a larger ``K`` would be refused).
-        max_refs_per_call: reference slots per call (``R``).
+        max_refs_per_call: reference slots per call (``R``); capped by the runner's
+            ``axis_limit("refs")`` when it has one (a larger call would be split into several runs).
         max_sims: cap on ``R * K * N * M`` per call (the cosine tensor's size).
         device: the token device (engine/device.py ``ArrayDevice``) when tokens are device arrays;
             ``None``: host numpy arrays through ``runner.run``.
@@ -70,6 +74,9 @@ class GraphCP:
         if cap is not None:
             self.max_outs_per_ref = min(self.max_outs_per_ref, max(1, int(cap)))
         self.max_refs_per_call = max(1, int(max_refs_per_call))
+        refs = limit("refs") if callable(limit) else None
+        if refs is not None:
+            self.max_refs_per_call = min(self.max_refs_per_call, max(1, int(refs)))
         self.max_sims = max(1, int(max_sims))
 
     def score(self, ref_tokens: np.ndarray, ref_weights: np.ndarray,
