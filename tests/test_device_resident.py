@@ -276,3 +276,52 @@ def test_masc_run_device_resident_with_cache_equals_host(naflex_bundle, tmp_path
         if run == "warm":
             assert summary.images_encoded == 0 and summary.cache_hits > 0
             assert dev.from_host_log, "cached tokens are moved to the device"
+
+
+# ------------------------------------------------------------------ streams, pinned buffers, the overlapped loop
+
+
+def test_host_device_streams_pinned_memory_and_copies():
+    from masc_engine.engine.device import PinnedStaging
+
+    dev = HostDevice()
+    stream = dev.new_stream()
+    assert stream.ptr == 0
+    host = dev.pinned_empty((3, 4), np.float32)
+    host[...] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    dst = dev.empty((3, 4), np.float32)
+    dev.copy_to_device(host, dst, stream)
+    back = np.zeros((3, 4), np.float32)
+    dev.copy_to_host(dst, back, stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(back, host)
+    free, total = dev.mem_get_info()
+    assert 0 < free <= total
+    staging = PinnedStaging(dev)
+    a = staging.stage("x", np.ones((2, 5), np.float32))
+    staging.next_call()
+    b = staging.stage("x", np.zeros((4,), np.int64))  # the other slot: a is not overwritten
+    assert a.sum() == 10 and b.dtype == np.int64 and b.shape == (4,)
+    staging.next_call()
+    c = staging.stage("x", np.full((3,), 7, np.float32))  # back to the first slot's buffer, reused
+    assert np.shares_memory(a, c) and c.tolist() == [7, 7, 7]
+
+
+def test_overlapped_keeps_order_and_raises():
+    import threading
+
+    from masc_engine.engine.device import overlapped
+
+    seen = []
+    out = overlapped(range(5), lambda i: (seen.append(threading.current_thread().name), i * i)[1], lambda x: x + 1)
+    assert out == [1, 2, 5, 10, 17]
+    assert all(name.startswith("prepare") for name in seen)  # host work off the caller's thread
+    assert overlapped([], lambda i: i, lambda x: x) == []
+
+    def bad(i):
+        if i == 2:
+            raise ValueError("image 2 is not decodable")
+        return i
+
+    with pytest.raises(ValueError, match="image 2"):
+        overlapped(range(4), bad, lambda x: x)

@@ -192,7 +192,8 @@ class CupyDevice(ArrayDevice):
             import cupy
         except ImportError as e:
             raise BackendUnavailableError(
-                "GPU memory here means CuPy (pip install cupy-cuda13x, or cupy-cuda12x: the CUDA major of your onnxruntime-gpu / TensorRT): the TensorRT backend and "
+                "GPU memory here means CuPy (pip install 'cupy-cuda13x[ctk]', or 'cupy-cuda12x[ctk]': the CUDA major of your "
+                "onnxruntime-gpu / TensorRT; docs/gpu.md): the TensorRT backend and "
                 "device-resident tokens need it; for ONNX Runtime CUDA without it, run with "
                 "device_resident=False / masc-run --no-device-resident") from e
         try:

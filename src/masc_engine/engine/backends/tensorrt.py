@@ -93,7 +93,8 @@ def trt_logger(trt) -> "trt.Logger":
 
 INSTALL_HINT = ("the TensorRT backend needs NVIDIA TensorRT's Python package and a CUDA GPU: "
                 "pip install tensorrt (or tensorrt-cu13 / tensorrt-cu12 matching your CUDA major), plus "
-                "cupy-cuda13x / cupy-cuda12x (the same CUDA major) for device buffers; or use --backend onnxruntime")
+                "'cupy-cuda13x[ctk]' / 'cupy-cuda12x[ctk]' (the same CUDA major; docs/gpu.md) for device buffers; "
+                "or use --backend onnxruntime")
 
 
 def import_tensorrt():
