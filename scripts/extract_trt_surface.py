@@ -6,7 +6,7 @@ wheel's ``tensorrt_bindings/tensorrt.so`` is a pybind11 module with its symbol t
 registration functions (``tensorrt::bindCore``, ``bindOnnx``, ``bindGraph``,
 ``bindFoundationalTypes``, ``bindPlugin``) are followed instruction by instruction
 (``objdump -d``; a small symbolic pass tracks string and symbol addresses through registers and
-stack slots, and follows pybind11's out-of-line ``class_::def`` / ``enum_`` helpers). What pybind11
+stack slots, and follows pybind11's out-of-line ``class_::def`` / ``enum_`` functions). What pybind11
 is handed at run time is then read where it is handed over:
 
 - a class or enum: ``generic_type::initialize(type_record)``: its Python name and C++ ``typeid``;
@@ -144,7 +144,7 @@ for _full, _parts in [("rax", "eax ax al"), ("rbx", "ebx bx bl"), ("rcx", "ecx c
 CALLER_SAVED = ("rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11")
 ARG_REGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
 MEM = re.compile(r"^(-?0x[0-9a-f]+)?\(%(\w+)\)$")
-#: pybind11 helpers whose bodies are followed (their events appear at the call site).
+#: pybind11 out-of-line functions whose bodies are followed (their events appear at the call site).
 FOLLOW = ("_ZN8pybind116class_", "_ZN8pybind115enum_", "_ZN8pybind1112cpp_functionC", "_ZN8pybind116module_",
           "_ZN8pybind116detail18process_attributes", "_ZN8pybind115arg_v", "_ZN8pybind116detail9enum_base")
 #: pybind11 calls recorded as events, with their argument registers and the stack memory they point to.
@@ -188,7 +188,7 @@ class Tracer:
             slots: dict | None = None) -> list:
         """Events of the function at ``addr``: ``("call", name, args, memory)``, ``("store",
         offset, value)`` (a string stored through an unknown pointer: a function record's name
-        at 0, its doc at 8), ``("enter", name)`` / ``("leave", name)`` around followed helpers."""
+        at 0, its doc at 8), ``("enter", name)`` / ``("leave", name)`` around followed functions."""
         self._frames += 1
         st = _State(self, self._frames, dict(init or {}), {} if slots is None else slots)
         events = [] if events is None else events
