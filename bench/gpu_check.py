@@ -1044,7 +1044,14 @@ def main(argv=None) -> int:
     if not args.dry_run and ctx["device"] != "cuda":
         print("warning: no CUDA device visible to torch; GPU sections will be skipped or run on CPU", file=sys.stderr)
     report = {"script": "bench/gpu_check.py", "dry_run": args.dry_run,
-              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sections": {}}
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "python": platform.python_version(), "loadavg_1_5_15": list(os.getloadavg())},
+              "versions": {"python": platform.python_version(), "numpy": np.__version__,
+                           **{m: getattr(_try_import(m), "__version__", None)
+                              for m in ("torch", "cupy", "onnxruntime", "tensorrt")}},
+              "sections": {}}
 
     sections = [("env", section_env), ("cp_head_cupy", section_cp_head_cupy), ("cp_head_torch", section_cp_head_torch)]
     for name, spec in cfg.models.items():

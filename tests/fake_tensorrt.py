@@ -161,6 +161,7 @@ class FakeStream:
             except Exception as e:  # noqa: BLE001 - reported at synchronize
                 self._error = e
             finally:
+                fn = None  # a finished task holds no buffer alive (the ledger sees frees at once)
                 self._queue.task_done()
 
     def synchronize(self) -> None:

@@ -699,7 +699,7 @@ def test_overlapped_encoding_equals_serial_and_overlaps(trt_engines, monkeypatch
     from masc_engine.runtime.pipeline import encode_images_overlapped, plan_batches
     from masc_engine.runtime.scorer import EncodedPair, Scorer
 
-    fake_tensorrt.LATENCY_S = 0.02
+    fake_tensorrt.LATENCY_S = 0.04
     dev = fake_tensorrt.NumpyDevice()
     scorer = Scorer(trt_engines, backend="tensorrt", provider="cuda", device_resident=True, array_device=dev,
                     batch_size=2)
@@ -707,7 +707,7 @@ def test_overlapped_encoding_equals_serial_and_overlaps(trt_engines, monkeypatch
     images = [p.out_image for p in pairs] + [p.ref_image for p in pairs]
     assert len(plan_batches(images, scorer)) == 6
     real_preprocess = scorer.preprocess
-    monkeypatch.setattr(scorer, "preprocess", lambda im: time.sleep(0.05) or real_preprocess(im))
+    monkeypatch.setattr(scorer, "preprocess", lambda im: time.sleep(0.08) or real_preprocess(im))
     t0 = time.perf_counter()
     serial = scorer.encode_images(images)
     t1 = time.perf_counter()
@@ -717,7 +717,7 @@ def test_overlapped_encoding_equals_serial_and_overlaps(trt_engines, monkeypatch
         assert a.grid == b.grid
         np.testing.assert_array_equal(dev.to_host(a.tokens), dev.to_host(b.tokens))
     ratio = (t2 - t1) / (t1 - t0)
-    assert ratio < 0.85, f"overlapped / serial wall time = {ratio:.2f}"
+    assert ratio < 0.8, f"overlapped / serial wall time = {ratio:.2f}"
     encs = dict(zip(map(id, images), overlapped))
     items = [EncodedPair(encs[id(p.ref_image)], scorer.mask_weights(p.ref_image, p.ref_mask, encs[id(p.ref_image)].grid,
                                                                      "reference"),
