@@ -13,6 +13,16 @@ Presets (name -> shapes):
 - ``random:base-naflex``: the shapes of ``google/siglip2-base-patch16-naflex``; for benchmarks.
 - ``random:so400m-naflex``: the shapes of ``google/siglip2-so400m-patch16-naflex``; for benchmarks.
 
+Segmenter presets (CLIPSeg, :data:`SEGMENTER_PRESETS`; bundles of kind ``segmenter``,
+export/segmenter.py):
+
+- ``random:clipseg-tiny``: CLIPSegForImageSegmentation, widths 32-64, 4 vision and 2 text layers,
+  the real checkpoint's 352 x 352 input, patch 16 and 224-pixel position grid (so the position
+  embeddings are interpolated as the real model's are); for tests.
+- ``random:clipseg-rd64``: the shapes of ``CIDAS/clipseg-rd64-refined`` (ViT-B/16 vision tower,
+  12 layers of width 768; text tower 12 x 512; vocabulary 49,408 rows; decoder reduce_dim 64 with
+  the "refined" transposed convolutions); for benchmarks.
+
 The tokenizer is a small byte-fallback BPE trained by `tokenizers` on a fixed built-in corpus,
 wrapped as transformers' ``Siglip2Tokenizer`` (Gemma-style pre-tokenization, lowercasing), so the
 whole text pipeline of the reference runs on it. Its vocabulary is small (420 entries, 261 of them special and byte-fallback tokens)
@@ -76,6 +86,43 @@ PRESETS: dict[str, RandomPreset] = {
 }
 
 
+@dataclass(frozen=True)
+class SegmenterPreset:
+    """Shapes of one random-weight CLIPSeg model (CLIPSegConfig fields)."""
+
+    vision_width: int
+    vision_layers: int
+    vision_heads: int
+    vision_mlp: int
+    text_width: int
+    text_layers: int
+    text_heads: int
+    text_mlp: int
+    projection_dim: int
+    reduce_dim: int
+    extract_layers: tuple[int, ...]
+    decoder_heads: int
+    decoder_mlp: int
+    complex_transposed_convolution: bool
+    vocab_size: int | None = None  # None: the test tokenizer's own size
+    patch_size: int = 16
+    position_grid_pixels: int = 224  # vision_config.image_size: the trained position grid (14 x 14)
+    input_size: int = 352  # the processor's resize target (CIDAS/clipseg-rd64-refined)
+    seed: int = 0
+
+
+SEGMENTER_PRESETS: dict[str, SegmenterPreset] = {
+    "clipseg-tiny": SegmenterPreset(64, 4, 4, 128, 32, 2, 4, 64, projection_dim=32, reduce_dim=16,
+                                    extract_layers=(1, 2, 3), decoder_heads=4, decoder_mlp=32,
+                                    complex_transposed_convolution=True),
+    # CIDAS/clipseg-rd64-refined config.json (transformers' CLIPSegConfig defaults plus
+    # reduce_dim 64, patch_size 16, use_complex_transposed_convolution true).
+    "clipseg-rd64": SegmenterPreset(768, 12, 12, 3072, 512, 12, 8, 2048, projection_dim=512, reduce_dim=64,
+                                    extract_layers=(3, 6, 9), decoder_heads=4, decoder_mlp=2048,
+                                    complex_transposed_convolution=True, vocab_size=49408),
+}
+
+
 def is_random_model_id(model: str) -> bool:
     return model.startswith(RANDOM_PREFIX)
 
@@ -123,8 +170,10 @@ def build_random_checkpoint(name: str, save_dir: str | Path) -> Path:
     from transformers.models.siglip2.image_processing_pil_siglip2 import Siglip2ImageProcessorPil
 
     key = name[len(RANDOM_PREFIX):] if is_random_model_id(name) else name
+    if key in SEGMENTER_PRESETS:
+        return build_random_clipseg(key, save_dir)
     if key not in PRESETS:
-        raise KeyError(f"unknown random model {name!r}; known: {', '.join(RANDOM_PREFIX + k for k in PRESETS)}")
+        raise KeyError(f"unknown random model {name!r}; known: {', '.join(RANDOM_PREFIX + k for k in preset_names())}")
     p = PRESETS[key]
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -160,4 +209,84 @@ def build_random_checkpoint(name: str, save_dir: str | Path) -> Path:
     (save_dir / "masc_random_model.json").write_text(
         json.dumps({"preset": key, "seed": p.seed, "random_weights": True}, indent=2)
     )
+    return save_dir
+
+
+def preset_names() -> list[str]:
+    """Every preset name (without the ``random:`` prefix): SigLIP2 scorers, then segmenters."""
+    return list(PRESETS) + list(SEGMENTER_PRESETS)
+
+
+def _train_clip_tokenizer(save_dir: Path):
+    """A byte-level BPE in CLIP's layout, trained on `_CORPUS`, wrapped as transformers'
+    ``CLIPTokenizer`` (deterministic).
+
+    As in CLIP's own vocabulary: the 256 byte symbols, then the same with the ``</w>`` end-of-word
+    suffix (so no word ever maps to the unknown token), then the merges in training order, then
+    ``<|startoftext|>`` and ``<|endoftext|>`` last, so ``<|endoftext|>`` has the highest id (the
+    text tower of checkpoints with the legacy ``eos_token_id = 2``, as CIDAS/clipseg-rd64-refined's,
+    pools at the argmax of the ids).
+    """
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import CLIPTokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    bpe = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
+    bpe.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "),
+                                           normalizers.Lowercase()])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""),
+                             behavior="removed", invert=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    trainer = trainers.BpeTrainer(vocab_size=900, initial_alphabet=alphabet, end_of_word_suffix="</w>",
+                                  show_progress=False)
+    text = " ".join(_CORPUS.split())
+    lines = [s.strip().format(n) for n in _NOUNS for s in text.split(".") if "{}" in s]
+    bpe.train_from_iterator(lines, trainer)
+    spec = json.loads(bpe.to_str())
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["model"]["merges"]]
+    vocab: dict[str, int] = {}
+    for tok in alphabet + [a + "</w>" for a in alphabet] + ["".join(m) for m in merges]:
+        vocab.setdefault(tok, len(vocab))
+    for tok in ("<|startoftext|>", "<|endoftext|>"):
+        vocab[tok] = len(vocab)
+    tok = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77)
+    tok.save_pretrained(save_dir)
+    return tok
+
+
+def build_random_clipseg(key: str, save_dir: str | Path) -> Path:
+    """Build the CLIPSeg preset ``key`` (:data:`SEGMENTER_PRESETS`) into ``save_dir``: a
+    ``CLIPSegForImageSegmentation`` with a ``CLIPSegProcessor`` (transformers' PIL-backed ViT image
+    processor with CIDAS/clipseg-rd64-refined's preprocessor_config.json settings: 352 x 352,
+    bilinear, rescale 1/255, ImageNet mean and std; the CLIP-layout test tokenizer).
+
+    The text config keeps the real checkpoint's legacy ``eos_token_id = 2`` (pooling at the
+    highest token id), so the exported text graph takes the real model's code path.
+    """
+    import torch
+    from transformers import CLIPSegConfig, CLIPSegForImageSegmentation, CLIPSegProcessor
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    p = SEGMENTER_PRESETS[key]
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    tok = _train_clip_tokenizer(save_dir)
+    text = dict(vocab_size=p.vocab_size or len(tok), hidden_size=p.text_width, intermediate_size=p.text_mlp,
+                num_hidden_layers=p.text_layers, num_attention_heads=p.text_heads, max_position_embeddings=77,
+                pad_token_id=tok.pad_token_id, bos_token_id=0, eos_token_id=2)
+    vision = dict(hidden_size=p.vision_width, intermediate_size=p.vision_mlp, num_hidden_layers=p.vision_layers,
+                  num_attention_heads=p.vision_heads, patch_size=p.patch_size, image_size=p.position_grid_pixels)
+    config = CLIPSegConfig(text_config=text, vision_config=vision, projection_dim=p.projection_dim,
+                           reduce_dim=p.reduce_dim, extract_layers=list(p.extract_layers),
+                           decoder_num_attention_heads=p.decoder_heads, decoder_intermediate_size=p.decoder_mlp,
+                           use_complex_transposed_convolution=p.complex_transposed_convolution)
+    torch.manual_seed(p.seed)
+    model = CLIPSegForImageSegmentation(config).eval()
+    image_processor = ViTImageProcessorPil(size={"height": p.input_size, "width": p.input_size}, resample=2,
+                                           image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+    CLIPSegProcessor(image_processor=image_processor, tokenizer=tok).save_pretrained(save_dir)
+    model.save_pretrained(save_dir)
+    (save_dir / "masc_random_model.json").write_text(
+        json.dumps({"preset": key, "seed": p.seed, "random_weights": True, "kind": "segmenter"}, indent=2))
     return save_dir
