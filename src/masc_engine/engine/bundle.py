@@ -43,7 +43,7 @@ class Bundle:
         fingerprint: 16 hex chars identifying the bundle's content and settings.
     """
 
-    def __init__(self, path: str | Path, verify: bool | str = True):
+    def __init__(self, path: str | Path, verify: bool | str = True, kind: str = "scorer"):
         """Load a bundle.
 
         Args:
@@ -52,12 +52,18 @@ class Bundle:
                 a run hashes only what it loads (start-up, issue 10: the fused and portable
                 graphs of a base bundle are 1.3 GB). ``"all"``: hash every file now. ``False``:
                 no check.
+            kind: the bundle kind the caller runs: ``scorer`` (SigLIP2 graphs; manifests written
+                before kinds existed are scorers) or ``segmenter`` (runtime/segmenter.py).
 
         Raises:
-            BundleError: missing directory, manifest or listed file; with ``"all"``, a modified file.
+            BundleError: missing directory, manifest or listed file; a bundle of another kind;
+                with ``"all"``, a modified file.
         """
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
+        if self.kind != kind:
+            use = "--segmenter" if self.kind == "segmenter" else "--bundle"
+            raise BundleError(f"bundle {self.path} is a {self.kind} bundle, not a {kind} bundle (pass it as {use})")
         self.verify = verify
         self._verified: set[str] = set()
         if verify == "all":
@@ -74,6 +80,11 @@ class Bundle:
                 f"({self.manifest['source']['model']}): its scores only test the pipeline",
                 RandomWeightsWarning, stacklevel=2,
             )
+
+    @property
+    def kind(self) -> str:
+        """``scorer`` or ``segmenter`` (``manifest["kind"]``; absent: ``scorer``)."""
+        return str(self.manifest.get("kind", "scorer"))
 
     @property
     def random_weights(self) -> bool:
