@@ -57,6 +57,50 @@ def export_validation_atol(graph: str, width: int) -> tuple[float, str]:
     return EXPORT_VALIDATION_ATOL, f"unmeasured shape (width {width} > every measured shape): generic bound"
 
 
+#: Segmenter export validation (export/segmenter_validate.py: ONNX Runtime CPU vs transformers'
+#: CLIPSegForImageSegmentation, fp32): max |error| / max |reference| per case, per graph (each on
+#: the reference's own inputs) and for the runtime Segmenter end to end (our preprocessing and
+#: tokenizer, the three graphs -> logits), on batch 1 and 3 (traced at 2), images of 224 x 288,
+#: 480 x 160, 37 x 41 and 512 x 512. Relative, because random weights give activations and logits
+#: (hundreds) of another scale than the real checkpoint's, and a scale-free bound carries over.
+#: Measured max (the export's own report, random weights, ONNX Runtime 1.32.0 CPU, torch 2.13.0):
+#:   clipseg-tiny (width 64, 4 layers):  vision 1.05e-6, text 4.3e-7, decoder 4.3e-7, end to end 1.14e-6
+#:   clipseg-rd64 (width 768, 12 layers; CIDAS/clipseg-rd64-refined's shapes):
+#:                                       vision 1.14e-6, text 1.03e-6, decoder 9.4e-7, end to end 2.27e-6
+#: Each budget is 10x its measurement, rounded up; a wrong graph (a FiLM bias off by 0.05,
+#: tests/test_segmenter.py) gives > 1e-3. Real weights unmeasured (none could be downloaded).
+SEGMENTER_VALIDATION_BUDGETS: dict[str, dict] = {
+    "clipseg-tiny": {"width": 64, "layers": 4, "vision": 2e-5, "text": 5e-6, "decoder": 5e-6, "end_to_end": 2e-5},
+    "clipseg-rd64": {"width": 768, "layers": 12, "vision": 2e-5, "text": 2e-5, "decoder": 1e-5, "end_to_end": 3e-5},
+}
+#: A segmenter wider than every measured shape: no measurement, a generic bound (an export bug
+#: gives relative errors >= 1e-2).
+SEGMENTER_VALIDATION_RTOL = 1e-3
+
+
+def segmenter_validation_budget(graph: str, width: int) -> tuple[float, str]:
+    """The relative budget of a segmenter check (``vision``, ``text``, ``decoder``, ``end_to_end``)
+    for a vision tower ``width`` wide: ``(rtol, where it comes from)``."""
+    for name, b in sorted(SEGMENTER_VALIDATION_BUDGETS.items(), key=lambda kv: kv[1]["width"]):
+        if width <= b["width"]:
+            return b[graph], f"measured at the {name} shape (width {b['width']}, {b['layers']} layers)"
+    return SEGMENTER_VALIDATION_RTOL, f"unmeasured shape (width {width} > every measured shape): generic bound"
+
+
+#: fp16 / bf16 segmenter graphs end to end (export/segmenter_validate.py validate_reduced_masks)
+#: against transformers fp32: IoU of the masks at the default threshold on the 352 x 352 map, per
+#: (image, prompt) of the validation cases. Measured min IoU for fp16: 0.9995 (clipseg-tiny), 0.9994
+#: (clipseg-rd64), random weights (logits in the hundreds: pixels near the threshold only at mask
+#: edges; real weights, with logits of order 10, unmeasured). The gate is 1 - 10x the measured
+#: miss (6e-4), rounded down. The per-graph fp16 gates are the scorer's (cosines, above):
+#: measured token cosine median 0.9999999, text 0.9999996, logit-map rows 0.999999.
+SEGMENTER_REDUCED_MIN_MASK_IOU = 0.99
+
+#: The torch-free mask rule (runtime/segmenter.py) against its transformers + Pillow reference
+#: (export/segmenter_reference.py): max |probability difference| at the image's size, fp32.
+#: MEASURED: see below.
+SEGMENTER_MASK_PROB_ATOL = 1e-3
+
 #: The fused ``ort-cpu`` graphs (export/fusion.py: ONNX Runtime Attention, SkipLayerNormalization,
 #: FastGelu) against the portable graphs on the same inputs, ONNX Runtime CPU, fp32, real patches
 #: only. Measured max |Delta token| 7.2e-7 on the tiny NaFlex model (3 sequences of 53 patches,

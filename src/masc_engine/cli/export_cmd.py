@@ -1,5 +1,6 @@
-"""``masc-export``: build a validated bundle from a SigLIP2 checkpoint (needs the export extra),
-and optionally TensorRT engines from its ONNX graphs (needs TensorRT and a GPU)."""
+"""``masc-export``: build a validated bundle from a SigLIP2 checkpoint, or a segmenter bundle from a
+CLIPSeg checkpoint (needs the export extra), and optionally TensorRT engines from its ONNX graphs
+(needs TensorRT and a GPU)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import click
 @click.option("--model", "-m", default="siglip2-so400m", show_default=True,
               help="Hugging Face id (google/siglip2-so400m-patch16-naflex), short name (siglip2-so400m, "
                    "siglip2-base, siglip2-base-512), local checkpoint directory, or a random-weight test "
-                   "model: random:tiny-naflex, random:tiny-fixed, random:base-naflex, random:so400m-naflex.")
+                   "model: random:tiny-naflex, random:tiny-fixed, random:base-naflex, random:so400m-naflex. "
+                   "A CLIPSeg checkpoint (CIDAS/clipseg-rd64-refined, short name clipseg; random:clipseg-tiny, "
+                   "random:clipseg-rd64) makes a segmenter bundle (docs/segmenter.md).")
 @click.option("--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Bundle directory to write.")
 @click.option("--max-num-patches", type=click.IntRange(1, 16384), default=None,
@@ -61,7 +64,7 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
          precision: str, gate_pairs: str | None, fp32_bundle: str | None, engines_only: bool, max_batch: int,
          max_outs_per_ref: int, gpu_memory_budget: float | None, timing_cache: str | None,
          calibration_pairs: str | None = None, heldout_pairs: str | None = None) -> None:
-    """Export a SigLIP2 checkpoint to ONNX graphs + manifest, validated against PyTorch."""
+    """Export a SigLIP2 (or CLIPSeg) checkpoint to ONNX graphs + manifest, validated against PyTorch."""
     from ..errors import MascEngineError
 
     if precision == "bf16-cpu" and backend != "onnx":
@@ -71,6 +74,10 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
     cpu_options = {"calibration": calibration_pairs, "heldout": heldout_pairs} if precision == "bf16-cpu" else None
 
     if precision == "int8":
+        from ..export.segmenter import is_segmenter_model
+
+        if is_segmenter_model(model, revision):
+            raise click.UsageError("--precision int8 is for scorer bundles; a segmenter exports fp32, fp16 or bf16")
         if backend != "onnx":
             raise click.UsageError("--precision int8 makes an ONNX Runtime (CPU) bundle: use --backend onnx")
         if not gate_pairs:

@@ -24,7 +24,7 @@ from typing import Sequence
 
 from ..errors import BundleError, MascEngineError
 from ..engine.manifest import write_manifest
-from .random_models import PRESETS, build_random_checkpoint, is_random_model_id
+from .random_models import build_random_checkpoint, is_random_model_id, preset_names
 
 DEFAULT_MODEL = "google/siglip2-so400m-patch16-naflex"
 #: Short names accepted by ``--model``.
@@ -58,8 +58,8 @@ def random_checkpoint_dir(name: str) -> Path:
     import transformers
 
     key = name.split(":", 1)[-1]
-    if key not in PRESETS:
-        raise CheckpointError(f"unknown random model {name!r}; known: {', '.join('random:' + k for k in PRESETS)}")
+    if key not in preset_names():
+        raise CheckpointError(f"unknown random model {name!r}; known: {', '.join('random:' + k for k in preset_names())}")
     root = Path(os.environ.get("MASC_ENGINE_CACHE", Path.home() / ".cache" / "masc-engine"))
     d = root / "random-models" / f"{key}-tf{transformers.__version__}-torch{torch.__version__.split('+')[0]}"
     if not (d / "masc_random_model.json").is_file():
@@ -286,8 +286,11 @@ def _export_into(out: Path, model: str, max_num_patches, revision, validate: boo
 
     from . import cp_head, fusion, graphs, validate as val
     from .precision import PrecisionTransform, emulated_bf16_file, policy
+    from .segmenter import export_segmenter_into, is_segmenter_model
     from .transforms import run_transforms
 
+    if is_segmenter_model(model, revision):  # CLIPSeg: a bundle of kind "segmenter" (export/segmenter.py)
+        return export_segmenter_into(out, model, revision, validate, log, precision, max_num_patches, transforms)
     t0 = time.time()
     m, processor, source = _load(model, revision)
     image = image_settings_from_processor(m, processor, max_num_patches)
