@@ -40,9 +40,11 @@ PHOTO_DIRS = [REPO.parent / "shared" / "data" / "dreambooth" / "images", REPO / 
 
 
 def photos(n: int) -> list[tuple[Image.Image, str]]:
-    """``n`` (image, subject name) from the shared DreamBooth photos if present, else the shipped ones."""
+    """``n`` (image, subject name) spread over the shared DreamBooth photos if present, else the
+    shipped ones."""
     root = next(d for d in PHOTO_DIRS if d.is_dir())
-    paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[:n]
+    paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    paths = paths[:: max(1, len(paths) // max(n, 1))][:n]
     return [(Image.open(p).convert("RGB"), p.parent.name.rstrip("0123456789")) for p in paths]
 
 
@@ -123,15 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    from masc_engine.export.exporter import export_bundle
-    from masc_engine.export.segmenter import load_segmenter
+    from masc_engine.export.segmenter import export_segmenter_bundle, load_segmenter
     from masc_engine.runtime.segmenter import Segmenter
 
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle = Path(args.bundle) if args.bundle else Path(args.work) / f"{args.model.replace(':', '_')}-{args.precision}"
     if not (bundle / "manifest.json").is_file():
-        export_bundle(args.model, bundle, precision=args.precision, log=lambda s: print(s, file=sys.stderr))
+        export_segmenter_bundle(args.model, bundle, precision=args.precision, log=lambda s: print(s, file=sys.stderr))
     manifest = json.loads((bundle / "manifest.json").read_text())
     seg = Segmenter(bundle, intra_op_threads=args.threads)
     model, processor, _ = load_segmenter(manifest["source"]["model"])

@@ -114,12 +114,15 @@ def test_validation_fails_on_a_wrong_decoder(seg_bundle):
     assert e.value.report["max_rel"] > 100 * budget and e.value.report["rtol"] == budget
 
 
-def test_export_refuses_scorer_options_and_leaves_nothing(tmp_path):
-    from masc_engine.export.exporter import CheckpointError, export_bundle
+def test_cli_refuses_scorer_options_and_leaves_nothing(tmp_path):
+    from click.testing import CliRunner
 
-    with pytest.raises(CheckpointError, match="max-num-patches"):
-        export_bundle("random:clipseg-tiny", tmp_path / "b", max_num_patches=256, log=lambda s: None)
-    assert not (tmp_path / "b").exists() and not list(tmp_path.iterdir())
+    from masc_engine.cli.export_cmd import main
+
+    for extra, message in ((["--max-num-patches", "256"], "NaFlex"), (["--precision", "int8"], "int8 is for scorer")):
+        res = CliRunner().invoke(main, ["--model", "random:clipseg-tiny", "--out", str(tmp_path / "b")] + extra)
+        assert res.exit_code == 2 and message in res.output
+    assert not (tmp_path / "b").exists()
 
 
 def test_rd64_preset_has_the_real_checkpoint_shapes():
@@ -143,22 +146,23 @@ def test_rd64_preset_has_the_real_checkpoint_shapes():
 def test_masks_equal_the_transformers_pillow_reference_on_the_shipped_photos(seg, reference_model):
     """Same masks as transformers + torch.sigmoid + Pillow: IoU >= 0.99 per image, and equal on
     every pixel whose reference probability is farther than SEGMENTER_MASK_PROB_ATOL from the
-    threshold (pixels within it may fall either side: float32 kernels differ in the last bits)."""
-    from masc_engine.export.segmenter_reference import reference_masks, reference_probabilities
+    threshold (pixels within it may fall either side: float32 kernels differ in the last bits).
+    Default recipe, then another threshold and a prompt template."""
+    from masc_engine.export.segmenter_reference import reference_probabilities, reference_threshold
 
-    images, names = _photos()
+    all_images, all_names = _photos()
     model, processor = reference_model
     for recipe in (MaskRecipe(), MaskRecipe(threshold=0.3, prompt_template="a photo of a {}")):
+        # every photo with the default recipe; one in four and the resized ones with the other
+        keep = range(25) if recipe == MaskRecipe() else [*range(0, 22, 4), 22, 23, 24]
+        images, names = [all_images[i] for i in keep], [all_names[i] for i in keep]
         seg.recipe = recipe
         ours = seg.segment(images, names)
-        probs = seg.probabilities(images, names)
         ref_probs = reference_probabilities(model, processor, images, names, recipe)
-        ref_masks = reference_masks(model, processor, images, names, recipe)
         far_pixels = 0
-        for o, p, rp, rm, im in zip(ours, probs, ref_probs, ref_masks, images):
+        for o, rp, rm, im in zip(ours, ref_probs, reference_threshold(ref_probs, recipe), images):
             assert o.mask.shape == (im.height, im.width) and o.mask.dtype == np.uint8
             assert set(np.unique(o.mask)) <= {0, 255}
-            assert float(np.abs(p - rp).max()) <= SEGMENTER_MASK_PROB_ATOL
             a, b = o.mask > 0, rm > 0
             assert np.count_nonzero(a & b) / max(np.count_nonzero(a | b), 1) >= 0.99
             far = np.abs(rp - np.float32(recipe.threshold)) > SEGMENTER_MASK_PROB_ATOL
@@ -167,6 +171,9 @@ def test_masks_equal_the_transformers_pillow_reference_on_the_shipped_photos(seg
             far_pixels += int(far.sum())
             assert o.coverage == pytest.approx(a.mean()) and 0.05 < o.coverage < 0.95  # a mask, not all/nothing
         assert far_pixels > 0.99 * sum(im.width * im.height for im in images)
+        if recipe == MaskRecipe():  # the probability maps themselves (step 4)
+            for p, rp in zip(seg.probabilities(images, names), ref_probs):
+                assert p.shape == rp.shape and float(np.abs(p - rp).max()) <= SEGMENTER_MASK_PROB_ATOL
 
 
 def test_probability_map_resizes_with_pillow_bilinear_on_the_probability():
@@ -319,8 +326,9 @@ def test_tampered_graph_is_refused_before_use(seg_bundle, tmp_path):
     data = bytearray((copy / "decoder.onnx").read_bytes())
     data[-20] ^= 0xFF
     (copy / "decoder.onnx").write_bytes(bytes(data))
+    seg = Segmenter(copy)  # sessions (and their hash checks) are made on first use
     with pytest.raises(BundleError, match="decoder.onnx sha256"):
-        Segmenter(copy)
+        seg.mask(Image.open(EXAMPLES / "images" / "cat" / "00.jpg"), "cat")
 
 
 def test_bundle_kinds_are_not_interchangeable(seg_bundle, tmp_path):
@@ -343,7 +351,42 @@ def test_a_missing_provider_is_refused_not_replaced(seg_bundle):
     from masc_engine.errors import BackendUnavailableError
 
     with pytest.raises(BackendUnavailableError):
-        Segmenter(seg_bundle, provider="cuda")
+        Segmenter(seg_bundle, provider="cuda")  # at construction, before any mask
+    for backend in ("openvino", "nope"):
+        with pytest.raises(BackendUnavailableError, match="does not run segmenter bundles"):
+            Segmenter(seg_bundle, backend=backend)
+    with pytest.raises(BackendUnavailableError, match="holds fp32 graphs"):
+        Segmenter(seg_bundle, precision="fp16")  # the precision is in the graphs
+
+
+def test_tensorrt_engines_with_a_fake_tensorrt(seg_bundle, tmp_path, monkeypatch, seg):
+    """The TensorRT path's plumbing for a segmenter bundle against tests/fake_tensorrt.py (which
+    runs the ONNX graphs): ``masc-export --backend tensorrt --engines-only`` builds one engine per
+    graph with a batch-only profile; the Segmenter splits calls to the profile's batch and gives
+    ONNX Runtime's masks. Real TensorRT is unverified (none here)."""
+    from click.testing import CliRunner
+
+    import fake_tensorrt
+    from masc_engine.cli.export_cmd import main
+    from masc_engine.engine.backends import tensorrt as trt_backend
+
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt.make_module("11.4.0.106"))
+    monkeypatch.setattr(trt_backend, "CupyDevice", fake_tensorrt.NumpyDevice)
+    monkeypatch.setattr(trt_backend, "_query_gpu", lambda device: ("NVIDIA H200", "9.0"))
+    monkeypatch.setenv("MASC_ENGINE_CACHE", str(tmp_path / "cache"))
+    copy = _copy(seg_bundle, tmp_path)
+    res = CliRunner().invoke(main, ["--out", str(copy), "--backend", "tensorrt", "--engines-only", "--max-batch", "2"])
+    assert res.exit_code == 0, res.output
+    side = json.loads((copy / "tensorrt-fp32" / "engines.json").read_text())
+    assert set(side["engines"]) == {"vision", "text", "decoder"}
+    assert side["engines"]["decoder"]["profiles"][0]["activations"]["max"] == [2, 3, 485, 64]
+    images, names = _photos()
+    trt = Segmenter(copy, backend="tensorrt", provider="cuda")
+    fake_tensorrt.RUNS.clear()
+    got = trt.segment(images[:3], names[:3])
+    assert len(fake_tensorrt.RUNS) == 2 + 1 + 2  # vision 2 + 1 images, text 1 prompt (2 names alike), decoder 2 + 1
+    for g, w in zip(got, seg.segment(images[:3], names[:3])):
+        assert np.array_equal(g.mask, w.mask)
 
 
 # --------------------------------------------------------------------------- torch-free, fp16, bench
@@ -365,25 +408,34 @@ def test_masks_without_torch(seg_bundle, seg):
 
 
 @pytest.mark.slow
-def test_fp16_segmenter_bundle(tmp_path, reference_model):
-    """``--precision fp16``: export/precision.py's transform on the three graphs, each gated, and
-    the masks end to end against transformers fp32 (IoU gate); the runtime loads it."""
-    from masc_engine.export.exporter import export_bundle
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_reduced_precision_segmenter_bundle(tmp_path, reference_model, precision):
+    """``--precision fp16`` / ``bf16``: export/precision.py's transform on the three graphs, each
+    gated, then the masks end to end against transformers fp32 (IoU gate; bf16 emulated on CPU).
+    The runtime runs fp16 on CPU and refuses bf16 there (no bf16 kernels) when constructed."""
+    from masc_engine.errors import BackendUnavailableError
+    from masc_engine.export.segmenter import export_segmenter_bundle
     from masc_engine.export.segmenter_reference import reference_masks
     from masc_engine.export.segmenter_validate import mask_iou
     from masc_engine.tolerances import SEGMENTER_REDUCED_MIN_MASK_IOU
 
-    out = export_bundle("random:clipseg-tiny", tmp_path / "fp16", precision="fp16", log=lambda s: None)
+    out = export_segmenter_bundle("random:clipseg-tiny", tmp_path / precision, precision=precision,
+                                  log=lambda s: None)
     m = json.loads((out / "manifest.json").read_text())
-    assert m["precision"]["mode"] == "fp16" and m["precision"]["graphs"] == ["vision", "text", "decoder"]
+    assert m["precision"]["mode"] == precision and m["precision"]["graphs"] == ["vision", "text", "decoder"]
     assert [t["graph"] for t in m["transforms"]] == ["vision", "text", "decoder"]
-    assert all(t["facts"]["reduced_weight_fraction"] > 0.8 for t in m["transforms"])
-    assert m["precision"]["masks"]["min_iou"] >= SEGMENTER_REDUCED_MIN_MASK_IOU
-    images, names = _photos()
+    assert all(t["facts"]["reduced_weight_fraction"] > 0.8 and t["gates"] == precision for t in m["transforms"])
+    assert SEGMENTER_REDUCED_MIN_MASK_IOU <= m["precision"]["masks"]["min_iou"] < 1.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if precision == "bf16":
+            assert "emulated" in m["precision"]["validated_on"]
+            with pytest.raises(BackendUnavailableError, match="bf16"):
+                Segmenter(out)
+            return
         seg16 = Segmenter(out)
     assert seg16.bundle.precision == "fp16"
+    images, names = _photos()
     ref = reference_masks(*reference_model, images, names, seg16.recipe)
     for o, r in zip(seg16.segment(images, names), ref):
         assert mask_iou(o.mask > 0, r > 0) >= SEGMENTER_REDUCED_MIN_MASK_IOU

@@ -97,9 +97,15 @@ def segmenter_validation_budget(graph: str, width: int) -> tuple[float, str]:
 SEGMENTER_REDUCED_MIN_MASK_IOU = 0.99
 
 #: The torch-free mask rule (runtime/segmenter.py) against its transformers + Pillow reference
-#: (export/segmenter_reference.py): max |probability difference| at the image's size, fp32.
-#: MEASURED: see below.
-SEGMENTER_MASK_PROB_ATOL = 1e-3
+#: (export/segmenter_reference.py): max |probability difference| at the image's size, fp32, and
+#: the band around the threshold outside which the two masks must be equal pixel for pixel.
+#: Measured max: 8.0e-5 on clipseg-tiny (the 22 shipped photos and three resized ones,
+#: tests/test_segmenter.py), 6.2e-4 on clipseg-rd64 (16 shared DreamBooth photos,
+#: bench/segmenter.py; 2 of 4.2M pixels differ). Random weights give logits in the hundreds, so the
+#: relative logit error (2e-6) becomes ~1e-3 of probability where the sigmoid is steep (slope up
+#: to 0.25 per logit); real logits (order 10) give far less (unmeasured). 5e-3 is 8x the larger
+#: measurement.
+SEGMENTER_MASK_PROB_ATOL = 5e-3
 
 #: The fused ``ort-cpu`` graphs (export/fusion.py: ONNX Runtime Attention, SkipLayerNormalization,
 #: FastGelu) against the portable graphs on the same inputs, ONNX Runtime CPU, fp32, real patches

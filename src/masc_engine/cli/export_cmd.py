@@ -76,7 +76,7 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
     if precision == "int8":
         from ..export.segmenter import is_segmenter_model
 
-        if is_segmenter_model(model, revision):
+        if is_segmenter_model(model, revision):  # int8 is the scorer's CPU option
             raise click.UsageError("--precision int8 is for scorer bundles; a segmenter exports fp32, fp16 or bf16")
         if backend != "onnx":
             raise click.UsageError("--precision int8 makes an ONNX Runtime (CPU) bundle: use --backend onnx")
@@ -99,6 +99,7 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
     if not engines_only:
         try:
             from ..export.exporter import export_bundle
+            from ..export.segmenter import export_segmenter_bundle, is_segmenter_model
         except ImportError as e:  # torch / transformers / onnx missing
             from ..extras import missing
 
@@ -114,8 +115,14 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
         try:
             with libraries_to_log(lib_log) as (say, lib):
                 say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
-                export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=say,
-                              precision=precision or "fp32", cpu_precision_options=cpu_options)
+                if is_segmenter_model(model, revision):  # CLIPSeg: a segmenter bundle (docs/segmenter.md)
+                    if max_num_patches or cpu_options is not None:
+                        raise click.UsageError("--max-num-patches and --precision bf16-cpu apply to SigLIP2 "
+                                               "checkpoints, not a segmenter")
+                    export_segmenter_bundle(model, out_dir, revision=revision, log=say, precision=precision or "fp32")
+                else:
+                    export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=say,
+                                  precision=precision or "fp32", cpu_precision_options=cpu_options)
         except MascEngineError as e:
             raise click.ClickException(f"{e} (library messages: {lib_log})") from e
         click.echo(lib.summary(), err=True)

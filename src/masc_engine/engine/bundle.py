@@ -168,6 +168,32 @@ class Bundle:
             entry = (entry.get("variants") or {}).get(variant, entry)
         return self.checked_file(entry["file"])
 
+    @property
+    def graph_precision(self) -> str:
+        """The precision the ONNX graphs hold: :attr:`precision`, except ``fp32`` for a ``bf16-cpu``
+        bundle (fp32 graphs + an OpenVINO certificate)."""
+        return "fp32" if self.precision == BF16_CPU_MODE else self.precision
+
+    def check_precision(self, backend: str, provider: str, precision: str | None = None) -> None:
+        """Refuse, before any session is made, a precision ONNX Runtime cannot give from this
+        bundle's graphs (the precision is in the graphs) or bf16 graphs on its CPU provider.
+
+        Raises:
+            BackendUnavailableError: naming what to export or where to run instead.
+        """
+        if backend != "onnxruntime":
+            return
+        own = self.graph_precision
+        if precision not in (None, own):
+            raise BackendUnavailableError(
+                f"bundle {self.path} holds {own} graphs; for precision {precision!r} export a bundle with "
+                f"masc-export --precision {precision} (the precision is in the graphs)")
+        if own == "bf16" and provider in ("cpu", "CPUExecutionProvider"):
+            # ONNX Runtime's CPU provider has no bf16 MatMul/Add/Mul/Tanh kernels (onnxruntime 1.32).
+            raise BackendUnavailableError(
+                f"bundle {self.path} holds bf16 graphs, which ONNX Runtime's CPU provider cannot run (no bf16 "
+                "kernels); use --provider cuda or --backend tensorrt on a GPU, or an fp16/fp32 bundle on CPU")
+
     def runner(self, graph: str, backend: str = "onnxruntime", provider: str = "cpu",
                intra_op_threads: int | None = None, precision: str | None = None,
                ort_memory: str = "lean", variant: str = PORTABLE) -> Runner:
@@ -198,16 +224,8 @@ class Bundle:
         if backend == "onnxruntime":
             from .backends.onnxruntime import OrtRunner
 
-            own = "fp32" if self.precision == BF16_CPU_MODE else self.precision  # fp32 graphs + an OpenVINO certificate
-            if precision not in (None, own):
-                raise BackendUnavailableError(
-                    f"bundle {self.path} holds {own} graphs; for precision {precision!r} export a bundle with "
-                    f"masc-export --precision {precision} (the precision is in the graphs)")
-            if own == "bf16" and provider in ("cpu", "CPUExecutionProvider"):
-                # ONNX Runtime's CPU provider has no bf16 MatMul/Add/Mul/Tanh kernels (onnxruntime 1.32).
-                raise BackendUnavailableError(
-                    f"bundle {self.path} holds bf16 graphs, which ONNX Runtime's CPU provider cannot run (no bf16 "
-                    "kernels); use --provider cuda or --backend tensorrt on a GPU, or an fp16/fp32 bundle on CPU")
+            own = self.graph_precision
+            self.check_precision(backend, provider, precision)
             runner = OrtRunner(self.graph_file(graph, variant), graph, provider=provider,
                                intra_op_threads=intra_op_threads, ort_memory=ort_memory)
             runner.precision = own

@@ -177,7 +177,7 @@ def _versions() -> dict:
 def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None = None,
                   revision: str | None = None, validate: bool = True, log=print, precision: str = "fp32",
                   transforms: Sequence | None = None, ort_cpu_variant: bool = True,
-                  cpu_precision_options: dict | None = None) -> Path:
+                  cpu_precision_options: dict | None = None, into=None) -> Path:
     """Export ``model`` to a bundle in ``out_dir`` and validate it.
 
     The bundle is written to a staging directory beside ``out_dir`` and renamed into place only
@@ -203,6 +203,9 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
         cpu_precision_options: ``bf16-cpu`` only: keyword arguments of the certification
             (export/cpu_precision.py :func:`~.cpu_precision.certify_bundle`: ``calibration``,
             ``heldout``, ``graphs``, ``threads``, ``max_keep``).
+        into: what writes the bundle into the staging directory, called with ``_export_into``'s
+            arguments (default ``_export_into``, the SigLIP2 export; export/segmenter.py passes
+            the CLIPSeg one).
 
     Raises:
         CheckpointError: the checkpoint cannot be loaded or is not SigLIP2.
@@ -234,8 +237,8 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
     try:
-        _export_into(stage, model, max_num_patches, revision, validate, log, precision, list(transforms or []),
-                     ort_cpu_variant)
+        (into or _export_into)(stage, model, max_num_patches, revision, validate, log, precision,
+                               list(transforms or []), ort_cpu_variant)
         if certify:
             certify_bundle(stage, log=log, **(cpu_precision_options or {}))
         if out.exists():
@@ -286,11 +289,8 @@ def _export_into(out: Path, model: str, max_num_patches, revision, validate: boo
 
     from . import cp_head, fusion, graphs, validate as val
     from .precision import PrecisionTransform, emulated_bf16_file, policy
-    from .segmenter import export_segmenter_into, is_segmenter_model
     from .transforms import run_transforms
 
-    if is_segmenter_model(model, revision):  # CLIPSeg: a bundle of kind "segmenter" (export/segmenter.py)
-        return export_segmenter_into(out, model, revision, validate, log, precision, max_num_patches, transforms)
     t0 = time.time()
     m, processor, source = _load(model, revision)
     image = image_settings_from_processor(m, processor, max_num_patches)

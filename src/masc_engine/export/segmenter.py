@@ -22,7 +22,9 @@ transformers does for every input whose grid differs, are computed by PyTorch at
 as a constant of the vision graph: the graph's input size is fixed by the processor (352 x 352 for
 CIDAS/clipseg-rd64-refined), and TensorRT needs no Resize.
 
-Every graph is validated against transformers right after export (export/segmenter_validate.py)
+:func:`export_segmenter_bundle` is the entry point (``masc-export`` calls it for CLIPSeg
+checkpoints); export/exporter.py ``export_bundle`` stages and renames the bundle. Every graph is
+validated against transformers right after export (export/segmenter_validate.py)
 on batch sizes other than the traced one and images of other sizes and aspect ratios; reduced
 precision graphs (``--precision fp16``/``bf16``) come from export/precision.py's transform and
 policy, checked with the reduced-precision gates. The manifest records the mask recipe
@@ -40,8 +42,8 @@ from torch import nn
 
 from ..engine.manifest import write_manifest
 from ..runtime.segmenter import KIND, MaskRecipe
-from .exporter import _PIL_NAMES, CheckpointError, _save_tokenizer, _versions, random_checkpoint_dir
-from .exporter import text_settings_from_processor
+from .exporter import (_PIL_NAMES, CheckpointError, _save_tokenizer, _versions, random_checkpoint_dir,
+                       text_settings_from_processor)
 from .graphs import GraphSpec, TensorSpec, export_graph
 from .random_models import SEGMENTER_PRESETS, is_random_model_id
 
@@ -247,28 +249,47 @@ def architecture(model) -> dict:
             "complex_transposed_convolution": bool(c.use_complex_transposed_convolution)}
 
 
-def export_segmenter_into(out: Path, model: str, revision: str | None, validate: bool, log,
-                          precision: str = "fp32", max_num_patches: int | None = None, transforms=()) -> None:
-    """Write a segmenter bundle into the (staging) directory ``out``: called by
-    export/exporter.py ``export_bundle``, which stages, renames into place and cleans up.
+def export_segmenter_bundle(model: str, out_dir: str | Path, revision: str | None = None, validate: bool = True,
+                            log=print, precision: str = "fp32") -> Path:
+    """Export the CLIPSeg checkpoint ``model`` to a segmenter bundle in ``out_dir`` and validate it.
+
+    Staged beside ``out_dir`` and renamed into place only when every check passed, by
+    export/exporter.py ``export_bundle`` (same precision checks, same staging).
 
     Args:
-        precision: ``fp32``, ``fp16`` or ``bf16`` (export/precision.py's transform and policy).
-        max_num_patches, transforms: scorer options; refused when given (the input size is the
-            processor's; no other transform is defined for these graphs).
+        model: Hugging Face id (``CIDAS/clipseg-rd64-refined``), short name (``clipseg``), local
+            checkpoint directory, or ``random:clipseg-tiny`` / ``random:clipseg-rd64``.
+        out_dir: the bundle directory (absent, empty, or a bundle, which is replaced).
+        revision: Hub revision to pin.
+        validate: the post-export validation (required for fp16 / bf16).
+        precision: ``fp32``, or ``fp16`` / ``bf16`` (export/precision.py's transform and policy).
 
     Raises:
-        CheckpointError: ``max_num_patches`` or ``transforms`` given (as the exporter refuses a
-            patch budget for fixed-size scorers).
-        CheckpointError: the checkpoint cannot be loaded or its processor is unsupported.
+        CheckpointError: the checkpoint cannot be loaded, is not CLIPSeg, or its processor is
+            unsupported.
         ExportValidationError: a graph disagrees with transformers beyond its budget (fp32) or its
-            reduced-precision gates (fp16 / bf16).
+            reduced-precision gates (fp16 / bf16); nothing is left at ``out_dir``.
+        BundleError: ``out_dir`` is a non-empty directory that is not a bundle.
+        ValueError: another precision (``bf16-cpu``, ``int8``: the scorer's).
     """
+    from .exporter import export_bundle
+
+    if precision not in ("fp32", "fp16", "bf16"):  # bf16-cpu certifies the scorer's pairs; int8 is the scorer's
+        raise ValueError(f"a segmenter exports fp32, fp16 or bf16, not {precision!r}")
+
+    def into(stage, model_, _max_num_patches, revision_, validate_, log_, precision_, *_scorer_options):
+        export_segmenter_into(stage, model_, revision_, validate_, log_, precision_)
+
+    return export_bundle(model, out_dir, revision=revision, validate=validate, log=log, precision=precision,
+                         into=into)
+
+
+def export_segmenter_into(out: Path, model: str, revision: str | None, validate: bool, log,
+                          precision: str = "fp32") -> None:
+    """Write a segmenter bundle into the (staging) directory ``out`` (see
+    :func:`export_segmenter_bundle`, which stages, renames into place and cleans up)."""
     from . import segmenter_validate as val
 
-    if max_num_patches is not None or transforms:
-        raise CheckpointError("--max-num-patches and graph transforms apply to scorer bundles; a segmenter's "
-                              "input size is its image processor's")
     t0 = time.time()
     m, processor, source = load_segmenter(model, revision)
     image, text = image_settings(m, processor), text_settings(m, processor)

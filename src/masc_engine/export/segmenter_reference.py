@@ -49,11 +49,15 @@ def reference_probabilities(model, processor, images: Sequence[Image.Image], sub
     return out
 
 
-def reference_masks(model, processor, images: Sequence[Image.Image], subject_names: Sequence[str],
-                    recipe: MaskRecipe) -> list[np.ndarray]:
-    """``[H, W] uint8`` masks, 255 where the probability is ``> threshold`` (float32), else 0."""
+def reference_threshold(probabilities: Sequence[np.ndarray], recipe: MaskRecipe) -> list[np.ndarray]:
+    """``[H, W] uint8`` masks from probability maps: 255 where ``> threshold`` in float32 (PyTorch)."""
     import torch
 
-    probs = reference_probabilities(model, processor, images, subject_names, recipe)
     thr = torch.tensor(recipe.threshold, dtype=torch.float32)
-    return [(torch.from_numpy(p) > thr).numpy().astype(np.uint8) * 255 for p in probs]
+    return [(torch.from_numpy(np.array(p, np.float32)) > thr).numpy().astype(np.uint8) * 255 for p in probabilities]
+
+
+def reference_masks(model, processor, images: Sequence[Image.Image], subject_names: Sequence[str],
+                    recipe: MaskRecipe) -> list[np.ndarray]:
+    """``[H, W] uint8`` masks of the whole reference recipe (probabilities, then the threshold)."""
+    return reference_threshold(reference_probabilities(model, processor, images, subject_names, recipe), recipe)

@@ -42,7 +42,7 @@ import numpy as np
 from PIL import Image
 
 from ..engine.bundle import Bundle
-from ..errors import BundleError, InputError
+from ..errors import BackendUnavailableError, BundleError, InputError
 from .masks import mask_coverage
 from .preprocess import ImageSettings, preprocess_image
 from .text import PromptTokenizer, TextSettings
@@ -262,10 +262,13 @@ class Segmenter:
         images_encoded, texts_encoded, text_cache_hits: counters since construction.
 
     Raises:
-        BundleError: not a segmenter bundle, or a missing / modified file.
+        BundleError: not a segmenter bundle, or a missing file (a modified graph is refused
+            when its session is made: on first use).
         BackendUnavailableError: the backend or provider is not available.
 
-    Thread-safe: ONNX Runtime sessions are; the prompt cache is locked.
+    Each graph's session is made on first use, so a run whose masks all come from a cache never
+    loads the graphs (as the scorer's text session). Thread-safe: ONNX Runtime sessions are; the
+    prompt cache and the session table are locked.
     """
 
     def __init__(self, bundle: str | Path | Bundle, *, recipe: MaskRecipe | None = None, backend: str = "onnxruntime",
@@ -284,13 +287,37 @@ class Segmenter:
                                          self.text_settings)
         self.fingerprint = self.bundle.fingerprint
         self.batch_size = int(batch_size)
-        runner = lambda g: self.bundle.runner(g, backend=backend, provider=provider,  # noqa: E731
-                                              intra_op_threads=intra_op_threads, precision=precision)
-        self.vision, self.text, self.decoder = runner("vision"), runner("text"), runner("decoder")
+        _check_backend(backend, provider)  # a missing provider fails now, not at the first mask
+        self.bundle.check_precision(backend, provider, precision)
+        self._make_runner = lambda g: self.bundle.runner(g, backend=backend, provider=provider,  # noqa: E731
+                                                         intra_op_threads=intra_op_threads, precision=precision)
+        self._runners: dict = {}
         self._texts: OrderedDict[str, np.ndarray] = OrderedDict()
         self._text_cache_size = int(text_cache_size)
         self._lock = threading.Lock()
+        self._runner_lock = threading.Lock()
         self.images_encoded = self.texts_encoded = self.text_cache_hits = 0
+
+    def _runner(self, graph: str):
+        with self._runner_lock:
+            if graph not in self._runners:
+                self._runners[graph] = self._make_runner(graph)
+            return self._runners[graph]
+
+    @property
+    def vision(self):
+        """The ``vision`` graph's runner (made on first use)."""
+        return self._runner("vision")
+
+    @property
+    def text(self):
+        """The ``text`` graph's runner (made on first use)."""
+        return self._runner("text")
+
+    @property
+    def decoder(self):
+        """The ``decoder`` graph's runner (made on first use)."""
+        return self._runner("decoder")
 
     def prompt(self, subject_name: str) -> str:
         """The prompt for ``subject_name`` by this segmenter's recipe (:meth:`MaskRecipe.prompt`),
@@ -317,7 +344,7 @@ class Segmenter:
 
     def encode_prompts(self, prompts: Sequence[str]) -> np.ndarray:
         """Conditional embeddings ``[n, P] float32``; a prompt not in the LRU goes through the text
-        graph once, whatever how often it appears.
+        graph once, however often it appears.
 
         Raises:
             InputError: ``prompt_too_long`` (more tokens than the text graph's length), before any
@@ -355,7 +382,8 @@ class Segmenter:
         pixels = [preprocess_image(im, self.image_settings).pixel_values for im in images]
         out = [self.vision.run({"pixel_values": np.stack(pixels[i:i + self.batch_size])})["activations"]
                for i in range(0, len(pixels), self.batch_size)]
-        self.images_encoded += len(pixels)
+        with self._lock:
+            self.images_encoded += len(pixels)
         return np.concatenate(out)
 
     def logits(self, images: Sequence[Image.Image], subject_names: Sequence[str]) -> np.ndarray:
@@ -424,3 +452,20 @@ class Segmenter:
     def mask(self, image: Image.Image, subject_name: str) -> np.ndarray:
         """One image's ``[H, W] uint8`` 0/255 mask (:meth:`segment` for one item)."""
         return self.segment([image], [subject_name])[0].mask
+
+
+def _check_backend(backend: str, provider: str) -> None:
+    """Raise :class:`BackendUnavailableError` for a backend that does not run segmenter bundles
+    (OpenVINO's segmented bf16 plan is the scorer's) or a missing provider / TensorRT (cheap: no
+    session is made)."""
+    if backend == "onnxruntime":
+        from ..engine.backends.onnxruntime import resolve_provider
+
+        resolve_provider(provider)
+    elif backend == "tensorrt":
+        from ..engine.backends.tensorrt import import_tensorrt
+
+        import_tensorrt()
+    else:
+        raise BackendUnavailableError(f"backend {backend!r} does not run segmenter bundles; use onnxruntime "
+                                      "(cpu or cuda) or tensorrt")
