@@ -119,7 +119,8 @@ def test_cli_refuses_scorer_options_and_leaves_nothing(tmp_path):
 
     from masc_engine.cli.export_cmd import main
 
-    for extra, message in ((["--max-num-patches", "256"], "NaFlex"), (["--precision", "int8"], "int8 is for scorer")):
+    for extra, message in ((["--max-num-patches", "256"], "SigLIP2"), (["--precision", "bf16-cpu"], "SigLIP2"),
+                           (["--precision", "int8"], "int8 is for scorer")):
         res = CliRunner().invoke(main, ["--model", "random:clipseg-tiny", "--out", str(tmp_path / "b")] + extra)
         assert res.exit_code == 2 and message in res.output
     assert not (tmp_path / "b").exists()
