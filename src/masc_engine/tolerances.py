@@ -87,7 +87,7 @@ def segmenter_validation_budget(graph: str, width: int) -> tuple[float, str]:
     return SEGMENTER_VALIDATION_RTOL, f"unmeasured shape (width {width} > every measured shape): generic bound"
 
 
-#: fp16 / bf16 segmenter graphs end to end (export/segmenter_validate.py validate_reduced_masks)
+#: fp16 segmenter graphs end to end (export/segmenter_validate.py validate_reduced_masks)
 #: against transformers fp32: IoU of the masks at the default threshold on the 352 x 352 map, per
 #: (image, prompt) of the validation cases. Measured min IoU for fp16: 0.9995 (clipseg-tiny), 0.9994
 #: (clipseg-rd64), random weights (logits in the hundreds: pixels near the threshold only at mask

@@ -73,11 +73,8 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
         raise click.UsageError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu")
     cpu_options = {"calibration": calibration_pairs, "heldout": heldout_pairs} if precision == "bf16-cpu" else None
 
+    segmenter = _segmenter_export(model, revision, out_dir, engines_only, backend, precision, max_num_patches)
     if precision == "int8":
-        from ..export.segmenter import is_segmenter_model
-
-        if is_segmenter_model(model, revision):  # int8 is the scorer's CPU option
-            raise click.UsageError("--precision int8 is for scorer bundles; a segmenter exports fp32, fp16 or bf16")
         if backend != "onnx":
             raise click.UsageError("--precision int8 makes an ONNX Runtime (CPU) bundle: use --backend onnx")
         if not gate_pairs:
@@ -99,7 +96,7 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
     if not engines_only:
         try:
             from ..export.exporter import export_bundle
-            from ..export.segmenter import export_segmenter_bundle, is_segmenter_model
+            from ..export.segmenter import export_segmenter_bundle
         except ImportError as e:  # torch / transformers / onnx missing
             from ..extras import missing
 
@@ -115,10 +112,7 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
         try:
             with libraries_to_log(lib_log) as (say, lib):
                 say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
-                if is_segmenter_model(model, revision):  # CLIPSeg: a segmenter bundle (docs/segmenter.md)
-                    if max_num_patches or cpu_options is not None:
-                        raise click.UsageError("--max-num-patches and --precision bf16-cpu apply to SigLIP2 "
-                                               "checkpoints, not a segmenter")
+                if segmenter:  # CLIPSeg: a segmenter bundle (docs/segmenter.md)
                     export_segmenter_bundle(model, out_dir, revision=revision, log=say, precision=precision or "fp32")
                 else:
                     export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=say,
@@ -135,6 +129,29 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
                           timing_cache=timing_cache, log=log, gpu_memory_budget=gpu_memory_budget)
         except MascEngineError as e:
             raise click.ClickException(str(e)) from e
+
+
+def _segmenter_export(model, revision, out_dir, engines_only, backend, precision, max_num_patches) -> bool:
+    """Whether this is a segmenter (CLIPSeg) export; refuses, before any work, the scorer's options
+    (docs/segmenter.md): --max-num-patches, --precision bf16 / bf16-cpu / int8, and TensorRT
+    engines (their device-memory plan, engine/backends/trt_profiles.py, models the scorer's graphs)."""
+    if engines_only:
+        import json
+        from pathlib import Path
+
+        try:
+            segmenter = json.loads((Path(out_dir) / "manifest.json").read_text()).get("kind") == "segmenter"
+        except (OSError, ValueError):
+            return False
+    else:
+        from ..export.segmenter import is_segmenter_model
+
+        segmenter = is_segmenter_model(model, revision)
+    if segmenter and (backend == "tensorrt" or max_num_patches or precision not in (None, "fp32", "fp16")):
+        raise click.UsageError("a segmenter bundle exports fp32 or fp16 ONNX graphs for ONNX Runtime (cpu or cuda); "
+                               "--max-num-patches, --precision bf16/bf16-cpu/int8 and --backend tensorrt are the "
+                               "scorer's (docs/segmenter.md)")
+    return segmenter
 
 
 def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle) -> None:

@@ -26,7 +26,7 @@ CIDAS/clipseg-rd64-refined), and TensorRT needs no Resize.
 checkpoints); export/exporter.py ``export_bundle`` stages and renames the bundle. Every graph is
 validated against transformers right after export (export/segmenter_validate.py)
 on batch sizes other than the traced one and images of other sizes and aspect ratios; reduced
-precision graphs (``--precision fp16``/``bf16``) come from export/precision.py's transform and
+precision graphs (``--precision fp16``) come from export/precision.py's transform and
 policy, checked with the reduced-precision gates. The manifest records the mask recipe
 (runtime/segmenter.py :class:`~masc_engine.runtime.segmenter.MaskRecipe`) with its defaults.
 """
@@ -37,14 +37,11 @@ import json
 import time
 from pathlib import Path
 
-import torch
-from torch import nn
-
 from ..engine.manifest import write_manifest
 from ..runtime.segmenter import KIND, MaskRecipe
 from .exporter import (_PIL_NAMES, CheckpointError, _save_tokenizer, _versions, random_checkpoint_dir,
                        text_settings_from_processor)
-from .graphs import GraphSpec, TensorSpec, export_graph
+from .onnx_check import check_graphs
 from .random_models import SEGMENTER_PRESETS, is_random_model_id
 
 OPSET = 18
@@ -54,6 +51,10 @@ SEGMENTER_MODEL_TYPES = ("clipseg",)
 SHORT_NAMES = {"clipseg": "CIDAS/clipseg-rd64-refined", "clipseg-rd64-refined": "CIDAS/clipseg-rd64-refined"}
 #: The bundle's graphs, in run order.
 GRAPHS = ("vision", "text", "decoder")
+#: Graph precisions a segmenter exports. Not bf16: ONNX's Conv (the patch embedding, the decoder's
+#: convolutions) has no bfloat16 type before opset 22, so the bf16 graphs fail onnx.checker's
+#: full check at the bundle's opset 18 (bf16-cpu and int8 are the scorer's CPU options).
+PRECISIONS = ("fp32", "fp16")
 
 
 def is_segmenter_model(model: str, revision: str | None = None) -> bool:
@@ -150,92 +151,6 @@ def text_settings(model, processor) -> dict:
     return text
 
 
-class CLIPSegVisionSide(nn.Module):
-    """``pixel_values [B, 3, S, S]`` -> ``activations [B, K, T, D]``: CLIPSegVisionEmbeddings
-    (interpolated position embeddings as a constant), ``pre_layrnorm``, encoder layers up to the
-    last of ``extract_layers``, stacking the outputs of those layers.
-
-    Same computation as transformers 5.24.0 ``CLIPSegForImageSegmentation.forward`` step 1
-    (``hidden_states[i + 1] for i in extract_layers``).
-    """
-
-    def __init__(self, model: nn.Module, image_size: int):
-        super().__init__()
-        vm = model.clip.vision_model
-        self.vm = vm
-        self.extract = [int(i) for i in model.extract_layers]
-        emb = vm.embeddings
-        tokens = 1 + (image_size // emb.patch_size) ** 2
-        with torch.no_grad():
-            pos = emb.interpolate_pos_encoding(torch.zeros(1, tokens, emb.embed_dim), image_size, image_size)
-        self.register_buffer("position_embeddings", pos.detach().clone(), persistent=False)
-
-    def forward(self, pixel_values):
-        emb = self.vm.embeddings
-        x = emb.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
-        cls = emb.class_embedding.expand(x.shape[0], 1, -1)
-        x = torch.cat([cls, x], dim=1) + self.position_embeddings
-        x = self.vm.pre_layrnorm(x)
-        outs = []
-        for i, layer in enumerate(self.vm.encoder.layers[: max(self.extract) + 1]):
-            x = layer(x, None)
-            if i in self.extract:
-                outs.append(x)
-        return torch.stack(outs, dim=1)
-
-
-class CLIPSegTextSide(nn.Module):
-    """``input_ids [B, L]`` -> ``conditional_embeddings [B, P]`` (``clip.get_text_features``)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.clip = model.clip
-
-    def forward(self, input_ids):
-        return self.clip.get_text_features(input_ids=input_ids).pooler_output
-
-
-class CLIPSegDecoderSide(nn.Module):
-    """``activations [B, K, T, D]``, ``conditional_embeddings [B, P]`` -> ``logits [B, S, S]``
-    (``CLIPSegDecoder`` on the activations in ``extract_layers`` order)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.decoder = model.decoder
-        self.k = len(model.extract_layers)
-
-    def forward(self, activations, conditional_embeddings):
-        hidden = tuple(activations[:, i] for i in range(self.k))
-        return self.decoder(hidden, conditional_embeddings).logits
-
-
-def graph_specs(model, image: dict, text: dict) -> list[GraphSpec]:
-    """The three graphs' specs (export/graphs.py), traced at batch 2."""
-    s = int(image["image_size"][0])
-    d = int(model.config.vision_config.hidden_size)
-    k = len(model.extract_layers)
-    t = 1 + (s // int(image["patch_size"])) ** 2
-    p = int(model.config.projection_dim)
-    length = int(text["max_length"])
-    vocab = int(model.config.text_config.vocab_size)
-    g = lambda seed: torch.Generator().manual_seed(seed)  # noqa: E731
-    return [
-        GraphSpec("vision", "vision.onnx", [TensorSpec("pixel_values", "float32", ("batch", 3, s, s))],
-                  [TensorSpec("activations", "float32", ("batch", k, t, d))],
-                  CLIPSegVisionSide(model, s).eval(), lambda: (torch.randn(2, 3, s, s, generator=g(0)),),
-                  extra={"extract_layers": [int(i) for i in model.extract_layers]}),
-        GraphSpec("text", "text.onnx", [TensorSpec("input_ids", "int64", ("batch", length))],
-                  [TensorSpec("conditional_embeddings", "float32", ("batch", p))],
-                  CLIPSegTextSide(model).eval(), lambda: (torch.randint(0, vocab, (2, length), generator=g(1)),)),
-        GraphSpec("decoder", "decoder.onnx",
-                  [TensorSpec("activations", "float32", ("batch", k, t, d)),
-                   TensorSpec("conditional_embeddings", "float32", ("batch", p))],
-                  [TensorSpec("logits", "float32", ("batch", s, s))],
-                  CLIPSegDecoderSide(model).eval(),
-                  lambda: (torch.randn(2, k, t, d, generator=g(2)), torch.randn(2, p, generator=g(3)))),
-    ]
-
-
 def architecture(model) -> dict:
     c = model.config
     return {"model_type": c.model_type, "vision_width": int(c.vision_config.hidden_size),
@@ -261,21 +176,22 @@ def export_segmenter_bundle(model: str, out_dir: str | Path, revision: str | Non
             checkpoint directory, or ``random:clipseg-tiny`` / ``random:clipseg-rd64``.
         out_dir: the bundle directory (absent, empty, or a bundle, which is replaced).
         revision: Hub revision to pin.
-        validate: the post-export validation (required for fp16 / bf16).
-        precision: ``fp32``, or ``fp16`` / ``bf16`` (export/precision.py's transform and policy).
+        validate: the post-export validation (required for fp16).
+        precision: ``fp32`` or ``fp16`` (export/precision.py's transform and policy); see
+            :data:`PRECISIONS`.
 
     Raises:
         CheckpointError: the checkpoint cannot be loaded, is not CLIPSeg, or its processor is
             unsupported.
         ExportValidationError: a graph disagrees with transformers beyond its budget (fp32) or its
-            reduced-precision gates (fp16 / bf16); nothing is left at ``out_dir``.
+            reduced-precision gates (fp16); nothing is left at ``out_dir``.
         BundleError: ``out_dir`` is a non-empty directory that is not a bundle.
-        ValueError: another precision (``bf16-cpu``, ``int8``: the scorer's).
+        ValueError: another precision (:data:`PRECISIONS`).
     """
     from .exporter import export_bundle
 
-    if precision not in ("fp32", "fp16", "bf16"):  # bf16-cpu certifies the scorer's pairs; int8 is the scorer's
-        raise ValueError(f"a segmenter exports fp32, fp16 or bf16, not {precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"a segmenter exports {' or '.join(PRECISIONS)} graphs, not {precision!r}")
 
     def into(stage, model_, _max_num_patches, revision_, validate_, log_, precision_, *_scorer_options):
         export_segmenter_into(stage, model_, revision_, validate_, log_, precision_)
@@ -288,7 +204,11 @@ def export_segmenter_into(out: Path, model: str, revision: str | None, validate:
                           precision: str = "fp32") -> None:
     """Write a segmenter bundle into the (staging) directory ``out`` (see
     :func:`export_segmenter_bundle`, which stages, renames into place and cleans up)."""
+    import torch
+
     from . import segmenter_validate as val
+    from .graphs import export_graph
+    from .segmenter_graphs import graph_specs
 
     t0 = time.time()
     m, processor, source = load_segmenter(model, revision)
@@ -315,12 +235,14 @@ def export_segmenter_into(out: Path, model: str, revision: str | None, validate:
         manifest["transforms"], manifest["precision"] = _reduce_precision(out, manifest, m, processor, precision,
                                                                           validate, log)
     manifest["export_seconds"] = round(time.time() - t0, 1)
+    # every graph passes the ONNX checker (full_check), or no bundle: as the scorer's export
+    manifest["onnx_checker"] = {"full_check": True, "graphs": check_graphs(out, manifest["files"])}
     write_manifest(out, manifest)
 
 
 def _reduce_precision(out: Path, manifest: dict, m, processor, precision: str, validate: bool,
                       log) -> tuple[list, dict]:
-    """export/precision.py's fp16 / bf16 transform on the three graphs, each result validated with
+    """export/precision.py's fp16 transform on the three graphs, each result validated with
     the reduced-precision gates (export/segmenter_validate.py), then the masks end to end; returns
     the manifest's ``transforms`` and ``precision`` sections."""
     from . import segmenter_validate as val
@@ -334,8 +256,7 @@ def _reduce_precision(out: Path, manifest: dict, m, processor, precision: str, v
              if validate else (lambda g, path, gates: {"skipped": True}))
     records = run_transforms(out, manifest["graphs"], [transform], check, log=log)
     section = {"mode": precision, "graphs": list(GRAPHS), "policy": policy(),
-               "validated_on": "ONNX Runtime CPU" + (", bf16 emulated (export/precision.py emulate_bf16)"
-                                                     if precision == "bf16" else "")}
+               "validated_on": "ONNX Runtime CPU"}
     if validate:
         write_manifest(out, {**manifest, "precision": section, "transforms": records})
         section["masks"] = val.validate_reduced_masks(out, m, processor, precision)

@@ -17,14 +17,12 @@ traced one (2) and images of other sizes and aspect ratios, Polygraphy-style rep
 fp32 budgets are relative (max |error| / max |reference|, per case), per graph and per model
 shape: ``tolerances.SEGMENTER_VALIDATION_BUDGETS``. Random weights give activations and logits
 of another scale than the real checkpoint's (logits in the hundreds), so a scale-free bound is
-what carries over. Reduced-precision graphs (fp16 / bf16) are held to the reduced-precision gates
-(cosines, export/validate.py ``_check_reduced``) and, end to end, to a mask IoU gate
-(``tolerances.SEGMENTER_REDUCED_MIN_MASK_IOU``).
+what carries over. fp16 graphs are held to the reduced-precision gates (cosines, export/validate.py
+``_check_reduced``) and, end to end, to a mask IoU gate (``tolerances.SEGMENTER_REDUCED_MIN_MASK_IOU``).
 """
 
 from __future__ import annotations
 
-import tempfile
 import warnings
 import weakref
 from pathlib import Path
@@ -118,34 +116,27 @@ def check_inputs(bundle_dir: Path, processor, image: dict, text: dict) -> dict:
 def validate_graph(graph: str, path: Path, bundle_dir: Path, m, processor, image: dict, text: dict,
                    gates: str = "fp32") -> dict:
     """One graph file against transformers on the reference's own inputs, with ``gates``
-    (``fp32``: ``tolerances.SEGMENTER_VALIDATION_BUDGETS``; ``fp16`` / ``bf16``: the cosine gates,
-    bf16 run emulated as export/validate.py does).
+    (``fp32``: ``tolerances.SEGMENTER_VALIDATION_BUDGETS``; ``fp16``: the cosine gates).
 
     Raises:
         ExportValidationError: a gate fails.
-        ValueError: an unknown graph name.
+        ValueError: an unknown graph name or gates.
     """
-    if graph not in ("vision", "text", "decoder"):
-        raise ValueError(f"no segmenter validation for graph {graph!r}")
-    with tempfile.TemporaryDirectory() as tmp:
-        run_path = Path(path)
-        if gates == "bf16":
-            from .precision import emulated_bf16_file
-
-            run_path = emulated_bf16_file(path, Path(tmp) / Path(path).name)
-        runner = OrtRunner(run_path, graph)
-        cases = []
-        for _, _, ref in _case_references(m, processor):
-            if graph == "vision":
-                got, want = runner.run({"pixel_values": ref["pixel_values"]})["activations"], ref["activations"]
-            elif graph == "text":
-                ids = _pad(ref["input_ids"], int(text["max_length"]), int(text["pad_token_id"]))
-                got, want = runner.run({"input_ids": ids})["conditional_embeddings"], ref["conditional_embeddings"]
-            else:
-                got = runner.run({"activations": ref["activations"],
-                                  "conditional_embeddings": ref["conditional_embeddings"]})["logits"]
-                want = ref["decoder_logits"]
-            cases.append(cosine_stats(got, want) if gates in REDUCED_GATES else error_stats(got, want))
+    if graph not in ("vision", "text", "decoder") or gates not in ("fp32", "fp16"):
+        raise ValueError(f"no segmenter validation for graph {graph!r} with {gates!r} gates")
+    runner = OrtRunner(Path(path), graph)
+    cases = []
+    for _, _, ref in _case_references(m, processor):
+        if graph == "vision":
+            got, want = runner.run({"pixel_values": ref["pixel_values"]})["activations"], ref["activations"]
+        elif graph == "text":
+            ids = _pad(ref["input_ids"], int(text["max_length"]), int(text["pad_token_id"]))
+            got, want = runner.run({"input_ids": ids})["conditional_embeddings"], ref["conditional_embeddings"]
+        else:
+            got = runner.run({"activations": ref["activations"],
+                              "conditional_embeddings": ref["conditional_embeddings"]})["logits"]
+            want = ref["decoder_logits"]
+        cases.append(cosine_stats(got, want) if gates in REDUCED_GATES else error_stats(got, want))
     if gates in REDUCED_GATES:
         # vision: per-token cosines (median and 0.1st percentile gates); text: per-prompt cosine;
         # decoder: per row of the [S, S] logit map (S values each), every row >= the gate.
@@ -192,47 +183,24 @@ def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def validate_reduced_masks(bundle_dir: Path, m, processor, precision: str) -> dict:
-    """End-to-end gate of a reduced-precision segmenter: the runtime Segmenter on the fp16 / bf16
-    graphs (bf16 emulated on CPU) against transformers fp32, masks at the recipe's default
-    threshold on the ``S x S`` map, IoU >= ``tolerances.SEGMENTER_REDUCED_MIN_MASK_IOU`` per case.
+    """End-to-end gate of an fp16 segmenter: the runtime Segmenter on the fp16 graphs against
+    transformers fp32, masks at the recipe's default threshold on the ``S x S`` map, IoU >=
+    ``tolerances.SEGMENTER_REDUCED_MIN_MASK_IOU`` per case.
 
     Raises:
         ExportValidationError: with the figures and the suggestion to export fp32.
     """
-    bundle_dir = Path(bundle_dir)
     threshold = MaskRecipe().threshold
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_dir = _emulated_copy(bundle_dir, Path(tmp)) if precision == "bf16" else bundle_dir
-        seg = Segmenter(run_dir, verify=False)
-        for images, prompts, ref in _case_references(m, processor):
-            got = seg.logits(images, prompts)
-            for g, r in zip(got, ref["logits"]):
-                rows.append(mask_iou(threshold_mask(sigmoid(g), threshold), threshold_mask(sigmoid(r), threshold)))
+        seg = Segmenter(Path(bundle_dir), verify=False)
+    for images, prompts, ref in _case_references(m, processor):
+        for g, r in zip(seg.logits(images, prompts), ref["logits"]):
+            rows.append(mask_iou(threshold_mask(sigmoid(g), threshold), threshold_mask(sigmoid(r), threshold)))
     report = {"gates": precision, "min_iou": min(rows), "ious": rows, "min_iou_gate": SEGMENTER_REDUCED_MIN_MASK_IOU,
               "threshold": threshold, "against": "transformers CLIPSegForImageSegmentation, fp32"}
     if min(rows) < SEGMENTER_REDUCED_MIN_MASK_IOU:
         raise ExportValidationError(f"{precision} segmenter masks differ from fp32: min IoU {min(rows):.4f} < "
                                     f"{SEGMENTER_REDUCED_MIN_MASK_IOU}. Export with --precision fp32 instead.", report)
     return report
-
-
-def _emulated_copy(bundle_dir: Path, tmp: Path) -> Path:
-    """A copy of a bf16 segmenter bundle whose graphs are the float32 emulation
-    (export/precision.py ``emulate_bf16``), runnable by ONNX Runtime CPU."""
-    import json
-    import shutil
-
-    from .precision import emulated_bf16_file
-
-    manifest = json.loads((bundle_dir / "manifest.json").read_text())
-    dst = tmp / "bf16emu"
-    dst.mkdir()
-    shutil.copy2(bundle_dir / "manifest.json", dst / "manifest.json")
-    shutil.copy2(bundle_dir / manifest["text"]["tokenizer_file"], dst / manifest["text"]["tokenizer_file"])
-    for entry in manifest["graphs"].values():
-        emulated_bf16_file(bundle_dir / entry["file"], dst / entry["file"])
-    manifest["precision"] = {"mode": "fp32"}  # emulated graphs are float32 graphs
-    (dst / "manifest.json").write_text(json.dumps(manifest))
-    return dst

@@ -252,7 +252,8 @@ class Segmenter:
             loaded with ``kind="segmenter"``).
         recipe: the rule's options; default: the bundle's recorded recipe (``manifest["recipe"]``).
         backend, provider, precision, intra_op_threads: as for the scorer (engine/bundle.py
-            ``Bundle.runner``); the provider is explicit, never a quiet fallback to CPU.
+            ``Bundle.runner``); ``onnxruntime`` only (provider ``cpu`` or ``cuda``), the provider
+            explicit, never a quiet fallback to CPU.
         batch_size: images per vision call and (image, prompt) pairs per decoder call.
         text_cache_size: prompts whose embeddings are kept (LRU); each is ``P`` float32.
         verify: check file hashes before first use (engine/bundle.py).
@@ -455,17 +456,14 @@ class Segmenter:
 
 
 def _check_backend(backend: str, provider: str) -> None:
-    """Raise :class:`BackendUnavailableError` for a backend that does not run segmenter bundles
-    (OpenVINO's segmented bf16 plan is the scorer's) or a missing provider / TensorRT (cheap: no
-    session is made)."""
+    """Raise :class:`BackendUnavailableError` for a backend that does not run segmenter bundles or a
+    missing provider (cheap: no session is made). TensorRT engines are not built for segmenter
+    bundles (the engine builder's device-memory plan, engine/backends/trt_profiles.py, models the
+    scorer's graphs) and OpenVINO's bf16 plan is the scorer's: ONNX Runtime only."""
     if backend == "onnxruntime":
         from ..engine.backends.onnxruntime import resolve_provider
 
         resolve_provider(provider)
-    elif backend == "tensorrt":
-        from ..engine.backends.tensorrt import import_tensorrt
-
-        import_tensorrt()
     else:
         raise BackendUnavailableError(f"backend {backend!r} does not run segmenter bundles; use onnxruntime "
-                                      "(cpu or cuda) or tensorrt")
+                                      "(provider cpu or cuda)")
