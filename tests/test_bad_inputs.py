@@ -149,7 +149,9 @@ def test_paper_filter_keeps_rows_with_reason(naflex_bundle, zoo, tmp_path):
     status = {r["key"]: r["status"] for r in read_output(out)}
     assert status == {"ok": "ok", "small_out": "filtered_output_mask", "small_ref": "filtered_reference_mask"}
     assert s.statuses["filtered_output_mask"] == 1 and s.statuses["filtered_reference_mask"] == 1
-    # The threshold is a parameter: at 0.05% (below the 20x20 square's 0.2%) nothing is dropped.
+    # The threshold is a parameter: at 0.05% (below the 20x20 square's 0.2%) nothing is dropped
+    # (other settings on the same output: replaced only when asked).
     s = run_pairs(path, Scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=0.0005,
-                                                                min_reference_mask_frac=0.0005), progress=False)
+                                                                min_reference_mask_frac=0.0005), progress=False,
+                  overwrite=True)
     assert s.statuses["ok"] == 3

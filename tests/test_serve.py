@@ -394,14 +394,14 @@ def test_reference_cache_is_bounded_in_bytes(naflex_bundle, odd_items):
     sizes = []
     for it in items:
         probe.score([probe.decode(it, it["prompt"], None, None)])
-        sizes.append(probe.cache.nbytes - sum(sizes))
-    assert len(probe.cache) == 4 and all(s > 0 for s in sizes)  # references only, one entry each
+        sizes.append(probe.memory.nbytes - sum(sizes))
+    assert len(probe.memory) == 4 and all(s > 0 for s in sizes)  # references only, one entry each
     bound = sizes[2] + sizes[3] + min(sizes[:2]) // 2  # room for the last two references, not three
     svc = ServiceScorer(Scorer(naflex_bundle), cache_bytes=bound)
     for it in items:
         svc.score([svc.decode(it, it["prompt"], None, None)])
-    assert len(svc.cache) == 2 and svc.cache.nbytes == sizes[2] + sizes[3] <= bound
-    assert (svc.cache.hits, svc.cache.misses) == (0, 4)
+    assert len(svc.memory) == 2 and svc.memory.nbytes == sizes[2] + sizes[3] <= bound
+    assert (svc.hits, svc.misses) == (0, 4)
     svc.score([svc.decode(items[3], items[3]["prompt"], None, None)])  # still cached
     svc.score([svc.decode(items[0], items[0]["prompt"], None, None)])  # evicted
-    assert (svc.cache.hits, svc.cache.misses) == (1, 5)
+    assert (svc.hits, svc.misses) == (1, 5)

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .options import exif_option, mask_size_tolerance_option, max_num_patches_option, threads_option
 
 
@@ -44,19 +45,30 @@ from .options import exif_option, mask_size_tolerance_option, max_num_patches_op
 @click.option("--request-timeout-s", type=click.FloatRange(0.1, 1e5), default=60.0, show_default=True,
               help="A request not scored within this time gets 503 (and is dropped if not started).")
 @click.option("--body-timeout-s", type=click.FloatRange(0.1, 1e5), default=30.0, show_default=True,
-              help="A request body not received within this time gets 408.")
+              help="Deadline for a request's whole body, from its headers (not per read): 408 past it.")
+@click.option("--header-timeout-s", type=click.FloatRange(0.1, 1e5), default=10.0, show_default=True,
+              help="Deadline for a request's headers, from its first byte: 408 and the connection closed past it.")
 @click.option("--decode-workers", type=click.IntRange(1, 256), default=2, show_default=True,
-              help="Threads decoding request images (bounds decoded-image memory: each holds at most "
-                   "--max-pixels).")
-@click.option("--max-connections", type=click.IntRange(1, 10**6), default=None,
-              help="uvicorn's limit on concurrent connections (503 past it).")
+              help="Threads decoding request images (all of them under --max-decoded-mb).")
+@click.option("--max-decoded-mb", type=click.FloatRange(1, 1e7), default=1024.0, show_default=True,
+              help="Memory for decoding images at once, MiB (each file reserves its cost, known from its header, "
+                   "before decoding; an image costing more than this is decoded alone).")
+@click.option("--max-prompt-bytes", type=click.IntRange(1, 10**7), default=DEFAULT_MAX_PROMPT_BYTES, show_default=True,
+              help="Longest prompt or object_name, UTF-8 bytes (422 prompt_too_long past it).")
+@click.option("--max-prompt-tokens", type=click.IntRange(1, 10**7), default=DEFAULT_MAX_PROMPT_TOKENS,
+              show_default=True, help="Longest stripped prompt in tokens (the text tower reads the first 64; "
+                                      "422 prompt_too_long past it).")
+@click.option("--max-connections", type=click.IntRange(1, 10**6), default=128, show_default=True,
+              help="Most requests handled at once (503 JSON with Retry-After past it); /healthz, /readyz and "
+                   "/metrics are never refused.")
 @click.option("--graceful-timeout-s", type=click.FloatRange(0, 3600), default=25.0, show_default=True,
               help="On SIGTERM/SIGINT: how long in-flight requests may take to finish.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def main(bundle, host, port, provider, threads, max_num_patches, stripper, exif, mask_size_tolerance, max_batch, max_wait_ms,
          max_queue, cache_mb, cache_dir, cache_size_gb, max_body_mb, max_pixels, max_batch_items,
-         request_timeout_s, body_timeout_s, decode_workers, max_connections, graceful_timeout_s, log_level):
+         request_timeout_s, body_timeout_s, header_timeout_s, decode_workers, max_decoded_mb, max_prompt_bytes,
+         max_prompt_tokens, max_connections, graceful_timeout_s, log_level):
     """Serve MaSC scoring over HTTP for the bundle BUNDLE.
 
     GET /healthz, /readyz, /metrics; POST /v1/score (JSON with base64 files, or multipart uploads),
@@ -66,6 +78,7 @@ def main(bundle, host, port, provider, threads, max_num_patches, stripper, exif,
         import uvicorn
 
         from ..serve.app import ServeConfig, create_app
+        from ..serve.http import guarded_protocol
     except ImportError as e:
         from ..extras import missing
 
@@ -80,13 +93,19 @@ def main(bundle, host, port, provider, threads, max_num_patches, stripper, exif,
                       max_queue=max_queue, cache_mb=cache_mb, cache_dir=cache_dir, cache_size_gb=cache_size_gb,
                       max_body_mb=max_body_mb, max_pixels=max_pixels, max_batch_items=max_batch_items,
                       request_timeout_s=request_timeout_s, body_timeout_s=body_timeout_s,
-                      decode_workers=decode_workers)
+                      header_timeout_s=header_timeout_s, max_connections=max_connections,
+                      decode_workers=decode_workers, max_decoded_mb=max_decoded_mb,
+                      max_prompt_bytes=max_prompt_bytes, max_prompt_tokens=max_prompt_tokens)
     # uvicorn handles SIGTERM and SIGINT: it stops accepting, lets in-flight requests finish (up to
     # --graceful-timeout-s), then runs the app's shutdown, which drains the batcher. Afterwards it
     # restores the previous handler and raises the signal again; this handler turns that into exit
     # status 0 (the default action would end the process "killed by SIGTERM").
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    uvicorn.run(create_app(cfg), host=host, port=port, log_level=log_level, limit_concurrency=max_connections,
+    app = create_app(cfg)
+    # The header deadline and JSON 400/408 live in the HTTP protocol; the request limit in the app
+    # (uvicorn's limit_concurrency answers plain text and counts header-less sockets).
+    protocol = guarded_protocol(header_timeout_s, on_reject=app.state.masc.metrics.count_connection_error)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, http=protocol,
                 timeout_graceful_shutdown=graceful_timeout_s, access_log=log_level == "debug")
 
 

@@ -50,14 +50,15 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..runtime.cache import EncodingCache, EncodingStore, sha256_bytes
-from ..runtime.io import image_from_bytes, mask_from_bytes, read_bytes
-from ..runtime.masks import mask_coverage, mask_to_patch_grid
+from ..runtime.cache import EncodingCache, EncodingStore
+from ..runtime.io import read_bytes
 from ..runtime.scorer import EncodedPair, Scorer
 from .executors import Chunk, LocalExecutor, RayExecutor
-from .loading import load_all
-from .results import (append_journal, journal_path, meta_path, output_format, read_journal,
-                      read_output, write_output)
+from .items import (DecodedImage, DecodedMask, DecodedPair, PairError, array_mask, check_mask, decode_image,
+                    decode_mask, reduce_image)
+from .loading import ByteBudget, load_all
+from .results import (OutputLock, SettingsChangedError, append_journal, journal_path, meta_path, output_errors,
+                      output_format, read_journal, read_output, settings_diff, write_meta, write_output)
 from .tables import TableError, read_table, resolve_path
 
 REQUIRED_COLUMNS = ("ref_image", "ref_mask", "out_image", "out_mask", "prompt", "object_name")
@@ -128,6 +129,19 @@ class RunSettings:
     def result_columns(self) -> tuple[str, ...]:
         """The result columns a run with these settings writes, in order."""
         return RESULT_COLUMNS + (BASELINE_COLUMNS if self.baselines else ()) + (MAP_COLUMNS if self.save_maps else ())
+
+    def identity(self, scorer: Scorer) -> dict:
+        """The settings a row's result depends on, each under the masc-run option that sets it
+        (``--bundle``: its content fingerprint): what a rerun on the same output compares
+        (jobs/results.py ``settings_diff``). The same settings as :meth:`fingerprint`."""
+        return {"--bundle": scorer.bundle.fingerprint, "--stripper": scorer.stripper, "--exif": self.exif,
+                "--max-num-patches": scorer.image_settings.max_num_patches, "--provider": scorer.provider,
+                "--backend": scorer.backend, "--precision": scorer.precision, "--graph-variant": scorer.graph_variant,
+                "--cp-head": scorer.cp_head, "fg_threshold": scorer.fg_threshold,
+                "--min-reference-mask-frac": self.min_reference_mask_frac,
+                "--min-output-mask-frac": self.min_output_mask_frac,
+                "--mask-size-tolerance": self.mask_size_tolerance, "--baselines": self.baselines,
+                "--save-maps": self.save_maps}
 
     def fingerprint(self, scorer: Scorer) -> str:
         """16 hex digits identifying these settings with the scorer's (a journal is reused only
@@ -209,32 +223,29 @@ class Summary:
                 "cache_hits": self.cache_hits}
 
 
-@dataclass
-class LoadedImage:
-    """A decoded image: the PIL image, its content hash, conversion notes, and its preprocessed
-    form when it was not already cached (made in a loader thread)."""
-
-    image: object  # PIL.Image.Image
-    sha256: str
-    notes: tuple
-    pre: object = None  # PreprocessedImage
-
-
 class PairsJob:
-    """Score rows of a pairs file (or single in-memory items) with one :class:`Scorer`.
+    """Score rows of a pairs file, or in-memory pairs, with one :class:`Scorer`.
+
+    Every pair goes through :meth:`score_decoded`: masc-run's rows (:meth:`score_rows`, files
+    decoded by path in :meth:`load`), one in-memory pair (:meth:`score_item`) and masc-serve's
+    request items (:meth:`decode_pair` in its decode threads, then :meth:`score_decoded` on a
+    micro-batch) get the same statuses, notes and scores.
 
     Each distinct image (by content) is encoded once: ``cache`` (an
     :class:`~masc_engine.runtime.cache.EncodingCache`, by default an LRU of ``cache_items``
     encodings in front of ``store``, a persistent content-keyed store shared across runs and
-    processes). Images and masks are decoded by ``io_workers`` threads.
+    processes). Files are decoded and reduced (jobs/items.py) by ``io_workers`` threads, each
+    file under ``decode_budget`` when one is given.
     """
 
     def __init__(self, scorer: Scorer, settings: RunSettings = RunSettings(), store: EncodingStore | None = None,
-                 io_workers: int = 4, cache_items: int = 512, cache: EncodingCache | None = None):
+                 io_workers: int = 4, cache_items: int = 512, cache: EncodingCache | None = None,
+                 decode_budget: ByteBudget | None = None):
         self.scorer = scorer
         self.settings = settings
         self.io_workers = io_workers
         self.cache = cache if cache is not None else EncodingCache(scorer, cache_items, store)
+        self.decode_budget = decode_budget
 
     @property
     def images_encoded(self) -> int:
@@ -250,69 +261,104 @@ class PairsJob:
         """``{"images_encoded", "cache_hits"}`` since this job was made (executor interface)."""
         return {"images_encoded": self.cache.images_encoded, "cache_hits": self.cache.cache_hits}
 
-    # ---------------------------------------------------------------- loading
+    # ---------------------------------------------------------------- decoding
 
-    def _image(self, data: bytes, name: str) -> LoadedImage:
-        im, notes = image_from_bytes(data, name, self.settings.exif)
-        sha = sha256_bytes(data)
-        # Preprocess here, in the loader threads, so it overlaps inference on the previous chunk.
-        pre = None if self.cache.in_memory(sha) else self.scorer.preprocess(im)
-        return LoadedImage(im, sha, notes, pre)
+    def _image(self, v, name: str) -> DecodedImage | InputError:
+        """Image bytes or a PIL image -> :class:`DecodedImage`, or the :class:`InputError`."""
+        try:
+            if isinstance(v, (bytes, bytearray, memoryview)):
+                return decode_image(bytes(v), name, self.scorer, self.cache, self.settings.exif, self.decode_budget,
+                                    keep_image=self.settings.save_maps is not None)
+            return reduce_image(v, name, self.scorer, self.cache, keep_image=self.settings.save_maps is not None)
+        except InputError as e:
+            return e
 
-    def _load_image(self, path: str) -> LoadedImage:
-        return self._image(read_bytes(path, "image"), path)
-
-    def _load_mask(self, path: str) -> np.ndarray:
-        return mask_from_bytes(read_bytes(path, "mask"), path, self.settings.exif)
+    def _mask(self, v, name: str, grids) -> DecodedMask | InputError:
+        """Mask bytes or a ``[H, W] uint8`` array -> :class:`DecodedMask` on ``grids``, or the error."""
+        try:
+            if isinstance(v, (bytes, bytearray, memoryview)):
+                return decode_mask(bytes(v), name, grids, self.settings.exif, self.decode_budget)
+            return array_mask(v, name, grids)
+        except InputError as e:
+            return e
 
     def load(self, rows, base: str | Path) -> tuple[dict, dict]:
-        """Decode the distinct images and masks of some rows: ``(images, masks)`` by path, each
-        value the decoded object or the :class:`InputError` it raised."""
-        imgs, masks = set(), set()
+        """Decode the distinct images, then the distinct masks (onto the grids of the images they
+        are paired with), of some rows: ``(images, masks)`` by path, each value a
+        :class:`DecodedImage` / :class:`DecodedMask` or the :class:`InputError` it raised."""
+        paired: dict[str, set[str]] = defaultdict(set)  # mask path -> its images' paths
         for row in rows:
             if all((row.get(c) or "").strip() for c in FILE_COLUMNS):
-                imgs.update(resolve_path(base, row[c]) for c in ("ref_image", "out_image"))
-                masks.update(resolve_path(base, row[c]) for c in ("ref_mask", "out_mask"))
-        return load_all(imgs, self._load_image, self.io_workers), load_all(masks, self._load_mask, self.io_workers)
+                for im_c, m_c in (("ref_image", "ref_mask"), ("out_image", "out_mask")):
+                    paired[resolve_path(base, row[m_c])].add(resolve_path(base, row[im_c]))
+        image_paths = {p for ims in paired.values() for p in ims}
+        images = load_all(image_paths, lambda p: _raise(self._image(read_bytes(p, "image"), p)), self.io_workers)
+
+        def mask(p: str) -> DecodedMask:
+            grids = {images[i].grid for i in paired[p] if isinstance(images[i], DecodedImage)}
+            return _raise(self._mask(read_bytes(p, "mask"), p, sorted(grids)))
+
+        return images, load_all(paired, mask, self.io_workers)
+
+    def decode_pair(self, files: dict, prompt: str, object_name: str | None = None, names: dict | None = None,
+                    stripper: str | None = None, row_index: int = 1, cells: dict | None = None) -> DecodedPair:
+        """Decode one in-memory pair (each file an independent result, as masc-run's loader) and
+        make its PF prompt ready (stripped with ``stripper``, tokenized): everything but
+        inference, for a thread other than the one that batches inference.
+
+        Args:
+            files: ``ref_image``/``out_image`` -> encoded image bytes or a PIL image;
+                ``ref_mask``/``out_mask`` -> encoded mask bytes or a ``[H, W] uint8`` array.
+            prompt, object_name: the pair's prompt and subject (None or ``""``: not stripped).
+            names: how each file is named in messages (default: the field name).
+            stripper: ``regex``, ``spacy`` or ``none`` (default: the scorer's).
+            row_index, cells: the record's ``row_index`` and other cells to carry through.
+
+        Returns:
+            a :class:`DecodedPair`; a bad file is that file's :class:`InputError` in it, never an
+            exception.
+        """
+        names = {**{c: c for c in FILE_COLUMNS}, **(names or {})}
+        ref, out = self._image(files["ref_image"], names["ref_image"]), self._image(files["out_image"], names["out_image"])
+        grid = lambda im: [im.grid] if isinstance(im, DecodedImage) else []  # noqa: E731
+        ref_m = self._mask(files["ref_mask"], names["ref_mask"], grid(ref))
+        out_m = self._mask(files["out_mask"], names["out_mask"], grid(out))
+        prepared = self.scorer.prepare_prompt(prompt or "", object_name or None, stripper)
+        return DecodedPair(ref, ref_m, out, out_m, prompt or "", object_name or "", names, prepared, row_index,
+                           dict(cells or {}))
 
     # ---------------------------------------------------------------- encoding
 
-    def encode(self, images: list[LoadedImage]) -> dict:
+    def encode(self, images: list[DecodedImage]) -> dict:
         """Encodings by content hash; only images in neither cache level go through the vision tower."""
+        encs: dict = {}
         sources: dict = {}
-        for li in images:
-            sources.setdefault(li.sha256, li.pre if li.pre is not None else li.image)
-        return self.cache.encode(sources)
+        for d in images:
+            if d.encoding is not None:
+                encs[d.sha256] = d.encoding
+        for d in images:
+            if d.sha256 not in encs:
+                sources.setdefault(d.sha256, d.pre)
+        encs.update(self.cache.encode(sources))
+        return encs
 
     # ---------------------------------------------------------------- scoring
 
-    def _check_mask(self, image, mask: np.ndarray, what: str, path: str) -> str | None:
-        """Refuse a mask whose size differs from its image's; returns a note when tolerated."""
-        h, w = mask.shape
-        if (h, w) == (image.height, image.width):
-            return None
-        if (h, w) == (image.width, image.height):
-            raise InputError("mask_orientation_mismatch",
-                             f"{what} mask {path} is {w}x{h}, its image {image.width}x{image.height}: they "
-                             "fit only rotated by 90 degrees (EXIF orientation applied to one of them? "
-                             f"--exif is {self.settings.exif})")
-        tol = self.settings.mask_size_tolerance
-        if abs(h - image.height) <= tol and abs(w - image.width) <= tol:
-            return f"{what} mask {w}x{h} stretched to its image {image.width}x{image.height}"
-        raise InputError("mask_size_mismatch",
-                         f"{what} mask {path} is {w}x{h} (WxH) but its image is {image.width}x{image.height} "
-                         "(--mask-size-tolerance N stretches masks up to N pixels off)")
-
-    def _save_maps(self, row_index: int, ref_im, out_im, it: EncodedPair, sc) -> dict:
+    def _save_maps(self, row_index: int, ref: DecodedImage, out: DecodedImage, it: EncodedPair, sc) -> dict:
         """Write the pair's CP and PF overlays; returns their paths (absolute; run_pairs makes
-        them relative to the output file)."""
+        them relative to the output file).
+
+        Raises:
+            OutputWriteError: the maps folder cannot be written (full, read-only, no permission).
+        """
         from ..runtime.maps import cp_map, pf_map
 
         d = Path(self.settings.save_maps)
-        d.mkdir(parents=True, exist_ok=True)
         cp_path, pf_path = d / f"{row_index:07d}_cp.png", d / f"{row_index:07d}_pf.png"
-        cp_map(ref_im, it.ref_enc.grid, sc.arrays["cp_best"], it.ref_weights, self.scorer.fg_threshold).save(cp_path)
-        pf_map(out_im, it.out_enc.grid, sc.arrays["pf_attention"], sc.arrays["pf_hidden"]).save(pf_path)
+        with output_errors(d, "--save-maps folder"):
+            d.mkdir(parents=True, exist_ok=True)
+            cp_map(ref.image, it.ref_enc.grid, sc.arrays["cp_best"], it.ref_weights, self.scorer.fg_threshold).save(cp_path)
+            pf_map(out.image, it.out_enc.grid, sc.arrays["pf_attention"], sc.arrays["pf_hidden"]).save(pf_path)
         return {"cp_map": str(cp_path.resolve()), "pf_map": str(pf_path.resolve())}
 
     def score_rows(self, rows: list[dict], base: str | Path, first_index: int = 1, loaded=None,
@@ -321,14 +367,18 @@ class PairsJob:
         ``first_index + 1``, ...). Results in input order."""
         images, masks = loaded if loaded is not None else self.load(rows, base)
         indices = indices if indices is not None else list(range(first_index, first_index + len(rows)))
-        items = []
-        for idx, row in zip(indices, rows):
-            objs = names = None
-            if all((row.get(c) or "").strip() for c in FILE_COLUMNS):
-                names = {c: resolve_path(base, row[c]) for c in FILE_COLUMNS}
-                objs = {c: (images if "image" in c else masks)[names[c]] for c in FILE_COLUMNS}
-            items.append((idx, row, objs, names))
-        return self._score(items)
+        return self.score_decoded([self._row_pair(i, row, base, images, masks) for i, row in zip(indices, rows)])
+
+    @staticmethod
+    def _row_pair(index: int, row: dict, base, images: dict, masks: dict) -> DecodedPair:
+        prompt, obj = row.get("prompt") or "", row.get("object_name") or ""
+        empty = [c for c in FILE_COLUMNS if not (row.get(c) or "").strip()]
+        if empty:
+            e = InputError("bad_row", f"empty column(s): {', '.join(empty)}")
+            return DecodedPair(e, e, e, e, prompt, obj, row_index=index, cells=row, error=e)
+        names = {c: resolve_path(base, row[c]) for c in FILE_COLUMNS}
+        objs = {c: (images if "image" in c else masks)[names[c]] for c in FILE_COLUMNS}
+        return DecodedPair(**objs, prompt=prompt, object_name=obj, names=names, row_index=index, cells=row)
 
     def score_chunk(self, chunk: Chunk, loaded=None) -> list[dict]:
         """Score a chunk's rows (executor interface); each result carries its ``row_key``."""
@@ -354,128 +404,119 @@ class PairsJob:
             a dict with ``RESULT_COLUMNS`` (``row_key`` empty) and the carried cells; a bad input
             gives its status and detail (naming the field), never an exception.
         """
-        row = {**(extra or {}), "ref_image": "ref_image", "ref_mask": "ref_mask", "out_image": "out_image",
-               "out_mask": "out_mask", "prompt": prompt, "object_name": object_name}
-        objs = {}
-        for c, v in (("ref_image", ref_image), ("out_image", out_image)):
-            try:
-                objs[c] = self._image(v, c) if isinstance(v, (bytes, bytearray, memoryview)) else self._pil_image(v, c)
-            except InputError as e:
-                objs[c] = e
-        for c, v in (("ref_mask", ref_mask), ("out_mask", out_mask)):
-            try:
-                objs[c] = (mask_from_bytes(bytes(v), c, self.settings.exif) if isinstance(v, (bytes, bytearray, memoryview))
-                           else self._array_mask(v, c))
-            except InputError as e:
-                objs[c] = e
-        res = self._score([(row_index, row, objs, {c: c for c in FILE_COLUMNS})])[0]
+        cells = {**(extra or {}), **{c: c for c in FILE_COLUMNS}, "prompt": prompt, "object_name": object_name}
+        files = {"ref_image": ref_image, "ref_mask": ref_mask, "out_image": out_image, "out_mask": out_mask}
+        res = self.score_decoded([self.decode_pair(files, prompt, object_name, row_index=row_index, cells=cells)])[0]
         res["row_key"] = ""
         return res
 
-    def _pil_image(self, im, name: str) -> LoadedImage:
-        from PIL import Image
+    def check_pair(self, item: DecodedPair) -> list[str]:
+        """Whether a decoded pair can be scored (before any inference): its notes if so.
 
-        if not isinstance(im, Image.Image):
-            raise InputError("unreadable_image", f"{name}: expected image bytes or a PIL image, got {type(im).__name__}")
-        rgb = im if im.mode == "RGB" else im.convert("RGB")
-        arr = np.asarray(rgb)
-        sha = sha256_bytes(b"pil:%d:%d:" % rgb.size + arr.tobytes())  # content key of the pixels
-        pre = None if self.cache.in_memory(sha) else self.scorer.preprocess(rgb)
-        notes = () if im.mode == "RGB" else (f"{im.mode} converted to RGB",)
-        return LoadedImage(rgb, sha, notes, pre)
+        Raises:
+            PairError: a file that could not be read, a mask whose size does not fit its image
+                (``mask_size_mismatch``, ``mask_orientation_mismatch``) or an empty cell
+                (``bad_row``); ``field`` names the file at fault.
+        """
+        if item.error is not None:
+            raise PairError(item.error.reason, item.error.detail, None)
+        for c in FILE_COLUMNS:
+            e = item.file(c)
+            if isinstance(e, InputError):  # name the column: the same file can be in two
+                raise PairError(e.reason, e.detail if c in e.detail else f"{c}: {e.detail}", c)
+        st, notes = self.settings, []
+        for im_c, m_c, what in (("ref_image", "ref_mask", "reference"), ("out_image", "out_mask", "output")):
+            try:
+                notes.append(check_mask(item.file(im_c), item.file(m_c), what, item.names[m_c],
+                                        st.mask_size_tolerance, st.exif))
+            except InputError as e:
+                raise PairError(e.reason, e.detail, m_c) from None
+        return [n for n in notes if n] + list(item.ref_image.notes) + list(item.out_image.notes)
 
-    @staticmethod
-    def _array_mask(m, name: str) -> np.ndarray:
-        a = np.asarray(m)
-        if a.ndim != 2 or a.dtype != np.uint8:
-            raise InputError("unreadable_mask", f"{name}: expected mask bytes or a [H, W] uint8 array, got "
-                                                f"{a.dtype} {list(a.shape)}")
-        return a
-
-    def _score(self, items: list[tuple]) -> list[dict]:
-        """Score ``(row_index, row, objs, names)`` items: ``objs`` maps each file column to its
-        decoded object (or the InputError decoding raised), ``names`` to the path named in
-        messages; both None when a file cell is empty.
+    def score_decoded(self, items: list[DecodedPair], stripper: str | None = None) -> list[dict]:
+        """Score decoded pairs; one masc-run record per item, in order.
 
         Each score gets its own outcome (``cp_status``, ``pf_status``; ``status`` is the first
-        that is not ``ok``): a row that cannot be read costs both, a reference mask without a
-        usable foreground costs CP only, an output mask hiding every patch costs PF only.
+        that is not ``ok``): a pair that cannot be read costs both, a reference mask without a
+        usable foreground costs CP only, an output mask hiding every patch costs PF only. Results
+        do not depend on which other items are in the call (batches of one patch count only,
+        Scorer.encode_preprocessed).
+
+        Args:
+            items: pairs from :meth:`decode_pair` or :meth:`load`.
+            stripper: PF prompt stripper for items whose prompt is not ``prepared`` (default: the
+                scorer's).
+
+        Returns:
+            dicts with the item's ``cells``, ``row_index`` and the result columns; NaN scores
+            where undefined, with their status.
         """
-        s, st = self.scorer, self.settings
-        results = [{**row, "row_index": idx, "cp": float("nan"), "pf": float("nan"), "status": "ok",
-                    "status_detail": "", "cp_status": "ok", "pf_status": "ok", "prompt_empty": False}
-                   for idx, row, _, _ in items]
-        good_images = [o for _, _, objs, _ in items if objs for c, o in objs.items()
-                       if "image" in c and isinstance(o, LoadedImage)]
-        encs = self.encode(good_images)
+        st = self.settings
+        results = [{**it.cells, "row_index": it.row_index, "cp": float("nan"), "pf": float("nan"), "status": "ok",
+                    "status_detail": "", "cp_status": "ok", "pf_status": "ok", "prompt_empty": False} for it in items]
+        encs = self.encode([o for it in items for o in (it.ref_image, it.out_image) if isinstance(o, DecodedImage)])
         pairs, slots = [], []
-        for (idx, row, objs, names), res in zip(items, results):
+        for it, res in zip(items, results):
             try:
-                empty = [c for c in FILE_COLUMNS if not (row.get(c) or "").strip()]
-                if empty:
-                    raise InputError("bad_row", f"empty column(s): {', '.join(empty)}")
-                for c in FILE_COLUMNS:
-                    if isinstance(objs[c], InputError):  # name the column: the same file can be in two
-                        e = objs[c]
-                        raise InputError(e.reason, e.detail if c in e.detail else f"{c}: {e.detail}")
-                ref, out = objs["ref_image"], objs["out_image"]
-                ref_m, out_m = objs["ref_mask"], objs["out_mask"]
-                notes = [n for n in (self._check_mask(ref.image, ref_m, "reference", names["ref_mask"]),
-                                     self._check_mask(out.image, out_m, "output", names["out_mask"])) if n]
-                notes += list(ref.notes) + list(out.notes)
-                res["ref_mask_coverage"] = round(mask_coverage(ref_m), 6)
-                res["out_mask_coverage"] = round(mask_coverage(out_m), 6)
-                res["status_detail"] = "; ".join(notes)
-                if st.min_reference_mask_frac is not None and res["ref_mask_coverage"] < st.min_reference_mask_frac:
-                    raise InputError("filtered_reference_mask",
-                                     f"reference mask covers {res['ref_mask_coverage']:.2%} < "
-                                     f"{st.min_reference_mask_frac:.2%} of the image")
-                if st.min_output_mask_frac is not None and res["out_mask_coverage"] < st.min_output_mask_frac:
-                    raise InputError("filtered_output_mask",
-                                     f"output mask covers {res['out_mask_coverage']:.2%} < "
-                                     f"{st.min_output_mask_frac:.2%} of the image")
-                r, o = encs[ref.sha256], encs[out.sha256]
-                rw = mask_to_patch_grid(ref_m, r.grid)
-                pairs.append(EncodedPair(r, rw, o, mask_to_patch_grid(out_m, o.grid), row.get("prompt") or "",
-                                         row.get("object_name") or None))
-                slots.append((res, ref.image, out.image, ref_m, names["ref_mask"]))
+                res["status_detail"] = "; ".join(self.check_pair(it))
+                res["ref_mask_coverage"], res["out_mask_coverage"] = it.ref_mask.coverage, it.out_mask.coverage
+                for frac, cov, reason, what in (
+                        (st.min_reference_mask_frac, it.ref_mask.coverage, "filtered_reference_mask", "reference"),
+                        (st.min_output_mask_frac, it.out_mask.coverage, "filtered_output_mask", "output")):
+                    if frac is not None and cov < frac:
+                        raise InputError(reason, f"{what} mask covers {cov:.2%} < {frac:.2%} of the image")
+                r, o = encs[it.ref_image.sha256], encs[it.out_image.sha256]
+                pairs.append(EncodedPair(r, it.ref_mask.weights[r.grid], o, it.out_mask.weights[o.grid], it.prompt,
+                                         it.object_name or None, it.prepared))
+                slots.append((res, it))
             except InputError as e:
                 res.update(status=e.reason, status_detail=e.detail, cp_status=e.reason, pf_status=e.reason)
-        scored = s.score_encoded(pairs, baselines=st.baselines, with_arrays=st.save_maps is not None)
-        for (res, ref_im, out_im, ref_m, ref_name), it, sc in zip(slots, pairs, scored):
-            ex = sc.extras
-            res.update(cp=sc.cp, pf=sc.pf, **{k: ex[k] for k in (
-                "prompt_text", "prompt_stripped", "prompt_truncated", "cp_n_ref_fg", "cp_n_ref_total",
-                "pf_n_bg_pooled", "pf_n_total")})
-            if st.baselines:
-                res.update({k: ex[k] for k in BASELINE_COLUMNS})
-            if st.save_maps is not None:
-                res.update(self._save_maps(res["row_index"], ref_im, out_im, it, sc))
-            detail = [res["status_detail"]] if res["status_detail"] else []
-            if math.isnan(sc.cp):
-                if not np.any(ref_m):
-                    res["cp_status"] = "empty_reference_mask"
-                    detail.append(f"{ref_name} has no foreground pixel: CP undefined, PF scored")
-                else:
-                    g = it.ref_enc.grid
-                    res["cp_status"] = "reference_mask_below_threshold"
-                    detail.append(f"{ref_name}: no patch of the {g[0]}x{g[1]} grid has mask weight > "
-                                  f"{s.fg_threshold}: CP undefined, PF scored")
-            if math.isnan(sc.pf):
-                res["pf_status"] = "no_background"
-                detail.append("the output mask hides every patch: PF undefined, CP scored")
-            if not (res.get("object_name") or "").strip():
-                detail.append("no object_name: the PF prompt was not stripped")
-            if not ex["prompt_text"].strip():
-                res["prompt_empty"] = True
-                detail.append("prompt_empty: PF compares with an empty text" + (
-                    "" if not (res.get("prompt") or "").strip() else
-                    f" (the prompt is only the subject {res.get('object_name')!r})"))
-            if ex["prompt_truncated"]:
-                detail.append(f"prompt truncated to {s.text_settings.max_length} tokens")
-            res["status"] = next((x for x in (res["cp_status"], res["pf_status"]) if x != "ok"), "ok")
-            res["status_detail"] = "; ".join(detail)
+        scored = self.scorer.score_encoded(pairs, baselines=st.baselines, with_arrays=st.save_maps is not None,
+                                           stripper=stripper)
+        for (res, it), pair, sc in zip(slots, pairs, scored):
+            self._fill(res, it, pair, sc)
         return results
+
+    def _fill(self, res: dict, it: DecodedPair, pair: EncodedPair, sc) -> None:
+        """Put one scored pair's values, statuses and notes into its record."""
+        s, st, ex = self.scorer, self.settings, sc.extras
+        res.update(cp=sc.cp, pf=sc.pf, **{k: ex[k] for k in (
+            "prompt_text", "prompt_stripped", "prompt_truncated", "cp_n_ref_fg", "cp_n_ref_total",
+            "pf_n_bg_pooled", "pf_n_total")})
+        if st.baselines:
+            res.update({k: ex[k] for k in BASELINE_COLUMNS})
+        if st.save_maps is not None:
+            res.update(self._save_maps(res["row_index"], it.ref_image, it.out_image, pair, sc))
+        detail = [res["status_detail"]] if res["status_detail"] else []
+        if math.isnan(sc.cp):
+            if not it.ref_mask.any_foreground:
+                res["cp_status"] = "empty_reference_mask"
+                detail.append(f"{it.names['ref_mask']} has no foreground pixel: CP undefined, PF scored")
+            else:
+                g = pair.ref_enc.grid
+                res["cp_status"] = "reference_mask_below_threshold"
+                detail.append(f"{it.names['ref_mask']}: no patch of the {g[0]}x{g[1]} grid has mask weight > "
+                              f"{s.fg_threshold}: CP undefined, PF scored")
+        if math.isnan(sc.pf):
+            res["pf_status"] = "no_background"
+            detail.append("the output mask hides every patch: PF undefined, CP scored")
+        if not it.object_name.strip():
+            detail.append("no object_name: the PF prompt was not stripped")
+        if not ex["prompt_text"].strip():
+            res["prompt_empty"] = True
+            detail.append("prompt_empty: PF compares with an empty text" + (
+                "" if not it.prompt.strip() else f" (the prompt is only the subject {it.object_name!r})"))
+        if ex["prompt_truncated"]:
+            detail.append(f"prompt truncated to {s.text_settings.max_length} tokens")
+        res["status"] = next((x for x in (res["cp_status"], res["pf_status"]) if x != "ok"), "ok")
+        res["status_detail"] = "; ".join(detail)
+
+
+def _raise(v):
+    """A loader's result, raising it when it is an :class:`InputError` (load_all keeps it)."""
+    if isinstance(v, InputError):
+        raise v
+    return v
 
 
 def build_pairs_job(bundle_dir: str, scorer_kwargs: dict, settings: dict, io_workers: int,
@@ -540,117 +581,218 @@ def encoding_namespace(scorer: Scorer, exif: str) -> dict:
 def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settings: RunSettings = RunSettings(),
               chunk_size: int = 64, io_workers: int = 4, cache_dir: str | Path | None = None,
               cache_size_limit: int | None = None, executor: str = "local", ray_address: str | None = None,
-              ray_workers: int | None = None, progress: bool = True, log=print) -> Summary:
+              ray_workers: int | None = None, progress: bool = True, log=print, overwrite: bool = False) -> Summary:
     """Score every row of ``csv_path`` into ``out_path`` (format by extension), resumably.
 
-    Rows already in the journal (or in a complete previous output) with the same ``row_key`` and
-    settings fingerprint are not scored again. Decoding of the next chunk overlaps inference on
-    the current one.
+    One writer per output: the run holds ``<out>.lock`` (jobs/results.py :class:`OutputLock`)
+    from before it reads anything at ``out_path`` until the output is complete. Rows already in
+    the journal (or in a complete previous output) with the same ``row_key`` are not scored
+    again, provided the results there were made with the same settings; results made with other
+    settings are neither reused nor replaced unless ``overwrite`` (then the run starts afresh).
+    Decoding of the next chunk overlaps inference on the current one.
 
     Raises:
         PairsFileError: the pairs file is unusable (nothing is written then).
         ValueError: an unsupported output extension.
+        OutputBusyError: another run holds the output's lock (nothing is written).
+        SettingsChangedError: results at ``out_path`` were made with other settings, named in the
+            message, and ``overwrite`` is False (nothing is written).
+        OutputWriteError: the output, journal, sidecar or maps cannot be written (full disk,
+            read-only, permission); the rows journaled so far are kept for the next run.
     """
-    from tqdm import tqdm
+    out_path = Path(out_path)
+    output_format(out_path)
+    with OutputLock(out_path):
+        return _run_locked(Path(csv_path), scorer, out_path, settings, chunk_size, io_workers, cache_dir,
+                           cache_size_limit, executor, ray_address, ray_workers, progress, log, overwrite)
 
+
+def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, chunk_size: int,
+                io_workers: int, cache_dir, cache_size_limit, executor: str, ray_address, ray_workers, progress: bool,
+                log, overwrite: bool) -> Summary:
     from ..engine.device import is_gpu
 
     t0 = time.time()
-    out_path = Path(out_path)
-    output_format(out_path)
-    csv_path = Path(csv_path)
     fieldnames, rows = read_pairs(csv_path)
     base = csv_path.resolve().parent
-    fp = settings.fingerprint(scorer)
     keys = [row_key(r, base) for r in rows]
-    summary = Summary()
-    seen: dict[str, int] = {}
-    for i, r in enumerate(rows, start=1):
-        k = json.dumps(r, sort_keys=True)
-        if k in seen:
-            summary.duplicates.append((i, seen[k]))
-        else:
-            seen[k] = i
-
-    # ---- what is already done (journal of an interrupted run, or a complete previous output)
-    jpath = journal_path(out_path)
-    header, entries, summary.journal_repaired = read_journal(jpath)
-    runs = [e for e in entries if e.get("type") == "run"]
-    entries = [e for e in entries if e.get("type") != "run"]
-    done: dict[int, dict] = {}
-    earlier_runs: list[dict] = []  # the records of the runs that made what is reused
-    if header is not None and header.get("fingerprint") == fp:
-        for e in entries:
-            i = int(e["row_index"])
-            if 1 <= i <= len(rows) and e.get("row_key") == keys[i - 1]:
-                done[i] = e
-        earlier_runs = list(header.get("earlier_runs") or []) + _last_per_run(runs)
-    elif out_path.is_file() and meta_path(out_path).is_file():
-        meta = json.loads(meta_path(out_path).read_text())
-        if meta.get("fingerprint") == fp:
-            for e in read_output(out_path):
-                i = int(e["row_index"])
-                if 1 <= i <= len(rows) and e.get("row_key") == keys[i - 1]:
-                    done[i] = e
-            earlier_runs = list(meta.get("runs") or [])
-    if header is None or header.get("fingerprint") != fp:
-        if header is not None and entries:
-            # Another bundle or setting: nothing is reused, but the old partial work is kept.
-            stale = jpath.with_name(f"{jpath.name}.{header.get('fingerprint')}.stale")
-            os.replace(jpath, stale)
-            log(f"masc-run: the journal of an earlier run with other settings ({len(entries)} rows) was kept as "
-                f"{stale}; rows are scored again with the current settings")
-        jpath.unlink(missing_ok=True)
-        append_journal(jpath, [{"type": "header", "fingerprint": fp, "input": str(csv_path),
-                                "earlier_runs": earlier_runs}])
-        append_journal(jpath, list(done.values()))
-    summary.resumed = len(done)
+    summary = Summary(duplicates=_duplicates(rows))
+    prior = _prior_work(out_path, csv_path, settings.fingerprint(scorer), settings.identity(scorer), keys,
+                        overwrite, log)
+    summary.journal_repaired, summary.resumed = prior.repaired, len(prior.done)
+    done = prior.done
     todo = [i for i in range(1, len(rows) + 1) if i not in done]
-
     store = None
     if cache_dir is not None:
-        store = EncodingStore(cache_dir, encoding_namespace(scorer, settings.exif), **({"size_limit": cache_size_limit} if cache_size_limit else {}))
+        store = EncodingStore(cache_dir, encoding_namespace(scorer, settings.exif),
+                              **({"size_limit": cache_size_limit} if cache_size_limit else {}))
         scorer.text_store = store
     # Chunks are runs of consecutive row indices only where nothing was done.
     chunks = [Chunk(tuple(c), tuple(rows[i - 1] for i in c), tuple(keys[i - 1] for i in c), str(base))
               for c in (todo[i:i + chunk_size] for i in range(0, len(todo), chunk_size))]
     if executor == "ray":
-        runner = RayExecutor(_ray_factory(scorer, settings, io_workers, cache_dir, cache_size_limit), gpu=is_gpu(scorer.backend, scorer.provider),
-                             address=ray_address, workers=ray_workers)
+        runner = RayExecutor(_ray_factory(scorer, settings, io_workers, cache_dir, cache_size_limit),
+                             gpu=is_gpu(scorer.backend, scorer.provider), address=ray_address, workers=ray_workers)
     else:
         runner = LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=io_workers))
-    bar = tqdm(total=len(rows), initial=len(done), unit="pair", disable=not progress, desc="masc-run")
-    run_id = len(earlier_runs) + 1
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))
-    scored = 0
-
-    def record(completed: bool) -> dict:
-        st = runner.stats()
-        sec = time.time() - t0
-        return {"type": "run", "run": run_id, "started": started, "seconds": round(sec, 3),
-                "rows_scored": scored, "rows_reused": summary.resumed, "images_encoded": st.get("images_encoded", 0),
-                "cache_hits": st.get("cache_hits", 0), "lost_workers": st.get("lost_workers", 0),
-                "executor": executor, "completed": completed,
-                "pairs_per_second": round(scored / sec, 3) if sec > 0 else None}
-
+    run = _RunRecord(prior.next_run, t0, runner, executor, summary.resumed)
     try:
-        for results in runner.run(chunks):
-            scored += len(results)
-            # The run's figures so far travel in the journal, so a killed run's work stays on record.
-            append_journal(jpath, results + [record(False)])
-            for r in results:
-                done[int(r["row_index"])] = r
-            bar.update(len(results))
+        _score_chunks(runner, chunks, journal_path(out_path), run, done, len(rows), progress)
     finally:
-        bar.close()
         if store is not None:
             store.close()
             scorer.text_store = None
     stats = runner.stats()  # Ray: summed over the workers' reports
     summary.images_encoded, summary.cache_hits = stats.get("images_encoded", 0), stats.get("cache_hits", 0)
     summary.lost_workers = stats.get("lost_workers", 0)
+    _finish(csv_path, scorer, out_path, settings, fieldnames, rows, done, summary, prior.earlier_runs, run,
+            {"executor": executor, "chunk_size": chunk_size})
+    return summary
 
-    # ---- materialize the output in input order, then the sidecar, then drop the journal
+
+def _duplicates(rows: list[dict]) -> list[tuple[int, int]]:
+    """``(row, first row with the same cells)`` for each repeated input row (1-based)."""
+    seen: dict[str, int] = {}
+    dups = []
+    for i, r in enumerate(rows, start=1):
+        k = json.dumps(r, sort_keys=True)
+        if k in seen:
+            dups.append((i, seen[k]))
+        else:
+            seen[k] = i
+    return dups
+
+
+@dataclass
+class _Prior:
+    """What earlier runs left at an output: reusable rows, their runs' records, the next run's id."""
+
+    done: dict
+    earlier_runs: list
+    next_run: int
+    repaired: bool = False
+
+
+def _changed(what: str, old: dict | None, new: dict) -> SettingsChangedError:
+    diff = settings_diff(old, new) if old else []
+    said = "; ".join(diff) if diff else "their settings fingerprint differs (written by another masc-engine version?)"
+    return SettingsChangedError(f"{what} made with other settings ({said}): nothing was scored or erased; "
+                                "--overwrite replaces them, or choose another --out")
+
+
+def _matching(entries, keys: list[str]) -> dict[int, dict]:
+    """Entries whose ``row_index`` is a row of this input with the same ``row_key``."""
+    done = {}
+    for e in entries:
+        i = int(e["row_index"])
+        if 1 <= i <= len(keys) and e.get("row_key") == keys[i - 1]:
+            done[i] = e
+    return done
+
+
+def _prior_work(out_path: Path, csv_path: Path, fp: str, identity: dict, keys: list[str], overwrite: bool,
+                log) -> _Prior:
+    """Read what earlier runs left (a journal of an interrupted run, else a complete output),
+    refuse results of other settings unless ``overwrite``, and start this run's journal."""
+    jpath = journal_path(out_path)
+    with output_errors(jpath, "journal"):  # reading repairs a torn last line in place
+        header, entries, repaired = read_journal(jpath)
+    rows_j = [e for e in entries if e.get("type") != "run"]
+    if header is not None and not overwrite:
+        if header.get("fingerprint") != fp:
+            raise _changed(f"{jpath} holds {len(rows_j)} rows of an interrupted run", header.get("identity"), identity)
+        earlier = list(header.get("earlier_runs") or []) + _journal_runs(entries)
+        return _Prior(_matching(rows_j, keys), earlier, _next_run(earlier), repaired)
+    done, earlier = {}, []
+    if out_path.exists() and not overwrite:
+        meta = _read_meta(out_path)
+        if meta is None:
+            raise SettingsChangedError(f"{out_path} exists and is not a masc-run output (no readable "
+                                       f"{meta_path(out_path).name}): nothing was written; --overwrite replaces it, "
+                                       "or choose another --out")
+        if meta.get("fingerprint") != fp:
+            raise _changed(f"{out_path} holds results", meta.get("identity"), identity)
+        done, earlier = _matching(read_output(out_path), keys), list(meta.get("runs") or [])
+    elif overwrite and (header is not None or out_path.exists()):
+        log(f"masc-run: --overwrite: the results at {out_path} are replaced when this run completes")
+    with output_errors(jpath, "journal"):
+        jpath.unlink(missing_ok=True)
+        append_journal(jpath, [{"type": "header", "fingerprint": fp, "identity": identity, "input": str(csv_path),
+                                "earlier_runs": earlier}])
+        append_journal(jpath, list(done.values()))
+    return _Prior(done, earlier, _next_run(earlier), repaired)
+
+
+def _read_meta(out_path: Path) -> dict | None:
+    try:
+        meta = json.loads(meta_path(out_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _journal_runs(entries: list[dict]) -> list[dict]:
+    """The runs recorded in a journal, each with ``rows_scored`` counted from the rows it journaled.
+
+    Each chunk appends its rows, then its run's figures; a fault (a full disk, a kill) can cut
+    that write anywhere, so the last record can miss rows that did reach the journal, or be
+    missing. The rows carry their run's id (``_run``): counting them is the journal's truth."""
+    last: dict = {}
+    for e in entries:
+        if e.get("type") == "run":
+            last[e.get("run")] = {k: v for k, v in e.items() if k != "type"}
+    counts = Counter(e["_run"] for e in entries if e.get("type") != "run" and "_run" in e)
+    for run, n in counts.items():
+        last.setdefault(run, {"run": run, "completed": False})["rows_scored"] = n
+    return [last[k] for k in sorted(last, key=lambda r: (r is None, r if isinstance(r, int) else 0))]
+
+
+def _next_run(runs: list[dict]) -> int:
+    return max([int(r["run"]) for r in runs if isinstance(r.get("run"), int)] or [0]) + 1
+
+
+class _RunRecord:
+    """This run's figures, as journaled after each chunk and written into the sidecar."""
+
+    def __init__(self, run_id: int, t0: float, runner, executor: str, reused: int):
+        self.run_id, self.t0, self.runner, self.executor, self.reused = run_id, t0, runner, executor, reused
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))
+        self.scored = 0
+
+    def __call__(self, completed: bool) -> dict:
+        st = self.runner.stats()
+        sec = time.time() - self.t0
+        return {"type": "run", "run": self.run_id, "started": self.started, "seconds": round(sec, 3),
+                "rows_scored": self.scored, "rows_reused": self.reused,
+                "images_encoded": st.get("images_encoded", 0), "cache_hits": st.get("cache_hits", 0),
+                "lost_workers": st.get("lost_workers", 0), "executor": self.executor, "completed": completed,
+                "pairs_per_second": round(self.scored / sec, 3) if sec > 0 else None}
+
+
+def _score_chunks(runner, chunks: list[Chunk], jpath: Path, run: _RunRecord, done: dict, total: int,
+                  progress: bool) -> None:
+    """Score the chunks, journaling each one's rows (tagged with the run) and then the run's figures."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=len(done), unit="pair", disable=not progress, desc="masc-run")
+    try:
+        for results in runner.run(chunks):
+            run.scored += len(results)
+            # The run's figures so far travel in the journal, so a killed run's work stays on record.
+            with output_errors(jpath, "journal"):
+                append_journal(jpath, [{**r, "_run": run.run_id} for r in results] + [run(False)])
+            for r in results:
+                done[int(r["row_index"])] = r
+            bar.update(len(results))
+    finally:
+        bar.close()
+
+
+def _finish(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, fieldnames: list[str],
+            rows: list[dict], done: dict, summary: Summary, earlier_runs: list[dict], run: _RunRecord,
+            how: dict) -> None:
+    """Write the output in input order, then the sidecar, then drop the journal (in that order:
+    a fault before the end leaves the journal, and the same command finishes the job)."""
     method_col = "method" if "method" in fieldnames else None
     result_cols = settings.result_columns()
     ordered = []
@@ -663,39 +805,41 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
         ordered.append(r)
         summary.add(r, r.get(method_col) if method_col else None)
     columns = fieldnames + [c for c in result_cols if c not in fieldnames]
-    write_output(out_path, ordered, columns)
-    summary.seconds = time.time() - t0
-    this_run = {k: v for k, v in record(True).items() if k != "type"}
+    with output_errors(out_path, "output"):
+        write_output(out_path, ordered, columns)
+    summary.seconds = time.time() - run.t0
+    this_run = {k: v for k, v in run(True).items() if k != "type"}
     this_run["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    all_runs = earlier_runs + [this_run]
+    meta = _meta(csv_path, scorer, out_path, settings, summary, earlier_runs + [this_run], how)
+    with output_errors(meta_path(out_path), "sidecar"):
+        write_meta(meta_path(out_path), meta)
+    with output_errors(journal_path(out_path), "journal"):
+        journal_path(out_path).unlink(missing_ok=True)
+
+
+def _meta(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, summary: Summary,
+          all_runs: list[dict], how: dict) -> dict:
+    """The sidecar ``<out>.meta.json``: cumulative over every run that produced this output (a
+    resumed or repeated command adds its record to ``runs`` and never erases what the earlier
+    ones measured)."""
     total_s = sum(float(r.get("seconds") or 0.0) for r in all_runs)
     total_scored = sum(int(r.get("rows_scored") or 0) for r in all_runs)
     counts = summary.counts()
     counts.update(images_encoded=sum(int(r.get("images_encoded") or 0) for r in all_runs),
                   cache_hits=sum(int(r.get("cache_hits") or 0) for r in all_runs))
-    meta = {"fingerprint": fp, "input": str(csv_path.resolve()), "output": str(out_path.resolve()), "bundle": str(scorer.bundle.path),
-            "bundle_fingerprint": scorer.bundle.fingerprint, "source_model": scorer.bundle.manifest["source"],
-            "bundle_versions": scorer.bundle.manifest.get("versions"), "runtime_versions": _versions(),
+    b = scorer.bundle
+    return {"fingerprint": settings.fingerprint(scorer), "identity": settings.identity(scorer),
+            "input": str(csv_path.resolve()), "output": str(out_path.resolve()), "bundle": str(b.path),
+            "bundle_fingerprint": b.fingerprint, "source_model": b.manifest["source"],
+            "bundle_versions": b.manifest.get("versions"), "runtime_versions": _versions(),
             "settings": {**asdict(settings), "stripper": scorer.stripper, "fg_threshold": scorer.fg_threshold,
                          "max_num_patches": scorer.image_settings.max_num_patches, "provider": scorer.provider,
                          "backend": scorer.backend, "precision": scorer.precision, "cp_head": scorer.cp_head,
-                         "graph_variant": scorer.graph_variant, "device_resident": scorer.device is not None, "executor": executor, "batch_size": scorer.batch_size, "chunk_size": chunk_size},
-            # Cumulative over every run that produced this output (a resumed or repeated command
-            # adds its record to "runs" and never erases what the earlier ones measured).
+                         "graph_variant": scorer.graph_variant, "device_resident": scorer.device is not None,
+                         "batch_size": scorer.batch_size, **how},
             "counts": counts, "seconds": round(total_s, 2),
             "pairs_per_second": round(total_scored / total_s, 3) if total_s > 0 and total_scored else None,
-            "runs": all_runs, "finished": this_run["finished"]}
-    meta_path(out_path).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    jpath.unlink(missing_ok=True)
-    return summary
-
-
-def _last_per_run(records: list[dict]) -> list[dict]:
-    """The last journal record of each run (each chunk rewrites its run's figures)."""
-    last: dict = {}
-    for r in records:
-        last[r.get("run")] = {k: v for k, v in r.items() if k != "type"}
-    return list(last.values())
+            "runs": all_runs, "finished": all_runs[-1]["finished"]}
 
 
 def _num(v) -> float:

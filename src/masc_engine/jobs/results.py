@@ -11,11 +11,16 @@ metadata sidecar.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import socket
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from .. import extras
+from ..errors import MascEngineError
 from .tables import json_cell as _json_safe, read_table, write_table
 
 FORMATS = {".csv": "csv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -106,3 +111,125 @@ def read_output(path: str | Path) -> list[dict]:
     """
     output_format(path)
     return read_table(path, what="scores").rows
+
+
+# ---------------------------------------------------------------------- faults on the output side
+
+
+class OutputWriteError(MascEngineError):
+    """A result file (output, journal, sidecar, lock, maps) cannot be written: a full disk, a
+    read-only filesystem, no permission. One line: the file, the cause, what to do."""
+
+    def __init__(self, path: str | Path, what: str, e: OSError):
+        code = errno.errorcode.get(e.errno or 0, "")
+        cause = f"{e.strerror or e}" + (f" ({code})" if code else "")
+        hint = {errno.ENOSPC: "free space", errno.EDQUOT: "free space", errno.EROFS: "choose a writable --out",
+                errno.EACCES: "fix its permissions or choose another --out",
+                errno.EPERM: "fix its permissions or choose another --out"}.get(e.errno, "fix the cause")
+        super().__init__(f"cannot write the {what} {path}: {cause}; finished rows stay in the journal: {hint} "
+                         "and run the same command again")
+        self.path, self.errno = str(path), e.errno
+
+
+@contextmanager
+def output_errors(path: str | Path, what: str):
+    """Turn an ``OSError`` raised in the block while writing ``path`` into :class:`OutputWriteError`."""
+    try:
+        yield
+    except OSError as e:
+        raise OutputWriteError(getattr(e, "filename", None) or path, what, e) from None
+
+
+def write_meta(path: str | Path, meta: dict) -> None:
+    """Write the sidecar atomically (temporary file + rename; the temporary file is removed if the
+    write fails)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    try:
+        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------- one writer per output
+
+
+class OutputBusyError(MascEngineError):
+    """Another process holds the output's lock (one writer per output)."""
+
+
+def lock_path(out: str | Path) -> Path:
+    """``<out>.lock``: the output's lock file, holding its writer's pid, host and start time."""
+    return Path(str(out) + ".lock")
+
+
+class OutputLock:
+    """An exclusive lock on an output for one run (``filelock``: ``flock`` on ``<out>.lock``),
+    taken without waiting. The holder writes its pid, host and start time into the lock file,
+    so a second writer can name it; the lock file is removed on release (a killed holder's lock
+    is released by the kernel, and its stale file is taken over by the next run).
+
+    Raises (on enter):
+        OutputBusyError: another process holds it (the message names the holder).
+        OutputWriteError: the lock file cannot be created (read-only folder, no permission).
+    """
+
+    def __init__(self, out: str | Path):
+        self.path = lock_path(out)
+        self.out = Path(out)
+        self._lock = None
+
+    def __enter__(self) -> "OutputLock":
+        from filelock import FileLock, Timeout
+
+        lock = FileLock(str(self.path), timeout=0)
+        try:
+            with output_errors(self.path, "lock file"):
+                lock.acquire()
+        except Timeout:
+            raise OutputBusyError(f"{self.out} is being written by {self._holder()} (lock {self.path}); "
+                                  "wait for that run to finish, or choose another --out") from None
+        self._lock = lock
+        with output_errors(self.path, "lock file"):
+            with open(self.path, "r+", encoding="utf-8") as f:
+                f.truncate()
+                json.dump({"pid": os.getpid(), "host": socket.gethostname(),
+                           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f)
+        return self
+
+    def _holder(self) -> str:
+        try:
+            h = json.loads(self.path.read_text(encoding="utf-8"))
+            return f"masc-run pid {h['pid']} on {h['host']} (since {h['started']})"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "another process"
+
+    def __exit__(self, *exc) -> None:
+        if self._lock is not None:
+            self.path.unlink(missing_ok=True)  # while held: a run waiting on the old file retries on a new one
+            self._lock.release()
+            self._lock = None
+
+
+# ---------------------------------------------------------------------- what a rerun compares
+
+
+class SettingsChangedError(MascEngineError):
+    """A rerun's settings differ from those of the results already at ``--out``: nothing is
+    re-scored or erased unless asked (``--overwrite``)."""
+
+
+def _shown(v) -> str:
+    if v is None or v is False:
+        return "unset"
+    if v is True:
+        return "set"
+    return str(v)
+
+
+def settings_diff(old: dict, new: dict) -> list[str]:
+    """``"--stripper: regex -> none"`` for each setting whose value differs (keys of either;
+    ``None`` and ``False`` read ``unset``, ``True`` reads ``set``)."""
+    return [f"{k}: {_shown(old.get(k))} -> {_shown(new.get(k))}" for k in dict.fromkeys([*old, *new])
+            if old.get(k) != new.get(k)]

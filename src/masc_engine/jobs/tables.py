@@ -288,24 +288,27 @@ def write_table(path: str | Path, rows: Sequence[dict], columns: Sequence[str], 
     if fmt not in set(WRITE_FORMATS.values()):
         raise ValueError(f"cannot write {path}: use one of {', '.join(WRITE_FORMATS)}")
     tmp = path.with_name(path.name + ".partial")
-    if fmt in ("csv", "tsv"):
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore",
-                               delimiter="\t" if fmt == "tsv" else ",")
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: csv_cell(r.get(k)) for k in columns})
-    elif fmt == "parquet":
-        _write_parquet(tmp, path, rows, columns)
-    else:
-        records = [{k: json_cell(r.get(k)) for k in columns} for r in rows]
-        with open(tmp, "w", encoding="utf-8") as f:
-            if fmt == "jsonl":
-                f.writelines(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
-            else:
-                doc: Any = records if meta is None else {**meta, "rows": records}
-                f.write(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        if fmt in ("csv", "tsv"):
+            with open(tmp, "w", newline="", encoding="utf-8") as f:
+                w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore",
+                                   delimiter="\t" if fmt == "tsv" else ",")
+                w.writeheader()
+                for r in rows:
+                    w.writerow({k: csv_cell(r.get(k)) for k in columns})
+        elif fmt == "parquet":
+            _write_parquet(tmp, path, rows, columns)
+        else:
+            records = [{k: json_cell(r.get(k)) for k in columns} for r in rows]
+            with open(tmp, "w", encoding="utf-8") as f:
+                if fmt == "jsonl":
+                    f.writelines(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
+                else:
+                    doc: Any = records if meta is None else {**meta, "rows": records}
+                    f.write(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write (a full disk) leaves no partial file behind
     return path
 
 

@@ -17,7 +17,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +80,25 @@ class EncodingStore:
         self.cache.close()
 
 
+class _LRU(OrderedDict):
+    """The default memory level: the ``items`` most recently used encodings."""
+
+    def __init__(self, items: int):
+        super().__init__()
+        self.items = items
+
+    def get(self, key, default=None):
+        if key not in self:
+            return default
+        self.move_to_end(key)
+        return self[key]
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        while len(self) > self.items:
+            self.popitem(last=False)
+
+
 class EncodingCache:
     """Image encodings by content hash: an in-memory LRU in front of an optional disk store.
 
@@ -92,6 +111,8 @@ class EncodingCache:
             encodings between host and its token device).
         items: in-memory LRU size in images (so400m at 1,024 patches: 4.7 MB each).
         store: an :class:`EncodingStore` (``--cache-dir``), or None for memory only.
+        memory: the memory level, a mapping ``digest -> ImageEncoding`` that evicts by its own
+            policy (e.g. ``cachetools.LRUCache`` bounded in bytes); default: an LRU of ``items``.
 
     Attributes:
         images_encoded: images that went through the vision tower.
@@ -101,32 +122,36 @@ class EncodingCache:
     Thread-safe for lookups; :meth:`encode` is called by one thread at a time per cache.
     """
 
-    def __init__(self, scorer, items: int = 512, store: EncodingStore | None = None):
+    def __init__(self, scorer, items: int = 512, store: EncodingStore | None = None,
+                 memory: MutableMapping | None = None):
         self.scorer = scorer
         self.items = int(items)
         self.store = store
-        self._lru: OrderedDict[str, ImageEncoding] = OrderedDict()
+        # Any mapping with its own eviction policy may be the memory level (masc-serve's holds the
+        # batch in flight and a byte-bounded reference LRU, serve/glue.py); by default an LRU of
+        # ``items`` encodings.
+        self.memory: MutableMapping = memory if memory is not None else _LRU(self.items)
         self._lock = threading.Lock()
         self.images_encoded = 0
         self.cache_hits = 0
 
     def in_memory(self, digest: str) -> bool:
-        """Whether the LRU holds ``digest`` (loader threads skip preprocessing such images)."""
+        """Whether the memory level holds ``digest`` (loader threads skip preprocessing such images)."""
         with self._lock:
-            return digest in self._lru
+            return digest in self.memory
+
+    def cached(self, digest: str) -> ImageEncoding | None:
+        """The memory level's encoding of ``digest``, or None (the disk store is not asked):
+        a loader holds it so that an image found here needs no preprocessing."""
+        return self._lru_get(digest)
 
     def _lru_get(self, digest: str) -> ImageEncoding | None:
         with self._lock:
-            v = self._lru.get(digest)
-            if v is not None:
-                self._lru.move_to_end(digest)
-            return v
+            return self.memory.get(digest)
 
     def _lru_put(self, digest: str, enc: ImageEncoding) -> None:
         with self._lock:
-            self._lru[digest] = enc
-            while len(self._lru) > self.items:
-                self._lru.popitem(last=False)
+            self.memory[digest] = enc
 
     def get(self, digest: str) -> ImageEncoding | None:
         """The encoding of the image with content hash ``digest`` from memory, else from disk."""

@@ -1,11 +1,25 @@
-"""Reading images and masks from files, with a reason for every failure.
+"""Reading images and masks from files or bytes, with a reason for every failure.
 
 Every failure raises :class:`InputError` whose ``reason`` is a short machine-readable status
 (``missing_file``, ``unreadable_image``, ``unreadable_mask``, ``image_too_large``), which
-``masc-run`` writes into the row's ``status``; one bad file never stops a run.
+``masc-run`` writes into the row's ``status`` and masc-serve answers with 422; one bad file never
+stops a run or fails a neighbour item.
 
-Policies (documented in README "Input policies"):
+Policies (docs/input-policies.md):
 
+- **Formats: an allowlist.** Only :data:`IMAGE_FORMATS` (JPEG, PNG, WebP, TIFF, BMP) are opened,
+  through ``Image.open(..., formats=IMAGE_FORMATS)``. Pillow's other plugins are never tried:
+  EPS/PS/PDF would make Pillow run Ghostscript (an external interpreter) on the bytes, and
+  rarely used decoders (DDS, ICNS, FLI, ...) are a larger attack surface than a scoring service
+  needs. Anything else is ``unreadable_image`` / ``unreadable_mask``.
+- **Any decoder failure is the file's status.** Pillow's decoders raise more than ``OSError``
+  on hostile bytes (``NotImplementedError``, ``struct.error``, ``IndexError``, ``KeyError``,
+  ``ZeroDivisionError``, ``MemoryError``, ...): every ``Exception`` raised while opening,
+  decoding or orienting one file becomes that file's :class:`InputError`.
+- **Pixel budget before decoding**: Pillow's decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``,
+  about 89.5 Mpixel by default; masc-serve sets ``--max-pixels``) is checked from the header by
+  ``Image.open``: ``image_too_large``, nothing decoded. :func:`open_image` stops there, so a
+  caller can reserve memory (:func:`decode_cost`) before :func:`image_from_opened` decodes.
 - **EXIF orientation** (``exif="apply"``, the default): the image and its mask are each rotated
   by their own EXIF orientation tag (``ImageOps.exif_transpose``), so both are read as a viewer
   shows them. ``exif="ignore"`` reads the stored pixels, as masc-metric 0.3.0 does (it never
@@ -19,7 +33,6 @@ Policies (documented in README "Input policies"):
   scaled to 8 bits. JPEG masks are accepted; their compression noise stays below the 0.5 patch
   threshold, and mask coverage (:func:`masc_engine.runtime.masks.mask_coverage`) is measured at 0.5
   of the normalised mask, the rule scoring reads masks with, not at "non-zero".
-- **Decompression bombs**: Pillow's pixel limit (about 89.5 Mpixel) is an error for that row.
 """
 
 from __future__ import annotations
@@ -37,8 +50,18 @@ from .masks import mask_coverage  # noqa: F401  (re-exported: coverage lives bes
 
 EXIF_POLICIES = ("apply", "ignore")
 
+#: Pillow format ids of the images masc-run and masc-serve read. Everything else is refused
+#: before any decoder runs (see the module docstring).
+IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "TIFF", "BMP")
+_FORMAT_NAMES = "JPEG, PNG, WebP, TIFF or BMP"
+
 
 def read_bytes(path: str, kind: str) -> bytes:
+    """A file's bytes; ``kind`` (``image`` / ``mask``) names it in errors.
+
+    Raises:
+        InputError: ``missing_file`` or ``unreadable_<kind>``.
+    """
     if os.path.isdir(path):
         raise InputError(f"unreadable_{kind}", f"{kind} {path} is a directory, not a file")
     if not os.path.isfile(path):
@@ -47,28 +70,97 @@ def read_bytes(path: str, kind: str) -> bytes:
         with open(path, "rb") as f:
             return f.read()
     except OSError as e:
-        raise InputError(f"unreadable_{kind}", f"{path}: {e}") from e
+        raise InputError(f"unreadable_{kind}", f"{path}: {e.strerror or e}") from e
 
 
-def _decode(data: bytes, path: str, kind: str, exif: str) -> Image.Image:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            warnings.simplefilter("ignore", UserWarning)  # palette-transparency notices
-            im = Image.open(io.BytesIO(data))
-            im.load()
-            if exif == "apply":
-                im = ImageOps.exif_transpose(im)
-        return im
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise InputError("image_too_large", f"{kind} {path}: {e}") from e
-    except Image.UnidentifiedImageError:
+def _one_line(e: BaseException) -> str:
+    """An exception as one line, without Pillow's naming of our in-memory file object."""
+    msg = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(e))
+    msg = " ".join(msg.split())
+    return msg if msg else type(e).__name__
+
+
+def _refuse(e: Exception, path: str, kind: str) -> InputError:
+    """The one mapping from a Pillow failure to the file's status."""
+    if isinstance(e, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        return InputError("image_too_large", f"{kind} {path}: {_one_line(e)}")
+    if isinstance(e, MemoryError):
+        return InputError("image_too_large", f"{kind} {path}: out of memory while decoding it")
+    if isinstance(e, Image.UnidentifiedImageError):
         # Pillow's own message names our BytesIO object (a memory address), not the file.
-        raise InputError(f"unreadable_{kind}", f"{path}: not an image Pillow can identify (unknown format, "
-                                               "or not an image file)") from None
-    except (OSError, ValueError, SyntaxError) as e:
-        msg = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(e))
-        raise InputError(f"unreadable_{kind}", f"{path}: {msg}") from e
+        return InputError(f"unreadable_{kind}", f"{path}: not a {_FORMAT_NAMES} image (other formats are refused)")
+    if isinstance(e, (OSError, ValueError, SyntaxError)):
+        return InputError(f"unreadable_{kind}", f"{path}: {_one_line(e)}")
+    # NotImplementedError, struct.error, IndexError, ...: a decoder's bug on hostile bytes.
+    return InputError(f"unreadable_{kind}", f"{path}: the {kind} decoder failed ({type(e).__name__}: {_one_line(e)})")
+
+
+class _Guard:
+    """Pillow's warnings as errors where they mean "refuse", silence where they are notices; any
+    exception raised inside becomes the file's :class:`InputError`."""
+
+    def __init__(self, path: str, kind: str):
+        self.path, self.kind = path, kind
+        self._w = warnings.catch_warnings()
+
+    def __enter__(self):
+        self._w.__enter__()
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        warnings.simplefilter("ignore", UserWarning)  # palette-transparency and EXIF notices
+        return self
+
+    def __exit__(self, tp, e, tb):
+        self._w.__exit__(tp, e, tb)
+        if e is not None and isinstance(e, Exception) and not isinstance(e, InputError):
+            raise _refuse(e, self.path, self.kind) from e
+        return False
+
+
+def open_image(data: bytes, path: str = "<bytes>", kind: str = "image") -> Image.Image:
+    """Identify ``data`` as one of :data:`IMAGE_FORMATS` and read its header only (nothing is
+    decoded yet): the pixel budget is checked here.
+
+    Args:
+        data: the file's bytes.
+        path: how the file is named in messages (a path, or a request field such as
+            ``items[2].out_image``).
+        kind: ``image`` or ``mask`` (the ``unreadable_<kind>`` status).
+
+    Raises:
+        InputError: ``unreadable_<kind>`` (not an accepted format, or a broken header) or
+            ``image_too_large``.
+    """
+    with _Guard(path, kind):
+        return Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+
+
+def decode_cost(im: Image.Image, kind: str = "image") -> int:
+    """Upper bound, in bytes, of the memory that decoding and reducing the opened image ``im``
+    holds at once (what a decoded-bytes budget reserves before :func:`image_from_opened` or
+    :func:`mask_from_opened` runs).
+
+    Pillow stores a pixel in 1 byte (``1``, ``L``, ``P``), 2 (16-bit) or 4 (every multi-band
+    mode, RGB included). Counted per pixel: the decoded image and one rotated or converted copy
+    of it plus a byte of decoder buffers; for an image, its RGB copy (4); for 16-bit or 32-bit
+    input, the float64 scaling arrays (24); for a mask, its uint8 array (1) and the float32
+    arrays of mask normalisation (``runtime/masks.py``: 9). Measured peaks of one 6000 x 6000
+    file (RSS high-water mark, Pillow 13): RGB image 8.5 bytes a pixel (bound 13), greyscale
+    image 6.0 (7), greyscale mask 7.0 (13), RGB mask 11.0 (19), 16-bit image (4000 x 4000)
+    24.1 (33) and mask 24.1 (39). The script: bench/decode_memory.py.
+    """
+    w, h = im.size
+    stored = 1 if im.mode in ("1", "L", "P") else 2 if im.mode.startswith("I;16") else 4
+    per_pixel = 2 * stored + 1
+    if im.mode.startswith("I;16") or im.mode == "I":
+        per_pixel += 24
+    per_pixel += 1 + 9 if kind == "mask" else 4
+    return int(w) * int(h) * per_pixel
+
+
+def _orient(im: Image.Image, exif: str) -> Image.Image:
+    if exif == "apply":
+        return ImageOps.exif_transpose(im)
+    return im
 
 
 def _to_8bit(im: Image.Image) -> Image.Image:
@@ -78,22 +170,49 @@ def _to_8bit(im: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.round(arr.astype(np.float64) * (255.0 / top)), 0, 255).astype(np.uint8), "L")
 
 
+def image_from_opened(im: Image.Image, path: str = "<bytes>", exif: str = "apply") -> tuple[Image.Image, tuple[str, ...]]:
+    """Decode an image opened by :func:`open_image` to an RGB PIL image: ``(image, notes)``.
+
+    Raises:
+        InputError: ``unreadable_image`` or ``image_too_large`` (any decoder failure).
+    """
+    with _Guard(path, "image"):
+        im.load()
+        im = _orient(im, exif)
+        notes = []
+        if im.mode in ("I;16", "I;16B", "I;16L", "I"):
+            im = _to_8bit(im)
+            notes.append("16-bit image scaled to 8 bits")
+        if im.mode != "RGB":
+            if im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info:
+                notes.append(f"{im.mode} alpha dropped")
+            im = im.convert("RGB")
+        return im, tuple(notes)
+
+
+def mask_from_opened(im: Image.Image, path: str = "<bytes>", exif: str = "apply") -> np.ndarray:
+    """Decode a mask opened by :func:`open_image` to ``[H, W] uint8`` (foreground = non-zero).
+
+    Raises:
+        InputError: ``unreadable_mask`` or ``image_too_large`` (any decoder failure).
+    """
+    with _Guard(path, "mask"):
+        im.load()
+        im = _orient(im, exif)
+        if im.mode == "P":  # palette: the indices are the labels
+            return np.where(np.asarray(im) != 0, 255, 0).astype(np.uint8)
+        if im.mode in ("I;16", "I;16B", "I;16L", "I"):
+            im = _to_8bit(im)
+        return np.asarray(im.convert("L"))
+
+
 def image_from_bytes(data: bytes, path: str = "<bytes>", exif: str = "apply") -> tuple[Image.Image, tuple[str, ...]]:
     """Decode image bytes to an RGB PIL image; returns ``(image, notes)``.
 
     Raises:
         InputError: ``unreadable_image`` or ``image_too_large``.
     """
-    im = _decode(data, path, "image", exif)
-    notes = []
-    if im.mode in ("I;16", "I;16B", "I;16L", "I"):
-        im = _to_8bit(im)
-        notes.append("16-bit image scaled to 8 bits")
-    if im.mode != "RGB":
-        if im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info:
-            notes.append(f"{im.mode} alpha dropped")
-        im = im.convert("RGB")
-    return im, tuple(notes)
+    return image_from_opened(open_image(data, path, "image"), path, exif)
 
 
 def mask_from_bytes(data: bytes, path: str = "<bytes>", exif: str = "apply") -> np.ndarray:
@@ -102,12 +221,7 @@ def mask_from_bytes(data: bytes, path: str = "<bytes>", exif: str = "apply") -> 
     Raises:
         InputError: ``unreadable_mask`` or ``image_too_large``.
     """
-    im = _decode(data, path, "mask", exif)
-    if im.mode == "P":  # palette: the indices are the labels
-        return np.where(np.asarray(im) != 0, 255, 0).astype(np.uint8)
-    if im.mode in ("I;16", "I;16B", "I;16L", "I"):
-        im = _to_8bit(im)
-    return np.asarray(im.convert("L"))
+    return mask_from_opened(open_image(data, path, "mask"), path, exif)
 
 
 def load_image(path: str, exif: str = "apply") -> Image.Image:

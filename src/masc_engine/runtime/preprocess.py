@@ -134,6 +134,20 @@ def _resize_normalize(image: Image.Image, height: int, width: int, s: ImageSetti
     return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
+def patch_grid(height: int, width: int, s: ImageSettings) -> tuple[int, int]:
+    """The patch grid ``(Hp, Wp)`` :func:`preprocess_image` gives an image of ``height x width``
+    pixels (known from the size alone, so a mask can be put on its image's grid without the
+    image's pixels)."""
+    p = s.patch_size
+    if s.mode == "fixed":
+        h, w = s.image_size
+        return h // p, w // p
+    if s.mode != "naflex":
+        raise ValueError(f"unknown image mode {s.mode!r}")
+    h, w = naflex_target_size(height, width, p, s.max_num_patches)
+    return h // p, w // p
+
+
 def preprocess_image(image: Image.Image, s: ImageSettings) -> PreprocessedImage:
     """Reproduce the reference image processor for one RGB image.
 
@@ -153,9 +167,8 @@ def preprocess_image(image: Image.Image, s: ImageSettings) -> PreprocessedImage:
         return PreprocessedImage(x, np.ones(n, dtype=np.int32), (h // p, w // p))
     if s.mode != "naflex":
         raise ValueError(f"unknown image mode {s.mode!r}")
-    h, w = naflex_target_size(image.height, image.width, p, s.max_num_patches)
-    x = _resize_normalize(image, h, w, s)
-    hp, wp = h // p, w // p
+    hp, wp = patch_grid(image.height, image.width, s)
+    x = _resize_normalize(image, hp * p, wp * p, s)
     # (C, H, W) -> (Hp*Wp, p*p*C): the reference's convert_image_to_patches.
     patches = x.reshape(3, hp, p, wp, p).transpose(1, 3, 2, 4, 0).reshape(hp * wp, p * p * 3)
     pixel_values = np.zeros((s.max_num_patches, p * p * 3), dtype=np.float32)

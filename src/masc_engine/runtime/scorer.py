@@ -32,7 +32,7 @@ from .masks import DEFAULT_FG_THRESHOLD, mask_to_patch_grid
 from .position import position_weights
 from .preprocess import ImageSettings, PreprocessedImage, preprocess_image
 from .stripping import STRIPPERS, pf_prompt
-from .text import PromptTokenizer, TextSettings
+from .text import EncodedPrompt, PreparedPrompt, PromptTokenizer, TextSettings
 
 
 @dataclass
@@ -351,13 +351,27 @@ class Scorer:
                 raise TypeError(f"images[{i}] must be a PIL.Image.Image, got {type(im).__name__}")
         return self.encode_preprocessed([self.preprocess(im) for im in images])
 
-    def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, list]:
+    def prepare_prompt(self, prompt: str, object_name: str | None, stripper: str | None = None) -> PreparedPrompt:
+        """Strip and tokenize a PF prompt ahead of scoring (:class:`EncodedPair` ``prepared``).
+
+        Args:
+            stripper: ``regex``, ``spacy`` or ``none``; default: the scorer's.
+        """
+        text, extras = pf_prompt(prompt, object_name, stripper or self.stripper)
+        return PreparedPrompt(text, extras, self.tokenizer.encode([text])[0])
+
+    def encode_texts(self, texts: Sequence[str],
+                     tokenized: dict[str, EncodedPrompt] | None = None) -> tuple[np.ndarray, list]:
         """Tokenize and encode prompts: ``([B, P] float32 text embeddings, [EncodedPrompt])``.
 
+        ``tokenized``: token ids already made for some of the texts (not tokenized again).
         With ``text_store`` set, embeddings found there skip the text tower (a hit returns the
         stored float32 values, so scores are identical)."""
         texts = list(texts)
-        encoded = self.tokenizer.encode(texts)
+        tokenized = tokenized or {}
+        todo_tok = [t for t in texts if t not in tokenized]
+        made = dict(zip(todo_tok, self.tokenizer.encode(todo_tok))) if todo_tok else {}
+        encoded = [tokenized[t] if t in tokenized else made[t] for t in texts]
         width = int(self.bundle.manifest["architecture"]["text_projection"])
         out = np.zeros((len(texts), width), np.float32)
         todo = []
@@ -464,7 +478,7 @@ class Scorer:
         return self.score_encoded(items)
 
     def score_encoded(self, items: Sequence["EncodedPair"], baselines: bool = False,
-                      with_arrays: bool = False) -> list[MaSCResult]:
+                      with_arrays: bool = False, stripper: str | None = None) -> list[MaSCResult]:
         """Score pairs whose images are already encoded and masks already on the patch grid
         (the entry point of ``masc-run``, which caches encodings across rows).
 
@@ -472,10 +486,15 @@ class Scorer:
             baselines: also compute the same-forward-pass baselines into ``extras`` (see
                 :meth:`_baselines`).
             with_arrays: fill ``MaSCResult.arrays`` (per-patch maxima and PF attention, for maps).
+            stripper: PF prompt stripper for the items without a ``prepared`` prompt (default:
+                the scorer's).
         """
-        prompts = [pf_prompt(it.prompt, it.object_name, self.stripper) for it in items]
+        stripper = stripper or self.stripper
+        prompts = [(it.prepared.text, it.prepared.extras) if it.prepared is not None
+                   else pf_prompt(it.prompt, it.object_name, stripper) for it in items]
         texts = sorted({t for t, _ in prompts} | ({it.prompt for it in items} if baselines else set()))
-        text_emb, text_enc = self.encode_texts(texts)
+        text_emb, text_enc = self.encode_texts(texts, {it.prepared.text: it.prepared.encoded for it in items
+                                                       if it.prepared is not None})
         text_row = {t: i for i, t in enumerate(texts)}
         kpms = [heads.background_key_padding_mask(it.out_weights, self.fg_threshold) for it in items]
         pooled, attention = self.pool_background([it.out_enc for it in items], kpms)
@@ -614,7 +633,9 @@ def _check_backend_available(backend: str, provider: str) -> None:
 @dataclass
 class EncodedPair:
     """A pair ready for the heads: encodings plus mask weights on each patch grid
-    (``ref_weights [Hp_r * Wp_r] float32``, ``out_weights [Hp_o * Wp_o] float32``)."""
+    (``ref_weights [Hp_r * Wp_r] float32``, ``out_weights [Hp_o * Wp_o] float32``);
+    ``prepared``: the PF prompt already stripped and tokenized (:meth:`Scorer.prepare_prompt`),
+    else ``prompt`` and ``object_name`` are stripped when scored."""
 
     ref_enc: ImageEncoding
     ref_weights: np.ndarray
@@ -622,6 +643,7 @@ class EncodedPair:
     out_weights: np.ndarray
     prompt: str
     object_name: str | None = None
+    prepared: PreparedPrompt | None = None
 
 
 #: Drop-in name: ``from masc_engine import MaSC``.

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InputError
+
 
 @dataclass(frozen=True)
 class TextSettings:
@@ -72,3 +74,68 @@ class PromptTokenizer:
             n = len(f.ids)
             out.append(EncodedPrompt(ids, n, n > self.settings.max_length))
         return out
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """A PF prompt made ready ahead of scoring (e.g. in a service's decode threads, so that no
+    stripping or tokenizing runs on the thread that batches inference).
+
+    Attributes:
+        text: the stripped prompt the text tower encodes.
+        extras: the stripper's extras (``prompt_stripped``, ``stripper``, ``stripper_model``;
+            runtime/stripping.py ``pf_prompt``).
+        encoded: its token ids, :class:`EncodedPrompt`.
+    """
+
+    text: str
+    extras: dict
+    encoded: EncodedPrompt
+
+
+#: Default prompt budget of masc-serve: 4 KiB of UTF-8 per prompt or object name, and 512
+#: tokens per stripped prompt. The text tower reads 64 tokens (SigLIP2's context); a longer
+#: prompt is truncated and flagged ``prompt_truncated`` as in masc-run, so the budget only stops
+#: megabyte-sized text from costing seconds of tokenizing and stripping.
+DEFAULT_MAX_PROMPT_BYTES = 4096
+DEFAULT_MAX_PROMPT_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class PromptBudget:
+    """Length limits for the text fields a request carries.
+
+    Attributes:
+        max_bytes: most UTF-8 bytes of a prompt or an object name.
+        max_tokens: most tokens (the bundle tokenizer's count, before truncation to the
+            context) of the stripped prompt.
+    """
+
+    max_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+    max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+
+    def check_text(self, text: str | None, field: str) -> None:
+        """Refuse ``text`` over ``max_bytes`` of UTF-8 (a text with more characters than that is
+        refused without encoding it).
+
+        Raises:
+            InputError: reason ``prompt_too_long``, naming ``field``.
+        """
+        if text is None:
+            return
+        if len(text) > self.max_bytes:
+            raise InputError("prompt_too_long", f"{field}: {len(text)} characters, over the budget of "
+                                                f"{self.max_bytes} bytes")
+        n = len(text.encode("utf-8", "surrogatepass"))
+        if n > self.max_bytes:
+            raise InputError("prompt_too_long", f"{field}: {n} bytes, over the budget of {self.max_bytes} bytes")
+
+    def check_tokens(self, prepared: PreparedPrompt, field: str) -> None:
+        """Refuse a stripped prompt of more than ``max_tokens`` tokens.
+
+        Raises:
+            InputError: reason ``prompt_too_long``, naming ``field``.
+        """
+        n = prepared.encoded.n_tokens
+        if n > self.max_tokens:
+            raise InputError("prompt_too_long", f"{field}: {n} tokens, over the budget of {self.max_tokens} tokens")

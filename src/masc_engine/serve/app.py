@@ -10,11 +10,14 @@ Endpoints (OpenAPI at ``/openapi.json``, docs at ``/docs``):
   is that item's masc-run status (its record says which field), never the batch's failure.
 - ``GET /metrics``: Prometheus text exposition.
 
-Errors are JSON ``{"error": reason, "field": name or null, "detail": one line}``: 400 malformed
-body, 413 body over ``--max-body-mb``, 408 body not received within ``--body-timeout-s``, 415
-other content types, 422 a field's value (missing, wrong type, bad base64, not an image, over the
-pixel budget, mask of another size), 503 not ready, queue full, past ``--request-timeout-s`` or
-shutting down. The service reads bytes from the request only; it never opens a path it is sent.
+Errors are JSON ``{"error": reason, "field": name or null, "detail": one line}``, the server's
+own included (docs/service.md lists every reason): 400 malformed body or HTTP, 408 headers not
+received within ``--header-timeout-s`` or body not within ``--body-timeout-s``, 413 body over
+``--max-body-mb``, 415 other content types, 422 a field's value (missing, wrong type, bad base64,
+not an image of an accepted format, over the pixel budget, mask of another size, prompt over its
+budget), 500 a server fault (never the request's), 503 not ready, too many requests, queue full,
+past ``--request-timeout-s`` or shutting down. The service reads bytes from the request only; it
+never opens a path it is sent.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import asyncio
 import json
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -37,9 +39,10 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 
+from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .batcher import MicroBatcher, QueueFull
-from .glue import BYTE_FIELDS, FieldError, ServiceScorer, b64decode_field
-from .limits import BodyTimeout, RequestGuardMiddleware, set_pixel_budget
+from .glue import BYTE_FIELDS, FieldError, ServiceScorer
+from .limits import BodyTimeout, RequestGuard, set_pixel_budget
 from .metrics import ServiceMetrics
 
 log = logging.getLogger("masc_engine.serve")
@@ -67,7 +70,12 @@ class ServeConfig:
     max_batch_items: int = 64
     request_timeout_s: float = 60.0
     body_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
+    max_connections: int | None = 128
     decode_workers: int = 2
+    max_decoded_mb: float = 1024.0
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     extra_strippers: tuple[str, ...] = ("regex", "none")
 
 
@@ -117,7 +125,7 @@ class ErrorBody(BaseModel):
     detail: str = Field(description="one line: what is wrong and why")
 
 
-_ERRORS = {c: {"model": ErrorBody} for c in (400, 408, 413, 415, 422, 503)}
+_ERRORS = {c: {"model": ErrorBody} for c in (400, 408, 413, 415, 422, 500, 503)}
 
 
 class ApiError(Exception):
@@ -181,9 +189,12 @@ class _State:
                 kw = {"size_limit": int(cfg.cache_size_gb * 2**30)} if cfg.cache_size_gb else {}
                 self.store = EncodingStore(cfg.cache_dir, encoding_namespace(scorer, cfg.exif), **kw)
                 scorer.text_store = self.store
+            from ..runtime.text import PromptBudget
+
             settings = RunSettings(exif=cfg.exif, mask_size_tolerance=cfg.mask_size_tolerance)
             service = ServiceScorer(scorer, settings, cache_bytes=int(cfg.cache_mb * 2**20), store=self.store,
-                                    strippers=cfg.extra_strippers)
+                                    strippers=cfg.extra_strippers, decoded_bytes=int(cfg.max_decoded_mb * 2**20),
+                                    prompt_budget=PromptBudget(cfg.max_prompt_bytes, cfg.max_prompt_tokens))
             _warm_up(service)
             self.service = service
             self.batcher = MicroBatcher(self._score_batch, cfg.max_batch, cfg.max_wait_ms, cfg.max_queue,
@@ -197,8 +208,7 @@ class _State:
 
     def _score_batch(self, items):
         out = self.service.score(items)
-        c = self.service.cache
-        self.metrics.cache.update(c, sum(j.cache_hits for j in self.service.jobs.values()))
+        self.metrics.cache.update(self.service)
         return out
 
     def close(self) -> None:
@@ -228,8 +238,18 @@ def _warm_up(service: ServiceScorer) -> None:
     item = service.decode({"ref_image": im, "ref_mask": png(m), "out_image": im, "out_mask": png(m)},
                           "a photo of a thing", "thing", None)
     service.score([item])
-    service.cache.lru.clear()
-    service.cache.hits = service.cache.misses = 0
+    service.memory.clear()
+    service.hits = service.misses = 0
+
+
+class _GuardedApp(FastAPI):
+    """The FastAPI app with :class:`~masc_engine.serve.limits.RequestGuard` outside Starlette's
+    own error middleware, so the guard sees (and counts) every response, 500s included."""
+
+    guard_options: dict = {}
+
+    def build_middleware_stack(self):
+        return RequestGuard(super().build_middleware_stack(), **self.guard_options)
 
 
 def create_app(cfg: ServeConfig) -> FastAPI:
@@ -249,13 +269,22 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
     from .. import __version__
 
-    app = FastAPI(title="masc-serve", version=__version__, lifespan=lifespan,
-                  description="MaSC (masked SigLIP2 CP and PF) as an HTTP service; see the README.")
+    app = _GuardedApp(title="masc-serve", version=__version__, lifespan=lifespan,
+                      description="MaSC (masked SigLIP2 CP and PF) as an HTTP service; see docs/service.md.")
     app.state.masc = state
     max_bytes = int(cfg.max_body_mb * 2**20)
+    app.guard_options = {"max_bytes": max_bytes, "body_timeout_s": cfg.body_timeout_s,
+                         "max_in_flight": cfg.max_connections, "metrics": state.metrics}
     app.add_middleware(RequestBodyLimitMiddleware, max_body_size=max_bytes)  # chunked bodies
-    app.add_middleware(RequestGuardMiddleware, max_bytes=max_bytes, timeout_s=cfg.body_timeout_s,  # outermost
-                       on_reject=state.metrics.count_error)
+    _add_error_handlers(app, cfg, state)
+    _add_probe_routes(app, cfg, state)
+    _add_score_routes(app, cfg, state)
+    _add_schemas(app, strippers=tuple(dict.fromkeys((cfg.stripper, *cfg.extra_strippers))), cfg=cfg)
+    return app
+
+
+def _add_error_handlers(app: FastAPI, cfg: ServeConfig, state: _State) -> None:
+    """Every error the app answers, as the one JSON body."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
@@ -278,18 +307,15 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     async def _req_validation(request: Request, e: RequestValidationError):
         return await _api_error(request, _validation_error(e))
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        t0 = time.perf_counter()
-        gauge = state.metrics.in_flight.labels(state.metrics.path_label(request.url.path))
-        gauge.inc()
-        try:
-            resp = await call_next(request)
-        finally:
-            gauge.dec()
-        state.metrics.observe_request(request.url.path, resp.status_code, time.perf_counter() - t0)
-        return resp
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):
+        # Starlette's error middleware answers with this, then re-raises to the guard (which logs).
+        state.metrics.count_error("internal_error")
+        return _error_response(500, "internal_error", None,
+                               "the server failed on this request (logged); it is not the request's fault")
 
+
+def _add_probe_routes(app: FastAPI, cfg: ServeConfig, state: _State) -> None:
     @app.get("/healthz", summary="process alive", responses={200: {"content": {"application/json": {}}}})
     async def healthz() -> dict:
         return {"status": "alive"}
@@ -310,20 +336,31 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         body, ctype = state.metrics.exposition()
         return Response(body, media_type=ctype)
 
+
+def _add_score_routes(app: FastAPI, cfg: ServeConfig, state: _State) -> None:
     def _require_ready():
         if not state.ready:
             raise ApiError(503, "not_ready", None, state.load_error or "the bundle is still loading",
                            {"Retry-After": "5"})
 
+    def _check_text(prompt, object_name, label: str) -> None:
+        try:
+            state.service.check_text(prompt, object_name, label)
+        except FieldError as e:
+            raise ApiError(422, e.reason, e.field, e.detail) from None
+
     async def _decode(item: ScoreItem | dict, label: str):
-        """base64 (JSON) or bytes (multipart) -> DecodedItem, in the bounded decode pool."""
+        """One item -> ServiceItem in the bounded decode pool (base64, images, prompt tokens)."""
         if isinstance(item, ScoreItem):
-            data = {f: b64decode_field(getattr(item, f), label + f) for f in BYTE_FIELDS}
+            data = {f: getattr(item, f) for f in BYTE_FIELDS}
             prompt, obj, strip = item.prompt, item.object_name, item.stripper
         else:
             data, prompt, obj, strip = item["data"], item["prompt"], item["object_name"], item["stripper"]
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(state.decode_pool, state.service.decode, data, prompt, obj, strip, label)
+        try:
+            return await loop.run_in_executor(state.decode_pool, state.service.decode, data, prompt, obj, strip, label)
+        except FieldError as e:
+            raise ApiError(422, e.reason, e.field, e.detail) from None
 
     async def _run(decoded: list) -> list[dict]:
         try:
@@ -339,9 +376,6 @@ def create_app(cfg: ServeConfig) -> FastAPI:
             raise ApiError(503, "timeout", None, f"not scored within --request-timeout-s {cfg.request_timeout_s:g} s",
                            {"Retry-After": "5"}) from e
 
-    def _field_error(e: FieldError) -> ApiError:
-        return ApiError(422, e.reason, e.field, e.detail)
-
     score_body = {"requestBody": {"required": True, "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/ScoreItem"}},
         "multipart/form-data": {"schema": _multipart_schema()}}}}
@@ -353,17 +387,18 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype == "multipart/form-data":
             item = await _parse_multipart(request, cfg)
+            _check_text(item["prompt"], item["object_name"], "")
         elif ctype in ("application/json", ""):
-            item = _parse_json(await request.body(), ScoreItem)
+            item = await _parse_json(request, ScoreItem)
+            _check_text(item.prompt, item.object_name, "")
         else:
             raise ApiError(415, "unsupported_media_type", None,
                            f"content-type {ctype!r}: send application/json or multipart/form-data")
-        try:
-            decoded = await _decode(item, "")
-        except FieldError as e:
-            raise _field_error(e) from e
+        decoded = await _decode(item, "")
+        del item
         if decoded.error is not None:
-            raise _field_error(decoded.error)
+            e = decoded.error
+            raise ApiError(422, e.reason, e.field, e.detail)
         return (await _run([decoded]))[0]
 
     batch_body = {"requestBody": {"required": True, "content": {
@@ -376,25 +411,35 @@ def create_app(cfg: ServeConfig) -> FastAPI:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype not in ("application/json", ""):
             raise ApiError(415, "unsupported_media_type", None, f"content-type {ctype!r}: send application/json")
-        batch = _parse_json(await request.body(), ScoreBatch)
+        batch = await _parse_json(request, ScoreBatch)
         if len(batch.items) > cfg.max_batch_items:
             raise ApiError(422, "too_many_items", "items",
                            f"items: {len(batch.items)} > --max-batch-items {cfg.max_batch_items}")
-        try:
-            decoded = await asyncio.gather(*(_decode(it, f"items[{i}].") for i, it in enumerate(batch.items)))
-        except FieldError as e:
-            raise _field_error(e) from e
+        for i, it in enumerate(batch.items):  # every text budget before any image is decoded
+            _check_text(it.prompt, it.object_name, f"items[{i}].")
+        items, batch = batch.items, None
+        decoded = await asyncio.gather(*(_decode(it, f"items[{i}].") for i, it in enumerate(items)))
+        del items
         return {"results": await _run(list(decoded))}
 
-    _add_schemas(app, strippers=tuple(dict.fromkeys((cfg.stripper, *cfg.extra_strippers))))
-    return app
+
+async def _read_body(request: Request) -> bytearray:
+    """The whole body in one buffer (Starlette's ``request.body()`` joins a list of chunks: twice
+    the body at its peak)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+    return body
 
 
-def _parse_json(body: bytes, model):
+async def _parse_json(request: Request, model):
+    """Read and validate a JSON body; validation runs in a thread, so a large body never stalls
+    the event loop (and with it the probes)."""
+    body = await _read_body(request)
     if not body:
         raise ApiError(400, "malformed_json", None, "the body is empty: send a JSON object")
     try:
-        return model.model_validate_json(body)
+        return await asyncio.to_thread(model.model_validate_json, body)
     except ValidationError as e:
         raise _validation_error(e) from e
 
@@ -408,11 +453,15 @@ def _multipart_schema() -> dict:
 
 async def _parse_multipart(request: Request, cfg: ServeConfig) -> dict:
     try:
-        form = await request.form(max_files=len(BYTE_FIELDS), max_fields=8,
-                                  max_part_size=int(cfg.max_body_mb * 2**20))
+        # Text fields are cut off at the prompt budget while parsing (never held whole); file
+        # parts are spooled by Starlette and bounded by --max-body-mb.
+        form = await request.form(max_files=len(BYTE_FIELDS), max_fields=8, max_part_size=cfg.max_prompt_bytes)
     except (BodyTimeout, StarletteHTTPException):
         raise
     except Exception as e:  # noqa: BLE001 - python-multipart / Starlette raise several kinds
+        if "exceeded maximum size" in str(e):
+            raise ApiError(422, "prompt_too_long", None, f"a text field (prompt, object_name or stripper) is over "
+                                                         f"the budget of {cfg.max_prompt_bytes} bytes") from e
         raise ApiError(400, "malformed_multipart", None, f"the multipart body cannot be parsed: {e}") from e
     known = set(BYTE_FIELDS) | {"prompt", "object_name", "stripper"}
     for k in form.keys():
@@ -429,16 +478,7 @@ async def _parse_multipart(request: Request, cfg: ServeConfig) -> dict:
             raise ApiError(422, "wrong_type", f, f"{f}: expected a file upload, got a text field "
                                                  f"(curl -F {f}=@path, with the @)")
         data[f] = await v.read()
-    texts = {}
-    for k in ("prompt", "object_name", "stripper"):
-        v = form.get(k)
-        if isinstance(v, UploadFile):
-            raw = await v.read()
-            try:
-                v = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ApiError(422, "wrong_type", k, f"{k}: not UTF-8 text") from e
-        texts[k] = v
+    texts = {k: await _text_part(form.get(k), k, cfg) for k in ("prompt", "object_name", "stripper")}
     if texts["prompt"] is None:
         raise ApiError(422, "missing_field", "prompt", "prompt: field required")
     if texts["stripper"] not in (None, "regex", "spacy", "none"):
@@ -447,10 +487,25 @@ async def _parse_multipart(request: Request, cfg: ServeConfig) -> dict:
             "stripper": texts["stripper"]}
 
 
-def _add_schemas(app: FastAPI, strippers: tuple[str, ...]) -> None:
+async def _text_part(v, name: str, cfg: ServeConfig) -> str | None:
+    """A text field, sent as text or as a file upload (whose size is checked before it is read)."""
+    if not isinstance(v, UploadFile):
+        return v
+    if v.size is not None and v.size > cfg.max_prompt_bytes:
+        raise ApiError(422, "prompt_too_long", name, f"{name}: {v.size} bytes, over the budget of "
+                                                     f"{cfg.max_prompt_bytes} bytes")
+    try:
+        return (await v.read(cfg.max_prompt_bytes + 1)).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(422, "wrong_type", name, f"{name}: not UTF-8 text") from e
+
+
+def _add_schemas(app: FastAPI, strippers: tuple[str, ...], cfg: ServeConfig) -> None:
     """Put the request models into the OpenAPI components (the routes read their bodies
     themselves, to accept JSON and multipart on one path and to name fields in errors), with
-    ``stripper`` limited to the strippers this server enables."""
+    ``stripper`` limited to the strippers this server enables and the text fields' length to
+    the prompt budget (``maxLength`` counts characters, the budget bytes: a longer text is
+    surely over it)."""
     base = app.openapi
 
     def openapi():
@@ -463,12 +518,16 @@ def _add_schemas(app: FastAPI, strippers: tuple[str, ...]) -> None:
             for k, v in s.pop("$defs", {}).items():
                 comps.setdefault(k, v)
             comps[model.__name__] = s
-        for prop in (comps["ScoreItem"]["properties"]["stripper"],
-                     schema["paths"]["/v1/score"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
-                     ["properties"]["stripper"]):
+        multipart = schema["paths"]["/v1/score"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+        for prop in (comps["ScoreItem"]["properties"]["stripper"], multipart["properties"]["stripper"]):
             for alt in [prop, *prop.get("anyOf", [])]:
                 if "enum" in alt:
                     alt["enum"] = list(strippers)
+        for props in (comps["ScoreItem"]["properties"], multipart["properties"]):
+            for name in ("prompt", "object_name"):
+                for alt in [props[name], *props[name].get("anyOf", [])]:
+                    if alt.get("type") == "string":
+                        alt["maxLength"] = cfg.max_prompt_bytes
         app.openapi_schema = schema
         return schema
 

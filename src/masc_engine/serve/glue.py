@@ -1,61 +1,66 @@
-"""The one place where masc-serve meets the library: request bytes in, masc-run's row record out.
+"""The one place where masc-serve meets the library: request bytes in, masc-run's record out.
 
 Every scoring rule (mask checks, undefined scores and their statuses, notes in ``status_detail``,
-the encoding cache and the on-disk store) is masc-run's own: items are scored by
-:meth:`masc_engine.jobs.pairs.PairsJob.score_rows`, fed with images decoded from request
-bytes instead of files (its ``loaded`` argument), so a request gets exactly the ``cp``, ``pf``,
-``status`` and extras that masc-run writes for the same files. When the job layer exposes a
-function that scores one in-memory item, this module is what changes; the app and the batcher
-do not.
+the encoding cache and the on-disk store) is masc-run's own, reached through the job layer's
+public calls on in-memory items:
+
+- :meth:`~masc_engine.jobs.pairs.PairsJob.decode_pair` in a request's decode thread: the four
+  files decoded, EXIF-oriented and reduced to what scoring needs (patches and mask weights on
+  the patch grid; jobs/items.py) one file at a time under the decoded-bytes budget
+  (``--max-decoded-mb``), and the PF prompt stripped with the request's stripper and tokenized;
+  then :meth:`~masc_engine.jobs.pairs.PairsJob.check_pair`, so ``/v1/score`` answers 422 for a
+  file it cannot score before the item reaches the batcher;
+- :meth:`~masc_engine.jobs.pairs.PairsJob.score_decoded` on a micro-batch in the batcher's thread:
+  inference and the heads only.
+
+So a request gets exactly the ``cp``, ``pf``, ``status`` and extras that masc-run writes for the
+same files, and every string in a response is the request's own or the library's (a field is
+named by its request name, e.g. ``items[2].out_mask``, in masc-run's messages).
 
 Two things are added for the service:
 
-- **Reference-encoding cache bounded in bytes.** Encodings of reference images are kept by
-  content hash in an LRU whose size is the patch tokens' bytes (``cachetools.LRUCache`` with
-  ``getsizeof``), in front of masc-run's optional on-disk store. Output encodings are held only
-  for the batch that needs them (evaluation traffic repeats references, not outputs).
-- **Batches that cannot change a result.** The vision graph pads a batch to its longest
-  sequence and the pooling head pads to the longest output; padding and batch size change
-  reduction order in ONNX Runtime by a few ulps (tolerances.BATCH_INVARIANCE_ATOL). So the
-  images of a micro-batch are encoded in groups of equal patch count and the pairs are pooled in
-  groups of equal output patch count: no tensor is ever padded, and every request gets the bits
-  it would get alone (tests/test_serve.py checks equality, not closeness).
+- **Reference-encoding cache bounded in bytes.** The encoding cache's memory level is
+  :class:`ReferenceMemory`: reference encodings by content hash in an LRU whose size is the patch
+  tokens' bytes (``cachetools.LRUCache`` with ``getsizeof``), in front of masc-run's optional
+  on-disk store. Output encodings are held only by the batch that needs them (evaluation traffic
+  repeats references, not outputs).
+- **Batches that cannot change a result.** The vision tower and the pooling head run on groups of
+  one patch count only (Scorer.encode_preprocessed, Scorer.pool_background): no tensor is padded,
+  and every request gets the bits it would get alone (tests/test_serve.py checks equality, not
+  closeness).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import copy
 import threading
-from collections import defaultdict
+from collections.abc import MutableMapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from cachetools import LRUCache
 
 from ..errors import InputError
-from ..jobs.pairs import FILE_COLUMNS, LoadedImage, PairsJob, RunSettings
-from ..runtime.cache import EncodingCache as _JobCache
-from ..runtime.cache import EncodingStore, sha256_bytes
-from ..runtime.io import image_from_bytes, mask_from_bytes
-from ..runtime.scorer import ImageEncoding, Scorer
+from ..jobs.items import DecodedImage, DecodedPair, PairError
+from ..jobs.loading import ByteBudget
+from ..jobs.pairs import FILE_COLUMNS, PairsJob, RunSettings
+from ..runtime.cache import EncodingCache, EncodingStore
+from ..runtime.scorer import Scorer
 from ..runtime.stripping import STRIPPERS
+from ..runtime.text import PromptBudget
 
-IMAGE_FIELDS = ("ref_image", "out_image")
-MASK_FIELDS = ("ref_mask", "out_mask")
 #: The four byte fields of a request, in masc-run's column order.
 BYTE_FIELDS = FILE_COLUMNS
-#: Row keys of masc-run's record that are not part of a service response.
-_ROW_ONLY = set(FILE_COLUMNS) | {"prompt", "object_name", "row_index", "row_key"}
+#: Keys of masc-run's record that are not part of a service response.
+_ROW_ONLY = {"row_index", "row_key"}
 
 
 class FieldError(InputError):
     """A request field is unusable: ``reason`` (machine-readable), ``field`` (e.g.
     ``"ref_image"`` or ``"items[3].out_mask"``) and ``detail`` (one line)."""
 
-    def __init__(self, reason: str, field: str, detail: str):
+    def __init__(self, reason: str, field: str | None, detail: str):
         super().__init__(reason, detail)
         self.field = field
 
@@ -73,121 +78,69 @@ def b64decode_field(value: str, name: str) -> bytes:
 
 
 @dataclass
-class DecodedItem:
-    """One request item, decoded in a request thread, ready for a micro-batch.
+class ServiceItem:
+    """One request item, decoded in a decode thread, ready for a micro-batch.
 
     Attributes:
-        images: ``ref_image``/``out_image`` -> :class:`LoadedImage` or the :class:`InputError`
-            its bytes raised (masc-run's ``loaded`` values).
-        masks: ``ref_mask``/``out_mask`` -> ``[H, W] uint8`` or the :class:`InputError`.
-        prompt, object_name, stripper: as sent (stripper resolved to the server default).
+        pair: the job layer's :class:`~masc_engine.jobs.items.DecodedPair`.
         label: prefix naming the item in messages (``""`` or ``"items[3]."``).
-        error: the first unusable field as a :class:`FieldError` (``/v1/score`` answers 4xx with
-            it; ``/v1/score_batch`` returns masc-run's row status instead), else ``None``.
+        error: the first problem that keeps it from being scored, as a :class:`FieldError`
+            (``/v1/score`` answers 4xx with it; ``/v1/score_batch`` returns masc-run's row status
+            instead), else ``None``.
     """
 
-    images: dict
-    masks: dict
-    prompt: str
-    object_name: str | None
-    stripper: str
+    pair: DecodedPair
     label: str = ""
     error: FieldError | None = None
-    uid: int = 0
 
 
-def _seq_len(li: LoadedImage) -> int:
-    h, w = li.pre.spatial_shape
-    return int(h) * int(w)
+class ReferenceMemory(MutableMapping):
+    """The encoding cache's memory level in the service: reference encodings only, in an LRU
+    bounded by their patch tokens' bytes (``[N, D] float32`` -> ``4 * N * D``).
 
-
-class _SharedCache(_JobCache):
-    """The pairs job's encoding cache (runtime/cache.py) with the service's memory level: the
-    batch's own encodings, then the shared byte-bounded reference LRU; misses go to masc-run's
-    on-disk store and the vision tower as in masc-run."""
-
-    def __init__(self, scorer: Scorer, store, shared: "EncodingCache"):
-        super().__init__(scorer, items=0, store=store)
-        self.shared = shared
-
-    def in_memory(self, key: str) -> bool:
-        return self.shared.peek(key)
-
-    def _lru_get(self, key: str) -> ImageEncoding | None:
-        return self.shared.get(key)
-
-    def _lru_put(self, key: str, enc: ImageEncoding) -> None:
-        self.shared.put(key, enc)
-
-
-class _ServiceJob(PairsJob):
-    """masc-run's :class:`PairsJob` with the service's cache policy (see module docstring)."""
-
-    def __init__(self, scorer: Scorer, settings: RunSettings, store, cache: "EncodingCache"):
-        super().__init__(scorer, settings, io_workers=1, cache=_SharedCache(scorer, store, cache))
-        self.shared = cache
-
-
-class EncodingCache:
-    """Encodings by content hash: the current batch's (all of them) and a byte-bounded LRU of
-    reference encodings shared by every request.
+    Only the digests in :attr:`admit` (the references of the batch being scored, set by the one
+    batch thread) are stored; other encodings (outputs) are refused, so they live only as long as
+    their batch holds them.
 
     Args:
-        max_bytes: bound on the LRU's patch-token bytes (``[N, D] float32`` -> ``4 * N * D``);
-            0 disables it.
+        max_bytes: the bound; 0 disables the cache.
     """
 
     def __init__(self, max_bytes: int):
-        self.lru = LRUCache(maxsize=max(1, int(max_bytes)), getsizeof=lambda e: int(e.tokens.nbytes))
         self.enabled = max_bytes > 0
-        self.lock = threading.Lock()
-        self.batch: dict[str, ImageEncoding] = {}
-        self.cacheable: set[str] = set()
-        self.hits = 0
-        self.misses = 0
+        self.lru = LRUCache(maxsize=max(1, int(max_bytes)), getsizeof=lambda e: int(e.tokens.nbytes))
+        self.admit: set[str] = set()
 
-    def peek(self, key: str) -> bool:
-        with self.lock:
-            return key in self.lru
+    def __getitem__(self, key):
+        return self.lru[key]
 
-    def get(self, key: str, count: bool = False) -> ImageEncoding | None:
-        """The batch's encoding, else the LRU's; ``count``: a reference lookup for the
-        hit/miss counters (once per distinct reference and batch)."""
-        with self.lock:
-            if key in self.batch:
-                return self.batch[key]
-            v = self.lru.get(key)
-            if count:
-                self.hits += v is not None
-                self.misses += v is None
-            return v
+    def get(self, key, default=None):
+        return self.lru.get(key, default)
 
-    def put(self, key: str, enc: ImageEncoding) -> None:
-        with self.lock:
-            self.batch[key] = enc
-            if self.enabled and key in self.cacheable and enc.tokens.nbytes <= self.lru.maxsize:
-                self.lru[key] = enc
+    def __setitem__(self, key, enc) -> None:
+        if self.enabled and key in self.admit and enc.tokens.nbytes <= self.lru.maxsize:
+            self.lru[key] = enc
 
-    def begin_batch(self, reference_keys: set[str]) -> None:
-        with self.lock:
-            self.batch = {}
-            self.cacheable = set(reference_keys)
+    def __delitem__(self, key) -> None:
+        del self.lru[key]
 
-    def end_batch(self) -> None:
-        with self.lock:
-            self.batch = {}
-            self.cacheable = set()
+    def __contains__(self, key) -> bool:
+        return key in self.lru
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.lru.currsize) if self.enabled else 0
+    def __iter__(self):
+        return iter(self.lru)
 
     def __len__(self) -> int:
         return len(self.lru)
 
+    @property
+    def nbytes(self) -> int:
+        """Patch-token bytes held."""
+        return int(self.lru.currsize) if self.enabled else 0
+
 
 class ServiceScorer:
-    """Decode request items and score micro-batches of them with masc-run's row logic.
+    """Decode request items and score micro-batches of them through the pairs job.
 
     Args:
         scorer: the loaded :class:`Scorer` (its ``stripper`` is the server default).
@@ -195,145 +148,106 @@ class ServiceScorer:
         cache_bytes: bound of the in-memory reference-encoding LRU, bytes.
         store: masc-run's on-disk :class:`EncodingStore` (``--cache-dir``), or ``None``.
         strippers: strippers a request may ask for (the default is always allowed).
+        decoded_bytes: the decoded-bytes budget shared by all decode threads (``--max-decoded-mb``),
+            bytes; None: unbounded.
+        prompt_budget: the prompt and object-name limits (``--max-prompt-bytes``,
+            ``--max-prompt-tokens``).
+
+    Attributes:
+        hits, misses: reference lookups (once per distinct reference and batch) found, or not
+            found, in memory.
     """
 
     def __init__(self, scorer: Scorer, settings: RunSettings = RunSettings(), cache_bytes: int = 512 * 2**20,
-                 store: EncodingStore | None = None, strippers: tuple[str, ...] = ("regex", "none")):
+                 store: EncodingStore | None = None, strippers: tuple[str, ...] = ("regex", "none"),
+                 decoded_bytes: int | None = None, prompt_budget: PromptBudget = PromptBudget()):
         self.scorer = scorer
-        self.settings = settings
-        self.store = store
-        self.cache = EncodingCache(cache_bytes)
         self.default_stripper = scorer.stripper
         self.strippers = tuple(dict.fromkeys((scorer.stripper, *strippers)))
-        self.jobs: dict[str, _ServiceJob] = {}
-        if len(self.strippers) > 1:
-            scorer.text  # make the lazy text session now, so the per-stripper copies share it
-        for name in self.strippers:
-            s = scorer
-            if name != scorer.stripper:
-                # Same sessions, tokenizer and caches; only the PF prompt stripper differs.
-                s = copy.copy(scorer)
-                s.stripper = name
-            self.jobs[name] = _ServiceJob(s, settings, store, self.cache)
-        self._next_uid = 0
-        self._uid_lock = threading.Lock()
+        self.memory = ReferenceMemory(cache_bytes)
+        self.cache = EncodingCache(scorer, store=store, memory=self.memory)
+        self.budget = ByteBudget(decoded_bytes) if decoded_bytes else None
+        self.prompt_budget = prompt_budget
+        self.job = PairsJob(scorer, settings, io_workers=1, cache=self.cache, decode_budget=self.budget)
+        self.hits = 0
+        self.misses = 0
+        self._count_lock = threading.Lock()
 
-    # ------------------------------------------------------------------ decoding (request threads)
+    # ------------------------------------------------------------------ request threads
 
-    def decode(self, data: dict[str, bytes], prompt: str, object_name: str | None, stripper: str | None,
-               label: str = "") -> DecodedItem:
-        """Decode one item's four files (each an independent result, as masc-run's loader) and
-        check each mask against its image with masc-run's rule.
+    def check_text(self, prompt: str | None, object_name: str | None, label: str = "") -> None:
+        """The byte budget of the text fields: checked in the request handler, before any decoding.
 
         Raises:
-            FieldError: ``unknown_stripper`` (a request-shape error, never a row status).
+            FieldError: ``prompt_too_long`` naming ``prompt`` or ``object_name``.
+        """
+        for name, text in (("prompt", prompt), ("object_name", object_name)):
+            try:
+                self.prompt_budget.check_text(text, label + name)
+            except InputError as e:
+                raise FieldError(e.reason, label + name, e.detail) from None
+
+    def decode(self, data: dict[str, bytes | str], prompt: str, object_name: str | None, stripper: str | None,
+               label: str = "") -> ServiceItem:
+        """Decode one item (base64 text is decoded here), make its PF prompt ready, and check
+        whether it can be scored.
+
+        Raises:
+            FieldError: a request-shape problem: ``bad_stripper``, ``bad_base64``,
+                ``prompt_too_long`` (never a row status).
         """
         stripper = stripper or self.default_stripper
-        if stripper not in self.jobs:
+        if stripper not in self.strippers:
             why = (f"'{stripper}' is not enabled on this server (enabled: {', '.join(self.strippers)})"
                    if stripper in STRIPPERS else f"must be one of {', '.join(STRIPPERS)}")
             raise FieldError("bad_stripper", f"{label}stripper", f"{label}stripper {why}")
-        exif = self.settings.exif
-        images, masks, error = {}, {}, None
-        for f in IMAGE_FIELDS:
-            name = label + f
-            try:
-                im, notes = image_from_bytes(data[f], name, exif)
-                sha = sha256_bytes(data[f])
-                # Preprocess here, in the request's thread, unless the reference is cached.
-                pre = None if (f == "ref_image" and self.cache.peek(sha)) else self.scorer.preprocess(im)
-                images[f] = LoadedImage(im, sha, notes, pre)
-            except InputError as e:
-                images[f] = e
-                error = error or FieldError(e.reason, name, e.detail)
-        for f in MASK_FIELDS:
-            name = label + f
-            try:
-                masks[f] = mask_from_bytes(data[f], name, exif)
-            except InputError as e:
-                masks[f] = e
-                error = error or FieldError(e.reason, name, e.detail)
-        if error is None:
-            job = self.jobs[stripper]
-            for im_f, m_f, what in (("ref_image", "ref_mask", "reference"), ("out_image", "out_mask", "output")):
-                try:
-                    job._check_mask(images[im_f].image, masks[m_f], what, label + m_f)
-                except InputError as e:
-                    error = FieldError(e.reason, label + m_f, e.detail)
-                    break
-        with self._uid_lock:
-            self._next_uid += 1
-            uid = self._next_uid
-        return DecodedItem(images, masks, prompt, object_name, stripper, label, error, uid)
+        self.check_text(prompt, object_name, label)
+        files = {f: b64decode_field(data[f], label + f) if isinstance(data[f], str) else data[f] for f in BYTE_FIELDS}
+        names = {f: label + f for f in BYTE_FIELDS}
+        pair = self.job.decode_pair(files, prompt, object_name, names, stripper)
+        del files
+        try:
+            self.prompt_budget.check_tokens(pair.prepared, label + "prompt")
+        except InputError as e:
+            raise FieldError(e.reason, label + "prompt", e.detail) from None
+        error = None
+        try:
+            self.job.check_pair(pair)
+        except PairError as e:
+            error = FieldError(e.reason, names.get(e.field), e.detail)
+        return ServiceItem(pair, label, error)
 
-    # ------------------------------------------------------------------ scoring (the batch thread)
+    # ------------------------------------------------------------------ the batch thread
 
-    def score(self, items: list[DecodedItem]) -> list[dict]:
+    def score(self, items: list[ServiceItem]) -> list[dict]:
         """Score a micro-batch; one record per item, in order (masc-run's row record without
-        the input cells, ``row_index`` and ``row_key``; NaN as ``None``).
+        ``row_index`` and ``row_key``; NaN as ``None``).
 
-        Images are encoded in groups of equal patch count and pairs scored in groups of equal
-        output patch count, so no tensor is padded and results equal scoring each item alone.
         Not thread-safe: one batch at a time (the batcher's single worker).
         """
-        refs = {li.sha256 for it in items for f, li in it.images.items()
-                if f == "ref_image" and isinstance(li, LoadedImage)}
-        self.cache.begin_batch(refs)
+        refs = {it.pair.ref_image.sha256: it.pair.ref_image for it in items
+                if isinstance(it.pair.ref_image, DecodedImage)}
+        with self._count_lock:
+            for sha, ref in refs.items():
+                found = self.cache.cached(sha) is not None  # also refreshes its place in the LRU
+                hit = found or ref.encoding is not None
+                self.hits += hit
+                self.misses += not hit
+        self.memory.admit = set(refs)
         try:
-            return self._score(items)
+            records = self.job.score_decoded([it.pair for it in items])
         finally:
-            self.cache.end_batch()
-
-    def _score(self, items: list[DecodedItem]) -> list[dict]:
-        s = self.scorer
-        # 1. the vision tower, one call group per patch count (no padding in any call)
-        by_len: dict[int, dict[str, LoadedImage]] = defaultdict(dict)
-        seen: set[str] = set()
-        for it in items:
-            for f, li in it.images.items():
-                if not isinstance(li, LoadedImage) or li.sha256 in seen:
-                    continue
-                seen.add(li.sha256)
-                if self.cache.get(li.sha256, count=f == "ref_image") is not None:
-                    continue
-                if li.pre is None:  # was cached when decoded, evicted since
-                    li.pre = s.preprocess(li.image)
-                by_len[_seq_len(li)].setdefault(li.sha256, li)
-        job0 = self.jobs[self.default_stripper]
-        for group in by_len.values():
-            job0.encode(list(group.values()))  # masc-run's encode: memory cache, disk store, tower
-        # 2. the heads, one score_rows call per (stripper, output patch count)
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for i, it in enumerate(items):
-            out = it.images.get("out_image")
-            n_out = self.cache.get(out.sha256).tokens.shape[0] if isinstance(out, LoadedImage) else -1
-            groups[(it.stripper, n_out)].append(i)
-        records: list[dict | None] = [None] * len(items)
-        for (stripper, _), idx in groups.items():
-            rows, images, masks = [], {}, {}
-            for i in idx:
-                it = items[i]
-                key = f"/{it.uid}/"  # a path-like key masc-run's row logic resolves to itself
-                row = {f: key + f for f in BYTE_FIELDS}
-                row.update(prompt=it.prompt, object_name=it.object_name or "")
-                rows.append(row)
-                images.update({key + f: v for f, v in it.images.items()})
-                masks.update({key + f: v for f, v in it.masks.items()})
-            results = self.jobs[stripper].score_rows(rows, Path("/"), loaded=(images, masks), indices=idx)
-            for i, res in zip(idx, results):
-                records[i] = _record(res, f"/{items[i].uid}/", items[i].label)
-        return records
+            self.memory.admit = set()
+        return [_record(r) for r in records]
 
 
-def _record(res: dict, key: str, label: str) -> dict:
+def _record(res: dict) -> dict:
     out = {}
     for k, v in res.items():
         if k in _ROW_ONLY:
             continue
         if isinstance(v, float) and np.isnan(v):
             v = None
-        elif isinstance(v, str):
-            v = v.replace(key, label)  # messages name the request field, not the internal key
         elif isinstance(v, np.generic):
             v = v.item()
         out[k] = v

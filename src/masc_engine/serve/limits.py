@@ -1,24 +1,44 @@
-"""Limits that keep hostile input cheap: request body size and receive time, pixel budget.
+"""Limits that keep hostile input and slow clients cheap, and the one JSON error body.
 
-- **Body size** (``--max-body-mb``): a ``Content-Length`` over the limit is answered 413 JSON by
-  :class:`RequestGuardMiddleware` before any of the body is read; a chunked body is cut off at the
-  limit by Starlette's ``RequestBodyLimitMiddleware`` (inside the guard; the app's handler answers
-  413 JSON). The guard answers the first case itself because Starlette's limiter replaces any
-  response to an over-long ``Content-Length`` with a plain-text one.
-- **Body time** (``--body-timeout-s``): the guard also times each read of the body. A client that
-  stops sending mid-body (slowloris) gets 408 instead of holding a connection and a buffer.
-- **Pixels** (``--max-pixels``): Pillow's decompression-bomb limit, ``Image.MAX_IMAGE_PIXELS``.
-  Pillow checks it from the header, before decoding (``Image.open``); runtime/io.py turns the
-  warning into ``image_too_large``, so an image over the budget is never decoded: a 30000 x 30000
-  PNG header of a few hundred bytes is refused in microseconds.
+:class:`RequestGuard` is the outermost ASGI layer of the app (outside Starlette's own error
+middleware, so it sees every response the app sends, 500s included):
+
+- **Body size** (``--max-body-mb``): a ``Content-Length`` over the limit is answered 413 before any
+  of the body is read; a chunked body is cut off at the limit by Starlette's
+  ``RequestBodyLimitMiddleware`` inside (the app's handler answers 413 JSON).
+- **Body deadline** (``--body-timeout-s``): the whole body must arrive within this time of the
+  request's headers, however it trickles in (a deadline, not a per-read timeout): else 408.
+  The headers themselves have their own deadline in the HTTP protocol (serve/http.py).
+- **Requests in flight** (``--max-connections``): past the limit, 503 with ``Retry-After``; the
+  probes and metrics (``/healthz``, ``/readyz``, ``/metrics``) are never refused, so a liveness
+  probe cannot fail because clients hold the scoring endpoints.
+- **Anything that escapes the app** becomes the documented JSON 500 (``internal_error``), logged
+  once with its traceback, never a plain-text body; every status code the server answers is
+  counted in ``/metrics`` (``masc_requests_total{path,code}``).
+- **Pixels** (``--max-pixels``): Pillow's decompression-bomb limit, ``Image.MAX_IMAGE_PIXELS``,
+  checked from the header before decoding (runtime/io.py ``open_image``).
+
+After a request with a large body, the process's free heap is returned to the system
+(jobs/loading.py ``release_free_memory``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 
 from PIL import Image
+
+from ..jobs.loading import release_free_memory
+
+log = logging.getLogger("masc_engine.serve")
+
+#: Paths never refused for load: liveness and readiness probes, and Prometheus scrapes.
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+#: A body at least this large is followed by returning free heap memory to the system.
+_TRIM_AFTER_BYTES = 8 * 2**20
 
 
 def set_pixel_budget(max_pixels: int) -> None:
@@ -26,56 +46,118 @@ def set_pixel_budget(max_pixels: int) -> None:
     Image.MAX_IMAGE_PIXELS = int(max_pixels)
 
 
+def error_body(error: str, field: str | None, detail: str) -> bytes:
+    """The service's one error body: ``{"error", "field", "detail"}`` as JSON bytes."""
+    return json.dumps({"error": error, "field": field, "detail": detail}).encode()
+
+
 class BodyTimeout(Exception):
     """The request body did not arrive in time (the app answers 408)."""
 
 
-class RequestGuardMiddleware:
-    """Pure ASGI middleware: refuse a ``Content-Length`` over ``max_bytes`` (413 JSON), and
-    require each read of the request body to arrive within ``timeout_s`` (else :class:`BodyTimeout`).
+class RequestGuard:
+    """Pure ASGI guard around the whole app (see the module docstring).
+
+    Args:
+        app: the ASGI app (Starlette's middleware stack).
+        max_bytes: largest body, bytes.
+        body_timeout_s: deadline for the whole body, seconds from the request's start.
+        max_in_flight: most requests handled at once, probes excepted (None: no limit).
+        metrics: the :class:`~masc_engine.serve.metrics.ServiceMetrics` counting every response.
+    """
+
+    def __init__(self, app, max_bytes: int, body_timeout_s: float, max_in_flight: int | None, metrics):
+        self.app = app
+        self.max_bytes = int(max_bytes)
+        self.timeout_s = float(body_timeout_s)
+        self.max_in_flight = max_in_flight
+        self.metrics = metrics
+        self.in_flight = 0
+
+    async def _answer(self, send, status: int, error: str, detail: str, headers=()) -> None:
+        self.metrics.count_error(error)
+        body = error_body(error, None, detail)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close"), *headers]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _refusal(self, scope) -> tuple | None:
+        """An answer for a request refused before the app sees it, else None."""
+        for k, v in scope.get("headers", ()):
+            if k == b"content-length":
+                n = int(v) if v.isdigit() else -1
+                if n < 0:
+                    return 400, "bad_content_length", "Content-Length is not a number", ()
+                if n > self.max_bytes:
+                    return 413, "body_too_large", f"a body of {n} bytes is over --max-body-mb {self.max_bytes / 2**20:g}", ()
+        if (self.max_in_flight is not None and scope["path"] not in PROBE_PATHS
+                and self.in_flight >= self.max_in_flight):
+            return (503, "overloaded", f"{self.in_flight} requests are being handled (--max-connections "
+                                       f"{self.max_in_flight})", ((b"retry-after", b"1"),))
+        return None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        path = self.metrics.path_label(scope["path"])
+        status: list[int] = []
+
+        async def send_counted(msg):
+            if msg["type"] == "http.response.start":
+                status.append(int(msg["status"]))
+            await send(msg)
+
+        refused = self._refusal(scope)
+        counted = refused is None and scope["path"] not in PROBE_PATHS
+        gauge = self.metrics.in_flight.labels(path)
+        gauge.inc()
+        self.in_flight += counted
+        body = _BodyDeadline(receive, self.timeout_s)
+        try:
+            if refused is not None:
+                await self._answer(send_counted, *refused)
+            else:
+                await self.app(scope, body.receive, send_counted)
+        except Exception:  # noqa: BLE001 - the documented JSON 500, whatever escaped the app
+            log.exception("masc-serve: internal error on %s %s", scope.get("method"), scope["path"])
+            if not status:
+                await self._answer(send_counted, 500, "internal_error",
+                                   "the server failed on this request (logged); it is not the request's fault")
+        finally:
+            self.in_flight -= counted
+            gauge.dec()
+            self.metrics.observe_request(scope["path"], status[0] if status else 500, time.perf_counter() - t0)
+            if body.received >= _TRIM_AFTER_BYTES:
+                await asyncio.to_thread(release_free_memory)
+
+
+class _BodyDeadline:
+    """``receive`` with one deadline for the whole body, counted from the request's start.
 
     Only reads until the body is complete are timed: afterwards Starlette reads only to notice a
     disconnect, which may rightly wait as long as scoring takes.
     """
 
-    def __init__(self, app, max_bytes: int, timeout_s: float, on_reject=None):
-        self.app = app
-        self.max_bytes = int(max_bytes)
-        self.timeout_s = float(timeout_s)
-        self.on_reject = on_reject
+    def __init__(self, receive, timeout_s: float):
+        self._receive = receive
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.done = False
+        self.received = 0
 
-    async def _reject(self, send, status: int, error: str, detail: str) -> None:
-        if self.on_reject is not None:
-            self.on_reject(error)
-        body = json.dumps({"error": error, "field": None, "detail": detail}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        for k, v in scope.get("headers", ()):
-            if k == b"content-length":
-                n = int(v) if v.isdigit() else -1
-                if n < 0:
-                    return await self._reject(send, 400, "bad_content_length", "Content-Length is not a number")
-                if n > self.max_bytes:
-                    return await self._reject(send, 413, "body_too_large", f"a body of {n} bytes is over "
-                                              f"--max-body-mb {self.max_bytes / 2**20:g}")
-        done = False
-
-        async def receive_with_timeout():
-            nonlocal done
-            if done:
-                return await receive()
-            try:
-                msg = await asyncio.wait_for(receive(), self.timeout_s)
-            except asyncio.TimeoutError:
-                raise BodyTimeout(f"the body was not received within --body-timeout-s {self.timeout_s:g} s") from None
-            if msg["type"] != "http.request" or not msg.get("more_body", False):
-                done = True
-            return msg
-
-        return await self.app(scope, receive_with_timeout, send)
+    async def receive(self):
+        if self.done:
+            return await self._receive()
+        left = self.deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise asyncio.TimeoutError
+            msg = await asyncio.wait_for(self._receive(), left)
+        except asyncio.TimeoutError:
+            raise BodyTimeout(f"the body was not received within --body-timeout-s {self.timeout_s:g} s") from None
+        self.received += len(msg.get("body", b""))
+        if msg["type"] != "http.request" or not msg.get("more_body", False):
+            self.done = True
+        return msg

@@ -25,19 +25,25 @@ class _CacheGauges:
                            registry=reg)
         self._seen = {"memory": 0, "disk": 0, "miss": 0}
 
-    def update(self, cache, disk_hits: int) -> None:
-        """Advance the counters to the cache's running totals (called after each batch)."""
-        for tier, total in (("memory", cache.hits), ("disk", disk_hits)):
+    def update(self, service) -> None:
+        """Advance the counters to the service's running totals (called after each batch).
+
+        Args:
+            service: the :class:`~masc_engine.serve.glue.ServiceScorer` (``hits``, ``misses``,
+                its reference ``memory`` and its encoding ``cache``'s disk hits).
+        """
+        for tier, total in (("memory", service.hits), ("disk", service.cache.cache_hits)):
             self.hits.labels(tier).inc(max(0, total - self._seen[tier]))
             self._seen[tier] = total
-        self.misses.inc(max(0, cache.misses - self._seen["miss"]))
-        self._seen["miss"] = cache.misses
-        self.bytes.set(cache.nbytes)
-        self.items.set(len(cache))
+        self.misses.inc(max(0, service.misses - self._seen["miss"]))
+        self._seen["miss"] = service.misses
+        self.bytes.set(service.memory.nbytes)
+        self.items.set(len(service.memory))
 
 
 class ServiceMetrics:
-    """Requests, errors by reason, batch sizes, queue wait, latency, inference time, cache."""
+    """Requests by path and status code (every code the server answers, 5xx included), errors by
+    reason, batch sizes, queue wait, latency, inference time, cache."""
 
     def __init__(self):
         reg = self.registry = CollectorRegistry()
@@ -66,6 +72,12 @@ class ServiceMetrics:
         path = self.path_label(path)
         self.requests.labels(path, str(code)).inc()
         self.latency.labels(path).observe(seconds)
+
+    def count_connection_error(self, reason: str, code: int) -> None:
+        """A connection answered by the HTTP protocol itself (header deadline, malformed HTTP):
+        no path is known, so it counts under ``path="other"``."""
+        self.errors.labels(reason).inc()
+        self.requests.labels("other", str(code)).inc()
 
     def observe_batch(self, size: int, waits: list[float], seconds: float) -> None:
         self.batch_size.observe(size)

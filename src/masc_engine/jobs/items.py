@@ -1,0 +1,231 @@
+"""The pairs job's inputs, decoded and reduced to what scoring needs.
+
+A file is decoded, EXIF-oriented and reduced at once, one file at a time, so no full-resolution
+image or mask outlives its own decoding:
+
+- an image becomes a :class:`DecodedImage`: its content hash, size, patch grid, conversion notes
+  and its preprocessed patches (``[max_num_patches, 3 * p * p] float32``), or the encoding the
+  memory cache already held for it; the PIL image itself is kept only when attribution maps are
+  drawn (``RunSettings.save_maps``);
+- a mask becomes a :class:`DecodedMask`: its size, its coverage (runtime/masks.py
+  ``mask_coverage``) and its weights on the patch grid of each image it is paired with
+  (``mask_to_patch_grid``); what the size checks and both scores read, nothing more.
+
+With a :class:`~masc_engine.jobs.loading.ByteBudget`, each file reserves its decoding cost
+(runtime/io.py ``decode_cost``, known from the header) before any pixel is decoded, so decoding
+memory is bounded by configuration, not by input (masc-serve's ``--max-decoded-mb``).
+
+A :class:`DecodedPair` is what :meth:`masc_engine.jobs.pairs.PairsJob.score_decoded` scores:
+masc-run builds one per row from files, masc-serve one per request item from bytes.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InputError
+from ..runtime.cache import sha256_bytes
+from ..runtime.io import decode_cost, image_from_opened, mask_from_opened, open_image
+from ..runtime.masks import mask_coverage, mask_to_patch_grid
+from ..runtime.preprocess import PreprocessedImage, patch_grid
+from ..runtime.scorer import ImageEncoding
+from ..runtime.text import PreparedPrompt
+
+#: The four file fields of a pair, in a pairs file's column order.
+FILE_FIELDS = ("ref_image", "ref_mask", "out_image", "out_mask")
+
+
+@dataclass
+class DecodedImage:
+    """An image reduced to what scoring needs.
+
+    Attributes:
+        sha256: content hash of the file's bytes (the encoding caches' key).
+        size: ``(width, height)`` in pixels, after EXIF orientation.
+        grid: its patch grid ``(Hp, Wp)``.
+        notes: conversions worth a note in ``status_detail`` (alpha dropped, 16-bit scaled).
+        pre: the preprocessed image, unless ``encoding`` is set.
+        encoding: the encoding the memory cache held when the image was decoded (held here, so
+            an eviction before scoring costs nothing).
+        image: the RGB PIL image, kept only for attribution maps.
+    """
+
+    sha256: str
+    size: tuple[int, int]
+    grid: tuple[int, int]
+    notes: tuple[str, ...] = ()
+    pre: PreprocessedImage | None = None
+    encoding: ImageEncoding | None = None
+    image: object = None
+
+
+@dataclass
+class DecodedMask:
+    """A mask reduced to what scoring needs.
+
+    Attributes:
+        size: ``(width, height)`` in pixels, after EXIF orientation.
+        coverage: foreground share under the scoring rule (runtime/masks.py ``mask_coverage``).
+        any_foreground: whether any pixel is non-zero (an empty reference mask's status).
+        weights: ``{grid: [Hp * Wp] float32}`` patch weights on each grid it was reduced for.
+    """
+
+    size: tuple[int, int]
+    coverage: float
+    any_foreground: bool
+    weights: dict = field(default_factory=dict)
+
+
+@dataclass
+class DecodedPair:
+    """One pair's inputs, decoded: what :meth:`PairsJob.score_decoded` scores.
+
+    Attributes:
+        ref_image, out_image: :class:`DecodedImage`, or the :class:`InputError` decoding raised.
+        ref_mask, out_mask: :class:`DecodedMask`, or the :class:`InputError`.
+        prompt, object_name: the generation prompt and the subject stripped from it for PF
+            (``""``: not stripped).
+        names: how each file field is named in messages (a path in masc-run, a request field
+            such as ``items[2].out_mask`` in masc-serve).
+        prepared: the PF prompt already stripped and tokenized (``Scorer.prepare_prompt``), or
+            None (stripped when scored).
+        row_index: the record's ``row_index``.
+        cells: other cells carried into the record (masc-run: the whole input row).
+        error: a problem of the row itself (``bad_row``: an empty file cell), checked first.
+    """
+
+    ref_image: DecodedImage | InputError
+    ref_mask: DecodedMask | InputError
+    out_image: DecodedImage | InputError
+    out_mask: DecodedMask | InputError
+    prompt: str = ""
+    object_name: str = ""
+    names: dict = field(default_factory=lambda: {f: f for f in FILE_FIELDS})
+    prepared: PreparedPrompt | None = None
+    row_index: int = 1
+    cells: dict = field(default_factory=dict)
+    error: InputError | None = None
+
+    def file(self, name: str):
+        """The decoded object (or error) of file field ``name``."""
+        return getattr(self, name)
+
+
+class PairError(InputError):
+    """A pair that cannot be scored, naming the file field at fault (``field``: e.g. ``out_mask``,
+    or None for the row itself)."""
+
+    def __init__(self, reason: str, detail: str, field: str | None):
+        super().__init__(reason, detail)
+        self.field = field
+
+
+def _budget(budget, cost: int):
+    return budget.reserve(cost) if budget is not None else nullcontext()
+
+
+def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply", budget=None,
+                 keep_image: bool = False) -> DecodedImage:
+    """Decode, orient and reduce one image file.
+
+    Args:
+        data: the file's bytes.
+        name: the file's name in messages.
+        scorer: the :class:`~masc_engine.runtime.scorer.Scorer` whose preprocessing applies.
+        cache: an :class:`~masc_engine.runtime.cache.EncodingCache`: an image whose encoding it
+            holds in memory is not preprocessed.
+        exif: ``apply`` or ``ignore`` (runtime/io.py).
+        budget: a :class:`~masc_engine.jobs.loading.ByteBudget` reserved around decoding.
+        keep_image: keep the RGB PIL image (attribution maps).
+
+    Raises:
+        InputError: ``unreadable_image`` or ``image_too_large``.
+    """
+    opened = open_image(data, name, "image")
+    sha = sha256_bytes(data)
+    with _budget(budget, decode_cost(opened, "image")):
+        im, notes = image_from_opened(opened, name, exif)
+        del opened
+        grid = patch_grid(im.height, im.width, scorer.image_settings)
+        enc = cache.cached(sha) if cache is not None else None
+        pre = scorer.preprocess(im) if enc is None else None
+        return DecodedImage(sha, im.size, grid, notes, pre, enc, im if keep_image else None)
+
+
+def reduce_image(im, name: str, scorer, cache=None, keep_image: bool = False) -> DecodedImage:
+    """A PIL image (an in-memory input) reduced as :func:`decode_image` reduces a file; its
+    content key hashes its RGB pixels.
+
+    Raises:
+        InputError: ``unreadable_image`` (not a PIL image).
+    """
+    from PIL import Image
+
+    if not isinstance(im, Image.Image):
+        raise InputError("unreadable_image", f"{name}: expected image bytes or a PIL image, got {type(im).__name__}")
+    rgb = im if im.mode == "RGB" else im.convert("RGB")
+    sha = sha256_bytes(b"pil:%d:%d:" % rgb.size + np.asarray(rgb).tobytes())
+    enc = cache.cached(sha) if cache is not None else None
+    notes = () if im.mode == "RGB" else (f"{im.mode} converted to RGB",)
+    grid = patch_grid(rgb.height, rgb.width, scorer.image_settings)
+    return DecodedImage(sha, rgb.size, grid, notes, scorer.preprocess(rgb) if enc is None else None, enc,
+                        rgb if keep_image else None)
+
+
+def reduce_mask(mask: np.ndarray, grids) -> DecodedMask:
+    """A decoded ``[H, W]`` mask reduced to its size, coverage and weights on ``grids``."""
+    h, w = mask.shape
+    return DecodedMask((int(w), int(h)), round(mask_coverage(mask), 6), bool(np.any(mask)),
+                       {tuple(g): mask_to_patch_grid(mask, tuple(g)) for g in grids})
+
+
+def decode_mask(data: bytes, name: str, grids, exif: str = "apply", budget=None) -> DecodedMask:
+    """Decode, orient and reduce one mask file onto the patch grids of the images it is paired
+    with (``grids``: ``(Hp, Wp)`` tuples; none when no paired image could be read).
+
+    Raises:
+        InputError: ``unreadable_mask`` or ``image_too_large``.
+    """
+    opened = open_image(data, name, "mask")
+    with _budget(budget, decode_cost(opened, "mask")):
+        mask = mask_from_opened(opened, name, exif)
+        del opened
+        return reduce_mask(mask, grids)
+
+
+def array_mask(m, name: str, grids) -> DecodedMask:
+    """A ``[H, W] uint8`` mask array (an in-memory input) reduced as a decoded mask.
+
+    Raises:
+        InputError: ``unreadable_mask`` (another dtype or rank).
+    """
+    a = np.asarray(m)
+    if a.ndim != 2 or a.dtype != np.uint8:
+        raise InputError("unreadable_mask", f"{name}: expected mask bytes or a [H, W] uint8 array, got "
+                                            f"{a.dtype} {list(a.shape)}")
+    return reduce_mask(a, grids)
+
+
+def check_mask(image: DecodedImage, mask: DecodedMask, what: str, name: str, tolerance: int, exif: str) -> str | None:
+    """masc-run's rule for a mask whose size differs from its image's: refused, or stretched
+    (with a note) when at most ``tolerance`` pixels off.
+
+    Raises:
+        InputError: ``mask_orientation_mismatch`` (it fits only rotated by 90 degrees) or
+            ``mask_size_mismatch``.
+    """
+    (w, h), (iw, ih) = mask.size, image.size
+    if (w, h) == (iw, ih):
+        return None
+    if (w, h) == (ih, iw):
+        raise InputError("mask_orientation_mismatch",
+                         f"{what} mask {name} is {w}x{h}, its image {iw}x{ih}: they fit only rotated by 90 degrees "
+                         f"(EXIF orientation applied to one of them? --exif is {exif})")
+    if abs(h - ih) <= tolerance and abs(w - iw) <= tolerance:
+        return f"{what} mask {w}x{h} stretched to its image {iw}x{ih}"
+    raise InputError("mask_size_mismatch",
+                     f"{what} mask {name} is {w}x{h} (WxH) but its image is {iw}x{ih} "
+                     "(--mask-size-tolerance N stretches masks up to N pixels off)")

@@ -1,0 +1,113 @@
+"""uvicorn's HTTP/1.1 protocol (h11) with a header deadline and JSON error bodies.
+
+uvicorn has no timeout for a request's headers: ``timeout_keep_alive`` covers only the idle time
+between requests and is cancelled by any byte received, so a client sending one header byte at
+a time holds its connection forever (slowloris; uvicorn issue #157 lists
+``--timeout-request-start`` as not done). :func:`guarded_protocol` makes an ``H11Protocol``
+subclass that:
+
+- gives each request ``header_timeout_s`` from its first byte (or from the connection, for the
+  first request) to complete its headers; past it the connection gets 408 with the service's
+  JSON error body and is closed. A connection that finished a request and then trickles bytes
+  without a new complete request is cut off the same way;
+- answers malformed HTTP with the JSON error body (400 ``bad_http``) instead of uvicorn's plain
+  text.
+
+What follows the headers is the app's: the body deadline, the request limit and every other
+error body live in serve/limits.py. ``limit_concurrency`` is not used: uvicorn answers it with a
+plain-text 503 and counts slow, header-less sockets against it, which would make ``/healthz``
+fail while clients stall.
+"""
+
+from __future__ import annotations
+
+import http
+import logging
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .limits import error_body
+
+log = logging.getLogger("masc_engine.serve")
+
+
+def _raw_response(status: int, error: str, detail: str) -> bytes:
+    body = error_body(error, None, detail)
+    head = (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+def guarded_protocol(header_timeout_s: float, on_reject=None) -> type:
+    """An ``H11Protocol`` subclass with a header deadline and JSON 400/408 bodies.
+
+    Args:
+        header_timeout_s: seconds a request's headers may take.
+        on_reject: ``on_reject(error, status)`` for each connection answered here (metrics).
+
+    Returns:
+        the class, for ``uvicorn.run(..., http=cls)``.
+    """
+
+    class GuardedH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._header_timer = None
+            self._arm()
+
+        def _idle(self) -> bool:
+            """No request is being handled (none yet, or the last one was answered)."""
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(header_timeout_s, self._header_deadline)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def data_received(self, data: bytes) -> None:
+            if self._idle():
+                self._arm()  # a new request starts with these bytes
+            cycle = self.cycle
+            super().data_received(data)
+            if self.cycle is not cycle:  # its headers are complete: the app has it now
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.cycle is not None and not self.cycle.response_complete:  # a pipelined request started
+                self._disarm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _header_deadline(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing() or not self._idle():
+                return
+            self.transport.write(_raw_response(408, "header_timeout", f"the request headers were not received "
+                                                                      f"within --header-timeout-s {header_timeout_s:g} s"))
+            self.transport.close()
+            if on_reject is not None:
+                on_reject("header_timeout", 408)
+
+        def send_400_response(self, msg: str) -> None:
+            self._disarm()
+            body = error_body("bad_http", None, f"not a valid HTTP/1.1 request: {msg}")
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+            try:
+                for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                              h11.Data(data=body), h11.EndOfMessage()):
+                    self.transport.write(self.conn.send(event))
+            except h11.LocalProtocolError:  # h11 cannot answer in this state: the raw bytes
+                self.transport.write(_raw_response(400, "bad_http", f"not a valid HTTP/1.1 request: {msg}"))
+            self.transport.close()
+            if on_reject is not None:
+                on_reject("bad_http", 400)
+
+    return GuardedH11Protocol
