@@ -16,7 +16,7 @@ import pytest
 
 from conftest import EXAMPLES
 from masc_engine.jobs.pairs import RunSettings, run_pairs
-from masc_engine.jobs.results import journal_path, read_output
+from masc_engine.jobs.results import SettingsChangedError, journal_path, read_output
 from masc_engine.runtime.scorer import Scorer
 
 
@@ -93,9 +93,14 @@ def test_changed_row_and_changed_setting_are_rescored(naflex_bundle, tmp_path):
     s = _run(naflex_bundle, pairs, out)
     assert s.resumed == 19
     assert [r for r in read_output(out) if r["row_index"] == 4][0]["prompt"] == "a dog in the snow"
-    s = run_pairs(pairs, Scorer(naflex_bundle, stripper="none"), out, progress=False)
-    assert s.resumed == 0  # another stripper: nothing reused
-    s = run_pairs(pairs, Scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=0.01), progress=False)
+    before = out.read_bytes()
+    with pytest.raises(SettingsChangedError, match="--stripper: regex -> none"):
+        run_pairs(pairs, Scorer(naflex_bundle, stripper="none"), out, progress=False)
+    assert out.read_bytes() == before  # refused: nothing re-scored or erased
+    s = run_pairs(pairs, Scorer(naflex_bundle, stripper="none"), out, progress=False, overwrite=True)
+    assert s.resumed == 0  # another stripper, asked for: nothing reused
+    s = run_pairs(pairs, Scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=0.01), progress=False,
+                  overwrite=True)
     assert s.resumed == 0
 
 
@@ -142,20 +147,27 @@ def test_cache_size_is_bounded(naflex_bundle, tmp_path):
         assert 0 < len(c) < 22
 
 
-def test_journal_of_other_settings_is_kept_not_deleted(naflex_bundle, tmp_path):
+def test_journal_of_other_settings_refuses_and_is_kept(naflex_bundle, tmp_path):
+    """The journal of an interrupted run under other settings is neither reused nor deleted: the
+    run stops naming the difference; --overwrite starts afresh."""
     from masc_engine.jobs.results import append_journal
 
     pairs = _big_pairs(tmp_path, copies=1)
     out = tmp_path / "o.csv"
     jp = journal_path(out)
-    append_journal(jp, [{"type": "header", "fingerprint": "another-setting"},
+    append_journal(jp, [{"type": "header", "fingerprint": "another-setting",
+                         "identity": {"--stripper": "none", "--exif": "apply"}},
                         {"row_index": 1, "row_key": "x", "cp": 0.5, "pf": 0.1, "status": "ok"}])
+    kept = jp.read_bytes()
+    with pytest.raises(SettingsChangedError) as e:
+        run_pairs(pairs, Scorer(naflex_bundle), out, progress=False)
+    assert "1 rows of an interrupted run" in str(e.value) and "--stripper: none -> regex" in str(e.value)
+    assert "--overwrite" in str(e.value) and "\n" not in str(e.value)
+    assert jp.read_bytes() == kept and not out.exists()
     said: list[str] = []
-    s = run_pairs(pairs, Scorer(naflex_bundle), out, progress=False, log=said.append)
-    assert s.resumed == 0 and s.rows == 20
-    stale = jp.with_name(jp.name + ".another-setting.stale")
-    assert stale.is_file() and "row_key" in stale.read_text()
-    assert any(str(stale) in m for m in said)
+    s = run_pairs(pairs, Scorer(naflex_bundle), out, progress=False, log=said.append, overwrite=True)
+    assert s.resumed == 0 and s.rows == 20 and not jp.exists()
+    assert any("--overwrite" in m for m in said)
 
 
 # ------------------------------------------------------------------ resume after an edit

@@ -74,21 +74,32 @@ from .options import exif_option, mask_size_tolerance_option, max_num_patches_op
 @click.option("--ort-memory", type=click.Choice(["lean", "arena"]), default="lean", show_default=True,
               help="ONNX Runtime CPU memory: lean (no CPU arena, no memory patterns: memory is weights + "
                    "the batch in flight) or arena (ONNX Runtime's defaults; keeps its high-water mark).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace results at --out made with other settings (or a file masc-run did not write) and "
+                   "score every row afresh. Without it such a run stops, naming what differs.")
 @click.option("--print-scores", is_flag=True, help="Print each row's key, method, CP, PF and status.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif, paper_filter,
          min_output_mask_frac, min_reference_mask_frac, mask_size_tolerance, baselines, save_maps, cache_dir, cache_size_gb,
          batch_size, chunk_size, threads, io_workers, executor, ray_address, ray_workers, cp_head, backend, precision, graph_variant,
-         device_resident, ort_memory, print_scores, no_progress) -> None:
+         device_resident, ort_memory, overwrite, print_scores, no_progress) -> None:
     """Score every row of PAIRS_CSV (columns ref_image, ref_mask, out_image, out_mask, prompt,
-    object_name; other columns are carried through) and print a summary."""
+    object_name; other columns are carried through) and print a summary.
+
+    One run writes an output at a time (a second one on the same --out stops at once, naming the
+    first); rerunning the same command resumes; a rerun with other settings stops unless
+    --overwrite. Every failure is one line on stderr with exit status 1.
+    """
     from ..engine.bundle import RandomWeightsWarning
     from ..errors import MascEngineError
     from ..jobs.pairs import RunSettings, run_pairs
     from ..runtime.scorer import Scorer
 
     out_path = out_path or f"{Path(pairs_csv).stem}.masc.csv"
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)  # --out out/scores.csv on a fresh checkout
+    try:
+        Path(out_path).parent.mkdir(parents=True, exist_ok=True)  # --out out/scores.csv on a fresh checkout
+    except OSError as e:
+        raise click.ClickException(f"cannot create the output folder {Path(out_path).parent}: {e.strerror or e}") from e
     if paper_filter:
         min_output_mask_frac = 0.05 if min_output_mask_frac is None else min_output_mask_frac
         min_reference_mask_frac = 0.05 if min_reference_mask_frac is None else min_reference_mask_frac
@@ -114,7 +125,7 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
         summary = run_pairs(pairs_csv, scorer, out_path, settings, chunk_size=chunk_size, io_workers=io_workers,
                             cache_dir=cache_dir, cache_size_limit=int(cache_size_gb * 2**30), executor=executor,
                             ray_address=ray_address, ray_workers=ray_workers, progress=not no_progress,
-                            log=lambda s: click.echo(s, err=True))
+                            log=lambda s: click.echo(s, err=True), overwrite=overwrite)
     except KeyboardInterrupt:
         from ..jobs.results import journal_path, read_journal
 
@@ -125,6 +136,10 @@ def main(pairs_csv, bundle, out_path, provider, stripper, max_num_patches, exif,
         sys.exit(130)
     except (MascEngineError, ValueError) as e:
         raise click.ClickException(str(e)) from e
+    except OSError as e:  # an environment fault the job layer did not name (e.g. the cache folder)
+        where = f" {e.filename}" if getattr(e, "filename", None) else ""
+        raise click.ClickException(f"masc-run stopped:{where} {e.strerror or e}; finished rows stay in "
+                                   f"{out_path}.journal.jsonl: run the same command again to finish") from e
     if print_scores:
         from ..jobs.results import read_output
 

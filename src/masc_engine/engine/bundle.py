@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import BackendUnavailableError, BundleError
 from .backends.base import BACKENDS, Runner
 from .backends.openvino import BF16_CPU_MODE
-from .manifest import fingerprint, read_manifest, verify_files
+from .manifest import check_consistency, check_graph_io, fingerprint, read_manifest, verify_files
 
 
 #: The standard-op graphs (``manifest["graphs"]``).
@@ -57,13 +57,16 @@ class Bundle:
 
         Raises:
             BundleError: missing directory, manifest or listed file; a bundle of another kind;
-                with ``"all"``, a modified file.
+                a scorer manifest whose settings disagree with the graph shapes it declares
+                (engine/manifest.py ``check_consistency``); with ``"all"``, a modified file.
         """
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
         if self.kind != kind:
             use = "--segmenter" if self.kind == "segmenter" else "--bundle"
             raise BundleError(f"bundle {self.path} is a {self.kind} bundle, not a {kind} bundle (pass it as {use})")
+        if self.kind == "scorer":
+            check_consistency(self.manifest, str(self.path))
         self.verify = verify
         self._verified: set[str] = set()
         if verify == "all":
@@ -217,7 +220,8 @@ class Bundle:
             BackendUnavailableError: unknown backend, the provider or TensorRT is missing (never a
                 quiet fallback to CPU).
             EngineCompatibilityError: TensorRT engines built for another GPU / TensorRT version.
-            BundleError: the bundle has no such graph (or no such engine set).
+            BundleError: the bundle has no such graph (or no such engine set), or the loaded ONNX
+                graph's inputs and outputs are not those its manifest entry declares.
         """
         self.graph(graph)  # BundleError for an unknown graph, whatever the backend
         variant = self.resolve_variant(variant, backend, provider)
@@ -229,6 +233,10 @@ class Bundle:
             runner = OrtRunner(self.graph_file(graph, variant), graph, provider=provider,
                                intra_op_threads=intra_op_threads, ort_memory=ort_memory)
             runner.precision = own
+            # The graph itself against its manifest entry, before any batch runs on it.
+            sess = runner.session
+            check_graph_io(self.graph(graph), [(a.name, a.shape) for a in sess.get_inputs()],
+                           [(a.name, a.shape) for a in sess.get_outputs()], graph, str(self.path))
             return runner
         if backend == "tensorrt":
             from .backends.tensorrt import load_runner  # lazy: tensorrt is optional
