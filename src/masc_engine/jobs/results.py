@@ -123,11 +123,12 @@ class OutputWriteError(MascEngineError):
     def __init__(self, path: str | Path, what: str, e: OSError):
         code = errno.errorcode.get(e.errno or 0, "")
         cause = f"{e.strerror or e}" + (f" ({code})" if code else "")
-        hint = {errno.ENOSPC: "free space", errno.EDQUOT: "free space", errno.EROFS: "choose a writable --out",
+        hint = {errno.ENOSPC: "free space", errno.EDQUOT: "free space", errno.EROFS: "make it writable or choose another --out",
                 errno.EACCES: "fix its permissions or choose another --out",
                 errno.EPERM: "fix its permissions or choose another --out"}.get(e.errno, "fix the cause")
-        super().__init__(f"cannot write the {what} {path}: {cause}; finished rows stay in the journal: {hint} "
-                         "and run the same command again")
+        then = (", then run the same command again (the rows finished so far are kept in the journal)"
+                if what != "lock file" else "")
+        super().__init__(f"cannot write the {what} {path}: {cause}; {hint}{then}")
         self.path, self.errno = str(path), e.errno
 
 
@@ -185,11 +186,12 @@ class OutputLock:
 
         lock = FileLock(str(self.path), timeout=0)
         try:
-            with output_errors(self.path, "lock file"):
-                lock.acquire()
-        except Timeout:
+            lock.acquire()
+        except Timeout:  # (a TimeoutError, hence an OSError: caught first)
             raise OutputBusyError(f"{self.out} is being written by {self._holder()} (lock {self.path}); "
                                   "wait for that run to finish, or choose another --out") from None
+        except OSError as e:
+            raise OutputWriteError(getattr(e, "filename", None) or self.path, "lock file", e) from None
         self._lock = lock
         with output_errors(self.path, "lock file"):
             with open(self.path, "r+", encoding="utf-8") as f:
