@@ -270,3 +270,54 @@ def test_csv_reordered_after_kill_resumes_each_row_once(naflex_bundle, tmp_path,
     for a, b in zip(got[1:], read_output(clean)[1:]):
         assert (a["key"], a["row_key"], a["status"]) == (b["key"], b["row_key"], b["status"])
         assert a["cp"] == b["cp"] and a["pf"] == b["pf"]  # batch-independent to the bit (issue 14)
+
+
+# ------------------------------------------------------------------ what the encoding cache is keyed by
+
+
+def _exif_pairs(tmp_path: Path, n: int = 4) -> Path:
+    """Example pairs whose images and masks are stored rotated with an EXIF orientation tag, so
+    that ``--exif apply`` and ``--exif ignore`` encode different pixels from the same bytes."""
+    from PIL import Image
+
+    rows = list(csv.DictReader(open(EXAMPLES / "pairs.csv", encoding="utf-8")))[:n]
+    exif = Image.Exif()
+    exif[0x0112] = 6  # display = stored rotated by 270 degrees
+    out_rows = []
+    for i, r in enumerate(rows):
+        row = dict(r)
+        for c in ("ref_image", "ref_mask", "out_image", "out_mask"):
+            im = Image.open(EXAMPLES / r[c])
+            im = (im.convert("RGB") if "image" in c else im.convert("L")).transpose(Image.Transpose.ROTATE_90)
+            name = f"{i}_{c}.{'jpg' if 'image' in c else 'png'}"
+            im.save(tmp_path / name, exif=exif.tobytes(), **({"quality": 95} if "image" in c else {}))
+            row[c] = name
+        out_rows.append(row)
+    path = tmp_path / "exif_pairs.csv"
+    _write_rows(path, out_rows)
+    return path
+
+
+def test_encoding_cache_never_serves_another_exif_policy_or_graph_variant(naflex_bundle, tmp_path):
+    """One --cache-dir shared by runs that encode the same bytes differently: --exif apply then
+    ignore, and the portable then the fused (ort-cpu) graphs. The second run of each finds no
+    entry of the first (0 hits: a hit would be a stale encoding) and scores exactly as an
+    uncached run with its own settings."""
+    pairs = _exif_pairs(tmp_path)
+    plans = [  # (first run, second run): (scorer options, run settings)
+        (({}, RunSettings(exif="apply")), ({}, RunSettings(exif="ignore"))),
+        (({"graph_variant": "portable"}, RunSettings()), ({"graph_variant": "ort-cpu"}, RunSettings())),
+    ]
+    for k, (first, second) in enumerate(plans):
+        cache = tmp_path / f"cache{k}"
+        f = run_pairs(pairs, Scorer(naflex_bundle, **first[0]), tmp_path / f"first{k}.csv", first[1],
+                      cache_dir=cache, progress=False)
+        s = run_pairs(pairs, Scorer(naflex_bundle, **second[0]), tmp_path / f"second{k}.csv", second[1],
+                      cache_dir=cache, progress=False)
+        assert f.images_encoded == 5 and s.cache_hits == 0 and s.images_encoded == 5, (k, s.cache_hits)
+        run_pairs(pairs, Scorer(naflex_bundle, **second[0]), tmp_path / f"uncached{k}.csv", second[1], progress=False)
+        got, want = _scores(tmp_path / f"second{k}.csv"), _scores(tmp_path / f"uncached{k}.csv")
+        assert got == want, k  # to the bit
+        assert all(v[0] == "ok" for v in got.values())
+    # the two EXIF policies really encode different pixels (else the first check proves nothing)
+    assert _scores(tmp_path / "second0.csv") != _scores(tmp_path / "first0.csv")
