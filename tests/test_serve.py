@@ -49,13 +49,13 @@ def _free_port() -> int:
 class Server:
     """A masc-serve subprocess on 127.0.0.1 and a free port."""
 
-    def __init__(self, bundle: Path, *args: str, log: Path):
+    def __init__(self, bundle: Path, *args: str, log: Path, env: dict | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.proc = subprocess.Popen([*SERVE, "--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(self.port),
                                       "--log-level", "warning", *args],
-                                     stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+                                     stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 120
         while time.time() < deadline:
             assert self.proc.poll() is None, f"masc-serve exited: {log.read_text()[-3000:]}"

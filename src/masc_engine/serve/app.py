@@ -456,13 +456,16 @@ async def _parse_multipart(request: Request, cfg: ServeConfig) -> dict:
         # Text fields are cut off at the prompt budget while parsing (never held whole); file
         # parts are spooled by Starlette and bounded by --max-body-mb.
         form = await request.form(max_files=len(BYTE_FIELDS), max_fields=8, max_part_size=cfg.max_prompt_bytes)
-    except (BodyTimeout, StarletteHTTPException):
+    except BodyTimeout:
         raise
     except Exception as e:  # noqa: BLE001 - python-multipart / Starlette raise several kinds
-        if "exceeded maximum size" in str(e):
+        if isinstance(e, StarletteHTTPException) and e.status_code != 400:
+            raise  # 413: the body limit
+        why = str(getattr(e, "detail", None) or e)
+        if "exceeded maximum size" in why:  # Starlette's part limit, hit while parsing
             raise ApiError(422, "prompt_too_long", None, f"a text field (prompt, object_name or stripper) is over "
                                                          f"the budget of {cfg.max_prompt_bytes} bytes") from e
-        raise ApiError(400, "malformed_multipart", None, f"the multipart body cannot be parsed: {e}") from e
+        raise ApiError(400, "malformed_multipart", None, f"the multipart body cannot be parsed: {why}") from e
     known = set(BYTE_FIELDS) | {"prompt", "object_name", "stripper"}
     for k in form.keys():
         if k not in known:

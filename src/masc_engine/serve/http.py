@@ -8,8 +8,9 @@ subclass that:
 
 - gives each request ``header_timeout_s`` from its first byte (or from the connection, for the
   first request) to complete its headers; past it the connection gets 408 with the service's
-  JSON error body and is closed. A connection that finished a request and then trickles bytes
-  without a new complete request is cut off the same way;
+  JSON error body and is closed (a connection that sent nothing is closed without a word). A
+  connection that finished a request and then trickles bytes without a new complete request
+  is cut off the same way;
 - answers malformed HTTP with the JSON error body (400 ``bad_http``) instead of uvicorn's plain
   text.
 
@@ -90,11 +91,13 @@ def guarded_protocol(header_timeout_s: float, on_reject=None) -> type:
             self._header_timer = None
             if self.transport.is_closing() or not self._idle():
                 return
-            self.transport.write(_raw_response(408, "header_timeout", f"the request headers were not received "
-                                                                      f"within --header-timeout-s {header_timeout_s:g} s"))
-            self.transport.close()
-            if on_reject is not None:
-                on_reject("header_timeout", 408)
+            partial = self.conn.their_state is not h11.IDLE or bool(self.conn.trailing_data[0])
+            if partial:  # part of a request arrived, not all of its headers
+                self.transport.write(_raw_response(408, "header_timeout", "the request headers were not received "
+                                                   f"within --header-timeout-s {header_timeout_s:g} s"))
+                if on_reject is not None:
+                    on_reject("header_timeout", 408)
+            self.transport.close()  # else an idle connection: closed without a word, as keep-alive does
 
         def send_400_response(self, msg: str) -> None:
             self._disarm()

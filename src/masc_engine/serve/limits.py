@@ -18,8 +18,8 @@ middleware, so it sees every response the app sends, 500s included):
 - **Pixels** (``--max-pixels``): Pillow's decompression-bomb limit, ``Image.MAX_IMAGE_PIXELS``,
   checked from the header before decoding (runtime/io.py ``open_image``).
 
-After a request with a large body, the process's free heap is returned to the system
-(jobs/loading.py ``release_free_memory``).
+When the service falls idle after its memory grew (a large body, decoded images), the process's
+free heap is returned to the system (jobs/loading.py ``release_free_memory``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 
 from PIL import Image
@@ -37,8 +38,18 @@ log = logging.getLogger("masc_engine.serve")
 
 #: Paths never refused for load: liveness and readiness probes, and Prometheus scrapes.
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-#: A body at least this large is followed by returning free heap memory to the system.
-_TRIM_AFTER_BYTES = 8 * 2**20
+#: When the service falls idle with its resident memory this much above what it was after the
+#: last trim, the free heap is returned to the system (the spike's memory is not kept forever).
+_TRIM_GROWTH_BYTES = 32 * 2**20
+
+
+def _rss() -> int | None:
+    """This process's resident memory, bytes (Linux ``/proc/self/statm``; None elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def set_pixel_budget(max_pixels: int) -> None:
@@ -48,7 +59,7 @@ def set_pixel_budget(max_pixels: int) -> None:
 
 def error_body(error: str, field: str | None, detail: str) -> bytes:
     """The service's one error body: ``{"error", "field", "detail"}`` as JSON bytes."""
-    return json.dumps({"error": error, "field": field, "detail": detail}).encode()
+    return json.dumps({"error": error, "field": field, "detail": detail}, separators=(",", ":")).encode()
 
 
 class BodyTimeout(Exception):
@@ -73,6 +84,7 @@ class RequestGuard:
         self.max_in_flight = max_in_flight
         self.metrics = metrics
         self.in_flight = 0
+        self._rss_floor: int | None = _rss()
 
     async def _answer(self, send, status: int, error: str, detail: str, headers=()) -> None:
         self.metrics.count_error(error)
@@ -129,8 +141,20 @@ class RequestGuard:
             self.in_flight -= counted
             gauge.dec()
             self.metrics.observe_request(scope["path"], status[0] if status else 500, time.perf_counter() - t0)
-            if body.received >= _TRIM_AFTER_BYTES:
-                await asyncio.to_thread(release_free_memory)
+            if counted and self.in_flight == 0:
+                await self._trim_if_grown()
+
+    async def _trim_if_grown(self) -> None:
+        """Idle now: hand the free heap back if resident memory grew since the last trim (glibc
+        keeps freed arenas of a spike: request bodies, decoded images, batch buffers)."""
+        rss = _rss()
+        if rss is None:
+            return
+        if self._rss_floor is None or rss < self._rss_floor:
+            self._rss_floor = rss
+        elif rss - self._rss_floor >= _TRIM_GROWTH_BYTES:
+            await asyncio.to_thread(release_free_memory)
+            self._rss_floor = _rss()
 
 
 class _BodyDeadline:
@@ -145,7 +169,6 @@ class _BodyDeadline:
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.done = False
-        self.received = 0
 
     async def receive(self):
         if self.done:
@@ -157,7 +180,6 @@ class _BodyDeadline:
             msg = await asyncio.wait_for(self._receive(), left)
         except asyncio.TimeoutError:
             raise BodyTimeout(f"the body was not received within --body-timeout-s {self.timeout_s:g} s") from None
-        self.received += len(msg.get("body", b""))
         if msg["type"] != "http.request" or not msg.get("more_body", False):
             self.done = True
         return msg
