@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 
 import numpy as np
 import pytest
@@ -155,3 +156,102 @@ def test_paper_filter_keeps_rows_with_reason(naflex_bundle, zoo, tmp_path):
                                                                 min_reference_mask_frac=0.0005), progress=False,
                   overwrite=True)
     assert s.statuses["ok"] == 3
+
+
+# ------------------------------------------------------------------ formats and decoder failures
+
+
+def _fake_gs(tmp_path, monkeypatch):
+    """A recording ``gs`` first on PATH, and Pillow's cached Ghostscript lookup reset."""
+    from PIL import EpsImagePlugin
+
+    record = tmp_path / "gs-calls.txt"
+    (tmp_path / "bin").mkdir()
+    gs = tmp_path / "bin" / "gs"
+    gs.write_text(f"#!/bin/sh\necho \"gs $*\" >> {record}\nexit 1\n")
+    gs.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ.get('PATH', '')}")
+    monkeypatch.setattr(EpsImagePlugin, "gs_binary", None)
+    return record
+
+
+def test_formats_outside_the_allowlist_are_refused_before_any_decoder(tmp_path, monkeypatch):
+    import io
+
+    from masc_engine.errors import InputError
+    from masc_engine.runtime.io import IMAGE_FORMATS, image_from_bytes, mask_from_bytes
+
+    record = _fake_gs(tmp_path, monkeypatch)
+    im = Image.new("RGB", (24, 16), (10, 200, 30))
+    for fmt in ("EPS", "PDF", "GIF", "PPM", "DDS", "ICO", "TGA"):
+        b = io.BytesIO()
+        im.save(b, fmt)
+        for read, reason in ((image_from_bytes, "unreadable_image"), (mask_from_bytes, "unreadable_mask")):
+            with pytest.raises(InputError) as e:
+                read(b.getvalue(), f"x.{fmt.lower()}")
+            assert e.value.reason == reason and "JPEG, PNG, WebP, TIFF or BMP" in e.value.detail, fmt
+    for fmt in IMAGE_FORMATS:  # the allowed ones still read
+        b = io.BytesIO()
+        im.save(b, fmt)
+        assert image_from_bytes(b.getvalue(), f"x.{fmt.lower()}")[0].size == (24, 16)
+    assert not record.exists()  # Ghostscript never ran
+
+
+@pytest.mark.parametrize("exc", [NotImplementedError("unimplemented pixel format"), __import__("struct").error("bad"),
+                                 IndexError("tile out of range"), KeyError("mode"), ZeroDivisionError("stride"),
+                                 MemoryError()])
+def test_any_decoder_exception_is_the_files_status(exc, monkeypatch):
+    """Pillow decoders raise more than OSError on hostile bytes: each kind becomes the file's
+    InputError (a status in masc-run, 422 in masc-serve), never an exception past the reader."""
+    from PIL import ImageFile
+
+    from masc_engine.errors import InputError
+    from masc_engine.runtime.io import image_from_bytes, mask_from_bytes
+
+    data = SRC_MASK.read_bytes()
+
+    def broken(self):
+        raise exc
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", broken)
+    for read, reason in ((image_from_bytes, "unreadable_image"), (mask_from_bytes, "unreadable_mask")):
+        with pytest.raises(InputError) as e:
+            read(data, "x.png")
+        want = "image_too_large" if isinstance(exc, MemoryError) else reason
+        assert e.value.reason == want and "x.png" in e.value.detail and "\n" not in str(e.value)
+
+
+def test_hostile_files_cost_their_row_only(naflex_bundle, tmp_path, monkeypatch):
+    """masc-run reads files through the same allowlist: a PostScript output image, a PDF mask and
+    a DDS whose header crashes Pillow's decoder are their rows' statuses; the other rows score."""
+    import io
+    import struct
+
+    record = _fake_gs(tmp_path, monkeypatch)
+    shutil_copy = __import__("shutil").copy
+    shutil_copy(SRC_IMG, tmp_path / "cat.jpg")
+    shutil_copy(SRC_MASK, tmp_path / "cat.png")
+    (tmp_path / "x.ps").write_bytes(b"%!PS-Adobe-3.0\nnewpath 0 0 moveto 9 9 lineto stroke showpage\n")
+    b = io.BytesIO()
+    Image.new("L", (8, 8)).save(b, "PDF")
+    (tmp_path / "m.pdf").write_bytes(b.getvalue())
+    b = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(b, "DDS")
+    dds = bytearray(b.getvalue())
+    struct.pack_into("<I", dds, 4 + 76, 0)  # DDS_HEADER.ddspf.dwFlags = 0: Pillow raises NotImplementedError
+    (tmp_path / "x.dds").write_bytes(bytes(dds))
+    path = tmp_path / "pairs.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["key", "ref_image", "ref_mask", "out_image", "out_mask", "prompt", "object_name"])
+        w.writerow(["ok1", "cat.jpg", "cat.png", "cat.jpg", "cat.png", "a cat", "cat"])
+        w.writerow(["ps", "cat.jpg", "cat.png", "x.ps", "cat.png", "a cat", "cat"])
+        w.writerow(["pdf", "cat.jpg", "m.pdf", "cat.jpg", "cat.png", "a cat", "cat"])
+        w.writerow(["dds", "x.dds", "cat.png", "cat.jpg", "cat.png", "a cat", "cat"])
+        w.writerow(["ok2", "cat.jpg", "cat.png", "cat.jpg", "cat.png", "a cat", "cat"])
+    out = tmp_path / "o.csv"
+    run_pairs(path, Scorer(naflex_bundle), out, progress=False)
+    status = {r["key"]: r["status"] for r in read_output(out)}
+    assert status == {"ok1": "ok", "ps": "unreadable_image", "pdf": "unreadable_mask", "dds": "unreadable_image",
+                      "ok2": "ok"}
+    assert not record.exists()
