@@ -1,31 +1,73 @@
-import io, sys, resource, os
+"""Peak memory of decoding and reducing one large file (runtime/io.py + jobs/items.py reduction),
+against the bound ``runtime.io.decode_cost`` reserves for it: each case runs in a fresh child
+process, whose ``VmHWM`` (reset just before decoding) minus ``VmRSS`` is the peak.
+
+    python bench/decode_memory.py --size 6000 --out bench/results/decode_memory.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import io, sys
 import numpy as np
 from PIL import Image
 kind, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-arr = np.zeros((n, n, 3) if mode == "RGB" else (n, n), np.uint8)
-if mode == "I;16": arr = np.zeros((n, n), np.uint16)
-b = io.BytesIO(); Image.fromarray(arr, mode if mode != "I;16" else None).save(b, "PNG"); data = b.getvalue(); del arr
+arr = np.zeros((n, n, 3) if mode == "RGB" else (n, n), np.uint16 if mode == "I;16" else np.uint8)
+b = io.BytesIO(); Image.fromarray(arr).save(b, "PNG"); data = b.getvalue(); del arr
 from masc_engine.runtime.io import open_image, decode_cost, image_from_opened, mask_from_opened
 from masc_engine.runtime.masks import mask_coverage, mask_to_patch_grid
 from masc_engine.runtime.preprocess import ImageSettings, preprocess_image
-s = ImageSettings("naflex", 16, 1024, None, "bilinear", 1/255, (0.5,)*3, (0.5,)*3)
-import gc; gc.collect()
-def hwm():
-    for l in open("/proc/self/status"):
-        if l.startswith("VmHWM"): return int(l.split()[1]) * 1024
-def rss():
-    for l in open("/proc/self/status"):
-        if l.startswith("VmRSS"): return int(l.split()[1]) * 1024
-# reset HWM
+s = ImageSettings("naflex", 16, 1024, None, "bilinear", 1 / 255, (0.5,) * 3, (0.5,) * 3)
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
 open("/proc/self/clear_refs", "w").write("5")
-base = rss()
+base = status("VmRSS")
 im = open_image(data, "x", kind)
 cost = decode_cost(im, kind)
 if kind == "image":
     rgb, notes = image_from_opened(im, "x")
-    pre = preprocess_image(rgb, s); del rgb
+    pre = preprocess_image(rgb, s)
 else:
     m = mask_from_opened(im, "x")
-    c = mask_coverage(m); w = mask_to_patch_grid(m, (32, 32)); del m
-peak = hwm() - base
-print(f"{kind} {mode} {n}x{n}: peak {peak/2**20:.0f} MiB, estimate {cost/2**20:.0f} MiB, per px {peak/n/n:.1f}")
+    c, w = mask_coverage(m), mask_to_patch_grid(m, (32, 32))
+print(status("VmHWM") - base, cost)
+"""
+
+CASES = [("image", "RGB"), ("image", "L"), ("mask", "L"), ("mask", "RGB"), ("image", "I;16"), ("mask", "I;16")]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=6000, help="side of the square test files, pixels")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    rows = []
+    for kind, mode in CASES:
+        n = args.size if mode != "I;16" else int(args.size * 2 / 3)
+        out = subprocess.run([sys.executable, "-c", CHILD, kind, mode, str(n)], capture_output=True, text=True,
+                             check=True, env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}).stdout
+        peak, cost = map(int, out.split())
+        rows.append({"kind": kind, "mode": mode, "side": n, "peak_mb": round(peak / 2**20, 1),
+                     "reserved_mb": round(cost / 2**20, 1), "peak_bytes_per_pixel": round(peak / n / n, 2),
+                     "within_bound": peak <= cost})
+        print(rows[-1])
+    if args.out:
+        Path(args.out).write_text(json.dumps({"machine": platform.platform(), "date": time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": rows}, indent=2) + "\n")
+    return 0 if all(r["within_bound"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

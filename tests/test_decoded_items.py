@@ -156,3 +156,16 @@ def test_check_pair_names_the_field_at_fault(naflex_bundle):
     with pytest.raises(PairError) as e:
         job.check_pair(broken)
     assert (e.value.reason, e.value.field) == ("unreadable_image", "ref_image")
+
+
+def test_measured_decoding_peaks_stay_within_decode_cost():
+    """bench/decode_memory.py on 1500-pixel files: for every mode and kind, the RSS peak of
+    decoding and reducing one file (a fresh process each) is at most what decode_cost reserves."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "decode_memory.py"
+    spec = importlib.util.spec_from_file_location("decode_memory", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--size", "1500"]) == 0

@@ -94,6 +94,45 @@ class ByteBudget:
 _LIBC = None
 
 
+def _libc():
+    """glibc, or None off Linux/glibc."""
+    global _LIBC
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return None
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+        except OSError:
+            return None
+    return _LIBC
+
+
+#: glibc ``mallopt`` parameter (malloc.h).
+_M_MMAP_THRESHOLD = -3
+
+
+def return_large_blocks(threshold: int = 4 * 2**20) -> bool:
+    """Make every heap block of at least ``threshold`` bytes its own mapping, handed back to the
+    system when freed (glibc ``mallopt(M_MMAP_THRESHOLD)``).
+
+    glibc raises its mmap threshold (up to 32 MB) each time such a block is freed, after which
+    blocks of that size come from per-thread arenas that keep them when freed: a service decoding
+    large images in several threads then holds one arena high-water mark per thread (measured:
+    1,142 MB of growth for a 1,024 MB decoding budget). A fixed threshold keeps what decoding
+    frees out of the arenas. A no-op off Linux/glibc.
+
+    Returns:
+        whether the setting took effect.
+    """
+    libc = _libc()
+    if libc is None:
+        return False
+    try:
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
+    except AttributeError:
+        return False
+
+
 def release_free_memory() -> bool:
     """Return the free parts of the C heap to the operating system (glibc ``malloc_trim(0)``).
 
@@ -105,13 +144,11 @@ def release_free_memory() -> bool:
     Returns:
         whether a trim ran.
     """
-    global _LIBC
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+    libc = _libc()
+    if libc is None:
         return False
     try:
-        if _LIBC is None:
-            _LIBC = ctypes.CDLL("libc.so.6")
-        _LIBC.malloc_trim(0)
+        libc.malloc_trim(0)
         return True
-    except (OSError, AttributeError):
+    except AttributeError:
         return False

@@ -260,6 +260,9 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        from ..jobs.loading import return_large_blocks
+
+        return_large_blocks()  # the serving process's heap gives decoded images back (docs/service.md)
         loader = threading.Thread(target=state.load, name="masc-load", daemon=True)
         loader.start()
         yield
