@@ -1,5 +1,6 @@
-"""Peak memory of decoding and reducing one large file (runtime/io.py + jobs/items.py reduction),
-against the bound ``runtime.io.decode_cost`` reserves for it: each case runs in a fresh child
+"""Peak memory of decoding and reducing one file (runtime/io.py decoding, then the reduction of
+jobs/items.py: preprocessing at a 1,024-patch budget, or a mask's coverage and grid weights),
+against what ``jobs.items.reservation`` reserves for it: each case runs in a fresh child
 process, whose ``VmHWM`` (reset just before decoding) minus ``VmRSS`` is the peak.
 
     python bench/decode_memory.py --size 6000 --out bench/results/decode_memory.json
@@ -24,7 +25,8 @@ from PIL import Image
 kind, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 arr = np.zeros((n, n, 3) if mode == "RGB" else (n, n), np.uint16 if mode == "I;16" else np.uint8)
 b = io.BytesIO(); Image.fromarray(arr).save(b, "PNG"); data = b.getvalue(); del arr
-from masc_engine.runtime.io import open_image, decode_cost, image_from_opened, mask_from_opened
+from masc_engine.runtime.io import open_image, image_from_opened, mask_from_opened
+from masc_engine.jobs.items import reservation
 from masc_engine.runtime.masks import mask_coverage, mask_to_patch_grid
 from masc_engine.runtime.preprocess import ImageSettings, preprocess_image
 s = ImageSettings("naflex", 16, 1024, None, "bilinear", 1 / 255, (0.5,) * 3, (0.5,) * 3)
@@ -35,7 +37,7 @@ def status(key):
 open("/proc/self/clear_refs", "w").write("5")
 base = status("VmRSS")
 im = open_image(data, "x", kind)
-cost = decode_cost(im, kind)
+cost = reservation(im, kind, s)
 if kind == "image":
     rgb, notes = image_from_opened(im, "x")
     pre = preprocess_image(rgb, s)

@@ -159,7 +159,7 @@ def test_check_pair_names_the_field_at_fault(naflex_bundle):
 
 
 def test_measured_decoding_peaks_stay_within_decode_cost():
-    """bench/decode_memory.py on 1500-pixel files: for every mode and kind, the RSS peak of
+    """bench/decode_memory.py on 1500- and 300-pixel files: for every mode and kind, the RSS peak of
     decoding and reducing one file (a fresh process each) is at most what decode_cost reserves."""
     import importlib.util
     from pathlib import Path
@@ -168,4 +168,4 @@ def test_measured_decoding_peaks_stay_within_decode_cost():
     spec = importlib.util.spec_from_file_location("decode_memory", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.main(["--size", "1500"]) == 0
+    assert mod.main(["--size", "1500"]) == 0 and mod.main(["--size", "300"]) == 0

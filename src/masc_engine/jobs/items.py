@@ -11,9 +11,10 @@ image or mask outlives its own decoding:
   ``mask_coverage``) and its weights on the patch grid of each image it is paired with
   (``mask_to_patch_grid``); what the size checks and both scores read, nothing more.
 
-With a :class:`~masc_engine.jobs.loading.ByteBudget`, each file reserves its decoding cost
-(runtime/io.py ``decode_cost``, known from the header) before any pixel is decoded, so decoding
-memory is bounded by configuration, not by input (masc-serve's ``--max-decoded-mb``).
+With a :class:`~masc_engine.jobs.loading.ByteBudget`, each file reserves its cost (:func:`reservation`:
+decoding, known from the header, and preprocessing, bounded by the patch budget) before any
+pixel is decoded, so decoding memory is bounded by configuration, not by input (masc-serve's
+``--max-decoded-mb``).
 
 A :class:`DecodedPair` is what :meth:`masc_engine.jobs.pairs.PairsJob.score_decoded` scores:
 masc-run builds one per row from files, masc-serve one per request item from bytes.
@@ -127,6 +128,30 @@ def _budget(budget, cost: int):
     return budget.reserve(cost) if budget is not None else nullcontext()
 
 
+#: Bytes per value of the preprocessed image that preprocessing holds at its peak: the resized
+#: uint8 image, its float64 rescaled copy and the float32 arrays of normalisation, patchify and
+#: the padded ``pixel_values`` (runtime/preprocess.py); measured about 24 with
+#: bench/decode_memory.py.
+_PREPROCESS_BYTES_PER_VALUE = 32
+#: What any file holds besides its pixels: decoder and zlib buffers, Python objects (measured
+#: up to 2.4 MB for a 300 x 300 mask).
+_PER_FILE_BYTES = 4 * 2**20
+
+
+def reservation(opened, kind: str, image_settings) -> int:
+    """Bytes a file reserves from a decoded-bytes budget before it is decoded: its decoding cost
+    (runtime/io.py ``decode_cost``), a fixed 4 MiB for buffers and, for an image, preprocessing
+    to the patch grid, which at most fills the patch budget (``max_num_patches * 3 * p * p``
+    values; fixed-size models: the model's image). bench/decode_memory.py measures the peaks
+    against it (bench/results/decode_memory.json)."""
+    cost = decode_cost(opened, kind) + _PER_FILE_BYTES
+    if kind == "image":
+        s = image_settings
+        values = 3 * s.image_size[0] * s.image_size[1] if s.mode == "fixed" else s.max_num_patches * 3 * s.patch_size ** 2
+        cost += values * _PREPROCESS_BYTES_PER_VALUE
+    return cost
+
+
 def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply", budget=None,
                  keep_image: bool = False) -> DecodedImage:
     """Decode, orient and reduce one image file.
@@ -146,7 +171,7 @@ def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply"
     """
     opened = open_image(data, name, "image")
     sha = sha256_bytes(data)
-    with _budget(budget, decode_cost(opened, "image")):
+    with _budget(budget, reservation(opened, "image", scorer.image_settings)):
         im, notes = image_from_opened(opened, name, exif)
         del opened
         grid = patch_grid(im.height, im.width, scorer.image_settings)
@@ -190,7 +215,7 @@ def decode_mask(data: bytes, name: str, grids, exif: str = "apply", budget=None)
         InputError: ``unreadable_mask`` or ``image_too_large``.
     """
     opened = open_image(data, name, "mask")
-    with _budget(budget, decode_cost(opened, "mask")):
+    with _budget(budget, reservation(opened, "mask", None)):
         mask = mask_from_opened(opened, name, exif)
         del opened
         return reduce_mask(mask, grids)
