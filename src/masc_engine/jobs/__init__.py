@@ -1,8 +1,10 @@
 """The job layer shared by every command (masc-run, masc-rank, masc-eval, masc-report) and the
 service: one table reader (:mod:`.tables`), threaded loading (:mod:`.loading`), the journal and
 result files (:mod:`.results`), executors behind one interface (:mod:`.executors`: local, Ray),
-and the jobs themselves: pairs (:mod:`.pairs`, masc-run; :meth:`.pairs.PairsJob.score_item` for
-one in-memory item), FP-Rank (:mod:`.rank`, :mod:`.rank_encoders`) and the int8 gate
+and the jobs themselves: pairs (:mod:`.pairs`, masc-run; :mod:`.items`, inputs decoded and
+reduced to what scoring needs; :meth:`.pairs.PairsJob.decode_pair` and
+:meth:`.pairs.PairsJob.score_decoded` for in-memory items, the service's path;
+:meth:`.pairs.PairsJob.score_item` for one), FP-Rank (:mod:`.rank`, :mod:`.rank_encoders`) and the int8 gate
 (:mod:`.int8_gate`). The encoding cache (memory LRU + disk store) is
 :class:`masc_engine.runtime.cache.EncodingCache`.
 

@@ -29,9 +29,15 @@ masc-metric scores it (PF against the empty text) and flagged ``prompt_empty`` (
 Exactly once: finished rows go to an append-only journal (jobs/results.py) keyed by
 ``row_index`` and ``row_key`` (a hash of the row's cells and its files' size and mtime) under a
 settings fingerprint (bundle, stripper, threshold, budget, EXIF policy, filters, provider, graph
-variant). A
-rerun of the same command scores only what is missing; a changed row, bundle or setting is
-scored again, never reused.
+variant). A rerun of the same command scores only what is missing, and a changed row is scored
+again; a rerun with other settings stops, naming what differs, unless asked to replace the
+results (``overwrite``). One writer per output (``<out>.lock``); a full disk, a read-only folder
+or a refused permission on the output side is one :class:`~.results.OutputWriteError`, and the
+journal keeps what was finished (docs/input-policies.md, "Outputs").
+
+Inputs are decoded and reduced to what scoring needs one file at a time (jobs/items.py); the
+in-memory path (:meth:`PairsJob.decode_pair`, :meth:`PairsJob.check_pair`,
+:meth:`PairsJob.score_decoded`) is what masc-serve calls.
 """
 
 from __future__ import annotations
