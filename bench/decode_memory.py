@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -66,8 +68,14 @@ def main(argv=None) -> int:
                      "within_bound": peak <= cost})
         print(rows[-1])
     if args.out:
-        Path(args.out).write_text(json.dumps({"machine": platform.platform(), "date": time.strftime(
-            "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": rows}, indent=2) + "\n")
+        from importlib.metadata import version
+
+        Path(args.out).write_text(json.dumps({
+            "script": "bench/decode_memory.py", "command": shlex.join([sys.executable, *sys.argv]),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                        "platform": platform.platform(), "python": platform.python_version()},
+            "versions": {p: version(p) for p in ("masc-engine", "pillow", "numpy")}, "cases": rows}, indent=2) + "\n")
     return 0 if all(r["within_bound"] for r in rows) else 1
 
 

@@ -19,6 +19,7 @@ import io
 import json
 import os
 import platform
+import shlex
 import socket
 import subprocess
 import sys
@@ -30,6 +31,18 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "dreambooth"
+
+
+def machine() -> dict:
+    """Where it ran: RSS is per process and not affected by other load; times are."""
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "loadavg_1_5_15": list(os.getloadavg())}
+
+
+def versions() -> dict:
+    from importlib.metadata import version
+
+    return {p: version(p) for p in ("masc-engine", "pillow", "numpy", "onnxruntime", "uvicorn", "fastapi")}
 
 
 def _status(pid: int, key: str) -> int:
@@ -135,8 +148,9 @@ def main(argv=None) -> int:
             proc.terminate()
             proc.wait(60)
         print(name, json.dumps(results[name], indent=1))
-    out = {"bundle": args.bundle, "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}
+    out = {"script": "bench/serve_hostile.py", "command": shlex.join([sys.executable, *sys.argv]),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(), "versions": versions(),
+           "bundle": args.bundle, "results": results}
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     return 0
