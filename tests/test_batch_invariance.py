@@ -4,7 +4,6 @@ shape where padding changes ONNX Runtime's reduction order), through the API and
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest

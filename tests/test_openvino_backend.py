@@ -361,8 +361,10 @@ def test_keeping_the_fragile_layer_in_fp32_passes(naflex_bundle, tmp_path, monke
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         scorer = Scorer(bundle, backend="openvino")  # no precision given: the certificate's bf16
-        fp32 = Scorer(bundle)  # ONNX Runtime still runs the bundle's fp32 graphs
+        default = Scorer(bundle)  # no backend named: the one the certificate names (OpenVINO, bf16)
+        fp32 = Scorer(bundle, backend="onnxruntime")  # ONNX Runtime still runs the bundle's fp32 graphs
     assert scorer.precision == "bf16" and fp32.precision == "fp32"
+    assert (default.backend, default.precision) == ("openvino", "bf16")
     segs = scorer.vision.runtime_summary()
     assert [s["units"] for s in segs] == [["vision.embeddings", "vision.layers.0"], ["vision.layers.1"], ["vision.head"]]
     assert segs[1]["runtime"].get("FullyConnected:f32") and not segs[1]["runtime"].get("FullyConnected:bf16")

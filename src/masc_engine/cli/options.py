@@ -1,13 +1,22 @@
 """Command-line options that mean the same in several commands (masc-run, masc-serve, masc-rank):
-one definition each, so their ranges, defaults and help cannot drift apart."""
+one definition each, so their ranges, defaults and help cannot drift apart.
+
+:func:`scorer_options` is the option group that builds a
+:class:`~masc_engine.runtime.config.ScorerConfig` (:func:`scorer_config`); the backends' own
+options (``--ort-memory``) are generated from the backend registry, where each is defined.
+"""
 
 from __future__ import annotations
 
 import click
 
-#: ONNX Runtime intra-op threads.
+from ..engine.backends.registry import BACKENDS
+from ..runtime.config import AUTO, CP_HEADS, ScorerConfig
+from ..runtime.stripping import STRIPPERS
+
+#: Backend intra-op threads.
 threads_option = click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
-                              help="ONNX Runtime intra-op threads (0: ONNX Runtime's default).")
+                              help="Inference threads per graph call (0: the backend's default).")
 
 #: NaFlex patch budget override.
 max_num_patches_option = click.option("--max-num-patches", type=click.IntRange(1, 16384), default=None,
@@ -22,3 +31,105 @@ exif_option = click.option("--exif", type=click.Choice(["apply", "ignore"]), def
 mask_size_tolerance_option = click.option(
     "--mask-size-tolerance", type=click.IntRange(0, 64), default=0, show_default=True,
     help="Stretch a mask at most this many pixels off its image's size instead of refusing it.")
+
+
+def _backend_option_flags() -> list:
+    """One click option per backend-specific option of the registry (default None: the backend's
+    own default applies, and an option of another backend than the one chosen is an error)."""
+    out = []
+    for spec in BACKENDS.values():
+        for o in spec.options:
+            out.append(click.option(f"--{o.name.replace('_', '-')}", o.name, type=click.Choice(list(o.choices)),
+                                    default=None, help=f"({spec.name} only; default {o.choices[0]}) {o.help}"))
+    return out
+
+
+_SCORER_OPTIONS = [
+    click.option("--backend", type=click.Choice([AUTO, *BACKENDS]), default=AUTO, show_default=True,
+                 help="Inference backend: onnxruntime (the bundle's ONNX graphs), tensorrt (engines built by "
+                      "masc-export --backend tensorrt; CUDA; unverified on a GPU) or openvino (CPU; f32, or bf16 "
+                      "for a bundle certified with masc-export --precision bf16-cpu). auto: the backend a "
+                      "certified bundle names, else onnxruntime."),
+    click.option("--provider", default=None,
+                 help="Execution provider: cpu or cuda (default: the backend's: cpu; cuda for tensorrt). A "
+                      "missing provider is an error, never a switch to another."),
+    click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
+                 help="Precision to run: the TensorRT engine set, OpenVINO f32 or bf16; for ONNX Runtime it must "
+                      "be the bundle's own (default: the bundle's).") ,
+    click.option("--graph-variant", type=click.Choice([AUTO, "portable", "ort-cpu"]), default=AUTO, show_default=True,
+                 help="Graphs to run: the fused ort-cpu vision and text graphs (ONNX Runtime on CPU; auto picks them "
+                      "when the bundle has them), or the portable standard-op graphs. A variant the bundle lacks "
+                      "is an error."),
+    click.option("--stripper", type=click.Choice(list(STRIPPERS)), default="regex", show_default=True,
+                 help="How the subject name is removed from the PF prompt (regex is the paper's)."),
+    max_num_patches_option,
+    click.option("--batch-size", type=click.IntRange(1, 1024), default=8, show_default=True,
+                 help="Images (and prompts) per graph call; scores do not depend on it."),
+    threads_option,
+    click.option("--cp-head", type=click.Choice(list(CP_HEADS)), default=None,
+                 help="CP on the host in numpy, or through the bundle's cp graph on the chosen backend. "
+                      "Default: graph when device-resident, else numpy."),
+    click.option("--device-resident/--no-device-resident", default=None,
+                 help="Keep patch tokens in GPU memory between the vision graph, the pooling head and the CP "
+                      "graph (needs CuPy). Default: on exactly when the backend computes on a GPU."),
+    *_backend_option_flags(),
+]
+
+#: The click parameter names of the group (what :func:`scorer_config` takes out of a command's
+#: keyword arguments).
+SCORER_PARAMS = ("backend", "provider", "precision", "graph_variant", "stripper", "max_num_patches", "batch_size",
+                 "threads", "cp_head", "device_resident",
+                 *(o.name for spec in BACKENDS.values() for o in spec.options))
+
+
+def scorer_options(f):
+    """Decorate a click command with the scorer's option group (:data:`SCORER_PARAMS`)."""
+    for opt in reversed(_SCORER_OPTIONS):
+        f = opt(f)
+    return f
+
+
+def scorer_config(params: dict) -> ScorerConfig:
+    """Take the group's values out of a command's keyword arguments (``params`` is modified) and
+    build the :class:`~masc_engine.runtime.config.ScorerConfig`.
+
+    Raises:
+        click.UsageError: options that contradict each other (exit status 2, as every usage error).
+    """
+    v = {k: params.pop(k) for k in SCORER_PARAMS}
+    options = {o.name: v[o.name] for spec in BACKENDS.values() for o in spec.options if v[o.name] is not None}
+    try:
+        return _config(v, options)
+    except (TypeError, ValueError) as e:
+        raise click.UsageError(str(e)) from e
+
+
+def _config(v: dict, options: dict) -> ScorerConfig:
+    return ScorerConfig(backend=v["backend"], provider=v["provider"], precision=v["precision"],
+                        graph_variant=v["graph_variant"], stripper=v["stripper"],
+                        naflex_max_patches=v["max_num_patches"], batch_size=v["batch_size"],
+                        intra_op_threads=v["threads"] or None, cp_head=v["cp_head"],
+                        device_resident=v["device_resident"], backend_options=options)
+
+
+def load_scorer(bundle: str, config: ScorerConfig):
+    """The command's :class:`~masc_engine.runtime.scorer.Scorer`, its random-weights warning shown
+    as one line on stderr (``WARNING: ...``), not as a Python warning pointing into the library.
+
+    Raises:
+        MascEngineError, ValueError, TypeError: as :class:`~masc_engine.runtime.scorer.Scorer`.
+    """
+    import warnings
+
+    from ..engine.bundle import RandomWeightsWarning
+    from ..runtime.scorer import Scorer
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RandomWeightsWarning)
+        scorer = Scorer(bundle, config)
+    for w in caught:
+        if issubclass(w.category, RandomWeightsWarning):
+            click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return scorer

@@ -8,26 +8,11 @@ A thin shell over :mod:`masc_engine.jobs.rank` (the protocol; the tie rule is in
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
 import click
 
-from .options import threads_option
-
-
-def _bundle_scorer(bundle: str, provider: str, batch_size: int, threads: int | None):
-    """The bundle's :class:`~masc_engine.runtime.scorer.Scorer` (the one place masc-rank builds
-    one), its random-weights warning shown as one line on stderr."""
-    from ..engine.bundle import RandomWeightsWarning
-    from ..runtime.scorer import Scorer
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RandomWeightsWarning)
-        scorer = Scorer(bundle, provider=provider, batch_size=batch_size, intra_op_threads=threads or None)
-    for w in caught:
-        click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
-    return scorer
+from .options import load_scorer, scorer_config, scorer_options
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,21 +37,19 @@ def _bundle_scorer(bundle: str, provider: str, batch_size: int, threads: int | N
               help="Per-query CSV (default: <queries stem>.rank.csv, or gallery stem with --oracle).")
 @click.option("--summary", "summary_path", default=None, type=click.Path(dir_okay=False),
               help="Summary CSV (default: the --out path with .summary.csv).")
-@click.option("--provider", default="cpu", show_default=True,
-              help="ONNX Runtime execution provider: cpu or cuda. A missing provider is an error.")
-@click.option("--batch-size", type=click.IntRange(1, 1024), default=8, show_default=True,
-              help="Images per encoder call.")
-@threads_option
+@scorer_options
 @click.option("--io-workers", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Threads decoding images and masks.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest, level, no_masks, out_path,
-         summary_path, provider, batch_size, threads, io_workers, no_progress) -> None:
+         summary_path, io_workers, no_progress, **scorer_params) -> None:
     """Rank the gallery for every query of QUERIES_CSV (columns image, identity, method; mask and
     class optional; other columns carried through), or for every gallery image with --oracle, and
     print mAP and CMC top-1/top-5 per method, per class and overall."""
     from ..errors import MascEngineError
     from ..jobs.rank import run_rank, write_rank_outputs
+
+    config = scorer_config(scorer_params)  # the same option group as masc-run and masc-serve
     from ..jobs.rank_encoders import EngineEncoder, OnnxEmbeddingEncoder
 
     if oracle and queries_csv:
@@ -85,15 +68,15 @@ def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest,
         Path(p).parent.mkdir(parents=True, exist_ok=True)
     try:
         if encoder_manifest:
-            encoder = OnnxEmbeddingEncoder(encoder_manifest, provider=provider, intra_op_threads=threads or None,
-                                           batch_size=batch_size)
+            encoder = OnnxEmbeddingEncoder(encoder_manifest, provider=config.provider or "cpu",
+                                           intra_op_threads=config.intra_op_threads, batch_size=config.batch_size)
         else:
-            encoder = EngineEncoder(_bundle_scorer(bundle, provider, batch_size, threads))
+            encoder = EngineEncoder(load_scorer(bundle, config))
         report = run_rank(gallery_csv, encoder, queries_csv=None if oracle else queries_csv, oracle=oracle,
                           similarity=similarity, level=level, use_masks=not no_masks, io_workers=io_workers,
                           progress=not no_progress)
         write_rank_outputs(report, out_path, summary_path)
-    except MascEngineError as e:
+    except (MascEngineError, ValueError) as e:
         raise click.ClickException(str(e)) from e
     for line in report.lines():
         click.echo(line)

@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
-from .options import exif_option, mask_size_tolerance_option, max_num_patches_option, threads_option
+from .options import exif_option, mask_size_tolerance_option, scorer_config, scorer_options
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,11 +17,7 @@ from .options import exif_option, mask_size_tolerance_option, max_num_patches_op
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0: every interface; put a reverse proxy with TLS in front).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--provider", default="cpu", show_default=True, help="Execution provider: cpu or cuda.")
-@threads_option
-@max_num_patches_option
-@click.option("--stripper", type=click.Choice(["regex", "spacy", "none"]), default="regex", show_default=True,
-              help="Default PF prompt stripper; a request may ask for regex or none (spacy only if this is spacy).")
+@scorer_options
 @exif_option
 @mask_size_tolerance_option
 @click.option("--max-batch", type=click.IntRange(1, 1024), default=8, show_default=True,
@@ -65,11 +61,11 @@ from .options import exif_option, mask_size_tolerance_option, max_num_patches_op
               help="On SIGTERM/SIGINT: how long in-flight requests may take to finish.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def main(bundle, host, port, provider, threads, max_num_patches, stripper, exif, mask_size_tolerance, max_batch, max_wait_ms,
-         max_queue, cache_mb, cache_dir, cache_size_gb, max_body_mb, max_pixels, max_batch_items,
-         request_timeout_s, body_timeout_s, header_timeout_s, decode_workers, max_decoded_mb, max_prompt_bytes,
-         max_prompt_tokens, max_connections, graceful_timeout_s, log_level):
+def main(**params):
     """Serve MaSC scoring over HTTP for the bundle BUNDLE.
+
+    The scorer options are masc-run's; --stripper is the default for requests that name none (a
+    request may ask for regex or none, and for spacy only if this is spacy).
 
     GET /healthz, /readyz, /metrics; POST /v1/score (JSON with base64 files, or multipart uploads),
     /v1/score_batch. OpenAPI document at /openapi.json. See the README, "masc-serve".
@@ -86,16 +82,10 @@ def main(bundle, host, port, provider, threads, max_num_patches, stripper, exif,
         sys.exit(2)
     import logging
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = ServeConfig(bundle=bundle, provider=provider, threads=threads or None, max_num_patches=max_num_patches,
-                      stripper=stripper, exif=exif,
-                      mask_size_tolerance=mask_size_tolerance, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                      max_queue=max_queue, cache_mb=cache_mb, cache_dir=cache_dir, cache_size_gb=cache_size_gb,
-                      max_body_mb=max_body_mb, max_pixels=max_pixels, max_batch_items=max_batch_items,
-                      request_timeout_s=request_timeout_s, body_timeout_s=body_timeout_s,
-                      header_timeout_s=header_timeout_s, max_connections=max_connections,
-                      decode_workers=decode_workers, max_decoded_mb=max_decoded_mb,
-                      max_prompt_bytes=max_prompt_bytes, max_prompt_tokens=max_prompt_tokens)
+    config = scorer_config(params)
+    p = {k: v for k, v in params.items() if k not in ("host", "port", "graceful_timeout_s", "log_level")}
+    logging.basicConfig(level=params["log_level"].upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = ServeConfig(scorer=config, **p)
     # uvicorn handles SIGTERM and SIGINT: it stops accepting, lets in-flight requests finish (up to
     # --graceful-timeout-s), then runs the app's shutdown, which drains the batcher. Afterwards it
     # restores the previous handler and raises the signal again; this handler turns that into exit
@@ -104,9 +94,9 @@ def main(bundle, host, port, provider, threads, max_num_patches, stripper, exif,
     app = create_app(cfg)
     # The header deadline and JSON 400/408 live in the HTTP protocol; the request limit in the app
     # (uvicorn's limit_concurrency answers plain text and counts header-less sockets).
-    protocol = guarded_protocol(header_timeout_s, on_reject=app.state.masc.metrics.count_connection_error)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, http=protocol,
-                timeout_graceful_shutdown=graceful_timeout_s, access_log=log_level == "debug")
+    protocol = guarded_protocol(cfg.header_timeout_s, on_reject=app.state.masc.metrics.count_connection_error)
+    uvicorn.run(app, host=params["host"], port=params["port"], log_level=params["log_level"], http=protocol,
+                timeout_graceful_shutdown=params["graceful_timeout_s"], access_log=params["log_level"] == "debug")
 
 
 def _exit_on_sigterm(signum, frame):

@@ -18,9 +18,10 @@ import warnings
 from pathlib import Path
 
 from ..errors import BackendUnavailableError, BundleError
-from .backends.base import BACKENDS, Runner
+from .backends.base import Runner
 from .backends.openvino import BF16_CPU_MODE
-from .manifest import check_consistency, check_graph_io, fingerprint, read_manifest, verify_files
+from .backends.registry import get_backend
+from .manifest import check_consistency, fingerprint, read_manifest, verify_files
 
 
 #: The standard-op graphs (``manifest["graphs"]``).
@@ -135,7 +136,9 @@ class Bundle:
     def resolve_variant(self, requested: str, backend: str, provider: str) -> str:
         """The graph variant to run: ``requested`` checked, or ``auto`` resolved.
 
-        ``auto`` is ``ort-cpu`` for ONNX Runtime on CPU when the bundle has it, else ``portable``.
+        ``auto`` is the variant the bundle holds for exactly this backend and provider (the
+        manifest's ``variants[<name>]["runtime"]``: the fused ``ort-cpu`` graphs for ONNX Runtime
+        on CPU), else ``portable``.
 
         Raises:
             BundleError: a requested variant this bundle does not hold (never a silent switch).
@@ -143,8 +146,11 @@ class Bundle:
         """
         provider = _short_provider(provider)
         if requested == AUTO:
-            entry = (self.manifest.get("variants") or {}).get("ort-cpu")
-            return "ort-cpu" if entry and backend == "onnxruntime" and provider == "cpu" else PORTABLE
+            for name, entry in sorted((self.manifest.get("variants") or {}).items()):
+                want = entry.get("runtime", {})
+                if (want.get("backend"), want.get("provider")) == (backend, provider):
+                    return name
+            return PORTABLE
         if requested == PORTABLE:
             return PORTABLE
         entry = (self.manifest.get("variants") or {}).get(requested)
@@ -177,76 +183,40 @@ class Bundle:
         bundle (fp32 graphs + an OpenVINO certificate)."""
         return "fp32" if self.precision == BF16_CPU_MODE else self.precision
 
-    def check_precision(self, backend: str, provider: str, precision: str | None = None) -> None:
-        """Refuse, before any session is made, a precision ONNX Runtime cannot give from this
-        bundle's graphs (the precision is in the graphs) or bf16 graphs on its CPU provider.
-
-        Raises:
-            BackendUnavailableError: naming what to export or where to run instead.
-        """
-        if backend != "onnxruntime":
-            return
-        own = self.graph_precision
-        if precision not in (None, own):
-            raise BackendUnavailableError(
-                f"bundle {self.path} holds {own} graphs; for precision {precision!r} export a bundle with "
-                f"masc-export --precision {precision} (the precision is in the graphs)")
-        if own == "bf16" and provider in ("cpu", "CPUExecutionProvider"):
-            # ONNX Runtime's CPU provider has no bf16 MatMul/Add/Mul/Tanh kernels (onnxruntime 1.32).
-            raise BackendUnavailableError(
-                f"bundle {self.path} holds bf16 graphs, which ONNX Runtime's CPU provider cannot run (no bf16 "
-                "kernels); use --provider cuda or --backend tensorrt on a GPU, or an fp16/fp32 bundle on CPU")
-
-    def runner(self, graph: str, backend: str = "onnxruntime", provider: str = "cpu",
-               intra_op_threads: int | None = None, precision: str | None = None,
-               ort_memory: str = "lean", variant: str = PORTABLE) -> Runner:
-        """A runner for one of the bundle's graphs (``vision``, ``pool``, ``text``, ``cp``).
+    def runner(self, graph: str, backend: str = "onnxruntime", provider: str | None = None,
+               intra_op_threads: int | None = None, precision: str | None = None, variant: str = PORTABLE,
+               options: dict | None = None) -> Runner:
+        """A runner for one of the bundle's graphs (``vision``, ``pool``, ``text``, ``cp``), loaded by
+        the backend registry (engine/backends/registry.py).
 
         Args:
-            backend: ``onnxruntime`` (the ONNX graphs; ``provider`` ``cpu`` or ``cuda``),
-                ``tensorrt`` (the engine set ``tensorrt-<precision>/`` built by
-                ``masc-export --backend tensorrt``; ``provider`` must be ``cuda``) or ``openvino``
-                (the portable graphs on OpenVINO's CPU plugin, backends/openvino.py ``load_runner``;
-                ``precision`` ``fp32``, or ``bf16`` on a ``bf16-cpu`` bundle, its default there).
+            backend: a registry name: ``onnxruntime`` (the ONNX graphs; ``provider`` ``cpu`` or
+                ``cuda``), ``tensorrt`` (the engine set ``tensorrt-<precision>/`` built by
+                ``masc-export --backend tensorrt``; ``provider`` ``cuda``) or ``openvino`` (the
+                portable graphs on OpenVINO's CPU plugin; ``precision`` ``fp32``, or ``bf16`` on a
+                ``bf16-cpu`` bundle, its default there).
+            provider: the backend's provider; ``None``: the backend's default.
             precision: TensorRT: ``fp32``, ``fp16`` or ``bf16`` (default: the only engine set
                 present). ONNX Runtime: ``None`` or the bundle's own precision (:attr:`precision`;
                 the graphs carry it, their inputs and outputs stay float32).
-            ort_memory: ONNX Runtime CPU memory settings, ``lean`` or ``arena``
-                (engine/backends/onnxruntime.py ``ORT_MEMORY``).
-            variant: ONNX Runtime only: ``portable`` or a variant the bundle holds (``ort-cpu``);
-                checked with :meth:`resolve_variant` (``auto`` is resolved there too).
+            variant: ``portable`` or a variant the bundle holds (``ort-cpu``), checked with
+                :meth:`resolve_variant` (``auto`` is resolved there too).
+            options: the backend's own options (its registry entry lists them, e.g. ONNX
+                Runtime's ``ort_memory``); missing ones take their defaults.
 
         Raises:
-            BackendUnavailableError: unknown backend, the provider or TensorRT is missing (never a
-                quiet fallback to CPU).
+            BackendUnavailableError: unknown backend, the provider or the backend's package is
+                missing (never a quiet fallback to CPU).
             EngineCompatibilityError: TensorRT engines built for another GPU / TensorRT version.
-            BundleError: the bundle has no such graph (or no such engine set), or the loaded ONNX
-                graph's inputs and outputs are not those its manifest entry declares.
+            BundleError: the bundle has no such graph (or no such engine set).
+            ValueError: an option the backend does not take.
         """
         self.graph(graph)  # BundleError for an unknown graph, whatever the backend
+        spec = get_backend(backend)
+        provider = provider or spec.default_provider
         variant = self.resolve_variant(variant, backend, provider)
-        if backend == "onnxruntime":
-            from .backends.onnxruntime import OrtRunner
-
-            own = self.graph_precision
-            self.check_precision(backend, provider, precision)
-            runner = OrtRunner(self.graph_file(graph, variant), graph, provider=provider,
-                               intra_op_threads=intra_op_threads, ort_memory=ort_memory)
-            runner.precision = own
-            # The graph itself against its manifest entry, before any batch runs on it.
-            sess = runner.session
-            check_graph_io(self.graph(graph), [(a.name, a.shape) for a in sess.get_inputs()],
-                           [(a.name, a.shape) for a in sess.get_outputs()], graph, str(self.path))
-            return runner
-        if backend == "tensorrt":
-            from .backends.tensorrt import load_runner  # lazy: tensorrt is optional
-
-            return load_runner(self, graph, precision=precision, provider=provider)
-        if backend == "openvino":
-            from .backends.openvino import load_runner as load_openvino  # lazy: openvino is optional
-
-            return load_openvino(self, graph, precision=precision, threads=intra_op_threads, provider=provider)
-        raise BackendUnavailableError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+        return spec.load_runner(self, graph, provider=provider, precision=precision,
+                                intra_op_threads=intra_op_threads, variant=variant, options=options)
 
 
 def _short_provider(provider: str) -> str:

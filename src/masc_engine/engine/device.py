@@ -266,24 +266,22 @@ class CupyDevice(ArrayDevice):
 
 
 def is_gpu(backend: str, provider: str) -> bool:
-    """Whether a backend/provider pair computes on a CUDA GPU (TensorRT always does)."""
-    return backend == "tensorrt" or provider in ("cuda", "CUDAExecutionProvider")
+    """Whether a backend/provider pair computes on a CUDA GPU (the backend registry says)."""
+    from .backends.registry import get_backend
+
+    return get_backend(backend).is_gpu(provider)
 
 
 def device_for(backend: str, provider: str) -> ArrayDevice:
-    """The token device that goes with a backend and provider.
-
-    ``onnxruntime`` + ``cpu`` -> :class:`HostDevice`; ``onnxruntime`` + ``cuda`` and
-    ``tensorrt`` -> :class:`CupyDevice`.
+    """The token device that goes with a backend and provider: :class:`CupyDevice` where the
+    backend computes on a GPU (ONNX Runtime's CUDA provider, TensorRT), else :class:`HostDevice`
+    (every CPU backend runs its graphs on host numpy arrays through ``run_device``).
 
     Raises:
-        BackendUnavailableError: a GPU device without CuPy (never a quiet switch to host memory).
+        BackendUnavailableError: an unknown backend, or a GPU device without CuPy (never a quiet
+            switch to host memory).
     """
-    if is_gpu(backend, provider):
-        return CupyDevice(0)
-    if backend == "onnxruntime" and provider in ("cpu", "CPUExecutionProvider"):
-        return HostDevice()
-    raise BackendUnavailableError(f"no token device for backend {backend!r} with provider {provider!r}")
+    return CupyDevice(0) if is_gpu(backend, provider) else HostDevice()
 
 
 def overlapped(batches: Iterable[T], prepare: Callable[[T], object], run: Callable[[object], R]) -> list[R]:

@@ -509,7 +509,7 @@ def certify_bundle(bundle_dir: str | Path, *, calibration: str | Path | Sequence
     from ..engine.manifest import write_manifest
     from ..errors import BundleError
 
-    check_available("bf16")
+    check_available(precision="bf16")
     t0 = time.time()
     ev = Evaluator(bundle_dir, graphs, threads, log)
     mode = (ev.bundle.manifest.get("precision") or {}).get("mode", "fp32")

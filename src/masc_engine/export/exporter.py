@@ -223,7 +223,7 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     if certify:
         from ..engine.backends.openvino import check_available
 
-        check_available("bf16")  # before the long export: openvino installed, native bf16 on this CPU
+        check_available(precision="bf16")  # before the long export: openvino installed, native bf16 on this CPU
         precision = "fp32"
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")

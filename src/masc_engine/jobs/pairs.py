@@ -55,9 +55,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..engine.backends.registry import get_backend
 from ..errors import InputError
 from ..runtime.cache import EncodingCache, EncodingStore
 from ..runtime.io import read_bytes
+from ..runtime.config import ScorerConfig
 from ..runtime.scorer import EncodedPair, Scorer
 from .executors import Chunk, LocalExecutor, RayExecutor
 from .items import (DecodedImage, DecodedMask, DecodedPair, PairError, array_mask, check_mask, decode_image,
@@ -140,10 +142,7 @@ class RunSettings:
         """The settings a row's result depends on, each under the masc-run option that sets it
         (``--bundle``: its content fingerprint): what a rerun on the same output compares
         (jobs/results.py ``settings_diff``). The same settings as :meth:`fingerprint`."""
-        return {"--bundle": scorer.bundle.fingerprint, "--stripper": scorer.stripper, "--exif": self.exif,
-                "--max-num-patches": scorer.image_settings.max_num_patches, "--provider": scorer.provider,
-                "--backend": scorer.backend, "--precision": scorer.precision, "--graph-variant": scorer.graph_variant,
-                "--cp-head": scorer.cp_head, "fg_threshold": scorer.fg_threshold,
+        return {"--bundle": scorer.bundle.fingerprint, "--exif": self.exif, **scorer.config.option_identity(),
                 "--min-reference-mask-frac": self.min_reference_mask_frac,
                 "--min-output-mask-frac": self.min_output_mask_frac,
                 "--mask-size-tolerance": self.mask_size_tolerance, "--baselines": self.baselines,
@@ -151,11 +150,9 @@ class RunSettings:
 
     def fingerprint(self, scorer: Scorer) -> str:
         """16 hex digits identifying these settings with the scorer's (a journal is reused only
-        under the same fingerprint)."""
-        d = {"run": asdict(self), "bundle": scorer.bundle.fingerprint, "stripper": scorer.stripper,
-             "fg_threshold": scorer.fg_threshold, "budget": scorer.image_settings.max_num_patches,
-             "provider": scorer.provider, "cp_head": scorer.cp_head, "backend": scorer.backend,
-             "precision": scorer.precision, "graph_variant": scorer.graph_variant}
+        under the same fingerprint): the run settings, the bundle's fingerprint and the scorer's
+        ``config.identity()``."""
+        d = {"run": asdict(self), "bundle": scorer.bundle.fingerprint, **scorer.config.identity()}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -525,13 +522,14 @@ def _raise(v):
     return v
 
 
-def build_pairs_job(bundle_dir: str, scorer_kwargs: dict, settings: dict, io_workers: int,
+def build_pairs_job(bundle_dir: str, config: ScorerConfig, settings: dict, io_workers: int,
                     cache_dir: str | None = None, cache_size_limit: int | None = None) -> PairsJob:
-    """A :class:`PairsJob` on a fresh scorer: the factory Ray workers call (picklable through
-    :func:`functools.partial`, so executors need not know this module). With ``cache_dir`` the
-    worker reads and writes the same persistent store as the driver (diskcache is safe across
-    processes; on several nodes the folder must be shared storage)."""
-    scorer = Scorer(bundle_dir, **scorer_kwargs)
+    """A :class:`PairsJob` on a fresh scorer with the driver's resolved ``config``: the factory Ray
+    workers call (picklable through :func:`functools.partial`, so executors need not know this
+    module). The bundle is loaded unverified: the driver hashed the files the workers load. With
+    ``cache_dir`` the worker reads and writes the same persistent store as the driver (diskcache
+    is safe across processes; on several nodes the folder must be shared storage)."""
+    scorer = Scorer(bundle_dir, config, verify=False)
     run_settings = RunSettings(**settings)
     store = None
     if cache_dir is not None:
@@ -542,18 +540,13 @@ def build_pairs_job(bundle_dir: str, scorer_kwargs: dict, settings: dict, io_wor
 
 
 def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int, cache_dir=None, cache_size_limit=None):
-    kwargs = {"provider": scorer.provider, "stripper": scorer.stripper, "fg_threshold": scorer.fg_threshold,
-              "naflex_max_patches": scorer.image_settings.max_num_patches, "batch_size": scorer.batch_size,
-              "verify": False, "cp_head": scorer.cp_head, "backend": scorer.backend,
-              "precision": scorer.precision, "device_resident": scorer.device is not None,
-              "ort_memory": getattr(scorer, "ort_memory", "lean"), "graph_variant": scorer.graph_variant}
-    if scorer.backend == "onnxruntime" and scorer.bundle.verify:
+    if scorer.bundle.verify:
         # The workers load the bundle unverified (one hash per run, not per worker): the driver
         # checks every graph file (and weights) they will load, the text graph included, which the
-        # driver itself may never load.
+        # driver itself may never load. (TensorRT engines are hashed by their loader.)
         for g in ("vision", "pool", "text", "cp"):
-            scorer.bundle.graph_file(g, scorer.graph_variant)
-    return functools.partial(build_pairs_job, str(Path(scorer.bundle.path).resolve()), kwargs, asdict(settings),
+            scorer.bundle.graph_file(g, scorer.config.graph_variant)
+    return functools.partial(build_pairs_job, str(Path(scorer.bundle.path).resolve()), scorer.config, asdict(settings),
                              io_workers, None if cache_dir is None else str(Path(cache_dir).resolve()), cache_size_limit)
 
 
@@ -578,10 +571,7 @@ def encoding_namespace(scorer: Scorer, exif: str) -> dict:
         scorer: the scorer whose encodings are stored.
         exif: the EXIF orientation policy (``RunSettings.exif``).
     """
-    return {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches,
-            "exif": exif, "provider": scorer.provider, "backend": scorer.backend,
-            "precision": scorer.precision,  # fp16 engines' tokens must never serve an fp32 run
-            "graph_variant": scorer.graph_variant}  # fused and portable tokens differ by rounding
+    return {"bundle": scorer.bundle.fingerprint, "exif": exif, **scorer.config.encoding_identity()}
 
 
 def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settings: RunSettings = RunSettings(),
@@ -616,7 +606,6 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
 def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, chunk_size: int,
                 io_workers: int, cache_dir, cache_size_limit, executor: str, ray_address, ray_workers, progress: bool,
                 log, overwrite: bool) -> Summary:
-    from ..engine.device import is_gpu
 
     t0 = time.time()
     fieldnames, rows = read_pairs(csv_path)
@@ -638,7 +627,7 @@ def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSet
               for c in (todo[i:i + chunk_size] for i in range(0, len(todo), chunk_size))]
     if executor == "ray":
         runner = RayExecutor(_ray_factory(scorer, settings, io_workers, cache_dir, cache_size_limit),
-                             gpu=is_gpu(scorer.backend, scorer.provider), address=ray_address, workers=ray_workers)
+                             gpu=get_backend(scorer.backend).is_gpu(scorer.provider), address=ray_address, workers=ray_workers)
     else:
         runner = LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=io_workers))
     run = _RunRecord(prior.next_run, t0, runner, executor, summary.resumed)
@@ -838,14 +827,19 @@ def _meta(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings,
             "input": str(csv_path.resolve()), "output": str(out_path.resolve()), "bundle": str(b.path),
             "bundle_fingerprint": b.fingerprint, "source_model": b.manifest["source"],
             "bundle_versions": b.manifest.get("versions"), "runtime_versions": _versions(),
-            "settings": {**asdict(settings), "stripper": scorer.stripper, "fg_threshold": scorer.fg_threshold,
-                         "max_num_patches": scorer.image_settings.max_num_patches, "provider": scorer.provider,
-                         "backend": scorer.backend, "precision": scorer.precision, "cp_head": scorer.cp_head,
-                         "graph_variant": scorer.graph_variant, "device_resident": scorer.device is not None,
-                         "batch_size": scorer.batch_size, **how},
+            "settings": {**asdict(settings), **scorer.config.to_dict(), **how},
+            # Reduced precision (fp16/bf16/int8 graphs, bf16 on OpenVINO): what the scores are certified to.
+            "precision_certificate": _certificate_summary(scorer.certificate),
             "counts": counts, "seconds": round(total_s, 2),
             "pairs_per_second": round(total_scored / total_s, 3) if total_s > 0 and total_scored else None,
             "runs": all_runs, "finished": all_runs[-1]["finished"]}
+
+
+def _certificate_summary(cert: dict | None) -> dict | None:
+    """The parts of a bundle's precision record a reader of the sidecar needs (not the search log)."""
+    if cert is None:
+        return None
+    return {k: cert[k] for k in ("mode", "claim", "gates", "keep_fp32", "backend") if k in cert}
 
 
 def _num(v) -> float:

@@ -16,6 +16,7 @@ then holds reference tokens on the device across pairs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from dataclasses import dataclass, field
@@ -25,13 +26,15 @@ from typing import Iterable, Sequence
 import numpy as np
 from PIL import Image
 
+from ..engine.backends.registry import get_backend
 from ..engine.bundle import Bundle
 from ..errors import InputError
 from . import heads
-from .masks import DEFAULT_FG_THRESHOLD, mask_to_patch_grid
+from .config import ScorerConfig
+from .masks import mask_to_patch_grid
 from .position import position_weights
 from .preprocess import ImageSettings, PreprocessedImage, preprocess_image
-from .stripping import STRIPPERS, pf_prompt
+from .stripping import pf_prompt
 from .text import EncodedPrompt, PreparedPrompt, PromptTokenizer, TextSettings
 
 
@@ -140,120 +143,114 @@ def check_pair_arguments(p: Pair, where: str = "", refuse_size_mismatch: bool = 
 class Scorer:
     """MaSC on a bundle, without PyTorch.
 
+    The settings are one :class:`~masc_engine.runtime.config.ScorerConfig` (``config``), or its
+    fields as keywords (the drop-in API: ``MaSC(bundle, stripper="none", provider="cuda")``);
+    keywords override the fields of ``config``. ``ort_memory="lean" | "arena"`` is accepted as a
+    keyword for ONNX Runtime's ``backend_options``. The resolved config (every choice left to the
+    bundle made) is :attr:`config`; its ``identity()`` keys masc-run's resume and caches.
+
+    One scorer object may serve concurrent calls from several threads: it holds only read-only
+    state (runners whose sessions are thread-safe, a configured tokenizer, pure caches).
+
     Args:
         bundle: a bundle directory (from ``masc-export``) or a loaded :class:`Bundle`.
-        provider: ONNX Runtime execution provider, ``"cpu"`` or ``"cuda"``; a missing one raises
-            :class:`BackendUnavailableError` (never a silent CPU fallback).
-        stripper: ``"regex"`` (default, the paper's), ``"spacy"`` or ``"none"``.
-        fg_threshold: mask threshold on the patch grid; default from the manifest (0.5).
-        naflex_max_patches: override the bundle's NaFlex patch budget.
-        batch_size: images (and prompts) per vision/text graph call.
-        intra_op_threads: ONNX Runtime threads per graph call (default: ORT's choice).
-        mask_size_policy: ``"refuse"`` (default: a mask whose size differs from its image raises
-            :class:`InputError`) or ``"stretch"`` (the reference's silent bilinear stretch).
+        config: the settings (default: ``ScorerConfig()``: ONNX Runtime on CPU, or the backend a
+            certified bundle names; the fused graphs where the bundle has them; the regex
+            stripper; the manifest's threshold and patch budget).
         verify: check the sha256 of each bundle file the scorer loads, before loading it
             (``"all"``: every file, at once; see :class:`Bundle`).
-        cp_head: ``"numpy"`` (default: runtime/heads.py, exact on CPU) or ``"graph"`` (the
-            bundle's ``cp`` graph on the same backend and provider, e.g. the GPU; equal to the
-            numpy head within ``tolerances.CP_HEAD_ATOL``). A bundle without a ``cp`` graph and
-            ``cp_head="graph"`` is a :class:`BundleError`, never a silent switch. Default:
-            ``"graph"`` when ``device_resident``, else ``"numpy"``.
-        device_resident: keep patch tokens on the token device between the vision graph, the
-            pooling head and the CP graph (engine/device.py; needs ``cp_head="graph"``). On a GPU
-            provider this needs CuPy (:class:`BackendUnavailableError` without it). Scores equal
-            the host path with ``cp_head="graph"`` (tests/test_device_resident.py).
-        backend: ``"onnxruntime"`` (default) or ``"tensorrt"`` (the bundle's engine set from
-            ``masc-export --backend tensorrt``; ``provider="cuda"``; unverified, see README).
-        precision: TensorRT engine set (``fp32``/``fp16``/``bf16``); for ONNX Runtime, ``None`` or
-            the bundle's own precision (``masc-export --precision``: the graphs carry it).
-        ort_memory: ONNX Runtime CPU memory settings: ``"lean"`` (default: no CPU arena, no
-            memory patterns; host memory = weights + the batch in flight) or ``"arena"`` (ONNX
-            Runtime's defaults). See README "Memory" and bench/results/memory_*.json.
-        array_device: the token device to use instead of the one chosen from backend and
-            provider (an engine/device.py ``ArrayDevice``; tests pass a strict fake).
-        graph_variant: ``"auto"`` (default: the bundle's fused ``ort-cpu`` vision and text graphs
-            for ONNX Runtime on CPU when it has them, else the portable graphs), ``"portable"`` or
-            ``"ort-cpu"`` (a bundle without it is a :class:`BundleError`; another backend or
-            provider a :class:`BackendUnavailableError`). The choice is ``self.graph_variant``
-            (masc-run records it).
+        array_device: the token device to use instead of the one the backend's registry entry
+            gives (an engine/device.py ``ArrayDevice``; tests pass a strict fake).
+        **settings: :class:`~masc_engine.runtime.config.ScorerConfig` fields (see there for each:
+            ``backend``, ``provider``, ``precision``, ``graph_variant``, ``stripper``,
+            ``fg_threshold``, ``naflex_max_patches``, ``batch_size``, ``intra_op_threads``,
+            ``cp_head``, ``device_resident``, ``mask_size_policy``, ``backend_options``), and
+            ``ort_memory``.
+
+    Attributes:
+        config: the resolved :class:`~masc_engine.runtime.config.ScorerConfig`.
 
     Raises:
-        BundleError, BackendUnavailableError, ValueError (bad option).
+        TypeError, ValueError: a setting of the wrong type or out of range (named), before the
+            bundle is read.
+        BundleError: the bundle is missing, incomplete or lacks what the settings ask for (a
+            ``cp`` graph for ``cp_head="graph"``, a graph variant); never a silent switch.
+        BackendUnavailableError: the backend, provider, precision or CuPy (device-resident on a
+            GPU) is missing; never a silent CPU fallback.
     """
 
-    def __init__(self, bundle: str | Path | Bundle, *, provider: str = "cpu", backend: str = "onnxruntime",
-                 stripper: str = "regex", fg_threshold: float | None = None,
-                 naflex_max_patches: int | None = None, batch_size: int = 8,
-                 intra_op_threads: int | None = None, mask_size_policy: str = "refuse",
-                 verify: bool = True, cp_head: str | None = None, device_resident: bool = False,
-                 array_device=None, precision: str | None = None, ort_memory: str = "lean",
-                 graph_variant: str = "auto"):
-        _check_options(provider=provider, backend=backend, stripper=stripper, fg_threshold=fg_threshold,
-                       naflex_max_patches=naflex_max_patches, batch_size=batch_size,
-                       intra_op_threads=intra_op_threads)
-        if stripper not in STRIPPERS:
-            raise ValueError(f"stripper must be one of {STRIPPERS}, got {stripper!r}")
-        if mask_size_policy not in ("refuse", "stretch"):
-            raise ValueError("mask_size_policy must be 'refuse' or 'stretch'")
-        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle, verify=verify)
-        m = self.bundle.manifest
-        self.image_settings = ImageSettings.from_manifest(m["image"])
-        if naflex_max_patches is not None:
-            self.image_settings = self.image_settings.with_budget(naflex_max_patches)
-        self.position_grid = m["image"].get("position_grid")
-        self.text_settings = TextSettings.from_manifest(m["text"])
-        self.tokenizer = PromptTokenizer(self.bundle.checked_file(self.text_settings.tokenizer_file), self.text_settings)
-        self.fg_threshold = float(fg_threshold if fg_threshold is not None
-                                  else m["scoring"].get("fg_threshold", DEFAULT_FG_THRESHOLD))
-        self.stripper = stripper
-        if stripper == "spacy":  # fail now, not mid-evaluation (as the reference does)
+    def __init__(self, bundle: str | Path | Bundle, config: ScorerConfig | None = None, *,
+                 verify: bool | str = True, array_device=None, **settings):
+        config = _merge_settings(config, settings)
+        if config.stripper == "spacy":  # fail now, not mid-evaluation (as the reference does)
             from .stripping import SpacySubjectStripper
 
             SpacySubjectStripper.load()
-        self.batch_size = max(1, int(batch_size))
-        self.mask_size_policy = mask_size_policy
-        self.provider = provider
-        self.backend = backend
-        self.ort_memory = ort_memory
-        #: The graph variant in use (engine/bundle.py): ``portable`` or ``ort-cpu``.
-        self.graph_variant = self.bundle.resolve_variant(graph_variant, backend, provider)
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle, verify=verify)
+        config = config.resolve(self.bundle)
+        spec = get_backend(config.backend)
+        m = self.bundle.manifest
+        self.image_settings = ImageSettings.from_manifest(m["image"])
+        if config.naflex_max_patches != self.image_settings.max_num_patches:
+            self.image_settings = self.image_settings.with_budget(config.naflex_max_patches)
+        self.position_grid = m["image"].get("position_grid")
+        self.text_settings = TextSettings.from_manifest(m["text"])
+        self.tokenizer = PromptTokenizer(self.bundle.checked_file(self.text_settings.tokenizer_file), self.text_settings)
         # A partial over the bundle, not a lambda over self: a runner factory kept by the scorer
         # must not hold the scorer (a cycle keeps its engines' device memory until a gc pass).
-        runner = functools.partial(self.bundle.runner, backend=backend, provider=provider,
-                                   intra_op_threads=intra_op_threads, precision=precision, variant=self.graph_variant,
-                                   **({"ort_memory": ort_memory} if backend == "onnxruntime" else {}))
+        runner = functools.partial(self.bundle.runner, backend=config.backend, provider=config.provider,
+                                   intra_op_threads=config.intra_op_threads, precision=config.precision,
+                                   variant=config.graph_variant, options=config.options)
         #: Optional persistent text-embedding cache (runtime/cache.py EncodingStore), set by masc-run.
         self.text_store = None
-        if cp_head is None:
-            cp_head = "graph" if device_resident else "numpy"
-        if cp_head not in ("numpy", "graph"):
-            raise ValueError("cp_head must be 'numpy' or 'graph'")
-        if device_resident and cp_head != "graph":
-            raise ValueError("device_resident=True needs cp_head='graph' (the numpy head reads host memory)")
         #: The token device (engine/device.py) when device-resident, else None (host numpy).
-        #: Chosen before any session is made, so a missing CuPy fails at once.
+        #: Chosen before any session is made, so a missing backend or CuPy fails at once.
         self.device = None
-        if device_resident:
+        if config.device_resident:
             from ..engine.device import device_for
 
-            _check_backend_available(backend, provider)  # the missing backend is the first thing to say
-            self.device = array_device if array_device is not None else device_for(backend, provider)
+            spec.check_available(config.provider, config.precision)  # the missing backend is the first thing to say
+            self.device = array_device if array_device is not None else device_for(config.backend, config.provider)
         self.vision = runner("vision")
         self.pool = runner("pool")
         # The text session is made on first use: masc-rank and runs whose prompts all come from
-        # the persistent cache never pay for it (start-up, issue 10).
+        # the persistent cache never pay for it (start-up time).
         self._make_text_runner = functools.partial(runner, "text")
         self._text = None
         self._text_lock = threading.Lock()
-        # TensorRT picks the engine set when none is named: record the one loaded (it keys
-        # masc-run's resume fingerprint and token cache).
-        self.precision = precision or getattr(self.vision, "precision", None)
-        self.cp_head = cp_head
+        # The precision the runners report (TensorRT picks the engine set when none is named): it
+        # keys masc-run's resume fingerprint and token cache.
+        self.config = config.replace(precision=self.vision.precision)
         self._graph_cp = None
-        if cp_head == "graph":
+        if config.cp_head == "graph":
             from .cp_device import GraphCP
 
-            self._graph_cp = GraphCP(runner("cp"), self.fg_threshold, device=self.device)
+            self._graph_cp = GraphCP(runner("cp"), config.fg_threshold, device=self.device)
+
+    @property
+    def certificate(self) -> dict | None:
+        """How far these scores may be from fp32, or None when they are fp32 scores (the oracle's
+        arithmetic): the bundle's precision record (``manifest["precision"]``: the mode, the gates it
+        passed at export, and for ``bf16-cpu`` the layers kept in fp32) whenever the scorer runs in
+        reduced precision (an fp16/bf16/int8 bundle, or a ``bf16-cpu`` bundle on OpenVINO). masc-run
+        and masc-serve say so: such scores are certified to the gates, not bit-equal to fp32."""
+        if self.config.precision in (None, "fp32"):
+            return None
+        rec = dict(self.bundle.manifest.get("precision") or {"mode": self.config.precision})
+        rec.setdefault("claim", f"{self.config.precision} scores: validated against fp32 by the export gates, "
+                                "not bit-equal to fp32")
+        return rec
+
+    # Read-only views of the resolved config (one home for each setting: ``self.config``).
+    stripper = property(lambda self: self.config.stripper)
+    fg_threshold = property(lambda self: self.config.fg_threshold)
+    batch_size = property(lambda self: self.config.batch_size)
+    provider = property(lambda self: self.config.provider)
+    backend = property(lambda self: self.config.backend)
+    precision = property(lambda self: self.config.precision)
+    graph_variant = property(lambda self: self.config.graph_variant)
+    cp_head = property(lambda self: self.config.cp_head)
+    mask_size_policy = property(lambda self: self.config.mask_size_policy)
 
     @property
     def text(self):
@@ -592,42 +589,22 @@ class _HostTokens:
         return self._memo[id(enc)]
 
 
-def _check_options(*, provider, backend, stripper, fg_threshold, naflex_max_patches, batch_size,
-                   intra_op_threads) -> None:
-    """Types and ranges of the scorer's options, before a bundle is loaded.
+def _merge_settings(config: ScorerConfig | None, settings: dict) -> ScorerConfig:
+    """``config`` with the keyword settings applied (``ort_memory`` into ``backend_options``).
 
     Raises:
-        TypeError: an option of the wrong type (named).
-        ValueError: a number out of range (named).
+        TypeError: ``config`` is not a ScorerConfig, or a keyword that is no setting (named).
     """
-    for name, v in (("provider", provider), ("backend", backend), ("stripper", stripper)):
-        if not isinstance(v, str):
-            raise TypeError(f"{name} must be a str, got {type(v).__name__}")
-    for name, v, lo in (("batch_size", batch_size, 1), ("naflex_max_patches", naflex_max_patches, 1),
-                        ("intra_op_threads", intra_op_threads, 0)):
-        if v is None and name != "batch_size":
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-        if v < lo:
-            raise ValueError(f"{name} must be >= {lo}, got {v}")
-    if fg_threshold is not None:
-        if isinstance(fg_threshold, bool) or not isinstance(fg_threshold, (int, float, np.floating, np.integer)):
-            raise TypeError(f"fg_threshold must be a number, got {type(fg_threshold).__name__}")
-        if not 0.0 <= float(fg_threshold) <= 1.0:
-            raise ValueError(f"fg_threshold must be in [0, 1], got {fg_threshold}")
-
-
-def _check_backend_available(backend: str, provider: str) -> None:
-    """Raise BackendUnavailableError when the backend or provider is missing (cheap: no session)."""
-    if backend == "onnxruntime":
-        from ..engine.backends.onnxruntime import resolve_provider
-
-        resolve_provider(provider)
-    elif backend == "tensorrt":
-        from ..engine.backends.tensorrt import import_tensorrt
-
-        import_tensorrt()
+    if config is not None and not isinstance(config, ScorerConfig):
+        raise TypeError(f"config must be a masc_engine.ScorerConfig, got {type(config).__name__}")
+    config = config or ScorerConfig()
+    if "ort_memory" in settings:
+        settings["backend_options"] = {**config.options, **dict(settings.get("backend_options", ())),
+                                       "ort_memory": settings.pop("ort_memory")}
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(ScorerConfig)})
+    if unknown:
+        raise TypeError(f"Scorer got unexpected setting(s) {', '.join(unknown)}; see masc_engine.ScorerConfig")
+    return config.replace(**settings) if settings else config
 
 
 @dataclass

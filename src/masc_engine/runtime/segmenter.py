@@ -289,7 +289,9 @@ class Segmenter:
         self.fingerprint = self.bundle.fingerprint
         self.batch_size = int(batch_size)
         _check_backend(backend, provider)  # a missing provider fails now, not at the first mask
-        self.bundle.check_precision(backend, provider, precision)
+        from ..engine.backends.onnxruntime import check_graph_precision
+
+        check_graph_precision(self.bundle, provider, precision)
         self._make_runner = lambda g: self.bundle.runner(g, backend=backend, provider=provider,  # noqa: E731
                                                          intra_op_threads=intra_op_threads, precision=precision)
         self._runners: dict = {}
@@ -455,15 +457,19 @@ class Segmenter:
         return self.segment([image], [subject_name])[0].mask
 
 
+#: The backends that run segmenter bundles (see :func:`_check_backend`).
+SEGMENTER_BACKENDS = ("onnxruntime",)
+
+
 def _check_backend(backend: str, provider: str) -> None:
     """Raise :class:`BackendUnavailableError` for a backend that does not run segmenter bundles or a
     missing provider (cheap: no session is made). TensorRT engines are not built for segmenter
     bundles (the engine builder's device-memory plan, engine/backends/trt_profiles.py, models the
     scorer's graphs) and OpenVINO's bf16 plan is the scorer's: ONNX Runtime only."""
-    if backend == "onnxruntime":
-        from ..engine.backends.onnxruntime import resolve_provider
+    if backend in SEGMENTER_BACKENDS:
+        from ..engine.backends.registry import get_backend
 
-        resolve_provider(provider)
+        get_backend(backend).check_available(provider)
     else:
         raise BackendUnavailableError(f"backend {backend!r} does not run segmenter bundles; use onnxruntime "
                                       "(provider cpu or cuda)")

@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 
+from ..runtime.config import ScorerConfig
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .batcher import MicroBatcher, QueueFull
 from .glue import BYTE_FIELDS, FieldError, ServiceScorer
@@ -53,10 +55,9 @@ class ServeConfig:
     """Every option of ``masc-serve`` (cli/serve_cmd.py documents each)."""
 
     bundle: str
-    provider: str = "cpu"
-    threads: int | None = None
-    max_num_patches: int | None = None
-    stripper: str = "regex"
+    #: The scorer's settings (masc-run's and masc-rank's option group); its ``stripper`` is the
+    #: default for requests that name none.
+    scorer: ScorerConfig = ScorerConfig()
     exif: str = "apply"
     mask_size_tolerance: int = 0
     max_batch: int = 8
@@ -173,13 +174,16 @@ class _State:
     def load(self) -> None:
         """Load the bundle, run its graphs once, then mark ready (runs in a thread at startup)."""
         try:
+            from ..engine.bundle import RandomWeightsWarning
             from ..jobs.pairs import RunSettings
             from ..runtime.scorer import Scorer
 
             cfg = self.cfg
-            scorer = Scorer(cfg.bundle, provider=cfg.provider, stripper=cfg.stripper,
-                            batch_size=2 * cfg.max_batch, intra_op_threads=cfg.threads,
-                            naflex_max_patches=cfg.max_num_patches)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RandomWeightsWarning)
+                scorer = Scorer(cfg.bundle, cfg.scorer)
+            for w in caught:  # one log line, not a Python warning pointing into the library
+                log.warning("masc-serve: %s", w.message)
             if cfg.cache_dir:
                 from ..runtime.cache import EncodingStore
 
@@ -282,7 +286,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     _add_error_handlers(app, cfg, state)
     _add_probe_routes(app, cfg, state)
     _add_score_routes(app, cfg, state)
-    _add_schemas(app, strippers=tuple(dict.fromkeys((cfg.stripper, *cfg.extra_strippers))), cfg=cfg)
+    _add_schemas(app, strippers=tuple(dict.fromkeys((cfg.scorer.stripper, *cfg.extra_strippers))), cfg=cfg)
     return app
 
 
@@ -326,7 +330,9 @@ def _add_probe_routes(app: FastAPI, cfg: ServeConfig, state: _State) -> None:
     @app.get("/readyz", summary="bundle loaded and graphs warm", responses={503: {"model": ErrorBody}})
     async def readyz():
         if state.ready:
-            return {"status": "ready", "bundle": cfg.bundle}
+            cert = state.service.scorer.certificate
+            return {"status": "ready", "bundle": cfg.bundle, "backend": state.service.scorer.backend,
+                    "precision": state.service.scorer.precision, "certificate": cert and cert["claim"]}
         if state.load_error:
             return _error_response(503, "load_failed", None, state.load_error)
         return _error_response(503, "not_ready", None, "the bundle is still loading")

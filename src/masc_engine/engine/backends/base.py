@@ -22,6 +22,9 @@ class Runner(Protocol):
 
     name: str
     backend: str
+    #: What the graph computes in: ``fp32``, ``fp16``, ``bf16`` or ``int8-dynamic`` (masc-run's
+    #: caches and resume fingerprint are keyed by it through the scorer's config).
+    precision: str
     input_names: list[str]
     output_names: list[str]
 
@@ -34,9 +37,5 @@ class Runner(Protocol):
         ...
 
 
-#: ``onnxruntime``: ONNX Runtime on the bundle's ONNX graphs (CPU or CUDA execution provider).
-#: ``tensorrt``: serialized TensorRT engines built from them (backends/tensorrt.py, imported
-#: lazily; unverified: no TensorRT/GPU was available to the session that wrote it).
-#: ``openvino``: OpenVINO's CPU plugin on the portable ONNX graphs, f32 or certified bf16
-#: (backends/openvino.py, imported lazily; the ``[openvino]`` extra).
-BACKENDS = ("onnxruntime", "tensorrt", "openvino")
+#: The backends themselves are listed, with their providers and options, in the backend registry
+#: (backends/registry.py ``BACKENDS``).

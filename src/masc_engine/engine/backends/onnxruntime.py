@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import BackendUnavailableError
+from .registry import BACKENDS
 
 #: ONNX tensor type strings (``NodeArg.type``) -> numpy dtypes, for the graphs' inputs and outputs.
 ORT_DTYPES = {
@@ -71,7 +72,7 @@ def provider_options(provider_name: str) -> dict:
 #: to the C allocator when it is done, so the host memory is weights + the batch in flight.
 #: ``"arena"``: ONNX Runtime's defaults. CUDA sessions are not affected (device memory has its own
 #: arena; these two options only concern CPU allocations).
-ORT_MEMORY = ("lean", "arena")
+ORT_MEMORY = BACKENDS["onnxruntime"].option("ort_memory").choices  # defined with the registry entry
 
 
 def session_options(ort, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
@@ -95,14 +96,75 @@ def session_options(ort, intra_op_threads: int | None = None, inter_op_threads: 
     return opts
 
 
+def check_available(provider: str = "cpu", precision: str | None = None) -> None:
+    """The backend registry's availability check: ``provider`` is in this onnxruntime build
+    (``precision`` is the bundle's business, :func:`check_graph_precision`).
+
+    Raises:
+        BackendUnavailableError: the provider is missing.
+    """
+    resolve_provider(provider)
+
+
+def check_graph_precision(bundle, provider: str, precision: str | None = None) -> None:
+    """Refuse, before any session is made, a precision ONNX Runtime cannot give from ``bundle``'s
+    graphs (the precision is in the graphs: ``masc-export --precision``) or bf16 graphs on its CPU
+    provider.
+
+    Raises:
+        BackendUnavailableError: naming what to export or where to run instead.
+    """
+    own = bundle.graph_precision
+    if precision not in (None, own):
+        raise BackendUnavailableError(
+            f"bundle {bundle.path} holds {own} graphs; for precision {precision!r} export a bundle with "
+            f"masc-export --precision {precision} (the precision is in the graphs)")
+    if own == "bf16" and provider in ("cpu", "CPUExecutionProvider"):
+        # ONNX Runtime's CPU provider has no bf16 MatMul/Add/Mul/Tanh kernels (onnxruntime 1.32).
+        raise BackendUnavailableError(
+            f"bundle {bundle.path} holds bf16 graphs, which ONNX Runtime's CPU provider cannot run (no bf16 "
+            "kernels); use --provider cuda or --backend tensorrt on a GPU, or an fp16/fp32 bundle on CPU")
+
+
+def load_runner(bundle, graph: str, *, provider: str = "cpu", precision: str | None = None,
+                intra_op_threads: int | None = None, variant: str = "portable", options=None) -> "OrtRunner":
+    """An :class:`OrtRunner` for ``graph`` of ``bundle`` in graph ``variant`` (the registry's loader).
+
+    Args:
+        options: this backend's options (engine/backends/registry.py): ``ort_memory``.
+
+    Raises:
+        BackendUnavailableError: the provider is missing, or a precision the graphs do not hold.
+        BundleError: the graph file is missing or modified, or its inputs and outputs are not those
+            its manifest entry declares.
+    """
+    from ..manifest import check_graph_io
+
+    check_graph_precision(bundle, provider, precision)
+    runner = OrtRunner(bundle.graph_file(graph, variant), graph, provider=provider, intra_op_threads=intra_op_threads,
+                       ort_memory=(options or {}).get("ort_memory", "lean"), precision=bundle.graph_precision)
+    # The graph itself against its manifest entry, before any batch runs on it.
+    sess = runner.session
+    check_graph_io(bundle.graph(graph), [(a.name, a.shape) for a in sess.get_inputs()],
+                   [(a.name, a.shape) for a in sess.get_outputs()], graph, str(bundle.path))
+    return runner
+
+
 class OrtRunner:
-    """One ``onnxruntime.InferenceSession``. ``run`` is thread-safe (ORT sessions are)."""
+    """One ``onnxruntime.InferenceSession``. ``run`` is thread-safe (ORT sessions are).
+
+    Attributes:
+        precision: what the graph computes in (``fp32``, ``fp16``, ``bf16``, ``int8-dynamic``: the
+            bundle's graphs carry it); keys masc-run's caches.
+    """
 
     backend = "onnxruntime"
 
     def __init__(self, path: str, name: str, provider: str = "cpu", intra_op_threads: int | None = None,
-                 inter_op_threads: int | None = None, ort_memory: str = "lean"):
+                 inter_op_threads: int | None = None, ort_memory: str = "lean", precision: str = "fp32"):
         import onnxruntime as ort
+
+        self.precision = precision
 
         provider_name = resolve_provider(provider)
         opts = session_options(ort, intra_op_threads, inter_op_threads, ort_memory)

@@ -108,16 +108,19 @@ def hint_for(precision: str) -> str:
         raise ValueError(f"OpenVINO CPU precision must be one of {sorted(PRECISION_HINTS)}, got {precision!r}") from None
 
 
-def check_available(precision: str = "f32") -> None:
+def check_available(provider: str = "cpu", precision: str | None = None) -> None:
     """Raise unless OpenVINO is installed and this CPU can run ``precision`` natively (cheap: no
     model is compiled; the backend registry's availability check).
 
     Raises:
-        BackendUnavailableError: openvino missing, or bf16 asked on a CPU without native bf16.
+        BackendUnavailableError: openvino missing, a provider other than the CPU, or bf16 asked on
+            a CPU without native bf16.
         ValueError: an unknown precision.
     """
-    hint = hint_for(precision)
+    hint = hint_for(precision or "f32")
     import_openvino()
+    if provider not in ("cpu", "CPUExecutionProvider"):
+        raise BackendUnavailableError(f"the OpenVINO backend runs on the CPU only; provider {provider!r} is not possible")
     if hint == "bf16" and not cpu_supports_bf16():
         caps = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         raise BackendUnavailableError(
@@ -304,7 +307,7 @@ class OpenVINORunner:
         if segments is None:
             segments = plan_segments(units, hint, keep_fp32) if units is not None else [Segment(hint, None, None)]
         for p in sorted({s.precision for s in segments}):
-            check_available(p)
+            check_available(precision=p)
         c = core()
         model = c.read_model(str(path))
         self.name, self.path = name, str(path)
@@ -374,8 +377,8 @@ def certificate(manifest: dict) -> dict | None:
     return rec if rec.get("mode") == BF16_CPU_MODE else None
 
 
-def load_runner(bundle, graph: str, precision: str | None = None, threads: int | None = None,
-                provider: str = "cpu") -> OpenVINORunner:
+def load_runner(bundle, graph: str, *, provider: str = "cpu", precision: str | None = None,
+                intra_op_threads: int | None = None, variant: str = "portable", options=None) -> OpenVINORunner:
     """An :class:`OpenVINORunner` for one of a bundle's graphs.
 
     Precision: ``None`` is the bundle's own: bf16 for a ``bf16-cpu`` bundle (its certified graphs in
@@ -389,9 +392,7 @@ def load_runner(bundle, graph: str, precision: str | None = None, threads: int |
     """
     import warnings
 
-    import_openvino()
-    if provider not in ("cpu", "CPUExecutionProvider"):
-        raise BackendUnavailableError(f"the OpenVINO backend runs on the CPU only; provider {provider!r} is not possible")
+    check_available(provider)
     cert = certificate(bundle.manifest)
     mode = (bundle.manifest.get("precision") or {}).get("mode", "fp32")
     if cert is None and mode != "fp32":
@@ -413,6 +414,5 @@ def load_runner(bundle, graph: str, precision: str | None = None, threads: int |
         if graph in cert.get("graphs", ()):
             hint, units = "bf16", cert["units"][graph]
             keep = [u for u in cert.get("keep_fp32", ()) if u in units["names"]]
-    runner = OpenVINORunner(bundle.graph_file(graph), graph, hint, threads=threads, units=units, keep_fp32=keep)
-    runner.precision = "bf16" if want == "bf16" else "fp32"  # the scorer's precision (keys masc-run's caches)
-    return runner
+    return OpenVINORunner(bundle.graph_file(graph), graph, hint, threads=intra_op_threads, units=units,
+                          keep_fp32=keep)

@@ -56,13 +56,16 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from ...errors import BackendUnavailableError, DeviceMemoryError, EngineCompatibilityError, MascEngineError
 from ..device import CupyDevice, PinnedStaging
 from . import trt_profiles as tp
+
+if TYPE_CHECKING:  # the annotations name TensorRT's classes; the module itself imports it lazily
+    import tensorrt as trt
 
 
 class TensorRTCallError(MascEngineError):
@@ -383,7 +386,6 @@ def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batc
         DeviceMemoryError: even the smallest profiles do not fit the budget.
         BundleError: the bundle is missing or modified, or holds graphs of another precision.
     """
-    from ...errors import BundleError
     from ..manifest import read_manifest, sha256_file, verify_files
 
     import_tensorrt()  # fail before any work
@@ -635,7 +637,25 @@ class TrtRunner:
         ctx.set_device_memory(self._dev.ptr(self._scratch), int(self._scratch.nbytes))
 
 
-def load_runner(bundle, graph: str, precision: str | None = None, provider: str = "cuda") -> TrtRunner:
+def check_available(provider: str = "cuda", precision: str | None = None) -> None:
+    """The backend registry's availability check: TensorRT importable and a CUDA provider (the
+    engine set for ``precision`` is checked when a runner is loaded).
+
+    Raises:
+        BackendUnavailableError: TensorRT is missing (naming what to install), or a non-CUDA provider.
+    """
+    import_tensorrt()
+    _check_provider(provider)
+
+
+def _check_provider(provider: str) -> None:
+    if provider not in ("cuda", "cuda:0", "CUDAExecutionProvider"):
+        raise BackendUnavailableError(f"the TensorRT backend runs on CUDA GPUs only; provider {provider!r} "
+                                      "is not possible (use provider='cuda', or backend='onnxruntime')")
+
+
+def load_runner(bundle, graph: str, *, provider: str = "cuda", precision: str | None = None,
+                intra_op_threads: int | None = None, variant: str = "portable", options=None) -> TrtRunner:
     """A :class:`TrtRunner` for one graph of a bundle's engine set, after every check.
 
     Order: TensorRT importable (else :class:`BackendUnavailableError` naming what to install);
@@ -651,10 +671,7 @@ def load_runner(bundle, graph: str, precision: str | None = None, provider: str 
     from ...errors import BundleError
     from ..manifest import sha256_file
 
-    import_tensorrt()
-    if provider not in ("cuda", "cuda:0", "CUDAExecutionProvider"):
-        raise BackendUnavailableError(f"the TensorRT backend runs on CUDA GPUs only; provider {provider!r} "
-                                      "is not possible (use provider='cuda', or backend='onnxruntime')")
+    check_available(provider)
     if precision is None:
         have = tp.available_precisions(bundle.path)
         if len(have) != 1:
