@@ -192,7 +192,7 @@ def test_scorer_options_checked(naflex_bundle):
                           ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),
                           ({"fg_threshold": "0.5"}, TypeError, "fg_threshold must be a number"),
                           ({"fg_threshold": 2.0}, ValueError, r"fg_threshold must be in \[0, 1\]"),
-                          ({"provider": None}, TypeError, "provider must be a str"),
+                          ({"provider": 3}, TypeError, "provider must be a str or None"),
                           ({"naflex_max_patches": 25.5}, TypeError, "naflex_max_patches must be an int")):
         with pytest.raises(err, match=text):
             Scorer(naflex_bundle, **kw)
