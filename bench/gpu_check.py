@@ -8,7 +8,7 @@ error is recorded with its traceback, and results are written after every sectio
 keeps what finished):
 
 - ``env``: GPU, driver, CUDA, torch / CuPy / onnxruntime / tensorrt availability.
-- ``cp_head_cupy``: the CP head (engine/cp_array.py, the cp.onnx graph's computation) on the GPU
+- ``cp_head_cupy``: the CP head (runtime/heads.py ``cp_forward``, the cp.onnx graph's computation) on the GPU
   with CuPy, through the runtime's packer (runtime/cp_device.py ``GraphCP``), against the numpy
   head (runtime/heads.py) on cases with padding, one reference x many outputs and a reference
   keeping nothing; fp32 and fp16 GEMM; ``device_tokens``: the same with the tokens already in
@@ -81,7 +81,7 @@ RESULTS = REPO / "bench" / "results"
 def _import_masc():
     """Import masc_engine from src/; if its __init__ cannot import (no Pillow / tokenizers /
     onnxruntime on the GPU box), install a bare package object so numpy/torch-only submodules
-    (runtime.heads, runtime.cp_device, engine.cp_array, export.cp_head) still import."""
+    (runtime.heads, runtime.cp_device, export.cp_head) still import."""
     sys.path.insert(0, str(REPO / "src"))
     try:
         import masc_engine  # noqa: F401
@@ -108,6 +108,27 @@ def _try_import(name):
         return __import__(name, fromlist=["_"])
     except Exception:  # noqa: BLE001
         return None
+
+
+class ArrayCPRunner:
+    """runtime/heads.py ``cp_forward`` (the cp graph's arithmetic) as a runner of the ``cp`` graph
+    over an array module, for ``GraphCP`` (tests/conftest.py has the same adapter)."""
+
+    name = "cp"
+    input_names = ["ref_tokens", "ref_keep", "out_tokens", "out_valid"]
+
+    def __init__(self, xp=np, gemm_dtype: str = "float32"):
+        self.xp, self.gemm_dtype = xp, gemm_dtype
+
+    def run_device(self, feeds: dict, device=None) -> dict:
+        from masc_engine.runtime.heads import cp_forward
+
+        return cp_forward(*(self.xp.asarray(feeds[k]) for k in self.input_names), xp=self.xp,
+                          gemm_dtype=self.gemm_dtype)
+
+    def run(self, feeds: dict) -> dict:
+        to_host = getattr(self.xp, "asnumpy", np.asarray)
+        return {k: to_host(v) for k, v in self.run_device(feeds).items()}
 
 
 class Skip(Exception):
@@ -230,7 +251,6 @@ def _cp_device_tokens(xp, width, seed=2):
     """GraphCP with tokens already in device memory (engine/device.py CupyDevice on a GPU,
     HostDevice in a dry run), as Scorer(device_resident=True) feeds it: packing on the device,
     only cp copied back. Against the numpy head on host copies."""
-    from masc_engine.engine.cp_array import ArrayCPRunner
     from masc_engine.engine.device import CupyDevice, HostDevice
     from masc_engine.runtime.cp_device import CPItem, GraphCP
     from masc_engine.runtime.heads import masked_maxcos
@@ -251,7 +271,7 @@ def _cp_device_tokens(xp, width, seed=2):
 
 
 def section_cp_head_cupy(cfg, ctx):
-    from masc_engine.engine.cp_array import ArrayCPRunner, cp_forward
+    from masc_engine.runtime.heads import cp_forward
     from masc_engine.tolerances import CP_HEAD_ATOL
 
     cupy = _try_import("cupy")
@@ -282,12 +302,12 @@ def section_cp_head_cupy(cfg, ctx):
     valid = xp.ones((1, b["k"], b["m"]), dtype=bool)
     timing = {}
     for gemm in ("float32", "float16"):
-        cp_forward(xp, ref, keep, outs, valid, gemm_dtype=gemm)
+        cp_forward(ref, keep, outs, valid, xp=xp, gemm_dtype=gemm)
         sync()
         t = time.perf_counter()
         iters = 3 if cfg.dry_run else 10
         for _ in range(iters):
-            cp_forward(xp, ref, keep, outs, valid, gemm_dtype=gemm)
+            cp_forward(ref, keep, outs, valid, xp=xp, gemm_dtype=gemm)
         sync()
         dt = (time.perf_counter() - t) / iters
         timing[gemm] = {"ms_per_call": dt * 1e3, "pairs_per_s": b["k"] / dt}
@@ -501,9 +521,11 @@ def _encode_all(torch, tower, images, cfg, dev, batch):
 
 
 def _pool_all(torch, tower, toks, out_w, dev):
+    from masc_engine.runtime.masks import foreground
+
     pooled = []
     for t, w in zip(toks, out_w):
-        kpm = torch.from_numpy(w >= 0.5).to(dev)
+        kpm = torch.from_numpy(foreground(w)).to(dev)
         if bool(kpm.all()):
             pooled.append(torch.full((t.shape[1],), float("nan"), device=dev))
             continue
@@ -516,6 +538,9 @@ def _cp_matrix(torch, toks, ref_w, gemm_dtype):
     """CP for every (reference i, output j != i): the cp graph's computation with R = 1, K = all
     outputs, in torch on the tokens' device. Returns [I, J] float64 (NaN on the diagonal and for
     a reference keeping nothing)."""
+    from masc_engine.runtime.heads import INVALID_FILL, NORMALIZE_EPS
+    from masc_engine.runtime.masks import cp_keep
+
     n_img = len(toks)
     dev = toks[0].device
     d = toks[0].shape[1]
@@ -525,16 +550,16 @@ def _cp_matrix(torch, toks, ref_w, gemm_dtype):
     for j, t in enumerate(toks):
         outs[j, :t.shape[0]] = t
         valid[j, :t.shape[0]] = True
-    outs_n = outs / outs.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    outs_n = outs / outs.norm(dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
     res = np.full((n_img, n_img), np.nan)
     for i, t in enumerate(toks):
-        keep = torch.from_numpy(ref_w[i] > 0.5).to(dev)
+        keep = torch.from_numpy(cp_keep(ref_w[i])).to(dev)
         if not bool(keep.any()):
             continue
         r = t[keep]
-        rn = r / r.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        rn = r / r.norm(dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
         sims = (rn.to(gemm_dtype) @ outs_n.reshape(-1, d).to(gemm_dtype).T).float().view(-1, n_img, m)
-        sims = torch.where(valid[None], sims, torch.full_like(sims, -4.0))
+        sims = torch.where(valid[None], sims, torch.full_like(sims, INVALID_FILL))
         cp = sims.amax(-1).mean(0).double().cpu().numpy()
         res[i] = cp
     np.fill_diagonal(res, np.nan)

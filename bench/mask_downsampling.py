@@ -30,20 +30,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench/results/mask_downsampling.json"))
     args = ap.parse_args()
     import torch
-    import torch.nn.functional as F
     from PIL import Image
     from conftest import EXAMPLES, SHARED
     from test_masks import GRIDS
+    from test_masks import _reference as ref  # the reference's downsample, in torch
 
     import masc_engine
+    from masc_engine.runtime.masks import DEFAULT_FG_THRESHOLD as T
     from masc_engine.runtime.masks import mask_to_patch_grid
-
-    def ref(m: np.ndarray, g) -> np.ndarray:
-        a = m.astype(np.float32)
-        if a.max() > 1.0 + 1e-6:
-            a = a / 255.0
-        t = F.interpolate(torch.from_numpy(a)[None, None], size=g, mode="bilinear", align_corners=False)
-        return t[0, 0].clamp(0.0, 1.0).flatten().numpy()
 
     def compare(masks) -> dict:
         worst, flips, n = 0.0, 0, 0
@@ -51,7 +45,7 @@ def main() -> None:
             for g in grids:
                 r, o = ref(m, g), mask_to_patch_grid(m, g)
                 worst = max(worst, float(np.abs(r - o).max()))
-                flips += int(((r > 0.5) != (o > 0.5)).sum() + ((r >= 0.5) != (o >= 0.5)).sum())
+                flips += int(((r > T) != (o > T)).sum() + ((r >= T) != (o >= T)).sum())
                 n += 1
         return {"comparisons": n, "max_abs": worst, "threshold_flips": flips}
 

@@ -140,3 +140,26 @@ def blob_mask(height: int, width: int, seed: int = 0, frac: float = 0.35) -> np.
     ry, rx = np.sqrt(frac / np.pi) * height * 1.1, np.sqrt(frac / np.pi) * width * 0.9
     yy, xx = np.mgrid[0:height, 0:width]
     return ((((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2) <= 1).astype(np.uint8) * 255
+
+
+class ArrayCPRunner:
+    """The ``cp`` graph's arithmetic (runtime/heads.py ``cp_forward``) as a runner of the ``cp``
+    graph, over an array module (numpy here, CuPy on a GPU): what ``GraphCP`` packs pairs for.
+    ``run`` returns numpy arrays; ``run_device`` the module's (on the GPU with CuPy)."""
+
+    name = "cp"
+    input_names = ["ref_tokens", "ref_keep", "out_tokens", "out_valid"]
+    output_names = ["cp", "best", "n_keep"]
+
+    def __init__(self, xp=np, gemm_dtype: str = "float32"):
+        self.xp, self.gemm_dtype = xp, gemm_dtype
+
+    def run_device(self, feeds: dict, device=None) -> dict:
+        from masc_engine.runtime.heads import cp_forward
+
+        return cp_forward(*(self.xp.asarray(feeds[k]) for k in self.input_names), xp=self.xp,
+                          gemm_dtype=self.gemm_dtype)
+
+    def run(self, feeds: dict) -> dict:
+        to_host = getattr(self.xp, "asnumpy", np.asarray)
+        return {k: to_host(v) for k, v in self.run_device(feeds).items()}

@@ -12,12 +12,12 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, blob_mask, grid_image
+from conftest import REPO, ArrayCPRunner, blob_mask, grid_image
 from masc_engine.engine.bundle import Bundle
 from masc_engine.runtime.cp_device import CPItem, GraphCP
 from masc_engine.errors import ExportValidationError
 from masc_engine.runtime.heads import best_match_cosines, masked_maxcos
-from masc_engine.runtime.masks import mask_to_patch_grid
+from masc_engine.runtime.masks import cp_keep, mask_to_patch_grid
 from masc_engine.tolerances import CP_BEST_ATOL, CP_HEAD_ATOL
 
 
@@ -122,7 +122,7 @@ def test_best_per_patch_and_degenerate_tokens(cp_runner):
     got = GraphCP(cp_runner).score(ref, w, outs)
     _assert_same(got, [masked_maxcos(ref, o, w) for o in outs])
     got = GraphCP(cp_runner).score_items([CPItem(ref, w, o) for o in outs], return_best=True)
-    keep = w > 0.5
+    keep = cp_keep(w)
     for (cp, ex), o in zip(got, outs, strict=True):
         assert ex["best"].shape == (30,) and np.all(ex["best"][~keep] == 0) and np.isfinite(ex["best"]).all()
         assert np.abs(ex["best"][keep] - best_match_cosines(ref[keep], o)).max() <= CP_BEST_ATOL
@@ -157,8 +157,7 @@ def test_cp_device_is_torch_free():
 
 
 def test_array_module_cp_head_equals_numpy_head():
-    """engine/cp_array.py (numpy here; CuPy on a GPU in bench/gpu_check.py) is the same head."""
-    from masc_engine.engine.cp_array import ArrayCPRunner
+    """heads.cp_forward (numpy here; CuPy on a GPU in bench/gpu_check.py) is the graph's head."""
     from masc_engine.export.validate import validate_cp
 
     for width in (64, 768):

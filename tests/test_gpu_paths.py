@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, ArrayCPRunner
 from masc_engine.runtime.cp_device import CPItem, GraphCP
 from masc_engine.runtime.heads import masked_maxcos
 from masc_engine.tolerances import CP_HEAD_ATOL
@@ -48,8 +48,6 @@ def _cuda_cupy():
 
 def test_cupy_cp_head_equals_numpy_head():
     cupy = _cuda_cupy()
-    from masc_engine.engine.cp_array import ArrayCPRunner
-
     _check(ArrayCPRunner(cupy), _items())
 
 

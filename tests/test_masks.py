@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from masc_engine.runtime.masks import mask_to_patch_grid, normalize_mask
+from masc_engine.runtime.masks import DEFAULT_FG_THRESHOLD, mask_to_patch_grid, normalize_mask
 from masc_engine.tolerances import MASK_GRID_ATOL
 
 GRIDS = [(16, 16), (14, 18), (18, 14), (12, 21), (24, 42), (4, 60), (60, 4), (7, 7), (32, 32), (23, 44)]
@@ -32,7 +32,8 @@ def test_real_masks_match_torch_without_threshold_flips(photo_dir):
         for g in GRIDS:
             ref, ours = _reference(m, g), mask_to_patch_grid(m, g)
             worst = max(worst, float(np.abs(ref - ours).max()))
-            flips += int(((ref > 0.5) != (ours > 0.5)).sum() + ((ref >= 0.5) != (ours >= 0.5)).sum())
+            t = DEFAULT_FG_THRESHOLD
+            flips += int(((ref > t) != (ours > t)).sum() + ((ref >= t) != (ours >= t)).sum())
     assert worst <= MASK_GRID_ATOL
     assert flips == 0
 
@@ -55,3 +56,77 @@ def test_value_conventions_follow_the_reference():
     assert full.shape == (16,) and np.all(full == 1.0)
     with pytest.raises(ValueError):
         normalize_mask(np.zeros((2, 2, 3)))
+
+
+# ---------------------------------------------------------------------- the size rule (MaskPolicy)
+
+
+def test_mask_policy_order_and_messages():
+    from masc_engine.errors import InputError
+    from masc_engine.runtime.masks import MaskPolicy
+
+    refuse = MaskPolicy()
+    assert refuse.check((480, 640), (480, 640), "reference") is None
+    with pytest.raises(InputError) as e:
+        refuse.check((480, 640), (480, 640, 3), "reference")
+    assert (e.value.reason, e.value.detail) == ("bad_mask", "reference mask must be 2-D (H, W), got shape (480, 640, 3)")
+    with pytest.raises(InputError) as e:  # the scorer API's words (no file name, no option to suggest)
+        refuse.check((6, 5), (4, 3), "output")
+    assert (e.value.reason, e.value.detail) == ("mask_size_mismatch", "output mask is 3x4 (WxH) but its image is 5x6")
+    with pytest.raises(InputError) as e:
+        refuse.check((480, 640), (640, 480), "reference", "m.png", exif="apply")
+    assert e.value.reason == "mask_orientation_mismatch"
+    assert e.value.detail == ("reference mask m.png is 480x640, its image 640x480: they fit only rotated by 90 "
+                              "degrees (EXIF orientation applied to one of them? --exif is apply)")
+    # Tolerance: up to N pixels off in each dimension, inclusive; the orientation check comes first.
+    two = MaskPolicy(size_tolerance=2)
+    assert two.check((100, 200), (102, 198), "output") == "output mask 198x102 stretched to its image 200x100"
+    with pytest.raises(InputError, match="mask_size_mismatch|is 197x100") as e:
+        two.check((100, 200), (100, 197), "output", "o.png", remedy="--flag N")
+    assert e.value.detail == "output mask o.png is 197x100 (WxH) but its image is 200x100 (--flag N)"
+    with pytest.raises(InputError) as e:
+        two.check((100, 101), (101, 100), "output")
+    assert e.value.reason == "mask_orientation_mismatch"
+    # Stretch: any size, as the reference does.
+    stretch = MaskPolicy.named("stretch")
+    assert stretch == MaskPolicy(stretch=True) and MaskPolicy.named("refuse") == refuse
+    assert stretch.check((480, 640), (640, 480), "reference") == "reference mask 480x640 stretched to its image 640x480"
+    assert stretch.check((480, 640), (10, 10), "reference") is not None
+
+
+def test_mask_policy_settings_are_checked():
+    from masc_engine.runtime.masks import MASK_SIZE_POLICIES, MaskPolicy
+
+    assert MASK_SIZE_POLICIES == ("refuse", "stretch")
+    with pytest.raises(ValueError, match="mask_size_policy"):
+        MaskPolicy.named("crop")
+    with pytest.raises(ValueError, match=">= 0"):
+        MaskPolicy(size_tolerance=-1)
+    with pytest.raises(TypeError):
+        MaskPolicy(size_tolerance=1.5)
+    with pytest.raises(TypeError):
+        MaskPolicy(stretch="yes")
+
+
+def test_every_front_end_uses_the_one_policy(naflex_bundle):
+    """The scorer API (ScorerConfig.mask_size_policy), masc-run / masc-serve (RunSettings'
+    mask_size_tolerance, jobs/items.py) and masc-rank (query masks) refuse by the same rule."""
+    from PIL import Image
+
+    from masc_engine.errors import InputError
+    from masc_engine.jobs.items import DecodedImage, DecodedMask, check_mask
+    from masc_engine.runtime.masks import MaskPolicy
+    from masc_engine.runtime.scorer import Scorer
+
+    s = Scorer(naflex_bundle)
+    assert s.mask_policy == MaskPolicy()
+    assert Scorer(naflex_bundle, mask_size_policy="stretch").mask_policy == MaskPolicy(stretch=True)
+    im = Image.new("RGB", (64, 48))
+    with pytest.raises(InputError) as e:  # a rotated mask: the API now says so too
+        s.score(im, np.zeros((64, 48), np.uint8), im, np.zeros((48, 64), np.uint8), "a photo", None)
+    assert e.value.reason == "mask_orientation_mismatch"
+    image = DecodedImage("0" * 64, (64, 48), (3, 4))
+    assert check_mask(image, DecodedMask((63, 49), 0.0, False), "output", "o.png", 1, "apply") is not None
+    with pytest.raises(InputError) as e:
+        check_mask(image, DecodedMask((62, 48), 0.0, False), "output", "o.png", 1, "apply")
+    assert e.value.detail.endswith("(--mask-size-tolerance N stretches masks up to N pixels off)")

@@ -21,6 +21,7 @@ from masc_engine.jobs import rank, rank_encoders
 from masc_engine.jobs.rank_encoders import EncoderManifestError, cosine_scores, maxcos_scores
 from masc_engine.metrics.retrieval import average_precision, cmc, cmc_at, first_correct_rank, rank_query, summarize
 from masc_engine.runtime import heads
+from masc_engine.runtime.masks import cp_keep
 from masc_engine.tolerances import BATCH_INVARIANCE_ATOL
 
 #: maxcos_scores blocks many gallery images into one matrix product; heads.masked_maxcos runs one
@@ -170,7 +171,7 @@ def test_maxcos_scores_equal_masked_maxcos(monkeypatch, block):
     gallery = [rng.normal(size=(int(m), 8)).astype(np.float32) for m in rng.integers(1, 20, 7)]
     weights = (rng.random(12) > 0.5).astype(np.float32)
     weights[0] = 1.0
-    got = maxcos_scores(q, gallery, weights > 0.5)
+    got = maxcos_scores(q, gallery, cp_keep(weights))
     got_all = maxcos_scores(q, gallery)
     for i, g in enumerate(gallery):
         assert abs(got[i] - heads.masked_maxcos(q, g, weights)[0]) <= MAXCOS_BLOCK_ATOL

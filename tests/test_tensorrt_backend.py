@@ -250,6 +250,7 @@ def test_cp_scores_any_outputs_per_reference_through_trt_and_ort(fake_trt, bundl
     engine profile's outs_per_ref range (16 by default), and CP equals the ORT cp graph's."""
     from masc_engine.runtime.cp_device import GraphCP
     from masc_engine.runtime.heads import masked_maxcos
+    from masc_engine.runtime.masks import cp_keep
     from masc_engine.tolerances import CP_HEAD_ATOL
 
     fake_trt.build_engines(bundle_copy, graphs=["cp"], log=lambda s: None)  # masc-export's defaults
@@ -265,11 +266,11 @@ def test_cp_scores_any_outputs_per_reference_through_trt_and_ort(fake_trt, bundl
     got = [c for c, _ in GraphCP(cp_trt).score(ref, w, outs)]
     assert fake_tensorrt.RUNS and max(r["out_tokens"][1] for r in fake_tensorrt.RUNS) <= 16
     want = [c for c, _ in GraphCP(cp_ort).score(ref, w, outs)]
-    numpy_head = [masked_maxcos(ref, o, w, 0.5)[0] for o in outs]
+    numpy_head = [masked_maxcos(ref, o, w)[0] for o in outs]
     assert len(got) == n_outs
     np.testing.assert_allclose(got, want, rtol=0, atol=CP_HEAD_ATOL)
     np.testing.assert_allclose(got, numpy_head, rtol=0, atol=CP_HEAD_ATOL)
-    feeds = {"ref_tokens": ref[None], "ref_keep": (w > 0.5)[None], "out_tokens": np.zeros((1, 17, 8, 64), np.float32),
+    feeds = {"ref_tokens": ref[None], "ref_keep": cp_keep(w)[None], "out_tokens": np.zeros((1, 17, 8, 64), np.float32),
              "out_valid": np.ones((1, 17, 8), bool)}
     with pytest.raises(ProfileError, match=r"'outs_per_ref' is 17.*\[1, 16\].*--max-outs-per-ref"):
         cp_trt.run(feeds)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..engine.cp_array import INVALID_FILL, NORMALIZE_EPS  # noqa: F401  (one definition, shared)
+from ..runtime.heads import INVALID_FILL, NORMALIZE_EPS  # noqa: F401  (one definition, shared)
 from .graphs import GraphSpec, TensorSpec
 
 # INVALID_FILL (-4): cosine given to padding output patches before the max; below every real

@@ -24,6 +24,7 @@ from typing import Sequence
 
 from ..errors import BundleError, MascEngineError
 from ..engine.manifest import write_manifest
+from ..runtime.masks import DEFAULT_FG_THRESHOLD
 from .random_models import build_random_checkpoint, is_random_model_id, preset_names
 
 DEFAULT_MODEL = "google/siglip2-so400m-patch16-naflex"
@@ -35,8 +36,6 @@ SHORT_NAMES = {
 }
 #: The paper's patch budget (masc-metric 0.3.0 ``DEFAULT_NAFLEX_MAX_PATCHES``).
 DEFAULT_MAX_NUM_PATCHES = 1024
-#: masc-metric 0.3.0 ``DEFAULT_FG_THRESHOLD``.
-DEFAULT_FG_THRESHOLD = 0.5
 OPSET = 18
 
 _PIL_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}

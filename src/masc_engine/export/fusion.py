@@ -384,7 +384,7 @@ def validate_scores(model, processor, image: dict, text: dict, bundle_dir: Path,
     head = vm.head
     d_cp, d_pf, pairs = [], [], 0
     for j, (w_out, rt, gt) in enumerate(zip(weights, ref_tok, got_tok)):
-        kpm = heads.background_key_padding_mask(w_out, 0.5)
+        kpm = heads.background_key_padding_mask(w_out)
         if kpm.all():
             continue
         with torch.no_grad():
@@ -397,8 +397,8 @@ def validate_scores(model, processor, image: dict, text: dict, bundle_dir: Path,
         for i in range(len(imgs)):
             if i == j:
                 continue
-            cp_ref, _ = heads.masked_maxcos(ref_tok[i], rt, weights[i], 0.5)
-            cp_got, _ = heads.masked_maxcos(got_tok[i], gt, weights[i], 0.5)
+            cp_ref, _ = heads.masked_maxcos(ref_tok[i], rt, weights[i])
+            cp_got, _ = heads.masked_maxcos(got_tok[i], gt, weights[i])
             if np.isnan(cp_ref) != np.isnan(cp_got):
                 d_cp.append(float("inf"))
             elif not np.isnan(cp_ref):

@@ -21,6 +21,7 @@ from ..runtime.position import position_weights
 from ..runtime.preprocess import ImageSettings, preprocess_image
 from ..runtime.text import PromptTokenizer, TextSettings
 from ..runtime.heads import best_match_cosines, masked_maxcos
+from ..runtime.masks import DEFAULT_FG_THRESHOLD, cp_keep
 from ..tolerances import (CP_BEST_ATOL, CP_HEAD_ATOL, FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_EMBEDDING_COSINE,
                           REDUCED_TOKEN_COSINE_MEDIAN, REDUCED_TOKEN_COSINE_P001, export_validation_atol)
 
@@ -235,8 +236,8 @@ def cp_validation_cases(width: int, seed: int = 5) -> list[dict]:
             ref = tok(nl)
             weights = rng.random(nl).astype(np.float32)
             if a == empty:
-                weights *= 0.5  # every weight <= 0.5: nothing kept
-            keep = weights > np.float32(0.5)
+                weights *= DEFAULT_FG_THRESHOLD  # every weight <= the threshold: nothing kept
+            keep = cp_keep(weights)
             feeds["ref_tokens"][a, :nl] = ref
             feeds["ref_keep"][a, :nl] = keep
             n_keep.append(int(keep.sum()))
@@ -246,7 +247,7 @@ def cp_validation_cases(width: int, seed: int = 5) -> list[dict]:
                 feeds["out_tokens"][a, b] = tok(m) * 3
                 feeds["out_tokens"][a, b, :ml] = out
                 feeds["out_valid"][a, b, :ml] = True
-                cp, _ = masked_maxcos(ref, out, weights, 0.5)
+                cp, _ = masked_maxcos(ref, out, weights)
                 pairs.append((a, b, cp, np.where(keep, best_match_cosines(ref, out), 0).astype(np.float32)))
         cases.append({"feeds": feeds, "pairs": pairs, "n_keep": n_keep})
     return cases

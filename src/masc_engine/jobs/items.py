@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import InputError
 from ..runtime.cache import sha256_bytes
 from ..runtime.io import decode_cost, image_from_opened, mask_from_opened, open_image
-from ..runtime.masks import mask_coverage, mask_to_patch_grid
+from ..runtime.masks import MaskPolicy, mask_coverage, mask_to_patch_grid
 from ..runtime.preprocess import PreprocessedImage, patch_grid
 from ..runtime.scorer import ImageEncoding
 from ..runtime.text import PreparedPrompt
@@ -234,23 +234,21 @@ def array_mask(m, name: str, grids) -> DecodedMask:
     return reduce_mask(a, grids)
 
 
+#: What a masc-run / masc-serve size refusal suggests (RunSettings.mask_size_tolerance).
+TOLERANCE_REMEDY = "--mask-size-tolerance N stretches masks up to N pixels off"
+
+
 def check_mask(image: DecodedImage, mask: DecodedMask, what: str, name: str, tolerance: int, exif: str) -> str | None:
-    """masc-run's rule for a mask whose size differs from its image's: refused, or stretched
-    (with a note) when at most ``tolerance`` pixels off.
+    """masc-run's and masc-serve's mask size check: runtime/masks.py :class:`MaskPolicy` with
+    ``size_tolerance`` = ``RunSettings.mask_size_tolerance`` (a mask at most ``tolerance``
+    pixels off is stretched, with a note; 0 refuses any difference).
+
+    Returns:
+        ``None``, or the note for ``status_detail`` (the mask was stretched).
 
     Raises:
         InputError: ``mask_orientation_mismatch`` (it fits only rotated by 90 degrees) or
             ``mask_size_mismatch``.
     """
     (w, h), (iw, ih) = mask.size, image.size
-    if (w, h) == (iw, ih):
-        return None
-    if (w, h) == (ih, iw):
-        raise InputError("mask_orientation_mismatch",
-                         f"{what} mask {name} is {w}x{h}, its image {iw}x{ih}: they fit only rotated by 90 degrees "
-                         f"(EXIF orientation applied to one of them? --exif is {exif})")
-    if abs(h - ih) <= tolerance and abs(w - iw) <= tolerance:
-        return f"{what} mask {w}x{h} stretched to its image {iw}x{ih}"
-    raise InputError("mask_size_mismatch",
-                     f"{what} mask {name} is {w}x{h} (WxH) but its image is {iw}x{ih} "
-                     "(--mask-size-tolerance N stretches masks up to N pixels off)")
+    return MaskPolicy(size_tolerance=tolerance).check((ih, iw), (h, w), what, name, exif=exif, remedy=TOLERANCE_REMEDY)

@@ -49,7 +49,7 @@ import numpy as np
 from ..errors import InputError
 from ..metrics.retrieval import rank_query, summarize
 from ..runtime.io import load_image, load_mask
-from ..runtime.masks import mask_to_patch_grid
+from ..runtime.masks import DEFAULT_FG_THRESHOLD, MaskPolicy, cp_keep, mask_to_patch_grid
 from .loading import load_all
 from .rank_encoders import cosine_scores, maxcos_scores
 from .tables import TableError, cell, read_table, resolve_path, write_table
@@ -180,7 +180,8 @@ def _query_keep(q: _Item, enc, sizes: dict, masks: dict, fg_threshold: float) ->
 
     Raises:
         InputError: the mask cannot be read, its size differs from the image's
-            (``mask_size_mismatch``), it is empty (``empty_query_mask``), or no patch passes the
+            (``mask_size_mismatch``, ``mask_orientation_mismatch``: runtime/masks.py
+            :class:`MaskPolicy`), it is empty (``empty_query_mask``), or no patch passes the
             threshold (``query_mask_below_threshold``).
     """
     if not q.mask:
@@ -188,13 +189,10 @@ def _query_keep(q: _Item, enc, sizes: dict, masks: dict, fg_threshold: float) ->
     mask = masks[q.mask]
     if isinstance(mask, InputError):
         raise mask
-    h, w = sizes[q.image]
-    if mask.shape != (h, w):
-        raise InputError("mask_size_mismatch", f"query mask {q.mask} is {mask.shape[1]}x{mask.shape[0]} (WxH) "
-                                               f"but its image is {w}x{h}")
+    MaskPolicy().check(sizes[q.image], mask.shape, "query", q.mask)
     if not mask.any():
         raise InputError("empty_query_mask", f"{q.mask} has no foreground pixel")
-    keep = mask_to_patch_grid(mask, enc.grid) > np.float32(fg_threshold)
+    keep = cp_keep(mask_to_patch_grid(mask, enc.grid), fg_threshold)
     if not keep.any():
         raise InputError("query_mask_below_threshold", f"{q.mask}: no patch of the {enc.grid[0]}x{enc.grid[1]} "
                                                        f"grid has mask weight > {fg_threshold}")
@@ -362,7 +360,7 @@ def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None
         a :class:`RankReport`; per-query rows are in query order, with ``status`` ``ok``,
         ``no_relevant_gallery_item`` (AP undefined) or a failure reason (``missing_file``,
         ``unreadable_image``, ``unreadable_mask``, ``image_too_large``, ``mask_size_mismatch``,
-        ``empty_query_mask``, ``query_mask_below_threshold``, ``bad_row``).
+        ``mask_orientation_mismatch``, ``empty_query_mask``, ``query_mask_below_threshold``, ``bad_row``).
 
     Raises:
         RankFileError: a file is unusable or the gallery has no usable image.
@@ -375,7 +373,7 @@ def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None
     feats, sizes, n_encoded = _encode_all(gallery, queries, encoder, similarity, chunk_size, io_workers, progress)
     gal, failures = _usable_gallery(gallery, feats, similarity, level, gallery_csv)
     masks = load_all([q.mask for q in queries if q.mask and q.status == "ok"], load_mask, io_workers)
-    fg = getattr(encoder, "fg_threshold", 0.5)
+    fg = getattr(encoder, "fg_threshold", DEFAULT_FG_THRESHOLD)
     rows = []
     for q in queries:
         one = gal.classes_of.get(q.identity, ())

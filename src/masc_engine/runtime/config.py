@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .masks import DEFAULT_FG_THRESHOLD
+from .masks import DEFAULT_FG_THRESHOLD, MASK_SIZE_POLICIES
 from .stripping import STRIPPERS
 
 #: ``Scorer(graph_variant=AUTO)``: the bundle's fused ``ort-cpu`` graphs for ONNX Runtime on CPU
@@ -30,8 +30,6 @@ from .stripping import STRIPPERS
 AUTO = "auto"
 #: ``cp_head`` values: numpy on the host (runtime/heads.py) or the bundle's ``cp`` graph.
 CP_HEADS = ("numpy", "graph")
-#: ``mask_size_policy`` values (runtime/masks.py :class:`MaskPolicy`).
-MASK_SIZE_POLICIES = ("refuse", "stretch")
 
 
 def _frozen(options) -> tuple[tuple[str, Any], ...]:

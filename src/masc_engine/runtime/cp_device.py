@@ -5,8 +5,9 @@ graph: pairs are grouped by reference (the same token array and the same kept pa
 reference is read once per call however many outputs it is scored against; references are padded
 to the longest in the call, outputs to the longest output.
 
-Results equal runtime/heads.py ``masked_maxcos`` (the numpy head) within
-``tolerances.CP_HEAD_ATOL`` on ONNX Runtime CPU (tests/test_cp_head.py). The graph never yields
+Results equal runtime/heads.py ``masked_maxcos`` within ``tolerances.CP_HEAD_ATOL`` on ONNX
+Runtime CPU and through runtime/heads.py ``cp_forward`` (the graph's arithmetic on numpy or CuPy;
+tests/test_cp_head.py). The graph never yields
 NaN; a reference with no kept patch gets NaN here, from the kept-patch count.
 
 With a token ``device`` (engine/device.py) the tokens are device arrays: calls are packed on the
@@ -21,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .masks import DEFAULT_FG_THRESHOLD
+from .masks import DEFAULT_FG_THRESHOLD, cp_keep
 
 #: Default cap on one call's cosine tensor ``R * K * N * M`` (float32 elements): 2**26 = 256 MiB.
 #: It also bounds a TensorRT CP engine's context memory, which is sized per call for the shapes run
@@ -104,7 +105,7 @@ class GraphCP:
             if it.ref_tokens.ndim != 2 or it.ref_tokens.shape[1] != it.out_tokens.shape[1]:
                 raise ValueError(f"item {i}: reference {it.ref_tokens.shape} and output {it.out_tokens.shape} "
                                  "tokens must be [N, D] and [M, D]")
-            keep = np.asarray(it.ref_weights) > np.float32(self.fg_threshold)
+            keep = np.asarray(cp_keep(it.ref_weights, self.fg_threshold))
             key = (id(it.ref_tokens), keep.tobytes())
             groups.setdefault(key, []).append(i)
             keeps[key] = keep

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from .masks import cp_keep
+
 # matplotlib's viridis at 0, 0.25, 0.5, 0.75, 1.
 _ANCHORS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], np.float64)
 
@@ -50,7 +52,7 @@ def overlay(image: Image.Image, grid: tuple[int, int], values: np.ndarray, paint
 
 def cp_map(ref_image: Image.Image, grid, best: np.ndarray, ref_weights: np.ndarray, threshold: float) -> Image.Image:
     """The CP overlay: best cosine per reference patch, on the reference foreground."""
-    return overlay(ref_image, grid, best, np.asarray(ref_weights) > threshold, 0.0, 1.0)
+    return overlay(ref_image, grid, best, cp_keep(ref_weights, threshold), 0.0, 1.0)
 
 
 def pf_map(out_image: Image.Image, grid, attention: np.ndarray, hidden: np.ndarray) -> Image.Image:

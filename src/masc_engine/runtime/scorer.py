@@ -31,7 +31,7 @@ from ..engine.bundle import Bundle
 from ..errors import InputError
 from . import heads
 from .config import ScorerConfig
-from .masks import mask_to_patch_grid
+from .masks import MaskPolicy, cp_keep, mask_to_patch_grid
 from .position import position_weights
 from .preprocess import ImageSettings, PreprocessedImage, preprocess_image
 from .stripping import pf_prompt
@@ -86,38 +86,21 @@ class Pair:
     object_name: str | None = None
 
 
-def check_mask_matches(image: Image.Image, mask: np.ndarray, what: str) -> None:
-    """Refuse a mask whose ``(H, W)`` differs from its image's.
-
-    The reference silently stretches such a mask onto the patch grid; a mask for another image
-    (or another orientation) then scores the wrong region, so we refuse.
-
-    Raises:
-        InputError: reason ``mask_size_mismatch``.
-    """
-    shape = np.shape(mask)
-    if len(shape) != 2:
-        raise InputError("bad_mask", f"{what} mask must be 2-D (H, W), got shape {shape}")
-    if tuple(shape) != (image.height, image.width):
-        raise InputError("mask_size_mismatch",
-                         f"{what} mask is {shape[1]}x{shape[0]} (WxH) but its image is "
-                         f"{image.width}x{image.height}")
-
-
-def check_pair_arguments(p: Pair, where: str = "", refuse_size_mismatch: bool = True) -> None:
+def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPolicy()) -> None:
     """Check one pair's arguments before any inference (the API boundary).
 
     Args:
         p: the pair.
         where: prefix naming the pair in messages (``"pairs[3]."``; ``""`` for :meth:`Scorer.score`).
-        refuse_size_mismatch: also refuse a mask whose ``(H, W)`` differs from its image's.
+        policy: the mask size rule (runtime/masks.py :class:`MaskPolicy`; the scorer's
+            ``mask_size_policy``).
 
     Raises:
         TypeError: ``ref_image`` / ``out_image`` not a PIL image, a mask not a numpy array of
             numbers or booleans, ``prompt`` not a str, ``object_name`` neither a str nor None
             (the message names the argument).
-        InputError: (a ``ValueError``) a mask that is not 2-D (``bad_mask``) or whose size differs
-            from its image's (``mask_size_mismatch``).
+        InputError: (a ``ValueError``) a mask that is not 2-D (``bad_mask``) or whose size the
+            policy refuses (``mask_size_mismatch``, ``mask_orientation_mismatch``).
     """
     for name in ("ref_image", "out_image"):
         im = getattr(p, name)
@@ -132,8 +115,8 @@ def check_pair_arguments(p: Pair, where: str = "", refuse_size_mismatch: bool = 
                             f"got {got}")
         if m.ndim != 2:
             raise InputError("bad_mask", f"{where}{name} must be 2-D [H, W], got shape {m.shape}")
-        if refuse_size_mismatch:
-            check_mask_matches(getattr(p, image_name), m, what)
+        im = getattr(p, image_name)
+        policy.check((im.height, im.width), m.shape, what)
     if not isinstance(p.prompt, str):
         raise TypeError(f"{where}prompt must be a str, got {type(p.prompt).__name__}")
     if p.object_name is not None and not isinstance(p.object_name, str):
@@ -221,6 +204,8 @@ class Scorer:
         # The precision the runners report (TensorRT picks the engine set when none is named): it
         # keys masc-run's resume fingerprint and token cache.
         self.config = config.replace(precision=self.vision.precision)
+        #: The mask size rule ``config.mask_size_policy`` names (runtime/masks.py).
+        self.mask_policy = MaskPolicy.named(config.mask_size_policy)
         self._graph_cp = None
         if config.cp_head == "graph":
             from .cp_device import GraphCP
@@ -424,8 +409,12 @@ class Scorer:
     # ------------------------------------------------------------------ scoring
 
     def mask_weights(self, image: Image.Image, mask: np.ndarray, grid: tuple[int, int], what: str) -> np.ndarray:
-        if self.mask_size_policy == "refuse":
-            check_mask_matches(image, mask, what)
+        """``[Hp * Wp] float32`` weights of ``mask`` on ``grid``, once :attr:`mask_policy` passes it.
+
+        Raises:
+            InputError: the mask policy refuses the mask (see :class:`MaskPolicy`).
+        """
+        self.mask_policy.check((image.height, image.width), np.shape(mask), what)
         return mask_to_patch_grid(mask, grid)
 
     def score(self, ref_image: Image.Image, ref_mask: np.ndarray, out_image: Image.Image,
@@ -443,10 +432,11 @@ class Scorer:
             TypeError: an argument of the wrong type (named): images must be PIL images, masks
                 numpy arrays, ``prompt`` a str, ``object_name`` a str or None.
             InputError: (a ``ValueError``) a mask is not 2-D, or its size differs from its
-                image's (``mask_size_policy="refuse"``). Raised before any inference.
+                image's and the mask policy refuses it (``mask_size_policy="refuse"``: sizes must
+                match). Raised before any inference.
         """
         pair = Pair(ref_image, ref_mask, out_image, out_mask, prompt, object_name)
-        check_pair_arguments(pair, "", refuse_size_mismatch=self.mask_size_policy == "refuse")
+        check_pair_arguments(pair, "", self.mask_policy)
         return self.score_batch([pair])[0]
 
     def score_batch(self, pairs: Iterable[Pair]) -> list[MaSCResult]:
@@ -459,7 +449,7 @@ class Scorer:
         for i, p in enumerate(pairs):  # every argument checked before any inference
             if not isinstance(p, Pair):
                 raise TypeError(f"pairs[{i}] must be a masc_engine.Pair, got {type(p).__name__}")
-            check_pair_arguments(p, f"pairs[{i}].", refuse_size_mismatch=self.mask_size_policy == "refuse")
+            check_pair_arguments(p, f"pairs[{i}].", self.mask_policy)
         images: dict[int, Image.Image] = {}
         for p in pairs:
             images.setdefault(id(p.ref_image), p.ref_image)
@@ -564,7 +554,7 @@ class Scorer:
                 for kind, text in (("stripped", ex["prompt_text"]), ("unstripped", it.prompt)):
                     ex[f"pf_{region}_{kind}"] = (float("nan") if not np.isfinite(vec).all()
                                                  else heads.cosine(vec, text_emb[text_row[text]]))
-            keep = it.ref_weights > np.float32(self.fg_threshold)
+            keep = cp_keep(it.ref_weights, self.fg_threshold)
             if keep.any():
                 ref_t, out_t = host_tokens(it.ref_enc), host_tokens(it.out_enc)
                 sims = heads.cosine_matrix(ref_t[keep], out_t)

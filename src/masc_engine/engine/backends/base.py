@@ -17,7 +17,7 @@ class Runner(Protocol):
     Every runner also has ``run_device(feeds, device) -> outputs``: inputs as arrays of a token
     device (engine/device.py) or host numpy arrays, outputs as arrays of that device, so tokens
     stay on the GPU between graphs (``OrtRunner`` through IO binding, ``TrtRunner`` by engine
-    tensor addresses, ``ArrayCPRunner`` in CuPy); ``run`` always takes and returns numpy arrays.
+    tensor addresses); ``run`` always takes and returns numpy arrays.
     """
 
     name: str
