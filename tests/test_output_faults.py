@@ -167,9 +167,9 @@ def test_resume_never_reuses_a_journal_of_another_stripper(naflex_bundle, tmp_pa
 def _enospc_after(monkeypatch, calls_ok: int):
     """The journal's disk fills up during append ``calls_ok + 1``: half its lines are written,
     then ENOSPC (as a write cut by a full disk leaves a journal)."""
-    import masc_engine.jobs.pairs as pairs_mod
+    import masc_engine.jobs.results as results_mod  # the journal's writer (jobs/results.py Journal)
 
-    real, n = pairs_mod.append_journal, []
+    real, n = results_mod.append_journal, []
 
     def append(path, entries):
         n.append(1)
@@ -178,8 +178,8 @@ def _enospc_after(monkeypatch, calls_ok: int):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         real(path, entries)
 
-    monkeypatch.setattr(pairs_mod, "append_journal", append)
-    return lambda: monkeypatch.setattr(pairs_mod, "append_journal", real)
+    monkeypatch.setattr(results_mod, "append_journal", append)
+    return lambda: monkeypatch.setattr(results_mod, "append_journal", real)
 
 
 def test_full_disk_is_one_line_and_the_resumed_run_is_exact(naflex_bundle, tmp_path, monkeypatch):

@@ -81,12 +81,11 @@ def main(**params) -> None:
                             ray_address=p["ray_address"], ray_workers=p["ray_workers"], progress=not p["no_progress"],
                             log=lambda s: click.echo(s, err=True), overwrite=p["overwrite"])
     except KeyboardInterrupt:
-        from ..jobs.results import journal_path, read_journal
+        from ..jobs.results import Journal
 
-        jp = journal_path(out_path)
-        n = sum("row_index" in e for e in read_journal(jp)[1])
-        click.echo(f"\ninterrupted: {n} finished rows are saved in {jp}; run the same command again to "
-                   "score only the rest", err=True)
+        journal = Journal(out_path)
+        click.echo(f"\ninterrupted: {journal.rows_saved()} finished rows are saved in {journal.path}; run the same "
+                   "command again to score only the rest", err=True)
         sys.exit(130)
     except (MascEngineError, ValueError) as e:
         raise click.ClickException(str(e)) from e

@@ -65,8 +65,8 @@ from .executors import Chunk, LocalExecutor, RayExecutor
 from .items import (DecodedImage, DecodedMask, DecodedPair, PairError, array_mask, check_mask, decode_image,
                     decode_mask, reduce_image)
 from .loading import ByteBudget, load_all
-from .results import (OutputLock, SettingsChangedError, append_journal, journal_path, meta_path, output_errors,
-                      output_format, read_journal, read_output, settings_diff, write_meta, write_output)
+from .results import (Journal, OutputLock, RunRecord, meta_path, output_errors, output_format, resume, write_meta,
+                      write_output)
 from .tables import TableError, read_table, resolve_path
 
 REQUIRED_COLUMNS = ("ref_image", "ref_mask", "out_image", "out_mask", "prompt", "object_name")
@@ -218,6 +218,11 @@ class Summary:
                 pf = f"{np.mean(m['pf']):.4f}" if m["pf"] else "-"
                 out.append(f"{name:<28} {m['n']:>6} {len(m['cp']):>6} {cp:>9} {len(m['pf']):>6} {pf:>9}")
         return out
+
+    def take_stats(self, stats: dict) -> None:
+        """Take an executor's counters (``stats()``) into the summary."""
+        self.images_encoded, self.cache_hits = stats.get("images_encoded", 0), stats.get("cache_hits", 0)
+        self.lost_workers = stats.get("lost_workers", 0)
 
     def counts(self) -> dict:
         """The counts recorded in ``<out>.meta.json``."""
@@ -452,67 +457,122 @@ class PairsJob:
 
         Returns:
             dicts with the item's ``cells``, ``row_index`` and the result columns; NaN scores
-            where undefined, with their status.
+            where undefined, with their status (:meth:`RowOutcome.record`).
         """
-        st = self.settings
-        results = [{**it.cells, "row_index": it.row_index, "cp": float("nan"), "pf": float("nan"), "status": "ok",
-                    "status_detail": "", "cp_status": "ok", "pf_status": "ok", "prompt_empty": False} for it in items]
+        outcomes = [RowOutcome(it) for it in items]
         encs = self.encode([o for it in items for o in (it.ref_image, it.out_image) if isinstance(o, DecodedImage)])
-        pairs, slots = [], []
-        for it, res in zip(items, results):
-            try:
-                res["status_detail"] = "; ".join(self.check_pair(it))
-                res["ref_mask_coverage"], res["out_mask_coverage"] = it.ref_mask.coverage, it.out_mask.coverage
-                for frac, cov, reason, what in (
-                        (st.min_reference_mask_frac, it.ref_mask.coverage, "filtered_reference_mask", "reference"),
-                        (st.min_output_mask_frac, it.out_mask.coverage, "filtered_output_mask", "output")):
-                    if frac is not None and cov < frac:
-                        raise InputError(reason, f"{what} mask covers {cov:.2%} < {frac:.2%} of the image")
-                r, o = encs[it.ref_image.sha256], encs[it.out_image.sha256]
-                pairs.append(EncodedPair(r, it.ref_mask.weights[r.grid], o, it.out_mask.weights[o.grid], it.prompt,
-                                         it.object_name or None, it.prepared))
-                slots.append((res, it))
-            except InputError as e:
-                res.update(status=e.reason, status_detail=e.detail, cp_status=e.reason, pf_status=e.reason)
-        scored = self.scorer.score_encoded(pairs, baselines=st.baselines, with_arrays=st.save_maps is not None,
-                                           stripper=stripper)
-        for (res, it), pair, sc in zip(slots, pairs, scored):
-            self._fill(res, it, pair, sc)
-        return results
+        ready = [o for o in outcomes if self._admit(o, encs)]
+        scored = self.scorer.score_encoded([o.pair for o in ready], baselines=self.settings.baselines,
+                                           with_arrays=self.settings.save_maps is not None, stripper=stripper)
+        for o, sc in zip(ready, scored):
+            self._fill(o, sc)
+        return [o.record() for o in outcomes]
 
-    def _fill(self, res: dict, it: DecodedPair, pair: EncodedPair, sc) -> None:
-        """Put one scored pair's values, statuses and notes into its record."""
-        s, st, ex = self.scorer, self.settings, sc.extras
-        res.update(cp=sc.cp, pf=sc.pf, **{k: ex[k] for k in (
-            "prompt_text", "prompt_stripped", "prompt_truncated", "cp_n_ref_fg", "cp_n_ref_total",
-            "pf_n_bg_pooled", "pf_n_total")})
+    def _admit(self, o: RowOutcome, encs: dict) -> bool:
+        """Check one pair (files, masks, the coverage filter) and make its :class:`EncodedPair`;
+        False (with the row's failure in ``o``) when it cannot be scored."""
+        st, it = self.settings, o.item
+        try:
+            o.notes = list(self.check_pair(it))
+            o.coverage = (it.ref_mask.coverage, it.out_mask.coverage)
+            for frac, cov, reason, what in (
+                    (st.min_reference_mask_frac, it.ref_mask.coverage, "filtered_reference_mask", "reference"),
+                    (st.min_output_mask_frac, it.out_mask.coverage, "filtered_output_mask", "output")):
+                if frac is not None and cov < frac:
+                    raise InputError(reason, f"{what} mask covers {cov:.2%} < {frac:.2%} of the image")
+            r, out = encs[it.ref_image.sha256], encs[it.out_image.sha256]
+            o.pair = EncodedPair(r, it.ref_mask.weights[r.grid], out, it.out_mask.weights[out.grid], it.prompt,
+                                 it.object_name or None, it.prepared)
+            return True
+        except InputError as e:
+            o.fail(e)
+            return False
+
+    def _fill(self, o: RowOutcome, sc) -> None:
+        """Put one scored pair's values, statuses and notes into its outcome."""
+        s, st, ex, it, pair = self.scorer, self.settings, sc.extras, o.item, o.pair
+        o.cp, o.pf = sc.cp, sc.pf
+        o.values.update({k: ex[k] for k in SCORED_COLUMNS})
         if st.baselines:
-            res.update({k: ex[k] for k in BASELINE_COLUMNS})
+            o.values.update({k: ex[k] for k in BASELINE_COLUMNS})
         if st.save_maps is not None:
-            res.update(self._save_maps(res["row_index"], it.ref_image, it.out_image, pair, sc))
-        detail = [res["status_detail"]] if res["status_detail"] else []
+            o.values.update(self._save_maps(it.row_index, it.ref_image, it.out_image, pair, sc))
         if math.isnan(sc.cp):
             if not it.ref_mask.any_foreground:
-                res["cp_status"] = "empty_reference_mask"
-                detail.append(f"{it.names['ref_mask']} has no foreground pixel: CP undefined, PF scored")
+                o.cp_status = "empty_reference_mask"
+                o.notes.append(f"{it.names['ref_mask']} has no foreground pixel: CP undefined, PF scored")
             else:
                 g = pair.ref_enc.grid
-                res["cp_status"] = "reference_mask_below_threshold"
-                detail.append(f"{it.names['ref_mask']}: no patch of the {g[0]}x{g[1]} grid has mask weight > "
-                              f"{s.fg_threshold}: CP undefined, PF scored")
+                o.cp_status = "reference_mask_below_threshold"
+                o.notes.append(f"{it.names['ref_mask']}: no patch of the {g[0]}x{g[1]} grid has mask weight > "
+                               f"{s.fg_threshold}: CP undefined, PF scored")
         if math.isnan(sc.pf):
-            res["pf_status"] = "no_background"
-            detail.append("the output mask hides every patch: PF undefined, CP scored")
+            o.pf_status = "no_background"
+            o.notes.append("the output mask hides every patch: PF undefined, CP scored")
         if not it.object_name.strip():
-            detail.append("no object_name: the PF prompt was not stripped")
+            o.notes.append("no object_name: the PF prompt was not stripped")
         if not ex["prompt_text"].strip():
-            res["prompt_empty"] = True
-            detail.append("prompt_empty: PF compares with an empty text" + (
+            o.prompt_empty = True
+            o.notes.append("prompt_empty: PF compares with an empty text" + (
                 "" if not it.prompt.strip() else f" (the prompt is only the subject {it.object_name!r})"))
         if ex["prompt_truncated"]:
-            detail.append(f"prompt truncated to {s.text_settings.max_length} tokens")
-        res["status"] = next((x for x in (res["cp_status"], res["pf_status"]) if x != "ok"), "ok")
-        res["status_detail"] = "; ".join(detail)
+            o.notes.append(f"prompt truncated to {s.text_settings.max_length} tokens")
+
+
+#: Result columns every scored pair fills from its ``MaSCResult.extras``, in order.
+SCORED_COLUMNS = ("prompt_text", "prompt_stripped", "prompt_truncated", "cp_n_ref_fg", "cp_n_ref_total",
+                  "pf_n_bg_pooled", "pf_n_total")
+
+
+@dataclass
+class RowOutcome:
+    """One pair's result while :meth:`PairsJob.score_decoded` works on it.
+
+    Attributes:
+        item: the decoded pair.
+        cp, pf: the scores (NaN until scored, or where undefined).
+        cp_status, pf_status: ``ok`` or why that score is undefined.
+        notes: the parts of ``status_detail`` (conversions, notes, why a score is undefined).
+        prompt_empty: PF compared with an empty text.
+        coverage: ``(reference, output)`` mask coverage, once the masks were checked.
+        values: the other result columns (:data:`SCORED_COLUMNS`, baselines, map paths).
+        pair: the pair ready for the heads, once admitted.
+        error: the failure that keeps the row from being scored (both scores), if any.
+    """
+
+    item: DecodedPair
+    cp: float = float("nan")
+    pf: float = float("nan")
+    cp_status: str = "ok"
+    pf_status: str = "ok"
+    notes: list = field(default_factory=list)
+    prompt_empty: bool = False
+    coverage: tuple[float, float] | None = None
+    values: dict = field(default_factory=dict)
+    pair: EncodedPair | None = None
+    error: InputError | None = None
+
+    def fail(self, e: InputError) -> None:
+        """The row cannot be scored: both scores get ``e``'s reason, ``status_detail`` its detail."""
+        self.error = e
+        self.cp_status = self.pf_status = e.reason
+
+    @property
+    def status(self) -> str:
+        """``ok``, or the first reason a score is undefined (CP's, then PF's)."""
+        return next((x for x in (self.cp_status, self.pf_status) if x != "ok"), "ok")
+
+    def record(self) -> dict:
+        """The row's masc-run record: the item's cells, ``row_index`` and the result columns."""
+        it = self.item
+        detail = self.error.detail if self.error is not None else "; ".join(n for n in self.notes if n)
+        rec = {**it.cells, "row_index": it.row_index, "cp": self.cp, "pf": self.pf, "status": self.status,
+               "status_detail": detail, "cp_status": self.cp_status, "pf_status": self.pf_status,
+               "prompt_empty": self.prompt_empty}
+        if self.coverage is not None:
+            rec["ref_mask_coverage"], rec["out_mask_coverage"] = self.coverage
+        rec.update(self.values)
+        return rec
 
 
 def _raise(v):
@@ -531,11 +591,8 @@ def build_pairs_job(bundle_dir: str, config: ScorerConfig, settings: dict, io_wo
     is safe across processes; on several nodes the folder must be shared storage)."""
     scorer = Scorer(bundle_dir, config, verify=False)
     run_settings = RunSettings(**settings)
-    store = None
-    if cache_dir is not None:
-        store = EncodingStore(cache_dir, encoding_namespace(scorer, run_settings.exif),
-                              **({"size_limit": cache_size_limit} if cache_size_limit else {}))
-        scorer.text_store = store
+    store = RunOptions(cache_dir=cache_dir, cache_size_limit=cache_size_limit).store(scorer, run_settings.exif)
+    scorer.text_store = store
     return PairsJob(scorer, run_settings, store=store, io_workers=io_workers)
 
 
@@ -574,6 +631,39 @@ def encoding_namespace(scorer: Scorer, exif: str) -> dict:
     return {"bundle": scorer.bundle.fingerprint, "exif": exif, **scorer.config.encoding_identity()}
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How :func:`run_pairs` runs (none of these changes a row's result).
+
+    Attributes:
+        chunk_size: rows decoded, scored and journaled per step.
+        io_workers: decoding threads per job.
+        cache_dir: the persistent encoding store's folder (``--cache-dir``), or None.
+        cache_size_limit: its bound in bytes (None: the store's default).
+        executor: ``local`` or ``ray``.
+        ray_address, ray_workers: the Ray cluster and its number of actors.
+        progress: draw a progress bar.
+        overwrite: replace results made with other settings.
+    """
+
+    chunk_size: int = 64
+    io_workers: int = 4
+    cache_dir: str | None = None
+    cache_size_limit: int | None = None
+    executor: str = "local"
+    ray_address: str | None = None
+    ray_workers: int | None = None
+    progress: bool = True
+    overwrite: bool = False
+
+    def store(self, scorer: Scorer, exif: str) -> EncodingStore | None:
+        """The persistent encoding store these options name, or None."""
+        if self.cache_dir is None:
+            return None
+        return EncodingStore(self.cache_dir, encoding_namespace(scorer, exif),
+                             **({"size_limit": self.cache_size_limit} if self.cache_size_limit else {}))
+
+
 def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settings: RunSettings = RunSettings(),
               chunk_size: int = 64, io_workers: int = 4, cache_dir: str | Path | None = None,
               cache_size_limit: int | None = None, executor: str = "local", ray_address: str | None = None,
@@ -585,7 +675,8 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     the journal (or in a complete previous output) with the same ``row_key`` are not scored
     again, provided the results there were made with the same settings; results made with other
     settings are neither reused nor replaced unless ``overwrite`` (then the run starts afresh).
-    Decoding of the next chunk overlaps inference on the current one.
+    Decoding of the next chunk overlaps inference on the current one. The keyword arguments are
+    the fields of :class:`RunOptions`.
 
     Raises:
         PairsFileError: the pairs file is unusable (nothing is written then).
@@ -598,51 +689,59 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     """
     out_path = Path(out_path)
     output_format(out_path)
+    opts = RunOptions(chunk_size, io_workers, None if cache_dir is None else str(cache_dir), cache_size_limit,
+                      executor, ray_address, ray_workers, progress, overwrite)
     with OutputLock(out_path):
-        return _run_locked(Path(csv_path), scorer, out_path, settings, chunk_size, io_workers, cache_dir,
-                           cache_size_limit, executor, ray_address, ray_workers, progress, log, overwrite)
+        return _run_locked(Path(csv_path), scorer, out_path, settings, opts, log)
 
 
-def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, chunk_size: int,
-                io_workers: int, cache_dir, cache_size_limit, executor: str, ray_address, ray_workers, progress: bool,
-                log, overwrite: bool) -> Summary:
-
+def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, opts: RunOptions,
+                log) -> Summary:
+    """The run, once the output's lock is held: resume, score what is missing, write the output."""
     t0 = time.time()
     fieldnames, rows = read_pairs(csv_path)
     base = csv_path.resolve().parent
     keys = [row_key(r, base) for r in rows]
     summary = Summary(duplicates=_duplicates(rows))
-    prior = _prior_work(out_path, csv_path, settings.fingerprint(scorer), settings.identity(scorer), keys,
-                        overwrite, log)
+    journal = Journal(out_path)
+    prior = resume(journal, settings.fingerprint(scorer), settings.identity(scorer), keys, str(csv_path),
+                   opts.overwrite, log)
     summary.journal_repaired, summary.resumed = prior.repaired, len(prior.done)
     done = prior.done
     todo = [i for i in range(1, len(rows) + 1) if i not in done]
-    store = None
-    if cache_dir is not None:
-        store = EncodingStore(cache_dir, encoding_namespace(scorer, settings.exif),
-                              **({"size_limit": cache_size_limit} if cache_size_limit else {}))
-        scorer.text_store = store
     # Chunks are runs of consecutive row indices only where nothing was done.
     chunks = [Chunk(tuple(c), tuple(rows[i - 1] for i in c), tuple(keys[i - 1] for i in c), str(base))
-              for c in (todo[i:i + chunk_size] for i in range(0, len(todo), chunk_size))]
-    if executor == "ray":
-        runner = RayExecutor(_ray_factory(scorer, settings, io_workers, cache_dir, cache_size_limit),
-                             gpu=get_backend(scorer.backend).is_gpu(scorer.provider), address=ray_address, workers=ray_workers)
-    else:
-        runner = LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=io_workers))
-    run = _RunRecord(prior.next_run, t0, runner, executor, summary.resumed)
+              for c in (todo[i:i + opts.chunk_size] for i in range(0, len(todo), opts.chunk_size))]
+    store = opts.store(scorer, settings.exif)
+    if store is not None:
+        scorer.text_store = store
     try:
-        _score_chunks(runner, chunks, journal_path(out_path), run, done, len(rows), progress)
+        runner = choose_executor(scorer, settings, opts, store)
+        run = RunRecord(prior.next_run, t0, runner, opts.executor, summary.resumed)
+        _score_chunks(runner, chunks, journal, run, done, len(rows), opts.progress)
     finally:
         if store is not None:
             store.close()
             scorer.text_store = None
-    stats = runner.stats()  # Ray: summed over the workers' reports
-    summary.images_encoded, summary.cache_hits = stats.get("images_encoded", 0), stats.get("cache_hits", 0)
-    summary.lost_workers = stats.get("lost_workers", 0)
-    _finish(csv_path, scorer, out_path, settings, fieldnames, rows, done, summary, prior.earlier_runs, run,
-            {"executor": executor, "chunk_size": chunk_size})
+    summary.take_stats(runner.stats())  # Ray: summed over the workers' reports
+    _write_output(out_path, settings, fieldnames, rows, done, summary)
+    summary.seconds = time.time() - run.t0
+    write_sidecar(csv_path, scorer, out_path, settings, summary, prior.earlier_runs, run,
+                  {"executor": opts.executor, "chunk_size": opts.chunk_size})
+    journal.remove()  # last: a fault before this leaves the journal, and the same command finishes the job
     return summary
+
+
+def choose_executor(scorer: Scorer, settings: RunSettings, opts: RunOptions, store: EncodingStore | None):
+    """The executor ``opts.executor`` names (jobs/executors.py): a :class:`LocalExecutor` over one
+    :class:`PairsJob` on ``scorer`` and ``store``, or a :class:`RayExecutor` whose workers each
+    build their own job (:func:`build_pairs_job`, the same settings, store folder and resolved
+    scorer config), on a GPU slot when the scorer's backend computes on one."""
+    if opts.executor == "ray":
+        return RayExecutor(_ray_factory(scorer, settings, opts.io_workers, opts.cache_dir, opts.cache_size_limit),
+                           gpu=get_backend(scorer.backend).is_gpu(scorer.provider), address=opts.ray_address,
+                           workers=opts.ray_workers)
+    return LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=opts.io_workers))
 
 
 def _duplicates(rows: list[dict]) -> list[tuple[int, int]]:
@@ -658,113 +757,7 @@ def _duplicates(rows: list[dict]) -> list[tuple[int, int]]:
     return dups
 
 
-@dataclass
-class _Prior:
-    """What earlier runs left at an output: reusable rows, their runs' records, the next run's id."""
-
-    done: dict
-    earlier_runs: list
-    next_run: int
-    repaired: bool = False
-
-
-def _changed(what: str, old: dict | None, new: dict) -> SettingsChangedError:
-    diff = settings_diff(old, new) if old else []
-    said = "; ".join(diff) if diff else "their settings fingerprint differs (written by another masc-engine version?)"
-    return SettingsChangedError(f"{what} made with other settings ({said}): nothing was scored or erased; "
-                                "--overwrite replaces them, or choose another --out")
-
-
-def _matching(entries, keys: list[str]) -> dict[int, dict]:
-    """Entries whose ``row_index`` is a row of this input with the same ``row_key``."""
-    done = {}
-    for e in entries:
-        i = int(e["row_index"])
-        if 1 <= i <= len(keys) and e.get("row_key") == keys[i - 1]:
-            done[i] = e
-    return done
-
-
-def _prior_work(out_path: Path, csv_path: Path, fp: str, identity: dict, keys: list[str], overwrite: bool,
-                log) -> _Prior:
-    """Read what earlier runs left (a journal of an interrupted run, else a complete output),
-    refuse results of other settings unless ``overwrite``, and start this run's journal."""
-    jpath = journal_path(out_path)
-    with output_errors(jpath, "journal"):  # reading repairs a torn last line in place
-        header, entries, repaired = read_journal(jpath)
-    rows_j = [e for e in entries if e.get("type") != "run"]
-    if header is not None and not overwrite:
-        if header.get("fingerprint") != fp:
-            raise _changed(f"{jpath} holds {len(rows_j)} rows of an interrupted run", header.get("identity"), identity)
-        earlier = list(header.get("earlier_runs") or []) + _journal_runs(entries)
-        return _Prior(_matching(rows_j, keys), earlier, _next_run(earlier), repaired)
-    done, earlier = {}, []
-    if out_path.exists() and not overwrite:
-        meta = _read_meta(out_path)
-        if meta is None:
-            raise SettingsChangedError(f"{out_path} exists and is not a masc-run output (no readable "
-                                       f"{meta_path(out_path).name}): nothing was written; --overwrite replaces it, "
-                                       "or choose another --out")
-        if meta.get("fingerprint") != fp:
-            raise _changed(f"{out_path} holds results", meta.get("identity"), identity)
-        done, earlier = _matching(read_output(out_path), keys), list(meta.get("runs") or [])
-    elif overwrite and (header is not None or out_path.exists()):
-        log(f"masc-run: --overwrite: the results at {out_path} are replaced when this run completes")
-    with output_errors(jpath, "journal"):
-        jpath.unlink(missing_ok=True)
-        append_journal(jpath, [{"type": "header", "fingerprint": fp, "identity": identity, "input": str(csv_path),
-                                "earlier_runs": earlier}])
-        append_journal(jpath, list(done.values()))
-    return _Prior(done, earlier, _next_run(earlier), repaired)
-
-
-def _read_meta(out_path: Path) -> dict | None:
-    try:
-        meta = json.loads(meta_path(out_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) else None
-
-
-def _journal_runs(entries: list[dict]) -> list[dict]:
-    """The runs recorded in a journal, each with ``rows_scored`` counted from the rows it journaled.
-
-    Each chunk appends its rows, then its run's figures; a fault (a full disk, a kill) can cut
-    that write anywhere, so the last record can miss rows that did reach the journal, or be
-    missing. The rows carry their run's id (``_run``): counting them is the journal's truth."""
-    last: dict = {}
-    for e in entries:
-        if e.get("type") == "run":
-            last[e.get("run")] = {k: v for k, v in e.items() if k != "type"}
-    counts = Counter(e["_run"] for e in entries if e.get("type") != "run" and "_run" in e)
-    for run, n in counts.items():
-        last.setdefault(run, {"run": run, "completed": False})["rows_scored"] = n
-    return [last[k] for k in sorted(last, key=lambda r: (r is None, r if isinstance(r, int) else 0))]
-
-
-def _next_run(runs: list[dict]) -> int:
-    return max([int(r["run"]) for r in runs if isinstance(r.get("run"), int)] or [0]) + 1
-
-
-class _RunRecord:
-    """This run's figures, as journaled after each chunk and written into the sidecar."""
-
-    def __init__(self, run_id: int, t0: float, runner, executor: str, reused: int):
-        self.run_id, self.t0, self.runner, self.executor, self.reused = run_id, t0, runner, executor, reused
-        self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))
-        self.scored = 0
-
-    def __call__(self, completed: bool) -> dict:
-        st = self.runner.stats()
-        sec = time.time() - self.t0
-        return {"type": "run", "run": self.run_id, "started": self.started, "seconds": round(sec, 3),
-                "rows_scored": self.scored, "rows_reused": self.reused,
-                "images_encoded": st.get("images_encoded", 0), "cache_hits": st.get("cache_hits", 0),
-                "lost_workers": st.get("lost_workers", 0), "executor": self.executor, "completed": completed,
-                "pairs_per_second": round(self.scored / sec, 3) if sec > 0 else None}
-
-
-def _score_chunks(runner, chunks: list[Chunk], jpath: Path, run: _RunRecord, done: dict, total: int,
+def _score_chunks(runner, chunks: list[Chunk], journal: Journal, run: RunRecord, done: dict, total: int,
                   progress: bool) -> None:
     """Score the chunks, journaling each one's rows (tagged with the run) and then the run's figures."""
     from tqdm import tqdm
@@ -774,8 +767,7 @@ def _score_chunks(runner, chunks: list[Chunk], jpath: Path, run: _RunRecord, don
         for results in runner.run(chunks):
             run.scored += len(results)
             # The run's figures so far travel in the journal, so a killed run's work stays on record.
-            with output_errors(jpath, "journal"):
-                append_journal(jpath, [{**r, "_run": run.run_id} for r in results] + [run(False)])
+            journal.append(results, run)
             for r in results:
                 done[int(r["row_index"])] = r
             bar.update(len(results))
@@ -783,11 +775,10 @@ def _score_chunks(runner, chunks: list[Chunk], jpath: Path, run: _RunRecord, don
         bar.close()
 
 
-def _finish(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, fieldnames: list[str],
-            rows: list[dict], done: dict, summary: Summary, earlier_runs: list[dict], run: _RunRecord,
-            how: dict) -> None:
-    """Write the output in input order, then the sidecar, then drop the journal (in that order:
-    a fault before the end leaves the journal, and the same command finishes the job)."""
+def _write_output(out_path: Path, settings: RunSettings, fieldnames: list[str], rows: list[dict], done: dict,
+                  summary: Summary) -> None:
+    """Write the output in input order (input columns, then the result columns) and count each
+    row into ``summary``; map paths relative to the output's folder."""
     method_col = "method" if "method" in fieldnames else None
     result_cols = settings.result_columns()
     ordered = []
@@ -802,18 +793,26 @@ def _finish(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSetting
     columns = fieldnames + [c for c in result_cols if c not in fieldnames]
     with output_errors(out_path, "output"):
         write_output(out_path, ordered, columns)
-    summary.seconds = time.time() - run.t0
+
+
+def write_sidecar(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, summary: Summary,
+                  earlier_runs: list[dict], run: RunRecord, how: dict) -> dict:
+    """Write ``<out>.meta.json`` (:func:`sidecar`) with this run's finished record appended to
+    the earlier runs'; returns it.
+
+    Raises:
+        OutputWriteError: the sidecar cannot be written.
+    """
     this_run = {k: v for k, v in run(True).items() if k != "type"}
     this_run["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    meta = _meta(csv_path, scorer, out_path, settings, summary, earlier_runs + [this_run], how)
+    meta = sidecar(csv_path, scorer, out_path, settings, summary, earlier_runs + [this_run], how)
     with output_errors(meta_path(out_path), "sidecar"):
         write_meta(meta_path(out_path), meta)
-    with output_errors(journal_path(out_path), "journal"):
-        journal_path(out_path).unlink(missing_ok=True)
+    return meta
 
 
-def _meta(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, summary: Summary,
-          all_runs: list[dict], how: dict) -> dict:
+def sidecar(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, summary: Summary,
+            all_runs: list[dict], how: dict) -> dict:
     """The sidecar ``<out>.meta.json``: cumulative over every run that produced this output (a
     resumed or repeated command adds its record to ``runs`` and never erases what the earlier
     ones measured)."""

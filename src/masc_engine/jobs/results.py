@@ -3,10 +3,14 @@ metadata sidecar.
 
 - Output formats: ``.csv`` (default), ``.parquet`` (pyarrow, the ``[parquet]`` extra), ``.jsonl`` / ``.ndjson`` (JSON Lines).
   Written once, in input order, atomically (temporary file + rename).
-- Journal ``<out>.journal.jsonl``: one JSON line per finished row, appended and flushed per chunk
-  while the run goes on. An interrupted run (Ctrl-C, kill -9) leaves at most one torn last line,
-  which :func:`read_journal` cuts off. The journal is removed once the output is complete.
-- Sidecar ``<out>.meta.json``: versions, bundle fingerprint, settings, counts, timings.
+- Journal ``<out>.journal.jsonl`` (:class:`Journal`): a header (the settings fingerprint and
+  identity, the input, the earlier runs' records), then one JSON line per finished row and one run
+  record per chunk, appended and flushed while the run goes on. An interrupted run (Ctrl-C, kill
+  -9) leaves at most one torn last line, which :func:`read_journal` cuts off. The journal is
+  removed once the output is complete. :func:`resume` reads what earlier runs left at an output
+  (:class:`PriorWork`); :class:`RunRecord` is one run's figures.
+- Sidecar ``<out>.meta.json`` (:func:`write_meta`): versions, bundle fingerprint, settings, counts,
+  timings.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import json
 import os
 import socket
 import time
+from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import extras
@@ -235,3 +242,193 @@ def settings_diff(old: dict, new: dict) -> list[str]:
     ``None`` and ``False`` read ``unset``, ``True`` reads ``set``)."""
     return [f"{k}: {_shown(old.get(k))} -> {_shown(new.get(k))}" for k in dict.fromkeys([*old, *new])
             if old.get(k) != new.get(k)]
+
+
+# ---------------------------------------------------------------------- resume records
+
+
+class Journal:
+    """The resume records of one output, ``<out>.journal.jsonl``.
+
+    Each chunk appends its rows (tagged with the run's id, ``_run``) and then its run's figures
+    (a :class:`RunRecord`), flushed and fsynced, so a killed run loses at most one torn line and
+    its figures stay on record. Every write fault is an :class:`OutputWriteError`.
+
+    Args:
+        out: the output file the journal belongs to.
+    """
+
+    def __init__(self, out: str | Path):
+        self.out = Path(out)
+        self.path = journal_path(out)
+
+    def read(self) -> tuple[dict | None, list[dict], bool]:
+        """``(header, entries, repaired)`` (:func:`read_journal`; a torn last line is cut off the file)."""
+        with output_errors(self.path, "journal"):
+            return read_journal(self.path)
+
+    def start(self, header: dict, reused: list[dict]) -> None:
+        """Replace the journal with ``header`` (``type: header`` added) and the rows reused from
+        a complete earlier output."""
+        with output_errors(self.path, "journal"):
+            self.path.unlink(missing_ok=True)
+            append_journal(self.path, [{"type": "header", **header}])
+            append_journal(self.path, reused)
+
+    def append(self, rows: list[dict], run: RunRecord) -> None:
+        """One chunk's rows, tagged with the run, then the run's figures so far."""
+        with output_errors(self.path, "journal"):
+            append_journal(self.path, [{**r, "_run": run.run_id} for r in rows] + [run(False)])
+
+    def remove(self) -> None:
+        """Drop the journal (the output is complete)."""
+        with output_errors(self.path, "journal"):
+            self.path.unlink(missing_ok=True)
+
+    def rows_saved(self) -> int:
+        """Finished rows the journal holds (what a rerun will not score again)."""
+        return sum("row_index" in e for e in read_journal(self.path)[1])
+
+
+def runs_of(entries: list[dict]) -> list[dict]:
+    """The runs recorded in a journal, each with ``rows_scored`` counted from the rows it journaled.
+
+    Each chunk appends its rows, then its run's figures; a fault (a full disk, a kill) can cut
+    that write anywhere, so the last record can miss rows that did reach the journal, or be
+    missing. The rows carry their run's id (``_run``): counting them is the journal's truth."""
+    last: dict = {}
+    for e in entries:
+        if e.get("type") == "run":
+            last[e.get("run")] = {k: v for k, v in e.items() if k != "type"}
+    counts = Counter(e["_run"] for e in entries if e.get("type") != "run" and "_run" in e)
+    for run, n in counts.items():
+        last.setdefault(run, {"run": run, "completed": False})["rows_scored"] = n
+    return [last[k] for k in sorted(last, key=lambda r: (r is None, r if isinstance(r, int) else 0))]
+
+
+def next_run_id(runs: list[dict]) -> int:
+    """The id of the run after ``runs`` (1 for the first)."""
+    return max([int(r["run"]) for r in runs if isinstance(r.get("run"), int)] or [0]) + 1
+
+
+@dataclass
+class PriorWork:
+    """What earlier runs left at an output.
+
+    Attributes:
+        done: reusable result rows by ``row_index`` (their ``row_key`` matches this input's).
+        earlier_runs: the earlier runs' records (the sidecar's ``runs``).
+        next_run: this run's id.
+        repaired: a torn last journal line was cut off.
+    """
+
+    done: dict
+    earlier_runs: list
+    next_run: int
+    repaired: bool = False
+
+
+def _changed(what: str, old: dict | None, new: dict) -> SettingsChangedError:
+    diff = settings_diff(old, new) if old else []
+    said = "; ".join(diff) if diff else "their settings fingerprint differs (written by another masc-engine version?)"
+    return SettingsChangedError(f"{what} made with other settings ({said}): nothing was scored or erased; "
+                                "--overwrite replaces them, or choose another --out")
+
+
+def _matching(entries, keys: list[str]) -> dict[int, dict]:
+    """Entries whose ``row_index`` is a row of this input with the same ``row_key``."""
+    done = {}
+    for e in entries:
+        i = int(e["row_index"])
+        if 1 <= i <= len(keys) and e.get("row_key") == keys[i - 1]:
+            done[i] = e
+    return done
+
+
+def read_meta(out: str | Path) -> dict | None:
+    """An output's sidecar, or None (absent, unreadable, not an object)."""
+    try:
+        meta = json.loads(meta_path(out).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def resume(journal: Journal, fingerprint: str, identity: dict, keys: list[str], input_path: str,
+           overwrite: bool = False, log: Callable[[str], None] = print) -> PriorWork:
+    """Read what earlier runs left at ``journal.out`` (the journal of an interrupted run, else a
+    complete output), refuse results of other settings unless ``overwrite``, and start this
+    run's journal (its header and the reused rows).
+
+    Args:
+        fingerprint, identity: this run's settings (``RunSettings.fingerprint`` / ``identity``).
+        keys: this input's ``row_key`` per row (1-based row ``i`` is ``keys[i - 1]``).
+        input_path: the input file, recorded in the header.
+
+    Raises:
+        SettingsChangedError: results there were made with other settings (the message names
+            what differs), or the output is not a masc-run output; nothing is changed then.
+        OutputWriteError: the journal cannot be read or written.
+    """
+    out = journal.out
+    header, entries, repaired = journal.read()
+    rows_j = [e for e in entries if e.get("type") != "run"]
+    if header is not None and not overwrite:
+        if header.get("fingerprint") != fingerprint:
+            raise _changed(f"{journal.path} holds {len(rows_j)} rows of an interrupted run", header.get("identity"),
+                           identity)
+        earlier = list(header.get("earlier_runs") or []) + runs_of(entries)
+        return PriorWork(_matching(rows_j, keys), earlier, next_run_id(earlier), repaired)
+    done, earlier = {}, []
+    if out.exists() and not overwrite:
+        meta = read_meta(out)
+        if meta is None:
+            raise SettingsChangedError(f"{out} exists and is not a masc-run output (no readable "
+                                       f"{meta_path(out).name}): nothing was written; --overwrite replaces it, "
+                                       "or choose another --out")
+        if meta.get("fingerprint") != fingerprint:
+            raise _changed(f"{out} holds results", meta.get("identity"), identity)
+        done, earlier = _matching(read_output(out), keys), list(meta.get("runs") or [])
+    elif overwrite and (header is not None or out.exists()):
+        log(f"masc-run: --overwrite: the results at {out} are replaced when this run completes")
+    journal.start({"fingerprint": fingerprint, "identity": identity, "input": input_path, "earlier_runs": earlier},
+                  list(done.values()))
+    return PriorWork(done, earlier, next_run_id(earlier), repaired)
+
+
+class RunRecord:
+    """One run's figures, journaled after each chunk (:meth:`Journal.append`) and written into the
+    sidecar's ``runs``.
+
+    Args:
+        run_id: the run's id (:attr:`PriorWork.next_run`).
+        t0: its start (``time.time()``).
+        runner: the executor, whose ``stats()`` are the counters.
+        executor: ``local`` or ``ray``.
+        reused: rows taken from earlier runs.
+
+    Attributes:
+        scored: rows scored by this run so far.
+    """
+
+    def __init__(self, run_id: int, t0: float, runner, executor: str, reused: int):
+        self.run_id, self.t0, self.runner, self.executor, self.reused = run_id, t0, runner, executor, reused
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))
+        self.scored = 0
+
+    def __call__(self, completed: bool) -> dict:
+        """The record now (``type: run``); the executor's counters beyond the scorer's (the
+        segmenter's) are added when it reports them."""
+        st = self.runner.stats()
+        sec = time.time() - self.t0
+        rec = {"type": "run", "run": self.run_id, "started": self.started, "seconds": round(sec, 3),
+               "rows_scored": self.scored, "rows_reused": self.reused,
+               "images_encoded": st.get("images_encoded", 0), "cache_hits": st.get("cache_hits", 0),
+               "lost_workers": st.get("lost_workers", 0), "executor": self.executor, "completed": completed,
+               "pairs_per_second": round(self.scored / sec, 3) if sec > 0 else None}
+        rec.update({k: st[k] for k in MASK_COUNTERS if k in st})
+        return rec
+
+
+#: Counters of a run with a segmenter (jobs/segmasks.py), recorded beside the scorer's.
+MASK_COUNTERS = ("masks_segmented", "mask_cache_hits", "segmenter_images_encoded")

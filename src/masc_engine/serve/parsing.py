@@ -1,0 +1,88 @@
+"""Request bodies read and checked: JSON validated by the models off the event loop, multipart
+forms with their text parts bounded while parsing."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import Request
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .errors import ApiError, validation_error
+from .glue import BYTE_FIELDS
+from .limits import BodyTimeout
+
+
+async def read_body(request: Request) -> bytearray:
+    """The whole body in one buffer (Starlette's ``request.body()`` joins a list of chunks: twice
+    the body at its peak)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+    return body
+
+
+async def parse_json(request: Request, model):
+    """Read and validate a JSON body; validation runs in a thread, so a large body never stalls
+    the event loop (and with it the probes)."""
+    body = await read_body(request)
+    if not body:
+        raise ApiError(400, "malformed_json", None, "the body is empty: send a JSON object")
+    try:
+        return await asyncio.to_thread(model.model_validate_json, body)
+    except ValidationError as e:
+        raise validation_error(e) from e
+
+
+async def parse_multipart(request: Request, cfg) -> dict:
+    try:
+        # Text fields are cut off at the prompt budget while parsing (never held whole); file
+        # parts are spooled by Starlette and bounded by --max-body-mb.
+        form = await request.form(max_files=len(BYTE_FIELDS), max_fields=8, max_part_size=cfg.max_prompt_bytes)
+    except BodyTimeout:
+        raise
+    except Exception as e:  # noqa: BLE001 - python-multipart / Starlette raise several kinds
+        if isinstance(e, StarletteHTTPException) and e.status_code != 400:
+            raise  # 413: the body limit
+        why = str(getattr(e, "detail", None) or e)
+        if "exceeded maximum size" in why:  # Starlette's part limit, hit while parsing
+            raise ApiError(422, "prompt_too_long", None, f"a text field (prompt, object_name or stripper) is over "
+                                                         f"the budget of {cfg.max_prompt_bytes} bytes") from e
+        raise ApiError(400, "malformed_multipart", None, f"the multipart body cannot be parsed: {why}") from e
+    known = set(BYTE_FIELDS) | {"prompt", "object_name", "stripper"}
+    for k in form.keys():
+        if k not in known:
+            raise ApiError(422, "unknown_field", k, f"{k}: not a field of /v1/score")
+        if len(form.getlist(k)) > 1:
+            raise ApiError(422, "bad_value", k, f"{k}: sent more than once")
+    data = {}
+    for f in BYTE_FIELDS:
+        v = form.get(f)
+        if v is None:
+            raise ApiError(422, "missing_field", f, f"{f}: field required (a file upload, e.g. curl -F {f}=@file)")
+        if not isinstance(v, UploadFile):
+            raise ApiError(422, "wrong_type", f, f"{f}: expected a file upload, got a text field "
+                                                 f"(curl -F {f}=@path, with the @)")
+        data[f] = await v.read()
+    texts = {k: await _text_part(form.get(k), k, cfg) for k in ("prompt", "object_name", "stripper")}
+    if texts["prompt"] is None:
+        raise ApiError(422, "missing_field", "prompt", "prompt: field required")
+    if texts["stripper"] not in (None, "regex", "spacy", "none"):
+        raise ApiError(422, "bad_value", "stripper", "stripper: must be one of regex, spacy, none")
+    return {"data": data, "prompt": texts["prompt"], "object_name": texts["object_name"] or None,
+            "stripper": texts["stripper"]}
+
+
+async def _text_part(v, name: str, cfg) -> str | None:
+    """A text field, sent as text or as a file upload (whose size is checked before it is read)."""
+    if not isinstance(v, UploadFile):
+        return v
+    if v.size is not None and v.size > cfg.max_prompt_bytes:
+        raise ApiError(422, "prompt_too_long", name, f"{name}: {v.size} bytes, over the budget of "
+                                                     f"{cfg.max_prompt_bytes} bytes")
+    try:
+        return (await v.read(cfg.max_prompt_bytes + 1)).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(422, "wrong_type", name, f"{name}: not UTF-8 text") from e

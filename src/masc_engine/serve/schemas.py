@@ -1,0 +1,102 @@
+"""The request and response models of masc-serve and the OpenAPI document built from them.
+
+The routes read their bodies themselves (one path takes JSON and multipart, and errors name the
+field), so :func:`add_schemas` puts the request models into the document's components.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from .glue import BYTE_FIELDS
+
+_B64 = {"format": "byte", "contentEncoding": "base64"}
+
+
+class ScoreItem(BaseModel):
+    """One pair to score: the four files' bytes as base64 (PNG/JPEG/WebP/TIFF, as masc-run reads
+    them), the prompt and the subject name stripped from it for PF."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    ref_image: str = Field(description="reference image file, base64", json_schema_extra=_B64)
+    ref_mask: str = Field(description="reference foreground mask file, base64", json_schema_extra=_B64)
+    out_image: str = Field(description="generated (output) image file, base64", json_schema_extra=_B64)
+    out_mask: str = Field(description="output foreground mask file, base64", json_schema_extra=_B64)
+    prompt: str = Field(description="the generation prompt")
+    object_name: str | None = Field(None, description="subject name stripped from the prompt for PF; "
+                                                      "null or absent: the prompt is not stripped")
+    stripper: Literal["regex", "spacy", "none"] | None = Field(
+        None, description="PF prompt stripper; default: the server's --stripper")
+
+
+class ScoreBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    items: list[ScoreItem] = Field(description="pairs to score; results come back in this order")
+
+
+class ScoreResult(BaseModel):
+    """masc-run's record for the pair (README "masc-run"); null where a score is undefined."""
+
+    model_config = ConfigDict(extra="allow")
+    cp: float | None = Field(description="Concept Preservation (masked_maxcos), [-1, 1]; null if undefined")
+    pf: float | None = Field(description="Prompt Following, [-1, 1]; null if undefined")
+    status: str = Field(description="'ok' or masc-run's reason (README status table)")
+    status_detail: str = Field(description="field and cause, notes")
+
+
+class BatchResult(BaseModel):
+    results: list[ScoreResult]
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="machine-readable reason, e.g. missing_field, bad_base64, unreadable_image")
+    field: str | None = Field(description="the request field at fault, e.g. 'ref_image' or 'items[2].prompt'")
+    detail: str = Field(description="one line: what is wrong and why")
+
+
+#: The error answers every scoring route documents.
+ERRORS = {c: {"model": ErrorBody} for c in (400, 408, 413, 415, 422, 500, 503)}
+
+
+def multipart_schema() -> dict:
+    files = {f: {"type": "string", "format": "binary"} for f in BYTE_FIELDS}
+    return {"type": "object", "required": [*BYTE_FIELDS, "prompt"],
+            "properties": {**files, "prompt": {"type": "string"}, "object_name": {"type": "string"},
+                           "stripper": {"type": "string", "enum": ["regex", "spacy", "none"]}}}
+
+
+def add_schemas(app: FastAPI, strippers: tuple[str, ...], cfg) -> None:
+    """Put the request models into the OpenAPI components (the routes read their bodies
+    themselves, to accept JSON and multipart on one path and to name fields in errors), with
+    ``stripper`` limited to the strippers this server enables and the text fields' length to
+    the prompt budget (``maxLength`` counts characters, the budget bytes: a longer text is
+    surely over it)."""
+    base = app.openapi
+
+    def openapi():
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = base()
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (ScoreItem, ScoreBatch):
+            s = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for k, v in s.pop("$defs", {}).items():
+                comps.setdefault(k, v)
+            comps[model.__name__] = s
+        multipart = schema["paths"]["/v1/score"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+        for prop in (comps["ScoreItem"]["properties"]["stripper"], multipart["properties"]["stripper"]):
+            for alt in [prop, *prop.get("anyOf", [])]:
+                if "enum" in alt:
+                    alt["enum"] = list(strippers)
+        for props in (comps["ScoreItem"]["properties"], multipart["properties"]):
+            for name in ("prompt", "object_name"):
+                for alt in [props[name], *props[name].get("anyOf", [])]:
+                    if alt.get("type") == "string":
+                        alt["maxLength"] = cfg.max_prompt_bytes
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi

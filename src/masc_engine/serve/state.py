@@ -1,0 +1,135 @@
+"""What masc-serve holds while it runs: its options (:class:`ServeConfig`) and the loaded
+service (:class:`ServiceState`: the scorer, the micro-batcher, the decode pool, metrics)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ..runtime.config import ScorerConfig
+from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
+from .batcher import MicroBatcher
+from .glue import ServiceScorer
+from .metrics import ServiceMetrics
+
+log = logging.getLogger("masc_engine.serve")
+
+
+@dataclass
+class ServeConfig:
+    """Every option of ``masc-serve`` (cli/serve_cmd.py documents each)."""
+
+    bundle: str
+    #: The scorer's settings (masc-run's and masc-rank's option group); its ``stripper`` is the
+    #: default for requests that name none.
+    scorer: ScorerConfig = ScorerConfig()
+    exif: str = "apply"
+    mask_size_tolerance: int = 0
+    max_batch: int = 8
+    max_wait_ms: float = 5.0
+    max_queue: int = 256
+    cache_mb: float = 512.0
+    cache_dir: str | None = None
+    cache_size_gb: float | None = None
+    max_body_mb: float = 64.0
+    max_pixels: int = 40_000_000
+    max_batch_items: int = 64
+    request_timeout_s: float = 60.0
+    body_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
+    max_connections: int | None = 128
+    decode_workers: int = 2
+    max_decoded_mb: float = 1024.0
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    extra_strippers: tuple[str, ...] = ("regex", "none")
+
+
+class ServiceState:
+    """The service's state: loaded in a background thread at startup (:meth:`load`), then ready."""
+
+    def __init__(self, cfg: ServeConfig):
+        self.cfg = cfg
+        self.metrics = ServiceMetrics()
+        self.ready = False
+        self.load_error: str | None = None
+        self.service: ServiceScorer | None = None
+        self.batcher: MicroBatcher | None = None
+        self.decode_pool = ThreadPoolExecutor(cfg.decode_workers, thread_name_prefix="masc-decode")
+        self.store = None
+
+    def load(self) -> None:
+        """Load the bundle, run its graphs once, then mark ready (runs in a thread at startup)."""
+        try:
+            from ..engine.bundle import RandomWeightsWarning
+            from ..jobs.pairs import RunSettings
+            from ..runtime.scorer import Scorer
+
+            cfg = self.cfg
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RandomWeightsWarning)
+                scorer = Scorer(cfg.bundle, cfg.scorer)
+            for w in caught:  # one log line, not a Python warning pointing into the library
+                log.warning("masc-serve: %s", w.message)
+            if cfg.cache_dir:
+                from ..runtime.cache import EncodingStore
+
+                from ..jobs.pairs import encoding_namespace
+
+                # masc-run's namespace: the two commands share entries.
+                kw = {"size_limit": int(cfg.cache_size_gb * 2**30)} if cfg.cache_size_gb else {}
+                self.store = EncodingStore(cfg.cache_dir, encoding_namespace(scorer, cfg.exif), **kw)
+                scorer.text_store = self.store
+            from ..runtime.text import PromptBudget
+
+            settings = RunSettings(exif=cfg.exif, mask_size_tolerance=cfg.mask_size_tolerance)
+            service = ServiceScorer(scorer, settings, cache_bytes=int(cfg.cache_mb * 2**20), store=self.store,
+                                    strippers=cfg.extra_strippers, decoded_bytes=int(cfg.max_decoded_mb * 2**20),
+                                    prompt_budget=PromptBudget(cfg.max_prompt_bytes, cfg.max_prompt_tokens))
+            warm_up(service)
+            self.service = service
+            self.batcher = MicroBatcher(self._score_batch, cfg.max_batch, cfg.max_wait_ms, cfg.max_queue,
+                                        on_batch=self.metrics.observe_batch)
+            self.ready = True
+            self.metrics.ready.set(1)
+            log.info("masc-serve: ready (bundle %s)", cfg.bundle)
+        except Exception as e:  # noqa: BLE001 - reported by /readyz and the log, the process stays up
+            self.load_error = f"{type(e).__name__}: {e}"
+            log.error("masc-serve: could not load the bundle: %s", self.load_error)
+
+    def _score_batch(self, items):
+        out = self.service.score(items)
+        self.metrics.cache.update(self.service)
+        return out
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close(timeout=60)
+        self.decode_pool.shutdown(wait=True)
+        if self.store is not None:
+            self.store.close()
+
+
+def warm_up(service: ServiceScorer) -> None:
+    """One pair through every graph, so the first request pays no session warm-up."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    def png(arr) -> bytes:
+        b = io.BytesIO()
+        Image.fromarray(arr).save(b, format="PNG")
+        return b.getvalue()
+
+    rng = np.random.default_rng(0)
+    im = png(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    m = np.zeros((64, 64), np.uint8)
+    m[16:48, 16:48] = 255
+    item = service.decode({"ref_image": im, "ref_mask": png(m), "out_image": im, "out_mask": png(m)},
+                          "a photo of a thing", "thing", None)
+    service.score([item])
+    service.memory.clear()
+    service.hits = service.misses = 0
