@@ -7,7 +7,6 @@ import ast
 import hashlib
 import json
 import pickle
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -38,7 +37,10 @@ def test_journal_fingerprint_and_cache_namespace_are_the_ones_masc_run_always_wr
     the store's namespace hash the same keys and values as before."""
     s = Scorer(naflex_bundle, stripper="none", naflex_max_patches=64)
     settings = RunSettings(exif="ignore")
-    old = {"run": asdict(settings), "bundle": s.bundle.fingerprint, "stripper": "none", "fg_threshold": 0.5,
+    # The run settings as journals have always hashed them (fields added later enter only when set).
+    run = {"exif": "ignore", "min_reference_mask_frac": None, "min_output_mask_frac": None, "mask_size_tolerance": 0,
+           "baselines": False, "save_maps": None}
+    old = {"run": run, "bundle": s.bundle.fingerprint, "stripper": "none", "fg_threshold": 0.5,
            "budget": 64, "provider": "cpu", "cp_head": "numpy", "backend": "onnxruntime", "precision": "fp32",
            "graph_variant": "ort-cpu"}
     assert settings.fingerprint(s) == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]

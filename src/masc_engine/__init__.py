@@ -4,11 +4,13 @@ Layers, each importing only those before it: ``engine`` (bundle, manifest, backe
 (torch, build time only), ``runtime`` (torch-free scoring), ``metrics`` (pure statistics),
 ``jobs`` (the job layer every command and the service share), ``report``, ``cli``.
 
-``from masc_engine import MaSC`` is the drop-in for ``masc.MaSC`` (built on a bundle).
+``from masc_engine import MaSC`` is the drop-in for ``masc.MaSC`` (built on a bundle);
+``MaSC(bundle, segmenter=...)`` makes the masks optional (docs/segmenter.md).
 """
 
 __version__ = "0.1.0"
 
 from .runtime.scorer import MaSC, MaSCResult, Pair, Scorer  # noqa: E402
+from .runtime.segmenter import MaskRecipe, Segmenter, SegmenterConfig  # noqa: E402
 
-__all__ = ["MaSC", "MaSCResult", "Pair", "Scorer", "__version__"]
+__all__ = ["MaSC", "MaSCResult", "MaskRecipe", "Pair", "Scorer", "Segmenter", "SegmenterConfig", "__version__"]

@@ -4,9 +4,13 @@ one definition each, so their ranges, defaults and help cannot drift apart.
 :func:`scorer_options` is the option group that builds a
 :class:`~masc_engine.runtime.config.ScorerConfig` (:func:`scorer_config`); the backends' own
 options (``--ort-memory``) are generated from the backend registry, where each is defined.
+:func:`segmenter_options` is the group that builds a
+:class:`~masc_engine.runtime.segmenter.SegmenterConfig` (:func:`segmenter_config`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import click
 
@@ -112,6 +116,89 @@ def _config(v: dict, options: dict) -> ScorerConfig:
                         device_resident=v["device_resident"], backend_options=options)
 
 
+_SEGMENTER_OPTIONS = [
+    click.option("--segmenter", type=click.Path(file_okay=False), default=None,
+                 help="Segmenter bundle (masc-export --model CIDAS/clipseg-rd64-refined): a pair without a mask "
+                      "(empty or absent mask column or field) gets the segmenter's mask of its image, prompted by its "
+                      "object_name. See docs/segmenter.md."),
+    click.option("--mask-threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+                 help="The segmenter's threshold on its probability map (default: the segmenter bundle's recipe, 0.5)."),
+    click.option("--mask-prompt-template", default=None,
+                 help="The segmenter's prompt, {} standing for the object_name, e.g. 'a photo of a {}' (default: the "
+                      "bundle's recipe, '{}': the object_name itself)."),
+    click.option("--segmenter-provider", type=click.Choice(["cpu", "cuda"]), default=None,
+                 help="Where the segmenter runs (ONNX Runtime). Default: the scorer's provider when it is cpu or cuda, "
+                      "else cpu."),
+]
+
+#: The click parameter names of the segmenter group.
+SEGMENTER_PARAMS = ("segmenter", "mask_threshold", "mask_prompt_template", "segmenter_provider")
+
+
+def segmenter_options(f):
+    """Decorate a click command with the segmenter's option group (:data:`SEGMENTER_PARAMS`)."""
+    for opt in reversed(_SEGMENTER_OPTIONS):
+        f = opt(f)
+    return f
+
+
+def segmenter_config(params: dict, scorer: ScorerConfig):
+    """Take the segmenter group's values out of a command's keyword arguments (``params`` is
+    modified): the :class:`~masc_engine.runtime.segmenter.SegmenterConfig`, or None without
+    ``--segmenter``. Threads and batch size follow the scorer's options.
+
+    Raises:
+        click.UsageError: a mask option without ``--segmenter``, or a bad template (exit status 2).
+    """
+    from ..runtime.segmenter import SegmenterConfig
+
+    v = {k: params.pop(k) for k in SEGMENTER_PARAMS}
+    if v["segmenter"] is None:
+        given = [f"--{k.replace('_', '-')}" for k in SEGMENTER_PARAMS[1:] if v[k] is not None]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} without --segmenter: give a segmenter bundle")
+        return None
+    try:
+        return SegmenterConfig(v["segmenter"], v["mask_threshold"], v["mask_prompt_template"],
+                               provider=v["segmenter_provider"], intra_op_threads=scorer.intra_op_threads,
+                               batch_size=scorer.batch_size)
+    except (TypeError, ValueError) as e:
+        raise click.UsageError(str(e)) from e
+
+
+def load_segmenter(config, scorer=None):
+    """The command's :class:`~masc_engine.runtime.segmenter.Segmenter` (None without a config), on
+    the scorer's provider when none was chosen and the scorer's is one ONNX Runtime runs the
+    segmenter on (``cpu``, ``cuda``); its random-weights warning one line on stderr.
+
+    Raises:
+        MascEngineError, ValueError: as :meth:`~masc_engine.runtime.segmenter.SegmenterConfig.load`.
+    """
+    if config is None:
+        return None
+    if config.provider is None and scorer is not None and scorer.provider in ("cpu", "cuda"):
+        config = dataclasses.replace(config, provider=scorer.provider)
+    return _one_line_warnings(config.load)
+
+
+def _one_line_warnings(load):
+    """``load()``, its random-weights warning shown as one line on stderr (``WARNING: ...``), not
+    as a Python warning pointing into the library."""
+    import warnings
+
+    from ..engine.bundle import RandomWeightsWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RandomWeightsWarning)
+        obj = load()
+    for w in caught:
+        if issubclass(w.category, RandomWeightsWarning):
+            click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return obj
+
+
 def load_scorer(bundle: str, config: ScorerConfig):
     """The command's :class:`~masc_engine.runtime.scorer.Scorer`, its random-weights warning shown
     as one line on stderr (``WARNING: ...``), not as a Python warning pointing into the library.
@@ -119,17 +206,6 @@ def load_scorer(bundle: str, config: ScorerConfig):
     Raises:
         MascEngineError, ValueError, TypeError: as :class:`~masc_engine.runtime.scorer.Scorer`.
     """
-    import warnings
-
-    from ..engine.bundle import RandomWeightsWarning
     from ..runtime.scorer import Scorer
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RandomWeightsWarning)
-        scorer = Scorer(bundle, config)
-    for w in caught:
-        if issubclass(w.category, RandomWeightsWarning):
-            click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return scorer
+    return _one_line_warnings(lambda: Scorer(bundle, config))

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from .options import load_scorer, scorer_config, scorer_options
+from .options import (load_scorer, load_segmenter, scorer_config, scorer_options, segmenter_config,
+                      segmenter_options)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,6 +39,7 @@ from .options import load_scorer, scorer_config, scorer_options
 @click.option("--summary", "summary_path", default=None, type=click.Path(dir_okay=False),
               help="Summary CSV (default: the --out path with .summary.csv).")
 @scorer_options
+@segmenter_options
 @click.option("--io-workers", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Threads decoding images and masks.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
@@ -45,11 +47,13 @@ def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest,
          summary_path, io_workers, no_progress, **scorer_params) -> None:
     """Rank the gallery for every query of QUERIES_CSV (columns image, identity, method; mask and
     class optional; other columns carried through), or for every gallery image with --oracle, and
-    print mAP and CMC top-1/top-5 per method, per class and overall."""
+    print mAP and CMC top-1/top-5 per method, per class and overall. With --segmenter (maxcos), a
+    query without a mask gets the segmenter's, prompted by its object_name or class cell."""
     from ..errors import MascEngineError
     from ..jobs.rank import run_rank, write_rank_outputs
 
-    config = scorer_config(scorer_params)  # the same option group as masc-run and masc-serve
+    config = scorer_config(scorer_params)  # the same option groups as masc-run and masc-serve
+    seg_config = segmenter_config(scorer_params, config)
     from ..jobs.rank_encoders import EngineEncoder, OnnxEmbeddingEncoder
 
     if oracle and queries_csv:
@@ -58,6 +62,9 @@ def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest,
         raise click.UsageError("give QUERIES_CSV, or --oracle")
     if (bundle is None) == (encoder_manifest is None):
         raise click.UsageError("give exactly one of --bundle and --encoder-manifest")
+    if seg_config is not None and (similarity != "maxcos" or no_masks):
+        raise click.UsageError("--segmenter makes query masks, which only --similarity maxcos (without --no-masks) "
+                               "reads")
     if encoder_manifest and similarity == "maxcos":
         raise click.UsageError("--similarity maxcos needs patch tokens from a bundle; an encoder manifest "
                                "gives one embedding per image (use --similarity global)")
@@ -71,10 +78,12 @@ def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest,
             encoder = OnnxEmbeddingEncoder(encoder_manifest, provider=config.provider or "cpu",
                                            intra_op_threads=config.intra_op_threads, batch_size=config.batch_size)
         else:
-            encoder = EngineEncoder(load_scorer(bundle, config))
+            scorer = load_scorer(bundle, config)
+            encoder = EngineEncoder(scorer)
+        segmenter = load_segmenter(seg_config, None if encoder_manifest else scorer)
         report = run_rank(gallery_csv, encoder, queries_csv=None if oracle else queries_csv, oracle=oracle,
                           similarity=similarity, level=level, use_masks=not no_masks, io_workers=io_workers,
-                          progress=not no_progress)
+                          progress=not no_progress, segmenter=segmenter)
         write_rank_outputs(report, out_path, summary_path)
     except (MascEngineError, ValueError) as e:
         raise click.ClickException(str(e)) from e

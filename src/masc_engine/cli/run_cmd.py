@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from .options import exif_option, load_scorer, mask_size_tolerance_option, scorer_config, scorer_options
+from .options import (exif_option, load_scorer, load_segmenter, mask_size_tolerance_option, scorer_config,
+                      scorer_options, segmenter_config, segmenter_options)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,6 +18,10 @@ from .options import exif_option, load_scorer, mask_size_tolerance_option, score
               help="Output file; format by extension: .csv, .parquet, .jsonl (default: <pairs stem>.masc.csv "
                    "in the current directory). Rerunning the same command resumes.")
 @scorer_options
+@segmenter_options
+@click.option("--save-masks", type=click.Path(file_okay=False), default=None,
+              help="Write each mask the segmenter computed here as a PNG (0/255, usable as a mask file; "
+                   "DIR/<prompt>/<image>-<key>.png) and add ref_mask_saved / out_mask_saved columns.")
 @exif_option
 @click.option("--paper-filter", is_flag=True,
               help="The paper's filtering protocol: drop pairs whose output mask covers < 5% of the image "
@@ -33,7 +38,8 @@ from .options import exif_option, load_scorer, mask_size_tolerance_option, score
               help="Write per-pair attribution PNGs here (CP: best cosine per reference patch; PF: the "
                    "pooling head's background attention) and add cp_map / pf_map columns.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-              help="Persistent content-keyed cache of patch tokens and text embeddings (shareable).")
+              help="Persistent content-keyed cache of patch tokens, text embeddings and the segmenter's masks "
+                   "(shareable).")
 @click.option("--cache-size-gb", type=click.FloatRange(0.01, 1e6), default=8.0, show_default=True,
               help="Bound on the persistent cache's size.")
 @click.option("--chunk-size", type=click.IntRange(1, 100000), default=64, show_default=True,
@@ -53,33 +59,48 @@ from .options import exif_option, load_scorer, mask_size_tolerance_option, score
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def main(**params) -> None:
     """Score every row of PAIRS_CSV (columns ref_image, ref_mask, out_image, out_mask, prompt,
-    object_name; other columns are carried through) and print a summary.
+    object_name; other columns are carried through) and print a summary. With --segmenter the
+    mask columns are optional: a row without a mask gets the segmenter's, prompted by its
+    object_name.
 
     One run writes an output at a time (a second one on the same --out stops at once, naming the
     first); rerunning the same command resumes; a rerun with other settings stops unless
     --overwrite. Every failure is one line on stderr with exit status 1.
     """
-    from ..errors import MascEngineError
-    from ..jobs.pairs import run_pairs
-
     config = scorer_config(params)
+    seg_config = segmenter_config(params, config)
+    if params["save_masks"] and seg_config is None:
+        raise click.UsageError("--save-masks writes the segmenter's masks: give --segmenter")
     out_path = params["out_path"] or f"{Path(params['pairs_csv']).stem}.masc.csv"
     try:
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)  # --out out/scores.csv on a fresh checkout
     except OSError as e:
         raise click.ClickException(f"cannot create the output folder {Path(out_path).parent}: {e.strerror or e}") from e
-    settings = _run_settings(params)
+    summary = _score(params, config, seg_config, out_path)
+    if params["print_scores"]:
+        _print_scores(out_path)
+    for line in summary.lines():
+        click.echo(line)
+    click.echo(f"scores written to {out_path} (metadata: {out_path}.meta.json)")
+
+
+def _score(p: dict, config, seg_config, out_path: str):
+    """Load the scorer (and segmenter) and run the job; every failure as one line (exit status 1)."""
+    from ..errors import MascEngineError
+    from ..jobs.pairs import run_pairs
+
+    settings = _run_settings(p)
     try:
-        scorer = load_scorer(params["bundle"], config)
+        scorer = load_scorer(p["bundle"], config)
+        segmenter = load_segmenter(seg_config, scorer)
         if scorer.certificate is not None:
             click.secho(f"NOTE: {scorer.certificate['claim']} (the gates are in the bundle's manifest and "
                         f"{out_path}.meta.json)", err=True)
-        p = params
-        summary = run_pairs(p["pairs_csv"], scorer, out_path, settings, chunk_size=p["chunk_size"],
-                            io_workers=p["io_workers"], cache_dir=p["cache_dir"],
-                            cache_size_limit=int(p["cache_size_gb"] * 2**30), executor=p["executor"],
-                            ray_address=p["ray_address"], ray_workers=p["ray_workers"], progress=not p["no_progress"],
-                            log=lambda s: click.echo(s, err=True), overwrite=p["overwrite"])
+        return run_pairs(p["pairs_csv"], scorer, out_path, settings, chunk_size=p["chunk_size"],
+                         io_workers=p["io_workers"], cache_dir=p["cache_dir"],
+                         cache_size_limit=int(p["cache_size_gb"] * 2**30), executor=p["executor"],
+                         ray_address=p["ray_address"], ray_workers=p["ray_workers"], progress=not p["no_progress"],
+                         log=lambda s: click.echo(s, err=True), overwrite=p["overwrite"], segmenter=segmenter)
     except KeyboardInterrupt:
         from ..jobs.results import Journal
 
@@ -93,11 +114,6 @@ def main(**params) -> None:
         where = f" {e.filename}" if getattr(e, "filename", None) else ""
         raise click.ClickException(f"masc-run stopped:{where} {e.strerror or e}; finished rows stay in "
                                    f"{out_path}.journal.jsonl: run the same command again to finish") from e
-    if params["print_scores"]:
-        _print_scores(out_path)
-    for line in summary.lines():
-        click.echo(line)
-    click.echo(f"scores written to {out_path} (metadata: {out_path}.meta.json)")
 
 
 def _run_settings(p: dict):
@@ -110,7 +126,8 @@ def _run_settings(p: dict):
         lo_ref = 0.05 if lo_ref is None else lo_ref
     return RunSettings(exif=p["exif"], min_reference_mask_frac=lo_ref, min_output_mask_frac=lo_out,
                        mask_size_tolerance=p["mask_size_tolerance"], baselines=p["baselines"],
-                       save_maps=str(Path(p["save_maps"]).resolve()) if p["save_maps"] else None)
+                       save_maps=str(Path(p["save_maps"]).resolve()) if p["save_maps"] else None,
+                       save_masks=str(Path(p["save_masks"]).resolve()) if p["save_masks"] else None)
 
 
 def _print_scores(out_path: str) -> None:

@@ -8,7 +8,8 @@ import sys
 import click
 
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
-from .options import exif_option, mask_size_tolerance_option, scorer_config, scorer_options
+from .options import (exif_option, mask_size_tolerance_option, scorer_config, scorer_options, segmenter_config,
+                      segmenter_options)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,6 +19,7 @@ from .options import exif_option, mask_size_tolerance_option, scorer_config, sco
               help="Address to listen on (0.0.0.0: every interface; put a reverse proxy with TLS in front).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @scorer_options
+@segmenter_options
 @exif_option
 @mask_size_tolerance_option
 @click.option("--max-batch", type=click.IntRange(1, 1024), default=8, show_default=True,
@@ -65,7 +67,8 @@ def main(**params):
     """Serve MaSC scoring over HTTP for the bundle BUNDLE.
 
     The scorer options are masc-run's; --stripper is the default for requests that name none (a
-    request may ask for regex or none, and for spacy only if this is spacy).
+    request may ask for regex or none, and for spacy only if this is spacy). With --segmenter the
+    mask fields are optional: a missing mask is computed from the item's object_name.
 
     GET /healthz, /readyz, /metrics; POST /v1/score (JSON with base64 files, or multipart uploads),
     /v1/score_batch. OpenAPI document at /openapi.json. See the README, "masc-serve".
@@ -83,9 +86,10 @@ def main(**params):
     import logging
 
     config = scorer_config(params)
+    seg_config = segmenter_config(params, config)
     p = {k: v for k, v in params.items() if k not in ("host", "port", "graceful_timeout_s", "log_level")}
     logging.basicConfig(level=params["log_level"].upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = ServeConfig(scorer=config, **p)
+    cfg = ServeConfig(scorer=config, segmenter=seg_config, **p)
     # uvicorn handles SIGTERM and SIGINT: it stops accepting, lets in-flight requests finish (up to
     # --graceful-timeout-s), then runs the app's shutdown, which drains the batcher. Afterwards it
     # restores the previous handler and raises the signal again; this handler turns that into exit

@@ -9,7 +9,10 @@ image or mask outlives its own decoding:
   drawn (``RunSettings.save_maps``);
 - a mask becomes a :class:`DecodedMask`: its size, its coverage (runtime/masks.py
   ``mask_coverage``) and its weights on the patch grid of each image it is paired with
-  (``mask_to_patch_grid``); what the size checks and both scores read, nothing more.
+  (``mask_to_patch_grid``); what the size checks and both scores read, nothing more;
+- with a segmenter (jobs/mask_source.py), an image whose pairs come without a mask is segmented
+  while it is decoded, for each subject name asked for, and each mask reduced at once onto the
+  image's own grid (:attr:`DecodedImage.segmented`).
 
 With a :class:`~masc_engine.jobs.loading.ByteBudget`, each file reserves its cost (:func:`reservation`:
 decoding, known from the header, and preprocessing, bounded by the patch budget) before any
@@ -52,6 +55,8 @@ class DecodedImage:
         encoding: the encoding the memory cache held when the image was decoded (held here, so
             an eviction before scoring costs nothing).
         image: the RGB PIL image, kept only for attribution maps.
+        segmented: ``{subject name: DecodedMask or InputError}``: the segmenter's masks of this
+            image (source ``segmenter``), for the subject names its mask-less pairs asked for.
     """
 
     sha256: str
@@ -61,6 +66,7 @@ class DecodedImage:
     pre: PreprocessedImage | None = None
     encoding: ImageEncoding | None = None
     image: object = None
+    segmented: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -72,12 +78,16 @@ class DecodedMask:
         coverage: foreground share under the scoring rule (runtime/masks.py ``mask_coverage``).
         any_foreground: whether any pixel is non-zero (an empty reference mask's status).
         weights: ``{grid: [Hp * Wp] float32}`` patch weights on each grid it was reduced for.
+        source: ``file`` (a mask file or request field) or ``segmenter``.
+        saved: the PNG a segmenter mask was saved as (``--save-masks``), else ``""``.
     """
 
     size: tuple[int, int]
     coverage: float
     any_foreground: bool
     weights: dict = field(default_factory=dict)
+    source: str = "file"
+    saved: str = ""
 
 
 @dataclass
@@ -96,6 +106,8 @@ class DecodedPair:
         row_index: the record's ``row_index``.
         cells: other cells carried into the record (masc-run: the whole input row).
         error: a problem of the row itself (``bad_row``: an empty file cell), checked first.
+        mask_sources: ``(reference, output)``: where each mask comes from (``file``,
+            ``segmenter``; ``""`` when there is none).
     """
 
     ref_image: DecodedImage | InputError
@@ -109,6 +121,7 @@ class DecodedPair:
     row_index: int = 1
     cells: dict = field(default_factory=dict)
     error: InputError | None = None
+    mask_sources: tuple[str, str] = ("file", "file")
 
     def file(self, name: str):
         """The decoded object (or error) of file field ``name``."""
@@ -153,7 +166,7 @@ def reservation(opened, kind: str, image_settings) -> int:
 
 
 def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply", budget=None,
-                 keep_image: bool = False) -> DecodedImage:
+                 keep_image: bool = False, masks=None, subjects=()) -> DecodedImage:
     """Decode, orient and reduce one image file.
 
     Args:
@@ -163,26 +176,51 @@ def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply"
         cache: an :class:`~masc_engine.runtime.cache.EncodingCache`: an image whose encoding it
             holds in memory is not preprocessed.
         exif: ``apply`` or ``ignore`` (runtime/io.py).
-        budget: a :class:`~masc_engine.jobs.loading.ByteBudget` reserved around decoding.
+        budget: a :class:`~masc_engine.jobs.loading.ByteBudget` reserved around decoding (and
+            segmenting, when ``subjects`` are given).
         keep_image: keep the RGB PIL image (attribution maps).
+        masks: a :class:`~masc_engine.jobs.mask_source.SegmenterMasks`, to segment the image.
+        subjects: subject names to segment it for (:attr:`DecodedImage.segmented`).
 
     Raises:
         InputError: ``unreadable_image`` or ``image_too_large``.
+        OutputWriteError: ``--save-masks`` cannot be written.
     """
     opened = open_image(data, name, "image")
     sha = sha256_bytes(data)
-    with _budget(budget, reservation(opened, "image", scorer.image_settings)):
+    cost = reservation(opened, "image", scorer.image_settings)
+    if masks is not None and subjects:
+        cost += masks.reserve_bytes(opened.size)
+    with _budget(budget, cost):
         im, notes = image_from_opened(opened, name, exif)
         del opened
         grid = patch_grid(im.height, im.width, scorer.image_settings)
         enc = cache.cached(sha) if cache is not None else None
         pre = scorer.preprocess(im) if enc is None else None
-        return DecodedImage(sha, im.size, grid, notes, pre, enc, im if keep_image else None)
+        return DecodedImage(sha, im.size, grid, notes, pre, enc, im if keep_image else None,
+                            _segmented(masks, subjects, im, sha, name, grid))
 
 
-def reduce_image(im, name: str, scorer, cache=None, keep_image: bool = False) -> DecodedImage:
-    """A PIL image (an in-memory input) reduced as :func:`decode_image` reduces a file; its
-    content key hashes its RGB pixels.
+def _segmented(masks, subjects, im, sha: str, name: str, grid) -> dict:
+    """The segmenter's masks of a decoded image, each reduced onto its own ``grid`` at once (the
+    full-size mask is not kept)."""
+    if masks is None or not subjects:
+        return {}
+    out = {}
+    for subject, m in masks(im, sha, name, subjects).items():
+        if isinstance(m, InputError):
+            out[subject] = m
+        else:
+            d = reduce_mask(m.mask, [grid])
+            d.source, d.saved = "segmenter", m.saved
+            out[subject] = d
+    return out
+
+
+def reduce_image(im, name: str, scorer, cache=None, keep_image: bool = False, masks=None,
+                 subjects=()) -> DecodedImage:
+    """A PIL image (an in-memory input) reduced as :func:`decode_image` reduces a file (and
+    segmented for ``subjects`` with ``masks``); its content key hashes its RGB pixels.
 
     Raises:
         InputError: ``unreadable_image`` (not a PIL image).
@@ -197,7 +235,7 @@ def reduce_image(im, name: str, scorer, cache=None, keep_image: bool = False) ->
     notes = () if im.mode == "RGB" else (f"{im.mode} converted to RGB",)
     grid = patch_grid(rgb.height, rgb.width, scorer.image_settings)
     return DecodedImage(sha, rgb.size, grid, notes, scorer.preprocess(rgb) if enc is None else None, enc,
-                        rgb if keep_image else None)
+                        rgb if keep_image else None, _segmented(masks, subjects, rgb, sha, name, grid))
 
 
 def reduce_mask(mask: np.ndarray, grids) -> DecodedMask:

@@ -7,6 +7,13 @@ row, in input order, with ``row_index`` (1-based data row), ``row_key``, ``cp``,
 ``status_detail`` (file and cause), ``cp_status``, ``pf_status``, ``prompt_empty`` and the
 reference's extras.
 
+With a segmenter (``run_pairs(..., segmenter=...)``, ``masc-run --segmenter``) the mask columns
+are optional: a side whose mask cell is empty or absent gets the segmenter's mask of its image,
+prompted by the row's ``object_name`` (jobs/mask_source.py); the output then records each mask's
+source (``ref_mask_source`` / ``out_mask_source``: ``file`` or ``segmenter``) and, with
+``RunSettings.save_masks``, the PNG each computed mask was saved as (``ref_mask_saved`` /
+``out_mask_saved``).
+
 Each score has its own outcome: ``cp_status`` / ``pf_status`` is ``ok`` exactly when that score is
 defined, else the reason it is NaN; ``status`` is ``ok`` when both are, else the first reason (CP's,
 then PF's). A bad row never stops the run, a defined score is never dropped, and NaN never appears
@@ -15,7 +22,9 @@ without its reason:
 - both scores (the row cannot be scored): ``missing_file``, ``unreadable_image``,
   ``unreadable_mask``, ``image_too_large``; ``mask_size_mismatch`` (a mask's size differs from its
   image's; the reference stretches it); ``mask_orientation_mismatch`` (the mask fits the image only
-  rotated by 90 degrees, EXIF); ``bad_row`` (an empty image or mask cell);
+  rotated by 90 degrees, EXIF); ``bad_row`` (an empty image cell, or an empty mask cell without
+  a segmenter); ``no_mask_source`` (no mask and no ``object_name`` to prompt the segmenter with),
+  ``mask_prompt_too_long`` (the ``object_name`` is over the segmenter's prompt budget);
   ``filtered_reference_mask`` / ``filtered_output_mask`` (dropped on request by the paper's
   coverage filter);
 - CP only: ``empty_reference_mask`` (no foreground pixel), ``reference_mask_below_threshold``
@@ -29,7 +38,7 @@ masc-metric scores it (PF against the empty text) and flagged ``prompt_empty`` (
 Exactly once: finished rows go to an append-only journal (jobs/results.py) keyed by
 ``row_index`` and ``row_key`` (a hash of the row's cells and its files' size and mtime) under a
 settings fingerprint (bundle, stripper, threshold, budget, EXIF policy, filters, provider, graph
-variant). A rerun of the same command scores only what is missing, and a changed row is scored
+variant; the segmenter and its recipe when there is one). A rerun of the same command scores only what is missing, and a changed row is scored
 again; a rerun with other settings stops, naming what differs, unless asked to replace the
 results (``overwrite``). One writer per output (``<out>.lock``); a full disk, a read-only folder
 or a refused permission on the output side is one :class:`~.results.OutputWriteError`, and the
@@ -61,16 +70,19 @@ from ..runtime.cache import EncodingCache, EncodingStore
 from ..runtime.io import read_bytes
 from ..runtime.config import ScorerConfig
 from ..runtime.scorer import EncodedPair, Scorer
+from ..runtime.segmenter import Segmenter, SegmenterConfig
 from .executors import Chunk, LocalExecutor, RayExecutor
 from .items import (DecodedImage, DecodedMask, DecodedPair, PairError, array_mask, check_mask, decode_image,
                     decode_mask, reduce_image)
 from .loading import ByteBudget, load_all
-from .results import (Journal, OutputLock, RunRecord, meta_path, output_errors, output_format, resume, write_meta,
-                      write_output)
+from .mask_source import MASK_SOURCE_COLUMNS, SAVED_MASK_COLUMNS, SEGMENTER, SegmenterMasks
+from .results import (MASK_COUNTERS, Journal, OutputLock, RunRecord, meta_path, output_errors, output_format, resume,
+                      write_meta, write_output)
 from .tables import TableError, read_table, resolve_path
 
 REQUIRED_COLUMNS = ("ref_image", "ref_mask", "out_image", "out_mask", "prompt", "object_name")
 FILE_COLUMNS = REQUIRED_COLUMNS[:4]
+MASK_COLUMNS = ("ref_mask", "out_mask")
 RESULT_COLUMNS = ("row_index", "row_key", "cp", "pf", "status", "status_detail", "cp_status", "pf_status",
                   "prompt_empty", "prompt_text",
                   "prompt_stripped", "prompt_truncated", "cp_n_ref_fg", "cp_n_ref_total", "pf_n_bg_pooled",
@@ -86,9 +98,12 @@ class PairsFileError(TableError):
     """The pairs file itself is unusable (missing, no header, missing columns)."""
 
 
-def read_pairs(csv_path: str | Path) -> tuple[list[str], list[dict]]:
+def read_pairs(csv_path: str | Path, masks_optional: bool = False) -> tuple[list[str], list[dict]]:
     """Read a pairs table with the job layer's reader (:func:`~masc_engine.jobs.tables.read_table`;
     CSV: UTF-8, byte-order mark tolerated, quoted commas/newlines allowed).
+
+    Args:
+        masks_optional: the mask columns may be absent (a run with a segmenter).
 
     Returns:
         ``(columns, rows)``; the required columns' cells are strings (``""`` for a missing or
@@ -98,9 +113,12 @@ def read_pairs(csv_path: str | Path) -> tuple[list[str], list[dict]]:
         PairsFileError: the file is missing, empty, unparsable, or lacks required columns (named).
     """
     try:
-        t = read_table(csv_path, REQUIRED_COLUMNS, "pairs", extra_fields="ignore")
+        required = [c for c in REQUIRED_COLUMNS if not (masks_optional and c in MASK_COLUMNS)]
+        t = read_table(csv_path, required, "pairs", extra_fields="ignore")
     except TableError as e:
-        raise PairsFileError(e.reason, e.detail) from None
+        hint = ("; without mask columns, give a segmenter (--segmenter): masks from each row's object_name"
+                if not masks_optional and "missing column" in e.detail and "_mask" in e.detail.split(";")[0] else "")
+        raise PairsFileError(e.reason, e.detail + hint) from None
     return t.columns, [{k: (_cell(v) if k in REQUIRED_COLUMNS else ("" if v is None else v)) for k, v in r.items()}
                        for r in t.rows]
 
@@ -125,6 +143,8 @@ class RunSettings:
             (the reference's behaviour) instead of refused; 0 refuses any difference.
         baselines: add the same-forward-pass baseline columns (``BASELINE_COLUMNS``).
         save_maps: folder for per-pair attribution PNGs (runtime/maps.py), or ``None``.
+        save_masks: folder for the segmenter's masks as PNGs (jobs/mask_source.py), or ``None``;
+            needs a segmenter.
     """
 
     exif: str = "apply"
@@ -133,35 +153,58 @@ class RunSettings:
     mask_size_tolerance: int = 0
     baselines: bool = False
     save_maps: str | None = None
+    save_masks: str | None = None
 
-    def result_columns(self) -> tuple[str, ...]:
-        """The result columns a run with these settings writes, in order."""
-        return RESULT_COLUMNS + (BASELINE_COLUMNS if self.baselines else ()) + (MAP_COLUMNS if self.save_maps else ())
+    def as_dict(self) -> dict:
+        """The fields as a dict, ``save_masks`` only when set (what the fingerprint hashes and the
+        sidecar records: unchanged for runs without it)."""
+        d = asdict(self)
+        if d["save_masks"] is None:
+            del d["save_masks"]
+        return d
 
-    def identity(self, scorer: Scorer) -> dict:
+    def result_columns(self, segmenter: bool = False) -> tuple[str, ...]:
+        """The result columns a run with these settings (and a segmenter or not) writes, in order."""
+        return (RESULT_COLUMNS + (MASK_SOURCE_COLUMNS if segmenter else ()) + (BASELINE_COLUMNS if self.baselines else ())
+                + (MAP_COLUMNS if self.save_maps else ()) + (SAVED_MASK_COLUMNS if self.save_masks else ()))
+
+    def identity(self, scorer: Scorer, segmenter: Segmenter | None = None) -> dict:
         """The settings a row's result depends on, each under the masc-run option that sets it
-        (``--bundle``: its content fingerprint): what a rerun on the same output compares
-        (jobs/results.py ``settings_diff``). The same settings as :meth:`fingerprint`."""
-        return {"--bundle": scorer.bundle.fingerprint, "--exif": self.exif, **scorer.config.option_identity(),
-                "--min-reference-mask-frac": self.min_reference_mask_frac,
-                "--min-output-mask-frac": self.min_output_mask_frac,
-                "--mask-size-tolerance": self.mask_size_tolerance, "--baselines": self.baselines,
-                "--save-maps": self.save_maps}
+        (``--bundle``, ``--segmenter``: their content fingerprints): what a rerun on the same
+        output compares (jobs/results.py ``settings_diff``). The same settings as
+        :meth:`fingerprint`."""
+        d = {"--bundle": scorer.bundle.fingerprint, "--exif": self.exif, **scorer.config.option_identity(),
+             "--min-reference-mask-frac": self.min_reference_mask_frac,
+             "--min-output-mask-frac": self.min_output_mask_frac,
+             "--mask-size-tolerance": self.mask_size_tolerance, "--baselines": self.baselines,
+             "--save-maps": self.save_maps}
+        if segmenter is not None:
+            d.update({**segmenter.option_identity(), "--save-masks": self.save_masks})
+        return d
 
-    def fingerprint(self, scorer: Scorer) -> str:
+    def fingerprint(self, scorer: Scorer, segmenter: Segmenter | None = None) -> str:
         """16 hex digits identifying these settings with the scorer's (a journal is reused only
-        under the same fingerprint): the run settings, the bundle's fingerprint and the scorer's
-        ``config.identity()``."""
-        d = {"run": asdict(self), "bundle": scorer.bundle.fingerprint, **scorer.config.identity()}
+        under the same fingerprint): the run settings, the bundle's fingerprint, the scorer's
+        ``config.identity()`` and, with a segmenter, its ``identity()``.
+
+        Settings added after journals existed (``save_masks``, the segmenter) enter only when they
+        are set, so a run without them keeps the fingerprint it always had."""
+        d = {"run": self.as_dict(), "bundle": scorer.bundle.fingerprint, **scorer.config.identity()}
+        if segmenter is not None:
+            d["segmenter"] = segmenter.identity()
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def row_key(row: dict, base: Path) -> str:
-    """Identity of a row's inputs: its cells plus size and mtime of its four files (20 hex digits)."""
+    """Identity of a row's inputs: its cells plus size and mtime of its four files (20 hex digits;
+    an empty or absent cell names no file, not the CSV's folder)."""
     h = hashlib.sha256(json.dumps(row, sort_keys=True, ensure_ascii=False).encode())
     for c in FILE_COLUMNS:
+        if not (row.get(c) or "").strip():
+            h.update(b"|empty")
+            continue
         try:
-            st = os.stat(resolve_path(base, row.get(c) or ""))
+            st = os.stat(resolve_path(base, row[c]))
             h.update(f"|{st.st_size}:{st.st_mtime_ns}".encode())
         except OSError:
             h.update(b"|missing")
@@ -183,6 +226,8 @@ class Summary:
     cache_hits: int = 0
     lost_workers: int = 0
     journal_repaired: bool = False
+    #: The segmenter's counters (jobs/mask_source.py), when the run had one.
+    masks: dict = field(default_factory=dict)
 
     def add(self, row: dict, method: str | None) -> None:
         """Count one output row (``method``: its method column's value, or None)."""
@@ -207,6 +252,10 @@ class Summary:
         if self.duplicates:
             shown = ", ".join(f"{a}={b}" for a, b in self.duplicates[:5])
             out.append(f"  duplicate input rows: {len(self.duplicates)} (row=first seen: {shown})")
+        if self.masks:
+            m = self.masks
+            out.append(f"  masks: {m.get('masks_segmented', 0)} segmented ({m.get('segmenter_images_encoded', 0)} images "
+                       f"through the segmenter), {m.get('mask_cache_hits', 0)} from the cache")
         if self.journal_repaired:
             out.append("  a torn last line of the previous run's journal was repaired")
         if self.lost_workers:
@@ -223,6 +272,7 @@ class Summary:
         """Take an executor's counters (``stats()``) into the summary."""
         self.images_encoded, self.cache_hits = stats.get("images_encoded", 0), stats.get("cache_hits", 0)
         self.lost_workers = stats.get("lost_workers", 0)
+        self.masks = {k: stats[k] for k in MASK_COUNTERS if k in stats}
 
     def counts(self) -> dict:
         """The counts recorded in ``<out>.meta.json``."""
@@ -244,16 +294,29 @@ class PairsJob:
     encodings in front of ``store``, a persistent content-keyed store shared across runs and
     processes). Files are decoded and reduced (jobs/items.py) by ``io_workers`` threads, each
     file under ``decode_budget`` when one is given.
+
+    With a ``segmenter``, a pair without a mask (an empty or absent mask cell, a ``None`` mask)
+    gets the segmenter's mask of its image for its ``object_name``
+    (:class:`~masc_engine.jobs.mask_source.SegmenterMasks`: an in-memory LRU, then the
+    persistent store, then the segmenter), computed while the image is decoded.
+
+    Raises:
+        ValueError: ``settings.save_masks`` without a segmenter.
     """
 
     def __init__(self, scorer: Scorer, settings: RunSettings = RunSettings(), store: EncodingStore | None = None,
                  io_workers: int = 4, cache_items: int = 512, cache: EncodingCache | None = None,
-                 decode_budget: ByteBudget | None = None):
+                 decode_budget: ByteBudget | None = None, segmenter: Segmenter | None = None):
+        if settings.save_masks is not None and segmenter is None:
+            raise ValueError("save_masks (--save-masks) needs a segmenter (--segmenter)")
         self.scorer = scorer
         self.settings = settings
         self.io_workers = io_workers
         self.cache = cache if cache is not None else EncodingCache(scorer, cache_items, store)
         self.decode_budget = decode_budget
+        #: The segmenter's masks for pairs without one, or None (every mask from a file).
+        self.masks = None if segmenter is None else SegmenterMasks(
+            segmenter, settings.exif, store if store is not None else self.cache.store, settings.save_masks)
 
     @property
     def images_encoded(self) -> int:
@@ -266,20 +329,47 @@ class PairsJob:
         return self.cache.cache_hits
 
     def stats(self) -> dict:
-        """``{"images_encoded", "cache_hits"}`` since this job was made (executor interface)."""
-        return {"images_encoded": self.cache.images_encoded, "cache_hits": self.cache.cache_hits}
+        """``{"images_encoded", "cache_hits"}`` since this job was made (executor interface), and
+        with a segmenter its counters (``masks_segmented``, ``mask_cache_hits``,
+        ``segmenter_images_encoded``)."""
+        st = {"images_encoded": self.cache.images_encoded, "cache_hits": self.cache.cache_hits}
+        if self.masks is not None:
+            st.update(self.masks.stats())
+        return st
 
     # ---------------------------------------------------------------- decoding
 
-    def _image(self, v, name: str) -> DecodedImage | InputError:
-        """Image bytes or a PIL image -> :class:`DecodedImage`, or the :class:`InputError`."""
+    def _image(self, v, name: str, subjects=()) -> DecodedImage | InputError:
+        """Image bytes or a PIL image -> :class:`DecodedImage` (segmented for ``subjects``), or
+        the :class:`InputError`."""
+        keep = self.settings.save_maps is not None
         try:
             if isinstance(v, (bytes, bytearray, memoryview)):
                 return decode_image(bytes(v), name, self.scorer, self.cache, self.settings.exif, self.decode_budget,
-                                    keep_image=self.settings.save_maps is not None)
-            return reduce_image(v, name, self.scorer, self.cache, keep_image=self.settings.save_maps is not None)
+                                    keep_image=keep, masks=self.masks, subjects=subjects)
+            return reduce_image(v, name, self.scorer, self.cache, keep_image=keep, masks=self.masks, subjects=subjects)
         except InputError as e:
             return e
+
+    def _subject_error(self, subject: str) -> InputError | None:
+        """Why the segmenter cannot make a mask for ``subject`` (``no_mask_source`` without a
+        segmenter or a subject name, ``mask_prompt_too_long``), or None."""
+        if self.masks is None:
+            return InputError("no_mask_source", "no mask given, and no segmenter to compute one (--segmenter)")
+        try:
+            self.masks.prompt(subject)
+        except InputError as e:
+            return e
+        return None
+
+    def _segmented(self, image, subject: str) -> DecodedMask | InputError:
+        """The segmenter's mask of a decoded image for ``subject`` (or why there is none)."""
+        e = self._subject_error(subject)
+        if e is not None:
+            return e
+        if not isinstance(image, DecodedImage):
+            return image  # the image's own error (check_pair reports the image first)
+        return image.segmented[subject]
 
     def _mask(self, v, name: str, grids) -> DecodedMask | InputError:
         """Mask bytes or a ``[H, W] uint8`` array -> :class:`DecodedMask` on ``grids``, or the error."""
@@ -290,17 +380,38 @@ class PairsJob:
         except InputError as e:
             return e
 
+    def _sides(self, row: dict, base) -> list[tuple[str, str | None]] | None:
+        """A row's ``(image path, mask path)`` per side (mask ``None``: the segmenter's), or None
+        when the row is a ``bad_row`` (an empty image cell; an empty mask cell and no segmenter)."""
+        sides = []
+        for im_c, m_c in (("ref_image", "ref_mask"), ("out_image", "out_mask")):
+            image, mask = (row.get(im_c) or "").strip(), (row.get(m_c) or "").strip()
+            if not image or (not mask and self.masks is None):
+                return None
+            sides.append((resolve_path(base, row[im_c]), resolve_path(base, row[m_c]) if mask else None))
+        return sides
+
     def load(self, rows, base: str | Path) -> tuple[dict, dict]:
-        """Decode the distinct images, then the distinct masks (onto the grids of the images they
-        are paired with), of some rows: ``(images, masks)`` by path, each value a
-        :class:`DecodedImage` / :class:`DecodedMask` or the :class:`InputError` it raised."""
+        """Decode the distinct images (each segmented for the subject names of its mask-less
+        rows), then the distinct masks (onto the grids of the images they are paired with), of
+        some rows: ``(images, masks)`` by path, each value a :class:`DecodedImage` /
+        :class:`DecodedMask` or the :class:`InputError` it raised."""
         paired: dict[str, set[str]] = defaultdict(set)  # mask path -> its images' paths
+        subjects: dict[str, set[str]] = defaultdict(set)  # image path -> subject names to segment it for
+        image_paths: set[str] = set()
         for row in rows:
-            if all((row.get(c) or "").strip() for c in FILE_COLUMNS):
-                for im_c, m_c in (("ref_image", "ref_mask"), ("out_image", "out_mask")):
-                    paired[resolve_path(base, row[m_c])].add(resolve_path(base, row[im_c]))
-        image_paths = {p for ims in paired.values() for p in ims}
-        images = load_all(image_paths, lambda p: _raise(self._image(read_bytes(p, "image"), p)), self.io_workers)
+            subject = row.get("object_name") or ""
+            for image, mask in self._sides(row, base) or ():
+                image_paths.add(image)
+                if mask is not None:
+                    paired[mask].add(image)
+                elif self._subject_error(subject) is None:
+                    subjects[image].add(subject)
+
+        def image(p: str) -> DecodedImage:
+            return _raise(self._image(read_bytes(p, "image"), p, sorted(subjects.get(p, ()))))
+
+        images = load_all(image_paths, image, self.io_workers)
 
         def mask(p: str) -> DecodedMask:
             grids = {images[i].grid for i in paired[p] if isinstance(images[i], DecodedImage)}
@@ -316,7 +427,9 @@ class PairsJob:
 
         Args:
             files: ``ref_image``/``out_image`` -> encoded image bytes or a PIL image;
-                ``ref_mask``/``out_mask`` -> encoded mask bytes or a ``[H, W] uint8`` array.
+                ``ref_mask``/``out_mask`` -> encoded mask bytes or a ``[H, W] uint8`` array, or
+                None / absent: the segmenter's mask for ``object_name`` (``no_mask_source``
+                without a segmenter or a subject name).
             prompt, object_name: the pair's prompt and subject (None or ``""``: not stripped).
             names: how each file is named in messages (default: the field name).
             stripper: ``regex``, ``spacy`` or ``none`` (default: the scorer's).
@@ -327,13 +440,21 @@ class PairsJob:
             exception.
         """
         names = {**{c: c for c in FILE_COLUMNS}, **(names or {})}
-        ref, out = self._image(files["ref_image"], names["ref_image"]), self._image(files["out_image"], names["out_image"])
-        grid = lambda im: [im.grid] if isinstance(im, DecodedImage) else []  # noqa: E731
-        ref_m = self._mask(files["ref_mask"], names["ref_mask"], grid(ref))
-        out_m = self._mask(files["out_mask"], names["out_mask"], grid(out))
+        subject = object_name or ""
+        decoded, sources = {}, []
+        for im_c, m_c in (("ref_image", "ref_mask"), ("out_image", "out_mask")):
+            given = files.get(m_c) is not None
+            segment = not given and self._subject_error(subject) is None
+            im = self._image(files[im_c], names[im_c], [subject] if segment else ())
+            decoded[im_c] = im
+            if given:
+                decoded[m_c] = self._mask(files[m_c], names[m_c], [im.grid] if isinstance(im, DecodedImage) else [])
+            else:
+                decoded[m_c] = self._segmented(im, subject)
+            sources.append("file" if given else (SEGMENTER if segment else ""))
         prepared = self.scorer.prepare_prompt(prompt or "", object_name or None, stripper)
-        return DecodedPair(ref, ref_m, out, out_m, prompt or "", object_name or "", names, prepared, row_index,
-                           dict(cells or {}))
+        return DecodedPair(**decoded, prompt=prompt or "", object_name=subject, names=names, prepared=prepared,
+                           row_index=row_index, cells=dict(cells or {}), mask_sources=tuple(sources))
 
     # ---------------------------------------------------------------- encoding
 
@@ -377,16 +498,25 @@ class PairsJob:
         indices = indices if indices is not None else list(range(first_index, first_index + len(rows)))
         return self.score_decoded([self._row_pair(i, row, base, images, masks) for i, row in zip(indices, rows)])
 
-    @staticmethod
-    def _row_pair(index: int, row: dict, base, images: dict, masks: dict) -> DecodedPair:
+    def _row_pair(self, index: int, row: dict, base, images: dict, masks: dict) -> DecodedPair:
+        """One row's :class:`DecodedPair` from the loaded files (a ``bad_row`` for an empty cell
+        the run cannot fill)."""
         prompt, obj = row.get("prompt") or "", row.get("object_name") or ""
-        empty = [c for c in FILE_COLUMNS if not (row.get(c) or "").strip()]
-        if empty:
+        sides = self._sides(row, base)
+        if sides is None:
+            empty = [c for c in FILE_COLUMNS if not (row.get(c) or "").strip()]
             e = InputError("bad_row", f"empty column(s): {', '.join(empty)}")
             return DecodedPair(e, e, e, e, prompt, obj, row_index=index, cells=row, error=e)
-        names = {c: resolve_path(base, row[c]) for c in FILE_COLUMNS}
-        objs = {c: (images if "image" in c else masks)[names[c]] for c in FILE_COLUMNS}
-        return DecodedPair(**objs, prompt=prompt, object_name=obj, names=names, row_index=index, cells=row)
+        objs, names, sources = {}, {}, []
+        for (image, mask), im_c, m_c in zip(sides, ("ref_image", "out_image"), ("ref_mask", "out_mask")):
+            names[im_c], objs[im_c] = image, images[image]
+            if mask is not None:
+                names[m_c], objs[m_c] = mask, masks[mask]
+            else:
+                names[m_c], objs[m_c] = f"segmenter mask of {image}", self._segmented(images[image], obj)
+            sources.append("file" if mask is not None else (SEGMENTER if self._subject_error(obj) is None else ""))
+        return DecodedPair(**objs, prompt=prompt, object_name=obj, names=names, row_index=index, cells=row,
+                           mask_sources=tuple(sources))
 
     def score_chunk(self, chunk: Chunk, loaded=None) -> list[dict]:
         """Score a chunk's rows (executor interface); each result carries its ``row_key``."""
@@ -460,6 +590,9 @@ class PairsJob:
             where undefined, with their status (:meth:`RowOutcome.record`).
         """
         outcomes = [RowOutcome(it) for it in items]
+        if self.masks is not None:
+            for o in outcomes:
+                o.values.update(self._mask_columns(o.item))
         encs = self.encode([o for it in items for o in (it.ref_image, it.out_image) if isinstance(o, DecodedImage)])
         ready = [o for o in outcomes if self._admit(o, encs)]
         scored = self.scorer.score_encoded([o.pair for o in ready], baselines=self.settings.baselines,
@@ -467,6 +600,14 @@ class PairsJob:
         for o, sc in zip(ready, scored):
             self._fill(o, sc)
         return [o.record() for o in outcomes]
+
+    def _mask_columns(self, it: DecodedPair) -> dict:
+        """A pair's mask source columns (and with ``save_masks`` the saved PNGs of its segmenter masks)."""
+        d = dict(zip(MASK_SOURCE_COLUMNS, it.mask_sources))
+        if self.settings.save_masks is not None:
+            for col, m in zip(SAVED_MASK_COLUMNS, (it.ref_mask, it.out_mask)):
+                d[col] = m.saved if isinstance(m, DecodedMask) else ""
+        return d
 
     def _admit(self, o: RowOutcome, encs: dict) -> bool:
         """Check one pair (files, masks, the coverage filter) and make its :class:`EncodedPair`;
@@ -583,28 +724,35 @@ def _raise(v):
 
 
 def build_pairs_job(bundle_dir: str, config: ScorerConfig, settings: dict, io_workers: int,
-                    cache_dir: str | None = None, cache_size_limit: int | None = None) -> PairsJob:
-    """A :class:`PairsJob` on a fresh scorer with the driver's resolved ``config``: the factory Ray
-    workers call (picklable through :func:`functools.partial`, so executors need not know this
-    module). The bundle is loaded unverified: the driver hashed the files the workers load. With
+                    cache_dir: str | None = None, cache_size_limit: int | None = None,
+                    segmenter: SegmenterConfig | None = None) -> PairsJob:
+    """A :class:`PairsJob` on a fresh scorer with the driver's resolved ``config`` (and a fresh
+    segmenter from the driver's resolved ``segmenter`` config): the factory Ray workers call
+    (picklable through :func:`functools.partial`, so executors need not know this module). The
+    bundles are loaded unverified: the driver hashed the files the workers load. With
     ``cache_dir`` the worker reads and writes the same persistent store as the driver (diskcache
     is safe across processes; on several nodes the folder must be shared storage)."""
     scorer = Scorer(bundle_dir, config, verify=False)
     run_settings = RunSettings(**settings)
     store = RunOptions(cache_dir=cache_dir, cache_size_limit=cache_size_limit).store(scorer, run_settings.exif)
     scorer.text_store = store
-    return PairsJob(scorer, run_settings, store=store, io_workers=io_workers)
+    seg = None if segmenter is None else segmenter.load(verify=False)
+    return PairsJob(scorer, run_settings, store=store, io_workers=io_workers, segmenter=seg)
 
 
-def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int, cache_dir=None, cache_size_limit=None):
+def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int, cache_dir=None, cache_size_limit=None,
+                 segmenter: Segmenter | None = None):
     if scorer.bundle.verify:
         # The workers load the bundle unverified (one hash per run, not per worker): the driver
         # checks every graph file (and weights) they will load, the text graph included, which the
         # driver itself may never load. (TensorRT engines are hashed by their loader.)
         for g in ("vision", "pool", "text", "cp"):
             scorer.bundle.graph_file(g, scorer.config.graph_variant)
-    return functools.partial(build_pairs_job, str(Path(scorer.bundle.path).resolve()), scorer.config, asdict(settings),
-                             io_workers, None if cache_dir is None else str(Path(cache_dir).resolve()), cache_size_limit)
+    if segmenter is not None and segmenter.bundle.verify:
+        segmenter.check_graphs()
+    return functools.partial(build_pairs_job, str(Path(scorer.bundle.path).resolve()), scorer.config, settings.as_dict(),
+                             io_workers, None if cache_dir is None else str(Path(cache_dir).resolve()), cache_size_limit,
+                             None if segmenter is None else segmenter.config)
 
 
 def _versions() -> dict:
@@ -667,8 +815,12 @@ class RunOptions:
 def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settings: RunSettings = RunSettings(),
               chunk_size: int = 64, io_workers: int = 4, cache_dir: str | Path | None = None,
               cache_size_limit: int | None = None, executor: str = "local", ray_address: str | None = None,
-              ray_workers: int | None = None, progress: bool = True, log=print, overwrite: bool = False) -> Summary:
+              ray_workers: int | None = None, progress: bool = True, log=print, overwrite: bool = False,
+              segmenter: Segmenter | None = None) -> Summary:
     """Score every row of ``csv_path`` into ``out_path`` (format by extension), resumably.
+
+    With a ``segmenter`` the mask columns are optional: a side without a mask gets the segmenter's
+    mask for the row's ``object_name`` (module docstring), cached in ``cache_dir``'s store too.
 
     One writer per output: the run holds ``<out>.lock`` (jobs/results.py :class:`OutputLock`)
     from before it reads anything at ``out_path`` until the output is complete. Rows already in
@@ -692,20 +844,22 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     opts = RunOptions(chunk_size, io_workers, None if cache_dir is None else str(cache_dir), cache_size_limit,
                       executor, ray_address, ray_workers, progress, overwrite)
     with OutputLock(out_path):
-        return _run_locked(Path(csv_path), scorer, out_path, settings, opts, log)
+        return _run_locked(Path(csv_path), scorer, out_path, settings, opts, log, segmenter)
 
 
 def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, opts: RunOptions,
-                log) -> Summary:
+                log, segmenter: Segmenter | None) -> Summary:
     """The run, once the output's lock is held: resume, score what is missing, write the output."""
     t0 = time.time()
-    fieldnames, rows = read_pairs(csv_path)
+    if settings.save_masks is not None and segmenter is None:
+        raise ValueError("save_masks (--save-masks) needs a segmenter (--segmenter)")
+    fieldnames, rows = read_pairs(csv_path, masks_optional=segmenter is not None)
     base = csv_path.resolve().parent
     keys = [row_key(r, base) for r in rows]
     summary = Summary(duplicates=_duplicates(rows))
     journal = Journal(out_path)
-    prior = resume(journal, settings.fingerprint(scorer), settings.identity(scorer), keys, str(csv_path),
-                   opts.overwrite, log)
+    prior = resume(journal, settings.fingerprint(scorer, segmenter), settings.identity(scorer, segmenter), keys,
+                   str(csv_path), opts.overwrite, log)
     summary.journal_repaired, summary.resumed = prior.repaired, len(prior.done)
     done = prior.done
     todo = [i for i in range(1, len(rows) + 1) if i not in done]
@@ -716,7 +870,7 @@ def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSet
     if store is not None:
         scorer.text_store = store
     try:
-        runner = choose_executor(scorer, settings, opts, store)
+        runner = choose_executor(scorer, settings, opts, store, segmenter)
         run = RunRecord(prior.next_run, t0, runner, opts.executor, summary.resumed)
         _score_chunks(runner, chunks, journal, run, done, len(rows), opts.progress)
     finally:
@@ -724,24 +878,25 @@ def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSet
             store.close()
             scorer.text_store = None
     summary.take_stats(runner.stats())  # Ray: summed over the workers' reports
-    _write_output(out_path, settings, fieldnames, rows, done, summary)
+    _write_output(out_path, settings.result_columns(segmenter is not None), fieldnames, rows, done, summary)
     summary.seconds = time.time() - run.t0
     write_sidecar(csv_path, scorer, out_path, settings, summary, prior.earlier_runs, run,
-                  {"executor": opts.executor, "chunk_size": opts.chunk_size})
+                  {"executor": opts.executor, "chunk_size": opts.chunk_size}, segmenter)
     journal.remove()  # last: a fault before this leaves the journal, and the same command finishes the job
     return summary
 
 
-def choose_executor(scorer: Scorer, settings: RunSettings, opts: RunOptions, store: EncodingStore | None):
+def choose_executor(scorer: Scorer, settings: RunSettings, opts: RunOptions, store: EncodingStore | None,
+                    segmenter: Segmenter | None = None):
     """The executor ``opts.executor`` names (jobs/executors.py): a :class:`LocalExecutor` over one
-    :class:`PairsJob` on ``scorer`` and ``store``, or a :class:`RayExecutor` whose workers each
-    build their own job (:func:`build_pairs_job`, the same settings, store folder and resolved
-    scorer config), on a GPU slot when the scorer's backend computes on one."""
+    :class:`PairsJob` on ``scorer``, ``store`` and ``segmenter``, or a :class:`RayExecutor` whose
+    workers each build their own job (:func:`build_pairs_job`: the same settings, store folder and
+    resolved scorer and segmenter configs), on a GPU slot when the scorer's backend computes on one."""
     if opts.executor == "ray":
-        return RayExecutor(_ray_factory(scorer, settings, opts.io_workers, opts.cache_dir, opts.cache_size_limit),
-                           gpu=get_backend(scorer.backend).is_gpu(scorer.provider), address=opts.ray_address,
+        factory = _ray_factory(scorer, settings, opts.io_workers, opts.cache_dir, opts.cache_size_limit, segmenter)
+        return RayExecutor(factory, gpu=get_backend(scorer.backend).is_gpu(scorer.provider), address=opts.ray_address,
                            workers=opts.ray_workers)
-    return LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=opts.io_workers))
+    return LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=opts.io_workers, segmenter=segmenter))
 
 
 def _duplicates(rows: list[dict]) -> list[tuple[int, int]]:
@@ -775,17 +930,16 @@ def _score_chunks(runner, chunks: list[Chunk], journal: Journal, run: RunRecord,
         bar.close()
 
 
-def _write_output(out_path: Path, settings: RunSettings, fieldnames: list[str], rows: list[dict], done: dict,
-                  summary: Summary) -> None:
-    """Write the output in input order (input columns, then the result columns) and count each
-    row into ``summary``; map paths relative to the output's folder."""
+def _write_output(out_path: Path, result_cols: tuple[str, ...], fieldnames: list[str], rows: list[dict],
+                  done: dict, summary: Summary) -> None:
+    """Write the output in input order (input columns, then ``result_cols``) and count each row
+    into ``summary``; map and saved-mask paths relative to the output's folder."""
     method_col = "method" if "method" in fieldnames else None
-    result_cols = settings.result_columns()
     ordered = []
     for i in range(1, len(rows) + 1):
         r = {**rows[i - 1], **{k: v for k, v in done[i].items() if k in result_cols}}
         r["cp"], r["pf"] = _num(r.get("cp")), _num(r.get("pf"))
-        for k in MAP_COLUMNS:
+        for k in MAP_COLUMNS + SAVED_MASK_COLUMNS:
             if r.get(k) and os.path.isabs(r[k]):
                 r[k] = os.path.relpath(r[k], out_path.resolve().parent)
         ordered.append(r)
@@ -796,7 +950,7 @@ def _write_output(out_path: Path, settings: RunSettings, fieldnames: list[str], 
 
 
 def write_sidecar(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, summary: Summary,
-                  earlier_runs: list[dict], run: RunRecord, how: dict) -> dict:
+                  earlier_runs: list[dict], run: RunRecord, how: dict, segmenter: Segmenter | None = None) -> dict:
     """Write ``<out>.meta.json`` (:func:`sidecar`) with this run's finished record appended to
     the earlier runs'; returns it.
 
@@ -805,33 +959,37 @@ def write_sidecar(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunS
     """
     this_run = {k: v for k, v in run(True).items() if k != "type"}
     this_run["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    meta = sidecar(csv_path, scorer, out_path, settings, summary, earlier_runs + [this_run], how)
+    meta = sidecar(csv_path, scorer, out_path, settings, summary, earlier_runs + [this_run], how, segmenter)
     with output_errors(meta_path(out_path), "sidecar"):
         write_meta(meta_path(out_path), meta)
     return meta
 
 
 def sidecar(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, summary: Summary,
-            all_runs: list[dict], how: dict) -> dict:
+            all_runs: list[dict], how: dict, segmenter: Segmenter | None = None) -> dict:
     """The sidecar ``<out>.meta.json``: cumulative over every run that produced this output (a
     resumed or repeated command adds its record to ``runs`` and never erases what the earlier
-    ones measured)."""
+    ones measured). With a segmenter it is described under ``segmenter`` (its bundle, identity and
+    the whole mask recipe) and its counters are summed under ``counts``."""
     total_s = sum(float(r.get("seconds") or 0.0) for r in all_runs)
     total_scored = sum(int(r.get("rows_scored") or 0) for r in all_runs)
     counts = summary.counts()
-    counts.update(images_encoded=sum(int(r.get("images_encoded") or 0) for r in all_runs),
-                  cache_hits=sum(int(r.get("cache_hits") or 0) for r in all_runs))
+    counted = ("images_encoded", "cache_hits") + (MASK_COUNTERS if segmenter is not None else ())
+    counts.update({k: sum(int(r.get(k) or 0) for r in all_runs) for k in counted})
     b = scorer.bundle
-    return {"fingerprint": settings.fingerprint(scorer), "identity": settings.identity(scorer),
+    meta = {"fingerprint": settings.fingerprint(scorer, segmenter), "identity": settings.identity(scorer, segmenter),
             "input": str(csv_path.resolve()), "output": str(out_path.resolve()), "bundle": str(b.path),
             "bundle_fingerprint": b.fingerprint, "source_model": b.manifest["source"],
             "bundle_versions": b.manifest.get("versions"), "runtime_versions": _versions(),
-            "settings": {**asdict(settings), **scorer.config.to_dict(), **how},
+            "settings": {**settings.as_dict(), **scorer.config.to_dict(), **how},
             # Reduced precision (fp16/bf16/int8 graphs, bf16 on OpenVINO): what the scores are certified to.
             "precision_certificate": _certificate_summary(scorer.certificate),
             "counts": counts, "seconds": round(total_s, 2),
             "pairs_per_second": round(total_scored / total_s, 3) if total_s > 0 and total_scored else None,
             "runs": all_runs, "finished": all_runs[-1]["finished"]}
+    if segmenter is not None:
+        meta["segmenter"] = segmenter.describe()
+    return meta
 
 
 def _certificate_summary(cert: dict | None) -> dict | None:

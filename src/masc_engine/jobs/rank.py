@@ -33,6 +33,13 @@ Summary (:func:`summarize`): ``n_queries, n_scored, n_undefined, n_failed, mAP, 
 (method, class), per method (class ``*``), per class (method ``*``) and overall (``*``, ``*``).
 Gallery rows that cannot be used (empty cell, unreadable image) are left out of every query's
 gallery and listed in :attr:`RankReport.gallery_failures` (and on the console).
+
+Query masks from a segmenter (``segmenter=``, ``masc-rank --segmenter``): under ``maxcos`` with
+masks, a query without a mask gets the segmenter's mask of its image, prompted by its
+``object_name`` cell, else its class (the ``class`` cell, or its identity's one class in the
+gallery; runtime/segmenter.py, the recipe masc-run uses); one with neither gets
+``no_mask_source``. The per-query rows then say where each mask came from
+(``mask_source``: ``file``, ``segmenter``, or empty for a query without one).
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ class _Item:
     method: str = ""
     status: str = "ok"
     detail: str = ""
+    mask_source: str = ""      # "file", "segmenter" or "" (no mask)
 
 
 @dataclass
@@ -102,6 +110,8 @@ class RankReport:
     level: str = "identity"
     encoder: str = ""
     input_columns: list[str] = field(default_factory=list)
+    #: Result columns besides :data:`QUERY_RESULT_COLUMNS` (``mask_source`` with a segmenter).
+    extra_columns: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         statuses = Counter(r["status"] for r in self.rows)
@@ -140,6 +150,7 @@ def _read_items(path: str | Path, required: Sequence[str], what: str) -> tuple[l
         else:
             it.image = resolve_path(base, cell(row, "image"), real=True)
             it.mask = resolve_path(base, cell(row, "mask"), real=True) if cell(row, "mask") else ""
+            it.mask_source = "file" if it.mask else ""
         items.append(it)
     return t.columns, items
 
@@ -199,6 +210,37 @@ def _query_keep(q: _Item, enc, sizes: dict, masks: dict, fg_threshold: float) ->
     return keep
 
 
+def _segment_queries(queries: list[_Item], segmenter, classes_of: dict, workers: int) -> dict:
+    """The segmenter's masks of the queries that have none (``{mask key: mask or InputError}``;
+    each such query's ``mask`` becomes its key): prompted by the ``object_name`` cell, else the
+    query's class (its ``class`` cell, or its identity's one class in the gallery); each (image,
+    subject) segmented once."""
+    need: dict[tuple[str, str], list[_Item]] = defaultdict(list)
+    for q in queries:
+        if q.status == "ok" and not q.mask:
+            one = classes_of.get(q.identity, ())
+            subject = cell(q.row, "object_name") or q.cls or (next(iter(one)) if len(one) == 1 else "")
+            need[(q.image, subject)].append(q)
+    images = load_all({p for p, _ in need}, load_image, workers)
+    out: dict = {}
+    for (path, subject), qs in need.items():
+        key = f"segmenter mask of {path} ({subject or 'no subject'})"
+        im = images[path]
+        if isinstance(im, InputError):
+            out[key] = im
+        elif not subject.strip():
+            out[key] = InputError("no_mask_source", f"query {path} has no mask and no object_name or class to "
+                                                    "prompt the segmenter with")
+        else:
+            try:
+                out[key] = segmenter.segment([im], [subject])[0].mask
+            except InputError as e:
+                out[key] = InputError("mask_prompt_too_long", f"{subject!r} as the segmenter's prompt: {e.detail}")
+        for q in qs:
+            q.mask, q.mask_source = key, "segmenter"
+    return out
+
+
 def _check_options(encoder, queries_csv, oracle: bool, similarity: str, level: str) -> None:
     if similarity not in SIMILARITIES:
         raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
@@ -222,7 +264,7 @@ def _read_queries(gallery_csv, queries_csv, oracle: bool, query_masks: bool) -> 
         q_fields, queries = _read_items(queries_csv, QUERY_REQUIRED, "queries")
     if not query_masks:
         for q in queries:
-            q.mask = ""
+            q.mask, q.mask_source = "", ""
     return gallery, queries, list(g_fields if oracle else q_fields)
 
 
@@ -338,7 +380,7 @@ def _rank_into(res: dict, q: _Item, label: str, scores: np.ndarray, gal: _Galler
 
 def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None = None, oracle: bool = False,
              similarity: str = "global", level: str = "identity", use_masks: bool = True,
-             io_workers: int = 4, chunk_size: int = 64, progress: bool = False) -> RankReport:
+             io_workers: int = 4, chunk_size: int = 64, progress: bool = False, segmenter=None) -> RankReport:
     """Rank a gallery for every query and summarise (the job behind ``masc-rank``).
 
     Stages: read the tables (:func:`_read_queries`), encode each image once
@@ -355,30 +397,39 @@ def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None
         similarity: ``global`` or ``maxcos`` (needs an encoder with patch tokens).
         level: relevance by ``identity`` or by ``class``.
         use_masks: maxcos restricts the query to its mask's foreground patches when it has one.
+        segmenter: a :class:`~masc_engine.runtime.segmenter.Segmenter`: under maxcos with masks,
+            a query without a mask gets the segmenter's (module docstring).
 
     Returns:
         a :class:`RankReport`; per-query rows are in query order, with ``status`` ``ok``,
         ``no_relevant_gallery_item`` (AP undefined) or a failure reason (``missing_file``,
         ``unreadable_image``, ``unreadable_mask``, ``image_too_large``, ``mask_size_mismatch``,
-        ``mask_orientation_mismatch``, ``empty_query_mask``, ``query_mask_below_threshold``, ``bad_row``).
+        ``mask_orientation_mismatch``, ``empty_query_mask``, ``query_mask_below_threshold``, ``bad_row``; with a
+        segmenter ``no_mask_source``, ``mask_prompt_too_long``).
 
     Raises:
         RankFileError: a file is unusable or the gallery has no usable image.
-        ValueError: bad option combination.
+        ValueError: bad option combination (a segmenter without maxcos and masks).
     """
     _check_options(encoder, queries_csv, oracle, similarity, level)
+    if segmenter is not None and not (similarity == "maxcos" and use_masks):
+        raise ValueError("a segmenter makes query masks, which only maxcos similarity with masks reads")
     t0 = time.time()
     gallery, queries, input_columns = _read_queries(gallery_csv, queries_csv, oracle,
                                                     similarity == "maxcos" and use_masks)
     feats, sizes, n_encoded = _encode_all(gallery, queries, encoder, similarity, chunk_size, io_workers, progress)
     gal, failures = _usable_gallery(gallery, feats, similarity, level, gallery_csv)
     masks = load_all([q.mask for q in queries if q.mask and q.status == "ok"], load_mask, io_workers)
+    if segmenter is not None:
+        masks.update(_segment_queries(queries, segmenter, gal.classes_of, io_workers))
     fg = getattr(encoder, "fg_threshold", DEFAULT_FG_THRESHOLD)
     rows = []
     for q in queries:
         one = gal.classes_of.get(q.identity, ())
         cls = q.cls or (next(iter(one)) if len(one) == 1 else "")
         res = _query_row(q, cls, similarity, level)
+        if segmenter is not None:
+            res["mask_source"] = q.mask_source
         rows.append(res)
         if q.status != "ok":
             continue
@@ -392,7 +443,8 @@ def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None
 
     return RankReport(rows=rows, summary=summarize(rows), gallery_size=len(gal.items), gallery_failures=failures,
                       images_encoded=n_encoded, seconds=time.time() - t0, similarity=similarity, level=level,
-                      encoder=getattr(encoder, "name", ""), input_columns=input_columns)
+                      encoder=getattr(encoder, "name", ""), input_columns=input_columns,
+                      extra_columns=["mask_source"] if segmenter is not None else [])
 
 
 def write_rank_outputs(report: RankReport, out_path: str | Path, summary_path: str | Path) -> None:
@@ -400,6 +452,7 @@ def write_rank_outputs(report: RankReport, out_path: str | Path, summary_path: s
     the summary to ``summary_path``: CSV whatever the extension, each written atomically by the
     job layer's one table writer (:func:`~masc_engine.jobs.tables.write_table`: an undefined AP
     or score is ``nan``, an unset value such as the rank of a failed query an empty cell)."""
-    cols = [c for c in report.input_columns if c not in QUERY_RESULT_COLUMNS] + list(QUERY_RESULT_COLUMNS)
+    result_cols = list(QUERY_RESULT_COLUMNS) + report.extra_columns
+    cols = [c for c in report.input_columns if c not in result_cols] + result_cols
     write_table(out_path, report.rows, cols, fmt="csv")
     write_table(summary_path, report.summary, list(SUMMARY_COLUMNS), fmt="csv")

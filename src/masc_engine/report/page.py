@@ -20,8 +20,16 @@ Sections (each an element with that ``id``):
   ROC AUC and its stratified bootstrap CI: the pooled row of
   :func:`masc_engine.jobs.evaluation.auc_table`, the function behind ``masc-eval auc``;
 - ``extremes``: the best and worst K pairs by CP and by PF with thumbnails of the reference and
-  output images and, when the score file has ``cp_map`` / ``pf_map`` columns, the attribution
-  overlay of that score.
+  output images, each with its mask drawn over it (the background dimmed, the foreground's edge
+  outlined) and captioned with the mask's source, and, when the score file has ``cp_map`` /
+  ``pf_map`` columns, the attribution overlay of that score.
+
+Masks: a run with a segmenter (``masc-run --segmenter``) records each mask's source
+(``ref_mask_source`` / ``out_mask_source``: ``file`` or ``segmenter``); the summary then counts the
+sources per side and names the segmenter and its rule (the sidecar's ``segmenter``). A file mask
+is read from the ``ref_mask`` / ``out_mask`` cell (resolved as the images are); a segmenter's mask
+from ``ref_mask_saved`` / ``out_mask_saved`` (``--save-masks``, relative to the score file's
+folder), or is named "not saved" when the run did not save it.
 
 Image paths: ``ref_image`` / ``out_image`` are relative to the pairs CSV's folder (the sidecar's
 ``input``; see :func:`image_root`), ``cp_map`` / ``pf_map`` relative to the score file's folder;
@@ -66,6 +74,7 @@ __all__ = [
     "within_cross",
     "random_weights",
     "extremes",
+    "mask_sources",
     "image_root",
     "Thumbnails",
     "svg_box_strip",
@@ -78,6 +87,8 @@ OK = "ok"
 RANDOM_WEIGHTS_BANNER = ("Random-weight bundle: these scores test the pipeline, not subjects "
                          "(cross-subject CP can exceed same-subject).")
 METRICS = ("cp", "pf")
+#: The pair's two sides: (image column, mask column, label).
+SIDES = (("ref_image", "ref_mask", "reference"), ("out_image", "out_mask", "output"))
 METRIC_NAMES = {"cp": "CP (concept preservation)", "pf": "PF (prompt following)"}
 MAP_COLUMN = {"cp": "cp_map", "pf": "pf_map"}
 
@@ -268,6 +279,15 @@ def extremes(rows: Sequence[Mapping[str, Any]], metric: str, k: int, best: bool)
     return have[:max(0, k)]
 
 
+def mask_sources(rows: Sequence[Mapping[str, Any]]) -> dict[str, Counter] | None:
+    """``{"reference": Counter, "output": Counter}`` of the mask source columns (``file``,
+    ``segmenter``; an empty cell counts as ``none``), or None when the file has no such column
+    (a run without a segmenter: every mask a file)."""
+    if not rows or not any("ref_mask_source" in r for r in rows[:1]):
+        return None
+    return {label: Counter(_text(r.get(f"{m}_source")) or "none" for r in rows) for _, m, label in SIDES}
+
+
 # --------------------------------------------------------------------------
 # Images
 # --------------------------------------------------------------------------
@@ -308,15 +328,31 @@ class Thumbnails:
             self._cache[key] = self._make(Path(key))
         return self._cache[key]
 
-    def _make(self, path: Path) -> tuple[str | None, str | None]:
+    def with_mask(self, path: str | Path | None, mask: str | Path | None) -> tuple[str | None, str | None, str]:
+        """The image's thumbnail with ``mask`` drawn over it: ``(data_uri, None, note)`` or
+        ``(None, reason, note)``. ``note`` is ``""`` when the mask was drawn, else why not
+        (``mask: missing file``): the plain thumbnail is returned then. Never raises."""
+        if mask is None or str(mask).strip() == "":
+            return (*self.get(path), "")
+        key = f"{path}\0{mask}"
+        if key not in self._cache:
+            self._cache[key] = self._make(Path(str(path)), Path(str(mask))) if path else (None, "no path")
+        uri, reason = self._cache[key]
+        if uri is None and reason is not None and reason.startswith("mask: "):
+            return (*self.get(path), reason)
+        return uri, reason, ""
+
+    def _thumb(self, path: Path, what: str = ""):
+        """The image at ``path`` as an RGB thumbnail (EXIF orientation applied, transparency on
+        white), or the reason it cannot be read (prefixed ``what``)."""
         from PIL import Image, ImageOps
 
         if not path.is_file():
-            return None, "missing file"
+            return None, f"{what}missing file"
         try:
             with Image.open(path) as im:
                 if im.width * im.height > self.max_pixels:
-                    return None, f"too large ({im.width}x{im.height})"
+                    return None, f"{what}too large ({im.width}x{im.height})"
                 im.draft("RGB", (self.px * 2, self.px * 2))  # JPEG: decode at a reduced scale
                 im = ImageOps.exif_transpose(im)
                 if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
@@ -325,11 +361,52 @@ class Thumbnails:
                     im = Image.alpha_composite(bg, im)
                 im = im.convert("RGB")
                 im.thumbnail((self.px, self.px), Image.Resampling.LANCZOS)
-                buf = io.BytesIO()
-                im.save(buf, "JPEG", quality=self.quality, optimize=True)
+                return im, None
         except Exception as e:  # noqa: BLE001 - any unreadable image becomes a placeholder
-            return None, f"unreadable ({type(e).__name__})"
+            return None, f"{what}unreadable ({type(e).__name__})"
+
+    def _make(self, path: Path, mask: Path | None = None) -> tuple[str | None, str | None]:
+        im, reason = self._thumb(path)
+        if im is None:
+            return None, reason
+        if mask is not None:
+            im, reason = _draw_mask(im, mask, self.max_pixels)
+            if im is None:
+                return None, reason
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=self.quality, optimize=True)
         return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"), None
+
+
+#: The outline of a mask's foreground in a thumbnail (cyan: apart from the plots' colours).
+MASK_EDGE = (0, 229, 255)
+
+
+def _draw_mask(thumb, mask_path: Path, max_pixels: int):
+    """``thumb`` with the mask drawn over it: the background dimmed to 40%, the foreground's edge
+    outlined in :data:`MASK_EDGE` (left out when the edge would cover more than a fifth of the
+    thumbnail: a speckled mask, e.g. a random-weight segmenter's, is shown by the dimming alone).
+    The mask's foreground is its non-zero pixels, as masc-run reads them, brought to the
+    thumbnail's size by area averaging and a majority. ``(image, None)`` or ``(None, "mask: why")``."""
+    from PIL import Image, ImageChops, ImageFilter, ImageOps
+
+    if not mask_path.is_file():
+        return None, "mask: missing file"
+    try:
+        with Image.open(mask_path) as m:
+            if m.width * m.height > max_pixels:
+                return None, f"mask: too large ({m.width}x{m.height})"
+            m = ImageOps.exif_transpose(m).convert("L")
+            fg = m.point(lambda v: 255 if v else 0).resize(thumb.size, Image.Resampling.BOX)
+            fg = fg.point(lambda v: 255 if v >= 128 else 0)
+    except Exception as e:  # noqa: BLE001 - an unreadable mask leaves the plain thumbnail
+        return None, f"mask: unreadable ({type(e).__name__})"
+    dim = Image.blend(Image.new("RGB", thumb.size, (0, 0, 0)), thumb, 0.4)
+    out = Image.composite(thumb, dim, fg)
+    edge = ImageChops.difference(fg.filter(ImageFilter.MaxFilter(3)), fg.filter(ImageFilter.MinFilter(3)))
+    if sum(edge.histogram()[1:]) <= 0.2 * thumb.width * thumb.height:
+        out.paste(Image.new("RGB", thumb.size, MASK_EDGE), (0, 0), edge)
+    return out, None
 
 
 def _resolve(base: Path | None, p: str) -> Path | None:
@@ -457,8 +534,26 @@ def _summary_section(path_label: str, rows: list[dict], meta: Mapping[str, Any] 
     return (f'<section id="summary"><h2>Summary</h2>'
             f'<p class="sub">file: {_e(path_label)}</p>'
             f'<div class="grid"><div><h3>Rows</h3>{_kv_table(run_items)}</div>'
-            f'<div><h3>Status</h3>{status_html}</div></div>'
+            f'<div><h3>Status</h3>{status_html}</div>{_masks_block(rows, meta)}</div>'
             f'<div class="grid">{meta_html}</div></section>')
+
+
+def _masks_block(rows: list[dict], meta: Mapping[str, Any] | None) -> str:
+    """Where the masks came from (a run with a segmenter), and the segmenter's rule."""
+    sources = mask_sources(rows)
+    if sources is None:
+        return ""
+    kinds = [k for k in ("file", "segmenter", "none") if any(c.get(k) for c in sources.values())]
+    head = "".join(f'<th class="num">{_e(k)}</th>' for k in kinds)
+    trs = "".join(f'<tr data-side="{label}"><td>{label}</td>'
+                  + "".join(f'<td class="num" data-source="{k}">{sources[label].get(k, 0)}</td>' for k in kinds)
+                  + "</tr>" for label in sources)
+    seg = (meta or {}).get("segmenter") or {}
+    rule = _kv_table([("segmenter", seg.get("bundle")), ("fingerprint", seg.get("fingerprint")),
+                      ("threshold", seg.get("threshold")), ("prompt template", seg.get("prompt_template")),
+                      ("provider", seg.get("provider"))]) if isinstance(seg, Mapping) else ""
+    return (f'<div id="masks"><h3>Masks</h3><table class="data" style="width:auto"><thead><tr><th>mask</th>{head}'
+            f'</tr></thead><tbody>{trs}</tbody></table>{rule}</div>')
 
 
 def _methods_section(stats: list[dict], opts: ReportOptions) -> str:
@@ -533,15 +628,35 @@ def _within_section(rows: list[dict], opts: ReportOptions, columns: Sequence[str
             'bootstrap. <code>masc-eval auc</code> gives the same rows.</p></section>')
 
 
-def _figure(label: str, uri: str | None, reason: str | None, path: Path | None) -> str:
+def _figure(label: str, uri: str | None, reason: str | None, path: Path | None, caption: str | None = None,
+            attrs: str = "") -> str:
     tip = _e(f"{path}" if path is not None else "")
+    cap = _e(label if caption is None else caption)
     if uri is not None:
-        return (f'<figure><img src="{uri}" alt="{_e(label)}" title="{tip}"><figcaption>{_e(label)}</figcaption>'
+        return (f'<figure{attrs}><img src="{uri}" alt="{_e(label)}" title="{tip}"><figcaption>{cap}</figcaption>'
                 f'</figure>')
     name = path.name if path is not None else "no path"
-    return (f'<figure><div class="ph" data-reason="{_e(reason or "unavailable")}" title="{tip}">'
+    return (f'<figure{attrs}><div class="ph" data-reason="{_e(reason or "unavailable")}" title="{tip}">'
             f'{_e(reason or "unavailable")}<br>{_e(name)}</div>'
-            f'<figcaption>{_e(label)}</figcaption></figure>')
+            f'<figcaption>{cap}</figcaption></figure>')
+
+
+def _side_figure(r: Mapping[str, Any], side: tuple[str, str, str], thumbs: Thumbnails, img_root: Path | None,
+                 map_root: Path | None) -> str:
+    """One side of a pair: its image with its mask drawn over it, captioned with the mask's source
+    (``data-mask-source``: ``file``, ``segmenter`` or ``none``)."""
+    image_col, mask_col, label = side
+    p = _resolve(img_root, _text(r.get(image_col)))
+    source = _text(r.get(f"{mask_col}_source")) if f"{mask_col}_source" in r else "file"
+    if source == "segmenter":
+        mask = _resolve(map_root, _text(r.get(f"{mask_col}_saved")))
+        what = "segmenter mask" + ("" if mask is not None else " (not saved)")
+    else:
+        mask = _resolve(img_root, _text(r.get(mask_col))) if source == "file" else None
+        what = "file mask" if source == "file" else "no mask"
+    uri, reason, note = thumbs.with_mask(p, mask)
+    caption = f"{label} · {what}" + (f" ({note})" if note else "")
+    return _figure(label, uri, reason, p, caption, f' data-mask-source="{_e(source or "none")}"')
 
 
 def _extremes_table(title: str, rows: list[dict], metric: str, thumbs: Thumbnails, img_root: Path | None,
@@ -556,10 +671,7 @@ def _extremes_table(title: str, rows: list[dict], metric: str, thumbs: Thumbnail
         if st != OK:
             ident.append(f'<span class="pill">{_e(st)}</span>')
         prompt = _text(r.get("prompt")) or _text(r.get("prompt_text"))
-        figs = []
-        for col, label in (("ref_image", "reference"), ("out_image", "output")):
-            p = _resolve(img_root, _text(r.get(col)))
-            figs.append(_figure(label, *thumbs.get(p), p))
+        figs = [_side_figure(r, side, thumbs, img_root, map_root) for side in SIDES]
         if show_map:
             p = _resolve(map_root, _text(r.get(MAP_COLUMN[metric])))
             figs.append(_figure(f"{metric.upper()} map", *thumbs.get(p), p))
@@ -585,8 +697,9 @@ def _extremes_section(rows: list[dict], opts: ReportOptions, img_root: Path | No
     maps = any(any(_text(r.get(MAP_COLUMN[m])).strip() for r in rows) for m in METRICS)
     what = "reference, output and the score's attribution overlay" if maps else "reference and output"
     return (f'<section id="extremes"><h2>Best and worst pairs</h2><div class="extremes">{"".join(blocks)}</div>'
-            f'<p class="note">Images: {what}; hover for the file path. Missing or unreadable files show a '
-            'placeholder.</p></section>')
+            f'<p class="note">Images: {what}; hover for the file path. Each image shows its mask: the background '
+            'dimmed, the foreground outlined; the caption says whether the mask came from a file or from the '
+            'segmenter. Missing or unreadable files show a placeholder.</p></section>')
 
 
 def _model_name(meta: Mapping[str, Any] | None) -> str:

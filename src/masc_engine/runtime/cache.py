@@ -6,9 +6,14 @@ share, with a size bound enforced by least-recently-used eviction. Keys are cont
 
 - image: sha256 of the file bytes + the bundle fingerprint + the preprocessing settings (patch
   budget, EXIF policy) -> ``ImageEncoding`` (tokens ``[Hp*Wp, D] float32`` + grid);
-- text: sha256 of the encoded prompt string + the bundle fingerprint -> ``[P] float32``.
+- text: sha256 of the encoded prompt string + the bundle fingerprint -> ``[P] float32``;
+- mask (a segmenter's, runtime/segmenter.py): the mask's own content key
+  (``mask_cache_key``: image content hash, prompt, segmenter fingerprint, recipe identity, EXIF
+  policy) scoped by the segmenter's backend and provider -> ``[H, W] uint8`` 0/255, stored as
+  packed bits. Masks do not depend on the scorer, so they live outside its namespace: runs with
+  another SigLIP2 bundle or patch budget reuse them.
 
-A hit returns exactly the stored float32 arrays, so scores from a hit are identical to a miss.
+A hit returns exactly the stored arrays, so scores from a hit are identical to a miss.
 """
 
 from __future__ import annotations
@@ -75,6 +80,29 @@ class EncodingStore:
 
     def put_text(self, text: str, embedding: np.ndarray) -> None:
         self.cache.set(self._key("txt", sha256_bytes(text.encode())), np.asarray(embedding, np.float32).tobytes())
+
+    @staticmethod
+    def _mask_key(key: str, scope: str) -> str:
+        return f"mask:{scope}:{key}"
+
+    def get_mask(self, key: str, scope: str = "") -> np.ndarray | None:
+        """The ``[H, W] uint8`` 0/255 mask stored under ``key`` in ``scope``, or None.
+
+        Args:
+            key: the mask's content key (runtime/segmenter.py ``mask_cache_key``).
+            scope: what else decides its pixels (the segmenter's backend and provider).
+        """
+        v = self.cache.get(self._mask_key(key, scope))
+        if v is None:
+            return None
+        h, w = v["shape"]
+        bits = np.unpackbits(np.frombuffer(v["bits"], dtype=np.uint8), count=h * w)
+        return (bits.reshape(h, w) * np.uint8(255)).astype(np.uint8)
+
+    def put_mask(self, key: str, mask: np.ndarray, scope: str = "") -> None:
+        """Store a 0/255 (or boolean) ``[H, W]`` mask under ``key`` in ``scope``, 1 bit per pixel."""
+        m = np.asarray(mask) > 0
+        self.cache.set(self._mask_key(key, scope), {"shape": list(m.shape), "bits": np.packbits(m).tobytes()})
 
     def close(self) -> None:
         self.cache.close()

@@ -34,6 +34,7 @@ from .config import ScorerConfig
 from .masks import MaskPolicy, cp_keep, mask_to_patch_grid
 from .position import position_weights
 from .preprocess import ImageSettings, PreprocessedImage, preprocess_image
+from .segmenter import Segmenter, SegmenterConfig
 from .stripping import pf_prompt
 from .text import EncodedPrompt, PreparedPrompt, PromptTokenizer, TextSettings
 
@@ -58,6 +59,9 @@ class MaSCResult:
     #: ``cp_best [Hp_r*Wp_r] float32`` (each reference patch's best cosine), ``pf_attention
     #: [Hp_o*Wp_o] float32`` (pooling-head attention with the foreground hidden), ``pf_hidden``.
     arrays: dict = field(default_factory=dict, repr=False)
+    #: The masks the scorer's segmenter computed for this pair (``ref_mask`` / ``out_mask``:
+    #: ``[H, W] uint8`` 0/255), for the masks that were not given.
+    masks: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -76,17 +80,18 @@ class ImageEncoding:
 
 @dataclass
 class Pair:
-    """One scoring input (the arguments of :meth:`Scorer.score`)."""
+    """One scoring input (the arguments of :meth:`Scorer.score`); a mask may be None when the
+    scorer has a segmenter (it is computed from ``object_name``)."""
 
     ref_image: Image.Image
-    ref_mask: np.ndarray
+    ref_mask: np.ndarray | None
     out_image: Image.Image
-    out_mask: np.ndarray
+    out_mask: np.ndarray | None
     prompt: str
     object_name: str | None = None
 
 
-def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPolicy()) -> None:
+def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPolicy(), segmenter=None) -> None:
     """Check one pair's arguments before any inference (the API boundary).
 
     Args:
@@ -94,13 +99,17 @@ def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPoli
         where: prefix naming the pair in messages (``"pairs[3]."``; ``""`` for :meth:`Scorer.score`).
         policy: the mask size rule (runtime/masks.py :class:`MaskPolicy`; the scorer's
             ``mask_size_policy``).
+        segmenter: the scorer's :class:`~masc_engine.runtime.segmenter.Segmenter`: a mask may then
+            be None (computed from ``object_name``).
 
     Raises:
         TypeError: ``ref_image`` / ``out_image`` not a PIL image, a mask not a numpy array of
-            numbers or booleans, ``prompt`` not a str, ``object_name`` neither a str nor None
-            (the message names the argument).
+            numbers or booleans (or None without a segmenter), ``prompt`` not a str,
+            ``object_name`` neither a str nor None (the message names the argument).
         InputError: (a ``ValueError``) a mask that is not 2-D (``bad_mask``) or whose size the
-            policy refuses (``mask_size_mismatch``, ``mask_orientation_mismatch``).
+            policy refuses (``mask_size_mismatch``, ``mask_orientation_mismatch``); a mask left to
+            the segmenter without a subject name (``no_mask_source``) or with one over its prompt
+            budget (``prompt_too_long``).
     """
     for name in ("ref_image", "out_image"):
         im = getattr(p, name)
@@ -109,10 +118,14 @@ def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPoli
                             f"got {type(im).__name__}")
     for name, image_name, what in (("ref_mask", "ref_image", "reference"), ("out_mask", "out_image", "output")):
         m = getattr(p, name)
+        if m is None and segmenter is not None:
+            _check_subject(segmenter, p.object_name, f"{where}{name}")
+            continue
         if not isinstance(m, np.ndarray) or m.dtype.kind not in "biuf":
             got = type(m).__name__ if not isinstance(m, np.ndarray) else f"an array of {m.dtype}"
             raise TypeError(f"{where}{name} must be a numpy array [H, W] (uint8 0..255, float 0..1 or bool), "
-                            f"got {got}")
+                            f"got {got}" + (" (or make the scorer with segmenter=... to compute masks)" if m is None
+                                            else ""))
         if m.ndim != 2:
             raise InputError("bad_mask", f"{where}{name} must be 2-D [H, W], got shape {m.shape}")
         im = getattr(p, image_name)
@@ -121,6 +134,20 @@ def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPoli
         raise TypeError(f"{where}prompt must be a str, got {type(p.prompt).__name__}")
     if p.object_name is not None and not isinstance(p.object_name, str):
         raise TypeError(f"{where}object_name must be a str or None, got {type(p.object_name).__name__}")
+
+
+def _check_subject(segmenter, object_name, name: str) -> None:
+    """A mask left to the segmenter needs a subject name that makes a valid prompt.
+
+    Raises:
+        InputError: ``no_mask_source`` or ``prompt_too_long`` (naming the mask argument).
+    """
+    if not isinstance(object_name, str) or not object_name.strip():
+        raise InputError("no_mask_source", f"{name} is None and there is no object_name to prompt the segmenter with")
+    try:
+        segmenter.prompt(object_name)
+    except InputError as e:
+        raise InputError(e.reason, f"{name}: {e.detail}") from None
 
 
 class Scorer:
@@ -144,6 +171,10 @@ class Scorer:
             (``"all"``: every file, at once; see :class:`Bundle`).
         array_device: the token device to use instead of the one the backend's registry entry
             gives (an engine/device.py ``ArrayDevice``; tests pass a strict fake).
+        segmenter: masks for pairs that come without one (``ref_mask`` / ``out_mask`` None), from
+            the pair's ``object_name``: a segmenter bundle folder, a
+            :class:`~masc_engine.runtime.segmenter.SegmenterConfig` or a
+            :class:`~masc_engine.runtime.segmenter.Segmenter` (docs/segmenter.md).
         **settings: :class:`~masc_engine.runtime.config.ScorerConfig` fields (see there for each:
             ``backend``, ``provider``, ``precision``, ``graph_variant``, ``stripper``,
             ``fg_threshold``, ``naflex_max_patches``, ``batch_size``, ``intra_op_threads``,
@@ -152,6 +183,7 @@ class Scorer:
 
     Attributes:
         config: the resolved :class:`~masc_engine.runtime.config.ScorerConfig`.
+        segmenter: the :class:`~masc_engine.runtime.segmenter.Segmenter`, or None.
 
     Raises:
         TypeError, ValueError: a setting of the wrong type or out of range (named), before the
@@ -163,8 +195,11 @@ class Scorer:
     """
 
     def __init__(self, bundle: str | Path | Bundle, config: ScorerConfig | None = None, *,
-                 verify: bool | str = True, array_device=None, **settings):
+                 verify: bool | str = True, array_device=None, segmenter=None, **settings):
         config = _merge_settings(config, settings)
+        if segmenter is not None and not isinstance(segmenter, (str, Path, SegmenterConfig, Segmenter)):
+            raise TypeError(f"segmenter must be a segmenter bundle folder, a SegmenterConfig or a Segmenter, got "
+                            f"{type(segmenter).__name__}")
         if config.stripper == "spacy":  # fail now, not mid-evaluation (as the reference does)
             from .stripping import SpacySubjectStripper
 
@@ -211,6 +246,7 @@ class Scorer:
             from .cp_device import GraphCP
 
             self._graph_cp = GraphCP(runner("cp"), config.fg_threshold, device=self.device)
+        self.segmenter = _segmenter(segmenter, verify, self.config)
 
     @property
     def certificate(self) -> dict | None:
@@ -417,39 +453,72 @@ class Scorer:
         self.mask_policy.check((image.height, image.width), np.shape(mask), what)
         return mask_to_patch_grid(mask, grid)
 
-    def score(self, ref_image: Image.Image, ref_mask: np.ndarray, out_image: Image.Image,
-              out_mask: np.ndarray, prompt: str, object_name: str | None = None) -> MaSCResult:
+    def score(self, ref_image: Image.Image, ref_mask: np.ndarray | None = None, out_image: Image.Image = None,
+              out_mask: np.ndarray | None = None, prompt: str = None, object_name: str | None = None) -> MaSCResult:
         """Score one (reference, output, prompt) sample, as ``masc.MaSC.score``.
 
         Args:
             ref_image, out_image: PIL images (converted to RGB).
             ref_mask, out_mask: ``[H, W]`` masks of their image's size, uint8 0..255 or float
-                0..1, foreground non-zero.
+                0..1, foreground non-zero; None (or left out: ``score(ref_image=..., out_image=...,
+                prompt=..., object_name=...)``) when the scorer has a segmenter, which computes
+                it from ``object_name`` (``result.masks`` holds it).
             prompt: the generation prompt.
-            object_name: subject name stripped from the prompt for PF (``None``: keep the prompt).
+            object_name: subject name stripped from the prompt for PF (``None``: keep the prompt),
+                and the segmenter's subject.
 
         Raises:
             TypeError: an argument of the wrong type (named): images must be PIL images, masks
-                numpy arrays, ``prompt`` a str, ``object_name`` a str or None.
+                numpy arrays (or None with a segmenter), ``prompt`` a str, ``object_name`` a str
+                or None (``out_image`` and ``prompt`` are required: None is refused so).
             InputError: (a ``ValueError``) a mask is not 2-D, or its size differs from its
                 image's and the mask policy refuses it (``mask_size_policy="refuse"``: sizes must
-                match). Raised before any inference.
+                match); a mask left to the segmenter without an ``object_name``
+                (``no_mask_source``). Raised before any inference.
         """
         pair = Pair(ref_image, ref_mask, out_image, out_mask, prompt, object_name)
-        check_pair_arguments(pair, "", self.mask_policy)
+        check_pair_arguments(pair, "", self.mask_policy, segmenter=self.segmenter)
         return self.score_batch([pair])[0]
 
     def score_batch(self, pairs: Iterable[Pair]) -> list[MaSCResult]:
         """Score many pairs; each distinct image object and each distinct PF prompt is encoded
         once (a benchmark reuses one reference across prompts, methods and seeds).
 
-        Results do not depend on batch composition or order (tests/test_scorer.py).
+        Results do not depend on batch composition or order (tests/test_scorer.py). With a
+        segmenter, the masks left None are computed first (each image object through the
+        segmenter's vision graph once, each distinct prompt's text embedding once); the results
+        then say where each mask came from (``extras["ref_mask_source"]`` / ``["out_mask_source"]``:
+        ``file`` or ``segmenter``) and hold the computed ones (``MaSCResult.masks``).
         """
         pairs = list(pairs)
         for i, p in enumerate(pairs):  # every argument checked before any inference
             if not isinstance(p, Pair):
                 raise TypeError(f"pairs[{i}] must be a masc_engine.Pair, got {type(p).__name__}")
-            check_pair_arguments(p, f"pairs[{i}].", self.mask_policy)
+            check_pair_arguments(p, f"pairs[{i}].", self.mask_policy, segmenter=self.segmenter)
+        pairs, computed = self._segment_missing(pairs)
+        results = self._score_pairs(pairs)
+        if self.segmenter is not None:
+            for res, made in zip(results, computed):
+                res.masks = made
+                for side in ("ref_mask", "out_mask"):
+                    res.extras[f"{side}_source"] = "segmenter" if side in made else "file"
+        return results
+
+    def _segment_missing(self, pairs: list[Pair]) -> tuple[list[Pair], list[dict]]:
+        """The pairs with their None masks computed by the segmenter (one call for all), and per
+        pair the masks computed (``{"ref_mask": array, ...}``)."""
+        need = [(i, side) for i, p in enumerate(pairs) for side in ("ref", "out") if getattr(p, f"{side}_mask") is None]
+        computed: list[dict] = [{} for _ in pairs]
+        if not need:
+            return pairs, computed
+        masks = self.segmenter.segment([getattr(pairs[i], f"{side}_image") for i, side in need],
+                                       [pairs[i].object_name for i, _ in need])
+        for (i, side), m in zip(need, masks):
+            computed[i][f"{side}_mask"] = m.mask
+        return [dataclasses.replace(p, **computed[i]) if computed[i] else p for i, p in enumerate(pairs)], computed
+
+    def _score_pairs(self, pairs: list[Pair]) -> list[MaSCResult]:
+        """Score checked pairs with their masks: each distinct image object encoded once."""
         images: dict[int, Image.Image] = {}
         for p in pairs:
             images.setdefault(id(p.ref_image), p.ref_image)
@@ -577,6 +646,20 @@ class _HostTokens:
         if id(enc) not in self._memo:
             self._memo[id(enc)] = self.scorer.host_encoding(enc).tokens
         return self._memo[id(enc)]
+
+
+def _segmenter(segmenter, verify, config: ScorerConfig) -> Segmenter | None:
+    """The scorer's segmenter from what was passed: a folder or a config is loaded on the
+    scorer's provider when it is one ONNX Runtime runs the segmenter on (``cpu``, ``cuda``) and
+    the config names none; a :class:`Segmenter` is used as it is."""
+    if segmenter is None or isinstance(segmenter, Segmenter):
+        return segmenter
+    if isinstance(segmenter, (str, Path)):
+        segmenter = SegmenterConfig(str(segmenter), intra_op_threads=config.intra_op_threads,
+                                    batch_size=config.batch_size)
+    if segmenter.provider is None and config.provider in ("cpu", "cuda"):
+        segmenter = dataclasses.replace(segmenter, provider=config.provider)
+    return segmenter.load(verify=verify)
 
 
 def _merge_settings(config: ScorerConfig | None, settings: dict) -> ScorerConfig:

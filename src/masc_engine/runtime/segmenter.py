@@ -244,6 +244,58 @@ class SegmenterMask:
     coverage: float
 
 
+@dataclass(frozen=True)
+class SegmenterConfig:
+    """How a :class:`Segmenter` is made: the one home of the segmenter's settings (frozen, picklable:
+    Ray workers receive it and build their own segmenter; masc-run, masc-rank and masc-serve build
+    it from one option group, cli/options.py ``segmenter_options``).
+
+    A config of its own rather than fields of masc-run's ``RunSettings`` or of ``ScorerConfig``:
+    the segmenter is a second bundle with its own backend, provider and recipe, used by the Python
+    API, masc-serve and masc-rank as much as by masc-run; and ``RunSettings`` is hashed whole into
+    masc-run's resume fingerprint, so a new field there would have invalidated every journal
+    written before (a run with a segmenter adds :meth:`Segmenter.identity` to the fingerprint
+    instead, and a run without one keeps its fingerprint).
+
+    Attributes:
+        bundle: the segmenter bundle's folder (``--segmenter``).
+        threshold: the recipe's threshold (``--mask-threshold``); None: the bundle's recipe.
+        prompt_template: the recipe's template (``--mask-prompt-template``); None: the bundle's.
+        backend, provider, precision, intra_op_threads, batch_size: as :class:`Segmenter` takes
+            them (``--segmenter-provider``; threads and batch size follow the scorer's options);
+            ``provider=None`` is ``cpu``.
+
+    Raises:
+        ValueError / TypeError: on construction, a recipe option out of range or of the wrong type.
+    """
+
+    bundle: str
+    threshold: float | None = None
+    prompt_template: str | None = None
+    backend: str = "onnxruntime"
+    provider: str | None = None
+    precision: str | None = None
+    intra_op_threads: int | None = None
+    batch_size: int = 8
+
+    def __post_init__(self):
+        object.__setattr__(self, "bundle", str(self.bundle))
+        MaskRecipe().with_options(self.threshold, self.prompt_template)  # the recipe's own checks, now
+
+    def load(self, verify: bool | str = True) -> "Segmenter":
+        """The :class:`Segmenter` this config describes (its recipe: the bundle's, with the
+        options given here replaced).
+
+        Raises:
+            BundleError, BackendUnavailableError: as :class:`Segmenter`.
+        """
+        bundle = Bundle(self.bundle, verify=verify, kind=KIND)
+        recipe = MaskRecipe.from_manifest(bundle.manifest["recipe"]).with_options(self.threshold, self.prompt_template)
+        return Segmenter(bundle, recipe=recipe, backend=self.backend, provider=self.provider or "cpu",
+                         precision=self.precision, intra_op_threads=self.intra_op_threads,
+                         batch_size=self.batch_size)
+
+
 class Segmenter:
     """Masks from a segmenter bundle, by :class:`MaskRecipe`.
 
@@ -288,6 +340,10 @@ class Segmenter:
                                          self.text_settings)
         self.fingerprint = self.bundle.fingerprint
         self.batch_size = int(batch_size)
+        #: The resolved :class:`SegmenterConfig` (the recipe's options filled in): what Ray workers receive.
+        self.config = SegmenterConfig(str(Path(self.bundle.path).resolve()), self.recipe.threshold,
+                                      self.recipe.prompt_template, backend, provider, precision, intra_op_threads,
+                                      self.batch_size)
         _check_backend(backend, provider)  # a missing provider fails now, not at the first mask
         from ..engine.backends.onnxruntime import check_graph_precision
 
@@ -344,6 +400,59 @@ class Segmenter:
         """:func:`mask_cache_key` for an image (content hash) and subject name under this
         segmenter and recipe."""
         return mask_cache_key(image_digest, self.prompt(subject_name), self.fingerprint, self.recipe.identity(), exif)
+
+    def identity(self) -> dict:
+        """What decides this segmenter's masks, as plain JSON-able values: the bundle's fingerprint
+        (its graphs and settings), the recipe (its identity and both options), the backend and
+        provider (float32 kernels differ in the last bits, which can move a pixel at the
+        threshold) and the graphs' precision. masc-run's resume fingerprint and sidecar record it;
+        a mask cached under other values is never reused."""
+        return {"fingerprint": self.fingerprint, "recipe": self.recipe.identity(),
+                "threshold": self.recipe.threshold, "prompt_template": self.recipe.prompt_template,
+                "backend": self.config.backend, "provider": self.config.provider,
+                "precision": self.bundle.precision}
+
+    def option_identity(self) -> dict:
+        """:meth:`identity` keyed by the command-line option that sets each value (what a rerun with
+        other settings names: ``--mask-threshold: 0.5 -> 0.4``)."""
+        i = self.identity()
+        return {"--segmenter": i["fingerprint"], "--mask-threshold": i["threshold"],
+                "--mask-prompt-template": i["prompt_template"], "--segmenter-provider": i["provider"]}
+
+    def describe(self) -> dict:
+        """The segmenter for a run's sidecar: its folder, source model, identity and the whole recipe."""
+        return {"bundle": str(self.bundle.path), "source_model": self.bundle.manifest.get("source"),
+                **self.identity(), "recipe": self.recipe.describe()}
+
+    def check_graphs(self) -> None:
+        """Check the sha256 of every graph file now (a driver does, before workers load the bundle
+        unverified).
+
+        Raises:
+            BundleError: a graph file is not the one the manifest lists.
+        """
+        for g in ("vision", "text", "decoder"):
+            self.bundle.graph_file(g)
+
+    def work_bytes(self, size: tuple[int, int]) -> int:
+        """Bytes one image of ``size`` ``(width, height)`` holds while it is segmented: the input
+        pixels at every preprocessing step (uint8, float64, float32: 17 bytes per value), the
+        vision activations, one logit map per prompt, the probability map at the image's size in
+        float32 (twice, during the resize) and the uint8 mask (a decoded-bytes budget reserves it,
+        jobs/items.py)."""
+        s0, s1 = self.image_settings.image_size
+        acts = int(np.prod([int(d) for d in self.bundle.graph("vision")["outputs"][0]["shape"][1:]]))
+        w, h = size
+        return 17 * 3 * s0 * s1 + 4 * acts + 4 * s0 * s1 + 9 * int(w) * int(h)
+
+    def segment_image(self, image: Image.Image, subject_names: Sequence[str]) -> list[SegmenterMask]:
+        """One image's masks for several subject names: the vision graph once, the decoder per name
+        (:meth:`segment` on the same image object).
+
+        Raises:
+            InputError: as :meth:`segment`.
+        """
+        return self.segment([image] * len(subject_names), list(subject_names))
 
     def encode_prompts(self, prompts: Sequence[str]) -> np.ndarray:
         """Conditional embeddings ``[n, P] float32``; a prompt not in the LRU goes through the text

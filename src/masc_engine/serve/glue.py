@@ -152,6 +152,10 @@ class ServiceScorer:
             bytes; None: unbounded.
         prompt_budget: the prompt and object-name limits (``--max-prompt-bytes``,
             ``--max-prompt-tokens``).
+        segmenter: a :class:`~masc_engine.runtime.segmenter.Segmenter` (``--segmenter``): an item
+            whose mask field is left out gets the segmenter's mask for its ``object_name``,
+            computed in its decode thread (under the decoded-bytes budget) and cached as masc-run
+            caches it; None: every mask is sent.
 
     Attributes:
         hits, misses: reference lookups (once per distinct reference and batch) found, or not
@@ -160,7 +164,8 @@ class ServiceScorer:
 
     def __init__(self, scorer: Scorer, settings: RunSettings = RunSettings(), cache_bytes: int = 512 * 2**20,
                  store: EncodingStore | None = None, strippers: tuple[str, ...] = ("regex", "none"),
-                 decoded_bytes: int | None = None, prompt_budget: PromptBudget = PromptBudget()):
+                 decoded_bytes: int | None = None, prompt_budget: PromptBudget = PromptBudget(),
+                 segmenter=None):
         self.scorer = scorer
         self.default_stripper = scorer.stripper
         self.strippers = tuple(dict.fromkeys((scorer.stripper, *strippers)))
@@ -168,7 +173,8 @@ class ServiceScorer:
         self.cache = EncodingCache(scorer, store=store, memory=self.memory)
         self.budget = ByteBudget(decoded_bytes) if decoded_bytes else None
         self.prompt_budget = prompt_budget
-        self.job = PairsJob(scorer, settings, io_workers=1, cache=self.cache, decode_budget=self.budget)
+        self.job = PairsJob(scorer, settings, io_workers=1, cache=self.cache, decode_budget=self.budget,
+                            segmenter=segmenter)
         self.hits = 0
         self.misses = 0
         self._count_lock = threading.Lock()
@@ -202,7 +208,8 @@ class ServiceScorer:
                    if stripper in STRIPPERS else f"must be one of {', '.join(STRIPPERS)}")
             raise FieldError("bad_stripper", f"{label}stripper", f"{label}stripper {why}")
         self.check_text(prompt, object_name, label)
-        files = {f: b64decode_field(data[f], label + f) if isinstance(data[f], str) else data[f] for f in BYTE_FIELDS}
+        files = {f: b64decode_field(data[f], label + f) if isinstance(data.get(f), str) else data.get(f)
+                 for f in BYTE_FIELDS}
         names = {f: label + f for f in BYTE_FIELDS}
         pair = self.job.decode_pair(files, prompt, object_name, names, stripper)
         del files

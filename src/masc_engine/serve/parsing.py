@@ -60,6 +60,9 @@ async def parse_multipart(request: Request, cfg) -> dict:
     data = {}
     for f in BYTE_FIELDS:
         v = form.get(f)
+        if v is None and cfg.segmenter is not None and f in ("ref_mask", "out_mask"):
+            data[f] = None  # the segmenter's
+            continue
         if v is None:
             raise ApiError(422, "missing_field", f, f"{f}: field required (a file upload, e.g. curl -F {f}=@file)")
         if not isinstance(v, UploadFile):

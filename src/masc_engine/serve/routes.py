@@ -12,7 +12,7 @@ from .batcher import QueueFull
 from .errors import ApiError, error_response
 from .glue import BYTE_FIELDS, FieldError
 from .parsing import parse_json, parse_multipart
-from .schemas import ERRORS, BatchResult, ErrorBody, ScoreBatch, ScoreItem, ScoreResult, multipart_schema
+from .schemas import ERRORS, BatchResult, ErrorBody, ScoreResult, multipart_schema, request_models
 
 
 def add_probe_routes(app: FastAPI, cfg, state) -> None:
@@ -24,8 +24,12 @@ def add_probe_routes(app: FastAPI, cfg, state) -> None:
     async def readyz():
         if state.ready:
             cert = state.service.scorer.certificate
-            return {"status": "ready", "bundle": cfg.bundle, "backend": state.service.scorer.backend,
-                    "precision": state.service.scorer.precision, "certificate": cert and cert["claim"]}
+            ready = {"status": "ready", "bundle": cfg.bundle, "backend": state.service.scorer.backend,
+                     "precision": state.service.scorer.precision, "certificate": cert and cert["claim"]}
+            masks = state.service.job.masks
+            if masks is not None:  # masks optional: say which segmenter and rule compute them
+                ready["segmenter"] = {"bundle": cfg.segmenter.bundle, **masks.segmenter.identity()}
+            return ready
         if state.load_error:
             return error_response(503, "load_failed", None, state.load_error)
         return error_response(503, "not_ready", None, "the bundle is still loading")
@@ -39,69 +43,105 @@ def add_probe_routes(app: FastAPI, cfg, state) -> None:
         return Response(body, media_type=ctype)
 
 
-def add_score_routes(app: FastAPI, cfg, state) -> None:
-    def _require_ready():
-        if not state.ready:
-            raise ApiError(503, "not_ready", None, state.load_error or "the bundle is still loading",
+class _Scoring:
+    """What both scoring routes do with a request: readiness, text budgets, decoding in the
+    bounded decode pool, then the micro-batcher."""
+
+    def __init__(self, cfg, state):
+        self.cfg, self.state = cfg, state
+        self.item_model, self.batch_model = request_models(cfg.segmenter is not None)
+
+    def require_ready(self) -> None:
+        if not self.state.ready:
+            raise ApiError(503, "not_ready", None, self.state.load_error or "the bundle is still loading",
                            {"Retry-After": "5"})
 
-    def _check_text(prompt, object_name, label: str) -> None:
+    def check_text(self, prompt, object_name, label: str) -> None:
         try:
-            state.service.check_text(prompt, object_name, label)
+            self.state.service.check_text(prompt, object_name, label)
         except FieldError as e:
             raise ApiError(422, e.reason, e.field, e.detail) from None
 
-    async def _decode(item: ScoreItem | dict, label: str):
-        """One item -> ServiceItem in the bounded decode pool (base64, images, prompt tokens)."""
-        if isinstance(item, ScoreItem):
+    async def decode(self, item, label: str):
+        """One item -> ServiceItem in the bounded decode pool (base64, images, masks, prompt tokens)."""
+        if isinstance(item, self.item_model):
             data = {f: getattr(item, f) for f in BYTE_FIELDS}
             prompt, obj, strip = item.prompt, item.object_name, item.stripper
         else:
             data, prompt, obj, strip = item["data"], item["prompt"], item["object_name"], item["stripper"]
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(state.decode_pool, state.service.decode, data, prompt, obj, strip, label)
+            return await loop.run_in_executor(self.state.decode_pool, self.state.service.decode, data, prompt, obj,
+                                              strip, label)
         except FieldError as e:
             raise ApiError(422, e.reason, e.field, e.detail) from None
 
-    async def _run(decoded: list) -> list[dict]:
+    async def run(self, decoded: list) -> list[dict]:
+        """Score decoded items through the micro-batcher, within ``--request-timeout-s``."""
         try:
-            futs = [state.batcher.submit(d) for d in decoded]
+            futs = [self.state.batcher.submit(d) for d in decoded]
         except QueueFull as e:
             raise ApiError(503, "overloaded", None, str(e), {"Retry-After": "1"}) from e
         try:
             return list(await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(f) for f in futs)),
-                                               cfg.request_timeout_s))
+                                               self.cfg.request_timeout_s))
         except asyncio.TimeoutError as e:
             for f in futs:
                 f.cancel()
-            raise ApiError(503, "timeout", None, f"not scored within --request-timeout-s {cfg.request_timeout_s:g} s",
-                           {"Retry-After": "5"}) from e
+            raise ApiError(503, "timeout", None, f"not scored within --request-timeout-s "
+                                                 f"{self.cfg.request_timeout_s:g} s", {"Retry-After": "5"}) from e
 
-    score_body = {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/ScoreItem"}},
-        "multipart/form-data": {"schema": multipart_schema()}}}}
-
-    @app.post("/v1/score", response_model=ScoreResult, responses=ERRORS, openapi_extra=score_body,
-              summary="score one pair (JSON with base64 files, or multipart uploads)")
-    async def score(request: Request):
-        _require_ready()
+    async def one(self, request: Request) -> dict:
+        """``/v1/score``: one item, JSON or multipart; a file it cannot score is a 422 naming the field."""
+        self.require_ready()
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype == "multipart/form-data":
-            item = await parse_multipart(request, cfg)
-            _check_text(item["prompt"], item["object_name"], "")
+            item = await parse_multipart(request, self.cfg)
+            self.check_text(item["prompt"], item["object_name"], "")
         elif ctype in ("application/json", ""):
-            item = await parse_json(request, ScoreItem)
-            _check_text(item.prompt, item.object_name, "")
+            item = await parse_json(request, self.item_model)
+            self.check_text(item.prompt, item.object_name, "")
         else:
             raise ApiError(415, "unsupported_media_type", None,
                            f"content-type {ctype!r}: send application/json or multipart/form-data")
-        decoded = await _decode(item, "")
+        decoded = await self.decode(item, "")
         del item
         if decoded.error is not None:
             e = decoded.error
             raise ApiError(422, e.reason, e.field, e.detail)
-        return (await _run([decoded]))[0]
+        return (await self.run([decoded]))[0]
+
+    async def batch(self, request: Request) -> dict:
+        """``/v1/score_batch``: every text budget checked before any image is decoded; a bad item
+        is its own record's status."""
+        self.require_ready()
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in ("application/json", ""):
+            raise ApiError(415, "unsupported_media_type", None, f"content-type {ctype!r}: send application/json")
+        batch = await parse_json(request, self.batch_model)
+        if len(batch.items) > self.cfg.max_batch_items:
+            raise ApiError(422, "too_many_items", "items",
+                           f"items: {len(batch.items)} > --max-batch-items {self.cfg.max_batch_items}")
+        for i, it in enumerate(batch.items):
+            self.check_text(it.prompt, it.object_name, f"items[{i}].")
+        items, batch = batch.items, None
+        decoded = await asyncio.gather(*(self.decode(it, f"items[{i}].") for i, it in enumerate(items)))
+        del items
+        return {"results": await self.run(list(decoded))}
+
+
+def add_score_routes(app: FastAPI, cfg, state) -> None:
+    """``POST /v1/score`` and ``POST /v1/score_batch`` (their request bodies documented by
+    reference: the routes read the bodies themselves; schemas.py ``add_schemas``)."""
+    scoring = _Scoring(cfg, state)
+    score_body = {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/ScoreItem"}},
+        "multipart/form-data": {"schema": multipart_schema(cfg.segmenter is not None)}}}}
+
+    @app.post("/v1/score", response_model=ScoreResult, responses=ERRORS, openapi_extra=score_body,
+              summary="score one pair (JSON with base64 files, or multipart uploads)")
+    async def score(request: Request):
+        return await scoring.one(request)
 
     batch_body = {"requestBody": {"required": True, "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/ScoreBatch"}}}}}
@@ -109,17 +149,4 @@ def add_score_routes(app: FastAPI, cfg, state) -> None:
     @app.post("/v1/score_batch", response_model=BatchResult, responses=ERRORS, openapi_extra=batch_body,
               summary="score a list of pairs; results in order")
     async def score_batch(request: Request):
-        _require_ready()
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype not in ("application/json", ""):
-            raise ApiError(415, "unsupported_media_type", None, f"content-type {ctype!r}: send application/json")
-        batch = await parse_json(request, ScoreBatch)
-        if len(batch.items) > cfg.max_batch_items:
-            raise ApiError(422, "too_many_items", "items",
-                           f"items: {len(batch.items)} > --max-batch-items {cfg.max_batch_items}")
-        for i, it in enumerate(batch.items):  # every text budget before any image is decoded
-            _check_text(it.prompt, it.object_name, f"items[{i}].")
-        items, batch = batch.items, None
-        decoded = await asyncio.gather(*(_decode(it, f"items[{i}].") for i, it in enumerate(items)))
-        del items
-        return {"results": await _run(list(decoded))}
+        return await scoring.batch(request)

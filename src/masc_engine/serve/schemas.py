@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .glue import BYTE_FIELDS
 
@@ -37,6 +37,33 @@ class ScoreBatch(BaseModel):
     items: list[ScoreItem] = Field(description="pairs to score; results come back in this order")
 
 
+#: A mask field's description when the server has a segmenter.
+_SEGMENTED = ("foreground mask file, base64; null or absent: the server's segmenter computes it from "
+              "object_name (the record's {side}_mask_source says which)")
+#: Mask fields that may be left out when the server has a segmenter.
+MASK_FIELDS = ("ref_mask", "out_mask")
+
+
+def _optional_masks() -> tuple[type[BaseModel], type[BaseModel]]:
+    """:class:`ScoreItem` and :class:`ScoreBatch` with the mask fields optional (a server started
+    with ``--segmenter``); named as the originals, so the OpenAPI document keeps its references."""
+    masks = {f: (str | None, Field(None, description=("reference " if f == "ref_mask" else "output ")
+                                   + _SEGMENTED.format(side=f[:3]), json_schema_extra=_B64)) for f in MASK_FIELDS}
+    item = create_model("ScoreItem", __base__=ScoreItem, __doc__=ScoreItem.__doc__ + " The masks are optional: "
+                        "the server's segmenter computes a missing one from object_name.", **masks)
+    batch = create_model("ScoreBatch", __base__=ScoreBatch, items=(list[item], Field(
+        description="pairs to score; results come back in this order")))
+    return item, batch
+
+
+_OPTIONAL_MASKS = _optional_masks()
+
+
+def request_models(masks_optional: bool) -> tuple[type[BaseModel], type[BaseModel]]:
+    """``(item model, batch model)`` of a server with (``masks_optional``) or without a segmenter."""
+    return _OPTIONAL_MASKS if masks_optional else (ScoreItem, ScoreBatch)
+
+
 class ScoreResult(BaseModel):
     """masc-run's record for the pair (README "masc-run"); null where a score is undefined."""
 
@@ -61,9 +88,11 @@ class ErrorBody(BaseModel):
 ERRORS = {c: {"model": ErrorBody} for c in (400, 408, 413, 415, 422, 500, 503)}
 
 
-def multipart_schema() -> dict:
+def multipart_schema(masks_optional: bool = False) -> dict:
+    """The ``multipart/form-data`` body of ``/v1/score`` (the masks optional with a segmenter)."""
     files = {f: {"type": "string", "format": "binary"} for f in BYTE_FIELDS}
-    return {"type": "object", "required": [*BYTE_FIELDS, "prompt"],
+    required = [f for f in BYTE_FIELDS if not (masks_optional and f in MASK_FIELDS)]
+    return {"type": "object", "required": [*required, "prompt"],
             "properties": {**files, "prompt": {"type": "string"}, "object_name": {"type": "string"},
                            "stripper": {"type": "string", "enum": ["regex", "spacy", "none"]}}}
 
@@ -81,7 +110,7 @@ def add_schemas(app: FastAPI, strippers: tuple[str, ...], cfg) -> None:
             return app.openapi_schema
         schema = base()
         comps = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (ScoreItem, ScoreBatch):
+        for model in request_models(cfg.segmenter is not None):
             s = model.model_json_schema(ref_template="#/components/schemas/{model}")
             for k, v in s.pop("$defs", {}).items():
                 comps.setdefault(k, v)

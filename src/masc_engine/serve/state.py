@@ -3,12 +3,14 @@ service (:class:`ServiceState`: the scorer, the micro-batcher, the decode pool, 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..runtime.config import ScorerConfig
+from ..runtime.segmenter import SegmenterConfig
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .batcher import MicroBatcher
 from .glue import ServiceScorer
@@ -45,6 +47,22 @@ class ServeConfig:
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     extra_strippers: tuple[str, ...] = ("regex", "none")
+    #: The segmenter (``--segmenter``): with one, a request's mask fields are optional (computed
+    #: from its object_name); None: every mask is sent.
+    segmenter: SegmenterConfig | None = None
+
+
+def _logged_warnings(load):
+    """``load()``, its random-weights warning one log line, not a Python warning pointing into the
+    library."""
+    from ..engine.bundle import RandomWeightsWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RandomWeightsWarning)
+        obj = load()
+    for w in caught:
+        log.warning("masc-serve: %s", w.message)
+    return obj
 
 
 class ServiceState:
@@ -61,40 +79,42 @@ class ServiceState:
         self.store = None
 
     def load(self) -> None:
-        """Load the bundle, run its graphs once, then mark ready (runs in a thread at startup)."""
+        """Load the bundle (and the segmenter), run their graphs once, then mark ready (runs in a
+        thread at startup)."""
         try:
-            from ..engine.bundle import RandomWeightsWarning
             from ..jobs.pairs import RunSettings
             from ..runtime.scorer import Scorer
+            from ..runtime.text import PromptBudget
 
             cfg = self.cfg
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", RandomWeightsWarning)
-                scorer = Scorer(cfg.bundle, cfg.scorer)
-            for w in caught:  # one log line, not a Python warning pointing into the library
-                log.warning("masc-serve: %s", w.message)
+            scorer = _logged_warnings(lambda: Scorer(cfg.bundle, cfg.scorer))
+            segmenter = None
+            if cfg.segmenter is not None:  # on the scorer's provider unless one was chosen
+                seg = cfg.segmenter
+                if seg.provider is None and scorer.provider in ("cpu", "cuda"):
+                    seg = dataclasses.replace(seg, provider=scorer.provider)
+                segmenter = _logged_warnings(seg.load)
             if cfg.cache_dir:
+                from ..jobs.pairs import encoding_namespace
                 from ..runtime.cache import EncodingStore
 
-                from ..jobs.pairs import encoding_namespace
-
-                # masc-run's namespace: the two commands share entries.
+                # masc-run's namespace: the two commands share entries (masks too).
                 kw = {"size_limit": int(cfg.cache_size_gb * 2**30)} if cfg.cache_size_gb else {}
                 self.store = EncodingStore(cfg.cache_dir, encoding_namespace(scorer, cfg.exif), **kw)
                 scorer.text_store = self.store
-            from ..runtime.text import PromptBudget
-
             settings = RunSettings(exif=cfg.exif, mask_size_tolerance=cfg.mask_size_tolerance)
             service = ServiceScorer(scorer, settings, cache_bytes=int(cfg.cache_mb * 2**20), store=self.store,
                                     strippers=cfg.extra_strippers, decoded_bytes=int(cfg.max_decoded_mb * 2**20),
-                                    prompt_budget=PromptBudget(cfg.max_prompt_bytes, cfg.max_prompt_tokens))
+                                    prompt_budget=PromptBudget(cfg.max_prompt_bytes, cfg.max_prompt_tokens),
+                                    segmenter=segmenter)
             warm_up(service)
             self.service = service
             self.batcher = MicroBatcher(self._score_batch, cfg.max_batch, cfg.max_wait_ms, cfg.max_queue,
                                         on_batch=self.metrics.observe_batch)
             self.ready = True
             self.metrics.ready.set(1)
-            log.info("masc-serve: ready (bundle %s)", cfg.bundle)
+            log.info("masc-serve: ready (bundle %s%s)", cfg.bundle,
+                     f", segmenter {cfg.segmenter.bundle}" if cfg.segmenter else "")
         except Exception as e:  # noqa: BLE001 - reported by /readyz and the log, the process stays up
             self.load_error = f"{type(e).__name__}: {e}"
             log.error("masc-serve: could not load the bundle: %s", self.load_error)
@@ -131,5 +151,7 @@ def warm_up(service: ServiceScorer) -> None:
     item = service.decode({"ref_image": im, "ref_mask": png(m), "out_image": im, "out_mask": png(m)},
                           "a photo of a thing", "thing", None)
     service.score([item])
+    if service.job.masks is not None:  # the segmenter's graphs too (its mask is not cached)
+        service.job.masks.segmenter.segment([Image.open(io.BytesIO(im))], ["thing"])
     service.memory.clear()
     service.hits = service.misses = 0
