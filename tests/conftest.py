@@ -103,6 +103,32 @@ def base_bundle(tmp_path_factory, cache_dir) -> Path:
     return export_bundle("random:base-naflex", out, max_num_patches=256, validate=False, log=lambda s: None)
 
 
+@pytest.fixture(scope="session")
+def seg_bundle(tmp_path_factory, cache_dir) -> Path:
+    """A random-weight segmenter bundle: ``masc-export --model random:clipseg-tiny --out B``,
+    through the command line (tests/test_segmenter.py, tests/test_segmenter_jobs.py)."""
+    pytest.importorskip("torch", reason="exporting a segmenter bundle needs the export extra (torch)")
+    pytest.importorskip("transformers", reason="exporting a segmenter bundle needs transformers")
+    from click.testing import CliRunner
+
+    from masc_engine.cli.export_cmd import main
+
+    out = tmp_path_factory.mktemp("segmenter") / "clipseg"
+    res = CliRunner().invoke(main, ["--model", "random:clipseg-tiny", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.fixture(scope="session")
+def reference_model(seg_bundle):
+    """transformers' ``CLIPSegForImageSegmentation`` and processor of the segmenter bundle's
+    random checkpoint (the reference of the mask recipe, export/segmenter_reference.py)."""
+    from masc_engine.export.segmenter import load_segmenter
+
+    model, processor, _ = load_segmenter("random:clipseg-tiny")
+    return model, processor
+
+
 @pytest.fixture(scope="session", params=["naflex", "fixed"])
 def any_bundle(request) -> Path:
     return request.getfixturevalue(f"{request.param}_bundle")

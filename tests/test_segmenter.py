@@ -27,27 +27,6 @@ pytest.importorskip("torch", reason="exporting a segmenter bundle needs the expo
 pytest.importorskip("transformers", reason="the reference recipe needs transformers")
 
 
-@pytest.fixture(scope="session")
-def seg_bundle(tmp_path_factory, cache_dir) -> Path:
-    """``masc-export --model random:clipseg-tiny --out B``, through the command line."""
-    from click.testing import CliRunner
-
-    from masc_engine.cli.export_cmd import main
-
-    out = tmp_path_factory.mktemp("segmenter") / "clipseg"
-    res = CliRunner().invoke(main, ["--model", "random:clipseg-tiny", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    return out
-
-
-@pytest.fixture(scope="session")
-def reference_model(seg_bundle):
-    from masc_engine.export.segmenter import load_segmenter
-
-    model, processor, _ = load_segmenter("random:clipseg-tiny")
-    return model, processor
-
-
 @pytest.fixture()
 def seg(seg_bundle) -> Segmenter:
     with warnings.catch_warnings():

@@ -355,6 +355,7 @@ class Segmenter:
         self._text_cache_size = int(text_cache_size)
         self._lock = threading.Lock()
         self._runner_lock = threading.Lock()
+        self._text_run_lock = threading.Lock()
         self.images_encoded = self.texts_encoded = self.text_cache_hits = 0
 
     def _runner(self, graph: str):
@@ -463,14 +464,30 @@ class Segmenter:
                 graph runs.
         """
         distinct = list(dict.fromkeys(prompts))
+        found = self._cached_texts(distinct)
+        if len(found) < len(distinct):
+            # Misses are computed under one lock and looked up again inside it: loader threads that
+            # need the same new prompt at once wait for one text-graph run instead of each making one.
+            with self._text_run_lock:
+                found.update(self._cached_texts([p for p in distinct if p not in found]))
+                self._encode_texts([p for p in distinct if p not in found], found)
+        if not prompts:
+            return np.zeros((0, int(self.bundle.graph("text")["outputs"][0]["shape"][1])), np.float32)
+        return np.stack([found[p] for p in prompts]).astype(np.float32, copy=False)
+
+    def _cached_texts(self, prompts: Sequence[str]) -> dict[str, np.ndarray]:
+        """The embeddings of ``prompts`` in the LRU (counted as hits)."""
         found: dict[str, np.ndarray] = {}
         with self._lock:
-            for p in distinct:
+            for p in prompts:
                 if p in self._texts:
                     self._texts.move_to_end(p)
                     found[p] = self._texts[p]
             self.text_cache_hits += len(found)
-        todo = [p for p in distinct if p not in found]
+        return found
+
+    def _encode_texts(self, todo: Sequence[str], found: dict[str, np.ndarray]) -> None:
+        """Run the text graph on ``todo`` (token budget checked first), into ``found`` and the LRU."""
         if todo:
             enc = self.tokenizer.encode(todo)
             for p, e in zip(todo, enc):
@@ -485,9 +502,6 @@ class Segmenter:
                     self._texts[p] = found[p]
                 while len(self._texts) > self._text_cache_size:
                     self._texts.popitem(last=False)
-        if not prompts:
-            return np.zeros((0, int(self.bundle.graph("text")["outputs"][0]["shape"][1])), np.float32)
-        return np.stack([found[p] for p in prompts]).astype(np.float32, copy=False)
 
     def encode_images(self, images: Sequence[Image.Image]) -> np.ndarray:
         """Vision activations ``[n, K, T, D] float32``, ``batch_size`` images per call."""
