@@ -393,15 +393,52 @@ def test_fp16_segmenter_bundle(tmp_path, reference_model):
         assert mask_iou(o.mask > 0, r > 0) >= SEGMENTER_REDUCED_MIN_MASK_IOU
 
 
-def test_bench_script_runs_on_the_tiny_model(seg_bundle, tmp_path):
+def _bench_module():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_segmenter", REPO / "bench" / "segmenter.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def _check_results_record(res: dict) -> None:
+    """What every bench results file records (tests/test_results_files.py)."""
+    assert res["script"] == "bench/segmenter.py" and res["date"] and res["machine"]["cores"]
+    assert res["versions"]["onnxruntime"] and res["versions"]["masc-engine"]
+
+
+def test_bench_script_runs_on_the_tiny_model(seg_bundle, tmp_path):
     out = tmp_path / "seg.json"
-    assert bench.main(["--bundle", str(seg_bundle), "--images", "2", "--repeats", "1", "--out", str(out)]) == 0
+    argv = ["--parts", "image", "--bundle", str(seg_bundle), "--images", "2", "--repeats", "1", "--work",
+            str(tmp_path), "--out", str(out)]
+    assert _bench_module().main(argv) == 0
     res = json.loads(out.read_text())
-    assert res["ours"]["cached_s_per_image"] > 0 and res["reference"]["s_per_image"] > 0
-    assert res["agreement"]["min_iou"] >= 0.99 and res["settings"]["model"] == "random:clipseg-tiny"
-    assert set(res["ours"]["stages_s_per_image"]) == {"preprocess", "vision", "text", "decoder", "postprocess"}
+    _check_results_record(res)
+    assert "job" not in res and res["settings"]["model"] == "random:clipseg-tiny"
+    img = res["image"]
+    assert img["ours"]["cached_s_per_image"] > 0 and img["reference"]["s_per_image"] > 0
+    assert img["agreement"]["min_iou"] >= 0.99
+    assert set(img["ours"]["stages_s_per_image"]) == {"preprocess", "vision", "text", "decoder", "postprocess"}
+
+
+@pytest.mark.slow  # four masc-run processes, about 10 s
+def test_bench_job_part_runs_on_the_tiny_models(seg_bundle, naflex_bundle, tmp_path):
+    """The whole-job part on 2 references x 2 prompts x 1 method: each reference segmented once,
+    nothing segmented on the warm run, the same scores warm and cold."""
+    out = tmp_path / "seg.json"
+    argv = ["--parts", "job", "--bundle", str(seg_bundle), "--scorer-bundle", str(naflex_bundle), "--references", "2",
+            "--prompts", "2", "--methods", "1", "--work", str(tmp_path), "--out", str(out)]
+    assert _bench_module().main(argv) == 0
+    res = json.loads(out.read_text())
+    _check_results_record(res)
+    job = res["job"]
+    assert "image" not in res and job["workload"]["pairs"] == 4 and job["workload"]["references"] == 2
+    runs, images = job["runs"], job["workload"]["distinct_images"]
+    assert runs["segmenter_cold"]["counts"]["masks_segmented"] == images == 6
+    assert runs["segmenter_warm"]["counts"]["mask_cache_hits"] == images
+    assert runs["segmenter_warm"]["counts"]["segmenter_images_encoded"] == 0
+    assert "masks_segmented" not in runs["file_masks_cold"]["counts"]
+    assert job["warm_scores_identical_to_cold"] == {"file_masks": True, "segmenter": True}
+    assert all(r["peak_rss_mb"] > 0 and r["whole_process_s"] > 0 for r in runs.values())
+    assert set(job["ratio_segmenter_over_file_masks"]) == {"cold", "warm"}

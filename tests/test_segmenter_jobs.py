@@ -77,7 +77,8 @@ def _scorer(bundle) -> Scorer:
         return Scorer(bundle)
 
 
-def _write_pairs(path: Path, rows: list[dict], drop: tuple[str, ...] = MASKS, keep: tuple[str, ...] | None = None) -> Path:
+def _write_pairs(path: Path, rows: list[dict], drop: tuple[str, ...] = MASKS,
+                 keep: tuple[str, ...] | None = None) -> Path:
     """The shipped pairs with absolute paths, without the columns in ``drop`` (only those in
     ``keep``, when given)."""
     cols = [c for c in rows[0] if c not in drop and (keep is None or c in keep)]
@@ -431,18 +432,17 @@ def test_serve_with_a_segmenter(seg_run, naflex_bundle, seg_bundle, tmp_path):
     try:
         doc = httpx.get(server.url + "/openapi.json").json()
         item = doc["components"]["schemas"]["ScoreItem"]
-        assert item["required"] == ["ref_image", "out_image", "prompt"] and "segmenter" in item["properties"]["ref_mask"][
-            "description"]
+        assert item["required"] == ["ref_image", "out_image", "prompt"]
+        assert "segmenter" in item["properties"]["ref_mask"]["description"]
         ready = httpx.get(server.url + "/readyz").json()
         assert ready["segmenter"]["fingerprint"] == seg_run["seg"].fingerprint
         row = seg_run["rows"][4]
         b64 = {k: base64.b64encode(Path(row[k]).read_bytes()).decode() for k in ("ref_image", "out_image")}
-        r = httpx.post(server.url + "/v1/score", json={**b64, "prompt": row["prompt"], "object_name": row["object_name"]},
-                       timeout=60).json()
+        fields = {"prompt": row["prompt"], "object_name": row["object_name"]}
+        r = httpx.post(server.url + "/v1/score", json={**b64, **fields}, timeout=60).json()
         assert (r["cp"], r["pf"], r["ref_mask_source"]) == (float(row["cp"]), float(row["pf"]), "segmenter")
         files = {k: Path(row[k]).read_bytes() for k in ("ref_image", "out_image")}
-        mp = httpx.post(server.url + "/v1/score", files=files, data={"prompt": row["prompt"],
-                                                                     "object_name": row["object_name"]}, timeout=60)
+        mp = httpx.post(server.url + "/v1/score", files=files, data=fields, timeout=60)
         assert mp.status_code == 200 and mp.json()["cp"] == r["cp"]
         bad = httpx.post(server.url + "/v1/score", json={**b64, "prompt": row["prompt"]}, timeout=60)
         assert bad.status_code == 422 and (bad.json()["error"], bad.json()["field"]) == ("no_mask_source", "ref_mask")
