@@ -21,9 +21,9 @@ def test_manifest_is_the_single_source_of_truth(naflex_bundle):
     txt = m["text"]
     assert txt["max_length"] == 64 and txt["lowercase"] is True and txt["text_tower_attention_mask"] is False
     assert set(m["graphs"]) == {"vision", "pool", "text", "cp"}
-    assert set(m["files"]) == {"tokenizer.json", "vision.onnx", "pool.onnx", "text.onnx", "cp.onnx",
-                               "vision.ort-cpu.onnx", "vision.ort-cpu.onnx.data", "text.ort-cpu.onnx",
-                               "text.ort-cpu.onnx.data"}  # + the fused variant (test_fusion.py)
+    assert set(m["files"]) == {"tokenizer.json", "vision.onnx", "vision.onnx.data", "pool.onnx", "text.onnx",
+                               "text.onnx.data", "cp.onnx", "vision.ort-cpu.onnx",
+                               "text.ort-cpu.onnx"}  # + the fused variant, sharing the towers' weights (test_fusion.py)
     assert all(len(v) == 64 for v in m["files"].values())
     for k in ("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "masc_engine"):
         assert m["versions"][k]

@@ -39,8 +39,15 @@ def test_manifest_records_fusions_and_validation(kind, request):
     for g in ("vision", "text"):
         rec = recs[g]
         assert rec["variant"] == "ort-cpu" and rec["file"] == f"{g}.ort-cpu.onnx" and rec["file"] in m["files"]
-        assert m["graphs"][g]["variants"]["ort-cpu"] == {"file": rec["file"], "transform": "ort-fusion"}
-        for f in (rec["file"], rec["file"] + ".data"):  # weights beside the graph (start-up)
+        # One copy of the weights on disk: the fused graph reads the portable graph's weight file
+        # (its packed QKV is a Concat of the portable Q, K and V); nothing else of size is its own.
+        assert m["graphs"][g]["variants"]["ort-cpu"] == {"file": rec["file"], "transform": "ort-fusion",
+                                                        "external_data": [f"{g}.onnx.data"]}
+        assert m["graphs"][g]["external_data"] == [f"{g}.onnx.data"]
+        shared = rec["facts"]["external_data"]
+        assert shared["shared_with"] == [f"{g}.onnx.data"] and shared["packed_qkv_as_concat"] == layers[g]
+        assert shared["own_bytes"] == 0 and not (bundle / f"{g}.ort-cpu.onnx.data").exists()
+        for f in (rec["file"], f"{g}.onnx.data"):
             assert sha256_file(bundle / f) == m["files"][f]
         # every attention block fused, its Softmax gone, GELU and residual LayerNorms fused
         facts = rec["facts"]
@@ -176,14 +183,65 @@ def test_runtime_picks_the_variant_explicitly(naflex_bundle, tmp_path):
     assert Scorer(old).graph_variant == "portable"
     with pytest.raises(BundleError, match="no 'ort-cpu' graph variant"):
         Scorer(old, graph_variant="ort-cpu")
-    # the fused graphs' external weights are checked before use like every other file
+    # the fused graphs' external weights (the portable graph's file they share) are checked before
+    # use like every other file, whichever variant reads them
     bad = tmp_path / "bad"
     shutil.copytree(naflex_bundle, bad)
-    with open(bad / "vision.ort-cpu.onnx.data", "ab") as f:
+    with open(bad / "vision.onnx.data", "ab") as f:
         f.write(b"\0")
-    with pytest.raises(BundleError, match="vision.ort-cpu.onnx.data"):
-        Scorer(bad)
-    assert Scorer(bad, graph_variant="portable").graph_variant == "portable"
+    for variant in ("auto", "portable"):
+        with pytest.raises(BundleError, match="vision.onnx.data"):
+            Scorer(bad, graph_variant=variant)
+    Scorer(naflex_bundle, graph_variant="portable")
+
+
+def _one_copy_per_graph(bundle, dst):
+    """``bundle`` laid out as exports wrote it before the fused graphs shared the portable graphs'
+    weights: portable graphs with their weights inline, fused graphs with a full packed copy of
+    theirs in ``<file>.data``, and no ``external_data`` in the manifest."""
+    from masc_engine.export.fusion import fuse_graph
+
+    shutil.copytree(bundle, dst)
+    m = read_manifest(bundle)
+    rec = next(r for r in m["transforms"] if r["transform"] == "ort-fusion")
+    towers = {g: (t["num_heads"], t["hidden_size"]) for g, t in rec["settings"]["towers"].items()}
+    apart = dst / "apart"
+    apart.mkdir()
+    for g in ("vision", "text"):
+        fused = f"{g}.ort-cpu.onnx"
+        fuse_graph(bundle / f"{g}.onnx", apart / fused, *towers[g])  # another folder: nothing shared
+        for f in (fused, fused + ".data"):
+            shutil.move(str(apart / f), str(dst / f))
+        onnx.save(onnx.load(str(bundle / f"{g}.onnx")), str(dst / f"{g}.onnx"))  # weights inline
+        (dst / f"{g}.onnx.data").unlink()
+        m["graphs"][g].pop("external_data")
+        m["graphs"][g]["variants"]["ort-cpu"].pop("external_data")
+    apart.rmdir()
+    m["files"] = sorted(p.name for p in dst.iterdir() if p.name != "manifest.json")
+    write_manifest(dst, m)
+    return dst
+
+
+def test_shared_weights_score_like_a_copy_per_graph(naflex_bundle, tmp_path):
+    """The bundle stores each weight once (the fused graphs read the portable graphs' weight files,
+    their packed QKV a Concat of the portable Q, K and V), and scores the shipped pairs exactly as a
+    bundle with a full copy per graph, which still loads (bundles written before the change)."""
+    from conftest import load_pair, read_rows
+    from masc_engine import Scorer
+
+    old = _one_copy_per_graph(naflex_bundle, tmp_path / "old")
+    fused = lambda d: sum(p.stat().st_size for p in d.glob("*.ort-cpu.onnx*"))  # noqa: E731
+    assert fused(naflex_bundle) < 0.2 * fused(old)  # the fused graphs' files: structure, not weights
+    from masc_engine import Pair
+
+    pairs = [Pair(*load_pair(EXAMPLES, r)) for r in read_rows(EXAMPLES)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        new_s, old_s = Scorer(naflex_bundle), Scorer(old)
+        assert new_s.graph_variant == old_s.graph_variant == "ort-cpu"
+        a, b = new_s.score_batch(pairs), old_s.score_batch(pairs)
+    assert len(a) == len(pairs) >= 20
+    assert [(r.cp, r.pf) for r in a] == [(r.cp, r.pf) for r in b]  # same weights, same kernels: bit-equal
 
 
 def test_masc_run_records_the_variant(naflex_bundle, tmp_path):

@@ -45,6 +45,10 @@ import click
               help="int8: the pairs CSV the int8 bundle is gated on (e.g. the shared DreamBooth pairs).")
 @click.option("--fp32-bundle", type=click.Path(file_okay=False, exists=True), default=None,
               help="int8: quantize this existing fp32 bundle instead of exporting one first.")
+@click.option("--max-memory-gb", type=click.FloatRange(min=0.5), default=None,
+              help="Refuse in one line, before the weights are read, when the export plan's estimated peak "
+                   "memory is past this many GB (default: this machine's or container's memory). Each stage "
+                   "prints its time and peak memory; the plan is in docs/export.md.")
 @click.option("--engines-only", is_flag=True,
               help="Build TensorRT engines for the existing bundle in OUT without re-exporting it "
                    "(no torch needed); the command a GPU/TensorRT mismatch error names.")
@@ -61,9 +65,9 @@ import click
               help="TensorRT timing cache file, reused between builds (default: "
                    "$MASC_ENGINE_CACHE/tensorrt/timing-<trt>-sm<cc>.cache).")
 def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | None, backend: str,
-         precision: str, gate_pairs: str | None, fp32_bundle: str | None, engines_only: bool, max_batch: int,
-         max_outs_per_ref: int, gpu_memory_budget: float | None, timing_cache: str | None,
-         calibration_pairs: str | None = None, heldout_pairs: str | None = None) -> None:
+         precision: str, gate_pairs: str | None, fp32_bundle: str | None, max_memory_gb: float | None,
+         engines_only: bool, max_batch: int, max_outs_per_ref: int, gpu_memory_budget: float | None,
+         timing_cache: str | None, calibration_pairs: str | None = None, heldout_pairs: str | None = None) -> None:
     """Export a SigLIP2 (or CLIPSeg) checkpoint to ONNX graphs + manifest, validated against PyTorch."""
     from ..errors import MascEngineError
 
@@ -80,7 +84,7 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
         if not gate_pairs:
             raise click.UsageError("--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
                                    "its gates against fp32 on those pairs")
-        _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle)
+        _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle, max_memory_gb)
         return
 
     if engines_only and backend != "tensorrt":
@@ -116,7 +120,8 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
                     export_segmenter_bundle(model, out_dir, revision=revision, log=say, precision=precision or "fp32")
                 else:
                     export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=say,
-                                  precision=precision or "fp32", cpu_precision_options=cpu_options)
+                                  precision=precision or "fp32", cpu_precision_options=cpu_options,
+                                  max_memory_gb=max_memory_gb)
         except MascEngineError as e:
             raise click.ClickException(f"{e} (library messages: {lib_log})") from e
         click.echo(lib.summary(), err=True)
@@ -154,14 +159,18 @@ def _segmenter_export(model, revision, out_dir, engines_only, backend, precision
     return segmenter
 
 
-def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle) -> None:
+def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle, max_memory_gb) -> None:
     import tempfile
 
     from ..errors import MascEngineError
-    from ..jobs.int8_gate import Int8GateError, quantize_bundle
+    from ..jobs.int8_gate import Int8GateError, check_int8_dependencies
 
     log = lambda s: click.echo(s, err=True)  # noqa: E731
     try:
+        # before any work: what the quantizer, the gate and (without --fp32-bundle) the export import
+        check_int8_dependencies(exporting=fp32_bundle is None)
+        from ..jobs.int8_gate import quantize_bundle
+
         with tempfile.TemporaryDirectory() as tmp:
             src = fp32_bundle
             if src is None:
@@ -169,7 +178,7 @@ def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bun
 
                 # the portable graphs only: the int8 bundle drops the fused CPU variant anyway
                 src = export_bundle(model, f"{tmp}/fp32", max_num_patches=max_num_patches, revision=revision,
-                                    log=log, ort_cpu_variant=False)
+                                    log=log, ort_cpu_variant=False, max_memory_gb=max_memory_gb)
             quantize_bundle(src, out_dir, gate_pairs, log=log)
     except Int8GateError as e:
         raise click.ClickException(str(e)) from e

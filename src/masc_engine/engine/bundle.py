@@ -105,16 +105,18 @@ class Bundle:
     def file(self, name: str) -> Path:
         return self.path / name
 
-    def checked_file(self, name: str) -> Path:
+    def checked_file(self, name: str, data: list[str] | None = None) -> Path:
         """``file(name)``, its sha256 checked against the manifest first (once per bundle object)
-        when the bundle was loaded with ``verify``; with it any ``<name>.data`` external weights.
+        when the bundle was loaded with ``verify``; with it its external weights: the files
+        ``data`` (the manifest's ``external_data`` of a graph: a fused variant reads the portable
+        graph's weight file, export/external_data.py), else any ``<name>.data``.
 
         Raises:
             BundleError: the file (or its weights) is not the one the manifest lists.
         """
         if self.verify:
-            for f in (name, name + ".data"):
-                if f in self._verified or (f != name and f not in self.manifest["files"]):
+            for f in [name] + (list(data) if data is not None else [name + ".data"]):
+                if f in self._verified or (f != name and data is None and f not in self.manifest["files"]):
                     continue
                 if f not in self.manifest["files"]:
                     raise BundleError(f"bundle {self.path}: {f} is not listed in the manifest")
@@ -175,7 +177,7 @@ class Bundle:
             if variant not in (self.manifest.get("variants") or {}):
                 raise BundleError(f"bundle {self.path} has no {variant!r} graph variant")
             entry = (entry.get("variants") or {}).get(variant, entry)
-        return self.checked_file(entry["file"])
+        return self.checked_file(entry["file"], entry.get("external_data"))
 
     @property
     def graph_precision(self) -> str:

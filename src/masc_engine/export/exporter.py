@@ -13,150 +13,31 @@ variant of the vision and text graphs, export/fusion.py), validating each result
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import Sequence
 
-from ..errors import BundleError, MascEngineError
+from ..errors import BundleError
 from ..engine.manifest import write_manifest
-from ..runtime.masks import DEFAULT_FG_THRESHOLD
-from .random_models import build_random_checkpoint, is_random_model_id, preset_names
+from .checkpoint import (_PIL_NAMES, DEFAULT_MAX_NUM_PATCHES, DEFAULT_MODEL, SHORT_NAMES,  # noqa: F401 (API)
+                         CheckpointError, image_settings_from_processor, load_checkpoint, random_checkpoint_dir,
+                         save_tokenizer, text_settings_from_processor)
+from .stages import StageClock
 
-DEFAULT_MODEL = "google/siglip2-so400m-patch16-naflex"
-#: Short names accepted by ``--model``.
-SHORT_NAMES = {
-    "siglip2-so400m": "google/siglip2-so400m-patch16-naflex",
-    "siglip2-base": "google/siglip2-base-patch16-naflex",
-    "siglip2-base-512": "google/siglip2-base-patch16-512",
-}
-#: The paper's patch budget (masc-metric 0.3.0 ``DEFAULT_NAFLEX_MAX_PATCHES``).
-DEFAULT_MAX_NUM_PATCHES = 1024
+#: masc-metric 0.3.0 ``DEFAULT_FG_THRESHOLD``.
+DEFAULT_FG_THRESHOLD = 0.5
 OPSET = 18
 
-_PIL_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
-
-
-class CheckpointError(MascEngineError):
-    """The checkpoint cannot be loaded (unknown id, gated, not SigLIP2)."""
-
-
-def random_checkpoint_dir(name: str) -> Path:
-    """Local directory of a built-in random-weight checkpoint, built on first use.
-
-    Cached under ``$MASC_ENGINE_CACHE`` (default ``~/.cache/masc-engine``) per transformers and
-    torch version, since the random draw depends on both. The directory name keeps ``naflex`` in
-    it for NaFlex presets: masc-metric 0.3.0 decides NaFlex from ``"naflex" in model_id``, and the
-    oracle tests load the same directory.
-    """
-    import torch
-    import transformers
-
-    key = name.split(":", 1)[-1]
-    if key not in preset_names():
-        raise CheckpointError(f"unknown random model {name!r}; known: {', '.join('random:' + k for k in preset_names())}")
-    root = Path(os.environ.get("MASC_ENGINE_CACHE", Path.home() / ".cache" / "masc-engine"))
-    d = root / "random-models" / f"{key}-tf{transformers.__version__}-torch{torch.__version__.split('+')[0]}"
-    if not (d / "masc_random_model.json").is_file():
-        tmp = d.with_name(d.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        build_random_checkpoint(key, tmp)
-        if not d.exists():
-            tmp.rename(d)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return d
-
-
-def _load(model: str, revision: str | None):
-    """Load model + processor; return (model, processor, source dict)."""
-    from transformers import AutoModel, AutoProcessor
-
-    source = {"model": model, "revision": revision, "random_weights": False}
-    path = model
-    if is_random_model_id(model):
-        path = str(random_checkpoint_dir(model))
-        source.update(random_weights=True, preset=model.split(":", 1)[1], checkpoint_dir=path)
-    else:
-        model = SHORT_NAMES.get(model, model)
-        source["model"] = path = model
-    try:
-        m = AutoModel.from_pretrained(path, revision=revision, attn_implementation="eager")
-        processor = AutoProcessor.from_pretrained(path, revision=revision)
-    except OSError as e:
-        text = str(e)
-        if "gated" in text.lower() or "401" in text or "403" in text:
-            raise CheckpointError(
-                f"{model} is a gated model: accept its licence on its Hugging Face page, then run "
-                "`huggingface-cli login` (or set HF_TOKEN) and export again. Original error: " + text
-            ) from e
-        raise CheckpointError(f"cannot load {model!r} as a Hugging Face id or local checkpoint: {text}") from e
-    m.eval()
-    commit = getattr(m.config, "_commit_hash", None)
-    if commit and not source.get("revision"):
-        source["revision"] = commit
-    return m, processor, source
-
-
-def image_settings_from_processor(model, processor, max_num_patches: int | None) -> dict:
-    """The manifest's ``image`` section, read from the loaded processor and config."""
-    ip = processor.image_processor
-    vcfg = model.config.vision_config
-    family = model.config.model_type
-    resample = ip.resample
-    resample = _PIL_NAMES[int(getattr(resample, "value", resample))]
-    common = dict(
-        patch_size=int(vcfg.patch_size), resample=resample, rescale_factor=float(ip.rescale_factor),
-        image_mean=[float(x) for x in ip.image_mean], image_std=[float(x) for x in ip.image_std],
-        do_rescale=bool(ip.do_rescale), do_normalize=bool(ip.do_normalize),
-        image_processor=type(ip).__name__,
-    )
-    if not (common["do_rescale"] and common["do_normalize"]):
-        raise CheckpointError("image processors without rescale+normalize are not supported")
-    if family == "siglip2":
-        budget = int(max_num_patches or DEFAULT_MAX_NUM_PATCHES)
-        return dict(mode="naflex", max_num_patches=budget, image_size=None,
-                    position_grid=int(round(vcfg.num_patches ** 0.5)), **common)
-    if family == "siglip":
-        if max_num_patches:
-            raise CheckpointError("--max-num-patches applies to NaFlex checkpoints only")
-        size = ip.size
-        h, w = int(size["height"]), int(size["width"])
-        n = (h // vcfg.patch_size) * (w // vcfg.patch_size)
-        return dict(mode="fixed", max_num_patches=n, image_size=[h, w], position_grid=None, **common)
-    raise CheckpointError(f"model_type {family!r} is not a SigLIP2 checkpoint (siglip2 or siglip)")
-
-
-def text_settings_from_processor(model, processor) -> dict:
-    """The manifest's ``text`` section: what transformers applies on top of tokenizer.json."""
-    tok = processor.tokenizer
-    defaults = dict(getattr(type(processor), "text_kwargs", {}) or {})
-    max_pos = int(model.config.text_config.max_position_embeddings)
-    max_length = int(defaults.get("max_length") or min(int(tok.model_max_length), max_pos))
-    return dict(
-        tokenizer_file="tokenizer.json", max_length=max_length, padding="max_length",
-        padding_side=tok.padding_side, truncation_side=tok.truncation_side,
-        pad_token=str(tok.pad_token), pad_token_id=int(tok.pad_token_id),
-        special_tokens={k: str(v) for k, v in tok.special_tokens_map.items()},
-        special_token_ids={str(t): int(tok.convert_tokens_to_ids(t)) for t in tok.all_special_tokens},
-        lowercase=tok("ABC", add_special_tokens=False)["input_ids"] == tok("abc", add_special_tokens=False)["input_ids"],
-        reference_truncates=bool(defaults.get("truncation", False)),
-        text_tower_attention_mask=False, tokenizer_class=type(tok).__name__,
-    )
-
-
-def _save_tokenizer(processor, path: Path) -> None:
-    backend = processor.tokenizer.backend_tokenizer
-    from tokenizers import Tokenizer
-
-    clone = Tokenizer.from_str(backend.to_str())
-    clone.no_padding()
-    clone.no_truncation()
-    clone.save(str(path))
+#: The old private names of :func:`~.checkpoint.load_checkpoint` and
+#: :func:`~.checkpoint.save_tokenizer` (benchmarks and the segmenter export call them).
+_load = load_checkpoint
+_save_tokenizer = save_tokenizer
 
 
 def _versions() -> dict:
@@ -176,11 +57,19 @@ def _versions() -> dict:
 def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None = None,
                   revision: str | None = None, validate: bool = True, log=print, precision: str = "fp32",
                   transforms: Sequence | None = None, ort_cpu_variant: bool = True,
-                  cpu_precision_options: dict | None = None, into=None) -> Path:
+                  cpu_precision_options: dict | None = None, into=None, max_memory_gb: float | None = None) -> Path:
     """Export ``model`` to a bundle in ``out_dir`` and validate it.
 
-    The bundle is written to a staging directory beside ``out_dir`` and renamed into place only
-    when every graph passed its gates, so a failed export leaves no half-written bundle.
+    The bundle is written to a staging directory beside ``out_dir`` (``.<name>.<pid>.partial``)
+    and renamed into place only when every graph passed its gates, so a failed export leaves no
+    half-written bundle; staging directories of earlier exports to the same ``out_dir`` whose
+    process is gone are removed first (one line says so). Every bundle file gets the mode a new
+    file gets under the current umask (``0644`` under the usual ``022``), so a bundle shared across
+    users or cluster nodes is readable by all of them.
+
+    The stages and their memory plan are in docs/export.md: the PyTorch stages run in a worker
+    process (export/torch_worker.py) that ends before ONNX Runtime loads the weights; then one
+    graph at a time. Each stage prints a line with its time and peak RSS (export/stages.py).
 
     Args:
         model: Hugging Face id (``google/siglip2-so400m-patch16-naflex``), short name
@@ -198,7 +87,11 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
             order after the precision transform, each validated and recorded in the manifest.
         ort_cpu_variant: fp32 only: also write the fused ONNX Runtime CPU graphs (the ``ort-cpu``
             variant, export/fusion.py :class:`~.fusion.FusionTransform`, run last in the transform
-            pipeline; the manifest's ``variants``), validated like the portable ones.
+            pipeline; the manifest's ``variants``), validated like the portable ones. They share
+            the portable graphs' weight files (export/external_data.py).
+        max_memory_gb: refuse before the weights are read when the plan's estimated peak RSS
+            (export/stages.py :func:`~.stages.plan_memory`) is past this many GB (default: this
+            machine's or container's memory).
         cpu_precision_options: ``bf16-cpu`` only: keyword arguments of the certification
             (export/cpu_precision.py :func:`~.cpu_precision.certify_bundle`: ``calibration``,
             ``heldout``, ``graphs``, ``threads``, ``max_keep``).
@@ -208,6 +101,7 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
 
     Raises:
         CheckpointError: the checkpoint cannot be loaded or is not SigLIP2.
+        ExportMemoryError: the plan's estimated peak is past ``max_memory_gb`` (or the machine).
         ExportValidationError: a graph disagrees with PyTorch beyond its gates (for fp16 / bf16
             the message gives the figures and suggests fp32); nothing is left at ``out_dir``.
         BundleError: ``out_dir`` is a non-empty directory that is not a bundle.
@@ -232,14 +126,16 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "manifest.json").is_file())):
         raise BundleError(f"{out} exists and is not an empty directory or a bundle; choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_stages(out, log)
     stage = out.with_name(f".{out.name}.{os.getpid()}.partial")
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
     try:
         (into or _export_into)(stage, model, max_num_patches, revision, validate, log, precision,
-                               list(transforms or []), ort_cpu_variant)
+                               list(transforms or []), ort_cpu_variant, max_memory_gb)
         if certify:
             certify_bundle(stage, log=log, **(cpu_precision_options or {}))
+        uniform_file_modes(stage)
         if out.exists():
             old = out.with_name(f".{out.name}.{os.getpid()}.old")
             out.rename(old)
@@ -254,22 +150,60 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     return out
 
 
+def remove_stale_stages(out: Path, log=print) -> list[str]:
+    """Remove what killed exports to ``out`` left beside it: staging folders
+    ``.<name>.<pid>.partial`` older than this export whose process is gone, and the replaced
+    bundle ``.<name>.<pid>.old`` of a swap that completed (``out`` exists). Says so in one line.
+
+    Returns:
+        the names removed.
+    """
+    from .stages import process_alive
+
+    started, removed = time.time(), []
+    for p in sorted(out.parent.glob(f".{glob.escape(out.name)}.*")):
+        pid, _, kind = p.name[len(out.name) + 2:].partition(".")
+        if kind not in ("partial", "old") or not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
+            continue
+        if kind == "old" and not (out / "manifest.json").is_file():
+            continue  # the swap did not finish: this may be the only copy of the earlier bundle
+        if kind == "partial" and p.stat().st_mtime >= started:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p.name)
+    if removed:
+        log(f"removed {len(removed)} stale staging folder(s) of interrupted exports to {out.name}: {', '.join(removed)}")
+    return removed
+
+
+def uniform_file_modes(d: Path) -> int:
+    """Give every file under ``d`` the mode a new file gets under the current umask (``0666 &
+    ~umask``): the onnx library writes external weight files ``0600``, which made a bundle shared
+    across users or cluster nodes unreadable for the others. Returns the mode."""
+    mask = os.umask(0)
+    os.umask(mask)
+    mode = 0o666 & ~mask
+    for p in d.rglob("*"):
+        if p.is_file():
+            p.chmod(mode)
+    return mode
+
+
 def _bundle_files(d: Path, graphs: dict) -> list[str]:
     files = {"tokenizer.json"}
     for entry in graphs.values():
         files.add(entry["file"])
         files.update(v["file"] for v in entry.get("variants", {}).values())
-    files.update(p.name for p in d.iterdir() if p.suffix == ".data")  # external weights (so400m)
+    files.update(p.name for p in d.iterdir() if p.suffix == ".data")  # external weights
     return sorted(files)
 
 
 def _linked_copy(src: Path, dst: Path, names: Sequence[str]) -> Path:
-    """``dst`` holding hard links to ``src``'s files (the fp32 reference while the stage's graphs
-    are replaced: a replaced file gets a new inode, the link keeps the old one).
+    """``dst`` holding hard links to ``src``'s files.
 
-    External-weight files (``*.data``, so400m's graphs) are copied, not linked: the onnx library
-    refuses to read external data from a file with more than one hard link ("potential hardlink
-    attack"), which made every transform of an so400m graph fail."""
+    External-weight files (``*.data``) are copied, not linked: the onnx library refuses to read
+    external data from a file with more than one hard link ("potential hardlink attack"), which
+    made every transform of an so400m graph fail."""
     dst.mkdir()
     for name in names:
         if name.endswith(".data"):
@@ -282,129 +216,214 @@ def _linked_copy(src: Path, dst: Path, names: Sequence[str]) -> Path:
     return dst
 
 
-def _export_into(out: Path, model: str, max_num_patches, revision, validate: bool, log, precision: str,
-                 transforms: list, ort_cpu_variant: bool = True) -> None:
-    import torch
+@dataclass
+class _Job:
+    """One export: its settings, and what its stages hand each other."""
 
-    from . import cp_head, fusion, graphs, validate as val
-    from .precision import PrecisionTransform, emulated_bf16_file, policy
-    from .transforms import run_transforms
+    out: Path
+    model: str
+    max_num_patches: int | None
+    revision: str | None
+    validate: bool
+    precision: str
+    transforms: list
+    fused: bool
+    max_memory_gb: float | None
+    clock: StageClock
+    info: dict = field(default_factory=dict)  # the checkpoint: settings, architecture, weight sizes
+    refs: dict = field(default_factory=dict)  # PyTorch outputs the validation compares against
+    graphs: dict = field(default_factory=dict)  # the manifest's graphs section
+
+
+def _export_into(out: Path, model: str, max_num_patches, revision, validate: bool, log, precision: str,
+                 transforms: list, ort_cpu_variant: bool = True, max_memory_gb: float | None = None) -> None:
+    from .torch_worker import TorchWorker
 
     t0 = time.time()
-    m, processor, source = _load(model, revision)
-    image = image_settings_from_processor(m, processor, max_num_patches)
-    text = text_settings_from_processor(m, processor)
-    _save_tokenizer(processor, out / "tokenizer.json")
-    vm, tm = m.vision_model, m.text_model
-    if not getattr(vm, "use_head", True) or not hasattr(vm, "head"):
-        raise CheckpointError("this checkpoint's vision tower has no attention-pooling head; PF needs it")
-    width = int(vm.config.hidden_size)
-    if image["mode"] == "naflex":
-        vspec = graphs.vision_spec_naflex(vm, image["patch_size"], image["position_grid"], trace_patches=64)
-    else:
-        vspec = graphs.vision_spec_fixed(vm, image["image_size"][0])
-    specs = [vspec, graphs.pool_spec(vm.head, width, trace_tokens=48),
-             graphs.text_spec(tm, text["max_length"], int(m.config.text_config.vocab_size)),
-             cp_head.cp_spec(width)]
-    report = {}
-    torch.set_grad_enabled(False)
-    for spec in specs:
-        t = time.time()
-        graphs.export_graph(spec, out / spec.file, opset=OPSET)
-        log(f"exported {spec.name} -> {spec.file} ({time.time() - t:.1f}s)")
+    job = _Job(out, model, max_num_patches, revision, validate, precision, transforms,
+               ort_cpu_variant and precision == "fp32", max_memory_gb, StageClock(log))
+    with TorchWorker(job.clock) as worker:
+        _open_checkpoint(job, worker)
+        _torch_stages(job, worker)
+    manifest = _manifest(job)
     if validate:
-        report = val.validate_bundle_graphs(out, m, processor, image, text, log=log)
-    graph_entries = {s.name: s.manifest_entry() for s in specs}
-    manifest = {
-        "source": source,
-        "architecture": {"model_type": m.config.model_type, "vision_width": width,
-                         "text_projection": int(tm.head.out_features),
-                         "vision_layers": int(vm.config.num_hidden_layers),
-                         "pool_heads": int(vm.head.attention.num_heads)},
-        "image": image,
-        "text": text,
+        manifest["validation"] = _validation_stages(job)
+    _transform_stages(job, manifest)
+    _onnx_check_stage(job, manifest)
+    manifest["export_seconds"] = round(time.time() - t0, 1)
+    manifest["export_stages"] = job.clock.records
+    write_manifest(out, manifest)
+
+
+def _onnx_check_stage(job: _Job, manifest: dict) -> None:
+    """Every graph passes the ONNX checker (export/onnx_check.py), or no bundle."""
+    from .onnx_check import check_graphs
+
+    with job.clock.stage("onnx checker") as note:
+        checked = check_graphs(job.out, manifest["files"])
+        note["message"] = f"onnx.checker (full check) passed on {len(checked)} graphs"
+    manifest["onnx_checker"] = {"full_check": True, "graphs": checked}
+
+
+def _open_checkpoint(job: _Job, worker) -> None:
+    """Open the checkpoint in the worker (no weight read yet), then refuse a plan that does not
+    fit the memory limit before any stage reads the weights."""
+    from .stages import check_memory_plan, plan_memory
+
+    job.info = worker.run("checkpoint", lambda r: f"opened {job.model} ({r['architecture']['model_type']}, "
+                          f"{sum(r['tower_bytes'].values()) / 1e9:.2f} GB of fp32 weights, mapped lazily)",
+                          "open_checkpoint", job.model, job.revision, job.max_num_patches, str(job.out))
+    plan = plan_memory(job.info["tower_bytes"], job.precision, fused=job.fused)
+    job.clock.log(check_memory_plan(plan, job.max_memory_gb, job.model))
+
+
+def _torch_stages(job: _Job, worker) -> None:
+    """PyTorch references and graph exports, tower by tower, in the worker."""
+    from .external_data import data_files
+
+    for tower, graphs in (("vision", ("vision", "pool")), ("text", ("text", "cp"))):
+        if job.validate:
+            args = () if tower == "vision" else (str(job.out),)
+            job.refs.update(worker.run(f"{tower} references", lambda r, t=tower: f"computed the PyTorch outputs the "
+                                       f"{t} checks compare against", f"{tower}_references", *args))
+        for g in graphs:
+            entry = worker.run(f"export {g}", lambda e, g=g: f"exported {g} -> {e['file']}", "export", g, str(job.out), OPSET)
+            files = data_files(job.out / entry["file"])
+            if files:
+                entry["external_data"] = files
+            job.graphs[g] = entry
+
+
+def _manifest(job: _Job) -> dict:
+    info = job.info
+    return {
+        "source": info["source"],
+        "architecture": info["architecture"],
+        "image": info["image"],
+        "text": info["text"],
         "scoring": {"fg_threshold": DEFAULT_FG_THRESHOLD,
                     "cp_keeps": "reference patches with weight > fg_threshold",
                     "pf_hides": "output patches with weight >= fg_threshold, and padding slots",
                     "mask_downsample": "bilinear, align_corners=False, no antialias, clamp [0, 1]",
                     "reference": "masc-metric 0.3.0"},
-        "graphs": graph_entries,
-        "validation": report,
+        "graphs": job.graphs,
+        "validation": {},
         "precision": {"mode": "fp32"},
         "transforms": [],
         "variants": {},
         "versions": _versions(),
-        "files": _bundle_files(out, graph_entries),
+        "files": _bundle_files(job.out, job.graphs),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    if precision != "fp32":
-        transforms = [PrecisionTransform(precision)] + transforms
-    # The fused ONNX Runtime CPU graphs are made from fp32 graphs only (ONNX Runtime's fusions and
-    # their validation are measured there); reduced-precision bundles keep their portable graphs.
-    fused = fusion.FusionTransform.for_model(m) if ort_cpu_variant and precision == "fp32" else None
+
+
+def _validation_stages(job: _Job) -> dict:
+    """Each exported graph against the stored PyTorch outputs, one ONNX Runtime session at a time."""
+    from . import validate as val
+
+    report = {}
+    for g in ("vision", "pool", "text", "cp"):
+        with job.clock.stage(f"validate {g}") as note:
+            r = report[g] = val.check_graph(g, job.out / job.graphs[g]["file"], job.refs)
+            note["message"] = f"validated {g}: max |error| {r['max_abs']:.2e} (atol {r['atol']:g}) over {len(r['cases'])} cases"
+    return report
+
+
+def _transform_stages(job: _Job, manifest: dict) -> None:
+    """The transform pipeline (precision, the caller's, then the fused variant), one graph per
+    stage, each result validated; then the reduced-precision pair gates or the fused score check."""
+    from . import fusion
+    from . import validate as val
+    from .precision import PrecisionTransform
+    from .transforms import run_transforms
+
+    transforms = ([PrecisionTransform(job.precision)] if job.precision != "fp32" else []) + job.transforms
+    fused = fusion.FusionTransform(job.info["towers"]) if job.fused else None
     if fused is not None:
-        transforms = transforms + [fused]
-    if transforms:
-        import tempfile
+        transforms.append(fused)
+    if not transforms:
+        return
+    fp32_scores = _fp32_pair_scores(job, manifest) if job.precision != "fp32" else None
+    check = ((lambda g, path, gates: val.check_graph(g, path, job.refs, gates))
+             if job.validate else (lambda g, path, gates: {"skipped": True}))
+    manifest["transforms"] = run_transforms(job.out, job.graphs, transforms, check, log=job.clock.log,
+                                            stage=job.clock.stage)
+    _drop_unreferenced_data(job.out, job.graphs)
+    manifest["files"] = _bundle_files(job.out, job.graphs)
+    if job.precision != "fp32":
+        manifest["precision"] = _pair_gate_stage(job, manifest, transforms[0], fp32_scores)
+    if fused is not None:
+        manifest["variants"][fusion.VARIANT] = _variant_entry(job, fused)
 
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.fp32ref.") as tmp:
-            fp32_ref = None
-            if precision != "fp32":  # the reduced-precision pair gates score against these fp32 graphs
-                fp32_ref = _linked_copy(out, Path(tmp) / "fp32", manifest["files"])
-                write_manifest(fp32_ref, manifest)
-            check = ((lambda g, path, gates: val.validate_graph(g, path, out, m, processor, image, text, gates))
-                     if validate else (lambda g, path, gates: {"skipped": True}))
-            records = run_transforms(out, graph_entries, transforms, check, log=log)
-            _drop_unreferenced_data(out, graph_entries)
-            manifest["transforms"] = records
-            manifest["files"] = _bundle_files(out, graph_entries)
-            if precision != "fp32":
-                write_manifest(out, manifest)
-                scored = out
-                if precision == "bf16":  # no bf16 kernels on ORT CPU: score the emulated graphs
-                    scored = _linked_copy(out, Path(tmp) / "bf16emu", ["tokenizer.json"])
-                    for e in graph_entries.values():
-                        emulated_bf16_file(out / e["file"], scored / e["file"])
-                    plain = {g: {k: v for k, v in e.items() if k != "variants"} for g, e in graph_entries.items()}
-                    write_manifest(scored, {**manifest, "graphs": plain,
-                                            "files": ["tokenizer.json"] + [e["file"] for e in plain.values()]})
-                pair_report = val.validate_pairs(fp32_ref, scored, precision)
-                log(f"{precision} pair gates: max |dCP| {pair_report['max_abs_dcp']:.2e}, max |dPF| "
-                    f"{pair_report['max_abs_dpf']:.2e} over {pair_report['pairs']} pairs")
-                manifest["precision"] = {
-                    "mode": precision, "graphs": list(transforms[0].graphs), "policy": policy(),
-                    "pair_gates": pair_report,
-                    "validated_on": "ONNX Runtime CPU" + (", bf16 emulated (export/precision.py emulate_bf16)"
-                                                          if precision == "bf16" else ""),
-                }
-            if fused is not None:
-                entry = {"runtime": dict(fused.runtime), "transform": fused.name, "graphs": list(fused.graphs)}
-                if validate:
-                    entry["validation"] = {"scores": fusion.validate_variant_scores(out, graph_entries, m, processor,
-                                                                                    image, text)}
-                    log(f"validated {fusion.VARIANT} scores: max |dCP| {entry['validation']['scores']['max_abs_dcp']:.2e}, "
-                        f"max |dPF| {entry['validation']['scores']['max_abs_dpf']:.2e}")
-                manifest["variants"][fusion.VARIANT] = entry
-    manifest["export_seconds"] = round(time.time() - t0, 1)
-    from .onnx_check import check_graphs  # every graph passes the ONNX checker, or no bundle
 
-    manifest["onnx_checker"] = {"full_check": True, "graphs": check_graphs(out, manifest["files"])}
-    write_manifest(out, manifest)
+def _fp32_pair_scores(job: _Job, manifest: dict) -> dict:
+    """The reduced-precision pair gates' reference: the fp32 graphs' scores, made before the
+    precision transform replaces them (no copy of the fp32 graphs is kept)."""
+    from . import validate as val
+
+    with job.clock.stage("fp32 pair scores") as note:
+        write_manifest(job.out, manifest)
+        scores = val.pair_scores(job.out)
+        note["message"] = f"scored the fp32 graphs on {scores['pairs']} pairs (the pair gates' reference)"
+    return scores
+
+
+def _pair_gate_stage(job: _Job, manifest: dict, transform, fp32_scores: dict) -> dict:
+    """The reduced-precision bundle scored on the same pairs; bf16 emulated (no bf16 kernels on CPU)."""
+    import tempfile
+
+    from . import validate as val
+    from .precision import policy
+
+    p = job.precision
+    with job.clock.stage(f"{p} pair gates") as note:
+        write_manifest(job.out, manifest)
+        with tempfile.TemporaryDirectory(dir=job.out, prefix="bf16emu.") as tmp:
+            scored = _emulated_bf16_bundle(job, manifest, Path(tmp)) if p == "bf16" else job.out
+            rep = val.validate_pairs(None, scored, p, fp32_scores=fp32_scores)
+        note["message"] = (f"{p} pair gates: max |dCP| {rep['max_abs_dcp']:.2e}, max |dPF| {rep['max_abs_dpf']:.2e} "
+                           f"over {rep['pairs']} pairs")
+    return {"mode": p, "graphs": list(transform.graphs), "policy": policy(), "pair_gates": rep,
+            "validated_on": "ONNX Runtime CPU" + (", bf16 emulated (export/precision.py emulate_bf16)"
+                                                  if p == "bf16" else "")}
+
+
+def _emulated_bf16_bundle(job: _Job, manifest: dict, d: Path) -> Path:
+    from .precision import emulated_bf16_file
+
+    scored = _linked_copy(job.out, d / "bundle", ["tokenizer.json"])
+    for e in job.graphs.values():
+        emulated_bf16_file(job.out / e["file"], scored / e["file"])
+    plain = {g: {k: v for k, v in e.items() if k not in ("variants", "external_data")} for g, e in job.graphs.items()}
+    files = ["tokenizer.json"] + [e["file"] for e in plain.values()] + [p.name for p in scored.glob("*.data")]
+    write_manifest(scored, {**manifest, "graphs": plain, "files": files})
+    return scored
+
+
+def _variant_entry(job: _Job, fused) -> dict:
+    """The manifest's ``variants["ort-cpu"]``, with the fused graphs' CP and PF checked against PyTorch."""
+    from . import fusion
+
+    entry = {"runtime": dict(fused.runtime), "transform": fused.name, "graphs": list(fused.graphs)}
+    if job.validate:
+        with job.clock.stage(f"{fusion.VARIANT} scores") as note:
+            refs = {"vision": job.refs["scores_vision"], "text": job.refs["scores_text"]}
+            rep = fusion.check_variant_scores(job.out, job.graphs, refs)
+            note["message"] = (f"validated {fusion.VARIANT} scores: max |dCP| {rep['max_abs_dcp']:.2e}, "
+                               f"max |dPF| {rep['max_abs_dpf']:.2e}")
+        entry["validation"] = {"scores": rep}
+    return entry
 
 
 def _drop_unreferenced_data(out: Path, graph_entries: dict) -> None:
-    """Remove external-weight files no graph of the bundle references any more (a replaced
-    so400m fp32 graph's ``.data``)."""
-    import onnx
+    """Remove external-weight files no graph of the bundle references any more (a replaced fp32
+    graph's ``.data``)."""
+    from .external_data import data_files
 
     used = set()
     for name in _bundle_files(out, graph_entries):
         if name.endswith(".onnx"):
-            model = onnx.load(str(out / name), load_external_data=False)
-            for t in model.graph.initializer:
-                for kv in t.external_data:
-                    if kv.key == "location":
-                        used.add(kv.value)
+            used.update(data_files(out / name))
     for p in out.iterdir():
         if p.suffix == ".data" and p.name not in used:
             p.unlink()

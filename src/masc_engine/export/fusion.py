@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MascEngineError
+from . import external_data
 
 #: Name of the variant in the manifest and the infix of its files (``vision.ort-cpu.onnx``).
 VARIANT = "ort-cpu"
@@ -257,12 +258,13 @@ def fuse_graph(src: str | Path, dst: str | Path, num_heads: int, hidden_size: in
 
     Args:
         src: the portable graph (``vision.onnx`` or ``text.onnx``).
-        dst: where to write the fused graph; its weights go to ``<dst>.data`` beside it.
+        dst: where to write the fused graph. Its tensors equal to tensors of ``src``'s data file
+            (same folder) point there; the rest go to ``<dst>.data`` (:func:`_share_with_source`).
         num_heads, hidden_size: the tower's attention heads and width.
 
     Returns:
         Facts for the manifest: ``fusions`` (fused node counts by op type), ``adapter`` (:func:`canonicalize_attention`'s report),
-        ``optimizer`` settings and version.
+        ``external_data`` (data files and the shared / own tensors and bytes), ``optimizer`` settings and version.
 
     Raises:
         FusionError: an attention block was left unfused (any Softmax remains), or fewer
@@ -296,19 +298,78 @@ def fuse_graph(src: str | Path, dst: str | Path, num_heads: int, hidden_size: in
         raise FusionError(f"{Path(src).name}: unexpected attention mask inputs {sorted(masks)}")
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    # Weights in ``<dst>.data`` beside the graph: ONNX Runtime reads them without parsing a
-    # protobuf of the model's size, which made session creation for the base vision graph
-    # 2.6 s instead of 4.3 s here (start-up, issue 10); also keeps so400m under protobuf's 2 GiB.
-    for old in (dst, Path(str(dst) + ".data")):
-        old.unlink(missing_ok=True)
-    opt.save_model_to_file(str(dst), use_external_data_format=True)
+    opt.topological_sort()
+    del model, opt
+    shared = _share_with_source(fused, Path(src), dst)
+    # Weights in data files beside the graph (the portable graph's, and ``<dst>.data`` for what
+    # differs): ONNX Runtime reads them without parsing a protobuf of the model's size, which made
+    # session creation for the base vision graph 2.6 s instead of 4.3 s here; also keeps so400m
+    # under protobuf's 2 GiB.
+    files = external_data.save_model(fused, dst)
     return {
         "fusions": {k.split("::", 1)[1]: v for k, v in after.items() if k.startswith("com.microsoft::")},
         "adapter": adapter,
+        "external_data": {"files": files, **shared},
         "optimizer": {"tool": "onnxruntime.transformers.optimizer.optimize_model", "onnxruntime": onnxruntime.__version__,
                       "model_type": "bert", "opt_level": 0, "num_heads": int(num_heads), "hidden_size": int(hidden_size),
                       "attention_mask_format": "AttentionMask (raw 2-D)", "enable_embed_layer_norm": False},
     }
+
+
+def share_packed_qkv(model, index: dict) -> int:
+    """Replace each ``Attention`` node's packed QKV weight ``[D, 3D]`` whose three ``[D, D]``
+    column blocks are tensors of ``index`` (the portable graph's separate Q, K and V weights) by a
+    ``Concat`` of those three, pointing at the portable graph's data (in place).
+
+    The packed weight is the only large tensor the fusion makes (3/11 of an encoder layer's
+    weights at SigLIP2's shapes); ONNX Runtime folds the ``Concat`` into the same packed tensor at
+    session creation (constant folding) and the Attention kernel prepacks it as before: the base
+    vision graph's outputs were bit-identical, its session memory +3% (343 -> 353 MB).
+
+    Returns:
+        ``(packed weights replaced, bytes they no longer store)``.
+    """
+    from onnx import helper, numpy_helper
+
+    inits = {t.name: i for i, t in enumerate(model.graph.initializer)}
+    drop, blocks, concats, saved = [], [], [], 0
+    for node in model.graph.node:
+        if node.op_type != "Attention" or node.domain != "com.microsoft" or node.input[1] not in inits:
+            continue
+        w = model.graph.initializer[inits[node.input[1]]]
+        if len(w.dims) != 2 or w.dims[1] % 3:
+            continue
+        parts = [numpy_helper.from_array(np.ascontiguousarray(p), f"{w.name}_{x}")
+                 for p, x in zip(np.split(numpy_helper.to_array(w), 3, axis=1), "qkv")]
+        hits = [index.get(external_data.tensor_key(t.data_type, t.dims, t.raw_data)) for t in parts]
+        if any(h is None for h in hits):
+            continue
+        for t, hit in zip(parts, hits):
+            external_data.point_at(t, *hit)
+            saved += hit[2]
+        blocks += parts
+        drop.append(inits[node.input[1]])
+        concats.append(helper.make_node("Concat", [t.name for t in parts], [w.name], axis=1, name=f"{w.name}_concat"))
+    for i in sorted(drop, reverse=True):
+        del model.graph.initializer[i]
+    model.graph.initializer.extend(blocks)
+    for n in reversed(concats):  # inputs are initializers: safe at the top
+        model.graph.node.insert(0, n)
+    return len(concats), saved
+
+
+def _share_with_source(fused, src: Path, dst: Path) -> dict:
+    """Point the fused graph's tensors at the portable graph's data where the bytes are the same
+    (:func:`share_packed_qkv`, then :func:`external_data.share_tensors`); only when both graphs
+    sit in one folder (a bundle), since a data file is named relative to its graph."""
+    if src.resolve().parent != dst.resolve().parent or not external_data.data_files(src):
+        return {"shared_with": None}
+    index = external_data.external_tensor_index(src)
+    packed, packed_bytes = share_packed_qkv(fused, index)
+    facts = external_data.share_tensors(fused, index)
+    facts["shared_tensors"] += 3 * packed
+    facts["shared_bytes"] += packed_bytes
+    return {"shared_with": external_data.data_files(src), "packed_qkv_as_concat": packed, **facts}
 
 
 def _ellipse_mask(height: int, width: int, seed: int) -> np.ndarray:
@@ -320,49 +381,45 @@ def _ellipse_mask(height: int, width: int, seed: int) -> np.ndarray:
     return ((((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2) <= 1).astype(np.uint8) * 255
 
 
-def validate_scores(model, processor, image: dict, text: dict, bundle_dir: Path, vision_runner, text_runner,
-                    pool_runner) -> dict:
-    """CP and PF from a graph set against the same scores from PyTorch, on off-trace shapes.
+#: Prompts of the score check (PF against two texts).
+SCORE_PROMPTS = ["a dog on the beach", "a red backpack with a city in the background"]
 
-    PyTorch side: ``vision_model(...)`` on the reference processor's inputs (all validation
-    images in one padded batch), the pooling head ``head.attention(..., key_padding_mask=...)``
-    with the output's foreground hidden (masc-metric 0.3.0 ``MaSC._pool_with_kpm``), the text
-    tower's pooled output. Graph side: our preprocessing, ``vision_runner`` (the images in one
-    batch, padded to the longest), ``pool_runner``, ``text_runner``. CP is
-    ``heads.masked_maxcos`` on each side's tokens. Every ordered pair of the
-    ``validate.VALIDATION_SIZES`` images (tall, wide, tiny, square grids) with an ellipse mask
-    each, and two prompts.
 
-    Returns:
-        ``{"max_abs": max(|dCP|, |dPF|), "max_abs_dcp", "max_abs_dpf", "pairs", "atol", "cases"}``.
+def _score_images(image: dict):
+    """The score check's images (``validate.VALIDATION_SIZES``: tall, wide, tiny, square grids),
+    their ellipse masks and our preprocessing of them."""
+    from ..runtime.preprocess import ImageSettings, preprocess_image
+    from .validate import VALIDATION_SIZES, synthetic_image
 
-    Raises:
-        ExportValidationError: past ``tolerances.ORACLE_SCORE_ATOL`` (1e-5), or a NaN on one side only.
-    """
+    s = ImageSettings.from_manifest(image)
+    imgs = [synthetic_image(h, w, seed=h * 7 + w) for h, w in VALIDATION_SIZES]
+    masks = [_ellipse_mask(h, w, seed=i) for i, (h, w) in enumerate(VALIDATION_SIZES)]
+    return s, imgs, masks, [preprocess_image(im, s) for im in imgs]
+
+
+def score_references_vision(vision_model, processor, image: dict) -> dict:
+    """PyTorch's vision side of the score check (:func:`check_scores`), computed before any ONNX
+    Runtime session exists: each image's patch tokens from ``vision_model(...)`` on the reference
+    processor's inputs (all images in one padded batch), and for each output image the pooling
+    head ``head.attention(..., key_padding_mask=...)`` with its foreground hidden (masc-metric
+    0.3.0 ``MaSC._pool_with_kpm``). Also the graph side's feeds (our preprocessing, one batch
+    padded to the longest) and mask weights, so the check needs no PyTorch."""
     import torch
 
     from ..runtime import heads
     from ..runtime.masks import mask_to_patch_grid
     from ..runtime.position import position_weights
-    from ..runtime.preprocess import ImageSettings, preprocess_image
-    from ..runtime.text import PromptTokenizer, TextSettings
-    from ..tolerances import ORACLE_SCORE_ATOL
-    from .validate import VALIDATION_SIZES, _check, synthetic_image
 
-    s = ImageSettings.from_manifest(image)
-    vm = model.vision_model
-    imgs = [synthetic_image(h, w, seed=h * 7 + w) for h, w in VALIDATION_SIZES]
-    masks = [_ellipse_mask(h, w, seed=i) for i, (h, w) in enumerate(VALIDATION_SIZES)]
-    pre = [preprocess_image(im, s) for im in imgs]
+    s, imgs, masks, pre = _score_images(image)
     counts = [p.spatial_shape[0] * p.spatial_shape[1] for p in pre]
     with torch.no_grad():
         if s.mode == "naflex":
             ref_in = processor.image_processor(images=imgs, max_num_patches=s.max_num_patches, return_tensors="pt")
-            ref = vm(pixel_values=ref_in["pixel_values"], pixel_attention_mask=ref_in["pixel_attention_mask"],
-                     spatial_shapes=ref_in["spatial_shapes"]).last_hidden_state.numpy()
+            ref = vision_model(pixel_values=ref_in["pixel_values"], pixel_attention_mask=ref_in["pixel_attention_mask"],
+                               spatial_shapes=ref_in["spatial_shapes"]).last_hidden_state.numpy()
         else:
             ref_in = processor.image_processor(images=imgs, return_tensors="pt")
-            ref = vm(pixel_values=ref_in["pixel_values"]).last_hidden_state.numpy()
+            ref = vision_model(pixel_values=ref_in["pixel_values"]).last_hidden_state.numpy()
     if s.mode == "naflex":
         n = max(counts)
         feeds = {"pixel_values": np.stack([p.pixel_values[:n] for p in pre]),
@@ -371,44 +428,105 @@ def validate_scores(model, processor, image: dict, text: dict, bundle_dir: Path,
                                                for p in pre])}
     else:
         feeds = {"pixel_values": np.stack([p.pixel_values for p in pre])}
-    got = vision_runner.run(feeds)["last_hidden_state"]
-    ref_tok = [ref[i, :c] for i, c in enumerate(counts)]
-    got_tok = [got[i, :c] for i, c in enumerate(counts)]
+    tokens = [ref[i, :c] for i, c in enumerate(counts)]
     weights = [mask_to_patch_grid(m, p.spatial_shape) for m, p in zip(masks, pre)]
-    prompts = ["a dog on the beach", "a red backpack with a city in the background"]
-    tok = PromptTokenizer(Path(bundle_dir) / text["tokenizer_file"], TextSettings.from_manifest(text))
-    ids = np.stack([e.input_ids for e in tok.encode(prompts)])
-    with torch.no_grad():
-        t_ref = model.text_model(input_ids=torch.from_numpy(ids)).pooler_output.numpy()
-    t_got = text_runner.run({"input_ids": ids})["text_embeds"]
-    head = vm.head
-    d_cp, d_pf, pairs = [], [], 0
-    for j, (w_out, rt, gt) in enumerate(zip(weights, ref_tok, got_tok)):
-        kpm = heads.background_key_padding_mask(w_out)
+    head, pooled = vision_model.head, []
+    for w_out, rt in zip(weights, tokens):
+        kpm = heads.background_key_padding_mask(w_out, 0.5)
         if kpm.all():
+            pooled.append(None)
             continue
         with torch.no_grad():
             x = torch.from_numpy(rt[None])
             att = head.attention(head.probe, x, x, key_padding_mask=torch.from_numpy(kpm[None]))[0]
-            pooled_ref = (att + head.mlp(head.layernorm(att)))[0, 0].numpy()
-        pooled_got = pool_runner.run({"hidden": gt[None], "key_padding_mask": kpm[None]})["pooled"][0]
-        for k in range(len(prompts)):
-            d_pf.append(abs(heads.cosine(pooled_got, t_got[k]) - heads.cosine(pooled_ref, t_ref[k])))
-        for i in range(len(imgs)):
+            pooled.append((kpm, (att + head.mlp(head.layernorm(att)))[0, 0].numpy()))
+    return {"feeds": feeds, "counts": counts, "tokens": tokens, "weights": weights, "pooled": pooled,
+            "grids": [list(p.spatial_shape) for p in pre]}
+
+
+def score_prompt_ids(text: dict, bundle_dir: Path) -> np.ndarray:
+    """Token ids of :data:`SCORE_PROMPTS` from the bundle's tokenizer (no PyTorch)."""
+    from ..runtime.text import PromptTokenizer, TextSettings
+
+    tok = PromptTokenizer(Path(bundle_dir) / text["tokenizer_file"], TextSettings.from_manifest(text))
+    return np.stack([e.input_ids for e in tok.encode(SCORE_PROMPTS)])
+
+
+def score_references_text(text_model, ids: np.ndarray) -> dict:
+    """PyTorch's text side of the score check: the text tower's pooled output for ``ids``."""
+    import torch
+
+    with torch.no_grad():
+        return {"ids": ids, "embeds": text_model(input_ids=torch.from_numpy(ids)).pooler_output.numpy()}
+
+
+def check_scores(refs: dict, runner_for) -> dict:
+    """CP and PF from a graph set against the same scores from PyTorch, on off-trace shapes.
+
+    Every ordered pair of the ``validate.VALIDATION_SIZES`` images (tall, wide, tiny, square
+    grids) with an ellipse mask each, and two prompts. CP is ``heads.masked_maxcos`` on each
+    side's tokens; PF the cosine of the pooled output (foreground hidden) to each prompt's
+    embedding.
+
+    Args:
+        refs: ``{"vision": score_references_vision(...), "text": score_references_text(...)}``.
+        runner_for: ``graph -> runner`` for ``vision``, ``text`` and ``pool``; called once per
+            graph, in that order, and the runner dropped (with its memory) before the next.
+
+    Returns:
+        ``{"max_abs": max(|dCP|, |dPF|), "max_abs_dcp", "max_abs_dpf", "pairs", "atol", "cases"}``.
+
+    Raises:
+        ExportValidationError: past ``tolerances.ORACLE_SCORE_ATOL`` (1e-5), or a NaN on one side only.
+    """
+    from ..runtime import heads
+    from ..tolerances import ORACLE_SCORE_ATOL
+    from .stages import release_memory
+    from .validate import _check
+
+    v, t = refs["vision"], refs["text"]
+    got = runner_for("vision").run(v["feeds"])["last_hidden_state"]
+    got_tok = [got[i, :c] for i, c in enumerate(v["counts"])]
+    del got
+    release_memory()
+    t_got = runner_for("text").run({"input_ids": t["ids"]})["text_embeds"]
+    release_memory()
+    pool = runner_for("pool")
+    d_cp, d_pf, pairs = [], [], 0
+    for j, (pooled, gt) in enumerate(zip(v["pooled"], got_tok)):
+        if pooled is None:
+            continue
+        kpm, pooled_ref = pooled
+        pooled_got = pool.run({"hidden": gt[None], "key_padding_mask": kpm[None]})["pooled"][0]
+        for k in range(len(t["ids"])):
+            d_pf.append(abs(heads.cosine(pooled_got, t_got[k]) - heads.cosine(pooled_ref, t["embeds"][k])))
+        for i in range(len(got_tok)):
             if i == j:
                 continue
-            cp_ref, _ = heads.masked_maxcos(ref_tok[i], rt, weights[i])
-            cp_got, _ = heads.masked_maxcos(got_tok[i], gt, weights[i])
+            cp_ref, _ = heads.masked_maxcos(v["tokens"][i], v["tokens"][j], v["weights"][i], 0.5)
+            cp_got, _ = heads.masked_maxcos(got_tok[i], gt, v["weights"][i], 0.5)
             if np.isnan(cp_ref) != np.isnan(cp_got):
                 d_cp.append(float("inf"))
             elif not np.isnan(cp_ref):
                 d_cp.append(abs(cp_got - cp_ref))
             pairs += 1
+    del pool
+    release_memory()
     case = {"max_abs": float(max(d_cp + d_pf)), "max_abs_dcp": float(max(d_cp)), "max_abs_dpf": float(max(d_pf)),
-            "pairs": pairs, "grids": [list(p.spatial_shape) for p in pre], "prompts": len(prompts)}
+            "pairs": pairs, "grids": v["grids"], "prompts": len(t["ids"])}
     report = _check("scores", [case], atol=ORACLE_SCORE_ATOL, against="PyTorch (CP and PF)")
     report.update(max_abs_dcp=case["max_abs_dcp"], max_abs_dpf=case["max_abs_dpf"], pairs=pairs)
     return report
+
+
+def validate_scores(model, processor, image: dict, text: dict, bundle_dir: Path, vision_runner, text_runner,
+                    pool_runner) -> dict:
+    """:func:`check_scores` on open runners, the references computed from ``model`` (a
+    transformers ``Siglip2Model``) first."""
+    refs = {"vision": score_references_vision(model.vision_model, processor, image),
+            "text": score_references_text(model.text_model, score_prompt_ids(text, bundle_dir))}
+    runners = {"vision": vision_runner, "text": text_runner, "pool": pool_runner}
+    return check_scores(refs, runners.__getitem__)
 
 
 class FusionTransform:
@@ -448,21 +566,36 @@ class FusionTransform:
         return fuse_graph(src, dst, heads_, width)
 
 
-def validate_variant_scores(bundle_dir: str | Path, graphs: dict, model, processor, image: dict, text: dict) -> dict:
-    """:func:`validate_scores` on the fused graphs of a bundle being written (the pooling head is
-    the portable one, as at run time).
+def variant_runner_for(bundle_dir: str | Path, graphs: dict):
+    """``graph -> OrtRunner`` on the fused graphs of a bundle being written (the pooling head is
+    the portable one, as at run time), each opened when asked for (lean CPU memory)."""
+    from ..engine.backends.onnxruntime import OrtRunner
+
+    d = Path(bundle_dir)
+
+    def runner_for(graph: str):
+        entry = graphs[graph]
+        return OrtRunner(d / entry.get("variants", {}).get(VARIANT, entry)["file"], graph, ort_memory="lean")
+
+    return runner_for
+
+
+def check_variant_scores(bundle_dir: str | Path, graphs: dict, refs: dict) -> dict:
+    """:func:`check_scores` on the fused graphs of a bundle being written, one session at a time.
 
     Args:
         graphs: the manifest's ``graphs`` section, with the ``ort-cpu`` variant recorded by the
             transform pipeline.
+        refs: the score check's PyTorch references (:func:`check_scores`).
 
     Raises:
         ExportValidationError: CP or PF past ``tolerances.ORACLE_SCORE_ATOL``.
     """
-    from ..engine.backends.onnxruntime import OrtRunner
+    return check_scores(refs, variant_runner_for(bundle_dir, graphs))
 
-    d = Path(bundle_dir)
-    vision = OrtRunner(d / graphs["vision"]["variants"][VARIANT]["file"], "vision")
-    text_runner = OrtRunner(d / graphs["text"]["variants"][VARIANT]["file"], "text")
-    return validate_scores(model, processor, image, text, d, vision, text_runner,
-                           OrtRunner(d / graphs["pool"]["file"], "pool"))
+
+def validate_variant_scores(bundle_dir: str | Path, graphs: dict, model, processor, image: dict, text: dict) -> dict:
+    """:func:`check_variant_scores` with the references computed from ``model`` first."""
+    refs = {"vision": score_references_vision(model.vision_model, processor, image),
+            "text": score_references_text(model.text_model, score_prompt_ids(text, bundle_dir))}
+    return check_variant_scores(bundle_dir, graphs, refs)

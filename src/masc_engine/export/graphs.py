@@ -21,6 +21,7 @@ Graphs (SigLIP2 names; ``B`` batch, ``N`` patch tokens, ``D`` width, ``G`` posit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -126,6 +127,11 @@ class GraphSpec:
     module: nn.Module
     example: Callable[[], tuple]  # torch tensors for tracing
     extra: dict = field(default_factory=dict)
+    #: Weights in ``<file>.data`` beside the graph (the towers): ONNX Runtime maps them instead of
+    #: parsing a protobuf of the model's size, onnx reads the graph without them, the exporter
+    #: streams them to disk tensor by tensor, and the fused variant points at them instead of
+    #: storing a second copy (export/external_data.py).
+    external_data: bool = False
 
     def manifest_entry(self) -> dict:
         return {
@@ -154,7 +160,7 @@ def vision_spec_naflex(vision_model, patch_size: int, grid: int, trace_patches: 
                 TensorSpec("pixel_attention_mask", "int32", ("batch", "num_patches")),
                 TensorSpec("position_weights", "float32", ("batch", "num_patches", grid * grid))],
         outputs=[TensorSpec("last_hidden_state", "float32", ("batch", "num_patches", d))],
-        module=NaFlexVisionTower(vision_model).eval(), example=example,
+        module=NaFlexVisionTower(vision_model).eval(), example=example, external_data=True,
     )
 
 
@@ -169,7 +175,7 @@ def vision_spec_fixed(vision_model, image_size: int) -> GraphSpec:
         name="vision", file="vision.onnx",
         inputs=[TensorSpec("pixel_values", "float32", ("batch", 3, image_size, image_size))],
         outputs=[TensorSpec("last_hidden_state", "float32", ("batch", n, d))],
-        module=FixedVisionTower(vision_model).eval(), example=example,
+        module=FixedVisionTower(vision_model).eval(), example=example, external_data=True,
     )
 
 
@@ -202,7 +208,7 @@ def text_spec(text_model, length: int, vocab_size: int) -> GraphSpec:
         name="text", file="text.onnx",
         inputs=[TensorSpec("input_ids", "int64", ("batch", length))],
         outputs=[TensorSpec("text_embeds", "float32", ("batch", proj))],
-        module=TextTower(text_model).eval(), example=example,
+        module=TextTower(text_model).eval(), example=example, external_data=True,
     )
 
 
@@ -229,7 +235,10 @@ def export_graph(spec: GraphSpec, path, opset: int = 18) -> None:
             output_names=[t.name for t in spec.outputs], dynamic_shapes=dynamic_shapes,
             verbose=False, optimize=True,
         )
-    prog.save(str(path), external_data=_needs_external_data(spec.module))
+    external = spec.external_data or _needs_external_data(spec.module)
+    if external:  # the writer appends to an existing data file
+        Path(str(path) + ".data").unlink(missing_ok=True)
+    prog.save(str(path), external_data=external)
 
 
 def _forward_arg_names(module: nn.Module) -> list[str]:

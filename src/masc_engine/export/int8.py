@@ -26,12 +26,20 @@ def quantize_graphs(src: str | Path, stage: str | Path, log=print) -> dict:
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    from .external_data import data_files
+    from .stages import release_memory
+
     src, stage = Path(src), Path(stage)
     manifest = read_manifest(src)
     for graph in INT8_GRAPHS:
-        f = stage / manifest["graphs"][graph]["file"]
-        quantize_dynamic(str(src / manifest["graphs"][graph]["file"]), str(f), op_types_to_quantize=["MatMul"],
+        entry = manifest["graphs"][graph]
+        f = stage / entry["file"]
+        quantize_dynamic(str(src / entry["file"]), str(f), op_types_to_quantize=["MatMul"],
                          per_channel=True, weight_type=QuantType.QInt8)
+        entry.pop("external_data", None)  # written inline: the fp32 weight file is no longer read
+        if data_files(f):
+            entry["external_data"] = data_files(f)
+        release_memory()
         log(f"quantized {graph} -> int8 ({f.stat().st_size / 1e6:.1f} MB)")
     manifest["precision"] = {"mode": "int8-dynamic", "graphs": list(INT8_GRAPHS), "source_bundle": str(src)}
     # The fp32 bundle's fused ort-cpu graphs (export/fusion.py) would otherwise be picked on CPU

@@ -41,6 +41,7 @@ needed (:class:`GraphTransform` is a ``typing.Protocol``). Example::
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
@@ -96,16 +97,28 @@ def variant_file(graph_file: str, variant: str) -> str:
     return f"{stem}.{variant}.onnx"
 
 
+@contextmanager
+def _logged(name: str, log: Callable[[str], None]):
+    """The default stage of :func:`run_transforms`: print the stage's message, nothing else."""
+    note: dict = {}
+    yield note
+    log(note.get("message", name))
+
+
 def run_transforms(bundle_dir: str | Path, graphs: dict, transforms: Sequence[GraphTransform],
-                   validate: Validator, log: Callable[[str], None] = print) -> list[dict]:
+                   validate: Validator, log: Callable[[str], None] = print, stage=None) -> list[dict]:
     """Apply ``transforms`` in order to the graphs of a bundle being written, validating each.
 
     Args:
         bundle_dir: the (staging) bundle directory holding the exported graphs.
         graphs: the manifest's ``graphs`` section (``{name: {"file": ..., ...}}``); updated in
-            place: a variant is added under ``graphs[name]["variants"][variant]``.
+            place: a variant is added under ``graphs[name]["variants"][variant]``; each written
+            file's external data files (export/external_data.py) under ``external_data``.
         transforms: applied in this order; a replacing transform's output is the next one's input.
         validate: checks one written file against PyTorch with the named gates (raises on failure).
+        stage: ``stage(name)``: a context manager around each (transform, graph) step that prints
+            ``note["message"]`` as the step's line (export/stages.py ``StageClock.stage``: with its
+            time and memory); default: the line alone.
 
     Returns:
         The manifest's ``transforms`` records, in order.
@@ -115,6 +128,7 @@ def run_transforms(bundle_dir: str | Path, graphs: dict, transforms: Sequence[Gr
         ExportValidationError: (from ``validate``) a transformed graph fails its gates.
     """
     bundle_dir = Path(bundle_dir)
+    stage = stage or (lambda name: _logged(name, log))
     records = []
     for t in transforms:
         if t.gates not in GATES:
@@ -122,27 +136,42 @@ def run_transforms(bundle_dir: str | Path, graphs: dict, transforms: Sequence[Gr
         for g in t.graphs:
             if g not in graphs:
                 raise ValueError(f"transform {t.name!r} applies to graph {g!r}, which the bundle does not have")
-            src_name = graphs[g]["file"]
-            dst_name = src_name if t.variant is None else variant_file(src_name, t.variant)
-            src, dst = bundle_dir / src_name, bundle_dir / dst_name
-            before = op_counts(src)
-            if t.variant is None:
-                # Write beside the source first: a replacing transform must not clobber its own input.
-                tmp = dst.with_name(dst.name + ".tmp.onnx")
-                facts = t.apply(g, src, tmp) or {}
-                tmp.replace(dst)
-            else:
-                # A new file: written under its final name, so external weights it writes
-                # (``<dst>.data``, referenced by name from inside the graph) need no renaming.
-                facts = t.apply(g, src, dst) or {}
-            after = op_counts(dst)
-            report = validate(g, dst, t.gates)
-            if t.variant is not None:
-                graphs[g].setdefault("variants", {})[t.variant] = {"file": dst_name, "transform": t.name}
-            records.append({"transform": t.name, "graph": g, "settings": t.settings(), "variant": t.variant,
-                            "file": dst_name, "gates": t.gates, "nodes_before": sum(before.values()),
-                            "nodes_after": sum(after.values()), "op_counts_before": before,
-                            "op_counts_after": after, "facts": facts, "validation": report})
-            log(f"transform {t.name} on {g} -> {dst_name}: {sum(before.values())} -> {sum(after.values())} nodes, "
-                f"validated ({t.gates} gates)")
+            with stage(f"{t.name} {g}") as note:
+                rec = _apply(bundle_dir, graphs, t, g, validate)
+                note["message"] = (f"transform {t.name} on {g} -> {rec['file']}: {rec['nodes_before']} -> "
+                                   f"{rec['nodes_after']} nodes, validated ({t.gates} gates)")
+            records.append(rec)
     return records
+
+
+def _apply(bundle_dir: Path, graphs: dict, t: GraphTransform, g: str, validate: Validator) -> dict:
+    """One transform on one graph: write, count nodes, validate, record (see :func:`run_transforms`)."""
+    from .external_data import data_files
+
+    src_name = graphs[g]["file"]
+    dst_name = src_name if t.variant is None else variant_file(src_name, t.variant)
+    src, dst = bundle_dir / src_name, bundle_dir / dst_name
+    before = op_counts(src)
+    if t.variant is None:
+        # Write beside the source first: a replacing transform must not clobber its own input.
+        tmp = dst.with_name(dst.name + ".tmp.onnx")
+        facts = t.apply(g, src, tmp) or {}
+        tmp.replace(dst)
+    else:
+        # A new file: written under its final name, so external weights it writes
+        # (``<dst>.data``, referenced by name from inside the graph) need no renaming.
+        facts = t.apply(g, src, dst) or {}
+    after = op_counts(dst)
+    report = validate(g, dst, t.gates)
+    files = data_files(dst)
+    if t.variant is not None:
+        entry = graphs[g].setdefault("variants", {})[t.variant] = {"file": dst_name, "transform": t.name}
+    else:
+        entry = graphs[g]
+    entry.pop("external_data", None)
+    if files:
+        entry["external_data"] = files
+    return {"transform": t.name, "graph": g, "settings": t.settings(), "variant": t.variant,
+            "file": dst_name, "gates": t.gates, "nodes_before": sum(before.values()),
+            "nodes_after": sum(after.values()), "op_counts_before": before,
+            "op_counts_after": after, "facts": facts, "validation": report}

@@ -116,59 +116,83 @@ def synthetic_image(height: int, width: int, seed: int) -> Image.Image:
 VALIDATION_SIZES = [(224, 288), (480, 160), (37, 41), (512, 512)]
 
 
-def validate_vision(runner, model, processor, image: dict, gates: str = "fp32") -> dict:
+def vision_references(vision_model, processor, image: dict) -> list[dict]:
+    """PyTorch's side of the vision check, computed once before any ONNX session exists.
+
+    Each case: ``feeds`` (the runtime's preprocessing and position resize: what the graph gets),
+    ``ref`` (the reference path: transformers' image processor and ``vision_model``'s
+    ``last_hidden_state``), ``valid`` (NaFlex: the real patches; padding slots are hidden from
+    every later step), ``grids`` and ``pixel_values`` (max |error| of our pixel values against the
+    processor's). Batch 1, then a batch of 3 mixed grids (``VALIDATION_SIZES``).
+    """
     import torch
 
     s = ImageSettings.from_manifest(image)
-    vm = model.vision_model
     cases = []
-    batches = [[VALIDATION_SIZES[0]], VALIDATION_SIZES[1:]]  # batch 1, then batch 3 of mixed grids
-    for batch in batches:
+    for batch in ([VALIDATION_SIZES[0]], VALIDATION_SIZES[1:]):
         imgs = [synthetic_image(h, w, seed=h * 7 + w) for h, w in batch]
         pre = [preprocess_image(im, s) for im in imgs]
+        case = {"grids": None, "valid": None}
         if s.mode == "naflex":
             ref_in = processor.image_processor(images=imgs, max_num_patches=s.max_num_patches, return_tensors="pt")
             with torch.no_grad():
-                ref = vm(pixel_values=ref_in["pixel_values"], pixel_attention_mask=ref_in["pixel_attention_mask"],
-                         spatial_shapes=ref_in["spatial_shapes"]).last_hidden_state.numpy()
-            feeds = {
+                ref = vision_model(pixel_values=ref_in["pixel_values"], pixel_attention_mask=ref_in["pixel_attention_mask"],
+                                   spatial_shapes=ref_in["spatial_shapes"]).last_hidden_state.numpy()
+            case["feeds"] = {
                 "pixel_values": np.stack([p.pixel_values for p in pre]),
                 "pixel_attention_mask": np.stack([p.pixel_attention_mask for p in pre]),
                 "position_weights": np.stack([position_weights(image["position_grid"], p.spatial_shape,
                                                                s.max_num_patches) for p in pre]),
             }
-            got = runner.run(feeds)["last_hidden_state"]
-            # Padding slots are hidden from every later step; compare the real patches.
-            valid = feeds["pixel_attention_mask"].astype(bool)
-            stats = _stats(got[valid], ref[valid], gates)
-            stats["grids"] = [list(p.spatial_shape) for p in pre]
+            case["valid"] = case["feeds"]["pixel_attention_mask"].astype(bool)
+            case["grids"] = [list(p.spatial_shape) for p in pre]
         else:
             ref_in = processor.image_processor(images=imgs, return_tensors="pt")
             with torch.no_grad():
-                ref = vm(pixel_values=ref_in["pixel_values"]).last_hidden_state.numpy()
-            got = runner.run({"pixel_values": np.stack([p.pixel_values for p in pre])})["last_hidden_state"]
-            stats = _stats(got, ref, gates)
-        stats["pixel_values"] = error_stats(
-            np.stack([p.pixel_values for p in pre]), ref_in["pixel_values"].numpy())["max_abs"]
-        cases.append(stats)
+                ref = vision_model(pixel_values=ref_in["pixel_values"]).last_hidden_state.numpy()
+            case["feeds"] = {"pixel_values": np.stack([p.pixel_values for p in pre])}
+        case["ref"] = ref
+        case["pixel_values"] = error_stats(case["feeds"]["pixel_values"], ref_in["pixel_values"].numpy())["max_abs"]
+        cases.append(case)
+    return cases
+
+
+def check_vision(runner, cases: list[dict], gates: str = "fp32") -> dict:
+    """The vision graph in ``runner`` against :func:`vision_references`' cases, with ``gates``."""
+    out = []
+    for case in cases:
+        got = runner.run(case["feeds"])["last_hidden_state"]
+        if case["valid"] is not None:  # padding slots are hidden from every later step
+            stats = _stats(got[case["valid"]], case["ref"][case["valid"]], gates)
+            stats["grids"] = case["grids"]
+        else:
+            stats = _stats(got, case["ref"], gates)
+        stats["pixel_values"] = case["pixel_values"]
+        out.append(stats)
     if gates in REDUCED_GATES:
-        return _check_reduced("vision", cases, gates, "tokens")
-    return _check("vision", cases)
+        return _check_reduced("vision", out, gates, "tokens")
+    return _check("vision", out)
+
+
+def validate_vision(runner, model, processor, image: dict, gates: str = "fp32") -> dict:
+    """:func:`check_vision` on the references of ``model`` (a transformers ``Siglip2Model``)."""
+    return check_vision(runner, vision_references(model.vision_model, processor, image), gates)
 
 
 def _stats(got, ref, gates: str) -> dict:
     return cosine_stats(got, ref) if gates in REDUCED_GATES else error_stats(got, ref)
 
 
-def validate_pool(runner, model, gates: str = "fp32") -> dict:
+def pool_references(head, width: int) -> list[dict]:
+    """PyTorch's side of the pooling-head check: random hidden states (batch 1 x 30 tokens, batch
+    3 x 97) with a random key_padding_mask through ``head.attention`` (masc-metric 0.3.0
+    ``MaSC._pool_with_kpm``); each case ``{"feeds", "ref"}``."""
     import torch
 
-    head = model.vision_model.head
-    d = model.vision_model.config.hidden_size
     cases = []
     rng = np.random.default_rng(3)
     for b, n in [(1, 30), (3, 97)]:
-        hidden = rng.normal(size=(b, n, d)).astype(np.float32)
+        hidden = rng.normal(size=(b, n, width)).astype(np.float32)
         kpm = rng.random((b, n)) < 0.4
         kpm[:, 0] = False  # at least one visible key per row (the reference gives NaN otherwise)
         with torch.no_grad():
@@ -176,37 +200,76 @@ def validate_pool(runner, model, gates: str = "fp32") -> dict:
             probe = head.probe.repeat(b, 1, 1)
             att = head.attention(probe, x, x, key_padding_mask=torch.from_numpy(kpm))[0]
             ref = (att + head.mlp(head.layernorm(att)))[:, 0].numpy()
-        got = runner.run({"hidden": hidden, "key_padding_mask": kpm})["pooled"]
-        cases.append(_stats(got, ref, gates))
+        cases.append({"feeds": {"hidden": hidden, "key_padding_mask": kpm}, "ref": ref})
+    return cases
+
+
+def check_pool(runner, cases: list[dict], gates: str = "fp32") -> dict:
+    """The pool graph in ``runner`` against :func:`pool_references`' cases, with ``gates``."""
+    out = [_stats(runner.run(c["feeds"])["pooled"], c["ref"], gates) for c in cases]
     if gates in REDUCED_GATES:
-        return _check_reduced("pool", cases, gates, "embedding")
-    return _check("pool", cases)
+        return _check_reduced("pool", out, gates, "embedding")
+    return _check("pool", out)
 
 
-def validate_text(runner, model, processor, text: dict, bundle_dir: Path, gates: str = "fp32") -> dict:
-    import torch
+def validate_pool(runner, model, gates: str = "fp32") -> dict:
+    """:func:`check_pool` on the references of ``model``'s pooling head."""
+    vm = model.vision_model
+    return check_pool(runner, pool_references(vm.head, int(vm.config.hidden_size)), gates)
 
-    prompts = ["a dog on the beach", "A CAT wearing pink glasses", "",
-               "a backpack with the Eiffel Tower in the background, photographed at dusk",
-               "caffè latte on a café table — naïve déjà vu"]
+
+#: Prompts of the text check: case, punctuation, accents, the empty prompt; plus a long one when the
+#: reference truncates.
+VALIDATION_PROMPTS = ["a dog on the beach", "A CAT wearing pink glasses", "",
+                      "a backpack with the Eiffel Tower in the background, photographed at dusk",
+                      "caffè latte on a café table — naïve déjà vu"]
+
+
+def text_token_ids(processor, text: dict, bundle_dir: Path) -> np.ndarray:
+    """The text check's token ids from the bundle's tokenizer, checked equal to the reference
+    processor's (no PyTorch needed).
+
+    Raises:
+        ExportValidationError: a prompt whose ids differ (names the prompts).
+    """
+    prompts = list(VALIDATION_PROMPTS)
     if text["reference_truncates"]:
         prompts.append(" ".join(["a very long prompt about a red sneaker"] * 20))
-    tok = PromptTokenizer(bundle_dir / text["tokenizer_file"], TextSettings.from_manifest(text))
+    tok = PromptTokenizer(Path(bundle_dir) / text["tokenizer_file"], TextSettings.from_manifest(text))
     ids = np.stack([e.input_ids for e in tok.encode(prompts)])
     ref_ids = np.asarray(processor(text=prompts, padding="max_length", return_tensors="np")["input_ids"])
     if ref_ids.shape != ids.shape or not np.array_equal(ref_ids, ids):
         bad = [p for p, a, r in zip(prompts, ids, ref_ids) if a.shape != r.shape or not np.array_equal(a, r)]
         raise ExportValidationError(f"token ids differ from the reference processor for {bad!r}",
                                     {"ours": ids.tolist(), "reference": ref_ids.tolist()})
+    return ids
+
+
+def text_references(text_model, ids: np.ndarray) -> list[dict]:
+    """PyTorch's side of the text check: the text tower's pooled output for the first prompt
+    alone, then the others in one batch; each case ``{"feeds", "ref"}``."""
+    import torch
+
     cases = []
-    for sel in ([0], list(range(1, len(prompts)))):
+    for sel in ([0], list(range(1, len(ids)))):
         with torch.no_grad():
-            ref = model.text_model(input_ids=torch.from_numpy(ids[sel])).pooler_output.numpy()
-        got = runner.run({"input_ids": ids[sel]})["text_embeds"]
-        cases.append(_stats(got, ref, gates))
-    report = _check_reduced("text", cases, gates, "embedding") if gates in REDUCED_GATES else _check("text", cases)
-    report["token_ids_equal"] = len(prompts)
+            ref = text_model(input_ids=torch.from_numpy(ids[sel])).pooler_output.numpy()
+        cases.append({"feeds": {"input_ids": ids[sel]}, "ref": ref})
+    return cases
+
+
+def check_text(runner, cases: list[dict], gates: str = "fp32") -> dict:
+    """The text graph in ``runner`` against :func:`text_references`' cases, with ``gates``."""
+    out = [_stats(runner.run(c["feeds"])["text_embeds"], c["ref"], gates) for c in cases]
+    report = _check_reduced("text", out, gates, "embedding") if gates in REDUCED_GATES else _check("text", out)
+    report["token_ids_equal"] = sum(len(c["feeds"]["input_ids"]) for c in cases)
     return report
+
+
+def validate_text(runner, model, processor, text: dict, bundle_dir: Path, gates: str = "fp32") -> dict:
+    """:func:`check_text` on ``model``'s text tower, token ids checked first (:func:`text_token_ids`)."""
+    ids = text_token_ids(processor, text, bundle_dir)
+    return check_text(runner, text_references(model.text_model, ids), gates)
 
 
 def cp_validation_cases(width: int, seed: int = 5) -> list[dict]:
@@ -293,11 +356,31 @@ def validate_cp(runner, width: int, gates: str = "fp32") -> dict:
     return report
 
 
-def validate_graph(graph: str, path: Path, bundle_dir: Path, model, processor, image: dict, text: dict,
-                   gates: str = "fp32") -> dict:
-    """Check one ONNX file of the bundle against PyTorch (the numpy head for ``cp``) with ``gates``
-    (``fp32``: the per-shape budgets, ``tolerances.EXPORT_VALIDATION_BUDGETS``; ``fp16`` / ``bf16``: the
-    reduced-precision gates).
+def torch_references(model, processor, image: dict, text: dict, bundle_dir: Path,
+                     graphs: tuple[str, ...] = ("vision", "pool", "text", "cp")) -> dict:
+    """Every PyTorch output the checks of ``graphs`` compare against, computed before any ONNX
+    Runtime session exists (:func:`check_graph` needs no PyTorch model): ``{graph: cases}`` plus
+    ``width``. The exporter computes them in its PyTorch worker (export/torch_worker.py) tower by
+    tower instead; this is the one-process form."""
+    vm = model.vision_model
+    width = int(vm.config.hidden_size)
+    refs: dict = {"width": width}
+    if "vision" in graphs:
+        refs["vision"] = vision_references(vm, processor, image)
+    if "pool" in graphs:
+        refs["pool"] = pool_references(vm.head, width)
+    if "text" in graphs:
+        refs["text"] = text_references(model.text_model, text_token_ids(processor, text, bundle_dir))
+    return refs
+
+
+def check_graph(graph: str, path: Path, references: dict, gates: str = "fp32") -> dict:
+    """Check one ONNX file of the bundle against stored PyTorch outputs (:func:`torch_references`;
+    the numpy head for ``cp``) with ``gates`` (``fp32``: the per-shape budgets,
+    ``tolerances.EXPORT_VALIDATION_BUDGETS``; ``fp16`` / ``bf16``: the reduced-precision gates).
+
+    One ONNX Runtime session with lean CPU memory (no arena, no memory patterns) is opened for the
+    check and closed after it, its memory handed back before the next stage.
 
     bf16 graphs run emulated on ONNX Runtime CPU, which has no bf16 kernels
     (export/precision.py :func:`~masc_engine.export.precision.emulate_bf16`); the report says so.
@@ -308,6 +391,11 @@ def validate_graph(graph: str, path: Path, bundle_dir: Path, model, processor, i
     """
     import tempfile
 
+    from .stages import release_memory
+
+    checks = {"vision": check_vision, "pool": check_pool, "text": check_text}
+    if graph not in checks and graph != "cp":
+        raise ValueError(f"no validation for graph {graph!r}")
     path = Path(path)
     with tempfile.TemporaryDirectory() as tmp:
         run_path = path
@@ -315,31 +403,33 @@ def validate_graph(graph: str, path: Path, bundle_dir: Path, model, processor, i
             from .precision import emulated_bf16_file
 
             run_path = emulated_bf16_file(path, Path(tmp) / path.name)
-        runner = OrtRunner(run_path, graph)
-        if graph == "vision":
-            report = validate_vision(runner, model, processor, image, gates)
-        elif graph == "pool":
-            report = validate_pool(runner, model, gates)
-        elif graph == "text":
-            report = validate_text(runner, model, processor, text, bundle_dir, gates)
-        elif graph == "cp":
-            report = validate_cp(runner, int(model.vision_model.config.hidden_size), gates)
-        else:
-            raise ValueError(f"no validation for graph {graph!r}")
+        runner = OrtRunner(run_path, graph, ort_memory="lean")
+        try:
+            if graph == "cp":
+                report = validate_cp(runner, int(references["width"]), gates)
+            else:
+                report = checks[graph](runner, references[graph], gates)
+        finally:
+            del runner
+            release_memory()
     if gates == "bf16":
         report["bf16_emulated"] = ("ONNX Runtime CPU has no bf16 kernels: ran the graph with float32 ops and every "
                                    "bfloat16 tensor rounded to bfloat16 where produced (export/precision.py)")
     return report
 
 
-def validate_bundle_graphs(bundle_dir: Path, model, processor, image: dict, text: dict, log=print) -> dict:
-    """Run every fp32 check; return ``{graph: report}`` or raise :class:`ExportValidationError`."""
-    bundle_dir = Path(bundle_dir)
-    report = {g: validate_graph(g, bundle_dir / f"{g}.onnx", bundle_dir, model, processor, image, text)
-              for g in ("vision", "pool", "text", "cp")}
-    for k, v in report.items():
-        log(f"validated {k}: max |error| {v['max_abs']:.2e} (atol {v['atol']:g}) over {len(v['cases'])} cases")
-    return report
+def validate_graph(graph: str, path: Path, bundle_dir: Path, model, processor, image: dict, text: dict,
+                   gates: str = "fp32") -> dict:
+    """:func:`check_graph` with the references computed from ``model`` first (one process).
+
+    Raises:
+        ExportValidationError: a gate fails (the report is attached).
+        ValueError: an unknown graph name.
+    """
+    if graph not in ("vision", "pool", "text", "cp"):
+        raise ValueError(f"no validation for graph {graph!r}")
+    refs = torch_references(model, processor, image, text, bundle_dir, graphs=(graph,))
+    return check_graph(graph, path, refs, gates)
 
 
 def validation_pairs(n: int = 6, seed: int = 11) -> list:
@@ -365,25 +455,48 @@ def validation_pairs(n: int = 6, seed: int = 11) -> list:
     return pairs
 
 
-def validate_pairs(fp32_bundle: Path, reduced_bundle: Path, gates: str, pairs=None) -> dict:
-    """The per-pair gate of a reduced-precision bundle: |dCP| and |dPF| <= ``FIDELITY_MAX_ABS_DELTA``
-    against the same export's fp32 graphs (themselves validated against PyTorch just before), on
-    :func:`validation_pairs`; every score finite where fp32's is.
+def pair_scores(bundle: Path, pairs=None) -> dict:
+    """CP and PF of :func:`validation_pairs` (or ``pairs``) scored by ``bundle`` as masc-run
+    scores them; the scorer's sessions are closed and their memory handed back before returning.
 
-    Raises:
-        ExportValidationError: with the figures and the suggestion to export fp32.
+    Returns:
+        ``{"cp": [...], "pf": [...]}`` (floats, NaN where a score is undefined).
     """
     import warnings
 
     from ..runtime.scorer import Scorer
+    from .stages import release_memory
 
     pairs = validation_pairs() if pairs is None else pairs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ref = Scorer(fp32_bundle).score_batch(pairs)
-        got = Scorer(reduced_bundle).score_batch(pairs)
-    cp32, pf32 = np.array([r.cp for r in ref]), np.array([r.pf for r in ref])
-    cpx, pfx = np.array([r.cp for r in got]), np.array([r.pf for r in got])
+        scorer = Scorer(bundle)
+        results = scorer.score_batch(pairs)
+    del scorer
+    release_memory()
+    return {"cp": [float(r.cp) for r in results], "pf": [float(r.pf) for r in results], "pairs": len(pairs)}
+
+
+def validate_pairs(fp32_bundle: Path | None, reduced_bundle: Path, gates: str, pairs=None,
+                   fp32_scores: dict | None = None) -> dict:
+    """The per-pair gate of a reduced-precision bundle: |dCP| and |dPF| <= ``FIDELITY_MAX_ABS_DELTA``
+    against the same export's fp32 graphs (themselves validated against PyTorch just before), on
+    :func:`validation_pairs`; every score finite where fp32's is.
+
+    Args:
+        fp32_bundle: the fp32 graphs, scored here; or None with ``fp32_scores``.
+        fp32_scores: :func:`pair_scores` of the fp32 graphs on the same pairs, made earlier (the
+            exporter scores its fp32 graphs before the precision transform replaces them, so no
+            copy of them is kept and the two bundles are never in memory together).
+
+    Raises:
+        ExportValidationError: with the figures and the suggestion to export fp32.
+    """
+    pairs = validation_pairs() if pairs is None else pairs
+    ref = fp32_scores if fp32_scores is not None else pair_scores(fp32_bundle, pairs)
+    got = pair_scores(reduced_bundle, pairs)
+    cp32, pf32 = np.array(ref["cp"]), np.array(ref["pf"])
+    cpx, pfx = np.array(got["cp"]), np.array(got["pf"])
     finite = bool(np.array_equal(np.isfinite(cp32), np.isfinite(cpx)) and np.array_equal(np.isfinite(pf32), np.isfinite(pfx)))
     d_cp = float(np.nanmax(np.abs(cpx - cp32))) if np.isfinite(cp32).any() else 0.0
     d_pf = float(np.nanmax(np.abs(pfx - pf32))) if np.isfinite(pf32).any() else 0.0

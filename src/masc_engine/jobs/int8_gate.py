@@ -44,6 +44,31 @@ class Int8GateError(MascEngineError):
         self.report = report
 
 
+#: What the int8 path imports, each with what needs it: ONNX Runtime's quantizer reads and writes
+#: graphs with onnx; the gate's Spearman's rho is scipy.stats'; exporting the fp32 bundle first
+#: needs the export extra (torch, transformers, onnxscript).
+INT8_NEEDS = (("onnx", "quantizing to int8 (onnxruntime.quantization)"),
+              ("scipy", "the int8 gate (Spearman's rho, scipy.stats)"))
+EXPORT_NEEDS = (("torch", "masc-export"), ("transformers", "masc-export"), ("onnxscript", "masc-export"))
+
+
+def check_int8_dependencies(exporting: bool = True) -> None:
+    """Fail in one line, before any work, when a package the int8 path needs is missing (the
+    message names the package and the extra that brings it: scipy comes with ``[eval]``).
+
+    Args:
+        exporting: the fp32 bundle is exported first (no ``--fp32-bundle``): torch and
+            transformers are needed too.
+
+    Raises:
+        MissingDependencyError: one line naming the first missing package and its extra.
+    """
+    from ..extras import check
+
+    for module, purpose in (EXPORT_NEEDS if exporting else ()) + INT8_NEEDS:
+        check(module, purpose)
+
+
 def gate_report(cp32, pf32, cp8, pf8) -> dict:
     """The int8 gate figures for paired score arrays (NaN pairs dropped pairwise).
 
@@ -98,10 +123,12 @@ def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: st
 
     Raises:
         Int8GateError: the gates fail; nothing is written to ``out_dir``.
+        MissingDependencyError: onnx or scipy is not installed (checked before quantizing).
     """
     src, out = Path(fp32_bundle), Path(out_dir)
     if src.resolve() == out.resolve():
         raise ValueError("write the int8 bundle to another directory than the fp32 one")
+    check_int8_dependencies(exporting=False)  # before quantizing, not at the gate
     with tempfile.TemporaryDirectory(dir=out.parent if out.parent.exists() else None) as tmp:
         stage = Path(tmp) / "bundle"
         shutil.copytree(src, stage)

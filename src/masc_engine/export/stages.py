@@ -1,0 +1,213 @@
+"""The export's stages: one line each (name, elapsed time, memory), and the memory plan.
+
+``masc-export`` runs as a sequence of stages, each holding memory only while it runs (docs/export.md,
+"Stages and memory"): the PyTorch stages in a worker process that ends before ONNX Runtime loads
+the same weights (export/torch_worker.py), then one ONNX graph at a time for validation and for
+each transform. :class:`StageClock` prints a line as each stage completes with its wall time, the
+peak resident set size (RSS) of the process that ran it during the stage, and its RSS at the end;
+the exporter records the same figures in the manifest (``export_stages``).
+
+:func:`plan_memory` estimates the peak of a plan from the checkpoint's parameter sizes before any
+stage touches the weights, and :func:`check_memory_plan` refuses in one line when the plan does not
+fit the limit (``masc-export --max-memory-gb``, else the memory of this machine or container).
+
+Peak RSS per stage: Linux's ``VmHWM`` (``/proc/<pid>/status``), reset at each stage start by writing
+``5`` to ``/proc/self/clear_refs`` (proc(5), Linux >= 4.0). Where that reset is not allowed the
+line says "peak so far" (the process's peak since it started).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..errors import MascEngineError
+
+GB = 1e9
+
+
+class ExportMemoryError(MascEngineError):
+    """The export plan's estimated peak memory is past the limit (``--max-memory-gb`` or the machine)."""
+
+
+def rss(pid: int | str = "self") -> tuple[int, int]:
+    """``(current, peak)`` resident set size in bytes of process ``pid`` (``VmRSS``, ``VmHWM``);
+    ``(0, 0)`` where ``/proc`` is not available (not Linux)."""
+    cur = peak = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    cur = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return cur, peak
+
+
+def reset_peak() -> bool:
+    """Reset this process's peak RSS (``VmHWM``) to its current RSS; False where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def release_memory() -> None:
+    """Collect garbage and hand freed heap memory back to the OS (glibc ``malloc_trim(0)``):
+    without the trim, glibc keeps a stage's freed buffers mapped and the next stage's peak sits on
+    top of them."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def machine_memory_bytes() -> int | None:
+    """The memory this process may use: the smaller of ``MemTotal`` (``/proc/meminfo``) and the
+    cgroup limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``); None where unknown."""
+    limits = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for p in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(p).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # "max" or a huge sentinel: no limit
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+@dataclass
+class StageClock:
+    """Times the export's stages and prints one line per stage as it completes.
+
+    Each line is the stage's own message followed by
+    ``[<stage>: <s> s, peak <p> GB, now <n> GB<where>]``: the peak RSS of the process that ran the
+    stage during the stage, and its RSS when the stage ended (``where``: ``" (torch worker)"`` for
+    stages run by export/torch_worker.py). bench/export_memory.py parses these brackets.
+    """
+
+    log: Callable[[str], None]
+    records: list[dict] = field(default_factory=list)
+
+    @contextmanager
+    def stage(self, name: str):
+        """Run a stage in this process. The block may set ``note["message"]`` (the line's text)."""
+        release_memory()
+        exact = reset_peak()
+        t0 = time.time()
+        note: dict = {}
+        yield note
+        release_memory()
+        cur, peak = rss()
+        self.record(name, time.time() - t0, peak, cur, exact, note.get("message", name))
+
+    def record(self, name: str, seconds: float, peak: int, now: int, exact: bool, message: str,
+               where: str = "") -> None:
+        """Add a stage's figures (also for stages another process ran) and print its line."""
+        self.records.append({"stage": name, "seconds": round(seconds, 1), "peak_rss_gb": round(peak / GB, 3),
+                             "rss_gb_after": round(now / GB, 3), "process": where.strip(" ()") or "exporter",
+                             "peak_is_stage_peak": exact})
+        what = "peak" if exact else "peak so far"
+        self.log(f"{message} [{name}: {seconds:.1f} s, {what} {peak / GB:.2f} GB, now {now / GB:.2f} GB{where}]")
+
+    def peak_gb(self) -> float:
+        return max((r["peak_rss_gb"] for r in self.records), default=0.0)
+
+
+#: The export plan's memory model: per stage, ``(fixed GB, multiple of the largest tower's fp32
+#: weights, multiple of all fp32 weights)``. Fixed: the libraries (torch, transformers, onnx,
+#: ONNX Runtime) and the processor. Measured by bench/export_memory.py (per-stage peak RSS of the
+#: process running the stage; bench/results/export_memory_so400m.json, base and so400m shapes) and
+#: rounded up by ~20% so that the estimate stays above every measurement.
+MEMORY_MODEL = {
+    # torch worker: lazily mapped safetensors; every weight is read once (references and export),
+    # the ONNX external-data writer streams tensors to disk
+    "torch": (1.0, 0.0, 1.2),
+    # one ONNX Runtime session on one graph (lean CPU arena), PyTorch outputs stored beforehand
+    "validate": (0.8, 1.6, 0.0),
+    # ONNX Runtime's transformer optimizer on one graph held in memory, plus its packed QKV
+    "fuse": (0.8, 2.0, 0.0),
+    # the fp16 / bf16 converter reads the fp32 graph twice and writes the reduced copy
+    "precision": (0.8, 3.2, 0.0),
+}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Estimated peak RSS per stage kind (bytes) and the parameter sizes they come from."""
+
+    stages: dict
+    tower_bytes: dict
+
+    @property
+    def peak(self) -> tuple[str, int]:
+        return max(self.stages.items(), key=lambda kv: kv[1])
+
+
+def plan_memory(tower_bytes: dict[str, int], precision: str = "fp32", fused: bool = True) -> MemoryPlan:
+    """The export plan's estimated peak per stage kind, from :data:`MEMORY_MODEL`.
+
+    Args:
+        tower_bytes: fp32 bytes of each exported graph's weights (``vision``, ``pool``, ``text``).
+        precision: ``fp32``, ``fp16`` or ``bf16`` (the reduced ones add the converter's stage).
+        fused: whether the fused ``ort-cpu`` variant is made.
+    """
+    largest, total = max(tower_bytes.values()), sum(tower_bytes.values())
+    kinds = ["torch", "validate"] + (["fuse"] if fused else []) + ([] if precision == "fp32" else ["precision"])
+    stages = {}
+    for k in kinds:
+        fixed, per_graph, per_model = MEMORY_MODEL[k]
+        stages[k] = int(fixed * GB + per_graph * largest + per_model * total)
+    return MemoryPlan(stages, dict(tower_bytes))
+
+
+def check_memory_plan(plan: MemoryPlan, max_memory_gb: float | None, model: str) -> str:
+    """Refuse a plan whose estimated peak is past the limit; return a line describing the plan.
+
+    The limit is ``max_memory_gb`` when given, else :func:`machine_memory_bytes`.
+
+    Raises:
+        ExportMemoryError: one line with the estimate, the stage that peaks and the limit.
+    """
+    stage, peak = plan.peak
+    if max_memory_gb is not None:
+        limit, source = int(max_memory_gb * GB), f"--max-memory-gb {max_memory_gb:g}"
+    else:
+        limit, source = machine_memory_bytes(), "this machine's memory"
+    weights = ", ".join(f"{g} {b / GB:.2f} GB" for g, b in plan.tower_bytes.items())
+    line = f"memory plan: peak about {peak / GB:.1f} GB in the {stage} stage (fp32 weights: {weights})"
+    if limit is not None and peak > limit:
+        raise ExportMemoryError(
+            f"{model}: the export needs about {peak / GB:.1f} GB at its peak ({stage} stage; fp32 weights: {weights}), "
+            f"more than {source} ({limit / GB:.1f} GB); export on a machine with more memory"
+            + ("" if max_memory_gb is None else " or raise --max-memory-gb"))
+    return line + (f", within {source} ({limit / GB:.1f} GB)" if limit else "")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a process of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
