@@ -71,3 +71,27 @@ def test_masc_export_int8_cli(naflex_bundle, tmp_path):
         assert json.loads((out / "manifest.json").read_text())["precision"]["gate_report"]["passed"]
     else:
         assert "int8 refused" in res.output and "Spearman" in res.output and not out.exists()
+
+
+@pytest.mark.parametrize("fp32_bundle", [True, False])
+def test_masc_export_int8_without_scipy_refuses_in_one_line_before_any_work(naflex_bundle, tmp_path, monkeypatch,
+                                                                            fp32_bundle):
+    """With only the [export] extra (no scipy), --precision int8 stops in one line naming scipy and
+    the extra that brings it, before exporting or quantizing (it used to die with a traceback from
+    the gate, after quantizing)."""
+    import sys
+
+    from click.testing import CliRunner
+
+    from masc_engine.cli.export_cmd import main
+
+    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy -> ImportError; find_spec -> None
+    out = tmp_path / "int8"
+    argv = ["--out", str(out), "--precision", "int8", "--gate-pairs", str(EXAMPLES / "pairs.csv")]
+    argv += ["--fp32-bundle", str(naflex_bundle)] if fp32_bundle else ["--model", "random:tiny-naflex"]
+    res = CliRunner().invoke(main, argv)
+    assert res.exit_code == 1 and res.exception is None or isinstance(res.exception, SystemExit)
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: the int8 gate") and "needs scipy" in lines[0]
+    assert "[eval]" in lines[0] and "Traceback" not in res.output
+    assert not out.exists() and list(tmp_path.iterdir()) == []

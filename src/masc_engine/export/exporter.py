@@ -40,17 +40,17 @@ _load = load_checkpoint
 _save_tokenizer = save_tokenizer
 
 
-def _versions() -> dict:
+def _versions(worker_versions: dict) -> dict:
+    """Library versions: torch and transformers as the PyTorch worker reported them (this process
+    does not import them), the rest from this process."""
     import onnx
     import onnxruntime
     import tokenizers
-    import torch
-    import transformers
 
     from .. import __version__
 
-    return {"masc_engine": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "tokenizers": tokenizers.__version__,
+    return {"masc_engine": __version__, **worker_versions, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__, "tokenizers": tokenizers.__version__,
             "python": platform.python_version(), "opset": OPSET}
 
 
@@ -311,7 +311,7 @@ def _manifest(job: _Job) -> dict:
         "precision": {"mode": "fp32"},
         "transforms": [],
         "variants": {},
-        "versions": _versions(),
+        "versions": _versions(info["versions"]),
         "files": _bundle_files(job.out, job.graphs),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -7,6 +7,7 @@ variant, export/fusion.py) holds mostly the same tensors: :func:`share_tensors` 
 its tensors whose bytes equal a tensor already stored in the source graph's data file at that
 tensor, so only what differs is written again (:func:`save_model`). Tensors are matched by
 content (dtype, shape and a BLAKE2b digest of the bytes), never by name: a transform may rename.
+The source's data file is read tensor by tensor with plain reads, never all in memory.
 
 The manifest lists each graph file's data files (``external_data``, :func:`data_files`) and the
 runtime checks their sha256 before the graph's first use (engine/bundle.py).
@@ -15,7 +16,7 @@ runtime checks their sha256 before the graph's first use (engine/bundle.py).
 from __future__ import annotations
 
 import hashlib
-import mmap
+import os
 from pathlib import Path
 
 #: Tensors of at least this many bytes go to a data file (onnx's own default ``size_threshold``);
@@ -45,35 +46,50 @@ def data_files(path: str | Path) -> list[str]:
     return sorted({_external_info(t)["location"] for t in _get_all_tensors(model) if uses_external_data(t)})
 
 
-def external_tensor_index(path: str | Path) -> TensorIndex:
-    """Index the external tensors of the ONNX file ``path`` by content, reading each tensor's bytes
-    from its memory-mapped data file (one tensor at a time: the weights are never all in memory)."""
+def _file_digest(f, offset: int, length: int, buf: bytearray) -> bytes:
+    """BLAKE2b (16 bytes) of ``length`` bytes of ``f`` at ``offset``, read through ``buf``: plain
+    reads, not a memory map, so the file's pages never count in this process's RSS."""
+    h = hashlib.blake2b(digest_size=16)
+    f.seek(offset)
+    view = memoryview(buf)
+    while length > 0:
+        n = f.readinto(view[: min(length, len(buf))])
+        if not n:
+            raise ValueError(f"{f.name}: external data ends before offset {offset} + length")
+        h.update(view[:n])
+        length -= n
+    return h.digest()
+
+
+def external_tensor_index(path: str | Path, shapes: set | None = None) -> TensorIndex:
+    """Index the external tensors of the ONNX file ``path`` by content (one tensor at a time, in
+    16 MiB reads: the weights are never in memory).
+
+    Args:
+        shapes: only tensors whose ``(data_type, dims)`` is in this set (None: all).
+    """
     import onnx
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     path = Path(path)
     model = onnx.load(str(path), load_external_data=False)
     index: TensorIndex = {}
-    maps: dict[str, tuple] = {}
+    files: dict = {}
+    buf = bytearray(1 << 24)
     try:
         for t in _get_all_tensors(model):
-            if not uses_external_data(t):
+            if not uses_external_data(t) or (shapes is not None and (t.data_type, tuple(t.dims)) not in shapes):
                 continue
             info = _external_info(t)
             loc = info["location"]
-            if loc not in maps:
-                f = open(path.parent / loc, "rb")  # noqa: SIM115 (closed below)
-                maps[loc] = (f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            if loc not in files:
+                files[loc] = open(path.parent / loc, "rb")  # noqa: SIM115 (closed below)
             offset = int(info.get("offset", 0))
-            length = int(info.get("length", len(maps[loc][1]) - offset))
-            view = memoryview(maps[loc][1])[offset: offset + length]
-            try:
-                index.setdefault(tensor_key(t.data_type, t.dims, view), (loc, offset, length))
-            finally:
-                view.release()
+            length = int(info["length"]) if "length" in info else os.fstat(files[loc].fileno()).st_size - offset
+            key = (int(t.data_type), tuple(int(d) for d in t.dims), _file_digest(files[loc], offset, length, buf))
+            index.setdefault(key, (loc, offset, length))
     finally:
-        for f, mm in maps.values():
-            mm.close()
+        for f in files.values():
             f.close()
     return index
 
@@ -90,26 +106,40 @@ def point_at(tensor, location: str, offset: int, length: int) -> None:
         entry.key, entry.value = key, value
 
 
-def share_tensors(model, index: TensorIndex) -> dict:
+def share_tensors(model, index: TensorIndex) -> int:
     """Point every initializer of ``model`` (an ``onnx.ModelProto`` with its weights loaded) whose
     bytes equal a tensor of ``index`` at that tensor (in place).
 
     Returns:
-        ``{"shared_tensors", "shared_bytes", "own_tensors", "own_bytes"}`` (own: tensors of at
-        least :data:`SIZE_THRESHOLD` bytes left to write).
+        the number of tensors pointed at ``index``'s.
     """
-    facts = {"shared_tensors": 0, "shared_bytes": 0, "own_tensors": 0, "own_bytes": 0}
+    n = 0
     for t in model.graph.initializer:
         if not t.HasField("raw_data") or len(t.raw_data) < SIZE_THRESHOLD:
             continue
         hit = index.get(tensor_key(t.data_type, t.dims, t.raw_data))
-        if hit is None:
+        if hit is not None:
+            point_at(t, *hit)
+            n += 1
+    return n
+
+
+def storage_facts(model, shared_files: list[str]) -> dict:
+    """Where ``model``'s initializers live: ``shared_tensors`` / ``shared_bytes`` (in one of
+    ``shared_files``) and ``own_tensors`` / ``own_bytes`` (their own bytes, of at least
+    :data:`SIZE_THRESHOLD`: what :func:`save_model` writes to the graph's own data file)."""
+    from onnx.external_data_helper import uses_external_data
+
+    facts = {"shared_tensors": 0, "shared_bytes": 0, "own_tensors": 0, "own_bytes": 0}
+    for t in model.graph.initializer:
+        if uses_external_data(t) and not t.HasField("raw_data"):
+            info = _external_info(t)
+            if info.get("location") in shared_files:
+                facts["shared_tensors"] += 1
+                facts["shared_bytes"] += int(info.get("length", 0))
+        elif t.HasField("raw_data") and len(t.raw_data) >= SIZE_THRESHOLD:
             facts["own_tensors"] += 1
             facts["own_bytes"] += len(t.raw_data)
-            continue
-        point_at(t, *hit)
-        facts["shared_tensors"] += 1
-        facts["shared_bytes"] += hit[2]
     return facts
 
 

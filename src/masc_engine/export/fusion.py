@@ -9,8 +9,15 @@ bundle keeps the portable standard-op graphs and stores these beside them as the
 variant (``vision.ort-cpu.onnx``, ``text.ort-cpu.onnx``): :class:`FusionTransform` is one step of
 the export-time transform pipeline (export/transforms.py), which validates each fused graph
 against PyTorch and records it in the manifest; the exporter then checks CP and PF on the fused
-graphs (:func:`validate_scores`). The runtime picks them for ONNX Runtime on CPU
+graphs (:func:`check_scores`). The runtime picks them for ONNX Runtime on CPU
 (engine/bundle.py, runtime/scorer.py).
+
+The fused graphs store no second copy of the weights: the optimizer works on the graph read
+without its weights (the tensors a fusion reads come from disk on demand), every tensor it leaves
+alone keeps pointing at the portable graph's ``.data`` file, and the packed QKV weight of each
+``Attention`` node is a ``Concat`` of the portable Q, K and V (:func:`share_packed_qkv`), which ONNX
+Runtime folds back when it creates the session. Only what differs (the packed QKV biases, a few
+constants) goes to ``<graph>.ort-cpu.onnx.data`` (export/external_data.py).
 
 Attention fusion needs the exported graph in a shape the optimizer's pattern matcher
 (``fusion_attention.FusionAttention``, onnxruntime 1.32) recognises. torch's dynamo exporter
@@ -42,6 +49,8 @@ from __future__ import annotations
 
 import collections
 import math
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -277,13 +286,18 @@ def fuse_graph(src: str | Path, dst: str | Path, num_heads: int, hidden_size: in
 
     from .transforms import op_counts
 
-    model = onnx.load(str(src))
-    adapter = canonicalize_attention(model, hidden_size // num_heads)
-    options = FusionOptions("bert")
-    options.attention_mask_format = AttentionMaskFormat.AttentionMask
-    options.enable_embed_layer_norm = False  # our embeddings are not BERT's (patches, positions)
-    opt = optimizer.optimize_model(model, model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
-                                   opt_level=0, optimization_options=options)
+    # The graph without its weights: the optimizer's symbolic shape inference copies the model
+    # several times (at the base shape a fully loaded vision graph of 0.34 GB peaked at 2.2 GB);
+    # the few tensors a fusion reads (Q, K, V to pack) are read from disk when it reads them
+    # (onnx's to_array resolves external data against the working directory: the graph's folder).
+    model = onnx.load(str(src), load_external_data=False)
+    with _working_dir(Path(src).parent):
+        adapter = canonicalize_attention(model, hidden_size // num_heads)
+        options = FusionOptions("bert")
+        options.attention_mask_format = AttentionMaskFormat.AttentionMask
+        options.enable_embed_layer_norm = False  # our embeddings are not BERT's (patches, positions)
+        opt = optimizer.optimize_model(model, model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
+                                       opt_level=0, optimization_options=options)
     fused = opt.model
     after = op_counts(fused)
     blocks = adapter["attention_blocks"]
@@ -358,18 +372,37 @@ def share_packed_qkv(model, index: dict) -> int:
     return len(concats), saved
 
 
+@contextmanager
+def _working_dir(d: Path):
+    old = os.getcwd()
+    os.chdir(d)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
 def _share_with_source(fused, src: Path, dst: Path) -> dict:
-    """Point the fused graph's tensors at the portable graph's data where the bytes are the same
-    (:func:`share_packed_qkv`, then :func:`external_data.share_tensors`); only when both graphs
-    sit in one folder (a bundle), since a data file is named relative to its graph."""
-    if src.resolve().parent != dst.resolve().parent or not external_data.data_files(src):
+    """Point the fused graph's tensors at the portable graph's data where the bytes are the same.
+
+    Tensors the optimizer did not touch still point there (the graph was read without its
+    weights); :func:`share_packed_qkv` and :func:`external_data.share_tensors` match the ones it
+    made. Only when both graphs sit in one folder (a bundle), since a data file is named relative
+    to its graph; written elsewhere, the fused graph gets all its weights in its own file."""
+    from onnx.external_data_helper import load_external_data_for_model
+
+    if src.resolve().parent != dst.resolve().parent:
+        load_external_data_for_model(fused, str(src.parent))
         return {"shared_with": None}
-    index = external_data.external_tensor_index(src)
-    packed, packed_bytes = share_packed_qkv(fused, index)
-    facts = external_data.share_tensors(fused, index)
-    facts["shared_tensors"] += 3 * packed
-    facts["shared_bytes"] += packed_bytes
-    return {"shared_with": external_data.data_files(src), "packed_qkv_as_concat": packed, **facts}
+    if not external_data.data_files(src):
+        return {"shared_with": None}
+    wanted = {(t.data_type, tuple(t.dims)) for t in fused.graph.initializer if t.HasField("raw_data")}
+    wanted |= {(dt, (d, d)) for dt, dims in wanted if len(dims) == 2 for d in [dims[0]]}  # packed QKV blocks
+    index = external_data.external_tensor_index(src, shapes=wanted)
+    packed, _ = share_packed_qkv(fused, index)
+    external_data.share_tensors(fused, index)
+    shared = external_data.data_files(src)
+    return {"shared_with": shared, "packed_qkv_as_concat": packed, **external_data.storage_facts(fused, shared)}
 
 
 def _ellipse_mask(height: int, width: int, seed: int) -> np.ndarray:

@@ -49,6 +49,7 @@ def open_checkpoint(model: str, revision: str | None, max_num_patches: int | Non
         CheckpointError: not loadable, not SigLIP2, or no attention-pooling head.
     """
     import torch
+    import transformers
 
     from .checkpoint import (CheckpointError, image_settings_from_processor, load_checkpoint, save_tokenizer,
                              text_settings_from_processor)
@@ -73,6 +74,7 @@ def open_checkpoint(model: str, revision: str | None, max_num_patches: int | Non
                    "text": (int(t.num_attention_heads), int(t.hidden_size))},
         "tower_bytes": {"vision": _tower_bytes(vm) - head, "pool": head, "text": _tower_bytes(tm)},
         "vocab_size": int(m.config.text_config.vocab_size),
+        "versions": {"torch": str(torch.__version__), "transformers": str(transformers.__version__)},
     }
 
 

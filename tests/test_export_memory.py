@@ -1,0 +1,149 @@
+"""masc-export's stages, memory plan and staging: what a user on a workstation relies on.
+
+The PyTorch stages run in a worker process that ends before ONNX Runtime loads the weights; each
+stage prints its time and memory; a plan that does not fit the memory limit is refused in one line
+before the weights are read; a killed export's staging folder is cleaned up by the next one; every
+bundle file has one mode (export/stages.py, export/torch_worker.py, export/exporter.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from masc_engine.export import stages
+from masc_engine.export.exporter import remove_stale_stages, uniform_file_modes
+
+TORCH_STAGES = ["checkpoint", "vision references", "export vision", "export pool", "text references",
+                "export text", "export cp"]
+
+
+def test_stages_are_recorded_in_order_with_time_and_memory(naflex_bundle):
+    recs = json.loads((naflex_bundle / "manifest.json").read_text())["export_stages"]
+    names = [r["stage"] for r in recs]
+    assert names == TORCH_STAGES + ["validate vision", "validate pool", "validate text", "validate cp",
+                                    "ort-fusion vision", "ort-fusion text", "ort-cpu scores"]
+    # PyTorch only in the worker; ONNX Runtime only after it ended, one graph per stage
+    assert [r["process"] for r in recs] == ["torch worker"] * len(TORCH_STAGES) + ["exporter"] * 7
+    for r in recs:
+        assert r["seconds"] >= 0 and 0.05 < r["rss_gb_after"] <= r["peak_rss_gb"] + 0.01 < 4
+
+
+def test_stage_line_format_is_what_the_bench_parses():
+    sys.path.insert(0, str(REPO / "bench"))
+    from export_memory import STAGE_LINE
+
+    lines = []
+    clock = stages.StageClock(lines.append)
+    with clock.stage("validate vision") as note:
+        note["message"] = "validated vision: max |error| 1e-06"
+    clock.record("export text", 12.34, int(3.2e9), int(2.9e9), True, "exported text -> text.onnx", " (torch worker)")
+    assert lines[0].startswith("validated vision: max |error| 1e-06 [validate vision: ")
+    assert lines[1] == "exported text -> text.onnx [export text: 12.3 s, peak 3.20 GB, now 2.90 GB (torch worker)]"
+    m = STAGE_LINE.search(lines[1])
+    assert (m["stage"], m["seconds"], m["peak"], m["now"], m["where"]) == ("export text", "12.3", "3.20", "2.90",
+                                                                          "torch worker")
+    assert STAGE_LINE.search(lines[0])["stage"] == "validate vision"
+    assert [r["stage"] for r in clock.records] == ["validate vision", "export text"]
+
+
+def test_memory_plan_scales_with_the_weights_and_refuses_in_one_line():
+    so400m = {"vision": 1_713_000_000, "pool": 60_000_000, "text": 1_641_000_000}  # random:so400m-naflex
+    plan = stages.plan_memory(so400m, "fp32")
+    assert set(plan.stages) == {"torch", "validate", "fuse"}
+    half = stages.plan_memory({g: b // 2 for g, b in so400m.items()}, "fp32")
+    assert half.peak[1] < plan.peak[1]
+    assert stages.plan_memory(so400m, "fp16", fused=False).stages.keys() == {"torch", "validate", "precision"}
+    line = stages.check_memory_plan(plan, 100, "random:so400m-naflex")
+    assert line.startswith("memory plan: peak about") and "--max-memory-gb 100" in line
+    with pytest.raises(stages.ExportMemoryError) as e:
+        stages.check_memory_plan(plan, 2, "random:so400m-naflex")
+    msg = str(e.value)
+    assert "\n" not in msg and "more than --max-memory-gb 2 (2.0 GB)" in msg and "raise --max-memory-gb" in msg
+    assert f"about {plan.peak[1] / 1e9:.1f} GB" in msg and f"{plan.peak[0]} stage" in msg
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_plan_past_max_memory_gb_before_reading_weights(tmp_path):
+    """The refusal comes after the checkpoint is opened (lazily) and before any stage reads weights;
+    one line, no traceback, nothing left beside --out."""
+    out = tmp_path / "bundles" / "b"
+    res = subprocess.run([sys.executable, "-m", "masc_engine.cli.export_cmd", "--model", "random:tiny-naflex",
+                          "--out", str(out), "--max-memory-gb", "0.5"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr
+    err = [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(err) == 1 and "more than --max-memory-gb 0.5" in err[0] and "Traceback" not in res.stderr
+    assert "[checkpoint:" in res.stderr and "export vision" not in res.stderr
+    assert sorted(p.name for p in (tmp_path / "bundles").iterdir()) == ["b.export.log"]
+
+
+@pytest.mark.slow
+def test_worker_errors_reach_the_user_as_one_line(tmp_path):
+    """A checkpoint error raised in the PyTorch worker is the same one-line error as before."""
+    out = tmp_path / "b"
+    res = subprocess.run([sys.executable, "-m", "masc_engine.cli.export_cmd", "--model", "random:no-such-preset",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "Error: unknown random model 'random:no-such-preset'" in res.stderr
+    assert not out.exists() and not list(tmp_path.glob(".b.*"))
+
+
+def test_remove_stale_stages(tmp_path):
+    dead = 4_194_304 + 12_345  # above Linux's largest pid_max: no such process
+    assert not stages.process_alive(dead) and stages.process_alive(os.getppid())
+    out = tmp_path / "bundle"
+    old = time.time() - 3600
+
+    def make(name, mtime=old):
+        p = tmp_path / name
+        p.mkdir()
+        (p / "vision.onnx.data").write_bytes(b"\0" * 10)
+        os.utime(p, (mtime, mtime))
+        return p
+
+    stale = make(f".bundle.{dead}.partial")
+    alive = make(f".bundle.{os.getppid()}.partial")  # another export still running
+    young = make(f".bundle.{dead + 1}.partial", mtime=time.time() + 3600)  # not older than this export
+    other = make(f".bundle2.{dead}.partial")  # another target
+    swap = make(f".bundle.{dead}.old")  # the replaced bundle of an interrupted swap: only copy while bundle is absent
+    lines: list[str] = []
+    assert remove_stale_stages(out, lines.append) == [stale.name]
+    assert len(lines) == 1 and stale.name in lines[0] and "removed 1 stale staging folder" in lines[0]
+    assert all(p.exists() for p in (alive, young, other, swap)) and not stale.exists()
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")  # the swap completed: the .old bundle is garbage
+    assert remove_stale_stages(out, lines.append) == [swap.name]
+    assert remove_stale_stages(out, lines.append) == [] and len(lines) == 2
+
+
+def test_every_bundle_file_has_the_same_mode(naflex_bundle, tmp_path):
+    mask = os.umask(0)
+    os.umask(mask)
+    want = 0o666 & ~mask
+    assert {p.name: p.stat().st_mode & 0o777 for p in naflex_bundle.iterdir()} == {
+        p.name: want for p in naflex_bundle.iterdir()}
+    f = tmp_path / "w.onnx.data"
+    f.write_bytes(b"x")
+    f.chmod(0o600)  # as the onnx library writes external data
+    assert uniform_file_modes(tmp_path) == want and f.stat().st_mode & 0o777 == want
+
+
+@pytest.mark.slow
+def test_the_exporter_process_never_imports_torch(tmp_path, cache_dir):
+    """PyTorch lives in the worker only: the exporter's own process never imports it, so no PyTorch
+    weights are resident while ONNX Runtime sessions and transforms run."""
+    code = ("import sys; from masc_engine.export.exporter import export_bundle; "
+            f"export_bundle('random:tiny-naflex', {str(tmp_path / 'b')!r}, log=lambda s: None); "
+            "print('torch imported:', 'torch' in sys.modules, 'transformers' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, MASC_ENGINE_CACHE=str(cache_dir)))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "torch imported: False False" in res.stdout
+    assert (tmp_path / "b" / "manifest.json").is_file() and not list(tmp_path.glob(".b.*"))
