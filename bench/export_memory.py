@@ -43,8 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "dreambooth"
 GB = 1e9
 #: The end of a stage line (export/stages.py StageClock.record).
-STAGE_LINE = re.compile(r"\[(?P<stage>[^:\[\]]+): (?P<seconds>[\d.]+) s, (?P<what>peak|peak so far) "
-                        r"(?P<peak>[\d.]+) GB, now (?P<now>[\d.]+) GB(?: \((?P<where>[^)]*)\))?\]$")
+STAGE_LINE = re.compile(r"\[(?P<stage>[^:\[\]]+): (?P<seconds>[\d.]+) s, peak (?P<peak>[\d.]+) GB, "
+                        r"now (?P<now>[\d.]+) GB(?: \((?P<where>[^)]*)\))?\]$")
 
 
 def _children() -> dict[int, list[int]]:
@@ -143,7 +143,7 @@ def export_once(model: str, precision: str, out: Path, args) -> dict:
         if m:
             tree_peak, procs = sampler.next_stage()
             stages.append({"stage": m["stage"], "seconds": float(m["seconds"]), "process": m["where"] or "exporter",
-                           "stage_peak_rss_gb": float(m["peak"]), "peak_is_stage_peak": m["what"] == "peak",
+                           "stage_peak_rss_gb": float(m["peak"]),
                            "rss_gb_after": float(m["now"]), "tree_peak_rss_gb": round(tree_peak / GB, 3),
                            "tree_processes_at_peak": procs})
     code = proc.wait()

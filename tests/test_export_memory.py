@@ -44,7 +44,7 @@ def test_stage_line_format_is_what_the_bench_parses():
     clock = stages.StageClock(lines.append)
     with clock.stage("validate vision") as note:
         note["message"] = "validated vision: max |error| 1e-06"
-    clock.record("export text", 12.34, int(3.2e9), int(2.9e9), True, "exported text -> text.onnx", " (torch worker)")
+    clock.record("export text", 12.34, int(3.2e9), int(2.9e9), "exported text -> text.onnx", " (torch worker)")
     assert lines[0].startswith("validated vision: max |error| 1e-06 [validate vision: ")
     assert lines[1] == "exported text -> text.onnx [export text: 12.3 s, peak 3.20 GB, now 2.90 GB (torch worker)]"
     m = STAGE_LINE.search(lines[1])

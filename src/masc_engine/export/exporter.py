@@ -28,7 +28,7 @@ from ..engine.manifest import write_manifest
 from .checkpoint import (_PIL_NAMES, DEFAULT_MAX_NUM_PATCHES, DEFAULT_MODEL, SHORT_NAMES,  # noqa: F401 (API)
                          CheckpointError, image_settings_from_processor, load_checkpoint, random_checkpoint_dir,
                          save_tokenizer, text_settings_from_processor)
-from .stages import StageClock
+from .stages import StageClock, rss
 
 #: masc-metric 0.3.0 ``DEFAULT_FG_THRESHOLD``.
 DEFAULT_FG_THRESHOLD = 0.5
@@ -40,14 +40,21 @@ _load = load_checkpoint
 _save_tokenizer = save_tokenizer
 
 
-def _versions(worker_versions: dict) -> dict:
-    """Library versions: torch and transformers as the PyTorch worker reported them (this process
-    does not import them), the rest from this process."""
+def _versions(worker_versions: dict | None = None) -> dict:
+    """Library versions: torch and transformers as the PyTorch worker reported them (the
+    exporter's process does not import them; without them, this process's), the rest from this
+    process."""
     import onnx
     import onnxruntime
     import tokenizers
 
     from .. import __version__
+
+    if worker_versions is None:
+        import torch
+        import transformers
+
+        worker_versions = {"torch": str(torch.__version__), "transformers": str(transformers.__version__)}
 
     return {"masc_engine": __version__, **worker_versions, "onnx": onnx.__version__,
             "onnxruntime": onnxruntime.__version__, "tokenizers": tokenizers.__version__,
@@ -246,12 +253,16 @@ def _export_into(out: Path, model: str, max_num_patches, revision, validate: boo
         _open_checkpoint(job, worker)
         _torch_stages(job, worker)
     manifest = _manifest(job)
+    manifest["export_peak_rss_gb"] = {"torch worker": round(worker.lifetime_peak / 1e9, 3)}
     if validate:
         manifest["validation"] = _validation_stages(job)
     _transform_stages(job, manifest)
     _onnx_check_stage(job, manifest)
     manifest["export_seconds"] = round(time.time() - t0, 1)
     manifest["export_stages"] = job.clock.records
+    manifest["export_peak_rss_gb"]["exporter"] = round(rss()[1] / 1e9, 3)
+    log("peak memory (RSS): " + ", ".join(f"{k} {v:.2f} GB" for k, v in manifest["export_peak_rss_gb"].items())
+        + f"; {manifest['export_seconds']:.0f} s in all")
     write_manifest(out, manifest)
 
 

@@ -11,9 +11,10 @@ the exporter records the same figures in the manifest (``export_stages``).
 stage touches the weights, and :func:`check_memory_plan` refuses in one line when the plan does not
 fit the limit (``masc-export --max-memory-gb``, else the memory of this machine or container).
 
-Peak RSS per stage: Linux's ``VmHWM`` (``/proc/<pid>/status``), reset at each stage start by writing
-``5`` to ``/proc/self/clear_refs`` (proc(5), Linux >= 4.0). Where that reset is not allowed the
-line says "peak so far" (the process's peak since it started).
+Peak RSS per stage: the largest of this process's RSS samples during the stage, taken every 20 ms
+by a daemon thread (:class:`PeakSampler`, ``/proc/self/statm``), and its RSS at the stage's start
+and end. (Linux's ``VmHWM`` can be reset per stage through ``/proc/self/clear_refs``, but that
+also resets the lifetime peak that ``getrusage``'s ``ru_maxrss`` and ``/usr/bin/time -v`` report.)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,14 +54,51 @@ def rss(pid: int | str = "self") -> tuple[int, int]:
     return cur, peak
 
 
-def reset_peak() -> bool:
-    """Reset this process's peak RSS (``VmHWM``) to its current RSS; False where not allowed."""
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _rss_now() -> int:
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class PeakSampler:
+    """This process's peak RSS between :meth:`mark` calls, sampled every ``interval`` seconds by a
+    daemon thread (one per process: :func:`peak_sampler`)."""
+
+    def __init__(self, interval: float = 0.02):
+        self.interval = interval
+        self._peak = _rss_now()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="masc-rss-sampler", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            now = _rss_now()
+            with self._lock:
+                self._peak = max(self._peak, now)
+            time.sleep(self.interval)
+
+    def mark(self) -> int:
+        """The peak (bytes) since the previous mark, the current RSS included; starts a new period."""
+        now = _rss_now()
+        with self._lock:
+            peak, self._peak = max(self._peak, now), now
+        return peak
+
+
+_SAMPLER: PeakSampler | None = None
+
+
+def peak_sampler() -> PeakSampler:
+    """This process's :class:`PeakSampler` (started on first use)."""
+    global _SAMPLER
+    if _SAMPLER is None:
+        _SAMPLER = PeakSampler()
+    return _SAMPLER
 
 
 def release_memory() -> None:
@@ -100,8 +139,9 @@ class StageClock:
 
     Each line is the stage's own message followed by
     ``[<stage>: <s> s, peak <p> GB, now <n> GB<where>]``: the peak RSS of the process that ran the
-    stage during the stage, and its RSS when the stage ended (``where``: ``" (torch worker)"`` for
-    stages run by export/torch_worker.py). bench/export_memory.py parses these brackets.
+    stage during the stage (:class:`PeakSampler`), and its RSS when the stage ended (``where``:
+    ``" (torch worker)"`` for stages run by export/torch_worker.py). bench/export_memory.py parses
+    these brackets.
     """
 
     log: Callable[[str], None]
@@ -111,22 +151,19 @@ class StageClock:
     def stage(self, name: str):
         """Run a stage in this process. The block may set ``note["message"]`` (the line's text)."""
         release_memory()
-        exact = reset_peak()
+        sampler = peak_sampler()
+        sampler.mark()
         t0 = time.time()
         note: dict = {}
         yield note
         release_memory()
-        cur, peak = rss()
-        self.record(name, time.time() - t0, peak, cur, exact, note.get("message", name))
+        self.record(name, time.time() - t0, sampler.mark(), rss()[0], note.get("message", name))
 
-    def record(self, name: str, seconds: float, peak: int, now: int, exact: bool, message: str,
-               where: str = "") -> None:
+    def record(self, name: str, seconds: float, peak: int, now: int, message: str, where: str = "") -> None:
         """Add a stage's figures (also for stages another process ran) and print its line."""
         self.records.append({"stage": name, "seconds": round(seconds, 1), "peak_rss_gb": round(peak / GB, 3),
-                             "rss_gb_after": round(now / GB, 3), "process": where.strip(" ()") or "exporter",
-                             "peak_is_stage_peak": exact})
-        what = "peak" if exact else "peak so far"
-        self.log(f"{message} [{name}: {seconds:.1f} s, {what} {peak / GB:.2f} GB, now {now / GB:.2f} GB{where}]")
+                             "rss_gb_after": round(now / GB, 3), "process": where.strip(" ()") or "exporter"})
+        self.log(f"{message} [{name}: {seconds:.1f} s, peak {peak / GB:.2f} GB, now {now / GB:.2f} GB{where}]")
 
     def peak_gb(self) -> float:
         return max((r["peak_rss_gb"] for r in self.records), default=0.0)

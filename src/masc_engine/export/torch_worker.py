@@ -128,21 +128,23 @@ _TASKS = {"open_checkpoint": open_checkpoint, "vision_references": vision_refere
 
 
 def call(task: str, *args) -> dict:
-    """Run ``task`` in the worker: ``{"result", "seconds", "peak", "rss", "exact"}`` (bytes; ``exact``:
-    the peak is this call's own, export/stages.py). An ExportValidationError comes back as
-    ``{"error": (message, report)}`` (its report would not survive pickling)."""
-    from .stages import release_memory, reset_peak, rss
+    """Run ``task`` in the worker: ``{"result", "seconds", "peak", "rss", "lifetime_peak"}`` (bytes:
+    the call's sampled peak RSS, export/stages.py ``PeakSampler``; the RSS after it; the worker's
+    ``VmHWM``). An ExportValidationError comes back as ``{"error": (message, report)}`` (its report
+    would not survive pickling)."""
+    from .stages import peak_sampler, release_memory, rss
 
     release_memory()
-    exact = reset_peak()
+    sampler = peak_sampler()
+    sampler.mark()
     t0 = time.time()
     try:
         result = _TASKS[task](*args)
     except ExportValidationError as e:
         return {"error": (str(e), e.report)}
     release_memory()
-    cur, peak = rss()
-    return {"result": result, "seconds": time.time() - t0, "peak": peak, "rss": cur, "exact": exact}
+    cur, hwm = rss()
+    return {"result": result, "seconds": time.time() - t0, "peak": sampler.mark(), "rss": cur, "lifetime_peak": hwm}
 
 
 class TorchWorker:
@@ -160,6 +162,7 @@ class TorchWorker:
         import masc_engine
 
         self.clock = clock
+        self.lifetime_peak = 0  # the worker's VmHWM, bytes
         env = dict(os.environ)
         root = str(Path(masc_engine.__file__).resolve().parents[1])  # the same masc_engine in the worker
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -190,8 +193,8 @@ class TorchWorker:
             raise out["exception"] from RuntimeError("in the PyTorch export worker:\n" + out["traceback"])
         if "error" in out:
             raise ExportValidationError(*out["error"])
-        self.clock.record(stage, out["seconds"], out["peak"], out["rss"], out["exact"], describe(out["result"]),
-                          where=" (torch worker)")
+        self.clock.record(stage, out["seconds"], out["peak"], out["rss"], describe(out["result"]), where=" (torch worker)")
+        self.lifetime_peak = max(self.lifetime_peak, out["lifetime_peak"])
         return out["result"]
 
     def close(self) -> None:
