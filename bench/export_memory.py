@@ -199,19 +199,24 @@ def compare_scores(bundle: Path, work: Path) -> dict:
             f.unlink()
         env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
         t0 = time.time()
-        subprocess.run([sys.executable, "-m", "masc_engine.cli.run_cmd", str(EXAMPLES / "pairs.csv"), "--bundle",
-                        str(b), "--out", str(out), "--no-progress"], check=True, env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "masc_engine.cli.run_cmd", str(EXAMPLES / "pairs.csv"),
+                                 "--bundle", str(b), "--out", str(out), "--no-progress"], env=env)
+        _, status, usage = os.wait4(proc.pid, 0)  # ru_maxrss of this masc-run alone (kB)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode:
+            raise SystemExit(f"masc-run on {b} failed ({proc.returncode})")
         import csv
 
         rows = list(csv.DictReader(open(out, newline="", encoding="utf-8")))
         got[name] = {"cp": [float(r["cp"]) for r in rows], "pf": [float(r["pf"]) for r in rows],
-                     "seconds": round(time.time() - t0, 1)}
+                     "seconds": round(time.time() - t0, 1), "peak_rss_gb": round(usage.ru_maxrss * 1024 / GB, 3)}
     a, b = got["shared"], got["one_copy_per_graph"]
     d = lambda k: max(abs(x - y) for x, y in zip(a[k], b[k], strict=True))  # noqa: E731
     sizes = {"shared": bundle_sizes(bundle)["gb_by_target"], "one_copy_per_graph": bundle_sizes(old)["gb_by_target"]}
     shutil.rmtree(old, ignore_errors=True)
     return {"pairs": len(a["cp"]), "max_abs_dcp": d("cp"), "max_abs_dpf": d("pf"), "gb_by_target": sizes,
-            "seconds": {k: v["seconds"] for k, v in got.items()}}
+            "masc_run_seconds": {k: v["seconds"] for k, v in got.items()},
+            "masc_run_peak_rss_gb": {k: v["peak_rss_gb"] for k, v in got.items()}}
 
 
 def _one_copy_per_graph(bundle: Path, dst: Path) -> None:
@@ -262,6 +267,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-scores", action="store_true",
                     help="score the shipped pairs with the fp32 bundle and with a one-copy-per-graph layout of it")
     ap.add_argument("--keep", action="store_true", help="keep the bundles under --work")
+    ap.add_argument("--compare-bundle", default=None,
+                    help="only --compare-scores on this existing bundle (no export); added to --out's runs")
     ap.add_argument("--note", default="", help="free text recorded in the results (e.g. the machine's state)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -270,6 +277,16 @@ def main(argv=None) -> int:
     res = {"bench": "bench/export_memory.py", "argv": sys.argv[1:] if argv is None else list(argv),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": _machine(), "note": args.note,
            "kill_above_gb": args.kill_above_gb or None, "runs": []}
+    if args.compare_bundle:
+        prev = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else res
+        fp32 = next((r for r in prev["runs"] if r["precision"] == "fp32"), None)
+        target = fp32 if fp32 is not None else {"precision": "fp32", "exit_code": 0}
+        target["scores_vs_one_copy_per_graph"] = compare_scores(Path(args.compare_bundle), work)
+        target["scores_vs_one_copy_per_graph"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+        if fp32 is None:
+            prev["runs"].append(target)
+        Path(args.out).write_text(json.dumps(prev, indent=2) + "\n")
+        return 0
     for precision in [p for p in args.precisions.split(",") if p]:
         out = work / f"bundle-{precision}"
         rec = export_once(args.model, precision, out, args)

@@ -27,20 +27,21 @@ def quantize_graphs(src: str | Path, stage: str | Path, log=print) -> dict:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from .external_data import data_files
-    from .stages import release_memory
+    from .stages import StageClock
 
     src, stage = Path(src), Path(stage)
     manifest = read_manifest(src)
-    for graph in INT8_GRAPHS:
+    clock = StageClock(log)
+    for graph in INT8_GRAPHS:  # one graph at a time, each a stage line with its memory
         entry = manifest["graphs"][graph]
         f = stage / entry["file"]
-        quantize_dynamic(str(src / entry["file"]), str(f), op_types_to_quantize=["MatMul"],
-                         per_channel=True, weight_type=QuantType.QInt8)
+        with clock.stage(f"quantize {graph}") as note:
+            quantize_dynamic(str(src / entry["file"]), str(f), op_types_to_quantize=["MatMul"],
+                             per_channel=True, weight_type=QuantType.QInt8)
+            note["message"] = f"quantized {graph} -> int8 ({f.stat().st_size / 1e6:.1f} MB)"
         entry.pop("external_data", None)  # written inline: the fp32 weight file is no longer read
         if data_files(f):
             entry["external_data"] = data_files(f)
-        release_memory()
-        log(f"quantized {graph} -> int8 ({f.stat().st_size / 1e6:.1f} MB)")
     manifest["precision"] = {"mode": "int8-dynamic", "graphs": list(INT8_GRAPHS), "source_bundle": str(src)}
     # The fp32 bundle's fused ort-cpu graphs (export/fusion.py) would otherwise be picked on CPU
     # instead of the int8 ones: an int8 bundle holds the quantized portable graphs only. (The fp32

@@ -340,7 +340,8 @@ class PrecisionTransform:
         import onnx
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
-        model32 = onnx.load(str(src))
+        # fp16 reads only the node names from the fp32 graph; bf16 re-rounds from its fp32 values
+        model32 = onnx.load(str(src), load_external_data=self.precision == "bf16")
         keep = fp32_onnx_nodes(graph_nodes(model32))
         model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True, node_block_list=list(keep))
         # The converter leaves value_info entries whose types its own casts contradict (strict shape

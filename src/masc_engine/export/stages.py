@@ -11,9 +11,12 @@ the exporter records the same figures in the manifest (``export_stages``).
 stage touches the weights, and :func:`check_memory_plan` refuses in one line when the plan does not
 fit the limit (``masc-export --max-memory-gb``, else the memory of this machine or container).
 
-Peak RSS per stage: the largest of this process's RSS samples during the stage, taken every 20 ms
-by a daemon thread (:class:`PeakSampler`, ``/proc/self/statm``), and its RSS at the stage's start
-and end. (Linux's ``VmHWM`` can be reset per stage through ``/proc/self/clear_refs``, but that
+Peak RSS per stage (:class:`PeakSampler`): the largest of this process's RSS samples during the
+stage, taken every 20 ms by a daemon thread (``/proc/self/statm``), and, when the process's
+lifetime peak (``VmHWM``) rose during the stage, that peak: the sampler needs the GIL and misses
+what a long C++ call holding it allocates and frees (the fp16 converter's shape inference at the
+so400m shape: 6.9 GB sampled, 8.6 GB true), while a new lifetime peak can only come from the
+stage in progress. (``VmHWM`` could be reset per stage through ``/proc/self/clear_refs``, but that
 also resets the lifetime peak that ``getrusage``'s ``ru_maxrss`` and ``/usr/bin/time -v`` report.)
 """
 
@@ -72,6 +75,7 @@ class PeakSampler:
     def __init__(self, interval: float = 0.02):
         self.interval = interval
         self._peak = _rss_now()
+        self._hwm = rss()[1]
         self._lock = threading.Lock()
         threading.Thread(target=self._run, name="masc-rss-sampler", daemon=True).start()
 
@@ -85,9 +89,11 @@ class PeakSampler:
     def mark(self) -> int:
         """The peak (bytes) since the previous mark, the current RSS included; starts a new period."""
         now = _rss_now()
+        hwm = rss()[1]
         with self._lock:
             peak, self._peak = max(self._peak, now), now
-        return peak
+            rose, self._hwm = hwm > getattr(self, "_hwm", hwm), hwm
+        return max(peak, hwm) if rose else peak
 
 
 _SAMPLER: PeakSampler | None = None
@@ -165,25 +171,29 @@ class StageClock:
                              "rss_gb_after": round(now / GB, 3), "process": where.strip(" ()") or "exporter"})
         self.log(f"{message} [{name}: {seconds:.1f} s, peak {peak / GB:.2f} GB, now {now / GB:.2f} GB{where}]")
 
-    def peak_gb(self) -> float:
-        return max((r["peak_rss_gb"] for r in self.records), default=0.0)
-
 
 #: The export plan's memory model: per stage, ``(fixed GB, multiple of the largest tower's fp32
 #: weights, multiple of all fp32 weights)``. Fixed: the libraries (torch, transformers, onnx,
-#: ONNX Runtime) and the processor. Measured by bench/export_memory.py (per-stage peak RSS of the
-#: process running the stage; bench/results/export_memory_so400m.json, base and so400m shapes) and
-#: rounded up by ~20% so that the estimate stays above every measurement.
+#: ONNX Runtime) and the processor. Measured by bench/export_memory.py (peak RSS of the process
+#: running the stage; bench/results/export_memory_so400m.json, random base and so400m presets) and
+#: rounded up so that the estimate stays above every measurement (by 5-25% at so400m).
 MEMORY_MODEL = {
-    # torch worker: lazily mapped safetensors; every weight is read once (references and export),
-    # the ONNX external-data writer streams tensors to disk
+    # torch worker: lazily mapped safetensors, every weight read once (references, export); the
+    # ONNX external-data writer streams tensors to disk. Measured 1.46 GB base, 4.00 GB so400m.
     "torch": (1.0, 0.0, 1.2),
-    # one ONNX Runtime session on one graph (lean CPU arena), PyTorch outputs stored beforehand
+    # one ONNX Runtime session on one graph (lean CPU memory) and its activations at 1024
+    # patches. Measured 1.03 GB base, 2.54 GB so400m.
     "validate": (0.8, 1.6, 0.0),
-    # ONNX Runtime's transformer optimizer on one graph held in memory, plus its packed QKV
+    # the optimizer on the graph without its weights, then a session validating the fused graph
+    # (ONNX Runtime folds the packed QKV at session creation). Measured 1.11 GB base, 3.29 GB so400m.
     "fuse": (0.8, 2.0, 0.0),
-    # the fp16 / bf16 converter reads the fp32 graph twice and writes the reduced copy
-    "precision": (0.8, 3.2, 0.0),
+    # ONNX Runtime's fp16 converter on one fp32 graph: its ONNX shape inference serialises and
+    # re-reads the whole model. Measured 2.28 GB base (before the fp32 graph was read once
+    # instead of twice), 8.58 GB so400m.
+    "precision": (0.8, 5.5, 0.0),
+    # the fp32 and the reduced-precision bundles scored on the pair gates' pairs, one after the
+    # other (every graph loaded). Measured 1.56 GB base, 5.13 GB so400m.
+    "pairs": (0.8, 0.0, 1.6),
 }
 
 
@@ -208,7 +218,7 @@ def plan_memory(tower_bytes: dict[str, int], precision: str = "fp32", fused: boo
         fused: whether the fused ``ort-cpu`` variant is made.
     """
     largest, total = max(tower_bytes.values()), sum(tower_bytes.values())
-    kinds = ["torch", "validate"] + (["fuse"] if fused else []) + ([] if precision == "fp32" else ["precision"])
+    kinds = ["torch", "validate"] + (["fuse"] if fused else []) + ([] if precision == "fp32" else ["precision", "pairs"])
     stages = {}
     for k in kinds:
         fixed, per_graph, per_model = MEMORY_MODEL[k]

@@ -28,6 +28,7 @@ import numpy as np
 from ..engine.manifest import write_manifest
 from ..errors import MascEngineError
 from ..export.int8 import quantize_graphs
+from ..export.stages import StageClock
 from .pairs import run_pairs
 from .results import read_output
 
@@ -95,6 +96,7 @@ def gate_report(cp32, pf32, cp8, pf8) -> dict:
 
 
 def _score_csv(bundle: Path, pairs_csv: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of ``pairs_csv`` by ``bundle`` (masc-run's job; the scorer is gone when this returns)."""
     import warnings
 
     from ..runtime.scorer import Scorer
@@ -133,8 +135,13 @@ def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: st
         stage = Path(tmp) / "bundle"
         shutil.copytree(src, stage)
         manifest = quantize_graphs(src, stage, log)
-        cp32, pf32 = _score_csv(src, Path(gate_pairs))
-        cp8, pf8 = _score_csv(stage, Path(gate_pairs))
+        clock = StageClock(log)
+        scores = {}
+        for name, bundle in (("fp32", src), ("int8", stage)):  # one bundle in memory at a time
+            with clock.stage(f"int8 gate {name} scores") as note:
+                scores[name] = _score_csv(bundle, Path(gate_pairs))
+                note["message"] = f"scored the gate pairs with the {name} bundle"
+        (cp32, pf32), (cp8, pf8) = scores["fp32"], scores["int8"]
         report = gate_report(cp32, pf32, cp8, pf8)
         log("int8 gates vs fp32: " + json.dumps({k: v for k, v in report.items() if k != "gates"}))
         if not report["passed"]:
