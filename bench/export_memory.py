@@ -249,10 +249,16 @@ def _machine() -> dict:
         mem = int(next(ln for ln in open("/proc/meminfo") if ln.startswith("MemTotal")).split()[1]) * 1024
     except (OSError, StopIteration):
         pass
-    import onnxruntime
+    from importlib.metadata import PackageNotFoundError, version
 
+    versions = {}
+    for dist in ("masc-engine", "onnxruntime", "onnx", "torch", "transformers"):
+        try:
+            versions[dist.replace("-", "_")] = version(dist)
+        except PackageNotFoundError:
+            pass
     return {"platform": platform.platform(), "cpus": os.cpu_count(), "mem_total_gb": round(mem / GB, 1) if mem else None,
-            "python": platform.python_version(), "onnxruntime": onnxruntime.__version__}
+            "python": platform.python_version(), "versions": versions}
 
 
 def main(argv=None) -> int:
@@ -274,7 +280,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    res = {"bench": "bench/export_memory.py", "argv": sys.argv[1:] if argv is None else list(argv),
+    res = {"script": "bench/export_memory.py", "argv": sys.argv[1:] if argv is None else list(argv),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": _machine(), "note": args.note,
            "kill_above_gb": args.kill_above_gb or None, "runs": []}
     if args.compare_bundle:

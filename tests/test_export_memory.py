@@ -151,3 +151,51 @@ def test_the_exporter_process_never_imports_torch(tmp_path, cache_dir):
     assert res.returncode == 0, res.stderr[-2000:]
     assert "torch imported: False False" in res.stdout
     assert (tmp_path / "b" / "manifest.json").is_file() and not list(tmp_path.glob(".b.*"))
+
+
+RESULTS = REPO / "bench" / "results" / "export_memory_so400m.json"
+STAGE_KIND = {"checkpoint": "torch", "vision references": "torch", "text references": "torch", "export": "torch",
+              "validate": "validate", "ort-fusion": "fuse", "ort-cpu scores": "fuse", "precision-fp16": "precision",
+              "fp32 pair scores": "pairs", "fp16 pair gates": "pairs"}
+
+
+def _kind(stage: str) -> str:
+    return next(k for prefix, k in STAGE_KIND.items() if stage.startswith(prefix))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_so400m_measurement_meets_the_budgets_and_the_plan_covers_it(precision):
+    """bench/results/export_memory_so400m.json (random:so400m-naflex): peak RSS <= 10 GB for fp32
+    and fp16 (the largest process, as /usr/bin/time -v reports it, and the whole process tree),
+    the fp32 bundle <= 4 GB on disk for every target, its scores equal to a one-copy-per-graph
+    bundle's, and the memory plan's estimate above every stage's measured peak."""
+    res = json.loads(RESULTS.read_text())
+    run = next(r for r in res["runs"] if r["precision"] == precision and r["exit_code"] == 0)
+    assert run["model"] == "random:so400m-naflex" and not run["killed_by_watchdog"]
+    assert run["time_v_max_rss_gb"] <= 10 and run["tree_peak_rss_gb"] <= 10
+    sizes = {"vision": 0, "pool": 0, "text": 0}
+    for line in [run["memory_plan_line"]]:  # "... (fp32 weights: vision 1.65 GB, pool 0.06 GB, text 1.65 GB) ..."
+        for g in sizes:
+            sizes[g] = int(float(line.split(f"{g} ")[1].split(" GB")[0]) * 1e9 * 1.01)
+    plan = stages.plan_memory(sizes, precision, fused=precision == "fp32").stages
+    for s in run["stages"]:
+        assert plan[_kind(s["stage"])] >= s["stage_peak_rss_gb"] * 1e9, s
+    if precision == "fp32":
+        assert max(run["bundle"]["gb_by_target"].values()) <= 4
+        cmp = run["scores_vs_one_copy_per_graph"]
+        assert cmp["pairs"] >= 20 and cmp["max_abs_dcp"] <= 1e-6 and cmp["max_abs_dpf"] <= 1e-6
+        assert cmp["gb_by_target"]["one_copy_per_graph"]["all"] > 1.9 * cmp["gb_by_target"]["shared"]["all"]
+
+
+def test_bundle_size_per_target(naflex_bundle):
+    sys.path.insert(0, str(REPO / "bench"))
+    from export_memory import bundle_sizes
+
+    m = json.loads((naflex_bundle / "manifest.json").read_text())
+    size = lambda *names: sum((naflex_bundle / n).stat().st_size for n in names + ("manifest.json",))  # noqa: E731
+    got = bundle_sizes(naflex_bundle)["bytes_by_target"]
+    assert got["all"] == size(*m["files"])
+    assert got["cpu"] == size("tokenizer.json", "vision.ort-cpu.onnx", "vision.onnx.data", "text.ort-cpu.onnx",
+                              "text.onnx.data", "pool.onnx", "cp.onnx")
+    assert got["gpu"] == size("tokenizer.json", "vision.onnx", "vision.onnx.data", "text.onnx", "text.onnx.data",
+                              "pool.onnx", "cp.onnx")

@@ -2,13 +2,20 @@
 
 Steps (optimum-style): load the checkpoint and its processor; read every preprocessing and text
 setting from the processor objects into the manifest; export each graph from its spec
-(export/graphs.py); validate each graph against PyTorch right away on batch sizes and patch
-grids other than the traced ones (export/validate.py), raising :class:`ExportValidationError`
-past its per-shape budget (``tolerances.EXPORT_VALIDATION_BUDGETS``); run the graph-transform
-pipeline (export/transforms.py: mixed precision, and for fp32 bundles the fused ``ort-cpu``
-variant of the vision and text graphs, export/fusion.py), validating each result the same way
-(the fused graphs also on CP and PF, within ``tolerances.ORACLE_SCORE_ATOL``); write
-``manifest.json`` with every file's sha256.
+(export/graphs.py); validate each graph against PyTorch on batch sizes and patch grids other than
+the traced ones (export/validate.py), raising :class:`ExportValidationError` past its per-shape
+budget (``tolerances.EXPORT_VALIDATION_BUDGETS``); run the graph-transform pipeline
+(export/transforms.py: mixed precision, and for fp32 bundles the fused ``ort-cpu`` variant of the
+vision and text graphs, export/fusion.py), validating each result the same way (the fused graphs
+also on CP and PF, within ``tolerances.ORACLE_SCORE_ATOL``); write ``manifest.json`` with every
+file's sha256.
+
+Memory is planned by stage (docs/export.md): the PyTorch steps (opening the checkpoint, computing
+every PyTorch output the checks compare against, exporting each graph) run in a worker process
+(export/torch_worker.py) that ends before ONNX Runtime loads the same weights; then one graph at a
+time, each ONNX Runtime session closed before the next. Each stage prints its time and memory
+(export/stages.py), and a plan whose estimated peak does not fit ``max_memory_gb`` is refused
+before the weights are read.
 """
 
 from __future__ import annotations

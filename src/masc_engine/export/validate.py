@@ -6,6 +6,12 @@ the ONNX side (runtime/preprocess.py, runtime/position.py), so it validates our 
 position-embedding resize together with the graph. Reports are Polygraphy-style (max, mean and
 99th-percentile absolute error), not booleans; a failure raises :class:`ExportValidationError`
 carrying the report.
+
+Each check is two halves: ``*_references`` runs the PyTorch side once and returns small arrays
+(the exporter computes them in its PyTorch worker, export/torch_worker.py, before any ONNX Runtime
+session exists), and ``check_*`` / :func:`check_graph` runs one ONNX graph against them, so no
+step holds the PyTorch weights and an ONNX Runtime session at once. The ``validate_*`` functions
+do both in one process.
 """
 
 from __future__ import annotations
