@@ -29,9 +29,9 @@ def test_stages_are_recorded_in_order_with_time_and_memory(naflex_bundle):
     recs = json.loads((naflex_bundle / "manifest.json").read_text())["export_stages"]
     names = [r["stage"] for r in recs]
     assert names == TORCH_STAGES + ["validate vision", "validate pool", "validate text", "validate cp",
-                                    "ort-fusion vision", "ort-fusion text", "ort-cpu scores"]
+                                    "ort-fusion vision", "ort-fusion text", "ort-cpu scores", "onnx checker"]
     # PyTorch only in the worker; ONNX Runtime only after it ended, one graph per stage
-    assert [r["process"] for r in recs] == ["torch worker"] * len(TORCH_STAGES) + ["exporter"] * 7
+    assert [r["process"] for r in recs] == ["torch worker"] * len(TORCH_STAGES) + ["exporter"] * 8
     for r in recs:
         assert r["seconds"] >= 0 and 0.05 < r["rss_gb_after"] <= r["peak_rss_gb"] + 0.01 < 4
 

@@ -313,6 +313,8 @@ def fuse_graph(src: str | Path, dst: str | Path, num_heads: int, hidden_size: in
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     opt.topological_sort()
+    if not any(o.domain == "com.microsoft" for o in fused.opset_import):  # as the optimizer's own save adds it
+        fused.opset_import.add(domain="com.microsoft", version=1)
     del model, opt
     shared = _share_with_source(fused, Path(src), dst)
     # Weights in data files beside the graph (the portable graph's, and ``<dst>.data`` for what
