@@ -32,13 +32,12 @@ from typing import Sequence
 
 from ..errors import BundleError
 from ..engine.manifest import write_manifest
+from ..runtime.masks import DEFAULT_FG_THRESHOLD
 from .checkpoint import (_PIL_NAMES, DEFAULT_MAX_NUM_PATCHES, DEFAULT_MODEL, SHORT_NAMES,  # noqa: F401 (API)
                          CheckpointError, image_settings_from_processor, load_checkpoint, random_checkpoint_dir,
                          save_tokenizer, text_settings_from_processor)
 from .stages import StageClock, rss
 
-#: masc-metric 0.3.0 ``DEFAULT_FG_THRESHOLD``.
-DEFAULT_FG_THRESHOLD = 0.5
 OPSET = 18
 
 #: The old private names of :func:`~.checkpoint.load_checkpoint` and

@@ -467,7 +467,7 @@ def score_references_vision(vision_model, processor, image: dict) -> dict:
     weights = [mask_to_patch_grid(m, p.spatial_shape) for m, p in zip(masks, pre)]
     head, pooled = vision_model.head, []
     for w_out, rt in zip(weights, tokens):
-        kpm = heads.background_key_padding_mask(w_out, 0.5)
+        kpm = heads.background_key_padding_mask(w_out)
         if kpm.all():
             pooled.append(None)
             continue
@@ -538,8 +538,8 @@ def check_scores(refs: dict, runner_for) -> dict:
         for i in range(len(got_tok)):
             if i == j:
                 continue
-            cp_ref, _ = heads.masked_maxcos(v["tokens"][i], v["tokens"][j], v["weights"][i], 0.5)
-            cp_got, _ = heads.masked_maxcos(got_tok[i], gt, v["weights"][i], 0.5)
+            cp_ref, _ = heads.masked_maxcos(v["tokens"][i], v["tokens"][j], v["weights"][i])
+            cp_got, _ = heads.masked_maxcos(got_tok[i], gt, v["weights"][i])
             if np.isnan(cp_ref) != np.isnan(cp_got):
                 d_cp.append(float("inf"))
             elif not np.isnan(cp_ref):
