@@ -1,4 +1,4 @@
-"""CPU throughput (issue 10): per image (our vision graph vs torch eager) and per job (masc-run vs
+"""CPU throughput: per image (our vision graph vs torch eager) and per job (masc-run vs
 a masc-metric loop), cold whole processes, side by side in one run on the same machine.
 
 Parts (``--parts``, default all):
@@ -45,6 +45,8 @@ import workloads  # noqa: E402
 from workloads import dreambench_pairs  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data" / "dreambooth"
+#: The results file's layout (a part run alone updates its key in a file of this layout).
+LAYOUT = "vision_per_image+job"
 
 
 # ----------------------------------------------------------------------------- vision per image
@@ -401,8 +403,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     out = Path(a.out)
     result = json.loads(out.read_text()) if out.is_file() else {}
-    if "issue" not in result or {"vision", "job"} <= set(a.parts.split(",")):
-        result = {"issue": 10}  # a full run (or an old layout) starts a fresh file; one part updates its key
+    if result.get("layout") != LAYOUT or {"vision", "job"} <= set(a.parts.split(",")):
+        result = {"layout": LAYOUT}  # a full run (or an old layout) starts a fresh file; one part updates its key
     result.update(script="bench/cpu_throughput.py", command=" ".join([sys.executable, *sys.argv]),
                   machine=machine(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   load_note="load averages are recorded per part; ratios are side by side in one run")

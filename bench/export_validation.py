@@ -99,7 +99,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "loadavg_1_5_15": list(os.getloadavg()),
-                    "note": "shared 2-core machine: other sessions ran jobs at the same time"},
+                    "note": "shared 2-core machine: other jobs ran at the same time"},
         "versions": {"python": platform.python_version(), "masc_engine": masc_engine.__version__,
                      "torch": torch.__version__, "transformers": transformers.__version__,
                      "onnxruntime": onnxruntime.__version__},

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""ONE prepared GPU check, for a session that holds the lent GPU (one call, a few minutes).
+"""ONE prepared GPU check for a machine with a CUDA GPU (one call, a few minutes).
 
-The lent machine has CUDA, CuPy and PyTorch but no TensorRT (and, probably, none of the runtime's
-other dependencies: onnxruntime-gpu, transformers, tokenizers, Pillow). The script runs whatever
+It expects CUDA, CuPy and PyTorch there, and does not assume TensorRT or the runtime's other
+dependencies (onnxruntime-gpu, transformers, tokenizers, Pillow). The script runs whatever
 is possible there, each section on its own (a missing package skips a section with the reason, an
 error is recorded with its traceback, and results are written after every section, so a timeout
 keeps what finished):
@@ -45,8 +45,8 @@ Usage (repo root)::
     python bench/gpu_check.py --dry-run       # tiny shapes on CPU (numpy for CuPy): checks it runs,
                                               # writes bench/results/gpu_check.dryrun.json
 
-On the lent machine only files under ``$OUT`` come back, so the session holding it runs, in one
-call (about 2-5 minutes on an H200, ``--budget-s`` caps it)::
+On a remote GPU machine from which only files under ``$OUT`` come back, run it in one call
+(about 2-5 minutes on an H200, ``--budget-s`` caps it)::
 
     python3 bench/gpu_check.py --copy-to "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
 
@@ -724,7 +724,7 @@ def section_ort_cuda(cfg, ctx):
 
 
 def _ort_cuda_fp16_bundle():
-    """The fp16 bundle's mixed-precision graphs on ORT CUDA (issue 9 item 5): against the same
+    """The fp16 bundle's mixed-precision graphs on ORT CUDA (the export gates, on a GPU): against the same
     graphs on ORT CPU and against the fp32 bundle on CUDA (``use_tf32`` off), with the export
     gates' per-pair bound. UNVERIFIED until run on a GPU."""
     for mod in ("transformers", "tokenizers", "PIL"):
@@ -787,7 +787,7 @@ def _ort_cuda_device_resident():
 
 def section_tensorrt(cfg, ctx):
     if _try_import("tensorrt") is None:
-        raise Skip("tensorrt is not importable on this machine (expected: the lent GPU has none)")
+        raise Skip("tensorrt is not importable on this machine")
     if _try_import("onnxscript") is None or _try_import("torch") is None:
         raise Skip("exporting cp.onnx here needs torch + onnxscript")
     import tempfile

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU throughput of the scoring pipeline (issue 3, item 5), beside masc-metric in the same run.
+"""GPU throughput of the scoring pipeline, beside masc-metric in the same run.
 
 For each model shape (random weights: ``random:base-naflex``, ``random:so400m-naflex``) at the
 NaFlex budget (default 1,024 patches: 512x512 images give a 32x32 patch grid), through
@@ -29,7 +29,7 @@ size's engines and context memory are gone before the next loads; TensorRT engin
 profile maxima chosen from ``--gpu-memory-budget`` (default: the free memory), so a 24 GB GPU gets
 smaller maxima instead of an out-of-memory error.
 
-Targets on one H200 (issue 3): >= 300 pairs/s fresh (so400m, 1,024 patches), >= 550 cached,
+Targets on one H200 (acceptance targets, not measurements): >= 300 pairs/s fresh (so400m, 1,024 patches), >= 550 cached,
 <= 10 ms/pair at batch 1, >= 20x masc-metric. The script reports each as met or not.
 
 Usage (repo root; on a GPU with onnxruntime-gpu and CuPy, or TensorRT and CuPy)::
@@ -38,8 +38,8 @@ Usage (repo root; on a GPU with onnxruntime-gpu and CuPy, or TensorRT and CuPy):
     python bench/gpu_throughput.py --backend tensorrt --precision fp16
     python bench/gpu_throughput.py --dry-run                         # tiny model on CPU: checks it runs
 
-unverified: it has only run as ``--dry-run`` on CPU (bench/results/gpu_throughput.dryrun.json);
-no session had a GPU with onnxruntime-gpu or TensorRT, so no GPU figure exists yet.
+unverified: it has only run as ``--dry-run`` on CPU (bench/results/gpu_throughput.dryrun.json),
+never on a GPU with onnxruntime-gpu or TensorRT, so no GPU figure exists yet.
 """
 
 from __future__ import annotations
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
     a.batches = [int(b) for b in a.batches.split(",")]
     if not a.dry_run:
         missing = _missing_gpu_stack(a.backend)
-        if missing:  # before any export: a lent GPU's minutes are scarce
+        if missing:  # before any export: GPU time is not spent on a run that cannot finish
             print(f"gpu_throughput: cannot run here: {missing}. Use --dry-run to check the script on CPU.",
                   file=sys.stderr)
             return 2

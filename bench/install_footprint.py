@@ -1,4 +1,4 @@
-"""The runtime's install footprint and import time, as a new user meets them (issue 15).
+"""The runtime's install footprint and import time, as a new user meets them.
 
 A fresh venv (``python -m venv``, pip included) gets ``pip install <checkout>`` (the runtime only:
 no extra); then its size is measured with ``du -sk`` over the whole venv, its largest packages
@@ -57,7 +57,7 @@ def main() -> None:
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                           "python": platform.python_version(), "loadavg_1_5_15_start": list(os.getloadavg()),
-                          "note": "shared 2-core machine: other sessions ran jobs at the same time "
+                          "note": "shared 2-core machine: other jobs ran at the same time "
                                   "(import times are upper bounds)"},
               "versions": {"python": platform.python_version(), "pip_freeze": "see runtime.pip_freeze"},
               "targets": {"venv_mb": 250, "import_s": 0.5}}

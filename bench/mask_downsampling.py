@@ -1,4 +1,4 @@
-"""Mask downsampling vs ATen: the figure behind README "Fidelity" and ``tolerances.MASK_GRID_ATOL``.
+"""Mask downsampling vs ATen: the figure behind docs/fidelity.md and ``tolerances.MASK_GRID_ATOL``.
 
 Every real mask (examples/dreambooth, and ../shared/data/dreambooth when present) on the 10 patch
 grids of tests/test_masks.py, plus 300 random masks (binary uint8 and float, random sizes and

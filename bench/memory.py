@@ -4,7 +4,7 @@ Workload (DreamBench-shaped, built from the shipped examples/dreambooth, so it r
 each subject's photo 00 is the reference; for each of 6 prompts x 2 methods it is scored against a
 *unique* output image (another photo of the subject, mirrored / cropped / colour-shifted
 deterministically, its mask alike): 4 references, 48 pairs, 52 distinct images. Model: the
-bundle's random-weight checkpoint (``random:base-naflex`` for the issue's base shape) at a NaFlex
+bundle's random-weight checkpoint (``random:base-naflex`` for the base shape) at a NaFlex
 budget of ``--budget`` patches (256: base/256; 1024 with ``random:so400m-naflex``: so400m/1024).
 
 Each side runs in its own child process, one after the other; its peak RSS is the kernel's

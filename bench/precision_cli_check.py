@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 9's check, command by command: an fp16 bundle of a base-shaped random SigLIP2 checkpoint,
+"""The fp16 path command by command: an fp16 bundle of a base-shaped random SigLIP2 checkpoint,
 scored by ``masc-run`` on real photos of odd sizes, against masc-metric 0.3.0 (fp32 torch, same
 weights).
 
@@ -94,7 +94,7 @@ def main() -> None:
         "gate": FIDELITY_MAX_ABS_DELTA, "masc_run_seconds": round(run_s, 1), "oracle_seconds": round(oracle_s, 1),
         "versions": {"python": platform.python_version()},
         "machine": {"cores": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg(),
-                    "shared": "2-core machine shared with other helpers' jobs"},
+                    "shared": "2-core machine shared with other jobs"},
     }
     res["within_gate"] = res["max_abs_dcp"] <= FIDELITY_MAX_ABS_DELTA and res["max_abs_dpf"] <= FIDELITY_MAX_ABS_DELTA
     Path(a.out).write_text(json.dumps(res, indent=2) + "\n")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """fp16 / bf16 bundles against fp32 (and masc-metric 0.3.0) at scale, and fp16 vs fp32 speed on
-ONNX Runtime CPU (issue 9, items 2 and 6).
+ONNX Runtime CPU.
 
 For one random-weight model (``random:tiny-naflex``, ``random:base-naflex``,
 ``random:so400m-naflex``) and patch budget, in one run:
@@ -234,7 +234,7 @@ def main() -> None:
                           "transformers": transformers.__version__, "python": platform.python_version()},
              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                          "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
-                         "shared": "this machine is shared with other helpers' jobs; timings are noisy"},
+                         "shared": "this machine is shared with other jobs; timings are noisy"},
              "inputs": {"shared_pairs": len(shared), "distinct_images": len(images),
                         "grid_pairs": len(suites.get("grid", []))},
              "bf16": "emulated on ORT CPU (no bf16 kernels): float32 ops, every bf16 tensor of the real bf16 graph "

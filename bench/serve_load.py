@@ -1,4 +1,4 @@
-"""Load test of masc-serve on loopback with locust (issue 12): throughput, p50/p99 latency, error
+"""Load test of masc-serve on loopback with locust: throughput, p50/p99 latency, error
 rate and peak RSS at 1, 4, 16 and 64 concurrent clients, with micro-batching (``--max-batch``
 8) and without (``--max-batch 1``), on a base-shaped random-weight bundle.
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The test command: set up .venv (idempotent) and run the whole suite on CPU.
+# The test command: set up .venv (idempotent) and run the whole suite on CPU; arguments go to pytest.
+# -rs lists every skipped test with its reason at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --test
 # Headless Chromium renders masc-report in tests/test_report.py (skipped, with a reason, without it;
-# under CI=true, as .ci/run sets it, the test fails instead).
+# under CI=true, as .ci/run sets it, the test fails instead). As root with apt-get, and only then,
+# this script installs it (the README says so); otherwise install it yourself or let the test skip.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "test: installing chromium and fonts-dejavu-core with apt-get (root; for the report's browser-render test)" >&2
   (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core) >/dev/null 2>&1 \
-    || echo "note: could not install chromium; the report screenshot test will skip (fail under CI=true)"
+    || echo "test: could not install chromium; the report's browser-render test will skip (fail under CI=true)" >&2
 fi
 . .venv/bin/activate
-python -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -rs -p no:cacheprovider "$@"

@@ -1,4 +1,4 @@
-"""Same-forward-pass baselines (issue 5 item 2) and attribution maps (item 4) on real pairs."""
+"""Same-forward-pass baselines and attribution maps on real pairs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Batch-independent to the bit on CPU (issue 14): the same pair gives bit-identical CP and PF
+"""Batch-independent to the bit on CPU: the same pair gives bit-identical CP and PF
 whatever else is in its batch and whatever the batch size, on a base-shaped bundle (the user
 shape where padding changes ONNX Runtime's reduction order), through the API and masc-run."""
 

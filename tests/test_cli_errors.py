@@ -1,4 +1,4 @@
-"""One-line CLI errors that name the fix (issue 15): a missing optional package names the extra
+"""One-line CLI errors that name the fix: a missing optional package names the extra
 and its pip command; a missing spaCy model names ``python -m spacy download``. No traceback."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ through IO binding, with host numpy memory (HostDevice) and with a strict fake d
 like CuPy's, refuse implicit conversion to numpy and log every copy back to the host. What these
 tests show: the device-resident path gives the same scores as the host path; no token array is
 ever copied back; no step silently converts a device array on the host. What they cannot show:
-that CUDA IO binding and CuPy behave as documented on a real GPU (unverified, README).
+that CUDA IO binding and CuPy behave as documented on a real GPU (unverified on a GPU: docs/verification.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Export-validation budgets are per shape, measured, and applied (issue 15).
+"""Export-validation budgets are per shape, measured, and applied.
 
 Each budget in ``tolerances.EXPORT_VALIDATION_BUDGETS`` must sit between its measurement in
 bench/results/export_validation.json and 20x it (the module says 10x, rounded up): a budget that

@@ -1,4 +1,4 @@
-"""The fused ``ort-cpu`` graph variant (issue 10): ONNX Runtime's transformer fusions with the
+"""The fused ``ort-cpu`` graph variant: ONNX Runtime's transformer fusions with the
 key_padding_mask carried into the Attention kernel, stored beside the portable graphs, validated
 against PyTorch, picked explicitly by the runtime for ONNX Runtime on CPU."""
 

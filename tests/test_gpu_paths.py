@@ -1,9 +1,9 @@
 """The paths that need a GPU (CuPy CP head, ONNX Runtime CUDA EP, TensorRT engines), and the
 prepared GPU script's CPU dry run (its memory plan and pipeline sections included).
 
-On a machine without the hardware or package, each GPU test skips and says why. The lent GPU
-session runs bench/gpu_check.py once instead (it covers the CuPy and CUDA-torch paths; that
-machine has no TensorRT).
+On a machine without the hardware or package, each GPU test skips and says why. On a machine with
+a GPU, bench/gpu_check.py runs these paths in one call (the CuPy and CUDA-torch paths; TensorRT
+when it is installed); none of them has run on a GPU yet (docs/verification.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""int8 on CPU is opt-in and gated against fp32 (issue 4)."""
+"""int8 on CPU is opt-in and gated against fp32."""
 
 from __future__ import annotations
 

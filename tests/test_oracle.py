@@ -1,4 +1,4 @@
-"""CP and PF against the oracle, masc-metric 0.3.0, on the same random weights (issue 2).
+"""CP and PF against the oracle, masc-metric 0.3.0, on the same random weights (bound: 1e-5).
 
 |Delta CP| and |Delta PF| <= ORACLE_SCORE_ATOL for every row of the real DreamBooth pairs (examples/dreambooth/, and the shared set when present) and
 for synthetic images covering the NaFlex grids, on the tiny NaFlex and tiny fixed-size models.

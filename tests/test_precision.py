@@ -1,4 +1,4 @@
-"""Mixed-precision bundles (issue 9): the fp32-island policy, the export-time transform pipeline,
+"""Mixed-precision bundles: the fp32-island policy, the export-time transform pipeline,
 the fp16 bundle against masc-metric 0.3.0 (fp32 torch, same weights), bf16 (real graph and its CPU
 emulation), and the refusal of a checkpoint whose fp16 graphs fail their gates.
 """

@@ -14,7 +14,7 @@ from masc_engine.runtime.position import position_weights
 from masc_engine.runtime.preprocess import ImageSettings, naflex_target_size, preprocess_image
 from masc_engine.tolerances import PIXEL_VALUES_ATOL, POSITION_ATOL
 
-# (grid, budget, image size in pixels): the grids issue 2 names, incl. padding slots and tiny images.
+# (grid, budget, image size in pixels): square, portrait, landscape and extreme grids, padding slots, tiny images.
 GRID_CASES = [
     ((16, 16), 256, (256, 256)),
     ((14, 18), 252, (224, 288)),

@@ -1,5 +1,5 @@
 """Every results file in bench/results/ is traceable: it records when it was made (date), with what
-(versions) and where (machine), and names its script (issue 15). Text and Markdown renderings
+(versions) and where (machine), and names its script. Text and Markdown renderings
 sit beside a JSON record of the same stem."""
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ def test_csv_reordered_after_kill_resumes_each_row_once(naflex_bundle, tmp_path,
     run_pairs(pairs, Scorer(naflex_bundle), clean, chunk_size=2, progress=False)
     for a, b in zip(got[1:], read_output(clean)[1:]):
         assert (a["key"], a["row_key"], a["status"]) == (b["key"], b["row_key"], b["status"])
-        assert a["cp"] == b["cp"] and a["pf"] == b["pf"]  # batch-independent to the bit (issue 14)
+        assert a["cp"] == b["cp"] and a["pf"] == b["pf"]  # batch-independent to the bit
 
 
 # ------------------------------------------------------------------ what the encoding cache is keyed by

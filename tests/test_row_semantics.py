@@ -1,4 +1,4 @@
-"""masc-run keeps every score that is defined (issue 14): per-score statuses, empty prompts as
+"""masc-run keeps every score that is defined: per-score statuses, empty prompts as
 data, one mask rule, and the API's argument checks.
 
 The rows of the issue's table plus a normal row, scored by masc-run on the tiny random-weight

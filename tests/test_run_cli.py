@@ -70,7 +70,7 @@ def test_bad_rows_get_reasons_and_good_rows_are_scored(naflex_bundle, messy_csv,
             assert (r[f"{score}_status"] == "ok") == math.isfinite(float(r[score])), (k, score)
             if r[f"{score}_status"] != "ok":
                 assert r["status_detail"]
-    # an empty reference mask costs CP only, an output mask hiding everything PF only (issue 14)
+    # an empty reference mask costs CP only, an output mask hiding everything PF only
     assert rows["empty_ref"]["cp_status"] == "empty_reference_mask" and rows["empty_ref"]["pf_status"] == "ok"
     assert rows["no_bg"]["cp_status"] == "ok" and rows["no_bg"]["pf_status"] == "no_background"
     # an empty prompt is data: scored and flagged

@@ -1,4 +1,4 @@
-"""masc-serve as a real process on 127.0.0.1 (issue 12): scores equal masc-metric 0.3.0 and
+"""masc-serve as a real process on 127.0.0.1: scores equal masc-metric 0.3.0 and
 masc-run, micro-batched results equal unbatched ones bit for bit, hostile input gets a 4xx that
 names the field, the service stays healthy, SIGTERM drains in-flight requests, and schemathesis
 finds no 5xx or schema violation against the service's own OpenAPI document.

@@ -276,7 +276,7 @@ def test_cp_scores_any_outputs_per_reference_through_trt_and_ort(fake_trt, bundl
         cp_trt.run(feeds)
 
 
-# ------------------------------------------------------------------ issue 13: checked calls, order, threads
+# ------------------------------------------------------------------ checked calls, order, threads
 
 
 @pytest.fixture

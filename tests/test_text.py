@@ -1,4 +1,4 @@
-"""Token ids from the bundle's tokenizer equal the reference processor's (issue 2)."""
+"""Token ids from the bundle's tokenizer equal the reference processor's."""
 
 from __future__ import annotations
 

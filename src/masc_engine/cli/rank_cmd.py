@@ -17,10 +17,10 @@ from .options import (load_scorer, load_segmenter, scorer_config, scorer_options
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("queries_csv", required=False, type=click.Path(dir_okay=False))
-@click.option("--gallery", "-g", "gallery_csv", required=True, type=click.Path(dir_okay=False),
+@click.argument("queries_csv", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--gallery", "-g", "gallery_csv", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Gallery CSV: image, identity (mask, class optional); paths relative to its folder.")
-@click.option("--bundle", "-b", default=None, type=click.Path(file_okay=False),
+@click.option("--bundle", "-b", default=None, type=click.Path(exists=True, file_okay=False),
               help="Bundle from masc-export (the SigLIP2 encoder). Not needed with --encoder-manifest.")
 @click.option("--similarity", type=click.Choice(["global", "maxcos"]), default="global", show_default=True,
               help="global: cosine of pooled embeddings (all patches visible); maxcos: CP's masked max-cosine "
@@ -28,7 +28,7 @@ from .options import (load_scorer, load_segmenter, scorer_config, scorer_options
 @click.option("--oracle", is_flag=True,
               help="Use the gallery images themselves as queries (method 'oracle'), each against the rest "
                    "of the gallery. Give no QUERIES_CSV then.")
-@click.option("--encoder-manifest", default=None, type=click.Path(dir_okay=False),
+@click.option("--encoder-manifest", default=None, type=click.Path(exists=True, dir_okay=False),
               help="JSON manifest of an ONNX image encoder ([B, D] embeddings) replacing SigLIP2 "
                    "(global similarity only).")
 @click.option("--level", type=click.Choice(["identity", "class"]), default="identity", show_default=True,
@@ -42,7 +42,8 @@ from .options import (load_scorer, load_segmenter, scorer_config, scorer_options
 @segmenter_options
 @click.option("--io-workers", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Threads decoding images and masks.")
-@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option("--no-progress", is_flag=True,
+              help="Hide the progress bar (drawn on stderr only when stderr is a terminal).")
 def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest, level, no_masks, out_path,
          summary_path, io_workers, no_progress, **scorer_params) -> None:
     """Rank the gallery for every query of QUERIES_CSV (columns image, identity, method; mask and

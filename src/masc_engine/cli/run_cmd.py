@@ -12,10 +12,11 @@ from .options import (exif_option, load_scorer, load_segmenter, mask_size_tolera
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("pairs_csv", type=click.Path(dir_okay=False))
-@click.option("--bundle", "-b", required=True, type=click.Path(file_okay=False), help="Bundle from masc-export.")
+@click.argument("pairs_csv", type=click.Path(exists=True, dir_okay=False))
+@click.option("--bundle", "-b", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Bundle from masc-export.")
 @click.option("--out", "-o", "out_path", default=None, type=click.Path(dir_okay=False),
-              help="Output file; format by extension: .csv, .parquet, .jsonl (default: <pairs stem>.masc.csv "
+              help="Output file; format by extension: .csv, .parquet, .jsonl or .ndjson (default: <pairs stem>.masc.csv "
                    "in the current directory). Rerunning the same command resumes.")
 @scorer_options
 @segmenter_options
@@ -56,7 +57,8 @@ from .options import (exif_option, load_scorer, load_segmenter, mask_size_tolera
               help="Replace results at --out made with other settings (or a file masc-run did not write) and "
                    "score every row afresh. Without it such a run stops, naming what differs.")
 @click.option("--print-scores", is_flag=True, help="Print each row's key, method, CP, PF and status.")
-@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option("--no-progress", is_flag=True,
+              help="Hide the progress bar (drawn on stderr only when stderr is a terminal).")
 def main(**params) -> None:
     """Score every row of PAIRS_CSV (columns ref_image, ref_mask, out_image, out_mask, prompt,
     object_name; other columns are carried through) and print a summary. With --segmenter the

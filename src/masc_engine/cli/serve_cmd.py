@@ -81,8 +81,7 @@ def main(**params):
     except ImportError as e:
         from ..extras import missing
 
-        click.echo(f"Error: {missing(e.name or 'fastapi', 'masc-serve', extra='serve')}", err=True)
-        sys.exit(2)
+        raise click.ClickException(str(missing(e.name or "fastapi", "masc-serve", extra="serve"))) from None
     import logging
 
     config = scorer_config(params)

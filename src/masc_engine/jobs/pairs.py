@@ -917,7 +917,8 @@ def _score_chunks(runner, chunks: list[Chunk], journal: Journal, run: RunRecord,
     """Score the chunks, journaling each one's rows (tagged with the run) and then the run's figures."""
     from tqdm import tqdm
 
-    bar = tqdm(total=total, initial=len(done), unit="pair", disable=not progress, desc="masc-run")
+    # disable=None: tqdm draws only when stderr is a terminal (a log file or pipe gets no bar lines)
+    bar = tqdm(total=total, initial=len(done), unit="pair", disable=None if progress else True, desc="masc-run")
     try:
         for results in runner.run(chunks):
             run.scored += len(results)

@@ -277,7 +277,9 @@ def _encode_all(gallery: list[_Item], queries: list[_Item], encoder, similarity:
     q_paths = sorted({q.image for q in queries if q.status == "ok"} - set(g_paths))
     try:
         from tqdm import tqdm
-        bar = tqdm(total=len(g_paths) + len(q_paths), unit="image", disable=not progress, desc="masc-rank")
+        # disable=None: tqdm draws only when stderr is a terminal (a log file or pipe gets no bar lines)
+        bar = tqdm(total=len(g_paths) + len(q_paths), unit="image", disable=None if progress else True,
+                   desc="masc-rank")
     except ImportError:  # pragma: no cover
         bar = None
     tick = (lambda n: bar.update(n)) if bar is not None else (lambda n: None)
