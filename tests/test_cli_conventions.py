@@ -169,3 +169,22 @@ def test_masc_run_help_names_every_output_format():
     help_text = " ".join(CliRunner().invoke(run_main, ["--help"]).output.split())
     for suffix in FORMATS:
         assert suffix in help_text, suffix
+
+
+def test_masc_export_ends_with_the_same_line(naflex_bundle, capsys):
+    from masc_engine.cli import export_cmd
+
+    export_cmd._warn_random_weights(str(naflex_bundle))
+    assert capsys.readouterr().err == (f"WARNING: bundle {naflex_bundle} was exported from random weights "
+                                       "(random:tiny-naflex): its scores only test the pipeline\n")
+
+
+def test_the_api_warning_names_the_callers_line(naflex_bundle):
+    """``MaSC(bundle)`` warns as a library should: a RandomWeightsWarning at the caller's line, not
+    at the line inside masc_engine that loads the bundle."""
+    from masc_engine import MaSC
+    from masc_engine.engine.bundle import RandomWeightsWarning
+
+    with pytest.warns(RandomWeightsWarning) as caught:
+        MaSC(str(naflex_bundle))
+    assert [w.filename for w in caught] == [__file__]

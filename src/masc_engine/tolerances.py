@@ -5,12 +5,12 @@ Measurements: CPU (2 cores, x86-64), torch 2.13.0+cpu, transformers 5.24.0, onnx
 random-weight tiny SigLIP2 models (export/random_models.py), unless a line says otherwise.
 """
 
-#: |Delta CP| and |Delta PF| against masc-metric 0.3.0 on the same weights (issue 2 acceptance).
+#: |Delta CP| and |Delta PF| against masc-metric 0.3.0 on the same weights (the acceptance bound).
 #: Measured max 2.4e-7 (bench/oracle_fidelity.py, bench/results/oracle_fidelity.json: the shipped
 #: examples, the shared DreamBooth pairs and the grid suite, tiny NaFlex and fixed-size models).
 ORACLE_SCORE_ATOL = 1e-5
 
-#: pixel_values against transformers' PIL-backed Siglip2/Siglip image processor (issue 2).
+#: pixel_values against transformers' PIL-backed Siglip2/Siglip image processor.
 #: Measured max |Delta| = 0 (same Pillow resize, same float64 rescale, same float32 normalize).
 PIXEL_VALUES_ATOL = 1e-6
 
@@ -134,7 +134,7 @@ OPENVINO_F32_ATOL = 5e-5
 OPENVINO_F32_SCORE_ATOL = 1e-6
 
 #: Identical reference and output (image and mask) give CP = 1 up to float32 rounding of the
-#: cosine of a vector with itself (issue 2 invariant).
+#: cosine of a vector with itself (an invariant).
 SELF_CP_ATOL = 1e-6
 
 #: Scores must not depend on batch composition or order. Different batch sizes change BLAS
@@ -159,8 +159,8 @@ CP_BEST_ATOL = 2e-6
 # Fidelity gates for reduced-precision bundles and engines (fp16 / bf16 graphs from
 # export/precision.py, TensorRT) against fp32 on the same inputs: at export (export/validate.py,
 # against PyTorch fp32) and at scale (bench/precision_fidelity.py, bench/fidelity_gates.py).
-# ACCEPTANCE THRESHOLDS set by issues 3 and 9, not measurements; what was measured against them is
-# in bench/results/precision_fidelity.json (README "Backends and support matrix").
+# ACCEPTANCE THRESHOLDS (requirements), not measurements; what was measured against them is
+# in bench/results/precision_fidelity.json (docs/fidelity.md, "Reduced precision").
 #: Per-pair max |Delta CP| and |Delta PF|.
 FIDELITY_MAX_ABS_DELTA = 2e-3
 #: Spearman correlation of CP (and of PF) between the two precisions, over all pairs.
@@ -169,7 +169,7 @@ FIDELITY_MIN_SPEARMAN = 0.999
 #: tower's pooled embedding, per prompt, at export).
 FIDELITY_MIN_EMBEDDING_COSINE = 0.9995
 #: Patch-token cosine (reduced precision vs PyTorch fp32, real patches only) at export: the median
-#: and the 0.1st percentile over the validation images' tokens (issue 9 acceptance thresholds).
+#: and the 0.1st percentile over the validation images' tokens (acceptance thresholds).
 REDUCED_TOKEN_COSINE_MEDIAN = 0.999
 REDUCED_TOKEN_COSINE_P001 = 0.99
 #: Pairs needed for the gates to count.

@@ -125,8 +125,9 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
         except MascEngineError as e:
             raise click.ClickException(f"{e} (library messages: {lib_log})") from e
         click.echo(lib.summary(), err=True)
+        _warn_random_weights(out_dir)
     if backend == "tensorrt":
-        # unverified: no TensorRT/GPU was available to the session that wrote this path.
+        # unverified on a GPU: tested against a fake TensorRT (docs/verification.md).
         from ..engine.backends.tensorrt import build_engines
 
         try:
@@ -134,6 +135,16 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
                           timing_cache=timing_cache, log=log, gpu_memory_budget=gpu_memory_budget)
         except MascEngineError as e:
             raise click.ClickException(str(e)) from e
+
+
+def _warn_random_weights(out_dir: str) -> None:
+    """The random-weights line masc-run, masc-rank and masc-serve print for this bundle."""
+    from ..engine.bundle import random_weights_note
+    from ..engine.manifest import read_manifest
+
+    note = random_weights_note(out_dir, read_manifest(out_dir))
+    if note:
+        click.secho(f"WARNING: {note}", fg="yellow", err=True)
 
 
 def _segmenter_export(model, revision, out_dir, engines_only, backend, precision, max_num_patches) -> bool:

@@ -71,7 +71,7 @@ def main(**params):
     mask fields are optional: a missing mask is computed from the item's object_name.
 
     GET /healthz, /readyz, /metrics; POST /v1/score (JSON with base64 files, or multipart uploads),
-    /v1/score_batch. OpenAPI document at /openapi.json. See the README, "masc-serve".
+    /v1/score_batch. OpenAPI document at /openapi.json. Reference: docs/service.md.
     """
     try:
         import uvicorn

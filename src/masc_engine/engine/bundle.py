@@ -35,6 +35,27 @@ class RandomWeightsWarning(UserWarning):
     """Scores from a random-weight test bundle measure nothing; they only test the pipeline."""
 
 
+def random_weights_note(path: str | Path, manifest: dict) -> str | None:
+    """The one line every command prints for a random-weight bundle (``WARNING: <this>``), or
+    None when ``manifest["source"]`` does not say ``random_weights``."""
+    source = manifest.get("source", {})
+    if not source.get("random_weights"):
+        return None
+    return f"bundle {path} was exported from random weights ({source.get('model')}): its scores only test the pipeline"
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning name the first caller outside masc_engine (the
+    user's ``MaSC(...)`` line), not a line of the library that loads the bundle for it."""
+    import sys
+
+    package = str(Path(__file__).resolve().parents[1])
+    frame, level = sys._getframe(2), 2  # level 1 is the function that calls warnings.warn
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class Bundle:
     """An exported bundle, loaded read-only.
 
@@ -50,7 +71,7 @@ class Bundle:
         Args:
             verify: ``True`` (default): every listed file must exist now, and each file's sha256
                 is checked before its first use (a runner's graph and weights, the tokenizer), so
-                a run hashes only what it loads (start-up, issue 10: the fused and portable
+                a run hashes only what it loads (start-up time: the fused and portable
                 graphs of a base bundle are 1.3 GB). ``"all"``: hash every file now. ``False``:
                 no check.
             kind: the bundle kind the caller runs: ``scorer`` (SigLIP2 graphs; manifests written
@@ -79,11 +100,8 @@ class Bundle:
                     raise BundleError(f"bundle {self.path}: file {name} listed in the manifest is missing")
         self.fingerprint = fingerprint(self.manifest)
         if self.random_weights:
-            warnings.warn(
-                f"bundle {self.path} was exported from random weights "
-                f"({self.manifest['source']['model']}): its scores only test the pipeline",
-                RandomWeightsWarning, stacklevel=2,
-            )
+            warnings.warn(random_weights_note(self.path, self.manifest), RandomWeightsWarning,
+                          stacklevel=_caller_stacklevel())
 
     @property
     def kind(self) -> str:

@@ -9,7 +9,7 @@ The runtime keeps tokens as arrays of one :class:`ArrayDevice`:
 - :class:`CupyDevice` (CuPy, a CUDA GPU): ORT's CUDA execution provider and TensorRT read and
   write CuPy memory by pointer, so patch tokens stay on the GPU from the vision graph to the
   pooling head and the CP head; only scores, pooled embeddings and attention rows come back.
-  unverified: no GPU with onnxruntime-gpu or TensorRT was available to the sessions that wrote it.
+  unverified on a GPU: never run with onnxruntime-gpu or TensorRT (tested against a fake device).
 
 Every device-to-host copy goes through :meth:`ArrayDevice.to_host`, the one place a test can
 watch (tests/test_device_resident.py). CuPy refuses implicit conversion to numpy, so a stray
@@ -179,7 +179,7 @@ class HostDevice(ArrayDevice):
 
 class CupyDevice(ArrayDevice):
     """CuPy arrays on one CUDA GPU. unverified: never run on a GPU with onnxruntime-gpu or
-    TensorRT (the lent GPU had neither); the CuPy calls are CuPy's documented API.
+    TensorRT; the CuPy calls are CuPy's documented API.
 
     Raises:
         BackendUnavailableError: CuPy is not installed or sees no GPU.

@@ -4,7 +4,7 @@
 weights of the vision tower's and text tower's MatMuls to int8 (:func:`masc_engine.export.int8.quantize_graphs`,
 ONNX Runtime's dynamic quantization, activations quantized per call), scores a gate set of pairs
 with both bundles through the pairs job (masc-run's own code), and keeps the int8 bundle only
-if, against fp32 on the same pairs (issue 4):
+if, against fp32 on the same pairs (the int8 acceptance gates):
 
 - max per-pair |Delta CP| <= 1e-2, and
 - Spearman's rho >= 0.995 for CP and for PF.
@@ -32,7 +32,7 @@ from ..export.stages import StageClock
 from .pairs import run_pairs
 from .results import read_output
 
-#: Gates for int8 against fp32 (issue 4): per-pair |dCP|, and Spearman for CP and for PF.
+#: Gates for int8 against fp32 (acceptance thresholds): per-pair |dCP|, and Spearman for CP and for PF.
 INT8_MAX_ABS_DCP = 1e-2
 INT8_MIN_SPEARMAN = 0.995
 

@@ -10,7 +10,7 @@ Ported from transformers 5.24.0 (Apache-2.0):
 
 Every setting comes from the bundle manifest (:class:`ImageSettings`), never from a model name.
 The reference's *torchvision* backend (what a default ``masc-metric`` install uses when torchvision
-is importable) resizes differently; README "Preprocessing fidelity" gives the measured difference.
+is importable) resizes differently; docs/fidelity.md gives the measured difference.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``from masc_engine import MaSC`` then ``MaSC("bundles/siglip2-so400m").score(ref_image, ref_mask,
 out_image, out_mask, prompt, object_name)`` returns the same ``cp``, ``pf`` and ``extras`` as
-masc-metric 0.3.0 on the same weights (README "Fidelity" gives the measured differences).
+masc-metric 0.3.0 on the same weights (docs/fidelity.md gives the measured differences).
 
 One scorer object may serve concurrent calls from several threads: it holds only read-only state
 (runners whose sessions are thread-safe, a configured tokenizer, pure caches).

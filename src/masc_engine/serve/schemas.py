@@ -65,12 +65,12 @@ def request_models(masks_optional: bool) -> tuple[type[BaseModel], type[BaseMode
 
 
 class ScoreResult(BaseModel):
-    """masc-run's record for the pair (README "masc-run"); null where a score is undefined."""
+    """masc-run's record for the pair (docs/commands.md, masc-run); null where a score is undefined."""
 
     model_config = ConfigDict(extra="allow")
     cp: float | None = Field(description="Concept Preservation (masked_maxcos), [-1, 1]; null if undefined")
     pf: float | None = Field(description="Prompt Following, [-1, 1]; null if undefined")
-    status: str = Field(description="'ok' or masc-run's reason (README status table)")
+    status: str = Field(description="'ok' or masc-run's reason (docs/commands.md, the status table)")
     status_detail: str = Field(description="field and cause, notes")
 
 

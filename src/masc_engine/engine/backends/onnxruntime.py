@@ -6,8 +6,8 @@ and only log a warning, so we check before creating the session and after).
 
 :meth:`OrtRunner.run_device` runs through IO binding on a token device (engine/device.py): inputs
 and outputs are bound by pointer, so on the CUDA execution provider patch tokens never leave the
-GPU between graphs (unverified on a GPU: no onnxruntime-gpu was available to the sessions that
-wrote it; on CPU it is tested to equal :meth:`OrtRunner.run` exactly).
+GPU between graphs (unverified on a GPU: never run with onnxruntime-gpu; on CPU it is tested to
+equal :meth:`OrtRunner.run` exactly).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def resolve_provider(provider: str) -> str:
 
     name = PROVIDERS.get(provider, provider)
     if name == "CUDAExecutionProvider" and hasattr(ort, "preload_dlls"):
-        # CUDA and cuDNN from the NVIDIA wheels (onnxruntime-gpu[cuda,cudnn], README "GPU install"),
+        # CUDA and cuDNN from the NVIDIA wheels (onnxruntime-gpu[cuda,cudnn], docs/install.md "GPU install"),
         # else the system's; missing libraries surface below as the provider not being created.
         ort.preload_dlls()
     available = ort.get_available_providers()
@@ -65,7 +65,7 @@ def provider_options(provider_name: str) -> dict:
     return {}
 
 
-#: ``ort_memory`` settings for CPU sessions (issue 15; figures in bench/results/memory_*.json).
+#: ``ort_memory`` settings for CPU sessions (figures in bench/results/memory_*.json, docs/memory.md).
 #: ``"lean"`` (default): ONNX Runtime's CPU arena off and memory patterns off. The arena keeps the
 #: high-water mark of every batch it has served, and NaFlex batches change shape (patch count,
 #: batch size); memory patterns pre-plan one block per input shape. Off, a batch's buffers go back
@@ -176,7 +176,7 @@ class OrtRunner:
         if got != provider_name:
             hint = (" (its CUDA/cuDNN libraries were not found or no GPU is visible: install onnxruntime-gpu[cuda,cudnn], "
                     "which brings the matching NVIDIA CUDA and cuDNN wheels, or a system CUDA/cuDNN of the major "
-                    "versions onnxruntime-gpu names in its log above; README \"GPU install\")"
+                    "versions onnxruntime-gpu names in its log above; docs/install.md, \"GPU install\")"
                     if provider_name == "CUDAExecutionProvider" else "")
             raise BackendUnavailableError(f"onnxruntime created {name} on {got}, not the requested {provider_name}{hint}")
         self.name = name
