@@ -154,7 +154,7 @@ def check_graph_io(declared: dict, actual_inputs, actual_outputs, graph: str, wh
 
     Args:
         declared: ``manifest["graphs"][graph]``.
-        actual_inputs, actual_outputs: ``(name, shape)`` pairs from the loaded graph (ONNX
+        actual_inputs, actual_outputs (iterable of (str, sequence)): ``(name, shape)`` pairs from the loaded graph (ONNX
             Runtime's ``session.get_inputs()``; a symbolic axis is a string or None).
 
     Raises:

@@ -108,7 +108,7 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
         cpu_precision_options: ``bf16-cpu`` only: keyword arguments of the certification
             (export/cpu_precision.py :func:`~.cpu_precision.certify_bundle`: ``calibration``,
             ``heldout``, ``graphs``, ``threads``, ``max_keep``).
-        into: what writes the bundle into the staging directory, called with ``_export_into``'s
+        into (callable | None): what writes the bundle into the staging directory, called with ``_export_into``'s
             arguments (default ``_export_into``, the SigLIP2 export; export/segmenter.py passes
             the CLIPSeg one).
 

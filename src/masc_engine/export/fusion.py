@@ -170,7 +170,7 @@ def canonicalize_attention(model, head_dim: int) -> dict:
     fusion recognises every attention block (see the module docstring for the three rewrites).
 
     Args:
-        model: an exported SigLIP2 vision or text graph (export/graphs.py).
+        model (onnx.ModelProto): an exported SigLIP2 vision or text graph (export/graphs.py).
         head_dim: the attention head size; the exported score scale must be ``head_dim**-0.5``
             (the fused kernel's default).
 

@@ -19,7 +19,7 @@ def quantize_graphs(src: str | Path, stage: str | Path, log=print) -> dict:
     Args:
         src: the fp32 bundle directory.
         stage: a copy of it, rewritten in place.
-        log: progress messages.
+        log (callable): progress messages (one str per call).
 
     Returns:
         the stage's new manifest (``precision`` = ``{"mode": "int8-dynamic", ...}``).

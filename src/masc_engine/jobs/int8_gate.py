@@ -74,7 +74,7 @@ def gate_report(cp32, pf32, cp8, pf8) -> dict:
     """The int8 gate figures for paired score arrays (NaN pairs dropped pairwise).
 
     Args:
-        cp32, pf32, cp8, pf8: ``[N]`` scores of the same pairs from the fp32 and int8 bundles.
+        cp32, pf32, cp8, pf8 (array_like of float): ``[N]`` scores of the same pairs from the fp32 and int8 bundles.
 
     Returns:
         ``pairs``, ``max_abs_dcp``, ``mean_abs_dcp``, ``max_abs_dpf``, ``mean_abs_dpf``,

@@ -172,11 +172,11 @@ def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply"
     Args:
         data: the file's bytes.
         name: the file's name in messages.
-        scorer: the :class:`~masc_engine.runtime.scorer.Scorer` whose preprocessing applies.
-        cache: an :class:`~masc_engine.runtime.cache.EncodingCache`: an image whose encoding it
+        scorer (Scorer): the :class:`~masc_engine.runtime.scorer.Scorer` whose preprocessing applies.
+        cache (EncodingCache | None): an :class:`~masc_engine.runtime.cache.EncodingCache`: an image whose encoding it
             holds in memory is not preprocessed.
         exif: ``apply`` or ``ignore`` (runtime/io.py).
-        budget: a :class:`~masc_engine.jobs.loading.ByteBudget` reserved around decoding (and
+        budget (ByteBudget | None): a :class:`~masc_engine.jobs.loading.ByteBudget` reserved around decoding (and
             segmenting, when ``subjects`` are given).
         keep_image: keep the RGB PIL image (attribution maps).
         masks: a :class:`~masc_engine.jobs.mask_source.SegmenterMasks`, to segment the image.

@@ -530,9 +530,9 @@ class PairsJob:
         """Score one in-memory pair; returns the very result record masc-run writes for a row.
 
         Args:
-            ref_image, out_image: encoded image bytes (PNG, JPEG, ...) or a PIL image (converted
+            ref_image, out_image (bytes | PIL.Image.Image): encoded image bytes (PNG, JPEG, ...) or a PIL image (converted
                 to RGB; an 8-bit image is used as it is).
-            ref_mask, out_mask: encoded mask bytes, or a ``[H, W]`` uint8 array (foreground
+            ref_mask, out_mask (bytes | numpy.ndarray): encoded mask bytes, or a ``[H, W]`` uint8 array (foreground
                 non-zero), as masc-run decodes mask files.
             prompt, object_name: the row's ``prompt`` and ``object_name`` cells.
             row_index: the record's ``row_index`` (a service's request item number).

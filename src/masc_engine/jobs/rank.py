@@ -392,7 +392,7 @@ def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None
     Args:
         gallery_csv: columns ``image, identity`` (``mask``, ``class`` optional; others ignored);
             paths relative to the CSV's folder or absolute.
-        encoder: :class:`EngineEncoder` or :class:`OnnxEmbeddingEncoder`.
+        encoder (EngineEncoder | OnnxEmbeddingEncoder): the image encoder.
         queries_csv: columns ``image, identity, method`` (``mask``, ``class`` optional; other
             columns carried through); required unless ``oracle``.
         oracle: the gallery images are the queries (method ``oracle``), leave-one-out.

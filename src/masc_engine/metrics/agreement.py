@@ -248,13 +248,13 @@ def krippendorff_alpha(ratings: Any, level: str = "interval", *, value_domain: S
     """Krippendorff's alpha for a coders x units matrix.
 
     Args:
-        ratings (array_like of float, shape (coders, units) or (units,)): Reliability data as in the ``krippendorff`` package: row i holds the
+        ratings: float array_like, shape ``(coders, units)`` or ``(units,)``. Reliability data as in the ``krippendorff`` package: row i holds the
             values coder i gave to each unit; ``NaN`` marks a missing value. A 1-D
             input is a single coder (alpha is then undefined: nothing is
             pairable).
-        level ({"nominal", "ordinal", "interval", "ratio"}): Level of measurement, which fixes the difference function
+        level: ``"nominal"``, ``"ordinal"``, ``"interval"`` or ``"ratio"``: the level of measurement, which fixes the difference function
             delta (Krippendorff 2011, sec. D).
-        value_domain (sequence of float, optional): The ordered scale, e.g. ``[0, 1, 2, 3, 4]``. Only consulted for the
+        value_domain: The ordered scale (optional), e.g. ``[0, 1, 2, 3, 4]``. Only consulted for the
             package path; values absent from the data carry zero weight for every
             level, so this never changes the result, but values outside it raise.
 
@@ -351,10 +351,10 @@ def quantile_bin(metric_scores: Any, human_scores: Any, categories: Sequence[flo
     rounding): "histogram matching" / equipercentile linking.
 
     Args:
-        metric_scores (array_like of float, shape (units,)): NaN = no score; stays NaN in the output.
-        human_scores (array_like of float, shape (units,) or (raters, units)): The human marginal is pooled over all raters' non-missing ratings of
+        metric_scores: float array_like, shape ``(units,)``; NaN = no score; stays NaN in the output.
+        human_scores: float array_like, shape ``(units,)`` or ``(raters, units)``. The human marginal is pooled over all raters' non-missing ratings of
             units that have a metric score.
-        categories (sequence of float, optional): The ordered rating scale (e.g. ``range(5)`` for DreamBench++'s 0-4).
+        categories: The ordered rating scale (e.g. ``range(5)`` for DreamBench++'s 0-4).
             Default: the distinct observed human ratings. Categories with no human
             rating receive no metric values.
 
@@ -485,10 +485,10 @@ def metric_human_alpha(
     the human groups).
 
     Args:
-        metric_scores (array_like of float, shape (units,)): The metric (e.g. MaSC CP, cosine-like, roughly [-1, 1]); NaN = missing.
-        human_scores (array_like of float, shape (units,) or (raters, units)): Human ratings on an ordinal scale (DreamBench++: 0-4); NaN = missing.
-        level ({"interval", "ordinal", "nominal", "ratio"}):
-        mapping ({"quantile", "linear", "none"}): How the metric is put on the rating scale before alpha is computed.
+        metric_scores: float array_like, shape ``(units,)``: the metric (e.g. MaSC CP, cosine-like, roughly [-1, 1]); NaN = missing.
+        human_scores: float array_like, shape ``(units,)`` or ``(raters, units)``: human ratings on an ordinal scale (DreamBench++: 0-4); NaN = missing.
+        level: ``"interval"``, ``"ordinal"``, ``"nominal"`` or ``"ratio"`` (Krippendorff's levels of measurement).
+        mapping: ``"quantile"``, ``"linear"`` or ``"none"``: how the metric is put on the rating scale before alpha is computed.
             Alpha compares *values*, so a cosine in [0.5, 0.9] against ratings in
             0-4 would register mostly scale mismatch. The paper does not spell out
             its conversion in any source we could obtain, so the default here is
@@ -502,8 +502,8 @@ def metric_human_alpha(
             (and rounds to the nearest category for ordinal/nominal). ``"none"``
             uses the values as given (for a judge already on the scale, e.g. GPT
             0-4; ordinal/nominal then require on-scale values).
-        categories (sequence of float, optional): The rating scale; default the distinct observed human ratings.
-        human_agg ({"per_rater", "joint"}): With several human raters (rows): ``"per_rater"`` (default,
+        categories: The rating scale; default the distinct observed human ratings.
+        human_agg: ``"per_rater"`` or ``"joint"``: with several human raters (rows): ``"per_rater"`` (default,
             DreamBench++'s convention) averages alpha([rater_i, metric]) over the
             raters whose alpha is defined; ``"joint"`` computes one alpha on
             [rater_1, ..., rater_r, metric]. Identical for a single rater.
@@ -615,7 +615,7 @@ def spearman(x: Any, y: Any) -> Estimate:
     """Spearman's rank correlation, ties as average ranks.
 
     Args:
-        x, y (array_like of float, shape (n,)): Paired observations; a pair with NaN in either is dropped
+        x, y: float array_likes, shape ``(n,)``: paired observations; a pair with NaN in either is dropped
             (pairwise-complete).
 
     Returns:
@@ -820,17 +820,17 @@ def bootstrap_ci(
     """Percentile bootstrap confidence interval, resampling units.
 
     Args:
-        statistic (callable): ``statistic(*arrays) -> float | Estimate``. An undefined result (NaN
+        statistic: ``statistic(*arrays) -> float | Estimate``. An undefined result (NaN
             or an undefined ``Estimate``) in a resample is dropped and counted.
-        *arrays (array_like): Each with the units on its **last** axis (shape (n,) or
+        *arrays: array_likes, each with the units on its **last** axis (shape (n,) or
             (coders, n)); all share n. One resample draws n unit indices with
             replacement and applies them to every array (paired resampling, so
             the metric/human pairing is kept).
-        n_resamples (int): Number of bootstrap resamples (B).
-        confidence (float in (0, 1)):
-        seed (int or None): Seed for ``numpy.random.default_rng``; a fixed seed gives identical
+        n_resamples: Number of bootstrap resamples (B).
+        confidence: the interval's nominal coverage, in (0, 1).
+        seed: Seed for ``numpy.random.default_rng``; a fixed seed gives identical
             intervals on every call and platform with the same NumPy.
-        strata (array_like, shape (n,), optional): Resample within each stratum separately (stratified bootstrap, keeps
+        strata: array_like, shape ``(n,)`` (optional): resample within each stratum separately (stratified bootstrap, keeps
             the stratum sizes fixed; used for AUC so each resample has both
             classes).
 
@@ -917,8 +917,8 @@ def roc_auc(scores: Any, is_within: Any) -> Estimate:
     """ROC AUC of ``scores`` for telling within-subject from cross-subject pairs.
 
     Args:
-        scores (array_like of float, shape (n,)): Higher = more similar; NaN pairs are dropped.
-        is_within (array_like of bool or {0, 1}, shape (n,)): True for a within-subject (same identity) pair.
+        scores: float array_like, shape ``(n,)``: higher = more similar; NaN pairs are dropped.
+        is_within: bool (or 0/1) array_like, shape ``(n,)``: True for a within-subject (same identity) pair.
 
     Returns:
         Estimate: ``value`` in [0, 1] = P(score_within > score_cross) + 0.5 *

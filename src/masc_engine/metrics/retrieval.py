@@ -69,8 +69,8 @@ def average_precision(scores, relevant) -> float:
     """AP of one query: mean over the relevant items of the precision at their rank.
 
     Args:
-        scores: ``[G]`` similarities (higher = more similar); NaN is refused, -inf allowed.
-        relevant: ``[G]`` bool, True for the query's identity.
+        scores (array_like of float): ``[G]`` similarities (higher = more similar); NaN is refused, -inf allowed.
+        relevant (array_like of bool): ``[G]``, True for the query's identity.
 
     Returns:
         AP in ``(0, 1]``; NaN when no item is relevant (undefined, not 0). Ties: pessimistic.

@@ -135,7 +135,7 @@ class EncodingCache:
     holds host float32 copies, so a hit from disk is bit-identical to a fresh encoding.
 
     Args:
-        scorer: the :class:`~masc_engine.runtime.scorer.Scorer` that encodes misses (and moves
+        scorer (Scorer): the :class:`~masc_engine.runtime.scorer.Scorer` that encodes misses (and moves
             encodings between host and its token device).
         items: in-memory LRU size in images (so400m at 1,024 patches: 4.7 MB each).
         store: an :class:`EncodingStore` (``--cache-dir``), or None for memory only.

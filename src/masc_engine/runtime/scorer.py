@@ -169,13 +169,13 @@ class Scorer:
             stripper; the manifest's threshold and patch budget).
         verify: check the sha256 of each bundle file the scorer loads, before loading it
             (``"all"``: every file, at once; see :class:`Bundle`).
-        array_device: the token device to use instead of the one the backend's registry entry
+        array_device (ArrayDevice | None): the token device to use instead of the one the backend's registry entry
             gives (an engine/device.py ``ArrayDevice``; tests pass a strict fake).
         segmenter: masks for pairs that come without one (``ref_mask`` / ``out_mask`` None), from
             the pair's ``object_name``: a segmenter bundle folder, a
             :class:`~masc_engine.runtime.segmenter.SegmenterConfig` or a
             :class:`~masc_engine.runtime.segmenter.Segmenter` (docs/segmenter.md).
-        **settings: :class:`~masc_engine.runtime.config.ScorerConfig` fields (see there for each:
+        **settings (Any): :class:`~masc_engine.runtime.config.ScorerConfig` fields (see there for each:
             ``backend``, ``provider``, ``precision``, ``graph_variant``, ``stripper``,
             ``fg_threshold``, ``naflex_max_patches``, ``batch_size``, ``intra_op_threads``,
             ``cp_head``, ``device_resident``, ``mask_size_policy``, ``backend_options``), and

@@ -77,14 +77,14 @@ def strip_subject_from_prompt(
     ``masc/text.py``); same output for every input.
 
     Args:
-        prompt (str): The generation prompt.
-        object_name (str): Canonical subject name, e.g. ``"kitten"`` or ``"piggy bank"``. Leading
+        prompt: The generation prompt.
+        object_name: Canonical subject name, e.g. ``"kitten"`` or ``"piggy bank"``. Leading
             and trailing whitespace is ignored; an empty or all-whitespace name
             matches nothing (the prompt comes back whitespace-collapsed). ``None``
             is not accepted (AttributeError), except with ``stripper="none"``,
             which never looks at it; `pf_prompt` handles ``None``.
-        stripper (str): ``"regex"`` (default, the paper's stripper), ``"spacy"`` or ``"none"``.
-        spacy_model (str): spaCy pipeline used by ``stripper="spacy"``; loaded once per process.
+        stripper: ``"regex"`` (default, the paper's stripper), ``"spacy"`` or ``"none"``.
+        spacy_model: spaCy pipeline used by ``stripper="spacy"``; loaded once per process.
 
     Returns:
         str: The prompt without the subject, whitespace collapsed to single spaces
@@ -122,11 +122,11 @@ def pf_prompt(prompt: str, object_name: Optional[str], stripper: str) -> tuple[s
     ``masc/metric.py``), with the stripper validation of ``MaSC.__init__``.
 
     Args:
-        prompt (str): The generation prompt.
-        object_name (str or None): Canonical subject name. ``None``, ``""`` or an all-whitespace name
+        prompt: The generation prompt.
+        object_name: Canonical subject name. ``None``, ``""`` or an all-whitespace name
             means "do not strip": the prompt comes back exactly as given (not even
             whitespace-collapsed) and ``extras["stripper"]`` is ``None``.
-        stripper (str): ``"regex"``, ``"spacy"`` or ``"none"``; see
+        stripper: ``"regex"``, ``"spacy"`` or ``"none"``; see
             `strip_subject_from_prompt`. ``"spacy"`` always uses the
             ``en_core_web_sm`` pipeline, as ``MaSC`` does.
 
@@ -248,7 +248,7 @@ class SpacySubjectStripper:
       `REFERENCE_SPACY_MODEL_VERSION` warns.
 
     Args:
-        nlp (spacy.language.Language): A pipeline with a tagger/lemmatizer and a dependency parser (or any
+        nlp: A pipeline with a tagger/lemmatizer and a dependency parser (or any
             callable returning a parsed `spacy.tokens.Doc`, with a ``meta`` dict).
             Use `load` to get a cached ``en_core_web_sm`` one.
     """
@@ -261,7 +261,7 @@ class SpacySubjectStripper:
         """A stripper on the spaCy pipeline `model`, loaded once per process.
 
         Args:
-            model (str): spaCy pipeline package name, loaded with ``spacy.load(model,
+            model: spaCy pipeline package name, loaded with ``spacy.load(model,
                 disable=["ner"])``.
 
         Returns:
@@ -324,8 +324,8 @@ class SpacySubjectStripper:
         """Token spans of the subject's mentions in `doc` (rule 1).
 
         Args:
-            doc (spacy.tokens.Doc): The parsed prompt.
-            object_name (str): Canonical subject name; parsed with ``self.nlp``.
+            doc: The parsed prompt.
+            object_name: Canonical subject name; parsed with ``self.nlp``.
 
         Returns:
             list[tuple[int, int]]: Non-overlapping ``[start, end)`` token spans, left to right; empty
@@ -392,8 +392,8 @@ class SpacySubjectStripper:
         noun-phrase pre-modifiers (rules 1-3).
 
         Args:
-            prompt (str): The generation prompt.
-            object_name (str): Canonical subject name (non-empty after stripping whitespace for a
+            prompt: The generation prompt.
+            object_name: Canonical subject name (non-empty after stripping whitespace for a
                 meaningful result).
 
         Returns:

@@ -45,7 +45,7 @@ def guarded_protocol(header_timeout_s: float, on_reject=None) -> type:
 
     Args:
         header_timeout_s: seconds a request's headers may take.
-        on_reject: ``on_reject(error, status)`` for each connection answered here (metrics).
+        on_reject (callable | None): ``on_reject(error, status)`` for each connection answered here (metrics).
 
     Returns:
         the class, for ``uvicorn.run(..., http=cls)``.

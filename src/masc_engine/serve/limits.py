@@ -70,11 +70,11 @@ class RequestGuard:
     """Pure ASGI guard around the whole app (see the module docstring).
 
     Args:
-        app: the ASGI app (Starlette's middleware stack).
+        app (ASGI app): the ASGI app (Starlette's middleware stack).
         max_bytes: largest body, bytes.
         body_timeout_s: deadline for the whole body, seconds from the request's start.
         max_in_flight: most requests handled at once, probes excepted (None: no limit).
-        metrics: the :class:`~masc_engine.serve.metrics.ServiceMetrics` counting every response.
+        metrics (ServiceMetrics): the :class:`~masc_engine.serve.metrics.ServiceMetrics` counting every response.
     """
 
     def __init__(self, app, max_bytes: int, body_timeout_s: float, max_in_flight: int | None, metrics):

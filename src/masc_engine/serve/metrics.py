@@ -29,7 +29,7 @@ class _CacheGauges:
         """Advance the counters to the service's running totals (called after each batch).
 
         Args:
-            service: the :class:`~masc_engine.serve.glue.ServiceScorer` (``hits``, ``misses``,
+            service (ServiceScorer): the :class:`~masc_engine.serve.glue.ServiceScorer` (``hits``, ``misses``,
                 its reference ``memory`` and its encoding ``cache``'s disk hits).
         """
         for tier, total in (("memory", service.hits), ("disk", service.cache.cache_hits)):

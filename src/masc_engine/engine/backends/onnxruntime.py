@@ -131,7 +131,7 @@ def load_runner(bundle, graph: str, *, provider: str = "cpu", precision: str | N
     """An :class:`OrtRunner` for ``graph`` of ``bundle`` in graph ``variant`` (the registry's loader).
 
     Args:
-        options: this backend's options (engine/backends/registry.py): ``ort_memory``.
+        options (dict | None): this backend's options (engine/backends/registry.py): ``ort_memory``.
 
     Raises:
         BackendUnavailableError: the provider is missing, or a precision the graphs do not hold.
@@ -226,7 +226,7 @@ class OrtRunner:
         Args:
             feeds: every input name -> a device array of the graph's dtype (bound by pointer, no
                 copy) or a host numpy array (copied to the device by ONNX Runtime: masks, ids).
-            device: where the outputs are allocated; must match the provider (host memory for
+            device (ArrayDevice): where the outputs are allocated; must match the provider (host memory for
                 the CPU provider, CUDA memory for the CUDA provider).
 
         Returns:
