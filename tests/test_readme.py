@@ -59,11 +59,16 @@ def _prose(text: str) -> str:
 
 
 def _sections(text: str) -> list[tuple[str, str]]:
-    """``(heading, body)`` per ``##`` section of the prose (code blocks removed)."""
+    """``(heading, body)`` per section of the prose (code blocks removed); a ``###`` section
+    belongs to its ``##`` section's command (its heading is prefixed with the parent's)."""
     parts = re.split(r"^(#{1,3} .*)$", _prose(text), flags=re.M)
-    out, heading = [("", parts[0])], ""
+    out, parent = [("", parts[0])], ""
     for i in range(1, len(parts), 2):
-        heading = parts[i].lstrip("#").strip()
+        level, heading = len(parts[i]) - len(parts[i].lstrip("#")), parts[i].lstrip("#").strip()
+        if level <= 2:
+            parent = heading
+        elif not heading.startswith(("masc-", "`masc-")):
+            heading = f"{parent} / {heading}"
         out.append((heading, parts[i + 1]))
     return out
 
@@ -183,7 +188,8 @@ def test_the_check_catches_a_wrong_option_and_a_wrong_choice(commands, tmp_path)
     for wrong in ("```bash\nmasc-run p.csv --bundle b --no-such-flag\n```\n",
                   "```bash\nmasc-run p.csv --bundle b --stripper nltk\n```\n",
                   "```bash\nmasc-rnu p.csv\n```\n",
-                  "## masc-report\n\nUse `--no-progress` here.\n"):
+                  "## masc-report\n\nUse `--no-progress` here.\n",
+                  "## masc-run\n\n### Resume\n\nUse `--gallery` here.\n"):
         page = tmp_path / "page.md"
         page.write_text(wrong, encoding="utf-8")
         with pytest.raises(AssertionError):
