@@ -10,8 +10,8 @@ test (no synchronize before reading outputs, no None check on the execution cont
 object for the handle).
 
 What these tests cannot show: that real TensorRT accepts these calls, builds these graphs, or
-meets the fidelity gates. No TensorRT or GPU was available where they were written; docs/gpu.md
-lists the TensorRT path as unverified.
+meets the fidelity gates: docs/gpu.md and docs/verification.md list the TensorRT path as
+unverified on a GPU.
 """
 
 from __future__ import annotations

@@ -505,7 +505,7 @@ def check_scores(refs: dict, runner_for) -> dict:
 
     Args:
         refs: ``{"vision": score_references_vision(...), "text": score_references_text(...)}``.
-        runner_for: ``graph -> runner`` for ``vision``, ``text`` and ``pool``; called once per
+        runner_for (callable): ``graph -> runner`` for ``vision``, ``text`` and ``pool``; called once per
             graph, in that order, and the runner dropped (with its memory) before the next.
 
     Returns:

@@ -116,7 +116,7 @@ def run_transforms(bundle_dir: str | Path, graphs: dict, transforms: Sequence[Gr
             file's external data files (export/external_data.py) under ``external_data``.
         transforms: applied in this order; a replacing transform's output is the next one's input.
         validate: checks one written file against PyTorch with the named gates (raises on failure).
-        stage: ``stage(name)``: a context manager around each (transform, graph) step that prints
+        stage (callable): ``stage(name)``: a context manager around each (transform, graph) step that prints
             ``note["message"]`` as the step's line (export/stages.py ``StageClock.stage``: with its
             time and memory); default: the line alone.
 

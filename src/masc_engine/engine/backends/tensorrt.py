@@ -1,6 +1,6 @@
 """TensorRT backend: engines built from the bundle's ONNX graphs, and a runner for them.
 
-UNVERIFIED: no TensorRT and no GPU were available where this module was written. Every
+UNVERIFIED ON A GPU: this module has never run with TensorRT or on a GPU (docs/verification.md). Every
 function below that touches ``tensorrt``, CUDA, CuPy or a GPU is marked "unverified" and has never
 been run; it follows the TensorRT 11 Python API as documented (``build_serialized_network``,
 ``execute_async_v3``, named I/O tensors, user-managed context memory), and every TensorRT call is
@@ -103,7 +103,7 @@ INSTALL_HINT = ("the TensorRT backend needs NVIDIA TensorRT's Python package and
 def import_tensorrt():
     """``import tensorrt`` or raise :class:`BackendUnavailableError` naming what to install."""
     try:
-        import tensorrt as trt  # noqa: F401  (unverified: not installed where this was written)
+        import tensorrt as trt  # noqa: F401  (unverified: never run with TensorRT installed)
     except ImportError as e:
         raise BackendUnavailableError(f"{INSTALL_HINT} (import tensorrt failed: {e})") from e
     return trt
@@ -123,7 +123,7 @@ def tensorrt_available() -> bool:
 def current_device_info(device: int = 0) -> dict:
     """TensorRT version, GPU name and compute capability of this machine.
 
-    unverified: no TensorRT/GPU was available where this was written. Tries cuda-python, CuPy, PyTorch,
+    unverified on a GPU (never run with TensorRT). Tries cuda-python, CuPy, PyTorch,
     then ``nvidia-smi``.
 
     Raises:
@@ -135,7 +135,7 @@ def current_device_info(device: int = 0) -> dict:
 
 
 def _query_gpu(device: int) -> tuple[str, str]:
-    # unverified: no TensorRT/GPU was available where this was written.
+    # unverified on a GPU: never run with TensorRT.
     try:
         try:
             from cuda.bindings import runtime as cudart
@@ -305,7 +305,7 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
                  workspace_gib: float = 8.0, log: Callable[[str], None] = print, graph: str | None = None) -> dict:
     """Build one serialized engine from an ONNX graph, as a strongly typed network.
 
-    unverified: no TensorRT/GPU was available where this was written; never run on one.
+    unverified on a GPU: never run with TensorRT.
 
     Every tensor's type comes from the graph (TensorRT 11 removed the weak-typing builder flags and
     per-layer precision and output-type settings): an fp16 / bf16 engine is built from the
@@ -378,7 +378,7 @@ def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batc
     ``max_batch`` / ``max_outs_per_ref``, halved until the memory plan fits the budget:
     ``gpu_memory_budget`` GiB, else the device's free memory now (:func:`trt_profiles.choose_ranges`).
 
-    unverified: no TensorRT/GPU was available where this was written; never run on one.
+    unverified on a GPU: never run with TensorRT.
 
     Raises:
         BackendUnavailableError: TensorRT or a GPU is missing, or bf16 on a GPU before sm80.
@@ -463,7 +463,7 @@ class TrtRunner:
     context's memory is user-managed: sized per call for the shapes run, grown when a call needs
     more, freed by :meth:`close`.
 
-    unverified: no TensorRT/GPU was available where this was written; never run on one.
+    unverified on a GPU: never run with TensorRT.
     """
 
     backend = "tensorrt"
@@ -665,8 +665,7 @@ def load_runner(bundle, graph: str, *, provider: str = "cuda", precision: str | 
     file's sha256; the engine's memory plan against the device's free memory
     (:class:`DeviceMemoryError`, before the engine is deserialized).
 
-    unverified: no TensorRT/GPU was available where this was written (the checks are
-    tested with fakes).
+    unverified on a GPU: never run with TensorRT (the checks are tested with fakes).
     """
     from ...errors import BundleError
     from ..manifest import sha256_file
