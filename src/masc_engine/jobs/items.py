@@ -179,8 +179,8 @@ def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply"
         budget (ByteBudget | None): a :class:`~masc_engine.jobs.loading.ByteBudget` reserved around decoding (and
             segmenting, when ``subjects`` are given).
         keep_image: keep the RGB PIL image (attribution maps).
-        masks: a :class:`~masc_engine.jobs.mask_source.SegmenterMasks`, to segment the image.
-        subjects: subject names to segment it for (:attr:`DecodedImage.segmented`).
+        masks (SegmenterMasks | None): a :class:`~masc_engine.jobs.mask_source.SegmenterMasks`, to segment the image.
+        subjects (Sequence[str]): subject names to segment it for (:attr:`DecodedImage.segmented`).
 
     Raises:
         InputError: ``unreadable_image`` or ``image_too_large``.

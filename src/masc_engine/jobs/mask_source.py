@@ -71,7 +71,7 @@ class SegmenterMasks:
     Args:
         segmenter: the segmenter.
         exif: the EXIF policy images are read with (``apply`` / ``ignore``): part of each key.
-        store: the persistent :class:`~masc_engine.runtime.cache.EncodingStore` (``--cache-dir``),
+        store (EncodingStore | None): the persistent :class:`~masc_engine.runtime.cache.EncodingStore` (``--cache-dir``),
             or None.
         save_dir: write each mask as a PNG here (``--save-masks``): ``<save_dir>/<prompt>/<image
             stem>-<key>.png``, 0/255 greyscale, readable as a mask file. An existing file of that
@@ -138,7 +138,7 @@ class SegmenterMasks:
         """The masks of one decoded image for each subject name.
 
         Args:
-            image: the decoded RGB PIL image (after the EXIF policy).
+            image (PIL.Image.Image): the decoded RGB PIL image (after the EXIF policy).
             digest: its content hash (the encoding caches' key).
             name: how the image is named (its path: the saved PNG's stem).
             subject_names: the rows' ``object_name`` values that need a mask of this image.

@@ -399,7 +399,7 @@ def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None
         similarity: ``global`` or ``maxcos`` (needs an encoder with patch tokens).
         level: relevance by ``identity`` or by ``class``.
         use_masks: maxcos restricts the query to its mask's foreground patches when it has one.
-        segmenter: a :class:`~masc_engine.runtime.segmenter.Segmenter`: under maxcos with masks,
+        segmenter (Segmenter | None): a :class:`~masc_engine.runtime.segmenter.Segmenter`: under maxcos with masks,
             a query without a mask gets the segmenter's (module docstring).
 
     Returns:

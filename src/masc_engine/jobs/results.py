@@ -403,7 +403,7 @@ class RunRecord:
     Args:
         run_id: the run's id (:attr:`PriorWork.next_run`).
         t0: its start (``time.time()``).
-        runner: the executor, whose ``stats()`` are the counters.
+        runner (Executor): the executor, whose ``stats()`` are the counters.
         executor: ``local`` or ``ray``.
         reused: rows taken from earlier runs.
 

@@ -99,7 +99,7 @@ def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPoli
         where: prefix naming the pair in messages (``"pairs[3]."``; ``""`` for :meth:`Scorer.score`).
         policy: the mask size rule (runtime/masks.py :class:`MaskPolicy`; the scorer's
             ``mask_size_policy``).
-        segmenter: the scorer's :class:`~masc_engine.runtime.segmenter.Segmenter`: a mask may then
+        segmenter (Segmenter | None): the scorer's :class:`~masc_engine.runtime.segmenter.Segmenter`: a mask may then
             be None (computed from ``object_name``).
 
     Raises:
@@ -171,7 +171,7 @@ class Scorer:
             (``"all"``: every file, at once; see :class:`Bundle`).
         array_device (ArrayDevice | None): the token device to use instead of the one the backend's registry entry
             gives (an engine/device.py ``ArrayDevice``; tests pass a strict fake).
-        segmenter: masks for pairs that come without one (``ref_mask`` / ``out_mask`` None), from
+        segmenter (str | SegmenterConfig | Segmenter | None): masks for pairs that come without one (``ref_mask`` / ``out_mask`` None), from
             the pair's ``object_name``: a segmenter bundle folder, a
             :class:`~masc_engine.runtime.segmenter.SegmenterConfig` or a
             :class:`~masc_engine.runtime.segmenter.Segmenter` (docs/segmenter.md).

@@ -152,7 +152,7 @@ class ServiceScorer:
             bytes; None: unbounded.
         prompt_budget: the prompt and object-name limits (``--max-prompt-bytes``,
             ``--max-prompt-tokens``).
-        segmenter: a :class:`~masc_engine.runtime.segmenter.Segmenter` (``--segmenter``): an item
+        segmenter (Segmenter | None): a :class:`~masc_engine.runtime.segmenter.Segmenter` (``--segmenter``): an item
             whose mask field is left out gets the segmenter's mask for its ``object_name``,
             computed in its decode thread (under the decoded-bytes budget) and cached as masc-run
             caches it; None: every mask is sent.
