@@ -141,3 +141,20 @@ def test_metric_modules_are_pure():
             assert {layer_of(d) for d in deps} <= {"core", "metrics"}, (m, deps)
             src = _modules()[m].read_text(encoding="utf-8")
             assert "open(" not in src and "read_text" not in src and "write_text" not in src, m
+
+
+#: The longest function the package keeps (lines from its first decorator to its last line): a
+#: function a reader takes in at once; longer ones are split into named parts.
+MAX_FUNCTION_LINES = 100
+
+
+def test_no_function_is_longer_than_a_reader_takes_in_at_once():
+    long = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+                if node.end_lineno - first + 1 > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PKG.parent)}:{first} {node.name} "
+                                f"({node.end_lineno - first + 1} lines)")
+    assert not long, long

@@ -96,45 +96,61 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
             import_tensorrt()
         except MascEngineError as e:
             raise click.ClickException(str(e)) from e
-    log = lambda s: click.echo(s, err=True)  # noqa: E731
     if not engines_only:
-        try:
-            from ..export.exporter import export_bundle
-            from ..export.segmenter import export_segmenter_bundle
-        except ImportError as e:  # torch / transformers / onnx missing
-            from ..extras import missing
-
-            raise click.ClickException(str(missing(e.name or "torch", "masc-export", extra="export"))) from e
-        from pathlib import Path
-
-        from .quiet import libraries_to_log
-
-        # torch.onnx / onnxscript / transformers chatter goes to OUT.export.log beside the bundle (not
-        # inside it: the exporter refuses a non-empty OUT that is not a bundle and renames the staged
-        # bundle into place); stages stay on screen
-        lib_log = Path(out_dir).with_name(Path(out_dir).name + ".export.log")
-        try:
-            with libraries_to_log(lib_log) as (say, lib):
-                say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
-                if segmenter:  # CLIPSeg: a segmenter bundle (docs/segmenter.md)
-                    export_segmenter_bundle(model, out_dir, revision=revision, log=say, precision=precision or "fp32")
-                else:
-                    export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=say,
-                                  precision=precision or "fp32", cpu_precision_options=cpu_options,
-                                  max_memory_gb=max_memory_gb)
-        except MascEngineError as e:
-            raise click.ClickException(f"{e} (library messages: {lib_log})") from e
-        click.echo(lib.summary(), err=True)
-        _warn_random_weights(out_dir)
+        _export_onnx(model, out_dir, segmenter, revision, max_num_patches, precision or "fp32", cpu_options,
+                     max_memory_gb)
     if backend == "tensorrt":
-        # unverified on a GPU: tested against a fake TensorRT (docs/verification.md).
-        from ..engine.backends.tensorrt import build_engines
+        _build_engines(out_dir, precision, max_batch, max_outs_per_ref, timing_cache, gpu_memory_budget)
 
-        try:
-            build_engines(out_dir, precision=precision, max_batch=max_batch, max_outs_per_ref=max_outs_per_ref,
-                          timing_cache=timing_cache, log=log, gpu_memory_budget=gpu_memory_budget)
-        except MascEngineError as e:
-            raise click.ClickException(str(e)) from e
+
+def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None, max_num_patches: int | None,
+                 precision: str, cpu_options: dict | None, max_memory_gb: float | None) -> None:
+    """The ONNX bundle (SigLIP2 or segmenter), library chatter in ``OUT.export.log``; a missing
+    export extra or a failed export is one line (exit 1)."""
+    from ..errors import MascEngineError
+
+    try:
+        from ..export.exporter import export_bundle
+        from ..export.segmenter import export_segmenter_bundle
+    except ImportError as e:  # torch / transformers / onnx missing
+        from ..extras import missing
+
+        raise click.ClickException(str(missing(e.name or "torch", "masc-export", extra="export"))) from e
+    from pathlib import Path
+
+    from .quiet import libraries_to_log
+
+    # torch.onnx / onnxscript / transformers chatter goes to OUT.export.log beside the bundle (not
+    # inside it: the exporter refuses a non-empty OUT that is not a bundle and renames the staged
+    # bundle into place); stages stay on screen
+    lib_log = Path(out_dir).with_name(Path(out_dir).name + ".export.log")
+    try:
+        with libraries_to_log(lib_log) as (say, lib):
+            say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
+            if segmenter:  # CLIPSeg: a segmenter bundle (docs/segmenter.md)
+                export_segmenter_bundle(model, out_dir, revision=revision, log=say, precision=precision)
+            else:
+                export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=say,
+                              precision=precision, cpu_precision_options=cpu_options, max_memory_gb=max_memory_gb)
+    except MascEngineError as e:
+        raise click.ClickException(f"{e} (library messages: {lib_log})") from e
+    click.echo(lib.summary(), err=True)
+    _warn_random_weights(out_dir)
+
+
+def _build_engines(out_dir: str, precision: str | None, max_batch: int, max_outs_per_ref: int,
+                   timing_cache: str | None, gpu_memory_budget: float | None) -> None:
+    """TensorRT engines from the bundle in ``out_dir``; unverified on a GPU: tested against a fake
+    TensorRT (docs/verification.md)."""
+    from ..engine.backends.tensorrt import build_engines
+    from ..errors import MascEngineError
+
+    try:
+        build_engines(out_dir, precision=precision, max_batch=max_batch, max_outs_per_ref=max_outs_per_ref,
+                      timing_cache=timing_cache, log=lambda s: click.echo(s, err=True),
+                      gpu_memory_budget=gpu_memory_budget)
+    except MascEngineError as e:
+        raise click.ClickException(str(e)) from e
 
 
 def _warn_random_weights(out_dir: str) -> None:
