@@ -155,7 +155,7 @@ def test_the_exporter_process_never_imports_torch(tmp_path, cache_dir):
 RESULTS = REPO / "bench" / "results" / "export_memory_so400m.json"
 STAGE_KIND = {"checkpoint": "torch", "vision references": "torch", "text references": "torch", "export": "torch",
               "validate": "validate", "ort-fusion": "fuse", "ort-cpu scores": "fuse", "precision-fp16": "precision",
-              "fp32 pair scores": "pairs", "fp16 pair gates": "pairs"}
+              "fp32 pair scores": "pairs", "fp16 pair gates": "pairs", "onnx checker": "validate"}
 
 
 def _kind(stage: str) -> str:
