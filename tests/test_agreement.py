@@ -20,6 +20,7 @@ from masc_engine.cli.eval_cmd import main  # noqa: E402
 from masc_engine.jobs import evaluation as ev  # noqa: E402
 from masc_engine.jobs.tables import Table  # noqa: E402
 from masc_engine.metrics import agreement as ag  # noqa: E402
+from masc_engine.tolerances import FLOAT64_SAME_FORMULA_TOL  # noqa: E402
 
 NAN = float("nan")
 
@@ -47,7 +48,8 @@ def test_krippendorff_canonical_example(level, expected):
 @pytest.mark.parametrize("level", ag.LEVELS)
 def test_canonical_example_direct_formula_matches_package(level):
     data = np.asarray(KRIPP_2011, dtype=float)
-    assert ag._alpha_direct(data, level) == pytest.approx(krippendorff.alpha(data, level_of_measurement=level), abs=1e-12)
+    want = krippendorff.alpha(data, level_of_measurement=level)
+    assert ag._alpha_direct(data, level) == pytest.approx(want, abs=FLOAT64_SAME_FORMULA_TOL)
 
 
 @pytest.mark.parametrize("level", ag.LEVELS)
@@ -60,7 +62,7 @@ def test_large_domain_path_equals_package(level):
     assert np.unique(data[~np.isnan(data)]).size > ag._PACKAGE_MAX_DOMAIN
     got = ag.krippendorff_alpha(data, level)
     want = krippendorff.alpha(data, level_of_measurement=level)
-    assert got.value == pytest.approx(want, abs=1e-10)
+    assert got.value == pytest.approx(want, abs=FLOAT64_SAME_FORMULA_TOL)
     if level != "nominal":  # continuous values almost never coincide, so nominal alpha is near 0
         assert 0.5 < got.value < 1.0
 
@@ -68,7 +70,7 @@ def test_large_domain_path_equals_package(level):
 def test_alpha_hand_computed_interval():
     # units (0,0) (1,1) (2,2) (3,4): W = 2, B = 2*8*13.875 = 222, alpha = 1 - 7*2/222 = 104/111
     est = ag.krippendorff_alpha([[0, 1, 2, 3], [0, 1, 2, 4]], "interval")
-    assert est.value == pytest.approx(104 / 111, abs=1e-12)
+    assert est.value == pytest.approx(104 / 111, abs=FLOAT64_SAME_FORMULA_TOL)
 
 
 def test_alpha_undefined_cases():
@@ -109,13 +111,13 @@ def test_metric_human_alpha_perfect_rank_agreement_is_one():
     metric = [0.10, 0.11, 0.35, 0.50, 0.52, 0.70, 0.99]
     for level in ("interval", "ordinal", "nominal"):
         est = ag.metric_human_alpha(metric, human, level)
-        assert est.value == pytest.approx(1.0, abs=1e-12)
+        assert est.value == pytest.approx(1.0, abs=FLOAT64_SAME_FORMULA_TOL)
         assert est.n == 7
 
 
 def test_metric_human_alpha_mapping_none_and_errors():
     est = ag.metric_human_alpha([0, 1, 2, 4], [0, 1, 2, 3], "interval", mapping="none")
-    assert est.value == pytest.approx(104 / 111, abs=1e-12)
+    assert est.value == pytest.approx(104 / 111, abs=FLOAT64_SAME_FORMULA_TOL)
     with pytest.raises(ValueError, match="quantile"):
         ag.metric_human_alpha([0.1, 0.2, 0.3], [0, 1, 2], "ordinal", mapping="none")
     with pytest.raises(ValueError, match="units"):
@@ -134,9 +136,9 @@ def test_metric_human_alpha_per_rater_is_mean_of_single_raters():
     # the quantile fit uses the pooled marginal of both raters, so map once and compare with mapping="none"
     mapped = ag.quantile_bin(metric, h, categories=range(5))
     singles = [ag.krippendorff_alpha([h[i], mapped], "interval").value for i in range(2)]
-    assert per.value == pytest.approx(np.mean(singles), abs=1e-12)
+    assert per.value == pytest.approx(np.mean(singles), abs=FLOAT64_SAME_FORMULA_TOL)
     joint = ag.metric_human_alpha(metric, h, "interval", categories=range(5), human_agg="joint")
-    assert joint.value == pytest.approx(ag.krippendorff_alpha(np.vstack([h, mapped]), "interval").value, abs=1e-12)
+    assert joint.value == pytest.approx(ag.krippendorff_alpha(np.vstack([h, mapped]), "interval").value, abs=FLOAT64_SAME_FORMULA_TOL)
 
 
 # ---------------------------------------------------------------- Spearman
@@ -145,10 +147,10 @@ def test_metric_human_alpha_per_rater_is_mean_of_single_raters():
 def test_spearman_ties_equal_average_rank_pearson():
     # average ranks x -> [1, 2.5, 2.5, 4], y -> [1, 3, 2, 4]; Pearson = 4.5 / sqrt(4.5 * 5) = sqrt(0.9)
     est = ag.spearman([1, 2, 2, 3], [1, 3, 2, 4])
-    assert est.value == pytest.approx(math.sqrt(0.9), abs=1e-12)
+    assert est.value == pytest.approx(math.sqrt(0.9), abs=FLOAT64_SAME_FORMULA_TOL)
     assert est.n == 4
     # not the no-ties shortcut 1 - 6 sum d^2 / (n (n^2 - 1)) = 0.95
-    assert est.value != pytest.approx(0.95, abs=1e-6)
+    assert est.value != pytest.approx(0.95, abs=FLOAT64_SAME_FORMULA_TOL)
 
 
 def test_spearman_constant_is_undefined_not_zero():
@@ -162,7 +164,7 @@ def test_spearman_constant_is_undefined_not_zero():
 
 def test_spearman_drops_incomplete_pairs():
     est = ag.spearman([1, 2, 2, NAN, 3], [1, 3, 2, 9, 4])
-    assert est.value == pytest.approx(math.sqrt(0.9), abs=1e-12)
+    assert est.value == pytest.approx(math.sqrt(0.9), abs=FLOAT64_SAME_FORMULA_TOL)
     assert est.n == 4
     assert "need >= 2" in ag.spearman([1, NAN], [1, 2]).reason
     with pytest.raises(ValueError, match="length"):
@@ -182,7 +184,7 @@ def test_bootstrap_ci_contains_estimate_and_is_deterministic():
     x, y = _correlated()
     stat = lambda a, b: ag.spearman(a, b)  # noqa: E731
     ci = ag.bootstrap_ci(stat, x, y, n_resamples=500, seed=11)
-    assert ci.value == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
+    assert ci.value == pytest.approx(stats.spearmanr(x, y).statistic, abs=FLOAT64_SAME_FORMULA_TOL)
     assert ci.low < ci.value < ci.high
     assert 0.3 < ci.low and ci.high < 0.95
     assert (ci.n_resamples, ci.n_valid, ci.confidence) == (500, 500, 0.95)
@@ -201,7 +203,7 @@ def test_bootstrap_ci_percentiles_of_resampled_means():
     rng = np.random.default_rng(5)
     means = [x[rng.integers(0, 10, size=10)].mean() for _ in range(200)]
     lo, hi = np.quantile(means, [0.025, 0.975])
-    assert (ci.low, ci.high) == (pytest.approx(lo, abs=1e-12), pytest.approx(hi, abs=1e-12))
+    assert (ci.low, ci.high) == (pytest.approx(lo, abs=FLOAT64_SAME_FORMULA_TOL), pytest.approx(hi, abs=FLOAT64_SAME_FORMULA_TOL))
     assert ci.value == 4.5
 
 
@@ -234,7 +236,7 @@ def test_bootstrap_diff_ci_paired():
     bad = human + rng.normal(0, 3.0, 120)
     ci = ag.bootstrap_diff_ci(ag.spearman, good, bad, human, n_resamples=400, seed=2)
     want = stats.spearmanr(good, human).statistic - stats.spearmanr(bad, human).statistic
-    assert ci.value == pytest.approx(want, abs=1e-12)
+    assert ci.value == pytest.approx(want, abs=FLOAT64_SAME_FORMULA_TOL)
     assert 0 < ci.low < ci.value < ci.high
     same = ag.bootstrap_diff_ci(ag.spearman, good, good, human, n_resamples=100)
     assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0)
@@ -275,7 +277,7 @@ def test_within_vs_cross_auc_ci():
     assert ag.within_vs_cross_auc(s, lab, n_resamples=300, seed=9) == ci
     # the rank-sum fast path equals sklearn's roc_auc_score on every resample
     ref = ag.bootstrap_ci(ag.roc_auc, s, lab, n_resamples=300, seed=9, strata=lab)
-    assert (ci.low, ci.high) == (pytest.approx(ref.low, abs=1e-12), pytest.approx(ref.high, abs=1e-12))
+    assert ci.low == pytest.approx(ref.low, abs=FLOAT64_SAME_FORMULA_TOL) and ci.high == pytest.approx(ref.high, abs=FLOAT64_SAME_FORMULA_TOL)
 
 
 # ---------------------------------------------------------------- table builder
@@ -327,18 +329,18 @@ def test_agreement_table_values():
     rows = ev.agreement_table(SCORE_ROWS, RATING_ROWS, opts).rows
     assert [(r["scope"], r["method"], r["n"]) for r in rows] == [("method", "A", 5), ("method", "B", 5), ("pooled", "pooled", 10)]
     a, b, pooled = rows
-    assert a["alpha_interval"] == pytest.approx(1.0, abs=1e-12)
-    assert a["alpha_ordinal"] == pytest.approx(1.0, abs=1e-12)
-    assert a["spearman"] == pytest.approx(1.0, abs=1e-12)
-    assert b["alpha_interval"] == pytest.approx(ALPHA_B, abs=1e-12)
-    assert b["alpha_ordinal"] == pytest.approx(ALPHA_B, abs=1e-12)
-    assert b["spearman"] == pytest.approx(RHO_B, abs=1e-12)
-    assert pooled["alpha_interval"] == pytest.approx(ALPHA_POOLED, abs=1e-12)
-    assert pooled["alpha_ordinal"] == pytest.approx(ALPHA_POOLED, abs=1e-12)
-    assert pooled["spearman"] == pytest.approx(RHO_POOLED, abs=1e-12)
+    assert a["alpha_interval"] == pytest.approx(1.0, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert a["alpha_ordinal"] == pytest.approx(1.0, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert a["spearman"] == pytest.approx(1.0, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert b["alpha_interval"] == pytest.approx(ALPHA_B, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert b["alpha_ordinal"] == pytest.approx(ALPHA_B, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert b["spearman"] == pytest.approx(RHO_B, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert pooled["alpha_interval"] == pytest.approx(ALPHA_POOLED, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert pooled["alpha_ordinal"] == pytest.approx(ALPHA_POOLED, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert pooled["spearman"] == pytest.approx(RHO_POOLED, abs=FLOAT64_SAME_FORMULA_TOL)
     for r in rows:
         for p in ("alpha_interval", "alpha_ordinal", "spearman"):
-            assert r[f"{p}_low"] <= r[p] + 1e-12 and r[p] <= r[f"{p}_high"] + 1e-12
+            assert r[f"{p}_low"] <= r[p] + FLOAT64_SAME_FORMULA_TOL and r[p] <= r[f"{p}_high"] + FLOAT64_SAME_FORMULA_TOL
     assert pooled["alpha_interval_low"] < pooled["alpha_interval_high"] <= 1.0
     assert a["note"] == "" and pooled["note"] == ""
 
@@ -367,11 +369,12 @@ def test_agreement_rows_fast_paths_equal_generic_bootstrap():
                     seed=3,
                 )
                 got = (r[f"alpha_{lv}"], r[f"alpha_{lv}_low"], r[f"alpha_{lv}_high"])
-                assert got == pytest.approx((ref.value, ref.low, ref.high), abs=1e-10)
+                assert got == pytest.approx((ref.value, ref.low, ref.high), abs=FLOAT64_SAME_FORMULA_TOL)
             ref = ag.bootstrap_ci(
                 lambda mm, hh: ag.metric_human_spearman(mm, hh, human_agg=agg), j.metric[idx], j.human[:, idx], n_resamples=60, seed=3
             )
-            assert (r["spearman"], r["spearman_low"], r["spearman_high"]) == pytest.approx((ref.value, ref.low, ref.high), abs=1e-10)
+            got = (r["spearman"], r["spearman_low"], r["spearman_high"])
+            assert got == pytest.approx((ref.value, ref.low, ref.high), abs=FLOAT64_SAME_FORMULA_TOL)
 
 
 def test_join_errors_name_row_and_reason():
@@ -479,8 +482,8 @@ def test_cli_agreement(files, prefix):
     assert doc["counts"]["units"] == 10 and doc["scale"] == [0.0, 1.0, 2.0, 3.0, 4.0]
     pooled = doc["rows"][-1]
     assert pooled["method"] == "pooled"
-    assert pooled["alpha_interval"] == pytest.approx(ALPHA_POOLED, abs=1e-12)
-    assert pooled["spearman"] == pytest.approx(RHO_POOLED, abs=1e-12)
+    assert pooled["alpha_interval"] == pytest.approx(ALPHA_POOLED, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert pooled["spearman"] == pytest.approx(RHO_POOLED, abs=FLOAT64_SAME_FORMULA_TOL)
 
 
 def test_cli_writes_csv_and_is_deterministic(files):
@@ -493,7 +496,7 @@ def test_cli_writes_csv_and_is_deterministic(files):
     assert outs[0] == outs[1]
     rows = list(csv.DictReader(outs[0].splitlines()))
     assert [r["method"] for r in rows] == ["A", "B", "pooled"]
-    assert float(rows[1]["alpha_ordinal"]) == pytest.approx(ALPHA_B, abs=1e-12)
+    assert float(rows[1]["alpha_ordinal"]) == pytest.approx(ALPHA_B, abs=FLOAT64_SAME_FORMULA_TOL)
 
 
 def test_cli_error_names_file_line_reason(files):

@@ -13,6 +13,7 @@ from masc_engine.jobs.pairs import BASELINE_COLUMNS, RunSettings, run_pairs
 from masc_engine.jobs.results import read_output
 from masc_engine.runtime import heads
 from masc_engine.runtime.scorer import Pair, Scorer
+from masc_engine.tolerances import FLOAT32_SAME_ARITHMETIC_ATOL, SELF_CP_ATOL
 
 
 @pytest.fixture(scope="module")
@@ -38,20 +39,21 @@ def test_baselines_agree_with_their_definitions(naflex_bundle, scored):
     for r, base, it in zip(res, plain, items, strict=True):
         ex = r.extras
         assert set(BASELINE_COLUMNS) <= set(ex)
-        assert r.cp == pytest.approx(base.cp, abs=1e-6) and r.pf == pytest.approx(base.pf, abs=1e-6)
-        assert ex["pf_bg_stripped"] == pytest.approx(r.pf, abs=1e-6)  # PF is the bg/stripped cell
+        assert r.cp == pytest.approx(base.cp, abs=FLOAT32_SAME_ARITHMETIC_ATOL)
+        assert r.pf == pytest.approx(base.pf, abs=FLOAT32_SAME_ARITHMETIC_ATOL)
+        assert ex["pf_bg_stripped"] == pytest.approx(r.pf, abs=FLOAT32_SAME_ARITHMETIC_ATOL)  # PF is the bg/stripped cell
         assert -1 <= ex["cp_global"] <= 1 and 0 <= ex["cp_mnn_frac"] <= 1
-        assert ex["cp_mnn"] <= r.cp + 1e-6  # non-mutual patches count 0: never above CP
+        assert ex["cp_mnn"] <= r.cp + FLOAT32_SAME_ARITHMETIC_ATOL  # non-mutual patches count 0: never above CP
         # Global embedding = pooling head with nothing hidden.
         g = s.pool_background([it.ref_enc, it.out_enc], [np.zeros(it.ref_enc.tokens.shape[0], bool),
                                                          np.zeros(it.out_enc.tokens.shape[0], bool)])[0]
-        assert ex["cp_global"] == pytest.approx(heads.cosine(g[0], g[1]), abs=1e-6)
+        assert ex["cp_global"] == pytest.approx(heads.cosine(g[0], g[1]), abs=FLOAT32_SAME_ARITHMETIC_ATOL)
     # Identical reference and output: every patch is its own mutual nearest neighbour.
     it = items[0]
     same = s.score_encoded([type(it)(it.ref_enc, it.ref_weights, it.ref_enc, it.ref_weights, "a toy", "toy")],
                            baselines=True)[0]
-    assert same.extras["cp_mnn_frac"] == 1.0 and same.extras["cp_mnn"] == pytest.approx(1.0, abs=1e-6)
-    assert same.extras["cp_global"] == pytest.approx(1.0, abs=1e-6)
+    assert same.extras["cp_mnn_frac"] == 1.0 and same.extras["cp_mnn"] == pytest.approx(1.0, abs=SELF_CP_ATOL)
+    assert same.extras["cp_global"] == pytest.approx(1.0, abs=SELF_CP_ATOL)
 
 
 def test_maps_written_for_real_pairs(naflex_bundle, tmp_path):

@@ -18,7 +18,7 @@ from masc_engine.runtime.cp_device import CPItem, GraphCP
 from masc_engine.errors import ExportValidationError
 from masc_engine.runtime.heads import best_match_cosines, masked_maxcos
 from masc_engine.runtime.masks import cp_keep, mask_to_patch_grid
-from masc_engine.tolerances import CP_BEST_ATOL, CP_HEAD_ATOL
+from masc_engine.tolerances import CP_BEST_ATOL, CP_HEAD_ATOL, SELF_CP_ATOL
 
 
 class CountingRunner:
@@ -109,7 +109,7 @@ def test_real_tokens_one_reference_many_outputs(naflex_bundle, cp_runner):
     # Self-pairs: CP = 1.
     for (cp, _), it in zip(GraphCP(cp_runner).score_items(items), items, strict=True):
         if it.out_tokens is it.ref_tokens and not np.isnan(cp):
-            assert abs(cp - 1.0) <= 1e-6
+            assert abs(cp - 1.0) <= SELF_CP_ATOL
 
 
 def test_best_per_patch_and_degenerate_tokens(cp_runner):

@@ -18,6 +18,7 @@ from masc_engine.engine.bundle import Bundle
 from masc_engine.engine.device import ArrayDevice, HostDevice, device_for
 from masc_engine.errors import BackendUnavailableError
 from masc_engine.runtime.scorer import Pair, Scorer
+from masc_engine.tolerances import CP_HEAD_ATOL
 
 
 class DeviceArray:
@@ -164,7 +165,7 @@ def test_device_resident_scores_equal_host_path(naflex_bundle):
     assert isinstance(Scorer(naflex_bundle, device_resident=True).device, HostDevice)
     for h, n, r in zip(host, numpy_head, dev, strict=True):
         assert r.cp == h.cp and r.pf == h.pf  # same graphs, same inputs: bit-identical
-        assert abs(r.cp - n.cp) <= 1e-6 and r.pf == n.pf
+        assert abs(r.cp - n.cp) <= CP_HEAD_ATOL and r.pf == n.pf
         assert r.extras == h.extras
 
 

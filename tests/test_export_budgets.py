@@ -12,7 +12,8 @@ import json
 import pytest
 
 from conftest import REPO
-from masc_engine.tolerances import EXPORT_VALIDATION_ATOL, EXPORT_VALIDATION_BUDGETS, export_validation_atol
+from masc_engine.tolerances import (EXPORT_BUG_MIN_ABS_ERROR, EXPORT_VALIDATION_ATOL, EXPORT_VALIDATION_BUDGETS,
+                                    export_validation_atol)
 
 RESULTS = json.loads((REPO / "bench/results/export_validation.json").read_text())
 SHAPE_OF = {"tiny-naflex": "tiny", "tiny-fixed": "tiny", "base-naflex": "base", "so400m-naflex": "so400m"}
@@ -30,7 +31,7 @@ def test_budget_is_ten_times_its_measurement(shape, graph):
     assert all(p["vision_width"] == b["width"] and p["vision_layers"] == b["layers"] for p in runs)
     measured = max(p["graphs"][graph]["max_abs"] for p in runs)
     assert measured < b[graph] <= 20 * measured, (shape, graph, measured, b[graph])
-    assert b[graph] < 1e-2 / 100  # far below what an export bug gives
+    assert b[graph] < EXPORT_BUG_MIN_ABS_ERROR / 100  # far below what an export bug gives
 
 
 def test_budget_lookup_by_width():

@@ -15,7 +15,7 @@ from conftest import EXAMPLES, blob_mask, grid_image
 from masc_engine.engine.bundle import Bundle
 from masc_engine.engine.manifest import read_manifest, sha256_file, write_manifest
 from masc_engine.errors import BackendUnavailableError, BundleError
-from masc_engine.tolerances import EXPORT_VALIDATION_ATOL, FUSED_TOKENS_ATOL, ORACLE_SCORE_ATOL
+from masc_engine.tolerances import EXPORT_VALIDATION_ATOL, FUSED_TOKENS_ATOL, ORACLE_SCORE_ATOL, export_validation_atol
 
 onnx = pytest.importorskip("onnx")
 
@@ -130,7 +130,8 @@ def test_fusion_keeps_biases_and_layernorm_weights(naflex_bundle, tmp_path):
     check = lambda g, path, gates: validate_graph(g, path, tmp_path, model, processor, m["image"], m["text"], gates)  # noqa: E731
     recs = run_transforms(tmp_path, graph_entries, [fusion.FusionTransform.for_model(model)], check, log=lambda s: None)
     assert [r["graph"] for r in recs] == ["vision", "text"]
-    assert max(r["validation"]["max_abs"] for r in recs) < 1e-4  # portable: same order (3e-6 measured)
+    width = model.config.vision_config.hidden_size  # the portable graphs' budgets (3e-6 measured)
+    assert all(r["validation"]["max_abs"] < export_validation_atol(r["graph"], width)[0] for r in recs)
     scores = fusion.validate_variant_scores(tmp_path, graph_entries, model, processor, m["image"], m["text"])
     assert scores["max_abs"] <= ORACLE_SCORE_ATOL
     # and a real bias reached the packed QKV bias of the Attention nodes

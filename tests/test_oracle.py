@@ -13,12 +13,12 @@ import pytest
 
 from conftest import blob_mask, load_pair, oracle_for, read_rows
 from masc_engine.runtime.scorer import Pair, Scorer
-from masc_engine.tolerances import ORACLE_SCORE_ATOL
+from masc_engine.tolerances import FLOAT32_SAME_ARITHMETIC_ATOL, ORACLE_SCORE_ATOL
 from test_preprocess import GRID_CASES
 
 pytestmark = pytest.mark.oracle
 
-# Extras whose values must equal the reference's exactly (floats to 1e-6).
+# Extras whose values must equal the reference's exactly (floats to FLOAT32_SAME_ARITHMETIC_ATOL).
 SHARED_EXTRAS = ("prompt_text", "prompt_stripped", "stripper", "stripper_model", "cp_n_ref_fg",
                  "cp_n_ref_total", "cp_fg_frac_ref", "pf_n_fg", "pf_n_total", "pf_n_bg_pooled")
 
@@ -26,7 +26,7 @@ SHARED_EXTRAS = ("prompt_text", "prompt_stripped", "stripper", "stripper_model",
 def _compare(ours, ref) -> tuple[float, float]:
     for k in SHARED_EXTRAS:
         a, b = ours.extras[k], ref.extras[k]
-        assert (abs(a - b) <= 1e-6) if isinstance(b, float) else (a == b), (k, a, b)
+        assert (abs(a - b) <= FLOAT32_SAME_ARITHMETIC_ATOL) if isinstance(b, float) else (a == b), (k, a, b)
     # NaN (undefined score) must coincide with the reference's, never be compared away.
     assert math.isnan(ours.cp) == math.isnan(ref.cp) and math.isnan(ours.pf) == math.isnan(ref.pf)
     dcp = 0.0 if math.isnan(ref.cp) else abs(ours.cp - ref.cp)

@@ -114,7 +114,7 @@ def test_position_weights_equal_transformers_resize(grid):
 def test_position_weights_rows_are_normalised_and_padding_repeats_row0():
     w = position_weights(16, (24, 42), 1024)
     assert w.shape == (1024, 256) and w.dtype == np.float32
-    np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(w.sum(1), 1.0, atol=POSITION_ATOL)
     np.testing.assert_array_equal(w[1008:], np.broadcast_to(w[0], (16, 256)))
     with pytest.raises(ValueError):
         position_weights(16, (33, 32), 1024)

@@ -22,11 +22,8 @@ from masc_engine.jobs.rank_encoders import EncoderManifestError, cosine_scores, 
 from masc_engine.metrics.retrieval import average_precision, cmc, cmc_at, first_correct_rank, rank_query, summarize
 from masc_engine.runtime import heads
 from masc_engine.runtime.masks import cp_keep
-from masc_engine.tolerances import BATCH_INVARIANCE_ATOL
-
-#: maxcos_scores blocks many gallery images into one matrix product; heads.masked_maxcos runs one
-#: pair at a time. Same float32 math, different BLAS blocking: measured max |Delta| 1.2e-7 here.
-MAXCOS_BLOCK_ATOL = 1e-6
+from masc_engine.tolerances import (BATCH_INVARIANCE_ATOL, FLOAT32_SAME_ARITHMETIC_ATOL, FLOAT64_SAME_FORMULA_TOL, MAXCOS_BLOCK_ATOL,
+                                    SELF_CP_ATOL)
 
 
 # ====================================================================== AP / CMC core
@@ -56,10 +53,10 @@ def _ap_with_order(scores, relevant, relevant_first: bool) -> float:
     ([0.4, 0.4], [1, 1], 1.0, 1),
 ])
 def test_average_precision_known_values(scores, relevant, ap, first):
-    assert average_precision(scores, relevant) == pytest.approx(ap, abs=1e-12)
+    assert average_precision(scores, relevant) == pytest.approx(ap, abs=FLOAT64_SAME_FORMULA_TOL)
     assert first_correct_rank(scores, relevant) == first
     r = rank_query(scores, relevant)
-    assert r.ap == pytest.approx(ap, abs=1e-12) and r.first_rank == first
+    assert r.ap == pytest.approx(ap, abs=FLOAT64_SAME_FORMULA_TOL) and r.first_rank == first
     assert r.n_relevant == sum(relevant) and r.n_gallery == len(scores)
 
 
@@ -94,12 +91,12 @@ def test_ties_are_independent_of_order_and_pessimistic():
         ap = average_precision(scores, relevant)
         perm = rng.permutation(n)
         assert average_precision(scores[perm], relevant[perm]) == ap
-        assert ap == pytest.approx(_ap_with_order(list(scores), list(relevant), relevant_first=False), abs=1e-12)
+        assert ap == pytest.approx(_ap_with_order(list(scores), list(relevant), relevant_first=False), abs=FLOAT64_SAME_FORMULA_TOL)
         optimistic = _ap_with_order(list(scores), list(relevant), relevant_first=True)
         if relevant.all():
             continue  # sklearn warns and its value is trivially 1
         sk_ap = sk.average_precision_score(relevant, scores)
-        assert ap <= optimistic + 1e-12 and ap <= sk_ap + 1e-12
+        assert ap <= optimistic + FLOAT64_SAME_FORMULA_TOL and ap <= sk_ap + FLOAT64_SAME_FORMULA_TOL
 
 
 def test_average_precision_equals_sklearn_without_ties():
@@ -113,7 +110,7 @@ def test_average_precision_equals_sklearn_without_ties():
         i, j = rng.choice(n, 2, replace=False)
         relevant[i], relevant[j] = True, False  # at least one of each
         assert average_precision(scores, relevant) == pytest.approx(
-            sk.average_precision_score(relevant, scores), abs=1e-12)
+            sk.average_precision_score(relevant, scores), abs=FLOAT64_SAME_FORMULA_TOL)
 
 
 def test_cmc_curve():
@@ -157,7 +154,7 @@ def test_cosine_scores_match_heads_and_do_not_depend_on_other_rows():
     q, g = rng.normal(size=16).astype(np.float32), rng.normal(size=(9, 16)).astype(np.float32)
     s = cosine_scores(q, g)
     for i in range(9):
-        assert abs(s[i] - heads.cosine(q, g[i])) <= 1e-6
+        assert abs(s[i] - heads.cosine(q, g[i])) <= FLOAT32_SAME_ARITHMETIC_ATOL
     perm = rng.permutation(9)
     assert np.array_equal(cosine_scores(q, g[perm]), s[perm])  # bit-exact
     assert np.array_equal(cosine_scores(q, g[:3]), s[:3])
@@ -264,10 +261,10 @@ def test_onnx_encoder_ranks_as_computed_by_hand(colour_data, tmp_path):
     assert (q1["first_rank"], q1["top1"], q1["top5"], q1["n_relevant"], q1["n_gallery"]) == ("2", "0", "1", "2", "4")
     assert q1["top1_image"] == "yellow.png" and q1["top1_identity"] == "B" and q1["class"] == "warm"
     exact = cosine_scores(np.array([1, 128 / 255, 0], np.float32), np.array([[1, 1, 0]], np.float32))[0]
-    assert float(q1["top1_score"]) == pytest.approx(exact, abs=1e-6)
+    assert float(q1["top1_score"]) == pytest.approx(exact, abs=FLOAT32_SAME_ARITHMETIC_ATOL)
     q2 = rows["q2"]
     assert q2["status"] == "ok" and float(q2["ap"]) == 1.0 and q2["first_rank"] == "1"
-    assert q2["top1_image"] == "green.png" and float(q2["top1_score"]) == pytest.approx(1.0, abs=1e-6)
+    assert q2["top1_image"] == "green.png" and float(q2["top1_score"]) == pytest.approx(1.0, abs=SELF_CP_ATOL)
     assert rows["q3"]["status"] == "no_relevant_gallery_item" and rows["q3"]["ap"] == "nan"
     assert rows["q4"]["status"] == "missing_file" and "nowhere.png" in rows["q4"]["status_detail"]
     assert rows["q5"]["status"] == "bad_row"
@@ -300,11 +297,11 @@ def test_onnx_encoder_oracle_leave_one_out_and_class_level(colour_data):
 def test_onnx_encoder_fixed_batch_and_nhwc(colour_data):
     ims = [Image.open(colour_data / f"{n}.png") for n in ("red", "blue", "yellow")]
     dyn = rank_encoders.OnnxEmbeddingEncoder(_manifest(colour_data)).embed(ims)
-    np.testing.assert_allclose(dyn, [[1, 0, 0], [0, 0, 1], [1, 1, 0]], atol=1e-6)
+    np.testing.assert_allclose(dyn, [[1, 0, 0], [0, 0, 1], [1, 1, 0]], atol=FLOAT32_SAME_ARITHMETIC_ATOL)
     _tiny_encoder(colour_data, fixed_batch=1, name="b1.onnx")
     enc1 = rank_encoders.OnnxEmbeddingEncoder(_manifest(colour_data, "b1.onnx"), batch_size=8)
     assert enc1.batch_size == 1
-    np.testing.assert_allclose(enc1.embed(ims), dyn, atol=1e-6)
+    np.testing.assert_allclose(enc1.embed(ims), dyn, atol=BATCH_INVARIANCE_ATOL)
 
 
 def test_manifest_preprocess_resize_modes():
@@ -420,7 +417,7 @@ def test_engine_maxcos_oracle_equals_masked_maxcos(naflex_bundle, examples_galle
     best = max(scores, key=scores.get)
     assert abs(by[q]["top1_score"] - scores[best]) <= MAXCOS_BLOCK_ATOL + BATCH_INVARIANCE_ATOL
     relevant = [p.startswith("images/dog2/") for p in scores]
-    assert by[q]["ap"] == pytest.approx(average_precision(list(scores.values()), relevant), abs=1e-9)
+    assert by[q]["ap"] == pytest.approx(average_precision(list(scores.values()), relevant), abs=FLOAT64_SAME_FORMULA_TOL)
     # Without masks every query patch counts.
     nomask = rank.run_rank(examples_gallery / "gallery.csv", enc, oracle=True, similarity="maxcos", use_masks=False)
     nm = {r["image"]: r for r in nomask.rows}
@@ -512,16 +509,16 @@ def test_shared_oracle_structure_and_invariants(shared_oracle):
         assert n_rel == counts[g["identity"]] - 1 >= 1
         ap, first = float(r["ap"]), int(r["first_rank"])
         assert 0 < ap <= 1 and 1 <= first <= n - 1 - n_rel + 1
-        assert ap <= (1 / first + n_rel - 1) / n_rel + 1e-12  # the first hit's precision is 1/first, the rest <= 1
+        assert ap <= (1 / first + n_rel - 1) / n_rel + FLOAT64_SAME_FORMULA_TOL  # the first hit's precision is 1/first, the rest <= 1
         assert r["top1"] == str(int(first == 1)) and r["top5"] == str(int(first <= 5))
         assert (r["top1_identity"] == r["identity"]) == (first == 1)
-        assert -1 <= float(r["top1_score"]) <= 1 + 1e-6
+        assert -1 <= float(r["top1_score"]) <= 1 + SELF_CP_ATOL
     s = {(x["method"], x["class"]): x for x in summary}
     overall = s[("*", "*")]
     assert overall["n_queries"] == str(n) and overall["n_scored"] == str(n)
     assert overall["n_undefined"] == "0" and overall["n_failed"] == "0"
     assert 0 <= float(overall["mAP"]) <= 1
-    assert float(overall["mAP"]) == pytest.approx(np.mean([float(r["ap"]) for r in rows]), abs=1e-12)
+    assert float(overall["mAP"]) == pytest.approx(np.mean([float(r["ap"]) for r in rows]), abs=FLOAT64_SAME_FORMULA_TOL)
     assert float(overall["top1"]) == pytest.approx(np.mean([int(r["top1"]) for r in rows]))
     assert float(overall["top1"]) <= float(overall["top5"])
     assert s[("oracle", "*")]["mAP"] == overall["mAP"]

@@ -28,6 +28,7 @@ from masc_engine.cli.report_cmd import main as report_main
 from masc_engine.metrics import agreement as ag
 from masc_engine import report as rp
 from masc_engine.jobs.results import meta_path, read_output, write_output
+from masc_engine.tolerances import FLOAT64_SAME_FORMULA_TOL
 
 HOSTILE = '<script>alert("pwn")</script> a cat & a <b>dog</b> \'quoted\''
 METHODS = ("alpha_method", "beta_method")
@@ -146,7 +147,7 @@ def test_report_sections_statuses_and_means(synthetic, fmt):
         tr = re.search(rf'<tr data-method="{m}">(.*?)</tr>', text).group(1)
         for k in ("cp", "pf"):
             v = float(re.search(rf'data-metric="{k}" data-value="([^"]+)"', tr).group(1))
-            assert v == pytest.approx(expected[(m, k)], rel=1e-12, abs=1e-12)
+            assert v == pytest.approx(expected[(m, k)], rel=FLOAT64_SAME_FORMULA_TOL, abs=FLOAT64_SAME_FORMULA_TOL)
 
     # sidecar: model, bundle fingerprint, settings, versions
     for s in ("random:tiny-naflex", "b1a2c3d4e5", "stripper", "max_num_patches", "masc_engine"):
@@ -162,7 +163,7 @@ def test_method_stats_match_numpy_and_bootstrap(synthetic):
     for m in METHODS:
         for k in ("cp", "pf"):
             s = stats[m]
-            assert s[f"{k}_mean"] == pytest.approx(expected[(m, k)], rel=1e-12)
+            assert s[f"{k}_mean"] == pytest.approx(expected[(m, k)], rel=FLOAT64_SAME_FORMULA_TOL)
             v = np.asarray([r[k] for r in rows if r["method"] == m])
             v = v[~np.isnan(v)]
             ci = ag.bootstrap_ci(np.mean, v, n_resamples=opts.n_resamples, seed=opts.seed)
@@ -263,7 +264,7 @@ def test_within_cross_auc_and_labels(synthetic):
     assert a["auc_low"] <= a["auc"] <= a["auc_high"]
     text = _report(_write(synthetic))
     shown = float(re.search(r'data-metric="cp" data-auc="([^"]+)"', text).group(1))
-    assert shown == pytest.approx(a["auc"], abs=1e-12)
+    assert shown == pytest.approx(a["auc"], abs=FLOAT64_SAME_FORMULA_TOL)
     one = rp.within_cross([dict(r, within="true") for r in rows], "cp", opts).pooled
     assert math.isnan(one["auc"]) and "both" in one["note"]
 
@@ -291,9 +292,9 @@ def test_within_cross_auc_equals_agreement(ties):
         ref = ag.within_vs_cross_auc(s, lab, n_resamples=300, seed=seed, confidence=conf)
         slow = ag.bootstrap_ci(lambda a, b: roc_auc_score(b, a), s[ok], lab[ok], n_resamples=300, seed=seed,
                                confidence=conf, strata=lab[ok])
-        assert mine["auc"] == ref.value == pytest.approx(roc_auc_score(lab[ok], s[ok]), abs=1e-12)
-        assert mine["auc_low"] == ref.low == pytest.approx(slow.low, abs=1e-12)
-        assert mine["auc_high"] == ref.high == pytest.approx(slow.high, abs=1e-12)
+        assert mine["auc"] == ref.value == pytest.approx(roc_auc_score(lab[ok], s[ok]), abs=FLOAT64_SAME_FORMULA_TOL)
+        assert mine["auc_low"] == ref.low == pytest.approx(slow.low, abs=FLOAT64_SAME_FORMULA_TOL)
+        assert mine["auc_high"] == ref.high == pytest.approx(slow.high, abs=FLOAT64_SAME_FORMULA_TOL)
         assert mine["n_within"] + mine["n_cross"] == mine["n"] == ref.n
 
 
@@ -422,7 +423,7 @@ def test_end_to_end_from_masc_run(naflex_bundle, tmp_path):
         v = np.asarray([float(r["cp"]) for r in rows if r["method"] == m])
         tr = re.search(rf'<tr data-method="{m}">(.*?)</tr>', text).group(1)
         shown = float(re.search(r'data-metric="cp" data-value="([^"]+)"', tr).group(1))
-        assert shown == pytest.approx(float(np.nanmean(v)), rel=1e-12)
+        assert shown == pytest.approx(float(np.nanmean(v)), rel=FLOAT64_SAME_FORMULA_TOL)
     assert re.search(r'data-metric="cp" data-auc="[0-9.]+"', text)
     assert 'id="random-weights"' in text  # masc-run recorded the random-weight bundle in the sidecar
     assert "http://" not in text and "https://" not in text

@@ -12,7 +12,7 @@ from conftest import EXAMPLES, blob_mask, load_pair, read_rows
 from masc_engine.errors import InputError
 from masc_engine.runtime.heads import masked_maxcos
 from masc_engine.runtime.scorer import Pair, Scorer
-from masc_engine.tolerances import BATCH_INVARIANCE_ATOL, SELF_CP_ATOL
+from masc_engine.tolerances import BATCH_INVARIANCE_ATOL, FLOAT32_SAME_ARITHMETIC_ATOL, SELF_CP_ATOL
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_masked_maxcos_known_values():
     out = np.array([[1, 0], [-1, 0]], np.float32)
     # Patch 0 matches out[0] exactly (cos 1); patch 1 is orthogonal to both (0); patch 2 is masked out.
     cp, ex = masked_maxcos(ref, out, np.array([1.0, 0.9, 0.5], np.float32))
-    assert cp == pytest.approx(0.5, abs=1e-7)
+    assert cp == pytest.approx(0.5, abs=FLOAT32_SAME_ARITHMETIC_ATOL)
     assert ex == {"cp_n_ref_fg": 2, "cp_n_ref_total": 3, "cp_fg_frac_ref": pytest.approx(0.8)}
     cp, _ = masked_maxcos(ref, out, np.zeros(3, np.float32))
     assert math.isnan(cp)

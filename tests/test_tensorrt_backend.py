@@ -32,6 +32,7 @@ from masc_engine.engine.backends import trt_profiles as tp
 from masc_engine.engine.bundle import Bundle
 from masc_engine.errors import (BackendUnavailableError, BundleError, DeviceMemoryError, EngineCompatibilityError,
                                 InputError, ProfileError)
+from masc_engine.tolerances import BATCH_INVARIANCE_ATOL
 
 INFO = {"tensorrt_version": "11.4.0.106", "gpu_name": "NVIDIA H200", "compute_capability": "9.0"}
 
@@ -358,7 +359,7 @@ def test_one_trt_scorer_serves_several_threads_on_the_device_path(trt_engines):
         got = list(ex.map(lambda ps: [(r.cp, r.pf) for r in scorer.score_batch(ps)] , chunks * 2))
     for j, res in enumerate(got):
         idx = list(range(len(pairs)))[j % 4::4]
-        np.testing.assert_allclose(res, [want[i] for i in idx], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(res, [want[i] for i in idx], rtol=0, atol=BATCH_INVARIANCE_ATOL)
 
 
 def test_ort_cuda_provider_gets_tf32_off(monkeypatch, naflex_bundle):

@@ -174,3 +174,64 @@ REDUCED_TOKEN_COSINE_MEDIAN = 0.999
 REDUCED_TOKEN_COSINE_P001 = 0.99
 #: Pairs needed for the gates to count.
 FIDELITY_MIN_PAIRS = 1000
+
+# Gates for int8 dynamic quantization on CPU (jobs/int8_gate.py, ``masc-export --precision int8``)
+# against the fp32 bundle on the same gate pairs. ACCEPTANCE THRESHOLDS, not measurements: int8
+# weights move the scores more than fp16 / bf16 graphs do, so these gates are looser than those.
+# What was measured against them: bench/results/cpu_throughput.md "int8" (the shared DreamBooth
+# pairs, random-weight base NaFlex model: max |dCP| 0.059, Spearman CP 0.9985, PF 0.937, refused);
+# tests/test_int8.py on the 20 shipped example pairs (random-weight tiny NaFlex model: accepted,
+# max |dCP| 5.0e-3); and the manifest's ``precision.gate_report`` of every int8 bundle.
+#: Per-pair max |Delta CP|.
+INT8_MAX_ABS_DCP = 1e-2
+#: Spearman correlation of CP and of PF between int8 and fp32, over the gate pairs.
+INT8_MIN_SPEARMAN = 0.995
+
+# Same arithmetic, another implementation: the bounds of tests that compare a result with an
+# independent computation of the same formula (not with another model or precision).
+#: float64 statistics against another implementation of the same formula or a closed form:
+#: Krippendorff's alpha against the ``krippendorff`` package, Spearman against scipy.stats,
+#: AP against scikit-learn and a brute-force tie order, AUC against scikit-learn, bootstrap CIs
+#: against the same resampling rerun, report tables against numpy (absolute; relative where a test
+#: writes ``rel=``: the values are of order 1). Measured max |Delta| 4.4e-16 (2 float64 ulps at 1)
+#: over every such comparison of tests/test_agreement.py, test_rank.py, test_report.py,
+#: test_fidelity_gates.py and test_openvino_backend.py; a formula error moves them far more (the
+#: no-ties Spearman shortcut on tests/test_agreement.py's tied example: 1.3e-3).
+FLOAT64_SAME_FORMULA_TOL = 1e-12
+
+#: float32 scores, cosines and weights of order 1 against the same arithmetic on another code path
+#: (baselines on and off, one and many gallery rows, segments of one OpenVINO graph, a float64
+#: closed form, the oracle's mask fractions, a mask coverage read back from masc-run's output): a
+#: few float32 ulps (1.2e-7 at 1). Measured max |Delta| 4.9e-7 (the coverage read back from the
+#: CSV, tests/test_segmenter_jobs.py), 1.5e-8 (the bilinear probability map against its float64
+#: closed form, tests/test_segmenter.py), 0 in tests/test_baselines_and_maps.py, test_rank.py,
+#: test_openvino_backend.py, test_scorer.py and test_oracle.py (tiny NaFlex model).
+FLOAT32_SAME_ARITHMETIC_ATOL = 1e-6
+
+#: masc-rank's ``maxcos_scores`` (many gallery images in one matrix product) against
+#: ``heads.masked_maxcos`` one pair at a time: same float32 math, another BLAS blocking.
+#: Measured max |Delta| 1.2e-7 (tests/test_rank.py, the shipped gallery, tiny NaFlex model; 0 on
+#: its synthetic gallery).
+MAXCOS_BLOCK_ATOL = 1e-6
+
+#: Foreground coverage of a binary mask saved as JPEG (quality 75) against the same mask as PNG:
+#: JPEG ringing at the mask's edges can move pixels across the threshold. Measured max |Delta| 0
+#: (tests/test_row_semantics.py, a 25% square; tests/test_bad_inputs.py, a shipped mask); 1e-2
+#: leaves room for masks with longer edges.
+JPEG_MASK_COVERAGE_ATOL = 1e-2
+
+#: The smallest error a known export bug gives on unit-scale activations (a wrong
+#: key_padding_mask or position resize, see EXPORT_VALIDATION_ATOL): every measured export budget
+#: must sit >= 100x below it (tests/test_export_budgets.py).
+EXPORT_BUG_MIN_ABS_ERROR = 1e-2
+
+#: The torch-free segmenter (runtime/segmenter.py) against its transformers + Pillow reference
+#: (export/segmenter_reference.py), fp32, per image: the acceptance threshold on mask IoU (not a
+#: measurement), and the fraction of all pixels whose reference probability is farther than
+#: SEGMENTER_MASK_PROB_ATOL from the threshold (where the masks must agree pixel for pixel).
+#: Measured on clipseg-tiny (the 22 shipped photos and three resized ones, tests/test_segmenter.py
+#: and bench/segmenter.py on 2 of them): min IoU 1.0 (every mask equal); far-pixel fraction 0.9906
+#: (default recipe) and 0.9945 (threshold 0.3): random weights put many pixels near the threshold,
+#: so this fraction has little headroom at 0.99 (real logits, of order 10, unmeasured).
+SEGMENTER_REFERENCE_MIN_IOU = 0.99
+SEGMENTER_MIN_FAR_PIXEL_FRACTION = 0.99

@@ -29,12 +29,9 @@ from ..engine.manifest import write_manifest
 from ..errors import MascEngineError
 from ..export.int8 import quantize_graphs
 from ..export.stages import StageClock
+from ..tolerances import INT8_MAX_ABS_DCP, INT8_MIN_SPEARMAN  # the gates; importable from here too
 from .pairs import run_pairs
 from .results import read_output
-
-#: Gates for int8 against fp32 (acceptance thresholds): per-pair |dCP|, and Spearman for CP and for PF.
-INT8_MAX_ABS_DCP = 1e-2
-INT8_MIN_SPEARMAN = 0.995
 
 
 class Int8GateError(MascEngineError):
