@@ -19,6 +19,7 @@ import pytest
 from conftest import REPO
 from masc_engine.export import stages
 from masc_engine.export.exporter import remove_stale_stages, uniform_file_modes
+from masc_engine.tolerances import FLOAT32_SAME_ARITHMETIC_ATOL
 
 TORCH_STAGES = ["checkpoint", "vision references", "export vision", "export pool", "text references",
                 "export text", "export cp"]
@@ -182,7 +183,7 @@ def test_so400m_measurement_meets_the_budgets_and_the_plan_covers_it(precision):
     if precision == "fp32":
         assert max(run["bundle"]["gb_by_target"].values()) <= 4
         cmp = run["scores_vs_one_copy_per_graph"]
-        assert cmp["pairs"] >= 20 and cmp["max_abs_dcp"] <= 1e-6 and cmp["max_abs_dpf"] <= 1e-6
+        assert cmp["pairs"] >= 20 and max(cmp["max_abs_dcp"], cmp["max_abs_dpf"]) <= FLOAT32_SAME_ARITHMETIC_ATOL
         assert cmp["gb_by_target"]["one_copy_per_graph"]["all"] > 1.9 * cmp["gb_by_target"]["shared"]["all"]
 
 

@@ -32,6 +32,9 @@ ALLOWED = {
         "a lower bound showing that bf16 rounding took place, not a bound on an error",
     ("test_report.py", 'assert (sat > 60).mean() > 0.005, "no coloured pixels"'):
         "the share of coloured pixels in a screenshot of the report: a check that plots are drawn",
+    ("test_export_memory.py",
+     'assert r["seconds"] >= 0 and 0.05 < r["rss_gb_after"] <= r["peak_rss_gb"] + 0.01 < 4'):
+        "memory figures printed to 0.01 GB (export/stages.py): the rounding of a stage line, not a numeric error",
 }
 
 
