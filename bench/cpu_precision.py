@@ -16,7 +16,7 @@ shape, NaFlex budget 256 / 1024):
   sensitivity (the certificate's, or measured here when the whole graph passed): per-image speed-up
   of the vision graph against ONNX Runtime fp32 (interleaved, one process) and the gate figures on
   the held-out pairs against fp32 ONNX Runtime (max |dCP|, max |dPF|, Spearman CP / PF). Written as
-  a table (``cpu_precision_frontier.md``) and a plot (``cpu_precision_frontier.svg``: speed-up
+  a table (``cpu_precision_frontier.md``, its rows in ``cpu_precision_frontier.json``) and a plot (``cpu_precision_frontier.svg``: speed-up
   against max |dPF| and against 1 - Spearman PF, one point per k).
 - ``job``: the DreamBench-shaped workload (bench/workloads.py ``dreambench_pairs`` on the shared
   DreamBooth set, or the shipped examples without it), each side one cold whole process timed
@@ -460,6 +460,9 @@ def main() -> None:
             frontiers[shape] = rows
             tables.append(frontier_table(shape, rows))
     if frontiers:
+        (out_dir / "cpu_precision_frontier.json").write_text(json.dumps(
+            {k: result[k] for k in ("script", "command", "machine", "date", "note")} | {"frontier": frontiers},
+            indent=2, default=float) + "\n")
         (out_dir / "cpu_precision_frontier.md").write_text(
             "# OpenVINO bf16 speed/fidelity frontier (bench/cpu_precision.py)\n\n" + "\n".join(tables))
         frontier_plot(frontiers, out_dir / "cpu_precision_frontier.svg")
