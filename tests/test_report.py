@@ -431,3 +431,24 @@ def test_end_to_end_from_masc_run(naflex_bundle, tmp_path):
         require_chromium()  # under CI a missing Chromium fails here
         im = Image.open(screenshot(page, tmp_path / "e2e.png", tmp_path / "profile")).convert("RGB")
         assert im.size == (1280, 2000) and np.asarray(im, float).std() > 20
+
+
+def test_thumbnails_open_only_the_allowlisted_formats(tmp_path, monkeypatch):
+    """A score file names the images the report opens: a PostScript file there is a placeholder,
+    and Pillow's EPS plugin (which runs Ghostscript) is never tried; an allowlisted PNG still is."""
+    from PIL import EpsImagePlugin
+
+    from masc_engine.report.page import Thumbnails
+
+    called = []
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", lambda *a, **k: called.append(a))
+    eps = tmp_path / "x.png"  # the name says PNG; the bytes are PostScript
+    eps.write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nnewpath 0 0 moveto 8 8 lineto stroke\n"
+                    b"showpage\n%%EOF\n")
+    png = tmp_path / "ok.png"
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(png)
+    thumbs = Thumbnails(px=8)
+    im, why = thumbs._thumb(eps)
+    assert im is None and why == "unreadable (UnidentifiedImageError)" and not called
+    im, why = thumbs._thumb(png)
+    assert why is None and im.size == (8, 8)

@@ -60,6 +60,7 @@ from ..jobs.evaluation import POOLED
 from ..jobs.results import meta_path, read_output
 from ..jobs.tables import Table
 from ..metrics import agreement as ag
+from ..runtime.io import IMAGE_FORMATS
 from .plots import CROSS_COLOR, STRIP_MAX_POINTS, WITHIN_COLOR, svg_box_strip, svg_histograms
 
 __all__ = [
@@ -350,7 +351,7 @@ class Thumbnails:
         if not path.is_file():
             return None, f"{what}missing file"
         try:
-            with Image.open(path) as im:
+            with Image.open(path, formats=IMAGE_FORMATS) as im:  # the allowlist of every image read (runtime/io.py)
                 if im.width * im.height > self.max_pixels:
                     return None, f"{what}too large ({im.width}x{im.height})"
                 im.draft("RGB", (self.px * 2, self.px * 2))  # JPEG: decode at a reduced scale
@@ -393,7 +394,7 @@ def _draw_mask(thumb, mask_path: Path, max_pixels: int):
     if not mask_path.is_file():
         return None, "mask: missing file"
     try:
-        with Image.open(mask_path) as m:
+        with Image.open(mask_path, formats=IMAGE_FORMATS) as m:
             if m.width * m.height > max_pixels:
                 return None, f"mask: too large ({m.width}x{m.height})"
             m = ImageOps.exif_transpose(m).convert("L")
