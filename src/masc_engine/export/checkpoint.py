@@ -57,18 +57,41 @@ def random_checkpoint_dir(name: str) -> Path:
     return d
 
 
-def load_checkpoint(model: str, revision: str | None):
-    """Load model + processor; return (model, processor, source dict)."""
-    from transformers import AutoModel, AutoProcessor
+def checkpoint_source(model: str, revision: str | None, short_names: dict[str, str] = SHORT_NAMES) -> tuple[str, dict]:
+    """Where ``--model`` loads from, and the manifest's ``source`` record.
 
+    Args:
+        model: a Hugging Face id, a short name of ``short_names``, a local folder, or ``random:<preset>``
+            (built on first use by :func:`random_checkpoint_dir`).
+        revision: the Hub revision asked for, or None.
+        short_names: the exporter's short names (SigLIP2's here; the segmenter export passes its own).
+
+    Returns:
+        ``(path, source)``: the path or id for ``from_pretrained``, and ``{"model", "revision",
+        "random_weights"}`` (plus ``preset`` and ``checkpoint_dir`` for a random model).
+    """
     source = {"model": model, "revision": revision, "random_weights": False}
-    path = model
     if is_random_model_id(model):
         path = str(random_checkpoint_dir(model))
         source.update(random_weights=True, preset=model.split(":", 1)[1], checkpoint_dir=path)
     else:
-        model = SHORT_NAMES.get(model, model)
-        source["model"] = path = model
+        source["model"] = path = short_names.get(model, model)
+    return path, source
+
+
+def pin_revision(model, source: dict) -> None:
+    """Record the commit ``from_pretrained`` resolved in ``source["revision"]`` when none was asked."""
+    commit = getattr(model.config, "_commit_hash", None)
+    if commit and not source.get("revision"):
+        source["revision"] = commit
+
+
+def load_checkpoint(model: str, revision: str | None):
+    """Load model + processor; return (model, processor, source dict)."""
+    from transformers import AutoModel, AutoProcessor
+
+    path, source = checkpoint_source(model, revision)
+    model = source["model"]
     try:
         m = AutoModel.from_pretrained(path, revision=revision, attn_implementation="eager")
         processor = AutoProcessor.from_pretrained(path, revision=revision)
@@ -81,9 +104,7 @@ def load_checkpoint(model: str, revision: str | None):
             ) from e
         raise CheckpointError(f"cannot load {model!r} as a Hugging Face id or local checkpoint: {text}") from e
     m.eval()
-    commit = getattr(m.config, "_commit_hash", None)
-    if commit and not source.get("revision"):
-        source["revision"] = commit
+    pin_revision(m, source)
     return m, processor, source
 
 

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from ..engine.manifest import write_manifest
 from ..runtime.segmenter import KIND, MaskRecipe
-from .exporter import (_PIL_NAMES, CheckpointError, _save_tokenizer, _versions, random_checkpoint_dir,
-                       text_settings_from_processor)
+from .exporter import _PIL_NAMES, CheckpointError, _save_tokenizer, _versions, text_settings_from_processor
+from .checkpoint import checkpoint_source, pin_revision
 from .onnx_check import check_graphs
 from .random_models import SEGMENTER_PRESETS, is_random_model_id
 
@@ -90,13 +90,7 @@ def load_segmenter(model: str, revision: str | None = None):
     """
     from transformers import AutoProcessor, CLIPSegForImageSegmentation
 
-    source = {"model": model, "revision": revision, "random_weights": False}
-    path = model
-    if is_random_model_id(model):
-        path = str(random_checkpoint_dir(model))
-        source.update(random_weights=True, preset=model.split(":", 1)[1], checkpoint_dir=path)
-    else:
-        source["model"] = path = SHORT_NAMES.get(model, model)
+    path, source = checkpoint_source(model, revision, SHORT_NAMES)
     try:
         m = CLIPSegForImageSegmentation.from_pretrained(path, revision=revision, attn_implementation="eager")
         processor = AutoProcessor.from_pretrained(path, revision=revision)
@@ -105,9 +99,7 @@ def load_segmenter(model: str, revision: str | None = None):
     if m.config.model_type not in SEGMENTER_MODEL_TYPES:
         raise CheckpointError(f"model_type {m.config.model_type!r} is not a segmenter ({SEGMENTER_MODEL_TYPES})")
     m.eval()
-    commit = getattr(m.config, "_commit_hash", None)
-    if commit and not source.get("revision"):
-        source["revision"] = commit
+    pin_revision(m, source)
     return m, processor, source
 
 
