@@ -10,6 +10,11 @@ Layers, each importing only those before it: ``engine`` (bundle, manifest, backe
 
 __version__ = "0.1.0"
 
+# Before any submodule can import onnxruntime (engine/vendor_telemetry.py says why).
+from .engine.vendor_telemetry import decline_onnxruntime_telemetry  # noqa: E402
+
+decline_onnxruntime_telemetry()
+
 from .runtime.scorer import MaSC, MaSCResult, Pair, Scorer  # noqa: E402
 from .runtime.segmenter import MaskRecipe, Segmenter, SegmenterConfig  # noqa: E402
 

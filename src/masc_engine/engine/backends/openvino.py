@@ -50,6 +50,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import BackendUnavailableError, BundleError
+from ..vendor_telemetry import decline_openvino_telemetry
 
 #: ``manifest["precision"]["mode"]`` of a bundle certified for bf16 on OpenVINO's CPU plugin
 #: (export/cpu_precision.py writes it; its graphs are the fp32 export's, unchanged).
@@ -71,6 +72,7 @@ def import_openvino():
     Raises:
         BackendUnavailableError: openvino (the ``[openvino]`` extra) is not installed.
     """
+    decline_openvino_telemetry()  # before openvino_telemetry first runs (engine/vendor_telemetry.py)
     try:
         import openvino
     except ImportError as e:
@@ -191,7 +193,7 @@ def plan_segments(units: dict, precision: str, keep_fp32: Sequence[str] = ()) ->
 
 def _submodel(model, seg: Segment):
     """The part of ``model`` (an ``openvino.Model``, cloned) from ``seg.start`` to ``seg.end``."""
-    import openvino as ov
+    ov = import_openvino()
     import openvino.opset13 as ops
 
     m = model.clone()
@@ -405,7 +407,7 @@ def load_runner(bundle, graph: str, *, provider: str = "cpu", precision: str | N
             "bf16-cpu (scores the gates against fp32 and keeps in fp32 the layers that need it), or run fp32")
     units, keep, hint = None, (), "f32"
     if want == "bf16":
-        import openvino
+        openvino = import_openvino()
 
         if cert.get("openvino") and cert["openvino"] != openvino.__version__:
             warnings.warn(f"bundle {bundle.path} was certified for bf16 with openvino {cert['openvino']}; this is "
