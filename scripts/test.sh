@@ -7,7 +7,13 @@ bash scripts/setup_env.sh --test
 # Headless Chromium renders masc-report in tests/test_report.py (skipped, with a reason, without it;
 # under CI=true, as .ci/run sets it, the test fails instead). As root with apt-get, and only then,
 # this script installs it (the README says so); otherwise install it yourself or let the test skip.
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+# Only when the selection can include that test: no test path given (the whole suite), or
+# tests/test_report.py named.
+needs_browser=1
+for a in "$@"; do case "$a" in *.py|*::*) needs_browser=0;; esac; done
+for a in "$@"; do case "$a" in *test_report.py*) needs_browser=1;; esac; done
+if [ "$needs_browser" = 1 ] && ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
+   && command -v apt-get >/dev/null 2>&1; then
   echo "test: installing chromium and fonts-dejavu-core with apt-get (root; for the report's browser-render test)" >&2
   (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core) >/dev/null 2>&1 \
     || echo "test: could not install chromium; the report's browser-render test will skip (fail under CI=true)" >&2
