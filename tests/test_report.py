@@ -112,6 +112,8 @@ def _opts(**kw) -> rp.ReportOptions:
 
 
 def _report(path: Path, **kw) -> str:
+    """The report of ``path``, allowed to read the fixture's images (``pairs/`` beside ``out/``)."""
+    kw.setdefault("image_roots", (str(path.parent.parent / "pairs"),))
     rows, meta = rp.load_scores(path)
     return rp.build_report(rows, meta, scores_path=path, options=_opts(**kw))
 
@@ -410,7 +412,8 @@ def test_end_to_end_from_masc_run(naflex_bundle, tmp_path):
     run_pairs(EXAMPLES / "pairs.csv", Scorer(naflex_bundle), out, settings, progress=False)
     page = tmp_path / "report.html"
     res = CliRunner().invoke(report_main, [str(out), "--out", str(page), "--within-column", "method",
-                                           "--within-value", "same_subject_photo", "--top", "3"])
+                                           "--within-value", "same_subject_photo", "--top", "3",
+                                           "--image-root", str(EXAMPLES)])  # the pairs' images: allowed
     assert res.exit_code == 0, res.output
     text = page.read_text(encoding="utf-8")
     rows = read_output(out)

@@ -23,15 +23,18 @@ import click
 @click.option("--top", "top_k", type=click.IntRange(0, 1000), default=5, show_default=True,
               help="Best and worst pairs shown per score.")
 @click.option("--title", default=None, help="Page title (default: MaSC report: <file name>).")
-@click.option("--image-root", type=click.Path(file_okay=False), default=None,
-              help="Folder relative ref_image/out_image paths are resolved against (default: the folder of the "
-                   "pairs CSV recorded in <scores>.meta.json).")
+@click.option("--image-root", "image_roots", type=click.Path(file_okay=False), multiple=True,
+              help="Folder the report may read images from, besides the score file's folder (repeatable; "
+                   "symlinks leading out of these folders are not followed; any other image is shown as "
+                   "\"not shown: outside the allowed folders\"). The first is also the folder relative "
+                   "ref_image/out_image paths are resolved against (default: the folder of the pairs CSV "
+                   "recorded in <scores>.meta.json).")
 @click.option("--thumb-size", type=click.IntRange(16, 1024), default=144, show_default=True,
               help="Longest side of the thumbnails, pixels.")
 @click.option("--n-resamples", type=click.IntRange(1, 100000), default=1000, show_default=True,
               help="Bootstrap resamples of the confidence intervals.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
-def main(scores, out_path, within_column, within_value, method_column, top_k, title, image_root, thumb_size,
+def main(scores, out_path, within_column, within_value, method_column, top_k, title, image_roots, thumb_size,
          n_resamples, seed) -> None:
     """Write a self-contained HTML report (summary, per-method means with 95% CIs, distributions,
     within- vs cross-subject histograms with AUC, best and worst pairs with thumbnails) of SCORES,
@@ -44,7 +47,8 @@ def main(scores, out_path, within_column, within_value, method_column, top_k, ti
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     opts = ReportOptions(title=title, method_column=method_column, within_column=within_column,
                          within_value=within_value, top_k=top_k, thumb_px=thumb_size, n_resamples=n_resamples,
-                         seed=seed, image_root=image_root)
+                         seed=seed, image_root=image_roots[0] if image_roots else None,
+                         image_roots=tuple(image_roots[1:]))
     from ..errors import MascEngineError
 
     try:

@@ -4,11 +4,12 @@
 matplotlib's SVG backend, inlined. Everything public is re-exported here.
 """
 
-from .page import (POOLED, RANDOM_WEIGHTS_BANNER, ReportOptions, Thumbnails, build_report, extremes, image_root,
-                   load_scores, method_groups, method_stats, prepare_rows, random_weights, status_counts,
-                   within_cross, write_report)
+from .page import (OUTSIDE, POOLED, RANDOM_WEIGHTS_BANNER, ReportOptions, Thumbnails, allowed_roots, build_report,
+                   confined, extremes, image_root, load_scores, method_groups, method_stats, pixel_limit, prepare_rows,
+                   random_weights, status_counts, within_cross, write_report)
 from .plots import svg_box_strip, svg_histograms
 
 __all__ = ["POOLED", "RANDOM_WEIGHTS_BANNER", "ReportOptions", "load_scores", "prepare_rows", "status_counts",
            "method_groups", "method_stats", "within_cross", "random_weights", "extremes", "image_root",
+           "allowed_roots", "confined", "pixel_limit", "OUTSIDE",
            "Thumbnails", "svg_box_strip", "svg_histograms", "build_report", "write_report"]

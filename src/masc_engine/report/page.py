@@ -35,6 +35,14 @@ Image paths: ``ref_image`` / ``out_image`` are relative to the pairs CSV's folde
 ``input``; see :func:`image_root`), ``cp_map`` / ``pf_map`` relative to the score file's folder;
 absolute paths are used as they are. An image that cannot be read shows a placeholder.
 
+What is read: a score file (and its sidecar) may come from someone else, and the page is made to
+be shared, so only images under the score file's folder and the ``--image-root`` folders
+(``ReportOptions.image_root`` / ``image_roots``) are read: the real path of each file (every
+symlink resolved) must lie under one of them (:func:`confined`); any other file, ``../`` and
+absolute paths included, is the placeholder "not shown: outside the allowed folders". An image
+past masc-run's pixel limit (:func:`pixel_limit`) is refused from its header ("too large"), and
+only runtime/io.py's formats are opened, for images and masks alike.
+
 Everything here is a function of its arguments (rows, metadata, paths to read thumbnails from);
 only :func:`load_scores` and :func:`write_report` touch files besides the thumbnails.
 """
@@ -47,8 +55,10 @@ import io
 import json
 import math
 import os
+import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +87,10 @@ __all__ = [
     "extremes",
     "mask_sources",
     "image_root",
+    "allowed_roots",
+    "confined",
+    "pixel_limit",
+    "OUTSIDE",
     "Thumbnails",
     "svg_box_strip",
     "svg_histograms",
@@ -109,7 +123,10 @@ class ReportOptions:
         thumb_px: longest side of a thumbnail.
         n_resamples / confidence / seed: the bootstrap of the CIs (deterministic for a seed).
         image_root: folder the relative ``ref_image`` / ``out_image`` paths are resolved against
-            (default: :func:`image_root` from the sidecar).
+            (default: :func:`image_root` from the sidecar); images are read from it too.
+        image_roots: further folders images may be read from. The report reads images only under
+            the score file's folder, ``image_root`` and these (real paths: no symlink leads out
+            of them); any other file is a placeholder (:data:`OUTSIDE`).
     """
 
     title: str | None = None
@@ -122,6 +139,7 @@ class ReportOptions:
     confidence: float = 0.95
     seed: int = 0
     image_root: str | None = None
+    image_roots: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------
@@ -311,14 +329,56 @@ def image_root(meta: Mapping[str, Any] | None, scores_path: str | Path | None) -
     return scores_dir
 
 
+#: The placeholder of an image outside the folders the report may read (:func:`allowed_roots`).
+OUTSIDE = "not shown: outside the allowed folders"
+
+
+def pixel_limit() -> int:
+    """The largest image, in pixels, a thumbnail is made of: masc-run's own limit, Pillow's
+    decompression-bomb limit ``Image.MAX_IMAGE_PIXELS`` (runtime/io.py refuses every image past
+    it as ``image_too_large``; 89,478,485 by default), read when called."""
+    from PIL import Image
+
+    return int(Image.MAX_IMAGE_PIXELS or 0) or 89_478_485
+
+
+def allowed_roots(scores_path: str | Path | None, extra: Sequence[str | Path] = ()) -> tuple[str, ...]:
+    """The folders the report reads images from: the score file's folder and each of ``extra``
+    (``--image-root``), as real paths (symlinks resolved)."""
+    roots = ([os.path.dirname(os.path.realpath(scores_path))] if scores_path is not None else [])
+    roots += [os.path.realpath(r) for r in extra]
+    return tuple(dict.fromkeys(roots))
+
+
+def confined(path: str | Path, roots: Sequence[str]) -> str | None:
+    """``path``'s real path (every symlink resolved) when it lies under one of ``roots`` (real
+    paths), else None: a ``../`` step, an absolute path or a symlink that leads out of them is
+    refused."""
+    real = os.path.realpath(path)
+    for root in roots:
+        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+            return real
+    return None
+
+
 class Thumbnails:
     """Downscaled JPEG data URIs of image files, each path read once.
 
     ``get(path)`` returns ``(data_uri, None)`` or ``(None, reason)``; it never raises.
+
+    Confinement: with ``roots`` (real folder paths, :func:`allowed_roots`), a file is read only
+    when its real path lies under one of them (:func:`confined`); any other is the placeholder
+    :data:`OUTSIDE`, whether it exists or not. ``roots=None`` reads any path (the caller's own
+    files). Images past ``max_pixels`` (default :func:`pixel_limit`, masc-run's) are refused
+    from their header, before any pixel is decoded: ``too large (...)``. Only the formats of
+    runtime/io.py ``IMAGE_FORMATS`` are opened, masks included.
     """
 
-    def __init__(self, px: int = 144, quality: int = 80, max_pixels: int = 200_000_000):
-        self.px, self.quality, self.max_pixels = px, quality, max_pixels
+    def __init__(self, px: int = 144, quality: int = 80, max_pixels: int | None = None,
+                 roots: Sequence[str] | None = None):
+        self.px, self.quality = px, quality
+        self.max_pixels = int(max_pixels) if max_pixels else pixel_limit()
+        self.roots = tuple(roots) if roots is not None else None
         self._cache: dict[str, tuple[str | None, str | None]] = {}
 
     def get(self, path: str | Path | None) -> tuple[str | None, str | None]:
@@ -343,17 +403,27 @@ class Thumbnails:
             return (*self.get(path), reason)
         return uri, reason, ""
 
+    def _readable(self, path: Path, what: str = "") -> tuple[Path | None, str | None]:
+        """The real path to open, or why not (outside the allowed folders; missing)."""
+        if self.roots is not None:
+            real = confined(path, self.roots)
+            if real is None:
+                return None, f"{what}{OUTSIDE}"
+            path = Path(real)
+        if not path.is_file():
+            return None, f"{what}missing file"
+        return path, None
+
     def _thumb(self, path: Path, what: str = ""):
         """The image at ``path`` as an RGB thumbnail (EXIF orientation applied, transparency on
         white), or the reason it cannot be read (prefixed ``what``)."""
         from PIL import Image, ImageOps
 
-        if not path.is_file():
-            return None, f"{what}missing file"
+        path, why = self._readable(path, what)
+        if path is None:
+            return None, why
         try:
-            with Image.open(path, formats=IMAGE_FORMATS) as im:  # the allowlist of every image read (runtime/io.py)
-                if im.width * im.height > self.max_pixels:
-                    return None, f"{what}too large ({im.width}x{im.height})"
+            with _open_image(path, self.max_pixels, what) as im:
                 im.draft("RGB", (self.px * 2, self.px * 2))  # JPEG: decode at a reduced scale
                 im = ImageOps.exif_transpose(im)
                 if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
@@ -363,6 +433,8 @@ class Thumbnails:
                 im = im.convert("RGB")
                 im.thumbnail((self.px, self.px), Image.Resampling.LANCZOS)
                 return im, None
+        except _TooLarge as e:
+            return None, str(e)
         except Exception as e:  # noqa: BLE001 - any unreadable image becomes a placeholder
             return None, f"{what}unreadable ({type(e).__name__})"
 
@@ -371,12 +443,37 @@ class Thumbnails:
         if im is None:
             return None, reason
         if mask is not None:
-            im, reason = _draw_mask(im, mask, self.max_pixels)
+            real, reason = self._readable(mask, "mask: ")
+            if real is None:
+                return None, reason
+            im, reason = _draw_mask(im, real, self.max_pixels)
             if im is None:
                 return None, reason
         buf = io.BytesIO()
         im.save(buf, "JPEG", quality=self.quality, optimize=True)
         return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"), None
+
+
+class _TooLarge(Exception):
+    """An image past the pixel limit (its message is the placeholder's reason)."""
+
+
+@contextmanager
+def _open_image(path: Path, max_pixels: int, what: str = ""):
+    """``Image.open`` through runtime/io.py's format allowlist (no Ghostscript, no rare
+    decoders), refused from the header alone past ``max_pixels`` (:class:`_TooLarge`)."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the limit is checked below
+        try:
+            im = Image.open(path, formats=IMAGE_FORMATS)
+        except Image.DecompressionBombError as e:
+            raise _TooLarge(f"{what}too large (over {max_pixels:,} pixels)") from e
+    with im:
+        if im.width * im.height > max_pixels:
+            raise _TooLarge(f"{what}too large ({im.width}x{im.height} pixels, over {max_pixels:,})")
+        yield im
 
 
 #: The outline of a mask's foreground in a thumbnail (cyan: apart from the plots' colours).
@@ -394,12 +491,12 @@ def _draw_mask(thumb, mask_path: Path, max_pixels: int):
     if not mask_path.is_file():
         return None, "mask: missing file"
     try:
-        with Image.open(mask_path, formats=IMAGE_FORMATS) as m:
-            if m.width * m.height > max_pixels:
-                return None, f"mask: too large ({m.width}x{m.height})"
+        with _open_image(mask_path, max_pixels, "mask: ") as m:
             m = ImageOps.exif_transpose(m).convert("L")
             fg = m.point(lambda v: 255 if v else 0).resize(thumb.size, Image.Resampling.BOX)
             fg = fg.point(lambda v: 255 if v >= 128 else 0)
+    except _TooLarge as e:
+        return None, str(e)
     except Exception as e:  # noqa: BLE001 - an unreadable mask leaves the plain thumbnail
         return None, f"mask: unreadable ({type(e).__name__})"
     dim = Image.blend(Image.new("RGB", thumb.size, (0, 0, 0)), thumb, 0.4)
@@ -499,7 +596,8 @@ def _kv_table(items: Sequence[tuple[str, Any]]) -> str:
     return f'<table class="kv">{"".join(rows)}</table>' if rows else ""
 
 
-def _summary_section(path_label: str, rows: list[dict], meta: Mapping[str, Any] | None, img_root: Path | None) -> str:
+def _summary_section(path_label: str, rows: list[dict], meta: Mapping[str, Any] | None, img_root: Path | None,
+                     roots: Sequence[str] = ()) -> str:
     counts = status_counts(rows)
     n = len(rows)
     trs = []
@@ -514,7 +612,8 @@ def _summary_section(path_label: str, rows: list[dict], meta: Mapping[str, Any] 
                    f'<th class="num">share</th><th></th></tr></thead><tbody>{"".join(trs)}</tbody></table>')
     m = meta or {}
     src = m.get("source_model")
-    run_items = [("rows", n), ("ok", dict(counts).get(OK, 0)), ("not ok", n - dict(counts).get(OK, 0))]
+    run_items = [("rows", n), ("ok", dict(counts).get(OK, 0)), ("not ok", n - dict(counts).get(OK, 0)),
+                 ("images read only under", list(roots))]
     if meta is None:
         meta_html = '<p class="note">No metadata sidecar (&lt;scores&gt;.meta.json) found.</p>'
     else:
@@ -700,7 +799,9 @@ def _extremes_section(rows: list[dict], opts: ReportOptions, img_root: Path | No
     return (f'<section id="extremes"><h2>Best and worst pairs</h2><div class="extremes">{"".join(blocks)}</div>'
             f'<p class="note">Images: {what}; hover for the file path. Each image shows its mask: the background '
             'dimmed, the foreground outlined; the caption says whether the mask came from a file or from the '
-            'segmenter. Missing or unreadable files show a placeholder.</p></section>')
+            'segmenter. Missing or unreadable files show a placeholder, and so does any file outside the score '
+            "file's folder and the <code>--image-root</code> folders (symlinks resolved) and any image over "
+            "masc-run's pixel limit.</p></section>")
 
 
 def _model_name(meta: Mapping[str, Any] | None) -> str:
@@ -736,7 +837,10 @@ def build_report(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | No
     opts = options
     columns = list(ev.as_table(rows[:1], "scores").columns)
     rows = prepare_rows(rows)
-    thumbs = thumbnails or Thumbnails(opts.thumb_px)
+    roots = allowed_roots(scores_path, ([opts.image_root] if opts.image_root else []) + list(opts.image_roots))
+    thumbs = thumbnails or Thumbnails(opts.thumb_px, roots=roots)
+    if thumbs.roots is None:
+        thumbs.roots = roots
     img_root = Path(opts.image_root) if opts.image_root else image_root(meta, scores_path)
     map_root = Path(scores_path).resolve().parent if scores_path is not None else None
     label = str(scores_path) if scores_path is not None else "(rows)"
@@ -746,7 +850,7 @@ def build_report(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | No
         f'<header><h1>{_e(title)}</h1><p class="sub">{len(rows)} rows scored by masc-run'
         + (f" with {_e(_model_name(meta))}" if _model_name(meta) else "") + "</p></header>",
         _banner(meta),
-        _summary_section(label, rows, meta, img_root),
+        _summary_section(label, rows, meta, img_root, thumbs.roots),
         _methods_section(stats, opts),
         _distributions_section(rows, opts),
         _within_section(rows, opts, columns, label),

@@ -6,7 +6,8 @@ and ``xlink:href`` without them, and they are URLs a reader might take for reque
 ``id`` gets a prefix made from the plot's content, so two plots on one page never share one and
 the same data gives the same page. What remains refers
 only to its own definitions (``href="#..."``, ``url(#...)``): the page still makes no request.
-Text stays text (``svg.fonttype: none``), set in the page's font.
+Text stays text (``svg.fonttype: none``), set in the page's font, and is never read as mathtext
+(``text.parse_math: False``): a label is drawn as the characters it holds, ``$`` included.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 WITHIN_COLOR, CROSS_COLOR = "#1f77b4", "#ff7f0e"
 STRIP_MAX_POINTS = 400  # points drawn per method in a strip plot (the box uses all values)
 
-_RC = {"svg.fonttype": "none", "font.family": "DejaVu Sans", "font.size": 9, "axes.spines.top": False,
+#: Every label is drawn as the text it is: method names come from the score file, and mathtext would
+#: read ``$x^{2}$`` as a formula and fail the whole report on ``$\foo$`` (``text.parse_math``).
+_RC = {"text.parse_math": False, "text.usetex": False,
+       "svg.fonttype": "none", "font.family": "DejaVu Sans", "font.size": 9, "axes.spines.top": False,
        "axes.spines.right": False, "axes.grid": True, "axes.grid.axis": "x", "grid.color": "#e3e3e3"}
 
 
