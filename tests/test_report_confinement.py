@@ -65,8 +65,8 @@ def _report(path: Path, **kw) -> str:
 
 def _figure_of_row(text: str, row: int, alt: str) -> str:
     """The first figure (image or placeholder) of ``alt``'s side in the best-CP table's row ``row``."""
-    tr = re.search(rf'<tr data-row="{row}">(.*?)</tr>', text, re.S).group(1)
-    figs = re.findall(r"<figure.*?</figure>", tr, re.S)
+    tr = re.search(rf'<tr data-row="{row}">(.*?)</tr>', text, re.DOTALL).group(1)
+    figs = re.findall(r"<figure.*?</figure>", tr, re.DOTALL)
     return figs[0 if alt == "reference" else 1]
 
 
@@ -168,7 +168,7 @@ def test_method_names_are_drawn_as_text_not_mathtext(tmp_path):
     rows = [_row(i, "", "", method=names[i % 3], cp=float(v), pf=float(v) / 4)
             for i, v in enumerate(np.linspace(0.2, 0.9, 9))]
     text = _report(_scores(tmp_path, rows))
-    plots = re.search(r'<section id="distributions">(.*?)</section>', text, re.S).group(1)
+    plots = re.search(r'<section id="distributions">(.*?)</section>', text, re.DOTALL).group(1)
     assert "$x^{2}$" in plots and "$\\foo$" in plots  # the characters themselves, not a formula
     for name in names:
         assert f'data-method="{html_escape(name)}"' in text
