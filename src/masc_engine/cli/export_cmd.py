@@ -77,7 +77,10 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
         raise click.UsageError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu")
     cpu_options = {"calibration": calibration_pairs, "heldout": heldout_pairs} if precision == "bf16-cpu" else None
 
-    segmenter = _segmenter_export(model, revision, out_dir, engines_only, backend, precision, max_num_patches)
+    try:  # a Hub id's probe: one line when it cannot be fetched (offline: --model /local/folder)
+        segmenter = _segmenter_export(model, revision, out_dir, engines_only, backend, precision, max_num_patches)
+    except MascEngineError as e:
+        raise click.ClickException(one_line(e)) from e
     if precision == "int8":
         if backend != "onnx":
             raise click.UsageError("--precision int8 makes an ONNX Runtime (CPU) bundle: use --backend onnx")
@@ -128,14 +131,37 @@ def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None
         with libraries_to_log(lib_log) as (say, lib):
             say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
             if segmenter:  # CLIPSeg: a segmenter bundle (docs/segmenter.md)
-                export_segmenter_bundle(model, out_dir, revision=revision, log=say, precision=precision)
+                export_segmenter_bundle(model, out_dir, revision=revision, log=say, precision=precision,
+                                        max_memory_gb=max_memory_gb)
             else:
                 export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=say,
                               precision=precision, cpu_precision_options=cpu_options, max_memory_gb=max_memory_gb)
     except MascEngineError as e:
-        raise click.ClickException(f"{e} (library messages: {lib_log})") from e
+        log_traceback(lib_log, e)
+        raise click.ClickException(f"{one_line(e)} (library messages and details: {lib_log})") from e
+    except Exception as e:  # a library's failure on a bad checkpoint: one line, its traceback in the log
+        log_traceback(lib_log, e)
+        raise click.ClickException(f"the export failed: {type(e).__name__}: {one_line(e)} "
+                                   f"(traceback: {lib_log})") from e
     click.echo(lib.summary(), err=True)
     _warn_random_weights(out_dir)
+
+
+def one_line(e: BaseException) -> str:
+    """An error's message as one line (a library's message may span several)."""
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def log_traceback(log_path, e: BaseException) -> None:
+    """Append ``e``'s traceback (with its causes: the export worker's own traceback included) to
+    the export log, for the one-line error to point at."""
+    import traceback
+
+    try:
+        with open(log_path, "a", encoding="utf-8", errors="replace") as f:
+            f.write("masc-export stopped:\n" + "".join(traceback.format_exception(e)))
+    except OSError:
+        pass
 
 
 def _build_engines(out_dir: str, precision: str | None, max_batch: int, max_outs_per_ref: int,
@@ -210,7 +236,7 @@ def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bun
     except Int8GateError as e:
         raise click.ClickException(str(e)) from e
     except MascEngineError as e:
-        raise click.ClickException(str(e)) from e
+        raise click.ClickException(one_line(e)) from e
     click.echo(f"int8 bundle written: {out_dir}", err=True)
 
 

@@ -21,6 +21,8 @@ SHORT_NAMES = {
     "siglip2-base": "google/siglip2-base-patch16-naflex",
     "siglip2-base-512": "google/siglip2-base-patch16-512",
 }
+#: What a failure to load says about the way out when the Hub is out of reach.
+OFFLINE_HINT = "without network access (or with HF_HUB_OFFLINE set), pass --model /local/folder"
 #: The paper's patch budget (masc-metric 0.3.0 ``DEFAULT_NAFLEX_MAX_PATCHES``).
 DEFAULT_MAX_NUM_PATCHES = 1024
 _PIL_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
@@ -102,7 +104,8 @@ def load_checkpoint(model: str, revision: str | None):
                 f"{model} is a gated model: accept its licence on its Hugging Face page, then run "
                 "`huggingface-cli login` (or set HF_TOKEN) and export again. Original error: " + text
             ) from e
-        raise CheckpointError(f"cannot load {model!r} as a Hugging Face id or local checkpoint: {text}") from e
+        raise CheckpointError(f"cannot load {model!r} as a Hugging Face id or local checkpoint: {text}; "
+                              f"{OFFLINE_HINT}") from e
     m.eval()
     pin_revision(m, source)
     return m, processor, source

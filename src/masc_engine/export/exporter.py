@@ -10,7 +10,10 @@ vision and text graphs, export/fusion.py), validating each result the same way (
 also on CP and PF, within ``tolerances.ORACLE_SCORE_ATOL``); write ``manifest.json`` with every
 file's sha256.
 
-Memory is planned by stage (docs/export.md): the PyTorch steps (opening the checkpoint, computing
+Before anything is built, the checkpoint's ``config.json`` is read and its shapes (layers x width,
+vocabulary) checked against the memory budget (export/config_budget.py): a config naming ten
+million layers is refused in one line, not built for minutes. Memory is planned by stage
+(docs/export.md): the PyTorch steps (opening the checkpoint, computing
 every PyTorch output the checks compare against, exporting each graph) run in a worker process
 (export/torch_worker.py) that ends before ONNX Runtime loads the same weights; then one graph at a
 time, each ONNX Runtime session closed before the next. Each stage prints its time and memory
@@ -113,8 +116,10 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
             the CLIPSeg one).
 
     Raises:
-        CheckpointError: the checkpoint cannot be loaded or is not SigLIP2.
-        ExportMemoryError: the plan's estimated peak is past ``max_memory_gb`` (or the machine).
+        CheckpointError: the checkpoint cannot be loaded or is not SigLIP2 (one line; offline,
+            it names ``--model /local/folder``).
+        ExportMemoryError: the plan's estimated peak is past ``max_memory_gb`` (or the machine),
+            from the config's shapes before any model is built, then from the weights' sizes.
         ExportValidationError: a graph disagrees with PyTorch beyond its gates (for fp16 / bf16
             the message gives the figures and suggests fp32); nothing is left at ``out_dir``.
         BundleError: ``out_dir`` is a non-empty directory that is not a bundle.
@@ -250,11 +255,14 @@ class _Job:
 
 def _export_into(out: Path, model: str, max_num_patches, revision, validate: bool, log, precision: str,
                  transforms: list, ort_cpu_variant: bool = True, max_memory_gb: float | None = None) -> None:
+    from .config_budget import preflight
     from .torch_worker import TorchWorker
 
     t0 = time.time()
     job = _Job(out, model, max_num_patches, revision, validate, precision, transforms,
                ort_cpu_variant and precision == "fp32", max_memory_gb, StageClock(log))
+    # the config's shapes against the budget before transformers builds a layer (export/config_budget.py)
+    preflight(model, revision, SHORT_NAMES, max_memory_gb, precision, job.fused, log=job.clock.log)
     with TorchWorker(job.clock) as worker:
         _open_checkpoint(job, worker)
         _torch_stages(job, worker)

@@ -40,7 +40,7 @@ from pathlib import Path
 from ..engine.manifest import write_manifest
 from ..runtime.segmenter import KIND, MaskRecipe
 from .exporter import _PIL_NAMES, CheckpointError, _save_tokenizer, _versions, text_settings_from_processor
-from .checkpoint import checkpoint_source, pin_revision
+from .checkpoint import OFFLINE_HINT, checkpoint_source, pin_revision
 from .onnx_check import check_graphs
 from .random_models import SEGMENTER_PRESETS, is_random_model_id
 
@@ -60,26 +60,31 @@ PRECISIONS = ("fp32", "fp16")
 def is_segmenter_model(model: str, revision: str | None = None) -> bool:
     """Whether ``model`` (a ``--model`` value) names a segmenter checkpoint.
 
-    ``random:<preset>``: by the preset name; a short name by its table; a local directory by its
-    ``config.json``'s ``model_type``; a Hub id by its config (fetched by transformers, a few kB;
-    an id that cannot be fetched is left to the SigLIP2 exporter, which reports the error).
+    ``random:<preset>``: by the preset name; a short name (the segmenter's or the scorer's) by its
+    table, with no network call; a local directory by its ``config.json``'s ``model_type``; a Hub
+    id by its ``config.json`` (export/config_budget.py :func:`~.config_budget.hub_config`: one
+    request without retries, the local cache only under ``HF_HUB_OFFLINE``).
+
+    Raises:
+        CheckpointError: a Hub id whose config cannot be fetched (one line; offline, it names
+            ``--model /local/folder``).
     """
+    from .checkpoint import SHORT_NAMES as SCORER_SHORT_NAMES
+    from .config_budget import hub_config
+
     if is_random_model_id(model):
         return model.split(":", 1)[1] in SEGMENTER_PRESETS
     if model in SHORT_NAMES:
         return True
+    if model in SCORER_SHORT_NAMES:
+        return False
     path = Path(model)
     if path.is_dir():
         try:
             return json.loads((path / "config.json").read_text()).get("model_type") in SEGMENTER_MODEL_TYPES
         except (OSError, ValueError):
             return False
-    try:
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(model, revision=revision).model_type in SEGMENTER_MODEL_TYPES
-    except Exception:  # noqa: BLE001 - any failure: not recognisably a segmenter
-        return False
+    return hub_config(model, revision).get("model_type") in SEGMENTER_MODEL_TYPES
 
 
 def load_segmenter(model: str, revision: str | None = None):
@@ -95,7 +100,8 @@ def load_segmenter(model: str, revision: str | None = None):
         m = CLIPSegForImageSegmentation.from_pretrained(path, revision=revision, attn_implementation="eager")
         processor = AutoProcessor.from_pretrained(path, revision=revision)
     except OSError as e:
-        raise CheckpointError(f"cannot load {model!r} as a CLIPSeg Hugging Face id or local checkpoint: {e}") from e
+        raise CheckpointError(f"cannot load {model!r} as a CLIPSeg Hugging Face id or local checkpoint: {e}; "
+                              f"{OFFLINE_HINT}") from e
     if m.config.model_type not in SEGMENTER_MODEL_TYPES:
         raise CheckpointError(f"model_type {m.config.model_type!r} is not a segmenter ({SEGMENTER_MODEL_TYPES})")
     m.eval()
@@ -157,7 +163,7 @@ def architecture(model) -> dict:
 
 
 def export_segmenter_bundle(model: str, out_dir: str | Path, revision: str | None = None, validate: bool = True,
-                            log=print, precision: str = "fp32") -> Path:
+                            log=print, precision: str = "fp32", max_memory_gb: float | None = None) -> Path:
     """Export the CLIPSeg checkpoint ``model`` to a segmenter bundle in ``out_dir`` and validate it.
 
     Staged beside ``out_dir`` and renamed into place only when every check passed, by
@@ -171,10 +177,13 @@ def export_segmenter_bundle(model: str, out_dir: str | Path, revision: str | Non
         validate: the post-export validation (required for fp16).
         precision: ``fp32`` or ``fp16`` (export/precision.py's transform and policy); see
             :data:`PRECISIONS`.
+        max_memory_gb: the memory budget the config's shapes are checked against before the
+            model is built (export/config_budget.py; default: this machine's or container's).
 
     Raises:
         CheckpointError: the checkpoint cannot be loaded, is not CLIPSeg, or its processor is
             unsupported.
+        ExportMemoryError: the config's shapes do not fit the memory budget (nothing built).
         ExportValidationError: a graph disagrees with transformers beyond its budget (fp32) or its
             reduced-precision gates (fp16); nothing is left at ``out_dir``.
         BundleError: ``out_dir`` is a non-empty directory that is not a bundle.
@@ -186,16 +195,20 @@ def export_segmenter_bundle(model: str, out_dir: str | Path, revision: str | Non
         raise ValueError(f"a segmenter exports {' or '.join(PRECISIONS)} graphs, not {precision!r}")
 
     def into(stage, model_, _max_num_patches, revision_, validate_, log_, precision_, *_scorer_options):
-        export_segmenter_into(stage, model_, revision_, validate_, log_, precision_)
+        export_segmenter_into(stage, model_, revision_, validate_, log_, precision_, max_memory_gb)
 
     return export_bundle(model, out_dir, revision=revision, validate=validate, log=log, precision=precision,
                          into=into)
 
 
 def export_segmenter_into(out: Path, model: str, revision: str | None, validate: bool, log,
-                          precision: str = "fp32") -> None:
+                          precision: str = "fp32", max_memory_gb: float | None = None) -> None:
     """Write a segmenter bundle into the (staging) directory ``out`` (see
     :func:`export_segmenter_bundle`, which stages, renames into place and cleans up)."""
+    from .config_budget import preflight
+
+    # the config's shapes against the budget before transformers builds a layer
+    preflight(model, revision, SHORT_NAMES, max_memory_gb, precision, fused=False, log=log)
     import torch
 
     from . import segmenter_validate as val

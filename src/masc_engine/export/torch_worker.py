@@ -147,6 +147,23 @@ def call(task: str, *args) -> dict:
     return {"result": result, "seconds": time.time() - t0, "peak": sampler.mark(), "rss": cur, "lifetime_peak": hwm}
 
 
+def _one_line_error(stage: str, e: BaseException) -> BaseException:
+    """What the exporter raises for a task's exception: the package's own errors as they are
+    (their messages are one line), a library's (transformers' ``ValueError`` on a bad config, ...)
+    as one line naming the stage: a :class:`~.checkpoint.CheckpointError` while the checkpoint is
+    opened, else an :class:`ExportWorkerError`."""
+    if isinstance(e, MascEngineError):
+        return e
+    from .checkpoint import CheckpointError
+
+    text = " ".join(str(e).split())
+    text = (text[:400] + "...") if len(text) > 400 else text
+    what = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    if stage == "checkpoint":
+        return CheckpointError(f"the checkpoint cannot be opened ({what})")
+    return ExportWorkerError(f"the PyTorch export worker failed in the {stage} stage ({what})")
+
+
 class TorchWorker:
     """The exporter's handle on the worker: ``python -m masc_engine.export.torch_worker`` in a
     subprocess, calls sent one at a time over two pipes (pickled), each printed as a stage line by
@@ -178,8 +195,11 @@ class TorchWorker:
         """Run ``task`` as the stage ``stage``; ``describe(result)`` is the line's text.
 
         Raises:
-            ExportWorkerError: the worker process ended during the stage.
-            (and whatever the task raises: CheckpointError, ExportValidationError, ...)
+            ExportWorkerError: the worker process ended during the stage, or a task failed with
+                an exception of a library (one line naming it; the worker's traceback is the
+                exception's ``__cause__``, which masc-export writes to the export log).
+            CheckpointError: the checkpoint stage failed (any exception while opening it).
+            (and the package's own errors a task raises: ExportValidationError, ...)
         """
         try:
             pickle.dump((task, args), self._cmd)
@@ -190,7 +210,8 @@ class TorchWorker:
             raise ExportWorkerError(f"the PyTorch export worker ended during the {stage} stage (exit status {code}; "
                                     "killed by the system, e.g. out of memory? see --max-memory-gb)") from None
         if "exception" in out:
-            raise out["exception"] from RuntimeError("in the PyTorch export worker:\n" + out["traceback"])
+            raise _one_line_error(stage, out["exception"]) from RuntimeError(
+                "in the PyTorch export worker:\n" + out["traceback"])
         if "error" in out:
             raise ExportValidationError(*out["error"])
         self.clock.record(stage, out["seconds"], out["peak"], out["rss"], describe(out["result"]), where=" (torch worker)")
