@@ -1,0 +1,176 @@
+"""masc-export refuses a bad checkpoint early, in one line, without the network when told so.
+
+- A ``config.json`` naming ten million layers is refused from its shapes, with the estimate and the
+  budget, before any model is built (transformers would build layers for minutes).
+- Every refusal of a bad checkpoint is one ``Error:`` line naming the cause; a library's traceback
+  (from the PyTorch worker too) goes to the export log.
+- Hub probes respect ``HF_HUB_OFFLINE``: no request, no retries; short names are expanded before
+  any Hub call; the error names ``--model /local/folder``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from masc_engine.cli.export_cmd import main as export_main
+from masc_engine.export.torch_worker import TorchWorker as REAL_WORKER
+
+SO400M_VISION = {"hidden_size": 1152, "intermediate_size": 4304, "num_attention_heads": 16, "patch_size": 16,
+                 "num_patches": 256}
+SO400M_TEXT = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16,
+               "vocab_size": 256000, "max_position_embeddings": 64}
+
+
+@pytest.fixture(autouse=True)
+def no_network_no_model(monkeypatch):
+    """Offline (the environment and huggingface_hub's own flag, read at its import), and any
+    attempt to build a model fails the test: the PyTorch worker and the segmenter's loader."""
+    import huggingface_hub.constants as hc
+
+    from masc_engine.export import segmenter, torch_worker
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
+    built = []
+
+    class NoWorker:
+        def __init__(self, *a, **k):
+            built.append("torch worker")
+            raise AssertionError("the PyTorch worker was started: a model would be built")
+
+    def no_segmenter(*a, **k):
+        built.append("segmenter")
+        raise AssertionError("the CLIPSeg model was built")
+
+    monkeypatch.setattr(torch_worker, "TorchWorker", NoWorker)
+    monkeypatch.setattr(segmenter, "load_segmenter", no_segmenter)
+    return built
+
+
+def _checkpoint(folder: Path, config: dict) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _errors(res) -> list[str]:
+    return [ln for ln in res.output.splitlines() if ln.startswith("Error:")]
+
+
+def _export(*args: str):
+    return CliRunner().invoke(export_main, list(args))
+
+
+def test_huge_config_is_refused_before_any_model_is_built(tmp_path, no_network_no_model):
+    ckpt = _checkpoint(tmp_path / "huge", {"model_type": "siglip2", "architectures": ["Siglip2Model"],
+                                           "vision_config": {**SO400M_VISION, "num_hidden_layers": 10_000_000},
+                                           "text_config": SO400M_TEXT})
+    out = tmp_path / "bundles" / "b"
+    res = _export("--model", str(ckpt), "--out", str(out), "--max-memory-gb", "8")
+    assert res.exit_code == 1 and no_network_no_model == [], (res.output, no_network_no_model)
+    (err,) = _errors(res)
+    # the estimate (10^7 layers x (4 x 1152^2 + 2 x 1152 x 4304 + ...) fp32 parameters), the shapes and the budget
+    assert "needs about 1219161.1 GB" in err and "vision 10,000,000 layers x width 1,152 (MLP 4,304)" in err, err
+    assert "more than --max-memory-gb 8 (8.0 GB)" in err and "before building the model" in err
+    assert "Traceback" not in res.output and not out.exists() and not list(out.parent.glob(".b.*"))
+    # without --max-memory-gb: the machine's (or container's) memory is the budget
+    res = _export("--model", str(ckpt), "--out", str(out))
+    assert res.exit_code == 1 and no_network_no_model == []
+    (err,) = _errors(res)
+    assert "more than this machine's memory" in err and "10,000,000 layers" in err
+
+
+def test_huge_segmenter_config_is_refused_before_the_model_is_built(tmp_path, no_network_no_model):
+    ckpt = _checkpoint(tmp_path / "seg", {"model_type": "clipseg", "extract_layers": [3, 6, 9],
+                                          "vision_config": {"hidden_size": 768, "num_hidden_layers": 12},
+                                          "text_config": {"hidden_size": 512, "num_hidden_layers": 10_000_000}})
+    res = _export("--model", str(ckpt), "--out", str(tmp_path / "b"), "--max-memory-gb", "4")
+    assert res.exit_code == 1 and no_network_no_model == [], (res.output, no_network_no_model)
+    (err,) = _errors(res)
+    assert "text 10,000,000 layers x width 512 (MLP 2,048), vocabulary 49,408" in err
+    assert "more than --max-memory-gb 4 (4.0 GB)" in err
+
+
+@pytest.mark.parametrize("value", ["many", -3, 2.5, True, None])
+def test_config_sizes_that_are_not_counts_are_one_line(tmp_path, no_network_no_model, value):
+    ckpt = _checkpoint(tmp_path / "odd", {"model_type": "siglip2",
+                                          "vision_config": {**SO400M_VISION, "num_hidden_layers": value},
+                                          "text_config": SO400M_TEXT})
+    res = _export("--model", str(ckpt), "--out", str(tmp_path / "b"))
+    assert res.exit_code == 1 and no_network_no_model == []
+    (err,) = _errors(res)
+    assert err.startswith("Error: config.json: vision_config.num_hidden_layers must be a non-negative integer, got")
+
+
+def test_config_estimate_counts_the_real_shapes():
+    from masc_engine.export.config_budget import estimate_parameters
+
+    params, shapes = estimate_parameters({"model_type": "siglip2", "vision_config": {**SO400M_VISION,
+                                          "num_hidden_layers": 27}, "text_config": SO400M_TEXT})
+    # google/siglip2-so400m-patch16-naflex: 1,136 M parameters in all (vision 428 M with its head, text 708 M)
+    assert 1.10e9 < sum(params.values()) < 1.17e9
+    assert 0.41e9 < params["vision"] + params["pool"] < 0.44e9 and 0.69e9 < params["text"] < 0.72e9
+    assert shapes["text"]["vocab_size"] == 256000
+
+
+def test_offline_hub_id_fails_at_once_and_names_the_way_out(tmp_path, monkeypatch, no_network_no_model):
+    import huggingface_hub
+
+    asked = []
+    real = huggingface_hub.hf_hub_download
+
+    def spy(repo_id, filename, **kw):
+        asked.append((repo_id, filename, kw.get("local_files_only")))
+        return real(repo_id, filename, **kw)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", spy)
+    res = _export("--model", "masc-engine-tests/never-cached-checkpoint", "--out", str(tmp_path / "b"))
+    assert res.exit_code == 1 and no_network_no_model == []
+    (err,) = _errors(res)
+    assert "HF_HUB_OFFLINE is set" in err and "--model /local/folder" in err and "Retry" not in res.output
+    assert asked and all(local for *_, local in asked)  # the cache only: no request
+
+
+def test_short_names_are_expanded_before_any_hub_call(tmp_path, monkeypatch, no_network_no_model):
+    import huggingface_hub
+
+    asked = []
+    real = huggingface_hub.hf_hub_download
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
+                        lambda repo_id, filename, **kw: asked.append(repo_id) or real(repo_id, filename, **kw))
+    res = _export("--model", "siglip2-so400m", "--out", str(tmp_path / "b"))
+    assert res.exit_code == 1 and no_network_no_model == []
+    (err,) = _errors(res)
+    assert err.startswith("Error: google/siglip2-so400m-patch16-naflex: HF_HUB_OFFLINE is set")
+    assert "--model /local/folder" in err
+    assert asked and set(asked) == {"google/siglip2-so400m-patch16-naflex"}  # never "siglip2-so400m"
+
+
+def test_a_library_error_in_the_worker_is_one_line_with_its_traceback_in_the_log(tmp_path, monkeypatch):
+    """transformers fails on the config (an unknown activation) inside the PyTorch worker: one
+    ``Error:`` line naming the cause; the worker's traceback is in the export log."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from masc_engine.export import torch_worker
+    from masc_engine.export.checkpoint import random_checkpoint_dir
+
+    monkeypatch.setattr(torch_worker, "TorchWorker", REAL_WORKER)  # the real worker here
+    ckpt = tmp_path / "bad"
+    shutil.copytree(random_checkpoint_dir("random:tiny-naflex"), ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["vision_config"]["hidden_act"] = "no_such_activation"
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "bundles" / "b"
+    res = _export("--model", str(ckpt), "--out", str(out))
+    assert res.exit_code == 1, res.output
+    (err,) = _errors(res)
+    assert "the checkpoint cannot be opened (KeyError: 'no_such_activation')" in err
+    assert "Traceback" not in res.output and len(res.output.splitlines()) <= 3  # the stage lines and the error
+    log = (tmp_path / "bundles" / "b.export.log").read_text()
+    assert "Traceback" in log and "in the PyTorch export worker" in log and "no_such_activation" in log
+    assert not out.exists()
