@@ -176,7 +176,9 @@ def _section(cfg: dict, key: str) -> dict:
 
 def _encoder(d: int, mlp: int, layers: int) -> int:
     """Parameters of ``layers`` pre-norm transformer layers of width ``d``: q, k, v, o
-    projections with biases, the two-layer MLP, two LayerNorms."""
+    projections with biases, the two-layer MLP, two LayerNorms. With the embeddings below, the
+    estimate equals transformers' parameter count at the so400m SigLIP2 shape (1,135,670,962) and
+    is 0.04% above it for CLIPSeg's defaults (tests/test_export_refusals.py)."""
     return layers * (4 * d * d + 2 * d * mlp + 9 * d + mlp)
 
 
@@ -192,7 +194,8 @@ def _vision(cfg: dict, kind: str, where: str) -> tuple[dict, int, int]:
     p, c = _int(cfg, "patch_size", kind, where), _int(cfg, "num_channels", kind, where)
     side = _int(cfg, "image_size", kind, where) // max(p, 1)
     positions = _int(cfg, "num_patches", kind, where) if "num_patches" in _DEFAULTS[kind] else side * side + 1
-    return shape, d, params + c * p * p * d + d + positions * d + 2 * d
+    pre_norm = 2 * d if kind == "clip_vision" else 0  # CLIP's LayerNorm before the encoder
+    return shape, d, params + c * p * p * d + d + positions * d + pre_norm
 
 
 def _text(cfg: dict, kind: str, where: str) -> tuple[dict, int, int]:
