@@ -111,13 +111,15 @@ def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None
     """The ONNX bundle (SigLIP2 or segmenter), library chatter in ``OUT.export.log``; a missing
     export extra or a failed export is one line (exit 1)."""
     from ..errors import MascEngineError
+    from ..extras import available, missing
 
+    for module in ("torch", "transformers", "onnx"):  # the worker imports them later, in another process
+        if not available(module):
+            raise click.ClickException(str(missing(module, "masc-export", extra="export")))
     try:
         from ..export.exporter import export_bundle
         from ..export.segmenter import export_segmenter_bundle
     except ImportError as e:  # torch / transformers / onnx missing
-        from ..extras import missing
-
         raise click.ClickException(str(missing(e.name or "torch", "masc-export", extra="export"))) from e
     from pathlib import Path
 
