@@ -14,14 +14,17 @@ graphs are the portable ones.
 
 from __future__ import annotations
 
+import posixpath
 import warnings
 from pathlib import Path
 
-from ..errors import BackendUnavailableError, BundleError
+from ..errors import BackendUnavailableError, BundleError, MascEngineError
 from .backends.base import Runner
 from .backends.openvino import BF16_CPU_MODE
 from .backends.registry import get_backend
-from .manifest import check_consistency, fingerprint, read_manifest, verify_files
+from .manifest import (check_confined, check_consistency, check_ranges, confined, fingerprint, one_line,
+                       read_manifest, verify_files)
+from .onnx_wire import WireError, external_data_locations
 
 
 #: The standard-op graphs (``manifest["graphs"]``).
@@ -79,18 +82,24 @@ class Bundle:
 
         Raises:
             BundleError: missing directory, manifest or listed file; a bundle of another kind;
-                a scorer manifest whose settings disagree with the graph shapes it declares
-                (engine/manifest.py ``check_consistency``); with ``"all"``, a modified file.
+                a file name that leaves the bundle folder (``..``, an absolute path, a symlink
+                out: engine/manifest.py ``check_confined``); a number out of range
+                (``check_ranges``: patch size, patch budget, text length, widths, shapes); a
+                scorer manifest whose settings disagree with the graph shapes it declares
+                (``check_consistency``); with ``"all"``, a modified file.
         """
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
         if self.kind != kind:
             use = "--segmenter" if self.kind == "segmenter" else "--bundle"
             raise BundleError(f"bundle {self.path} is a {self.kind} bundle, not a {kind} bundle (pass it as {use})")
+        check_confined(self.path, self.manifest)
+        check_ranges(self.manifest, str(self.path))
         if self.kind == "scorer":
             check_consistency(self.manifest, str(self.path))
         self.verify = verify
         self._verified: set[str] = set()
+        self._graphs_checked: set[str] = set()
         if verify == "all":
             verify_files(self.path, self.manifest)
             self._verified.update(self.manifest["files"])
@@ -110,7 +119,7 @@ class Bundle:
 
     @property
     def random_weights(self) -> bool:
-        return bool(self.manifest["source"].get("random_weights"))
+        return bool((self.manifest.get("source") or {}).get("random_weights"))
 
     @property
     def precision(self) -> str:
@@ -124,23 +133,55 @@ class Bundle:
         return self.path / name
 
     def checked_file(self, name: str, data: list[str] | None = None) -> Path:
-        """``file(name)``, its sha256 checked against the manifest first (once per bundle object)
-        when the bundle was loaded with ``verify``; with it its external weights: the files
-        ``data`` (the manifest's ``external_data`` of a graph: a fused variant reads the portable
-        graph's weight file, export/external_data.py), else any ``<name>.data``.
+        """``file(name)``, checked to lie inside the bundle folder (engine/manifest.py
+        ``confined``) and, when the bundle was loaded with ``verify``, its sha256 checked against
+        the manifest first (once per bundle object); with it the files ``data`` (the manifest's
+        ``external_data`` of a graph), else any listed ``<name>.data``.
 
         Raises:
-            BundleError: the file (or its weights) is not the one the manifest lists.
+            BundleError: the name leaves the bundle folder, or the file (or its weights) is not
+                the one the manifest lists.
         """
-        if self.verify:
-            for f in [name] + (list(data) if data is not None else [name + ".data"]):
-                if f in self._verified or (f != name and data is None and f not in self.manifest["files"]):
-                    continue
-                if f not in self.manifest["files"]:
-                    raise BundleError(f"bundle {self.path}: {f} is not listed in the manifest")
-                verify_files(self.path, {"files": {f: self.manifest["files"][f]}})
-                self._verified.add(f)
-        return self.path / name
+        path = confined(self.path, name, "file")
+        extra = list(data) if data is not None else [name + ".data"] if name + ".data" in self.manifest["files"] else []
+        for f in [name] + extra:
+            confined(self.path, f, f"external_data of {name}")
+            self._check_hash(f)
+        return path
+
+    def _check_hash(self, name: str) -> None:
+        if not self.verify or name in self._verified:
+            return
+        if name not in self.manifest["files"]:
+            raise BundleError(f"bundle {self.path}: {name} is not listed in the manifest, so its bytes cannot be "
+                              "checked; re-export the bundle with masc-export")
+        verify_files(self.path, {"files": {name: self.manifest["files"][name]}})
+        self._verified.add(name)
+
+    def _check_external_data(self, graph: str, name: str) -> None:
+        """Confine (and, with ``verify``, hash) the external-data files the graph ``name`` itself
+        names: the bytes ONNX Runtime will read, whatever the manifest's ``external_data`` says.
+
+        Raises:
+            BundleError: not an ONNX graph; a location that leaves the bundle folder; with
+                ``verify``, a location not listed in the manifest or modified.
+        """
+        if name in self._graphs_checked:
+            return
+        try:
+            locations = external_data_locations(self.path / name)
+        except WireError as e:
+            raise BundleError(f"bundle {self.path}: its {graph} graph {name} is not an ONNX graph ({e}); re-export "
+                              "the bundle with masc-export") from None
+        except OSError as e:
+            raise BundleError(f"bundle {self.path}: its {graph} graph {name} cannot be read ({e.strerror or e})") from None
+        field = f"{graph} graph {name}'s external data location"
+        for loc in locations:
+            confined(self.path, loc, field)  # the location itself: a plain relative name
+            rel = posixpath.join(posixpath.dirname(name), loc)
+            confined(self.path, rel, field)
+            self._check_hash(rel)
+        self._graphs_checked.add(name)
 
     def graph(self, name: str) -> dict:
         try:
@@ -189,13 +230,21 @@ class Bundle:
 
         A variant's graph files are listed where the export-time transform pipeline
         (export/transforms.py) records them: ``graphs[<graph>]["variants"][<variant>]["file"]``.
+        The external-data files the graph itself names are confined to the bundle folder and,
+        with ``verify``, must be listed in the manifest and match it (the bytes the runtime reads).
+
+        Raises:
+            BundleError: no such graph or variant; a file outside the bundle folder, not listed,
+                modified, or not an ONNX graph.
         """
         entry = self.graph(graph)
         if variant != PORTABLE:
             if variant not in (self.manifest.get("variants") or {}):
                 raise BundleError(f"bundle {self.path} has no {variant!r} graph variant")
             entry = (entry.get("variants") or {}).get(variant, entry)
-        return self.checked_file(entry["file"], entry.get("external_data"))
+        path = self.checked_file(entry["file"], entry.get("external_data"))
+        self._check_external_data(graph, entry["file"])
+        return path
 
     @property
     def graph_precision(self) -> str:
@@ -228,15 +277,22 @@ class Bundle:
             BackendUnavailableError: unknown backend, the provider or the backend's package is
                 missing (never a quiet fallback to CPU).
             EngineCompatibilityError: TensorRT engines built for another GPU / TensorRT version.
-            BundleError: the bundle has no such graph (or no such engine set).
+            BundleError: the bundle has no such graph (or no such engine set), or the backend
+                cannot load it (its own error, on one line).
             ValueError: an option the backend does not take.
         """
         self.graph(graph)  # BundleError for an unknown graph, whatever the backend
         spec = get_backend(backend)
         provider = provider or spec.default_provider
         variant = self.resolve_variant(variant, backend, provider)
-        return spec.load_runner(self, graph, provider=provider, precision=precision,
-                                intra_op_threads=intra_op_threads, variant=variant, options=options)
+        try:
+            return spec.load_runner(self, graph, provider=provider, precision=precision,
+                                    intra_op_threads=intra_op_threads, variant=variant, options=options)
+        except (MascEngineError, ValueError, TypeError):
+            raise
+        except Exception as e:  # noqa: BLE001 - the backend's own error (ONNX Runtime's Fail, InvalidGraph...)
+            raise BundleError(f"bundle {self.path}: {backend} could not load its {graph} graph ({variant}): "
+                              f"{type(e).__name__}: {one_line(e)}") from None
 
 
 def _short_provider(provider: str) -> str:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
+import posixpath
 from pathlib import Path
 
 from ..errors import BundleError
@@ -53,15 +56,25 @@ def read_manifest(bundle_dir: str | Path) -> dict:
     if not path.is_file():
         raise BundleError(f"{bundle_dir} has no {MANIFEST_NAME}; is it a masc-export bundle?")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise BundleError(f"{path}: not valid JSON ({e})") from e
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise BundleError(f"{path}: not valid JSON ({one_line(e)})") from None
+    except OSError as e:
+        raise BundleError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{path}: not a masc-bundle manifest (a JSON {type(manifest).__name__}, not an object)")
     if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
         raise BundleError(
             f"{path}: format {manifest.get('format')!r} v{manifest.get('format_version')!r}; "
             f"this masc-engine reads {FORMAT!r} v{FORMAT_VERSION}. Re-export the bundle."
         )
     return manifest
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line (whitespace runs, newlines included, become one space)."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def verify_files(bundle_dir: str | Path, manifest: dict) -> None:
@@ -72,10 +85,13 @@ def verify_files(bundle_dir: str | Path, manifest: dict) -> None:
     """
     bundle_dir = Path(bundle_dir)
     for name, digest in manifest["files"].items():
-        p = bundle_dir / name
+        p = confined(bundle_dir, name, "files")
         if not p.is_file():
             raise BundleError(f"bundle {bundle_dir}: file {name} listed in the manifest is missing")
-        actual = sha256_file(p)
+        try:
+            actual = sha256_file(p)
+        except OSError as e:
+            raise BundleError(f"bundle {bundle_dir}: {name} cannot be read ({e.strerror or e})") from None
         if actual != digest:
             raise BundleError(f"bundle {bundle_dir}: {name} sha256 {actual[:12]}... != manifest {digest[:12]}...")
 
@@ -171,3 +187,219 @@ def check_graph_io(declared: dict, actual_inputs, actual_outputs, graph: str, wh
         if len(got) != len(want) or any(a != b for a, b in fixed):
             raise BundleError(f"bundle {where}: its {graph} graph's {name} is {got}, the manifest says {want}: the "
                               "manifest does not describe this graph; re-export the bundle with masc-export")
+
+
+# --------------------------------------------------------------------------- confinement
+
+def _refuse_name(bundle_dir, field: str, name, why: str):
+    shown = repr(name) if len(repr(name)) <= 120 else repr(name)[:117] + "..."
+    raise BundleError(f"bundle {bundle_dir}: manifest {field} names {shown}, which {why}; a bundle reads only "
+                      "files inside its own folder (re-export it with masc-export)")
+
+
+def confined(bundle_dir: str | Path, name, field: str) -> Path:
+    """The path of a file a manifest names, checked to lie inside the bundle folder.
+
+    ``name`` must be a relative name with ``/`` between folders (no ``..``, ``.`` or empty part,
+    no backslash, drive, NUL or control character), and its real path (symlinks followed,
+    ``os.path.realpath``) must stay inside the bundle folder's real path.
+
+    Args:
+        bundle_dir: the bundle folder.
+        name: the name as the manifest (or a graph's external data) gives it.
+        field: where the name comes from (``graphs.vision.file``), for the message.
+
+    Returns:
+        ``bundle_dir / name`` (not resolved: the caller opens the checked name).
+
+    Raises:
+        BundleError: one line naming the bundle, the field and the name.
+    """
+    if not isinstance(name, str) or not name:
+        _refuse_name(bundle_dir, field, name, "is not a file name")
+    if len(name) > 1024 or any(ord(c) < 32 or c in "\\:" for c in name):
+        _refuse_name(bundle_dir, field, name, "is not a plain file name (control character, backslash or colon)")
+    if posixpath.isabs(name) or os.path.isabs(name):
+        _refuse_name(bundle_dir, field, name, "is an absolute path")
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        _refuse_name(bundle_dir, field, name, "has an empty, '.' or '..' part")
+    root = os.path.realpath(bundle_dir)
+    real = os.path.realpath(os.path.join(root, name))
+    if os.path.commonpath([root, real]) != root or real == root:
+        _refuse_name(bundle_dir, field, name, "is a symlink leading out of the bundle folder")
+    return Path(bundle_dir) / name
+
+
+def named_files(manifest: dict) -> list[tuple[str, object]]:
+    """``(field, name)`` of every file a manifest names: ``files``, each graph's ``file`` and
+    ``external_data`` (its variants' too) and ``text.tokenizer_file``.
+
+    Raises:
+        BundleError: a section that should be a table or list is not.
+    """
+    out: list[tuple[str, object]] = [("files", n) for n in _table(manifest, "files", "")]
+    for g, entry in _table(manifest, "graphs", "").items():
+        entries = [(f"graphs.{g}", _table({g: entry}, g, "graphs."))]
+        for v, ve in _table(entries[0][1], "variants", f"graphs.{g}.", optional=True).items():
+            entries.append((f"graphs.{g}.variants.{v}", _table({v: ve}, v, f"graphs.{g}.variants.")))
+        for where, e in entries:
+            out.append((f"{where}.file", e.get("file")))
+            data = e.get("external_data") or []
+            if not isinstance(data, list):
+                raise BundleError(f"manifest {where}.external_data is not a list of file names")
+            out += [(f"{where}.external_data", d) for d in data]
+    text = manifest.get("text")
+    if isinstance(text, dict) and "tokenizer_file" in text:
+        out.append(("text.tokenizer_file", text["tokenizer_file"]))
+    return out
+
+
+def _table(d: dict, key: str, prefix: str, optional: bool = False) -> dict:
+    value = d.get(key)
+    if value is None and optional:
+        return {}
+    if not isinstance(value, dict):
+        raise BundleError(f"manifest {prefix}{key} is {type(value).__name__}, not a table; re-export the bundle")
+    return value
+
+
+def check_confined(bundle_dir: str | Path, manifest: dict) -> None:
+    """Check that every file the manifest names (:func:`named_files`) lies inside the bundle
+    folder (:func:`confined`); a graph's external data, named inside the graph, is checked when
+    the graph is first used (engine/bundle.py).
+
+    Raises:
+        BundleError: the first name that leaves the folder, with its field.
+    """
+    try:
+        names = named_files(manifest)
+    except BundleError as e:
+        raise BundleError(f"bundle {bundle_dir}: {e}") from None
+    for field, name in names:
+        confined(bundle_dir, name, field)
+
+
+# --------------------------------------------------------------------------- numbers
+
+#: Largest ``image.patch_size`` accepted (SigLIP2 and CLIPSeg use 16; ViTs 14 to 32).
+MAX_PATCH_SIZE = 256
+#: Largest ``image.max_num_patches`` (NaFlex patch budget) accepted: 16 times the paper's 1,024;
+#: one image's pixel values are then 16,384 x 768 float32 = 48 MiB at patch size 16.
+MAX_NUM_PATCHES = 16384
+#: Largest ``image.image_size`` side and ``image.position_grid`` side accepted.
+MAX_IMAGE_SIDE = 8192
+MAX_POSITION_GRID = 1024
+#: Largest ``text.max_length`` accepted (SigLIP2: 64, CLIP: 77).
+MAX_TEXT_LENGTH = 4096
+#: Largest width (``architecture.*``) and fixed dimension of a declared graph tensor accepted.
+MAX_WIDTH = 1 << 16
+MAX_DIM = 1 << 20
+#: Most axes a declared graph tensor may have.
+MAX_RANK = 8
+
+
+def _int_in(where, field: str, value, lo: int, hi: int, required: bool = True) -> None:
+    if value is None and not required:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise BundleError(f"bundle {where}: manifest {field} is {_shown(value)}; it must be an integer from {lo} "
+                          f"to {hi} (re-export the bundle with masc-export)")
+
+
+def _number_in(where, field: str, value, lo: float, hi: float, open_lo: bool = False) -> None:
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (lo < value if open_lo else lo <= value) and value <= hi)
+    if not ok:
+        raise BundleError(f"bundle {where}: manifest {field} is {_shown(value)}; it must be a finite number "
+                          f"{'above' if open_lo else 'from'} {lo} {'up ' if open_lo else ''}to {hi} "
+                          "(re-export the bundle with masc-export)")
+
+
+def _choice(where, field: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise BundleError(f"bundle {where}: manifest {field} is {_shown(value)}; it must be one of "
+                          f"{', '.join(map(repr, allowed))} (re-export the bundle with masc-export)")
+
+
+def _shown(value) -> str:
+    r = repr(value)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _check_image(image: dict, where) -> None:
+    _choice(where, "image.mode", image.get("mode"), ("naflex", "fixed"))
+    _int_in(where, "image.patch_size", image.get("patch_size"), 1, MAX_PATCH_SIZE)
+    _int_in(where, "image.max_num_patches", image.get("max_num_patches"), 1, MAX_NUM_PATCHES)
+    _int_in(where, "image.position_grid", image.get("position_grid"), 1, MAX_POSITION_GRID, required=False)
+    size = image.get("image_size")
+    if image.get("mode") == "fixed" or size is not None:
+        if not isinstance(size, list) or len(size) != 2:
+            raise BundleError(f"bundle {where}: manifest image.image_size is {_shown(size)}; it must be [height, "
+                              "width] (re-export the bundle with masc-export)")
+        for side in size:
+            _int_in(where, "image.image_size", side, 1, MAX_IMAGE_SIDE)
+    _number_in(where, "image.rescale_factor", image.get("rescale_factor"), 0, 1e6, open_lo=True)
+    for key, lo in (("image_mean", -1e6), ("image_std", 0)):
+        values = image.get(key)
+        if not isinstance(values, list) or len(values) != 3:
+            raise BundleError(f"bundle {where}: manifest image.{key} is {_shown(values)}; it must be 3 numbers, one "
+                              "a channel (re-export the bundle with masc-export)")
+        for v in values:
+            _number_in(where, f"image.{key}", v, lo, 1e6, open_lo=key == "image_std")
+
+
+def _check_text(text: dict, where) -> None:
+    _int_in(where, "text.max_length", text.get("max_length"), 1, MAX_TEXT_LENGTH)
+    _int_in(where, "text.pad_token_id", text.get("pad_token_id"), 0, 2**31 - 1)
+    for key in ("padding_side", "truncation_side"):
+        _choice(where, f"text.{key}", text.get(key), ("left", "right"))
+
+
+def _check_shapes(graphs: dict, where) -> None:
+    for g, entry in graphs.items():
+        for t in (entry.get("inputs") or []) + (entry.get("outputs") or []):
+            field = f"graphs.{g}.{t.get('name') if isinstance(t, dict) else '?'}.shape"
+            shape = t.get("shape") if isinstance(t, dict) else None
+            if not isinstance(shape, list) or len(shape) > MAX_RANK:
+                raise BundleError(f"bundle {where}: manifest {field} is {_shown(shape)}; it must be a list of at "
+                                  f"most {MAX_RANK} axes (re-export the bundle with masc-export)")
+            for d in shape:
+                if d is not None and not isinstance(d, str):
+                    _int_in(where, field, d, 1, MAX_DIM)
+
+
+def check_ranges(manifest: dict, where: str) -> None:
+    """Check the manifest's numbers and choices before anything is sized from them, so that a
+    bad value is refused at load in one line (not a ``MemoryError`` or ``ZeroDivisionError`` at
+    the first image).
+
+    Checked (when the section is present): ``image`` (mode; ``patch_size`` 1 to
+    :data:`MAX_PATCH_SIZE`; ``max_num_patches`` 1 to :data:`MAX_NUM_PATCHES`; ``position_grid``;
+    ``image_size`` sides 1 to :data:`MAX_IMAGE_SIDE`; ``rescale_factor`` > 0; 3 finite
+    ``image_mean`` and positive ``image_std`` values), ``text`` (``max_length`` 1 to
+    :data:`MAX_TEXT_LENGTH`, ``pad_token_id``, padding and truncation sides), ``architecture``
+    widths (1 to :data:`MAX_WIDTH`), ``scoring.fg_threshold`` and ``recipe.threshold`` (0 to 1),
+    and every fixed dimension of a declared graph tensor (1 to :data:`MAX_DIM`).
+
+    Raises:
+        BundleError: naming the bundle, the field, its value and the accepted range.
+    """
+    for key in ("image", "text", "architecture", "scoring", "recipe", "source"):
+        if key in manifest and not isinstance(manifest[key], dict):
+            raise BundleError(f"bundle {where}: manifest {key} is {type(manifest[key]).__name__}, not a table "
+                              "(re-export the bundle with masc-export)")
+    if "image" in manifest:
+        _check_image(manifest["image"], where)
+    if "text" in manifest:
+        _check_text(manifest["text"], where)
+    for key, value in (manifest.get("architecture") or {}).items():
+        if key in ("vision_width", "text_projection", "pool_heads", "vision_layers"):
+            _int_in(where, f"architecture.{key}", value, 1, MAX_WIDTH, required=False)
+    for section in ("scoring", "recipe"):
+        if isinstance(manifest.get(section), dict) and manifest[section].get(_THRESHOLD[section]) is not None:
+            key = _THRESHOLD[section]
+            _number_in(where, f"{section}.{key}", manifest[section][key], 0, 1)
+    _check_shapes(manifest.get("graphs") or {}, where)
+
+
+_THRESHOLD = {"scoring": "fg_threshold", "recipe": "threshold"}

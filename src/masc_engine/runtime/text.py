@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
+from ..engine.manifest import one_line
+from ..errors import BundleError, InputError
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,10 @@ class PromptTokenizer:
         from tokenizers import Tokenizer
 
         self.settings = settings
-        tok = Tokenizer.from_file(str(tokenizer_path))
+        try:
+            tok = Tokenizer.from_file(str(tokenizer_path))
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception
+            raise BundleError(f"tokenizer {tokenizer_path} could not be parsed: {one_line(e)}") from None
         tok.no_padding()
         tok.no_truncation()
         self._full = tok  # for the untruncated length
