@@ -237,7 +237,7 @@ def named_files(manifest: dict) -> list[tuple[str, object]]:
     Raises:
         BundleError: a section that should be a table or list is not.
     """
-    out: list[tuple[str, object]] = [("files", n) for n in _table(manifest, "files", "")]
+    out: list[tuple[str, object]] = []
     for g, entry in _table(manifest, "graphs", "").items():
         entries = [(f"graphs.{g}", _table({g: entry}, g, "graphs."))]
         for v, ve in _table(entries[0][1], "variants", f"graphs.{g}.", optional=True).items():
@@ -251,7 +251,7 @@ def named_files(manifest: dict) -> list[tuple[str, object]]:
     text = manifest.get("text")
     if isinstance(text, dict) and "tokenizer_file" in text:
         out.append(("text.tokenizer_file", text["tokenizer_file"]))
-    return out
+    return out + [("files", n) for n in _table(manifest, "files", "")]
 
 
 def _table(d: dict, key: str, prefix: str, optional: bool = False) -> dict:
