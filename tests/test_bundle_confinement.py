@@ -382,3 +382,24 @@ def test_wire_reader_finds_every_location_onnx_finds(naflex_bundle, tmp_path):
     path = tmp_path / "if.onnx"
     path.write_bytes(helper.make_model(main).SerializeToString())
     assert external_data_locations(path) == ["../branch.data"] and onnx_locations(path) == ["../branch.data"]
+
+
+@pytest.mark.parametrize("name,why", [("../../outside.engine", "'..' part"), ("/tmp/x.engine", "'..' part"),
+                                      ("link.engine", "symlink leading out")])
+def test_tensorrt_engine_files_stay_inside_the_bundle(tmp_path, name, why):
+    """An engine set's ``engines.json`` names its engine files; each resolves inside the bundle
+    (an absolute name joined to the engine folder keeps its ``..``-free form, and is refused as
+    an empty part)."""
+    from masc_engine.engine.backends import trt_profiles as tp
+
+    folder = tmp_path / "bundle" / tp.engine_dir_name("fp16")
+    folder.mkdir(parents=True)
+    (tmp_path / "outside.engine").write_bytes(b"engine")
+    (folder / "link.engine").symlink_to(tmp_path / "outside.engine")
+    side = {"format": tp.SIDECAR_FORMAT, "format_version": tp.SIDECAR_VERSION, "engines": {"vision": {"file": name}}}
+    (folder / tp.SIDECAR_NAME).write_text(json.dumps(side))
+    with pytest.raises(BundleError, match=rf"engines\.vision\.file names .*{why}"):
+        tp.read_sidecar(tmp_path / "bundle", "fp16")
+    (folder / tp.SIDECAR_NAME).write_text("{not json")
+    with pytest.raises(BundleError, match="not valid JSON"):
+        tp.read_sidecar(tmp_path / "bundle", "fp16")

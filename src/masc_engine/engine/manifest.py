@@ -197,7 +197,7 @@ def _refuse_name(bundle_dir, field: str, name, why: str):
                       "files inside its own folder (re-export it with masc-export)")
 
 
-def confined(bundle_dir: str | Path, name, field: str) -> Path:
+def confined(bundle_dir: str | Path, name: object, field: str) -> Path:
     """The path of a file a manifest names, checked to lie inside the bundle folder.
 
     ``name`` must be a relative name with ``/`` between folders (no ``..``, ``.`` or empty part,

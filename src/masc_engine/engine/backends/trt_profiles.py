@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ...errors import BundleError, DeviceMemoryError, EngineCompatibilityError, ProfileError
+from ..manifest import confined, one_line
 
 SIDECAR_NAME = "engines.json"
 SIDECAR_FORMAT = "masc-tensorrt-engines"
@@ -355,10 +356,18 @@ def read_sidecar(bundle_dir: str | Path, precision: str) -> dict:
     if not path.is_file():
         raise BundleError(f"bundle {bundle_dir} has no TensorRT {precision} engines ({path} is missing); "
                           f"build them on the GPU that will run them: {rebuild_command(bundle_dir, precision)}")
-    data = json.loads(path.read_text())
-    if data.get("format") != SIDECAR_FORMAT or data.get("format_version") != SIDECAR_VERSION:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise BundleError(f"{path}: not valid JSON ({one_line(e)}); rebuild: {rebuild_command(bundle_dir, precision)}") from None
+    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT or data.get("format_version") != SIDECAR_VERSION:
+        data = data if isinstance(data, dict) else {}
         raise BundleError(f"{path}: format {data.get('format')!r} v{data.get('format_version')!r}, expected "
                           f"{SIDECAR_FORMAT!r} v{SIDECAR_VERSION}; rebuild: {rebuild_command(bundle_dir, precision)}")
+    engines = data.get("engines", {})
+    for graph, e in (engines.items() if isinstance(engines, dict) else [("?", None)]):
+        name, field = e.get("file") if isinstance(e, dict) else None, f"{path.name} engines.{graph}.file"
+        confined(bundle_dir, f"{engine_dir_name(precision)}/{name}" if isinstance(name, str) else name, field)
     return data
 
 
