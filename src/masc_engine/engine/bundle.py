@@ -130,7 +130,13 @@ class Bundle:
         return str(self.manifest.get("precision", {}).get("mode", "fp32"))
 
     def file(self, name: str) -> Path:
-        return self.path / name
+        """``path / name``, checked to lie inside the bundle folder (no hash check: see
+        :meth:`checked_file`).
+
+        Raises:
+            BundleError: the name leaves the bundle folder.
+        """
+        return confined(self.path, name, "file")
 
     def checked_file(self, name: str, data: list[str] | None = None) -> Path:
         """``file(name)``, checked to lie inside the bundle folder (engine/manifest.py
