@@ -149,9 +149,10 @@ class Bundle:
                 the one the manifest lists.
         """
         path = confined(self.path, name, "file")
+        self._check_hash(name)
         extra = list(data) if data is not None else [name + ".data"] if name + ".data" in self.manifest["files"] else []
-        for f in [name] + extra:
-            confined(self.path, f, f"external_data of {name}")
+        for f in extra:
+            confined(self.path, f, f"manifest external_data of {name}")
             self._check_hash(f)
         return path
 

@@ -85,7 +85,7 @@ def verify_files(bundle_dir: str | Path, manifest: dict) -> None:
     """
     bundle_dir = Path(bundle_dir)
     for name, digest in manifest["files"].items():
-        p = confined(bundle_dir, name, "files")
+        p = confined(bundle_dir, name, "manifest files")
         if not p.is_file():
             raise BundleError(f"bundle {bundle_dir}: file {name} listed in the manifest is missing")
         try:
@@ -193,7 +193,7 @@ def check_graph_io(declared: dict, actual_inputs, actual_outputs, graph: str, wh
 
 def _refuse_name(bundle_dir, field: str, name, why: str):
     shown = repr(name) if len(repr(name)) <= 120 else repr(name)[:117] + "..."
-    raise BundleError(f"bundle {bundle_dir}: manifest {field} names {shown}, which {why}; a bundle reads only "
+    raise BundleError(f"bundle {bundle_dir}: {field} names {shown}, which {why}; a bundle reads only "
                       "files inside its own folder (re-export it with masc-export)")
 
 
@@ -207,7 +207,7 @@ def confined(bundle_dir: str | Path, name: object, field: str) -> Path:
     Args:
         bundle_dir: the bundle folder.
         name: the name as the manifest (or a graph's external data) gives it.
-        field: where the name comes from (``graphs.vision.file``), for the message.
+        field: where the name comes from (``manifest graphs.vision.file``), for the message.
 
     Returns:
         ``bundle_dir / name`` (not resolved: the caller opens the checked name).
@@ -276,7 +276,7 @@ def check_confined(bundle_dir: str | Path, manifest: dict) -> None:
     except BundleError as e:
         raise BundleError(f"bundle {bundle_dir}: {e}") from None
     for field, name in names:
-        confined(bundle_dir, name, field)
+        confined(bundle_dir, name, f"manifest {field}")
 
 
 # --------------------------------------------------------------------------- numbers
