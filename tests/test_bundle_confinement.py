@@ -331,6 +331,27 @@ def test_masc_serve_reports_a_bad_bundle_as_one_load_failed_line(bundle):
     assert "\n" not in state.load_error
 
 
+def test_segmenter_bundle_files_are_confined_too(seg_bundle, bundle, tmp_path):
+    """The segmenter bundle's decoder graph behind a symlink out of its folder: refused by the
+    API and by masc-run --segmenter, in one line."""
+    seg = tmp_path / "segmenter"
+    shutil.copytree(seg_bundle, seg)
+    shutil.move(seg / "decoder.onnx", tmp_path / "outside" / "decoder.onnx")
+    (seg / "decoder.onnx").symlink_to(tmp_path / "outside" / "decoder.onnx")
+    from masc_engine.runtime.segmenter import Segmenter
+
+    with pytest.raises(BundleError, match="manifest graphs.decoder.file names 'decoder.onnx', which is a symlink"):
+        Segmenter(seg)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("ref_image,out_image,prompt,object_name\n"
+                     f"{EXAMPLES / 'images/backpack/00.jpg'},{EXAMPLES / 'images/backpack/01.jpg'},a backpack,backpack\n")
+    proc = subprocess.run([sys.executable, "-m", "masc_engine.cli.run_cmd", str(pairs), "--bundle", str(bundle),
+                           "--segmenter", str(seg), "--out", str(tmp_path / "scores.csv"), "--no-progress"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert "graphs.decoder.file names 'decoder.onnx', which is a symlink" in _one_error_line(proc)
+
+
 # ------------------------------------------------------------------ the wire reader
 
 def test_wire_reader_field_numbers_match_onnx():
