@@ -26,7 +26,7 @@ from masc_engine.engine.bundle import Bundle
 from masc_engine.errors import BundleError
 
 
-# ------------------------------------------------------------------ helpers
+# ------------------------------------------------------------------ tampered copies
 
 @pytest.fixture
 def bundle(naflex_bundle, tmp_path) -> Path:
