@@ -200,3 +200,29 @@ def test_a_library_error_in_the_worker_is_one_line_with_its_traceback_in_the_log
     log = (tmp_path / "bundles" / "b.export.log").read_text()
     assert "Traceback" in log and "in the PyTorch export worker" in log and "no_such_activation" in log
     assert not out.exists()
+
+
+def test_random_preset_over_the_budget_is_refused_before_its_checkpoint_is_built(tmp_path, no_network_no_model):
+    """A ``random:`` preset's shapes are checked like a config.json, before its checkpoint (3.2 GB
+    for so400m) is built and cached."""
+    res = _export("--model", "random:so400m-naflex", "--out", str(tmp_path / "b"), "--max-memory-gb", "1")
+    assert res.exit_code == 1 and len(_errors(res)) == 1, res.output
+    print(_errors(res)[0])
+    assert "--max-memory-gb" in _errors(res)[0] and "so400m" in _errors(res)[0], res.output
+    assert no_network_no_model == []  # neither the PyTorch worker (which builds the checkpoint) nor CLIPSeg
+
+
+@pytest.mark.parametrize("preset", ["tiny-naflex", "clipseg-tiny"])
+def test_preset_shapes_count_the_checkpoint_it_builds(tmp_path, preset):
+    """preset_config's estimate against the random checkpoint actually built: within 5% (the test
+    tokenizers' vocabulary is counted at its bound)."""
+    torch = pytest.importorskip("torch")  # noqa: F841
+    transformers = pytest.importorskip("transformers")
+    from masc_engine.export.config_budget import estimate_parameters
+    from masc_engine.export.random_models import build_random_checkpoint, preset_config
+
+    build_random_checkpoint(f"random:{preset}", tmp_path)
+    cls = transformers.CLIPSegForImageSegmentation if preset.startswith("clipseg") else transformers.AutoModel
+    real = sum(p.numel() for p in cls.from_pretrained(tmp_path).parameters())
+    est = sum(estimate_parameters(preset_config(f"random:{preset}"))[0].values())
+    assert real <= est * 1.0001 and est <= real * 1.05, (est, real)

@@ -102,7 +102,7 @@ def load_checkpoint(model: str, revision: str | None):
         if "gated" in text.lower() or "401" in text or "403" in text:
             raise CheckpointError(
                 f"{model} is a gated model: accept its licence on its Hugging Face page, then run "
-                "`huggingface-cli login` (or set HF_TOKEN) and export again. Original error: " + text
+                "`hf auth login` (or set HF_TOKEN) and export again. Original error: " + text
             ) from e
         raise CheckpointError(f"cannot load {model!r} as a Hugging Face id or local checkpoint: {text}; "
                               f"{OFFLINE_HINT}") from e

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import CheckpointError
-from .random_models import is_random_model_id
+from .random_models import is_random_model_id, preset_config
 from .stages import ExportMemoryError, check_memory_plan, plan_memory
 
 #: bytes of one fp32 parameter (the plan's unit: export/stages.py ``MEMORY_MODEL``)
@@ -85,7 +85,7 @@ def hub_config(repo_id: str, revision: str | None = None) -> dict:
                               f"({_first_line(e)})") from None
     except GatedRepoError:
         raise CheckpointError(f"{repo_id} is a gated model: accept its licence on its Hugging Face page, then run "
-                              "`huggingface-cli login` (or set HF_TOKEN) and export again") from None
+                              "`hf auth login` (or set HF_TOKEN) and export again") from None
     except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: first
         why = ("HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache" if offline()
                else "the Hugging Face Hub cannot be reached and it is not in the local cache")
@@ -128,14 +128,17 @@ def _reach_hub(repo_id: str, revision: str | None) -> str | None:
 
 def read_config(model: str, revision: str | None, short_names: dict[str, str]) -> dict | None:
     """The ``config.json`` of a ``--model`` value: a local folder's, or the Hub's (short names
-    expanded first, from ``short_names``); None for a built-in ``random:`` preset (its shapes are
-    the package's own).
+    expanded first, from ``short_names``); a built-in ``random:`` preset's shapes
+    (random_models.py ``preset_config``), before its checkpoint is built.
 
     Raises:
         CheckpointError: see :func:`hub_config`; a local folder without a readable config.json.
     """
     if is_random_model_id(model):
-        return None
+        try:
+            return preset_config(model)
+        except KeyError:
+            return None  # an unknown preset: refused where the checkpoint is built, with the list
     if Path(model).is_dir():
         return _read_json(Path(model) / "config.json", model)
     return hub_config(short_names.get(model, model), revision)
@@ -276,8 +279,8 @@ def check_config_budget(model: str, config: dict, max_memory_gb: float | None, p
 
 def preflight(model: str, revision: str | None, short_names: dict[str, str], max_memory_gb: float | None,
               precision: str = "fp32", fused: bool = True, log=None) -> Any:
-    """:func:`read_config` then :func:`check_config_budget`, before any PyTorch work; a
-    ``random:`` preset passes (its shapes are the package's own). Returns the config (or None).
+    """:func:`read_config` then :func:`check_config_budget`, before any PyTorch work (a
+    ``random:`` preset before its checkpoint is built). Returns the config (or None).
 
     Raises:
         CheckpointError: see :func:`read_config` and :func:`estimate_parameters`.

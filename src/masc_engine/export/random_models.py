@@ -127,6 +127,39 @@ def is_random_model_id(model: str) -> bool:
     return model.startswith(RANDOM_PREFIX)
 
 
+#: The test tokenizers' vocabulary sizes (``_train_tokenizer``'s trainer target; CLIP's layout:
+#: the 512 byte symbols plus merges, within this bound): what :func:`preset_config` counts.
+_SIGLIP_TEST_VOCAB, _CLIP_TEST_VOCAB = 420, 1024
+
+
+def preset_config(name: str) -> dict:
+    """A ``config.json``-shaped dict of a ``random:`` preset (the shapes only, nothing built):
+    what export/config_budget.py checks against the memory budget before the checkpoint is made.
+
+    Raises:
+        KeyError: an unknown preset.
+    """
+    key = name[len(RANDOM_PREFIX):] if is_random_model_id(name) else name
+    if key in SEGMENTER_PRESETS:
+        q = SEGMENTER_PRESETS[key]
+        return {"model_type": "clipseg", "projection_dim": q.projection_dim, "reduce_dim": q.reduce_dim,
+                "decoder_intermediate_size": q.decoder_mlp, "extract_layers": list(q.extract_layers),
+                "vision_config": {"hidden_size": q.vision_width, "intermediate_size": q.vision_mlp,
+                                  "num_hidden_layers": q.vision_layers, "patch_size": q.patch_size,
+                                  "image_size": q.position_grid_pixels},
+                "text_config": {"hidden_size": q.text_width, "intermediate_size": q.text_mlp,
+                                "num_hidden_layers": q.text_layers, "vocab_size": q.vocab_size or _CLIP_TEST_VOCAB,
+                                "max_position_embeddings": 77}}
+    p = PRESETS[key]
+    vision = {"hidden_size": p.vision_width, "intermediate_size": p.vision_mlp, "num_hidden_layers": p.vision_layers,
+              "patch_size": p.patch_size}
+    vision.update({"num_patches": p.num_patches} if p.naflex else {"image_size": p.image_size})
+    return {"model_type": "siglip2" if p.naflex else "siglip", "vision_config": vision,
+            "text_config": {"hidden_size": p.text_width, "intermediate_size": p.text_mlp,
+                            "num_hidden_layers": p.text_layers, "vocab_size": _SIGLIP_TEST_VOCAB,
+                            "max_position_embeddings": 64}}
+
+
 def _train_tokenizer(save_dir: Path):
     """A byte-fallback BPE in the Siglip2Tokenizer layout, trained on `_CORPUS` (deterministic)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
