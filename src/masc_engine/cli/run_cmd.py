@@ -7,6 +7,9 @@ from pathlib import Path
 
 import click
 
+from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES
+from ..runtime.io import default_max_file_bytes
+from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .options import (exif_option, load_scorer, load_segmenter, mask_size_tolerance_option, scorer_config,
                       scorer_options, segmenter_config, segmenter_options)
 
@@ -32,6 +35,18 @@ from .options import (exif_option, load_scorer, load_segmenter, mask_size_tolera
 @click.option("--min-reference-mask-frac", type=click.FloatRange(0, 1), default=None,
               help="Drop every pair of a reference whose mask covers less than this fraction (ORIDa: 0.005).")
 @mask_size_tolerance_option
+@click.option("--max-prompt-bytes", type=click.IntRange(1, 10**7), default=DEFAULT_MAX_PROMPT_BYTES, show_default=True,
+              help="Longest prompt or object_name, UTF-8 bytes, checked before anything is tokenized (masc-serve's "
+                   "budget): past it the row's status is prompt_too_long / object_name_too_long.")
+@click.option("--max-prompt-tokens", type=click.IntRange(1, 10**7), default=DEFAULT_MAX_PROMPT_TOKENS,
+              show_default=True, help="Longest object_name and stripped prompt in tokens (the text tower reads the "
+                                      "first 64): past it the row's status is prompt_too_long / object_name_too_long.")
+@click.option("--max-file-mb", type=click.FloatRange(0.001, 1e7), default=None,
+              help="Largest image or mask file, MiB, checked from its size before it is read: past it the row's "
+                   f"status is file_too_large. Default: 4 bytes a pixel of the pixel budget (Pillow's) plus 16 MiB, "
+                   f"{default_max_file_bytes() / 2**20:.0f} MiB.")
+@click.option("--max-pairs-mb", type=click.FloatRange(0.001, 1e7), default=DEFAULT_MAX_PAIRS_BYTES / 2**20,
+              show_default=True, help="Largest pairs file, MiB, checked before it is read (every row is held in memory).")
 @click.option("--baselines", is_flag=True,
               help="Add the paper's same-forward-pass baselines: cp_global, cp_mnn, and PF with full / "
                    "background / foreground pooling x stripped / unstripped prompt.")
@@ -102,7 +117,8 @@ def _score(p: dict, config, seg_config, out_path: str):
                          io_workers=p["io_workers"], cache_dir=p["cache_dir"],
                          cache_size_limit=int(p["cache_size_gb"] * 2**30), executor=p["executor"],
                          ray_address=p["ray_address"], ray_workers=p["ray_workers"], progress=not p["no_progress"],
-                         log=lambda s: click.echo(s, err=True), overwrite=p["overwrite"], segmenter=segmenter)
+                         log=lambda s: click.echo(s, err=True), overwrite=p["overwrite"], segmenter=segmenter,
+                         max_pairs_bytes=int(p["max_pairs_mb"] * 2**20))
     except KeyboardInterrupt:
         from ..jobs.results import Journal
 
@@ -129,7 +145,9 @@ def _run_settings(p: dict):
     return RunSettings(exif=p["exif"], min_reference_mask_frac=lo_ref, min_output_mask_frac=lo_out,
                        mask_size_tolerance=p["mask_size_tolerance"], baselines=p["baselines"],
                        save_maps=str(Path(p["save_maps"]).resolve()) if p["save_maps"] else None,
-                       save_masks=str(Path(p["save_masks"]).resolve()) if p["save_masks"] else None)
+                       save_masks=str(Path(p["save_masks"]).resolve()) if p["save_masks"] else None,
+                       max_prompt_bytes=p["max_prompt_bytes"], max_prompt_tokens=p["max_prompt_tokens"],
+                       max_file_bytes=None if p["max_file_mb"] is None else int(p["max_file_mb"] * 2**20))
 
 
 def _print_scores(out_path: str) -> None:

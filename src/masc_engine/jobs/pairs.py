@@ -19,8 +19,11 @@ defined, else the reason it is NaN; ``status`` is ``ok`` when both are, else the
 then PF's). A bad row never stops the run, a defined score is never dropped, and NaN never appears
 without its reason:
 
-- both scores (the row cannot be scored): ``missing_file``, ``unreadable_image``,
-  ``unreadable_mask``, ``image_too_large``; ``mask_size_mismatch`` (a mask's size differs from its
+- both scores (the row cannot be scored): ``prompt_too_long`` / ``object_name_too_long`` (over
+  the text budget, checked before the row's files are read or its text tokenized: see
+  :class:`RunSettings`); ``missing_file``, ``bad_path`` (a path the operating system refuses: a
+  NUL byte, a name too long), ``unreadable_image``, ``unreadable_mask``, ``image_too_large``,
+  ``file_too_large`` (over the byte cap, from its size, before it is read); ``mask_size_mismatch`` (a mask's size differs from its
   image's; the reference stretches it); ``mask_orientation_mismatch`` (the mask fits the image only
   rotated by 90 degrees, EXIF); ``bad_row`` (an empty image cell, or an empty mask cell without
   a segmenter); ``no_mask_source`` (no mask and no ``object_name`` to prompt the segmenter with),
@@ -67,10 +70,11 @@ import numpy as np
 from ..engine.backends.registry import get_backend
 from ..errors import InputError
 from ..runtime.cache import EncodingCache, EncodingStore
-from ..runtime.io import read_bytes
+from ..runtime.io import default_max_file_bytes, read_bytes
 from ..runtime.config import ScorerConfig
 from ..runtime.scorer import EncodedPair, Scorer
 from ..runtime.segmenter import Segmenter, SegmenterConfig
+from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS, PreparedPrompt, PromptBudget
 from .executors import Chunk, LocalExecutor, RayExecutor
 from .items import (DecodedImage, DecodedMask, DecodedPair, PairError, array_mask, check_mask, decode_image,
                     decode_mask, reduce_image)
@@ -78,7 +82,7 @@ from .loading import ByteBudget, load_all
 from .mask_source import MASK_SOURCE_COLUMNS, SAVED_MASK_COLUMNS, SEGMENTER, SegmenterMasks
 from .results import (MASK_COUNTERS, Journal, OutputLock, RunRecord, meta_path, output_errors, output_format, resume,
                       write_meta, write_output)
-from .tables import TableError, read_table, resolve_path
+from .tables import DEFAULT_MAX_PAIRS_BYTES, TableError, read_table, resolve_path
 
 REQUIRED_COLUMNS = ("ref_image", "ref_mask", "out_image", "out_mask", "prompt", "object_name")
 FILE_COLUMNS = REQUIRED_COLUMNS[:4]
@@ -98,23 +102,27 @@ class PairsFileError(TableError):
     """The pairs file itself is unusable (missing, no header, missing columns)."""
 
 
-def read_pairs(csv_path: str | Path, masks_optional: bool = False) -> tuple[list[str], list[dict]]:
+def read_pairs(csv_path: str | Path, masks_optional: bool = False,
+               max_bytes: int | None = DEFAULT_MAX_PAIRS_BYTES) -> tuple[list[str], list[dict]]:
     """Read a pairs table with the job layer's reader (:func:`~masc_engine.jobs.tables.read_table`;
     CSV: UTF-8, byte-order mark tolerated, quoted commas/newlines allowed).
 
     Args:
         masks_optional: the mask columns may be absent (a run with a segmenter).
+        max_bytes: the file's byte budget (``--max-pairs-mb``), checked before it is read.
 
     Returns:
         ``(columns, rows)``; the required columns' cells are strings (``""`` for a missing or
         null cell, numbers as text); other columns are carried through as read.
 
     Raises:
-        PairsFileError: the file is missing, empty, unparsable, or lacks required columns (named).
+        PairsFileError: the file is missing, over ``max_bytes``, empty, unparsable, or lacks
+            required columns (named).
     """
     try:
         required = [c for c in REQUIRED_COLUMNS if not (masks_optional and c in MASK_COLUMNS)]
-        t = read_table(csv_path, required, "pairs", extra_fields="ignore")
+        t = read_table(csv_path, required, "pairs", extra_fields="ignore", max_bytes=max_bytes,
+                       budget_option="--max-pairs-mb")
     except TableError as e:
         hint = ("; without mask columns, give a segmenter (--segmenter): masks from each row's object_name"
                 if not masks_optional and "missing column" in e.detail and "_mask" in e.detail.split(";")[0] else "")
@@ -145,6 +153,14 @@ class RunSettings:
         save_maps: folder for per-pair attribution PNGs (runtime/maps.py), or ``None``.
         save_masks: folder for the segmenter's masks as PNGs (jobs/mask_source.py), or ``None``;
             needs a segmenter.
+        max_prompt_bytes, max_prompt_tokens: the text budget of a row (masc-serve's defaults,
+            runtime/text.py): its prompt and its object name each at most ``max_prompt_bytes``
+            UTF-8 bytes, checked before anything is tokenized; the object name and the stripped
+            prompt each at most ``max_prompt_tokens`` tokens (the bundle's tokenizer, before
+            truncation). Over it: ``prompt_too_long`` / ``object_name_too_long``.
+        max_file_bytes: byte cap of a file named as an image or mask, checked from its size
+            before it is read (``file_too_large``); None: 4 bytes a pixel of the pixel budget
+            plus 16 MiB (runtime/io.py ``default_max_file_bytes``).
     """
 
     exif: str = "apply"
@@ -154,19 +170,40 @@ class RunSettings:
     baselines: bool = False
     save_maps: str | None = None
     save_masks: str | None = None
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    max_file_bytes: int | None = None
 
     def as_dict(self) -> dict:
-        """The fields as a dict, ``save_masks`` only when set (what the fingerprint hashes and the
-        sidecar records: unchanged for runs without it)."""
+        """The fields as a dict, ``save_masks`` and the budgets only when not their defaults (what
+        the fingerprint hashes and the sidecar records: unchanged for runs without them)."""
         d = asdict(self)
-        if d["save_masks"] is None:
-            del d["save_masks"]
+        for k, v in _OPTIONAL_SETTINGS.items():
+            if d[k] == v:
+                del d[k]
         return d
+
+    def prompt_budget(self) -> PromptBudget:
+        """The text budget of a row (:attr:`max_prompt_bytes`, :attr:`max_prompt_tokens`)."""
+        return PromptBudget(self.max_prompt_bytes, self.max_prompt_tokens)
+
+    def file_cap(self) -> int:
+        """The byte cap of an image or mask file, bytes."""
+        return default_max_file_bytes() if self.max_file_bytes is None else int(self.max_file_bytes)
 
     def result_columns(self, segmenter: bool = False) -> tuple[str, ...]:
         """The result columns a run with these settings (and a segmenter or not) writes, in order."""
         return (RESULT_COLUMNS + (MASK_SOURCE_COLUMNS if segmenter else ()) + (BASELINE_COLUMNS if self.baselines else ())
                 + (MAP_COLUMNS if self.save_maps else ()) + (SAVED_MASK_COLUMNS if self.save_masks else ()))
+
+    def _budget_identity(self) -> dict:
+        """The budgets set away from their defaults, under their masc-run options."""
+        d = {}
+        for k, option in _BUDGET_OPTIONS.items():
+            v = getattr(self, k)
+            if v != _OPTIONAL_SETTINGS[k]:
+                d[option] = v / 2**20 if k == "max_file_bytes" else v
+        return d
 
     def identity(self, scorer: Scorer, segmenter: Segmenter | None = None) -> dict:
         """The settings a row's result depends on, each under the masc-run option that sets it
@@ -177,7 +214,7 @@ class RunSettings:
              "--min-reference-mask-frac": self.min_reference_mask_frac,
              "--min-output-mask-frac": self.min_output_mask_frac,
              "--mask-size-tolerance": self.mask_size_tolerance, "--baselines": self.baselines,
-             "--save-maps": self.save_maps}
+             "--save-maps": self.save_maps, **self._budget_identity()}
         if segmenter is not None:
             d.update({**segmenter.option_identity(), "--save-masks": self.save_masks})
         return d
@@ -195,6 +232,13 @@ class RunSettings:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
+#: Settings recorded (and fingerprinted) only when they differ from these defaults.
+_OPTIONAL_SETTINGS = {"save_masks": None, "max_prompt_bytes": DEFAULT_MAX_PROMPT_BYTES,
+                      "max_prompt_tokens": DEFAULT_MAX_PROMPT_TOKENS, "max_file_bytes": None}
+_BUDGET_OPTIONS = {"max_prompt_bytes": "--max-prompt-bytes", "max_prompt_tokens": "--max-prompt-tokens",
+                   "max_file_bytes": "--max-file-mb"}
+
+
 def row_key(row: dict, base: Path) -> str:
     """Identity of a row's inputs: its cells plus size and mtime of its four files (20 hex digits;
     an empty or absent cell names no file, not the CSV's folder)."""
@@ -206,7 +250,7 @@ def row_key(row: dict, base: Path) -> str:
         try:
             st = os.stat(resolve_path(base, row[c]))
             h.update(f"|{st.st_size}:{st.st_mtime_ns}".encode())
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a path the OS refuses (a NUL byte): the row's status
             h.update(b"|missing")
     return h.hexdigest()[:20]
 
@@ -391,16 +435,57 @@ class PairsJob:
             sides.append((resolve_path(base, row[im_c]), resolve_path(base, row[m_c]) if mask else None))
         return sides
 
-    def load(self, rows, base: str | Path) -> tuple[dict, dict]:
-        """Decode the distinct images (each segmented for the subject names of its mask-less
-        rows), then the distinct masks (onto the grids of the images they are paired with), of
-        some rows: ``(images, masks)`` by path, each value a :class:`DecodedImage` /
-        :class:`DecodedMask` or the :class:`InputError` it raised."""
+    def _text_error(self, prompt: str, subject: str) -> InputError | None:
+        """``prompt_too_long`` / ``object_name_too_long`` for text over the byte budget (nothing
+        tokenized; a text with more characters than the budget has bytes is not even encoded)."""
+        budget = self.settings.prompt_budget()
+        for name, text, reason in (("prompt", prompt, "prompt_too_long"),
+                                   ("object_name", subject, "object_name_too_long")):
+            try:
+                budget.check_text(text, name)
+            except InputError as e:
+                return InputError(reason, f"{e.detail} (--max-prompt-bytes)")
+        return None
+
+    def prepare_text(self, prompt: str, subject: str) -> PreparedPrompt | InputError:
+        """A row's PF prompt stripped and tokenized, once its prompt and object name are within the
+        byte budget and the object name and the stripped prompt within the token budget; else the
+        row's ``prompt_too_long`` / ``object_name_too_long``."""
+        e = self._text_error(prompt, subject)
+        if e is not None:
+            return e
+        budget = self.settings.prompt_budget()
+        if subject.strip():
+            n = self.scorer.tokenizer.encode([subject])[0].n_tokens
+            if n > budget.max_tokens:
+                return InputError("object_name_too_long", f"object_name: {n} tokens, over the budget of "
+                                                          f"{budget.max_tokens} tokens (--max-prompt-tokens)")
+        prepared = self.scorer.prepare_prompt(prompt, subject or None)
+        try:
+            budget.check_tokens(prepared, "prompt")
+        except InputError as e:
+            return InputError(e.reason, f"{e.detail} (--max-prompt-tokens)")
+        return prepared
+
+    def load(self, rows, base: str | Path) -> tuple[dict, dict, dict]:
+        """Check and prepare the rows' text (:meth:`prepare_text`, once per distinct prompt and
+        object name), then, for the rows whose text is within budget, decode the distinct images
+        (each segmented for the subject names of its mask-less rows), then the distinct masks
+        (onto the grids of the images they are paired with): ``(images, masks, texts)``, images
+        and masks by path, texts by ``(prompt, object_name)``, each value a
+        :class:`DecodedImage` / :class:`DecodedMask` / :class:`PreparedPrompt` or the
+        :class:`InputError` it raised."""
         paired: dict[str, set[str]] = defaultdict(set)  # mask path -> its images' paths
         subjects: dict[str, set[str]] = defaultdict(set)  # image path -> subject names to segment it for
         image_paths: set[str] = set()
+        texts: dict[tuple[str, str], PreparedPrompt | InputError] = {}
         for row in rows:
             subject = row.get("object_name") or ""
+            text = _row_text(row)
+            if text not in texts:
+                texts[text] = self.prepare_text(*text)
+            if isinstance(texts[text], InputError):
+                continue  # the row's status: none of its files is read
             for image, mask in self._sides(row, base) or ():
                 image_paths.add(image)
                 if mask is not None:
@@ -408,16 +493,18 @@ class PairsJob:
                 elif self._subject_error(subject) is None:
                     subjects[image].add(subject)
 
+        cap = self.settings.file_cap()
+
         def image(p: str) -> DecodedImage:
-            return _raise(self._image(read_bytes(p, "image"), p, sorted(subjects.get(p, ()))))
+            return _raise(self._image(read_bytes(p, "image", cap), p, sorted(subjects.get(p, ()))))
 
         images = load_all(image_paths, image, self.io_workers)
 
         def mask(p: str) -> DecodedMask:
             grids = {images[i].grid for i in paired[p] if isinstance(images[i], DecodedImage)}
-            return _raise(self._mask(read_bytes(p, "mask"), p, sorted(grids)))
+            return _raise(self._mask(read_bytes(p, "mask", cap), p, sorted(grids)))
 
-        return images, load_all(paired, mask, self.io_workers)
+        return images, load_all(paired, mask, self.io_workers), texts
 
     def decode_pair(self, files: dict, prompt: str, object_name: str | None = None, names: dict | None = None,
                     stripper: str | None = None, row_index: int = 1, cells: dict | None = None) -> DecodedPair:
@@ -494,14 +581,19 @@ class PairsJob:
                    indices: list[int] | None = None) -> list[dict]:
         """Score rows; ``indices`` are their 1-based row indices (default ``first_index``,
         ``first_index + 1``, ...). Results in input order."""
-        images, masks = loaded if loaded is not None else self.load(rows, base)
+        images, masks, texts = loaded if loaded is not None else self.load(rows, base)
         indices = indices if indices is not None else list(range(first_index, first_index + len(rows)))
-        return self.score_decoded([self._row_pair(i, row, base, images, masks) for i, row in zip(indices, rows)])
+        return self.score_decoded([self._row_pair(i, row, base, images, masks, texts[_row_text(row)])
+                                   for i, row in zip(indices, rows)])
 
-    def _row_pair(self, index: int, row: dict, base, images: dict, masks: dict) -> DecodedPair:
-        """One row's :class:`DecodedPair` from the loaded files (a ``bad_row`` for an empty cell
-        the run cannot fill)."""
-        prompt, obj = row.get("prompt") or "", row.get("object_name") or ""
+    def _row_pair(self, index: int, row: dict, base, images: dict, masks: dict,
+                  text: PreparedPrompt | InputError) -> DecodedPair:
+        """One row's :class:`DecodedPair` from the loaded files and its prepared ``text`` (the
+        text's error first: its files were not read; then a ``bad_row`` for an empty cell the run
+        cannot fill)."""
+        prompt, obj = _row_text(row)
+        if isinstance(text, InputError):
+            return DecodedPair(text, text, text, text, prompt, obj, row_index=index, cells=row, error=text)
         sides = self._sides(row, base)
         if sides is None:
             empty = [c for c in FILE_COLUMNS if not (row.get(c) or "").strip()]
@@ -515,8 +607,8 @@ class PairsJob:
             else:
                 names[m_c], objs[m_c] = f"segmenter mask of {image}", self._segmented(images[image], obj)
             sources.append("file" if mask is not None else (SEGMENTER if self._subject_error(obj) is None else ""))
-        return DecodedPair(**objs, prompt=prompt, object_name=obj, names=names, row_index=index, cells=row,
-                           mask_sources=tuple(sources))
+        return DecodedPair(**objs, prompt=prompt, object_name=obj, names=names, prepared=text, row_index=index,
+                           cells=row, mask_sources=tuple(sources))
 
     def score_chunk(self, chunk: Chunk, loaded=None) -> list[dict]:
         """Score a chunk's rows (executor interface); each result carries its ``row_key``."""
@@ -716,6 +808,11 @@ class RowOutcome:
         return rec
 
 
+def _row_text(row: dict) -> tuple[str, str]:
+    """A row's ``(prompt, object_name)`` cells (``""`` when empty)."""
+    return row.get("prompt") or "", row.get("object_name") or ""
+
+
 def _raise(v):
     """A loader's result, raising it when it is an :class:`InputError` (load_all keeps it)."""
     if isinstance(v, InputError):
@@ -792,6 +889,7 @@ class RunOptions:
         ray_address, ray_workers: the Ray cluster and its number of actors.
         progress: draw a progress bar.
         overwrite: replace results made with other settings.
+        max_pairs_bytes: the pairs file's byte budget (``--max-pairs-mb``; None: none).
     """
 
     chunk_size: int = 64
@@ -803,6 +901,7 @@ class RunOptions:
     ray_workers: int | None = None
     progress: bool = True
     overwrite: bool = False
+    max_pairs_bytes: int | None = DEFAULT_MAX_PAIRS_BYTES
 
     def store(self, scorer: Scorer, exif: str) -> EncodingStore | None:
         """The persistent encoding store these options name, or None."""
@@ -816,7 +915,7 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
               chunk_size: int = 64, io_workers: int = 4, cache_dir: str | Path | None = None,
               cache_size_limit: int | None = None, executor: str = "local", ray_address: str | None = None,
               ray_workers: int | None = None, progress: bool = True, log=print, overwrite: bool = False,
-              segmenter: Segmenter | None = None) -> Summary:
+              segmenter: Segmenter | None = None, max_pairs_bytes: int | None = DEFAULT_MAX_PAIRS_BYTES) -> Summary:
     """Score every row of ``csv_path`` into ``out_path`` (format by extension), resumably.
 
     With a ``segmenter`` the mask columns are optional: a side without a mask gets the segmenter's
@@ -831,7 +930,8 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     the fields of :class:`RunOptions`.
 
     Raises:
-        PairsFileError: the pairs file is unusable (nothing is written then).
+        PairsFileError: the pairs file is unusable or over ``max_pairs_bytes`` (nothing is written
+            then).
         ValueError: an unsupported output extension.
         OutputBusyError: another run holds the output's lock (nothing is written).
         SettingsChangedError: results at ``out_path`` were made with other settings, named in the
@@ -842,7 +942,7 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     out_path = Path(out_path)
     output_format(out_path)
     opts = RunOptions(chunk_size, io_workers, None if cache_dir is None else str(cache_dir), cache_size_limit,
-                      executor, ray_address, ray_workers, progress, overwrite)
+                      executor, ray_address, ray_workers, progress, overwrite, max_pairs_bytes)
     with OutputLock(out_path):
         return _run_locked(Path(csv_path), scorer, out_path, settings, opts, log, segmenter)
 
@@ -853,7 +953,7 @@ def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSet
     t0 = time.time()
     if settings.save_masks is not None and segmenter is None:
         raise ValueError("save_masks (--save-masks) needs a segmenter (--segmenter)")
-    fieldnames, rows = read_pairs(csv_path, masks_optional=segmenter is not None)
+    fieldnames, rows = read_pairs(csv_path, masks_optional=segmenter is not None, max_bytes=opts.max_pairs_bytes)
     base = csv_path.resolve().parent
     keys = [row_key(r, base) for r in rows]
     summary = Summary(duplicates=_duplicates(rows))

@@ -18,12 +18,18 @@ import csv
 import json
 import math
 import os
+import sys
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+
+#: Default byte budget of a pairs file (masc-run ``--max-pairs-mb``), checked from its size before
+#: it is read: every row is held in memory, so the file is bounded (1 GiB: millions of rows).
+DEFAULT_MAX_PAIRS_BYTES = 2**30
 
 FORMATS = {".csv": "csv", ".txt": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json",
            ".parquet": "parquet"}
@@ -62,7 +68,7 @@ class Table:
 
 
 def read_table(path: str | Path, required: Sequence[str] = (), what: str = "table", *,
-               extra_fields: str = "error") -> Table:
+               extra_fields: str = "error", max_bytes: int | None = None, budget_option: str = "") -> Table:
     """Read a table file (format by extension, see the module docstring).
 
     Args:
@@ -72,18 +78,24 @@ def read_table(path: str | Path, required: Sequence[str] = (), what: str = "tabl
             the error reason ``bad_<what>_file``.
         extra_fields: a CSV/TSV row with more cells than the header: ``"error"`` raises,
             ``"ignore"`` drops the extra cells (masc-run's behaviour: the row is still scored).
+        max_bytes: the file's byte budget, checked from its size before it is read (None: none).
+        budget_option: the option that sets ``max_bytes``, named in the refusal.
 
     Returns:
         a :class:`Table`.
 
     Raises:
-        TableError: the file is missing, of an unknown type, empty, unparsable (file and line
-            named), or a required column is missing.
+        TableError: the file is missing, of an unknown type, over ``max_bytes``, empty,
+            unparsable (file and line named), or a required column is missing.
     """
     p = Path(path)
     bad = f"bad_{what}_file"
     if not p.is_file():
         raise TableError("missing_file", f"{what} file {p} does not exist")
+    size = p.stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise TableError(bad, f"{p}: {size} bytes, over the budget of {max_bytes} bytes"
+                              + (f" ({budget_option})" if budget_option else ""))
     fmt = FORMATS.get(p.suffix.lower())
     if fmt is None:
         raise TableError(bad, f"{p}: unknown file type {p.suffix!r}; expected one of {', '.join(FORMATS)}")
@@ -101,9 +113,22 @@ def read_table(path: str | Path, required: Sequence[str] = (), what: str = "tabl
     return table
 
 
+@contextmanager
+def _field_limit(file_bytes: int):
+    """Python's csv module refuses a field over 131,072 characters by default; no field can be longer
+    than its file, whose size is the bound (a long cell is then the row's business: masc-run's
+    prompt budget makes it that row's status). The module-wide limit is restored afterwards."""
+    old = csv.field_size_limit()
+    csv.field_size_limit(max(old, min(file_bytes + 1, sys.maxsize)))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(old)
+
+
 def _read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str) -> Table:
     rows, lines = [], []
-    with p.open(newline="", encoding="utf-8-sig") as fh:
+    with p.open(newline="", encoding="utf-8-sig") as fh, _field_limit(os.fstat(fh.fileno()).st_size):
         reader = csv.DictReader(fh, delimiter=delimiter)
         try:
             if not reader.fieldnames:

@@ -37,9 +37,11 @@ Policies (docs/input-policies.md):
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
+import stat
 import warnings
 
 import numpy as np
@@ -56,21 +58,86 @@ IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "TIFF", "BMP")
 _FORMAT_NAMES = "JPEG, PNG, WebP, TIFF or BMP"
 
 
-def read_bytes(path: str, kind: str) -> bytes:
-    """A file's bytes; ``kind`` (``image`` / ``mask``) names it in errors.
+#: Bytes a file may hold beyond 4 bytes a pixel of the pixel budget (headers, EXIF, ICC profiles, XMP).
+FILE_HEADER_ALLOWANCE = 16 * 2**20
+
+
+def default_max_file_bytes(max_pixels: int | None = None) -> int:
+    """The default byte cap of a file named as an image or mask: enough for an image at the pixel
+    budget stored uncompressed at 4 bytes a pixel (8-bit RGBA, the widest that is decoded at one
+    byte a sample), plus :data:`FILE_HEADER_ALLOWANCE` for headers and metadata.
+
+    Args:
+        max_pixels: the pixel budget (default: Pillow's ``Image.MAX_IMAGE_PIXELS``, about 89.5
+            Mpixel unless set; its default when it is disabled with ``None``).
+
+    Returns:
+        bytes (about 357 MiB at Pillow's default budget).
+    """
+    if max_pixels is None:
+        max_pixels = Image.MAX_IMAGE_PIXELS or 1024 * 1024 * 1024 // 4 // 3
+    return 4 * int(max_pixels) + FILE_HEADER_ALLOWANCE
+
+
+def _refused_path(e: Exception, path: str, kind: str) -> InputError:
+    """The status of a path ``os.stat`` or ``os.open`` refused with ``e``."""
+    if isinstance(e, ValueError):  # an embedded NUL byte, or a name the file system encoding cannot hold
+        what = "holds a NUL byte" if "\0" in path else f"cannot be a file name ({e})"
+        return InputError("bad_path", f"{kind} path {path!r} {what}: the operating system refuses it")
+    if isinstance(e, FileNotFoundError) or getattr(e, "errno", None) == errno.ENOTDIR:
+        return InputError("missing_file", f"{kind} {path} does not exist")
+    if getattr(e, "errno", None) == errno.ENAMETOOLONG:
+        return InputError("bad_path", f"{kind} path {path[:60]!r}... ({len(path)} characters): {e.strerror}")
+    return InputError(f"unreadable_{kind}", f"{path}: {getattr(e, 'strerror', None) or e}")
+
+
+def _check_stat(st: os.stat_result, path: str, kind: str, cap: int) -> None:
+    """Refuse what is not a regular file, or is over ``cap`` bytes."""
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"unreadable_{kind}", f"{kind} {path} is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"unreadable_{kind}", f"{kind} {path} is not a regular file")
+    if st.st_size > cap:
+        raise InputError("file_too_large", f"{kind} {path}: {st.st_size} bytes, over the cap of {cap} bytes "
+                                           "(--max-file-mb)")
+
+
+def read_bytes(path: str, kind: str, max_bytes: int | None = None) -> bytes:
+    """A file's bytes, its size checked before it is opened and the read bounded; ``kind``
+    (``image`` / ``mask``) names it in errors.
+
+    Args:
+        path: the file.
+        kind: ``image`` or ``mask``.
+        max_bytes: the byte cap (default :func:`default_max_file_bytes`): a larger file is refused
+            from its size (``os.stat``), before any of it is read, and at most ``max_bytes + 1``
+            bytes are ever read (a file that grows after the check is refused too).
 
     Raises:
-        InputError: ``missing_file`` or ``unreadable_<kind>``.
+        InputError: ``missing_file``, ``bad_path`` (a NUL byte, a name too long: a path the
+            operating system refuses), ``file_too_large`` or ``unreadable_<kind>`` (a directory,
+            not a regular file, a read error).
     """
-    if os.path.isdir(path):
-        raise InputError(f"unreadable_{kind}", f"{kind} {path} is a directory, not a file")
-    if not os.path.isfile(path):
-        raise InputError("missing_file", f"{kind} {path} does not exist")
+    cap = default_max_file_bytes() if max_bytes is None else int(max_bytes)
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        st = os.stat(path)
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise _refused_path(e, path, kind) from None
+    _check_stat(st, path, kind, cap)
+    try:
+        # O_NONBLOCK: a FIFO swapped in after the check cannot block the open (no effect on files).
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
-        raise InputError(f"unreadable_{kind}", f"{path}: {e.strerror or e}") from e
+        raise _refused_path(e, path, kind) from None
+    with os.fdopen(fd, "rb") as f:
+        _check_stat(os.fstat(fd), path, kind, cap)
+        try:
+            data = f.read(cap + 1)
+        except OSError as e:
+            raise InputError(f"unreadable_{kind}", f"{path}: {e.strerror or e}") from None
+    if len(data) > cap:
+        raise InputError("file_too_large", f"{kind} {path}: more than {cap} bytes, the cap (--max-file-mb)")
+    return data
 
 
 def _one_line(e: BaseException) -> str:
