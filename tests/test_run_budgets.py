@@ -239,3 +239,24 @@ def test_pairs_file_over_its_byte_budget_is_one_line(naflex_bundle, data):
     assert res.exit_code == 1
     lines = [ln for ln in res.output.strip().splitlines() if not ln.startswith("WARNING: ")]  # random weights
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "--max-pairs-mb" in lines[0], res.output
+
+
+@pytest.mark.parametrize("name, body, cause", [
+    ("surrogate", '{"key": "a", "prompt": "a cat"}\n{"key": "b", "prompt": "a \\ud800 cat"}\n',
+     "line 2: a string holds a lone UTF-16 surrogate ('\\ud800'), not text"),
+    ("deep", '{"key": "a"}\n{"key": ' + "[" * 100_000 + "]" * 100_000 + "}\n", "line 2: invalid JSON (nested too deeply)"),
+    ("not_utf8", '{"key": "a"}\n{"key": "\xff"}\n', "line 2: not UTF-8 text"),
+])
+def test_jsonl_that_is_not_text_is_one_line(naflex_bundle, tmp_path, name, body, cause):
+    """A lone surrogate escape (no UTF-8 output could hold it), nesting past Python's recursion
+    limit, or bytes that are not UTF-8: one line naming the file and the line, nothing written."""
+    pairs = tmp_path / f"{name}.jsonl"
+    pairs.write_bytes(body.encode("utf-8", "surrogateescape") if name != "not_utf8" else
+                      body.encode("latin-1"))
+    res = CliRunner().invoke(run_main, [str(pairs), "--bundle", str(naflex_bundle), "--out", str(tmp_path / "o.csv"),
+                                        "--no-progress"])
+    lines = [ln for ln in res.output.strip().splitlines() if not ln.startswith("WARNING: ")]
+    assert res.exit_code == 1 and len(lines) == 1, res.output[-3000:]
+    assert lines[0] == f"Error: bad_pairs_file: {pairs}, {cause}" or lines[0].startswith(
+        f"Error: bad_pairs_file: {pairs}, {cause}"), lines[0]
+    assert not (tmp_path / "o.csv").exists()

@@ -18,6 +18,7 @@ import csv
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -154,16 +155,55 @@ def _columns_of(rows: list[dict]) -> list[str]:
     return list(cols)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(obj: Any) -> str | None:
+    """A string in ``obj`` (keys included) holding a lone UTF-16 surrogate (a ``\\ud800`` escape in
+    JSON: not text, and no UTF-8 file can hold it), or None; iterative, whatever the nesting."""
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return v
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return None
+
+
+def _parse_json(text: str, bad: str, where: str, whole_file: bool = False) -> Any:
+    """``json.loads(text)``; invalid JSON, nesting past Python's recursion limit, or a string that
+    is not text (a lone surrogate) is a :class:`TableError` naming ``where`` (and, for a
+    ``whole_file``, the line of a syntax error)."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"{where}, line {exc.lineno}" if whole_file else where
+        raise TableError(bad, f"{where}: invalid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise TableError(bad, f"{where}: invalid JSON (nested too deeply)") from None
+    if "\\u" in text and (bad_text := _lone_surrogate(obj)) is not None:
+        i = _SURROGATE.search(bad_text).start()
+        raise TableError(bad, f"{where}: a string holds a lone UTF-16 surrogate ({bad_text[i]!a}), not text "
+                              f"(near {bad_text[max(0, i - 20):i]!r})")
+    return obj
+
+
 def _read_jsonl(p: Path, bad: str) -> Table:
     rows, lines = [], []
-    with p.open(encoding="utf-8-sig") as fh:
-        for lineno, text in enumerate(fh, start=1):
+    with p.open("rb") as fh:  # decoded line by line, so that a decoding error names its line
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise TableError(bad, f"{p}, line {lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not text.strip():
                 continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TableError(bad, f"{p}, line {lineno}: invalid JSON ({exc.msg})") from None
+            obj = _parse_json(text, bad, f"{p}, line {lineno}")
             if not isinstance(obj, dict):
                 raise TableError(bad, f"{p}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
             rows.append(obj)
@@ -173,9 +213,10 @@ def _read_jsonl(p: Path, bad: str) -> Table:
 
 def _read_json(p: Path, bad: str) -> Table:
     try:
-        obj = json.loads(p.read_text(encoding="utf-8-sig"))
-    except json.JSONDecodeError as exc:
-        raise TableError(bad, f"{p}, line {exc.lineno}: invalid JSON ({exc.msg})") from None
+        text = p.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TableError(bad, f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    obj = _parse_json(text, bad, str(p), whole_file=True)
     if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
         raise TableError(bad, f"{p}: a .json file must hold an array of objects (one per row); "
                               "use .jsonl for JSON Lines")
