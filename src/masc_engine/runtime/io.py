@@ -1,12 +1,18 @@
 """Reading images and masks from files or bytes, with a reason for every failure.
 
 Every failure raises :class:`InputError` whose ``reason`` is a short machine-readable status
-(``missing_file``, ``unreadable_image``, ``unreadable_mask``, ``image_too_large``), which
+(``missing_file``, ``bad_path``, ``file_too_large``, ``unreadable_image``, ``unreadable_mask``,
+``image_too_large``), which
 ``masc-run`` writes into the row's ``status`` and masc-serve answers with 422; one bad file never
 stops a run or fails a neighbour item.
 
 Policies (docs/input-policies.md):
 
+- **File size before reading** (:func:`read_bytes`): a file's size is checked (``os.stat``) against
+  a byte cap before any of it is read, and the read is bounded (cap + 1 bytes): ``file_too_large``.
+  The default cap follows the pixel budget (:func:`default_max_file_bytes`: 4 bytes a pixel plus
+  16 MiB). A path the operating system refuses (a NUL byte, a name too long) is ``bad_path``; a
+  directory, FIFO or device is never opened.
 - **Formats: an allowlist.** Only :data:`IMAGE_FORMATS` (JPEG, PNG, WebP, TIFF, BMP) are opened,
   through ``Image.open(..., formats=IMAGE_FORMATS)``. Pillow's other plugins are never tried:
   EPS/PS/PDF would make Pillow run Ghostscript (an external interpreter) on the bytes, and
