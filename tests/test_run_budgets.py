@@ -260,3 +260,35 @@ def test_jsonl_that_is_not_text_is_one_line(naflex_bundle, tmp_path, name, body,
     assert lines[0] == f"Error: bad_pairs_file: {pairs}, {cause}" or lines[0].startswith(
         f"Error: bad_pairs_file: {pairs}, {cause}"), lines[0]
     assert not (tmp_path / "o.csv").exists()
+
+
+def test_masc_rank_nul_byte_in_a_path_cell_is_that_querys_status(tmp_path):
+    """masc-rank reads its tables through the same path rules: a NUL byte is the query's
+    ``bad_path`` naming the column (it stopped the run with "embedded null byte" before)."""
+    from test_rank import _manifest, _solid, _tiny_encoder, _write_csv
+
+    from masc_engine.cli.rank_cmd import main as rank_main
+
+    for name, rgb in (("red", (255, 0, 0)), ("blue", (0, 0, 255)), ("orange", (255, 128, 0))):
+        _solid(tmp_path / f"{name}.png", rgb)
+    _write_csv(tmp_path / "gallery.csv", ["image", "identity"],
+               [{"image": "red.png", "identity": "A"}, {"image": "blue.png", "identity": "B"}])
+    _write_csv(tmp_path / "queries.csv", ["key", "image", "identity", "method"],
+               [{"key": "q1", "image": "orange.png", "identity": "A", "method": "m"},
+                {"key": "nul", "image": "orange\x00.png", "identity": "A", "method": "m"}])
+    _tiny_encoder(tmp_path)
+    out = tmp_path / "r.csv"
+    res = CliRunner().invoke(rank_main, [str(tmp_path / "queries.csv"), "--gallery", str(tmp_path / "gallery.csv"),
+                                         "--encoder-manifest", str(_manifest(tmp_path)), "--out", str(out),
+                                         "--no-progress"])
+    assert res.exit_code == 0, res.output
+    rows = {r["key"]: r for r in _csv_rows(out)}
+    assert rows["q1"]["status"] == "ok"
+    assert rows["nul"]["status"] == "bad_path" and rows["nul"]["status_detail"].startswith("image: ")
+
+
+def _csv_rows(path: Path) -> list[dict]:
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))

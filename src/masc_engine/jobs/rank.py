@@ -147,6 +147,8 @@ def _read_items(path: str | Path, required: Sequence[str], what: str) -> tuple[l
         empty = [c for c in required if not cell(row, c)]
         if empty:
             it.status, it.detail = "bad_row", f"empty column(s): {', '.join(empty)}"
+        elif refused := [c for c in ("image", "mask") if "\0" in cell(row, c)]:
+            it.status, it.detail = "bad_path", f"{refused[0]}: the path holds a NUL byte: the operating system refuses it"
         else:
             it.image = resolve_path(base, cell(row, "image"), real=True)
             it.mask = resolve_path(base, cell(row, "mask"), real=True) if cell(row, "mask") else ""
@@ -405,7 +407,8 @@ def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None
     Returns:
         a :class:`RankReport`; per-query rows are in query order, with ``status`` ``ok``,
         ``no_relevant_gallery_item`` (AP undefined) or a failure reason (``missing_file``,
-        ``unreadable_image``, ``unreadable_mask``, ``image_too_large``, ``mask_size_mismatch``,
+        ``bad_path``, ``file_too_large``, ``unreadable_image``, ``unreadable_mask``, ``image_too_large``,
+        ``mask_size_mismatch``,
         ``mask_orientation_mismatch``, ``empty_query_mask``, ``query_mask_below_threshold``, ``bad_row``; with a
         segmenter ``no_mask_source``, ``mask_prompt_too_long``).
 
