@@ -23,9 +23,9 @@ without its reason:
   the text budget, checked before the row's files are read or its text tokenized: see
   :class:`RunSettings`); ``missing_file``, ``bad_path`` (a path the operating system refuses: a
   NUL byte, a name too long), ``unreadable_image``, ``unreadable_mask``, ``image_too_large``,
-  ``file_too_large`` (over the byte cap, from its size, before it is read); ``mask_size_mismatch`` (a mask's size differs from its
-  image's; the reference stretches it); ``mask_orientation_mismatch`` (the mask fits the image only
-  rotated by 90 degrees, EXIF); ``bad_row`` (an empty image cell, or an empty mask cell without
+  ``file_too_large`` (over the byte cap, from its size, before it is read);
+  ``mask_size_mismatch`` (a mask's size differs from its image's; the reference stretches it);
+  ``mask_orientation_mismatch`` (the mask fits the image only rotated by 90 degrees, EXIF); ``bad_row`` (an empty image cell, or an empty mask cell without
   a segmenter); ``no_mask_source`` (no mask and no ``object_name`` to prompt the segmenter with),
   ``mask_prompt_too_long`` (the ``object_name`` is over the segmenter's prompt budget);
   ``filtered_reference_mask`` / ``filtered_output_mask`` (dropped on request by the paper's
