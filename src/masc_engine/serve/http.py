@@ -12,7 +12,18 @@ subclass that:
   connection that finished a request and then trickles bytes without a new complete request
   is cut off the same way;
 - answers malformed HTTP with the JSON error body (400 ``bad_http``) instead of uvicorn's plain
-  text.
+  text;
+- closes a connection whose request body is still arriving with a *lingering close*: a refusal
+  answered before the body was read (413 from Content-Length, 415, 401, 503 ``not_ready`` or
+  ``overloaded``) is followed by a half-close (FIN after the response) while the rest of the body
+  is read and discarded, up to ``linger_s`` seconds and ``linger_bytes`` bytes, until the client
+  closes its side. A plain ``close()`` with unread bytes makes the kernel send a TCP reset, and a
+  client still sending its body then reads ``Connection reset by peer`` or ``Broken pipe``
+  instead of the answer already on the wire: uvicorn's keep-alive timer (5 s) did exactly that to
+  a client whose body paused for longer after an early refusal (a loaded machine's first request
+  while the bundle loads);
+- refuses a request carrying both ``Content-Length`` and ``Transfer-Encoding`` (400
+  ``bad_http``, request smuggling behind a proxy that reads the other header).
 
 What follows the headers is the app's: the body deadline, the request limit and every other
 error body live in serve/limits.py. ``limit_concurrency`` is not used: uvicorn answers it with a
@@ -40,12 +51,40 @@ def _raw_response(status: int, error: str, detail: str) -> bytes:
     return head.encode("ascii") + body
 
 
-def guarded_protocol(header_timeout_s: float, on_reject=None) -> type:
-    """An ``H11Protocol`` subclass with a header deadline and JSON 400/408 bodies.
+class _LingeringTransport:
+    """The connection's transport as the protocol sees it: ``close()`` while the peer is still
+    sending a request body becomes a lingering close (module docstring); all else is the transport's."""
+
+    def __init__(self, transport, protocol):
+        self._t, self._p = transport, protocol
+        self.lingering = False
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._t.is_closing()
+
+    def close(self) -> None:
+        if self.lingering or self._t.is_closing():
+            return
+        if self._p.conn.their_state is h11.SEND_BODY and self._t.can_write_eof():
+            self.lingering = True
+            self._p.start_linger(self._t)
+        else:
+            self._t.close()
+
+
+def guarded_protocol(header_timeout_s: float, on_reject=None, linger_s: float = 30.0,
+                     linger_bytes: int = 64 * 2**20) -> type:
+    """An ``H11Protocol`` subclass with a header deadline, JSON 400/408 bodies and lingering close.
 
     Args:
         header_timeout_s: seconds a request's headers may take.
         on_reject (callable | None): ``on_reject(error, status)`` for each connection answered here (metrics).
+        linger_s: seconds a connection answered before its body was read keeps reading (and
+            discarding) the rest of the body before it is closed (``--body-timeout-s``).
+        linger_bytes: most bytes so discarded (``--max-body-mb``).
 
     Returns:
         the class, for ``uvicorn.run(..., http=cls)``.
@@ -53,9 +92,30 @@ def guarded_protocol(header_timeout_s: float, on_reject=None) -> type:
 
     class GuardedH11Protocol(H11Protocol):
         def connection_made(self, transport) -> None:
-            super().connection_made(transport)
+            super().connection_made(_LingeringTransport(transport, self))
             self._header_timer = None
+            self._linger_timer = None
+            self._discarded = 0
             self._arm()
+
+        def start_linger(self, transport) -> None:
+            """Half-close after the response; read and discard the body until the client closes,
+            ``linger_s`` pass or ``linger_bytes`` arrive (then close)."""
+            self._disarm()
+            self._unset_keepalive_if_required()
+            transport.write_eof()  # FIN once the response is flushed
+            transport.resume_reading()
+            self._linger_timer = self.loop.call_later(linger_s, transport.close)
+
+        def eof_received(self):
+            if self.transport.lingering:
+                self.transport._t.close()
+            return super().eof_received()
+
+        def _linger_read(self, data: bytes) -> None:
+            self._discarded += len(data)
+            if self._discarded > linger_bytes:
+                self.transport._t.close()
 
         def _idle(self) -> bool:
             """No request is being handled (none yet, or the last one was answered)."""
@@ -71,7 +131,9 @@ def guarded_protocol(header_timeout_s: float, on_reject=None) -> type:
                 self._header_timer = None
 
         def data_received(self, data: bytes) -> None:
-            if self._idle():
+            if self.transport.lingering:
+                return self._linger_read(data)
+            if self._idle() and self.conn.their_state is not h11.SEND_BODY:
                 self._arm()  # a new request starts with these bytes
             cycle = self.cycle
             super().data_received(data)
@@ -80,11 +142,16 @@ def guarded_protocol(header_timeout_s: float, on_reject=None) -> type:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                self.transport.close()  # answered before its body was read: linger, then close
+                return
             if self.cycle is not None and not self.cycle.response_complete:  # a pipelined request started
                 self._disarm()
 
         def connection_lost(self, exc) -> None:
             self._disarm()
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
             super().connection_lost(exc)
 
         def _header_deadline(self) -> None:

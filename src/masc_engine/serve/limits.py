@@ -96,6 +96,10 @@ class RequestGuard:
 
     def _refusal(self, scope) -> tuple | None:
         """An answer for a request refused before the app sees it, else None."""
+        names = {k for k, _ in scope.get("headers", ())}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            return (400, "bad_http", "not a valid HTTP/1.1 request: both Content-Length and Transfer-Encoding "
+                                     "(ambiguous framing)", ())
         for k, v in scope.get("headers", ()):
             if k == b"content-length":
                 n = int(v) if v.isdigit() else -1
