@@ -31,7 +31,8 @@ from .options import (exif_option, mask_size_tolerance_option, scorer_config, sc
 @click.option("--cache-mb", type=click.FloatRange(0, 1e7), default=512.0, show_default=True,
               help="In-memory reference-encoding cache (LRU by content hash), bound in MiB of patch tokens; 0: off.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-              help="Also use masc-run's persistent cache here (shared with masc-run and other replicas).")
+              help="Also use masc-run's persistent cache here (one per replica on local disk: see docs/service.md); "
+                   "a cache that fails later is bypassed and /readyz says \"cache\": \"degraded\".")
 @click.option("--cache-size-gb", type=click.FloatRange(0.01, 1e6), default=None,
               help="Bound on the persistent cache's size (default: masc-run's, 8 GiB).")
 @click.option("--max-body-mb", type=click.FloatRange(0.001, 1e5), default=64.0, show_default=True,
@@ -61,6 +62,12 @@ from .options import (exif_option, mask_size_tolerance_option, scorer_config, sc
                    "/metrics are never refused.")
 @click.option("--graceful-timeout-s", type=click.FloatRange(0, 3600), default=25.0, show_default=True,
               help="On SIGTERM/SIGINT: how long in-flight requests may take to finish.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+              help="Require 'Authorization: Bearer <key>' (the file's content, read once at start) on every path "
+                   "but /healthz, /readyz and /metrics (401 JSON otherwise). Without it nothing is authenticated.")
+@click.option("--docs", is_flag=True,
+              help="Serve Swagger UI at /docs and ReDoc at /redoc (their scripts load from a CDN into the "
+                   "viewer's browser); off by default. /openapi.json is always served.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def main(**params):
@@ -86,9 +93,10 @@ def main(**params):
 
     config = scorer_config(params)
     seg_config = segmenter_config(params, config)
-    p = {k: v for k, v in params.items() if k not in ("host", "port", "graceful_timeout_s", "log_level")}
+    p = {k: v for k, v in params.items() if k not in ("host", "port", "graceful_timeout_s", "log_level", "api_key_file")}
     logging.basicConfig(level=params["log_level"].upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = ServeConfig(scorer=config, segmenter=seg_config, **p)
+    _check_cache_dir(params)
+    cfg = ServeConfig(scorer=config, segmenter=seg_config, api_key=_read_api_key(params["api_key_file"]), **p)
     # uvicorn handles SIGTERM and SIGINT: it stops accepting, lets in-flight requests finish (up to
     # --graceful-timeout-s), then runs the app's shutdown, which drains the batcher. Afterwards it
     # restores the previous handler and raises the signal again; this handler turns that into exit
@@ -100,6 +108,38 @@ def main(**params):
     protocol = guarded_protocol(cfg.header_timeout_s, on_reject=app.state.masc.metrics.count_connection_error)
     uvicorn.run(app, host=params["host"], port=params["port"], log_level=params["log_level"], http=protocol,
                 timeout_graceful_shutdown=params["graceful_timeout_s"], access_log=params["log_level"] == "debug")
+
+
+def _read_api_key(path: str | None) -> bytes | None:
+    """The bearer token in ``path`` (surrounding whitespace dropped), or None without the option.
+
+    Raises:
+        click.ClickException: the file cannot be read or holds no key (one line).
+    """
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            key = f.read(4097).strip()
+    except OSError as e:
+        raise click.ClickException(f"--api-key-file {path}: cannot read it ({e.strerror or e})") from None
+    if not key or len(key) > 4096 or any(c < 0x21 or c > 0x7E for c in key):
+        raise click.ClickException(f"--api-key-file {path}: expected one key of 1-4096 printable ASCII "
+                                   "characters without spaces")
+    return key
+
+
+def _check_cache_dir(params: dict) -> None:
+    """Refuse a ``--cache-dir`` that cannot be opened and written, in one line, before serving."""
+    if not params["cache_dir"]:
+        return
+    from ..runtime.cache import DEFAULT_SIZE_LIMIT, CacheError, open_cache
+
+    size = int(params["cache_size_gb"] * 2**30) if params["cache_size_gb"] else DEFAULT_SIZE_LIMIT
+    try:
+        open_cache(params["cache_dir"], size).close()
+    except CacheError as e:
+        raise click.ClickException(str(e)) from None
 
 
 def _exit_on_sigterm(signum, frame):

@@ -2,7 +2,16 @@
 persistent, content-keyed store of patch tokens and text embeddings (:class:`EncodingStore`).
 
 The store is backed by `diskcache` (SQLite index + files): safe for several worker processes on one machine to
-share, with a size bound enforced by least-recently-used eviction. Keys are content, never paths:
+share, with a size bound enforced by least-recently-used eviction. SQLite runs with a rollback
+journal (``journal_mode=delete``) and without memory-mapped I/O (``mmap_size=0``): WAL mode maps
+its ``-shm`` index into memory, and a storage fault on a mapped page (a file made unwritable or
+truncated, a full or vanished disk) kills the process with SIGBUS instead of raising an error.
+
+A store that stops working (a storage error from SQLite or the file system, a disk full, a
+corrupt database) is logged once and bypassed: lookups miss and writes are dropped, so scoring
+goes on without it; :attr:`EncodingStore.fault` says why and :attr:`EncodingStore.faults` counts
+the failed operations. A folder that cannot be opened and written at all is refused up front
+(:class:`CacheError`, one line). Keys are content, never paths:
 
 - image: sha256 of the file bytes + the bundle fingerprint + the preprocessing settings (patch
   budget, EXIF policy) -> ``ImageEncoding`` (tokens ``[Hp*Wp, D] float32`` + grid);
@@ -20,6 +29,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import pickle
+import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, MutableMapping
@@ -27,10 +39,27 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import MascEngineError
 from .preprocess import PreprocessedImage
 from .scorer import ImageEncoding
 
 DEFAULT_SIZE_LIMIT = 8 * 2**30  # 8 GiB
+#: diskcache settings: a rollback journal and no memory map, so a storage fault is an error, not SIGBUS.
+SQLITE_SETTINGS = {"sqlite_journal_mode": "delete", "sqlite_mmap_size": 0}
+
+log = logging.getLogger("masc_engine.cache")
+
+
+class CacheError(MascEngineError):
+    """The ``--cache-dir`` folder cannot be opened or written (one line, naming the folder)."""
+
+
+def _storage_errors() -> tuple[type[BaseException], ...]:
+    """What a failing store raises: SQLite's errors (not OSErrors), the file system's, diskcache's
+    lock timeout, and an unreadable stored value."""
+    import diskcache
+
+    return (sqlite3.Error, OSError, diskcache.Timeout, pickle.UnpicklingError, EOFError)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -45,22 +74,46 @@ class EncodingStore:
         directory: cache folder (created); share it between processes and runs.
         namespace: what makes entries reusable: the bundle fingerprint and preprocessing settings.
         size_limit: bytes; least-recently-used entries are evicted past it.
+
+    Attributes:
+        fault: why the store stopped working (one line), or None while it works.
+        faults: store operations not served because of a storage fault (the first failure
+            disables the store; each later lookup or write counts as bypassed).
+
+    Raises:
+        CacheError: the folder cannot be created, opened or written.
     """
 
     def __init__(self, directory: str | Path, namespace: dict, size_limit: int = DEFAULT_SIZE_LIMIT):
-        import diskcache
-
-        self.cache = diskcache.Cache(str(directory), size_limit=int(size_limit),
-                                     eviction_policy="least-recently-used")
+        self.cache = open_cache(directory, size_limit)
+        self.directory = str(directory)
         self.ns = hashlib.sha256(json.dumps(namespace, sort_keys=True).encode()).hexdigest()[:16]
         self.hits = 0
         self.misses = 0
+        self.fault: str | None = None
+        self.faults = 0
+        self._errors = _storage_errors()
+
+    def _do(self, op, *args):
+        """``op(*args)`` on the store; a storage error disables the store (logged once) and gives None."""
+        if self.fault is not None:
+            self.faults += 1
+            return None
+        try:
+            return op(*args)
+        except self._errors as e:
+            self.faults += 1
+            if self.fault is None:
+                self.fault = f"{type(e).__name__}: {e}"
+                log.error("masc cache: the persistent cache in %s failed (%s); scoring goes on without it",
+                          self.directory, self.fault)
+            return None
 
     def _key(self, kind: str, digest: str) -> str:
         return f"{kind}:{self.ns}:{digest}"
 
     def get_image(self, digest: str) -> ImageEncoding | None:
-        v = self.cache.get(self._key("img", digest))
+        v = self._do(self.cache.get, self._key("img", digest))
         if v is None:
             self.misses += 1
             return None
@@ -70,16 +123,17 @@ class EncodingStore:
 
     def put_image(self, digest: str, enc: ImageEncoding) -> None:
         t = np.ascontiguousarray(enc.tokens, dtype=np.float32)
-        self.cache.set(self._key("img", digest), {"tokens": t.tobytes(), "shape": t.shape, "grid": list(enc.grid)})
+        self._do(self.cache.set, self._key("img", digest), {"tokens": t.tobytes(), "shape": t.shape, "grid": list(enc.grid)})
 
     def get_text(self, text: str) -> np.ndarray | None:
-        v = self.cache.get(self._key("txt", sha256_bytes(text.encode())))
+        v = self._do(self.cache.get, self._key("txt", sha256_bytes(text.encode())))
         if v is None:
             return None
         return np.frombuffer(v, dtype=np.float32)
 
     def put_text(self, text: str, embedding: np.ndarray) -> None:
-        self.cache.set(self._key("txt", sha256_bytes(text.encode())), np.asarray(embedding, np.float32).tobytes())
+        self._do(self.cache.set, self._key("txt", sha256_bytes(text.encode())),
+                 np.asarray(embedding, np.float32).tobytes())
 
     @staticmethod
     def _mask_key(key: str, scope: str) -> str:
@@ -92,7 +146,7 @@ class EncodingStore:
             key: the mask's content key (runtime/segmenter.py ``mask_cache_key``).
             scope: what else decides its pixels (the segmenter's backend and provider).
         """
-        v = self.cache.get(self._mask_key(key, scope))
+        v = self._do(self.cache.get, self._mask_key(key, scope))
         if v is None:
             return None
         h, w = v["shape"]
@@ -102,10 +156,42 @@ class EncodingStore:
     def put_mask(self, key: str, mask: np.ndarray, scope: str = "") -> None:
         """Store a 0/255 (or boolean) ``[H, W]`` mask under ``key`` in ``scope``, 1 bit per pixel."""
         m = np.asarray(mask) > 0
-        self.cache.set(self._mask_key(key, scope), {"shape": list(m.shape), "bits": np.packbits(m).tobytes()})
+        self._do(self.cache.set, self._mask_key(key, scope), {"shape": list(m.shape), "bits": np.packbits(m).tobytes()})
 
     def close(self) -> None:
-        self.cache.close()
+        try:
+            self.cache.close()
+        except self._errors:
+            pass
+
+
+def open_cache(directory: str | Path, size_limit: int = DEFAULT_SIZE_LIMIT):
+    """The ``diskcache.Cache`` in ``directory`` (rollback journal, no memory map), checked writable.
+
+    Args:
+        directory: the cache folder (created).
+        size_limit: bytes; least-recently-used entries are evicted past it.
+
+    Returns:
+        the open ``diskcache.Cache``.
+
+    Raises:
+        CacheError: the folder cannot be created, opened or written (one line naming it).
+    """
+    import diskcache
+
+    cache = None
+    try:
+        cache = diskcache.Cache(str(directory), size_limit=int(size_limit), eviction_policy="least-recently-used",
+                                **SQLITE_SETTINGS)
+        cache.set("masc:probe", b"", expire=1)  # a folder SQLite can read but not write fails here
+        return cache
+    except _storage_errors() as e:
+        if cache is not None:
+            cache.close()
+        why = getattr(e, "strerror", None) or e
+        raise CacheError(f"the cache folder {directory} cannot be used ({type(e).__name__}: {why}); "
+                         "give a writable --cache-dir or none") from None
 
 
 class _LRU(OrderedDict):

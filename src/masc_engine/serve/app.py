@@ -1,6 +1,7 @@
 """The masc-serve ASGI app (FastAPI): a thin HTTP shell over the scoring library.
 
-Endpoints (OpenAPI at ``/openapi.json``, docs at ``/docs``):
+Endpoints (OpenAPI at ``/openapi.json``; Swagger UI at ``/docs`` only with ``--docs``, since its
+assets load from a CDN):
 
 - ``GET /healthz``: 200 while the process serves HTTP; ``GET /readyz``: 200 once the bundle is
   loaded and its graphs ran once (warm), else 503.
@@ -68,12 +69,13 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
     from .. import __version__
 
-    app = _GuardedApp(title="masc-serve", version=__version__, lifespan=lifespan,
+    docs = {} if cfg.docs else {"docs_url": None, "redoc_url": None}  # Swagger UI / ReDoc load from a CDN
+    app = _GuardedApp(title="masc-serve", version=__version__, lifespan=lifespan, **docs,
                       description="MaSC (masked SigLIP2 CP and PF) as an HTTP service; see docs/service.md.")
     app.state.masc = state
     max_bytes = int(cfg.max_body_mb * 2**20)
     app.guard_options = {"max_bytes": max_bytes, "body_timeout_s": cfg.body_timeout_s,
-                         "max_in_flight": cfg.max_connections, "metrics": state.metrics}
+                         "max_in_flight": cfg.max_connections, "metrics": state.metrics, "api_key": cfg.api_key}
     app.add_middleware(RequestBodyLimitMiddleware, max_body_size=max_bytes)  # chunked bodies
     add_error_handlers(app, cfg, state)
     add_probe_routes(app, cfg, state)

@@ -15,6 +15,11 @@ middleware, so it sees every response the app sends, 500s included):
 - **Anything that escapes the app** becomes the documented JSON 500 (``internal_error``), logged
   once with its traceback, never a plain-text body; every status code the server answers is
   counted in ``/metrics`` (``masc_requests_total{path,code}``).
+- **Bearer token** (``--api-key-file``, optional): every path but the probes (``/healthz``,
+  ``/readyz``, ``/metrics``) needs ``Authorization: Bearer <key>``, compared in constant time
+  (``hmac.compare_digest``); else 401 ``unauthorized`` before any of the body is read.
+- **Framing**: a request with both ``Content-Length`` and ``Transfer-Encoding`` is refused (400
+  ``bad_http``): a proxy in front that reads the other header would see another request.
 - **Pixels** (``--max-pixels``): Pillow's decompression-bomb limit, ``Image.MAX_IMAGE_PIXELS``,
   checked from the header before decoding (runtime/io.py ``open_image``).
 
@@ -25,6 +30,7 @@ free heap is returned to the system (jobs/loading.py ``release_free_memory``).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -75,10 +81,13 @@ class RequestGuard:
         body_timeout_s: deadline for the whole body, seconds from the request's start.
         max_in_flight: most requests handled at once, probes excepted (None: no limit).
         metrics (ServiceMetrics): the :class:`~masc_engine.serve.metrics.ServiceMetrics` counting every response.
+        api_key (bytes | None): the bearer token every non-probe request must carry (None: no check).
     """
 
-    def __init__(self, app, max_bytes: int, body_timeout_s: float, max_in_flight: int | None, metrics):
+    def __init__(self, app, max_bytes: int, body_timeout_s: float, max_in_flight: int | None, metrics,
+                 api_key: bytes | None = None):
         self.app = app
+        self.api_key = api_key
         self.max_bytes = int(max_bytes)
         self.timeout_s = float(body_timeout_s)
         self.max_in_flight = max_in_flight
@@ -100,6 +109,9 @@ class RequestGuard:
         if b"content-length" in names and b"transfer-encoding" in names:
             return (400, "bad_http", "not a valid HTTP/1.1 request: both Content-Length and Transfer-Encoding "
                                      "(ambiguous framing)", ())
+        if self.api_key is not None and scope["path"] not in PROBE_PATHS and not self._authorized(scope):
+            return (401, "unauthorized", "send Authorization: Bearer <key> (the key of --api-key-file)",
+                    ((b"www-authenticate", b"Bearer"),))
         for k, v in scope.get("headers", ()):
             if k == b"content-length":
                 n = int(v) if v.isdigit() else -1
@@ -112,6 +124,14 @@ class RequestGuard:
             return (503, "overloaded", f"{self.in_flight} requests are being handled (--max-connections "
                                        f"{self.max_in_flight})", ((b"retry-after", b"1"),))
         return None
+
+    def _authorized(self, scope) -> bool:
+        """Whether the request's ``Authorization: Bearer`` token is the key (constant-time compare)."""
+        given = b""
+        for k, v in scope.get("headers", ()):
+            if k == b"authorization" and v[:7].lower() == b"bearer ":
+                given = v[7:].strip()
+        return hmac.compare_digest(given, self.api_key)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

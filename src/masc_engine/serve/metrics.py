@@ -60,6 +60,20 @@ class ServiceMetrics:
         self.queue_depth = Gauge("masc_queue_depth", "items waiting for a micro-batch", registry=reg)
         self.ready = Gauge("masc_ready", "1 once the bundle is loaded and warm", registry=reg)
         self.cache = _CacheGauges(reg)
+        self.cache_faults = Counter("masc_cache_faults_total", "persistent-cache (--cache-dir) operations not "
+                                    "served because of a storage fault (the cache is bypassed after the first)",
+                                    registry=reg)
+        self._cache_faults_seen = 0
+
+    def update_cache_faults(self, store) -> None:
+        """Advance ``masc_cache_faults_total`` to the persistent store's running count.
+
+        Args:
+            store (EncodingStore | None): the service's :class:`~masc_engine.runtime.cache.EncodingStore`.
+        """
+        total = 0 if store is None else store.faults
+        self.cache_faults.inc(max(0, total - self._cache_faults_seen))
+        self._cache_faults_seen = max(total, self._cache_faults_seen)
 
     def count_error(self, reason: str) -> None:
         self.errors.labels(reason).inc()

@@ -15,30 +15,42 @@ from .parsing import parse_json, parse_multipart
 from .schemas import ERRORS, BatchResult, ErrorBody, ScoreResult, multipart_schema, request_models
 
 
+#: What ``/readyz`` and ``not_ready`` say about a failed load: the cause (with server paths) is in the log only.
+LOAD_FAILED_DETAIL = "the bundle could not be loaded; the server log names the cause"
+
+
 def add_probe_routes(app: FastAPI, cfg, state) -> None:
-    @app.get("/healthz", summary="process alive", responses={200: {"content": {"application/json": {}}}})
+    """``/healthz``, ``/readyz`` and ``/metrics``, each answering GET and HEAD (HEAD-based probes).
+    No answer names a server path: bundles are identified by their fingerprint."""
+
+    @app.api_route("/healthz", methods=["GET", "HEAD"], summary="process alive",
+                   responses={200: {"content": {"application/json": {}}}})
     async def healthz() -> dict:
         return {"status": "alive"}
 
-    @app.get("/readyz", summary="bundle loaded and graphs warm", responses={503: {"model": ErrorBody}})
+    @app.api_route("/readyz", methods=["GET", "HEAD"], summary="bundle loaded and graphs warm",
+                   responses={503: {"model": ErrorBody}})
     async def readyz():
         if state.ready:
-            cert = state.service.scorer.certificate
-            ready = {"status": "ready", "bundle": cfg.bundle, "backend": state.service.scorer.backend,
-                     "precision": state.service.scorer.precision, "certificate": cert and cert["claim"]}
+            scorer = state.service.scorer
+            cert = scorer.certificate
+            ready = {"status": "ready", "bundle": {"fingerprint": scorer.bundle.fingerprint},
+                     "backend": scorer.backend, "precision": scorer.precision, "certificate": cert and cert["claim"],
+                     "cache": state.cache_status()}
             masks = state.service.job.masks
             if masks is not None:  # masks optional: say which segmenter and rule compute them
-                ready["segmenter"] = {"bundle": cfg.segmenter.bundle, **masks.segmenter.identity()}
+                ready["segmenter"] = masks.segmenter.identity()
             return ready
         if state.load_error:
-            return error_response(503, "load_failed", None, state.load_error)
+            return error_response(503, "load_failed", None, LOAD_FAILED_DETAIL)
         return error_response(503, "not_ready", None, "the bundle is still loading")
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response,
+    @app.api_route("/metrics", methods=["GET", "HEAD"], summary="Prometheus metrics", response_class=Response,
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics():
         if state.batcher is not None:
             state.metrics.queue_depth.set(state.batcher.depth())
+        state.metrics.update_cache_faults(state.store)
         body, ctype = state.metrics.exposition()
         return Response(body, media_type=ctype)
 
@@ -53,8 +65,8 @@ class _Scoring:
 
     def require_ready(self) -> None:
         if not self.state.ready:
-            raise ApiError(503, "not_ready", None, self.state.load_error or "the bundle is still loading",
-                           {"Retry-After": "5"})
+            detail = LOAD_FAILED_DETAIL if self.state.load_error else "the bundle is still loading"
+            raise ApiError(503, "not_ready", None, detail, {"Retry-After": "5"})
 
     def check_text(self, prompt, object_name, label: str) -> None:
         try:

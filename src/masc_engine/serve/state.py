@@ -50,6 +50,10 @@ class ServeConfig:
     #: The segmenter (``--segmenter``): with one, a request's mask fields are optional (computed
     #: from its object_name); None: every mask is sent.
     segmenter: SegmenterConfig | None = None
+    #: The bearer token every request but the probes must carry (``--api-key-file``); None: no check.
+    api_key: bytes | None = dataclasses.field(default=None, repr=False)
+    #: Serve Swagger UI at ``/docs`` and ReDoc at ``/redoc`` (their assets load from a CDN).
+    docs: bool = False
 
 
 def _logged_warnings(load):
@@ -122,7 +126,15 @@ class ServiceState:
     def _score_batch(self, items):
         out = self.service.score(items)
         self.metrics.cache.update(self.service)
+        self.metrics.update_cache_faults(self.store)
         return out
+
+    def cache_status(self) -> str:
+        """The persistent cache (``--cache-dir``): ``"off"``, ``"ok"``, or ``"degraded"`` once a
+        storage fault made the service bypass it (the log has the cause)."""
+        if self.store is None:
+            return "off"
+        return "ok" if self.store.fault is None else "degraded"
 
     def close(self) -> None:
         if self.batcher is not None:
