@@ -89,33 +89,36 @@ def _reset_peak(pid: int) -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
 
 
-def _raw(port: int, head: bytes, body=(), timeout: float = 30) -> tuple[int, dict, float]:
+def _raw(port: int, head: bytes, body=(), timeout: float = 30) -> tuple[int, dict, int]:
     """Send ``head`` then the ``body`` chunks from a thread (a client that keeps sending after
-    the answer); returns ``(status, JSON body, seconds to the answer)``."""
+    the answer); returns ``(status, JSON body, body bytes handed to the socket when the answer
+    arrived)``: at most what the server read plus the two sockets' buffers and one chunk."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    sent = [0]
 
     def pump():
         try:
             for chunk in body:
                 s.sendall(chunk)
+                sent[0] += len(chunk)
         except OSError:
             pass
 
-    t0 = time.perf_counter()
     s.sendall(head)
     threading.Thread(target=pump, daemon=True).start()
     reply = b""
     try:
+        reply += s.recv(65536)
+        sent_at_answer = sent[0] + max((len(c) for c in body), default=0)  # the chunk being sent, too
         while b"\r\n\r\n" not in reply:
             reply += s.recv(65536)
         head_part, _, rest = reply.partition(b"\r\n\r\n")
         n = int(re.search(rb"content-length: (\d+)", head_part, re.I).group(1))
         while len(rest) < n:
             rest += s.recv(65536)
-        seconds = time.perf_counter() - t0
     finally:
         s.close()
-    return int(head_part.split()[1]), json.loads(rest[:n]), seconds
+    return int(head_part.split()[1]), json.loads(rest[:n]), sent_at_answer
 
 
 def _multipart(fields: dict, files: dict, boundary: bytes = b"masc-boundary") -> tuple[bytes, list[bytes]]:
@@ -140,32 +143,36 @@ def _multipart(fields: dict, files: dict, boundary: bytes = b"masc-boundary") ->
 
 
 def test_huge_prompts_are_refused_cheaply(server, good_item):
-    """4 MB and 60 MB prompts (JSON and multipart) get 422 prompt_too_long within a second; a
-    multipart text field is cut off while parsing, so the server's memory barely moves."""
+    """4 MB and 60 MB prompts (JSON and multipart) get 422 prompt_too_long; a multipart text
+    field is cut off while parsing, so the server's memory barely moves and the 60 MB body is
+    answered long before the client has sent it (work done, not time: the sockets' timeouts only
+    guard against hangs)."""
     pid = server.proc.pid
     files = {k: base64.b64decode(good_item[k]) for k in ("ref_image", "ref_mask", "out_image", "out_mask")}
     for size in (4 * 2**20, 60 * 2**20):
         rss0 = _status(pid, "VmRSS")
         _reset_peak(pid)
         head, chunks = _multipart({"object_name": b"cat", "prompt": b"a " * (size // 2)}, files)
-        status, body, seconds = _raw(server.port, head, chunks)
+        status, body, sent = _raw(server.port, head, chunks)
         grew = _status(pid, "VmHWM") - rss0
         assert (status, body["error"]) == (422, "prompt_too_long"), body
-        assert seconds < 1 and grew < 50 * 2**20, (size, seconds, grew / 2**20)
+        assert grew < 50 * 2**20, (size, grew / 2**20)
+        if size > 32 * 2**20:  # far more than the sockets buffer: the answer came before the body was read
+            assert sent < size // 2, (size, sent)
     rss0 = _status(pid, "VmRSS")
     _reset_peak(pid)
-    t0 = time.perf_counter()
     r = httpx.post(server.url + "/v1/score", json={**good_item, "prompt": "a " * 2 * 2**20}, timeout=30)
-    assert time.perf_counter() - t0 < 1 and _status(pid, "VmHWM") - rss0 < 50 * 2**20
+    assert _status(pid, "VmHWM") - rss0 < 50 * 2**20
     assert r.status_code == 422 and r.json() == {
         "error": "prompt_too_long", "field": "prompt",
         "detail": "prompt: 4194304 characters, over the budget of 4096 bytes"}
-    # A JSON body is read whole before it is parsed (bounded by --max-body-mb): refused in time.
+    # A JSON body is read whole before it is parsed (bounded by --max-body-mb), then refused on
+    # its text budget: nothing of it is scored.
     body = json.dumps({"items": [good_item, {**good_item, "object_name": "c" * 60 * 2**20}]}).encode()
-    t0 = time.perf_counter()
+    decoded = _metric(server, "masc_reference_cache_misses_total")
     r = httpx.post(server.url + "/v1/score_batch", content=body, headers={"content-type": "application/json"},
                    timeout=30)
-    assert time.perf_counter() - t0 < 1 and r.status_code == 422, (time.perf_counter() - t0, r.text)
+    assert r.status_code == 422 and _metric(server, "masc_reference_cache_misses_total") == decoded, r.text
     assert r.json()["field"] == "items[1].object_name"
     r = httpx.post(server.url + "/v1/score", json={**good_item, "prompt": "dog " * 700}, timeout=30)
     assert r.status_code == 422 and "tokens, over the budget of 512" in r.json()["detail"]  # bytes fit, tokens not
