@@ -81,7 +81,7 @@ class RequestGuard:
         body_timeout_s: deadline for the whole body, seconds from the request's start.
         max_in_flight: most requests handled at once, probes excepted (None: no limit).
         metrics (ServiceMetrics): the :class:`~masc_engine.serve.metrics.ServiceMetrics` counting every response.
-        api_key (bytes | None): the bearer token every non-probe request must carry (None: no check).
+        api_key: the bearer token every non-probe request must carry (None: no check).
     """
 
     def __init__(self, app, max_bytes: int, body_timeout_s: float, max_in_flight: int | None, metrics,
