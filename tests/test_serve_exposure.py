@@ -29,7 +29,16 @@ PROBES = ("/healthz", "/readyz", "/metrics")
 
 @pytest.fixture(scope="module")
 def server(naflex_bundle, tmp_path_factory):
-    d = tmp_path_factory.mktemp("serve-exposure")
+    """Default options: no key."""
+    srv = Server(naflex_bundle, log=tmp_path_factory.mktemp("serve-exposure") / "server.log")
+    yield srv
+    assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def keyed(naflex_bundle, tmp_path_factory):
+    """With ``--api-key-file``."""
+    d = tmp_path_factory.mktemp("serve-keyed")
     (d / "key").write_text(KEY + "\n")
     srv = Server(naflex_bundle, "--api-key-file", str(d / "key"), log=d / "server.log")
     yield srv
@@ -61,13 +70,13 @@ def test_head_answers_on_the_probes(server):
 
 def test_docs_pages_are_off_by_default(server):
     for path in ("/docs", "/redoc"):
-        r = httpx.get(server.url + path, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+        r = httpx.get(server.url + path, timeout=30)
         assert r.status_code == 404 and r.json()["error"] == "not_found" and "cdn" not in r.text.lower()
-    assert httpx.get(server.url + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"},
-                     timeout=30).json()["info"]["title"] == "masc-serve"
+    assert httpx.get(server.url + "/openapi.json", timeout=30).json()["info"]["title"] == "masc-serve"
 
 
-def test_bearer_token_guards_everything_but_the_probes(server, item):
+def test_bearer_token_guards_everything_but_the_probes(keyed, item):
+    server = keyed
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
         r = httpx.post(server.url + "/v1/score", json=item, headers=headers, timeout=60)
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", headers
@@ -83,9 +92,8 @@ def test_bearer_token_guards_everything_but_the_probes(server, item):
 def test_both_length_headers_are_refused(server):
     s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
     try:
-        s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
-                  b"\r\nContent-Type: application/json\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
-                  b"2\r\n{}\r\n0\r\n\r\n")
+        s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
         reply = b""
         while chunk := s.recv(65536):
             reply += chunk
