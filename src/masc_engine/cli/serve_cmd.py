@@ -105,7 +105,8 @@ def main(**params):
     app = create_app(cfg)
     # The header deadline and JSON 400/408 live in the HTTP protocol; the request limit in the app
     # (uvicorn's limit_concurrency answers plain text and counts header-less sockets).
-    protocol = guarded_protocol(cfg.header_timeout_s, on_reject=app.state.masc.metrics.count_connection_error)
+    protocol = guarded_protocol(cfg.header_timeout_s, on_reject=app.state.masc.metrics.count_connection_error,
+                                linger_s=cfg.body_timeout_s, linger_bytes=int(cfg.max_body_mb * 2**20))
     uvicorn.run(app, host=params["host"], port=params["port"], log_level=params["log_level"], http=protocol,
                 timeout_graceful_shutdown=params["graceful_timeout_s"], access_log=params["log_level"] == "debug")
 

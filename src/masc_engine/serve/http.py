@@ -62,6 +62,10 @@ class _LingeringTransport:
     def __getattr__(self, name):
         return getattr(self._t, name)
 
+    def hard_close(self) -> None:
+        """Close the socket now (the end of a lingering close)."""
+        self._t.close()
+
     def is_closing(self) -> bool:
         return self.lingering or self._t.is_closing()
 
@@ -105,17 +109,23 @@ def guarded_protocol(header_timeout_s: float, on_reject=None, linger_s: float = 
             self._unset_keepalive_if_required()
             transport.write_eof()  # FIN once the response is flushed
             transport.resume_reading()
-            self._linger_timer = self.loop.call_later(linger_s, transport.close)
+            self._linger_timer = self.loop.call_later(linger_s, transport.close)  # the real transport
+
+        def shutdown(self) -> None:
+            if self.transport.lingering:  # SIGTERM: the answer is out; do not hold the exit
+                self.transport.hard_close()
+                return
+            super().shutdown()
 
         def eof_received(self):
             if self.transport.lingering:
-                self.transport._t.close()
+                self.transport.hard_close()
             return super().eof_received()
 
         def _linger_read(self, data: bytes) -> None:
             self._discarded += len(data)
             if self._discarded > linger_bytes:
-                self.transport._t.close()
+                self.transport.hard_close()
 
         def _idle(self) -> bool:
             """No request is being handled (none yet, or the last one was answered)."""
