@@ -21,12 +21,11 @@ subclass that:
   client still sending its body then reads ``Connection reset by peer`` or ``Broken pipe``
   instead of the answer already on the wire: uvicorn's keep-alive timer (5 s) did exactly that to
   a client whose body paused for longer after an early refusal (a loaded machine's first request
-  while the bundle loads);
-- refuses a request carrying both ``Content-Length`` and ``Transfer-Encoding`` (400
-  ``bad_http``, request smuggling behind a proxy that reads the other header).
+  while the bundle loads).
 
-What follows the headers is the app's: the body deadline, the request limit and every other
-error body live in serve/limits.py. ``limit_concurrency`` is not used: uvicorn answers it with a
+What follows the headers is the app's: the body deadline, the request limit, the refusal of a
+request with both ``Content-Length`` and ``Transfer-Encoding`` and every other error body live
+in serve/limits.py. ``limit_concurrency`` is not used: uvicorn answers it with a
 plain-text 503 and counts slow, header-less sockets against it, which would make ``/healthz``
 fail while clients stall.
 """
