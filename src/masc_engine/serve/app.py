@@ -5,8 +5,10 @@ assets load from a CDN):
 
 - ``GET /healthz``: 200 while the process serves HTTP; ``GET /readyz``: 200 once the bundle is
   loaded and its graphs ran once (warm), else 503.
-- ``POST /v1/score``: one item, JSON (files as base64) or ``multipart/form-data`` (files as
-  uploads); 200 with masc-run's record, or a 4xx JSON error naming the field.
+- ``POST /v1/score``: one item, JSON (files as base64); ``POST /v1/score/upload``: the same as
+  ``multipart/form-data`` (files as uploads); 200 with masc-run's record, or a 4xx JSON error
+  naming the field. One request content type per operation, so standard client generators give
+  one typed body per call (``/v1/score`` still reads multipart, for clients written before).
 - ``POST /v1/score_batch``: ``{"items": [...]}``; results in order. A file problem of one item
   is that item's masc-run status (its record says which field), never the batch's failure.
 - ``GET /metrics``: Prometheus text exposition.

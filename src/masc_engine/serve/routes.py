@@ -103,19 +103,21 @@ class _Scoring:
             raise ApiError(503, "timeout", None, f"not scored within --request-timeout-s "
                                                  f"{self.cfg.request_timeout_s:g} s", {"Retry-After": "5"}) from e
 
-    async def one(self, request: Request) -> dict:
-        """``/v1/score``: one item, JSON or multipart; a file it cannot score is a 422 naming the field."""
+    async def one(self, request: Request, multipart: bool | None = None) -> dict:
+        """One item: ``/v1/score`` (JSON; multipart still read, for clients written before
+        ``/v1/score/upload``) or ``/v1/score/upload`` (``multipart=True``: multipart only); a
+        file it cannot score is a 422 naming the field."""
         self.require_ready()
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype == "multipart/form-data":
+        if ctype == "multipart/form-data" and multipart is not False:
             item = await parse_multipart(request, self.cfg)
             self.check_text(item["prompt"], item["object_name"], "")
-        elif ctype in ("application/json", ""):
+        elif ctype in ("application/json", "") and not multipart:
             item = await parse_json(request, self.item_model)
             self.check_text(item.prompt, item.object_name, "")
         else:
-            raise ApiError(415, "unsupported_media_type", None,
-                           f"content-type {ctype!r}: send application/json or multipart/form-data")
+            want = "multipart/form-data" if multipart else "application/json"
+            raise ApiError(415, "unsupported_media_type", None, f"content-type {ctype!r}: send {want}")
         decoded = await self.decode(item, "")
         del item
         if decoded.error is not None:
@@ -143,22 +145,29 @@ class _Scoring:
 
 
 def add_score_routes(app: FastAPI, cfg, state) -> None:
-    """``POST /v1/score`` and ``POST /v1/score_batch`` (their request bodies documented by
-    reference: the routes read the bodies themselves; schemas.py ``add_schemas``)."""
+    """``POST /v1/score`` (JSON), ``POST /v1/score/upload`` (multipart) and ``POST
+    /v1/score_batch``: one request content type per operation, so that standard client
+    generators (openapi-python-client) give one typed body per call. Their request bodies are
+    documented by reference: the routes read the bodies themselves (schemas.py ``add_schemas``)."""
     scoring = _Scoring(cfg, state)
-    score_body = {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/ScoreItem"}},
-        "multipart/form-data": {"schema": multipart_schema(cfg.segmenter is not None)}}}}
 
-    @app.post("/v1/score", response_model=ScoreResult, responses=ERRORS, openapi_extra=score_body,
-              summary="score one pair (JSON with base64 files, or multipart uploads)")
+    def body(content_type: str, schema: dict) -> dict:
+        return {"requestBody": {"required": True, "content": {content_type: {"schema": schema}}}}
+
+    @app.post("/v1/score", response_model=ScoreResult, response_model_exclude_unset=True, responses=ERRORS, operation_id="score",
+              openapi_extra=body("application/json", {"$ref": "#/components/schemas/ScoreItem"}),
+              summary="score one pair (JSON, the four files as base64)")
     async def score(request: Request):
         return await scoring.one(request)
 
-    batch_body = {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/ScoreBatch"}}}}}
+    @app.post("/v1/score/upload", response_model=ScoreResult, response_model_exclude_unset=True, responses=ERRORS, operation_id="score_upload",
+              openapi_extra=body("multipart/form-data", multipart_schema(cfg.segmenter is not None)),
+              summary="score one pair (multipart/form-data, the four files as uploads)")
+    async def score_upload(request: Request):
+        return await scoring.one(request, multipart=True)
 
-    @app.post("/v1/score_batch", response_model=BatchResult, responses=ERRORS, openapi_extra=batch_body,
+    @app.post("/v1/score_batch", response_model=BatchResult, response_model_exclude_unset=True, responses=ERRORS, operation_id="score_batch",
+              openapi_extra=body("application/json", {"$ref": "#/components/schemas/ScoreBatch"}),
               summary="score a list of pairs; results in order")
     async def score_batch(request: Request):
         return await scoring.batch(request)

@@ -65,13 +65,33 @@ def request_models(masks_optional: bool) -> tuple[type[BaseModel], type[BaseMode
 
 
 class ScoreResult(BaseModel):
-    """masc-run's record for the pair (docs/commands.md, masc-run); null where a score is undefined."""
+    """masc-run's record for the pair (docs/commands.md, masc-run), without ``row_index`` and
+    ``row_key``; null where a score or figure is undefined. A record of a pair that could not be
+    scored (``/v1/score_batch``) carries the status fields and ``prompt_empty`` only.
+
+    Every field a record can hold is declared (tests/test_serve_openapi.py checks the records
+    against this list), so a generated client reads each one typed.
+    """
 
     model_config = ConfigDict(extra="allow")
     cp: float | None = Field(description="Concept Preservation (masked_maxcos), [-1, 1]; null if undefined")
     pf: float | None = Field(description="Prompt Following, [-1, 1]; null if undefined")
     status: str = Field(description="'ok' or masc-run's reason (docs/commands.md, the status table)")
     status_detail: str = Field(description="field and cause, notes")
+    cp_status: str | None = Field(None, description="'ok' or why CP is undefined (e.g. empty_reference_mask)")
+    pf_status: str | None = Field(None, description="'ok' or why PF is undefined")
+    prompt_empty: bool | None = Field(None, description="the prompt is empty after stripping the subject name")
+    prompt_text: str | None = Field(None, description="the text PF was scored against (after stripping)")
+    prompt_stripped: bool | None = Field(None, description="the subject name was stripped from the prompt")
+    prompt_truncated: bool | None = Field(None, description="the text was cut to the text tower's token length")
+    cp_n_ref_fg: int | None = Field(None, description="reference patches under the mask (CP's mean is over these)")
+    cp_n_ref_total: int | None = Field(None, description="reference patches in all")
+    pf_n_bg_pooled: int | None = Field(None, description="output patches pooled for PF (the background)")
+    pf_n_total: int | None = Field(None, description="output patches in all")
+    ref_mask_coverage: float | None = Field(None, description="foreground fraction of the reference mask, [0, 1]")
+    out_mask_coverage: float | None = Field(None, description="foreground fraction of the output mask, [0, 1]")
+    ref_mask_source: str | None = Field(None, description="with a segmenter: 'file' or 'segmenter'")
+    out_mask_source: str | None = Field(None, description="with a segmenter: 'file' or 'segmenter'")
 
 
 class BatchResult(BaseModel):
@@ -115,7 +135,7 @@ def add_schemas(app: FastAPI, strippers: tuple[str, ...], cfg) -> None:
             for k, v in s.pop("$defs", {}).items():
                 comps.setdefault(k, v)
             comps[model.__name__] = s
-        multipart = schema["paths"]["/v1/score"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+        multipart = schema["paths"]["/v1/score/upload"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
         for prop in (comps["ScoreItem"]["properties"]["stripper"], multipart["properties"]["stripper"]):
             for alt in [prop, *prop.get("anyOf", [])]:
                 if "enum" in alt:
