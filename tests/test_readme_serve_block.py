@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,36 @@ def test_readme_serve_block_runs_as_pasted(naflex_bundle, tmp_path):
     score = json.loads(out[1])
     assert score["status"] == "ok" and set(score) >= {"cp", "pf", "cp_status", "pf_status"}
     assert out[-1] == "exit status 0"
+
+
+def _blocks(page: Path, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M)
+
+
+def test_service_page_blocks_run_as_pasted(naflex_bundle, tmp_path):
+    """docs/service.md's "Calling it": its bash block (server in the background, wait, upload) then
+    its Python client (standard library only) against that server, then the ``kill %1`` the page
+    names; every output as the page says."""
+    pytest.importorskip("fastapi", reason="masc-serve needs the serve extra")
+    if subprocess.run(["bash", "-c", "command -v curl"], capture_output=True).returncode:
+        pytest.skip("curl is not installed")
+    page = REPO / "docs" / "service.md"
+    [shell] = [b for b in _blocks(page, "bash") if "masc-serve --bundle" in b]
+    python = _blocks(page, "python")[0]
+    (tmp_path / "bundles").mkdir()
+    (tmp_path / "bundles" / "tiny-naflex").symlink_to(naflex_bundle)
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    port = str(_free_port())
+    (tmp_path / "client.py").write_text(python.replace("8000", port))
+    script = (shell + f'\n"{sys.executable}" client.py\nkill %1; wait %1; echo "exit status $?"\n').replace("8000", port)
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out = done.stdout.splitlines()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(out[0])["status"] == "ready"
+    upload = json.loads(out[1])
+    assert upload["status"] == "ok"
+    assert len(out) == 5, done.stdout + done.stderr[-2000:]
+    cp, pf, status = out[2].split()
+    assert (float(cp), float(pf), status) == (upload["cp"], upload["pf"], "ok")
+    assert out[3] == "2" and out[-1] == "exit status 0"
