@@ -80,7 +80,7 @@ def main() -> None:
                 entry[set_name] = {"max_abs_dcp": d_cp, "max_abs_dpf": d_pf, "undefined_on_both_sides": nan}
             if kind == "naflex":
                 g_cp = g_pf = 0.0
-                for grid, budget, size in GRID_CASES:
+                for _grid, budget, size in GRID_CASES:
                     args = (synthetic_image(size[0], size[1], 1), blob_mask(size[0], size[1], 3),
                             synthetic_image(size[1], size[0], 2), blob_mask(size[1], size[0], 4, frac=0.2),
                             "a photo of a toy on a wooden floor", "toy")

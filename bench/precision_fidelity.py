@@ -162,7 +162,7 @@ def grid_pairs(n_per_grid: int = 2):
     from masc_engine.runtime.scorer import Pair
 
     pairs = []
-    for gi, (grid, _, size) in enumerate(GRID_CASES):
+    for gi, (_grid, _, size) in enumerate(GRID_CASES):
         for j in range(n_per_grid):
             s = 10 * gi + j
             pairs.append(Pair(synthetic_image(size[0], size[1], s), blob_mask(size[0], size[1], s + 1),

@@ -162,7 +162,7 @@ class Tracer:
         self.elf = elf
         self._frames = 0
 
-    @functools.lru_cache(None)
+    @functools.lru_cache(None)  # noqa: B019 - one Disassembler per run; the cache lives as long as it
     def disasm(self, addr: int) -> list[tuple]:
         name, size = self.elf.funcs[addr]
         out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={addr}",

@@ -15,6 +15,8 @@ Three kinds of test:
 """
 from __future__ import annotations
 
+import importlib
+
 import csv
 import functools
 import os
@@ -204,13 +206,12 @@ def oracle():
     """masc.text and masc.metric (imports torch)."""
     pytest.importorskip("torch", reason="the masc-metric oracle needs torch")
     masc = pytest.importorskip("masc", reason="masc-metric 0.3.0 is the oracle")
-    import masc.metric
-    import masc.text
+    metric, text = (importlib.import_module(f"masc.{m}") for m in ("metric", "text"))
 
     version = getattr(masc, "__version__", None)
     if version is not None:
         assert version == "0.3.0", f"oracle is masc-metric {version}, expected 0.3.0"
-    return SimpleNamespace(text=masc.text, metric=masc.metric)
+    return SimpleNamespace(text=text, metric=metric)
 
 
 def _oracle_pf_prompt(oracle, prompt, object_name, stripper, stripper_model=None):

@@ -76,7 +76,7 @@ def svg_box_strip(groups: Sequence[tuple[str, np.ndarray]], label: str, *, width
         fig = _figure(width, 80 + row_h * max(1, len(groups)))
         ax = fig.add_subplot()
         n = len(groups)
-        for gi, ((name, _), v) in enumerate(zip(groups, vals)):
+        for gi, (_, v) in enumerate(zip(groups, vals)):
             color = PALETTE[gi % len(PALETTE)]
             y = n - 1 - gi  # first group on top
             if v.size == 0:

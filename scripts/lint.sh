@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The house's static checks, run by .ci/run before the tests (needs the .venv of scripts/setup_env.sh --test):
+# ruff (rules in pyproject.toml [tool.ruff]) and import-linter (the layer contracts in [tool.importlinter]).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. .venv/bin/activate
+ruff check src tests scripts bench
+(cd src && lint-imports --config ../pyproject.toml)
