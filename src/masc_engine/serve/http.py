@@ -78,6 +78,111 @@ class _LingeringTransport:
             self._t.close()
 
 
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a header deadline, JSON 400/408 bodies and lingering close; its
+    settings are class attributes, set per server by :func:`guarded_protocol`."""
+
+    header_timeout_s: float = 10.0
+    linger_s: float = 30.0
+    linger_bytes: int = 64 * 2**20
+    on_reject = None  # staticmethod(callable) or None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(_LingeringTransport(transport, self))
+        self._header_timer = None
+        self._linger_timer = None
+        self._discarded = 0
+        self._arm()
+
+    def start_linger(self, transport) -> None:
+        """Half-close after the response; read and discard the body until the client closes,
+        ``linger_s`` pass or ``linger_bytes`` arrive (then close)."""
+        self._disarm()
+        self._unset_keepalive_if_required()
+        transport.write_eof()  # FIN once the response is flushed
+        transport.resume_reading()
+        self._linger_timer = self.loop.call_later(self.linger_s, transport.close)  # the real transport
+
+    def shutdown(self) -> None:
+        if self.transport.lingering:  # SIGTERM: the answer is out; do not hold the exit
+            self.transport.hard_close()
+            return
+        super().shutdown()
+
+    def eof_received(self):
+        if self.transport.lingering:
+            self.transport.hard_close()
+        return super().eof_received()
+
+    def _linger_read(self, data: bytes) -> None:
+        self._discarded += len(data)
+        if self._discarded > self.linger_bytes:
+            self.transport.hard_close()
+
+    def _idle(self) -> bool:
+        """No request is being handled (none yet, or the last one was answered)."""
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_deadline)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.lingering:
+            return self._linger_read(data)
+        if self._idle() and self.conn.their_state is not h11.SEND_BODY:
+            self._arm()  # a new request starts with these bytes
+        cycle = self.cycle
+        super().data_received(data)
+        if self.cycle is not cycle:  # its headers are complete: the app has it now
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self.transport.close()  # answered before its body was read: linger, then close
+            return
+        if self.cycle is not None and not self.cycle.response_complete:  # a pipelined request started
+            self._disarm()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        super().connection_lost(exc)
+
+    def _header_deadline(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or not self._idle():
+            return
+        partial = self.conn.their_state is not h11.IDLE or bool(self.conn.trailing_data[0])
+        if partial:  # part of a request arrived, not all of its headers
+            self.transport.write(_raw_response(408, "header_timeout", "the request headers were not received "
+                                               f"within --header-timeout-s {self.header_timeout_s:g} s"))
+            if self.on_reject is not None:
+                self.on_reject("header_timeout", 408)
+        self.transport.close()  # else an idle connection: closed without a word, as keep-alive does
+
+    def send_400_response(self, msg: str) -> None:
+        self._disarm()
+        body = error_body("bad_http", None, f"not a valid HTTP/1.1 request: {msg}")
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        try:
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                          h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+        except h11.LocalProtocolError:  # h11 cannot answer in this state: the raw bytes
+            self.transport.write(_raw_response(400, "bad_http", f"not a valid HTTP/1.1 request: {msg}"))
+        self.transport.close()
+        if self.on_reject is not None:
+            self.on_reject("bad_http", 400)
+
+
 def guarded_protocol(header_timeout_s: float, on_reject=None, linger_s: float = 30.0,
                      linger_bytes: int = 64 * 2**20) -> type:
     """An ``H11Protocol`` subclass with a header deadline, JSON 400/408 bodies and lingering close.
@@ -92,101 +197,7 @@ def guarded_protocol(header_timeout_s: float, on_reject=None, linger_s: float = 
     Returns:
         the class, for ``uvicorn.run(..., http=cls)``.
     """
+    settings = {"header_timeout_s": header_timeout_s, "linger_s": linger_s, "linger_bytes": linger_bytes,
+                "on_reject": staticmethod(on_reject) if on_reject is not None else None}
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), settings)
 
-    class GuardedH11Protocol(H11Protocol):
-        def connection_made(self, transport) -> None:
-            super().connection_made(_LingeringTransport(transport, self))
-            self._header_timer = None
-            self._linger_timer = None
-            self._discarded = 0
-            self._arm()
-
-        def start_linger(self, transport) -> None:
-            """Half-close after the response; read and discard the body until the client closes,
-            ``linger_s`` pass or ``linger_bytes`` arrive (then close)."""
-            self._disarm()
-            self._unset_keepalive_if_required()
-            transport.write_eof()  # FIN once the response is flushed
-            transport.resume_reading()
-            self._linger_timer = self.loop.call_later(linger_s, transport.close)  # the real transport
-
-        def shutdown(self) -> None:
-            if self.transport.lingering:  # SIGTERM: the answer is out; do not hold the exit
-                self.transport.hard_close()
-                return
-            super().shutdown()
-
-        def eof_received(self):
-            if self.transport.lingering:
-                self.transport.hard_close()
-            return super().eof_received()
-
-        def _linger_read(self, data: bytes) -> None:
-            self._discarded += len(data)
-            if self._discarded > linger_bytes:
-                self.transport.hard_close()
-
-        def _idle(self) -> bool:
-            """No request is being handled (none yet, or the last one was answered)."""
-            return self.cycle is None or self.cycle.response_complete
-
-        def _arm(self) -> None:
-            if self._header_timer is None:
-                self._header_timer = self.loop.call_later(header_timeout_s, self._header_deadline)
-
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def data_received(self, data: bytes) -> None:
-            if self.transport.lingering:
-                return self._linger_read(data)
-            if self._idle() and self.conn.their_state is not h11.SEND_BODY:
-                self._arm()  # a new request starts with these bytes
-            cycle = self.cycle
-            super().data_received(data)
-            if self.cycle is not cycle:  # its headers are complete: the app has it now
-                self._disarm()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
-                self.transport.close()  # answered before its body was read: linger, then close
-                return
-            if self.cycle is not None and not self.cycle.response_complete:  # a pipelined request started
-                self._disarm()
-
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            if self._linger_timer is not None:
-                self._linger_timer.cancel()
-            super().connection_lost(exc)
-
-        def _header_deadline(self) -> None:
-            self._header_timer = None
-            if self.transport.is_closing() or not self._idle():
-                return
-            partial = self.conn.their_state is not h11.IDLE or bool(self.conn.trailing_data[0])
-            if partial:  # part of a request arrived, not all of its headers
-                self.transport.write(_raw_response(408, "header_timeout", "the request headers were not received "
-                                                   f"within --header-timeout-s {header_timeout_s:g} s"))
-                if on_reject is not None:
-                    on_reject("header_timeout", 408)
-            self.transport.close()  # else an idle connection: closed without a word, as keep-alive does
-
-        def send_400_response(self, msg: str) -> None:
-            self._disarm()
-            body = error_body("bad_http", None, f"not a valid HTTP/1.1 request: {msg}")
-            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-            try:
-                for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                              h11.Data(data=body), h11.EndOfMessage()):
-                    self.transport.write(self.conn.send(event))
-            except h11.LocalProtocolError:  # h11 cannot answer in this state: the raw bytes
-                self.transport.write(_raw_response(400, "bad_http", f"not a valid HTTP/1.1 request: {msg}"))
-            self.transport.close()
-            if on_reject is not None:
-                on_reject("bad_http", 400)
-
-    return GuardedH11Protocol
