@@ -25,9 +25,11 @@ numbers, checked against ONNX Runtime. Where the hardware is unkind, so is the f
   miss a dynamic input of the network, or with no profile at all, returns ``None``; a context's
   ``set_input_shape`` returns ``False`` for a shape outside profile 0.
 - **Failures on demand.** Names in ``FAIL`` make the call of that name report failure the way the
-  real one does (``False``, ``None`` or -1): ``set_input_shape``, ``set_tensor_address``,
+  real one does (``False``, ``None``, -1 or 0): ``set_input_shape``, ``set_tensor_address``,
   ``execute_async_v3``, ``build`` (no plan), ``add_optimization_profile``,
-  ``create_execution_context``; ``data_dependent`` makes output shapes -1.
+  ``create_execution_context``, ``create_network`` (None), ``deserialize_cuda_engine`` (None),
+  ``update_device_memory_size_for_shapes`` (0); ``data_dependent`` makes output shapes -1. Context
+  growth out of memory comes from ``MEMORY_LIMIT``.
 
 Every class, method, property and enum member it offers exists in the real TensorRT 11.4 bindings
 with a compatible signature (tests/test_trt_conformance.py checks it against
@@ -359,6 +361,8 @@ class Builder:
         self._logger = logger
 
     def create_network(self, flags=0):
+        if "create_network" in FAIL:
+            return None  # the real one logs the reason and returns None
         return _Network(flags)
 
     def create_builder_config(self):
@@ -492,6 +496,8 @@ class _Context:
 
     def update_device_memory_size_for_shapes(self):
         CALLS.append(("update_device_memory_size_for_shapes", None))
+        if "update_device_memory_size_for_shapes" in FAIL:
+            return 0  # the binding reports failure with 0
         if set(self._shapes) != {n for n, _, _ in self._engine._inputs}:
             return 0  # shapes not all set: the partition is invalid
         return self._engine._activation(self._shapes)
@@ -541,6 +547,8 @@ class Runtime:
         self._logger = logger
 
     def deserialize_cuda_engine(self, serialized_engine):
+        if "deserialize_cuda_engine" in FAIL:
+            return None  # a plan of another TensorRT version or GPU
         try:
             return _Engine(json.loads(bytes(serialized_engine).decode()))
         except Exception:  # noqa: BLE001 - real TensorRT returns None on a bad plan

@@ -464,6 +464,95 @@ def test_execution_context_none_is_a_typed_error(trt_engines):
                      "        if False:\n            raise DeviceMemoryError"))
 
 
+def test_an_engine_that_does_not_deserialize_is_a_typed_error(trt_engines):
+    """``deserialize_cuda_engine`` returns None for a plan of another TensorRT version or GPU."""
+    fake_tensorrt.FAIL.add("deserialize_cuda_engine")
+
+    def check(mod):
+        with pytest.raises(EngineCompatibilityError, match=r"TensorRT 11\.4\.0\.106 could not deserialize "
+                                                           r".*tensorrt-fp32/pool\.engine \(built with another"):
+            mod.load_runner(trt_engines, "pool")
+
+    check(real_module())
+    with pytest.raises(AttributeError, match="NoneType"):  # the None kept, failing on its first use
+        check(mutant("        if self.engine is None:\n            raise EngineCompatibilityError",
+                     "        if False:\n            raise EngineCompatibilityError"))
+
+
+def test_a_just_built_plan_that_does_not_deserialize_is_a_build_error(fake_trt, bundle_copy):
+    from masc_engine.engine.backends.tensorrt import EngineBuildError
+
+    fake_tensorrt.FAIL.add("deserialize_cuda_engine")
+
+    def check(mod):
+        with pytest.raises(EngineBuildError, match=r"could not deserialize the engine it just built for 'cp'"):
+            mod.build_engines(bundle_copy, graphs=["cp"], log=lambda s: None)
+
+    check(fake_trt)
+    with pytest.raises(AttributeError, match="NoneType"):
+        check(mutant("    if engine is None:\n        raise EngineBuildError(f\"TensorRT could not deserialize",
+                     "    if False:\n        raise EngineBuildError(f\"TensorRT could not deserialize"))
+
+
+def test_a_network_that_cannot_be_created_is_a_build_error(fake_trt, bundle_copy):
+    from masc_engine.engine.backends.tensorrt import EngineBuildError
+
+    fake_tensorrt.FAIL.add("create_network")
+
+    def check(mod):
+        with pytest.raises(EngineBuildError, match=r"TensorRT could not create a network for engine 'cp'"):
+            mod.build_engines(bundle_copy, graphs=["cp"], log=lambda s: None)
+
+    check(fake_trt)
+    with pytest.raises(AttributeError, match="NoneType"):
+        check(mutant("    if network is None:\n        raise EngineBuildError",
+                     "    if False:\n        raise EngineBuildError"))
+
+
+def test_a_failed_memory_size_query_is_named(trt_engines):
+    """``update_device_memory_size_for_shapes`` reports failure with 0: unchecked, the context gets
+    no memory and execution fails with a generic message."""
+    from masc_engine.errors import MascEngineError
+
+    def check(mod):
+        runner = mod.load_runner(trt_engines, "pool")
+        fake_tensorrt.FAIL.add("update_device_memory_size_for_shapes")
+        try:
+            with pytest.raises(MascEngineError, match=r"engine 'pool': update_device_memory_size_for_shapes\(\) "
+                                                        r"returned 0 \(failure\) for input shapes "
+                                                        r"\{'hidden': \(2, 30, 64\), 'key_padding_mask': \(2, 30\)\}"):
+                runner.run(_pool_feeds())
+        finally:
+            fake_tensorrt.FAIL.discard("update_device_memory_size_for_shapes")
+
+    check(real_module())
+    with pytest.raises(AssertionError, match="Regex pattern did not match"):  # "execution of 'pool' failed" instead
+        check(mutant("        if size <= 0:", "        if size < 0:"))
+
+
+def test_context_memory_growth_out_of_memory_is_a_typed_error(trt_engines):
+    """A call larger than any before grows the context memory; where the device has no room for
+    it, the error names the engine, the bytes and the shapes (not CuPy's bare OutOfMemoryError)."""
+    feeds = _cp_feeds(2, 3, n=40, m=50)
+
+    def check(mod):
+        runner = mod.load_runner(trt_engines, "cp")
+        runner.run(_cp_feeds())
+        need = runner.engine._activation({k: v.shape for k, v in feeds.items()})
+        fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + int(0.75 * need)  # inputs, outputs: 0.5 need
+        try:
+            with pytest.raises(DeviceMemoryError, match=r"engine 'cp' needs 0\.\d\d GiB of context memory for input "
+                                                        r"shapes \{'ref_tokens': \(2, 40, 64\).* GiB are free"):
+                runner.run(feeds)
+        finally:
+            fake_tensorrt.MEMORY_LIMIT = 1 << 40
+
+    check(real_module())
+    with pytest.raises(fake_tensorrt.OutOfMemoryError):
+        check(mutant("            except Exception as e:  # noqa: BLE001 - CuPy raises OutOfMemoryError",
+                     "            except ImportError as e:"))
+
+
 def test_a_refused_optimization_profile_is_named(fake_trt, bundle_copy):
     """``add_optimization_profile`` returns -1 for a profile TensorRT refuses; unchecked, the build
     fails later with a generic message."""

@@ -623,13 +623,13 @@ class TrtRunner:
         reuses it). unverified on a GPU."""
         size = int(ctx.update_device_memory_size_for_shapes())
         shapes = {k: tuple(v.shape) for k, v in bufs.items()}
-        if size < 0:
-            raise TensorRTCallError(f"TensorRT engine {self.name!r}: update_device_memory_size_for_shapes() failed "
-                                    f"for input shapes {shapes}")
+        if size <= 0:  # the binding reports failure with 0 (and an engine always needs some activation memory)
+            raise TensorRTCallError(f"TensorRT engine {self.name!r}: update_device_memory_size_for_shapes() returned "
+                                    f"{size} (failure) for input shapes {shapes}")
         if self._scratch is None or self._scratch.nbytes < size:
             self._scratch = None  # release the smaller buffer before asking for the larger one
             try:
-                self._scratch = self._dev.empty((max(size, 256),), np.uint8)
+                self._scratch = self._dev.empty((size,), np.uint8)
             except Exception as e:  # noqa: BLE001 - CuPy raises OutOfMemoryError
                 free = self._dev.mem_get_info()[0]
                 raise DeviceMemoryError(f"TensorRT engine {self.name!r} needs {size / tp.GIB:.2f} GiB of context "
