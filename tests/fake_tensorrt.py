@@ -6,9 +6,10 @@ execution context runs the graph with ONNX Runtime CPU, so a TrtRunner over the 
 numbers, checked against ONNX Runtime. Where the hardware is unkind, so is the fake:
 
 - **Asynchronous.** ``execute_async_v3`` and the device's ``copy_to_device`` / ``copy_to_host``
-  only queue work on the stream whose handle they get; a worker thread per stream does it after
-  ``LATENCY_S`` seconds. Output buffers start as NaN, so reading them before that stream's
-  ``synchronize()`` gives stale data. ``execute_async_v3`` takes the stream *handle* (an int), as
+  only queue work on the stream whose handle they get; it is done when that stream's
+  ``synchronize()`` is called, never before. Output buffers start as NaN, so reading them before
+  that gives stale data every time (not by a race). Each task is logged on a fake clock
+  (``INTERVALS``), so overlap is counted from the log, not from wall time. ``execute_async_v3`` takes the stream *handle* (an int), as
   pybind11 enforces: a stream object is a ``TypeError``.
 - **Device memory.** Every device allocation is charged to a ledger of ``MEMORY_LIMIT`` bytes
   (freed when the array is collected); past it allocation raises :class:`OutOfMemoryError` (as
@@ -16,6 +17,12 @@ numbers, checked against ONNX Runtime. Where the hardware is unkind, so is the f
   context's reservation (its profile maxima) does not fit. A user-managed context runs only with
   memory given by ``set_device_memory`` at least as large as
   ``update_device_memory_size_for_shapes()`` says, else execution reports ``False``.
+- **Memory that follows the shapes only when asked.** A user-managed context's
+  ``update_device_memory_size_for_shapes()`` gives the figure for the shapes set only for an engine
+  built with ``PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10``; otherwise the profile maximum.
+- **Strong typing.** A build returns no plan (reasons in ``BUILD_ERRORS``) for a graph with a
+  tensor of a type TensorRT has no DataType for (float64, float8 E5M2, ...) or an op whose inputs
+  differ in type (a strongly typed network inserts no casts).
 - **Parser.** ``parse_from_file`` rejects ops the ONNX parser does not import: any op of another
   domain (``com.microsoft`` contrib ops of the fused ``ort-cpu`` graphs) and any ONNX op outside
   ``SUPPORTED_OPS``, listing the node and op per error, as ``ParserError``.
@@ -42,7 +49,6 @@ from __future__ import annotations
 import enum
 import itertools
 import json
-import queue
 import threading
 import time
 import types
@@ -69,13 +75,21 @@ Softmax Softplus Softsign SpaceToDepth Split Sqrt Squeeze Sub Sum Tan Tanh Thres
 Transpose Trilu Unsqueeze Upsample Where Xor
 """.split())
 
-#: Seconds a queued kernel or copy waits on its stream's worker before it runs.
+#: Seconds of wall time a queued kernel or copy takes when its stream is synchronized.
 LATENCY_S = 0.01
+#: Fake-clock seconds per queued task, by kind (``execute``, ``h2d``, ``d2h``; ``task`` otherwise).
+DURATION_S = {"execute": 0.030, "h2d": 0.003, "d2h": 0.001, "task": 0.001}
+#: The host's fake clock (one cell, so that it can be advanced in place) and the interval log:
+#: ``(stream handle or "host", label, start, end)`` in fake seconds.
+HOST_CLOCK = [0.0]
+INTERVALS: list[tuple] = []
+_CLOCK_LOCK = threading.Lock()
 #: Bytes of fake device memory.
 MEMORY_LIMIT = 1 << 40
 FAIL: set = set()
 BUILDS: list[dict] = []  # what each build was asked for (tests read it)
 RUNS: list[dict] = []  # input shapes of each execution
+BUILD_ERRORS: list[str] = []  # why builds returned no plan (the real builder logs it)
 #: Every call on an execution context and on the device, in order (tests read it).
 CALLS: list[tuple] = []
 LOGGERS: list = []  # every trt.Logger made
@@ -85,8 +99,9 @@ def reset(latency_s: float = 0.01, memory_limit: int = 1 << 40) -> None:
     """Back to a clean, generous fake (tests call it first)."""
     global LATENCY_S, MEMORY_LIMIT
     LATENCY_S, MEMORY_LIMIT = latency_s, memory_limit
-    for registry in (FAIL, BUILDS, RUNS, CALLS, LOGGERS):
+    for registry in (FAIL, BUILDS, RUNS, CALLS, LOGGERS, INTERVALS, BUILD_ERRORS):
         registry.clear()
+    HOST_CLOCK[0] = 0.0
 
 
 class OutOfMemoryError(MemoryError):
@@ -118,19 +133,24 @@ _MEMORY: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDicti
 
 
 class FakeStream:
-    """A CUDA stream: work queued on it runs in order on a worker thread, ``LATENCY_S`` after it
-    reaches the front; ``synchronize()`` waits for all of it and raises an error a task hit (as
-    CUDA reports an asynchronous error at the next synchronize)."""
+    """A CUDA stream (``cupy.cuda.Stream``): work queued on it is *not done* until the stream is
+    synchronized. ``synchronize()`` runs the queued work in order (``LATENCY_S`` of wall time per
+    task, and ``DURATION_S`` of the fake clock, recorded in ``INTERVALS``) and raises an error a task
+    hit (as CUDA reports an asynchronous error at the next synchronize); before it, buffers the
+    work writes hold their previous contents (NaN for a fresh output), whatever the wall time.
+
+    The fake clock: a task starts at the later of the host's clock when it was queued
+    (:data:`HOST_CLOCK`, advanced by :func:`host_work` and by each synchronize's wait) and the end
+    of the stream's previous task; :data:`INTERVALS` logs ``(stream, label, start, end)``."""
 
     _handles = itertools.count(0x7F00_0000)
     _registry: "weakref.WeakValueDictionary[int, FakeStream]" = weakref.WeakValueDictionary()
 
     def __init__(self):
         self.ptr = next(self._handles)
-        self._queue: queue.Queue = queue.Queue()
-        self._worker = None
+        self._pending: list = []
         self._lock = threading.Lock()
-        self._error = None
+        self._ready_at = 0.0
         self._registry[self.ptr] = self
 
     @classmethod
@@ -140,38 +160,48 @@ class FakeStream:
             stream = cls._default
         return stream
 
-    def enqueue(self, fn) -> None:
-        self._queue.put(fn)
+    def enqueue(self, fn, label: str = "task") -> None:
         with self._lock:
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._work, daemon=True, name=f"fake-stream-{self.ptr:x}")
-                self._worker.start()
-
-    def _work(self) -> None:
-        while True:
-            try:
-                fn = self._queue.get(timeout=0.5)
-            except queue.Empty:
-                with self._lock:
-                    if self._queue.empty():
-                        self._worker = None
-                        return
-                continue
-            try:
-                time.sleep(LATENCY_S)
-                fn()
-            except Exception as e:  # noqa: BLE001 - reported at synchronize
-                self._error = e
-            finally:
-                fn = None  # a finished task holds no buffer alive (the ledger sees frees at once)
-                self._queue.task_done()
+            start = max(self._ready_at, _host_now())
+            self._ready_at = start + DURATION_S.get(label.split(":")[0], DURATION_S["task"])
+            self._pending.append((fn, label, start, self._ready_at))
 
     def synchronize(self) -> None:
         CALLS.append(("stream.synchronize", self.ptr))
-        self._queue.join()
-        if self._error is not None:
-            e, self._error = self._error, None
-            raise RuntimeError(f"an asynchronous task on stream {self.ptr:#x} failed: {e}") from e
+        with self._lock:
+            pending, self._pending = self._pending, []
+            ready_at = self._ready_at
+        error = None
+        for fn, label, start, end in pending:
+            time.sleep(LATENCY_S)
+            INTERVALS.append((self.ptr, label, start, end))
+            if error is None:
+                try:
+                    fn()
+                except Exception as e:  # noqa: BLE001 - reported at synchronize
+                    error = e
+        _host_advance_to(ready_at)
+        if error is not None:
+            raise RuntimeError(f"an asynchronous task on stream {self.ptr:#x} failed: {error}") from error
+
+
+def _host_now() -> float:
+    with _CLOCK_LOCK:
+        return HOST_CLOCK[0]
+
+
+def _host_advance_to(t: float) -> None:
+    with _CLOCK_LOCK:
+        HOST_CLOCK[0] = max(HOST_CLOCK[0], t)
+
+
+def host_work(label: str, seconds: float) -> None:
+    """Record ``seconds`` of host work on the fake clock (preprocessing, stacking, staging): it
+    runs from the host clock's now, which it advances."""
+    with _CLOCK_LOCK:
+        start = HOST_CLOCK[0]
+        HOST_CLOCK[0] = start + seconds
+    INTERVALS.append(("host", label, start, start + seconds))
 
 
 FakeStream._default = FakeStream()
@@ -186,6 +216,11 @@ class BuilderFlag(enum.IntEnum):
 
 class NetworkDefinitionCreationFlag(enum.IntEnum):
     STRONGLY_TYPED = 1
+
+
+class PreviewFeature(enum.IntEnum):
+    ALIASED_PLUGIN_IO_10_03 = 0
+    RUNTIME_ACTIVATION_RESIZE_10_10 = 1
 
 
 class MemoryPoolType(enum.IntEnum):
@@ -328,7 +363,7 @@ class _HostMemory:
 class _Config:
     def __init__(self):
         self._flags = {BuilderFlag.TF32}  # TensorRT's default
-        self._profiles, self._cache, self._pool = [], None, {}
+        self._profiles, self._cache, self._pool, self._preview = [], None, {}, set()
 
     def set_memory_pool_limit(self, pool, pool_size):
         self._pool[pool] = pool_size
@@ -338,6 +373,12 @@ class _Config:
 
     def clear_flag(self, flag):
         self._flags.discard(flag)
+
+    def set_preview_feature(self, feature, enable):
+        (self._preview.add if enable else self._preview.discard)(PreviewFeature(feature))
+
+    def get_preview_feature(self, feature):
+        return PreviewFeature(feature) in self._preview
 
     def add_optimization_profile(self, profile):
         if "add_optimization_profile" in FAIL or not profile:
@@ -382,13 +423,49 @@ class Builder:
         import onnx
 
         model = onnx.load(network._onnx_path, load_external_data=False)
+        if strong_typing_errors(model):
+            return None  # the real builder logs the layer whose input types it cannot take
         dtypes = {onnx.TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer}
         BUILDS.append({"onnx": network._onnx_path, "flags": set(config._flags),
                        "strongly_typed": network._flags == 1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED),
+                       "preview": {f.name for f in config._preview},
                        "initializer_dtypes": dtypes, "profiles": [p._shapes for p in config._profiles],
                        "cache_builds": config._cache.builds if config._cache else None})
-        plan = {"onnx": network._onnx_path, "profiles": [{k: v for k, v in p._shapes.items()} for p in config._profiles]}
+        resize = PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10 in config._preview
+        plan = {"onnx": network._onnx_path, "profiles": [{k: v for k, v in p._shapes.items()} for p in config._profiles],
+                "activation_resize": resize}
         return _HostMemory(json.dumps(plan).encode())
+
+
+#: ONNX element types TensorRT 11 has a DataType for (FLOAT, UINT8, INT8, INT32, BOOL, FLOAT16, INT64,
+#: BFLOAT16, FLOAT8E4M3FN, INT4, FLOAT4E2M1); anything else (DOUBLE, FLOAT8E5M2, UINT16, ...) the parser
+#: cannot import and a strongly typed network cannot cast.
+TRT_ONNX_TYPES = frozenset({1, 2, 3, 6, 7, 9, 10, 16, 17, 22, 23})
+#: Ops whose listed inputs must share one type in a strongly typed network (no implicit casts).
+SAME_TYPE_INPUTS = {"Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1), "MatMul": (0, 1), "Gemm": (0, 1),
+                    "Where": (1, 2), "Max": (0, 1), "Min": (0, 1)}
+
+
+def strong_typing_errors(model) -> list[str]:
+    """Why a strongly typed network cannot take this graph: a tensor of a type TensorRT has no
+    DataType for, or an op whose inputs differ in type (strong typing inserts no casts). Types come
+    from ONNX shape inference; an empty list when the graph is fine."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    types_ = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]}
+    types_.update({t.name: t.data_type for t in g.initializer})
+    errors = [f"tensor {n!r} has ONNX type {onnx.TensorProto.DataType.Name(t)}, which TensorRT has no DataType for"
+              for n, t in types_.items() if t and t not in TRT_ONNX_TYPES]
+    for node in g.node:
+        idx = SAME_TYPE_INPUTS.get(node.op_type, ())
+        got = {types_.get(node.input[i], 0) for i in idx if i < len(node.input)} - {0}
+        if len(got) > 1:
+            errors.append(f"{node.op_type} node {node.name!r}: input types "
+                          f"{sorted(onnx.TensorProto.DataType.Name(t) for t in got)} differ (strongly typed)")
+    BUILD_ERRORS.extend(errors)
+    return errors
 
 
 def _fits_rank(dims, shapes) -> bool:
@@ -405,6 +482,7 @@ class _Engine:
 
         self._session = ort.InferenceSession(plan["onnx"], providers=["CPUExecutionProvider"])
         self._profiles = plan["profiles"]
+        self._resize = bool(plan.get("activation_resize"))
         self._inputs = [(i.name, i.type, i.shape) for i in self._session.get_inputs()]
         self._outputs = [(o.name, o.type, o.shape) for o in self._session.get_outputs()]
 
@@ -440,6 +518,12 @@ class _Engine:
         out = _output_shapes(self, shapes)
         sizes = {n: 1 if "bool" in t else 8 if "int64" in t else 4 for n, t, _ in self._inputs + self._outputs}
         return int(2 * sum(sizes[n] * int(np.prod(s)) for n, s in {**shapes, **out}.items()))
+
+    def _context_need(self, shapes: dict) -> int:
+        """What a user-managed context needs at these shapes: the figure for the shapes only in an
+        engine built with ``PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10``; without it, the
+        profile maximum whatever the shapes (what the hardware is expected to do)."""
+        return self._activation(shapes) if self._resize else self.get_device_memory_size_for_profile_v2(0)
 
     def create_execution_context(self, strategy=ExecutionContextAllocationStrategy.STATIC):
         if "create_execution_context" in FAIL:
@@ -500,7 +584,7 @@ class _Context:
             return 0  # the binding reports failure with 0
         if set(self._shapes) != {n for n, _, _ in self._engine._inputs}:
             return 0  # shapes not all set: the partition is invalid
-        return self._engine._activation(self._shapes)
+        return self._engine._context_need(self._shapes)
 
     def set_device_memory(self, memory, size):
         CALLS.append(("set_device_memory", size))
@@ -517,7 +601,7 @@ class _Context:
         inputs = {n: self._addresses[n] for n, _, _ in self._engine._inputs}
         outputs = {n: self._addresses[n] for n, _, _ in self._engine._outputs}
         shapes = dict(self._shapes)
-        FakeStream.from_handle(stream_handle).enqueue(lambda: self._execute(inputs, outputs, shapes))
+        FakeStream.from_handle(stream_handle).enqueue(lambda: self._execute(inputs, outputs, shapes), "execute")
         return True
 
     def _ready(self) -> bool:
@@ -525,7 +609,7 @@ class _Context:
         if set(self._shapes) != {n for n, _, _ in self._engine._inputs} or any(n not in self._addresses for n in names):
             return False
         if self._strategy == ExecutionContextAllocationStrategy.USER_MANAGED:
-            need = self._engine._activation(self._shapes)
+            need = self._engine._context_need(self._shapes)
             if self._memory is None or self._memory[1] < need or _MEMORY.get(self._memory[0]) is None or \
                     _MEMORY[self._memory[0]].nbytes < self._memory[1]:
                 return False
@@ -641,11 +725,11 @@ class NumpyDevice:
 
     def copy_to_device(self, host, dst, stream):
         CALLS.append(("copy_to_device", tuple(dst.shape)))
-        stream.enqueue(lambda: np.copyto(dst, host))
+        stream.enqueue(lambda: np.copyto(dst, host), "h2d")
 
     def copy_to_host(self, src, out, stream):
         CALLS.append(("copy_to_host", tuple(src.shape)))
-        stream.enqueue(lambda: np.copyto(out, src))
+        stream.enqueue(lambda: np.copyto(out, src), "d2h")
 
     def mem_get_info(self):
         return MEMORY_LIMIT - LEDGER.used, MEMORY_LIMIT
@@ -656,7 +740,7 @@ class NumpyDevice:
 
 #: What the fake ``tensorrt`` module offers (checked against the real 11.4 surface by
 #: tests/test_trt_conformance.py, together with the classes below and their public members).
-MODULE_ATTRS = ("BuilderFlag", "NetworkDefinitionCreationFlag", "MemoryPoolType", "TensorIOMode",
+MODULE_ATTRS = ("BuilderFlag", "NetworkDefinitionCreationFlag", "PreviewFeature", "MemoryPoolType", "TensorIOMode",
                 "ExecutionContextAllocationStrategy", "Logger", "OnnxParser", "Builder", "Runtime", "nptype",
                 "float32", "float16", "bfloat16")
 #: Classes standing for TensorRT objects the project receives -> the real class each stands for.

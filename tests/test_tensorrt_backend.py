@@ -527,7 +527,7 @@ def test_a_failed_memory_size_query_is_named(trt_engines):
 
     check(real_module())
     with pytest.raises(AssertionError, match="Regex pattern did not match"):  # "execution of 'pool' failed" instead
-        check(mutant("        if size <= 0:", "        if size < 0:"))
+        check(mutant("        if size <= 0:  # the binding reports", "        if size < 0:  # the binding reports"))
 
 
 def test_context_memory_growth_out_of_memory_is_a_typed_error(trt_engines):
@@ -605,6 +605,55 @@ def test_parser_rejections_and_failed_builds_are_typed_errors(fake_trt, bundle_c
         fake_trt.build_engine(bundle_copy / "vision.onnx", tmp_path / "v.engine", "fp32", [profile], log=lambda s: None,
                               graph="vision")
     assert not (tmp_path / "v.engine").exists()
+
+
+def _typed_graph(path, a_type, b_type):
+    """A one-Add graph whose two inputs have the given ONNX types (a float32 output)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    cast = helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT)
+    g = helper.make_graph([helper.make_node("Add", ["a", "b"], ["s"]), cast], "g",
+                          [helper.make_tensor_value_info("a", a_type, [-1, 4]),
+                           helper.make_tensor_value_info("b", b_type, [-1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return {"a": {"min": [1, 4], "opt": [2, 4], "max": [4, 4]}, "b": {"min": [1, 4], "opt": [2, 4], "max": [4, 4]}}
+
+
+@pytest.mark.parametrize("a_type,b_type,why", [
+    (1, 10, r"Add node '': input types \['FLOAT', 'FLOAT16'\] differ"),  # no implicit cast in strong typing
+    (11, 11, r"tensor 'a' has ONNX type DOUBLE, which TensorRT has no DataType for"),
+])
+def test_a_strongly_typed_build_fails_on_a_type_it_cannot_take(fake_trt, tmp_path, a_type, b_type, why):
+    from masc_engine.engine.backends.tensorrt import EngineBuildError
+
+    profile = _typed_graph(tmp_path / "g.onnx", a_type, b_type)
+    with pytest.raises(EngineBuildError, match=r"failed to build engine 'g'"):
+        fake_trt.build_engine(tmp_path / "g.onnx", tmp_path / "g.engine", "fp32", [profile], log=lambda s: None)
+    assert any(__import__("re").search(why, e) for e in fake_tensorrt.BUILD_ERRORS), fake_tensorrt.BUILD_ERRORS
+    fake_tensorrt.BUILD_ERRORS.clear()
+    profile = _typed_graph(tmp_path / "ok.onnx", 10, 10)  # both fp16: the strongly typed network takes it
+    fake_trt.build_engine(tmp_path / "ok.onnx", tmp_path / "ok.engine", "fp16", [profile], log=lambda s: None)
+    assert not fake_tensorrt.BUILD_ERRORS
+
+
+def test_the_fake_stream_does_queued_work_only_at_synchronize():
+    """The fake CuPy stream's ``synchronize()`` matters: a queued copy has not happened, however
+    long the host waits, until the stream is synchronized; then it is logged on the fake clock."""
+    import time
+
+    fake_tensorrt.reset()
+    dev = fake_tensorrt.NumpyDevice()
+    stream = dev.new_stream()
+    dst = dev.empty((3,), np.float32)
+    dev.copy_to_device(np.arange(3, dtype=np.float32), dst, stream)
+    time.sleep(5 * fake_tensorrt.LATENCY_S)
+    assert np.isnan(dst).all() and not fake_tensorrt.INTERVALS
+    stream.synchronize()
+    np.testing.assert_array_equal(dst, [0, 1, 2])
+    assert fake_tensorrt.INTERVALS == [(stream.ptr, "h2d", 0.0, fake_tensorrt.DURATION_S["h2d"])]
+    assert fake_tensorrt.HOST_CLOCK[0] == fake_tensorrt.DURATION_S["h2d"]  # the host waited for it
 
 
 def test_one_trt_logger_per_process(trt_engines):
@@ -694,8 +743,10 @@ def test_user_managed_contexts_let_engines_share_a_gpu(trt_engines):
     """Two CP runners on a device with room for one profile maximum: with user-managed memory both
     run (each holds what its calls need); static contexts would each hold their maximum."""
     side = tp.read_sidecar(trt_engines.path, "fp32")
-    need = tp.engine_need_bytes(side["engines"]["cp"], (trt_engines.path / "tensorrt-fp32" / "cp.engine").stat().st_size)
-    fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + int(1.5 * need)
+    need = {g: tp.engine_need_bytes(e, (trt_engines.path / "tensorrt-fp32" / e["file"]).stat().st_size)
+            for g, e in side["engines"].items()}
+    others = sum(n for g, n in need.items() if g != "cp")  # the rest of the set must fit too
+    fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + others + int(1.5 * need["cp"])
 
     def check(mod):
         first = mod.load_runner(trt_engines, "cp")
@@ -704,9 +755,58 @@ def test_user_managed_contexts_let_engines_share_a_gpu(trt_engines):
         second.run(_cp_feeds())
 
     check(real_module())
-    with pytest.raises(DeviceMemoryError):
-        check(mutant("create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)",
-                     "create_execution_context(trt.ExecutionContextAllocationStrategy.STATIC)"))
+    with pytest.raises(DeviceMemoryError, match="execution context|together"):
+        check(mutant("self.engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)",
+                     "self.engine.create_execution_context(trt.ExecutionContextAllocationStrategy.STATIC)"))
+
+
+def test_engines_follow_the_shapes_with_the_activation_resize_preview_feature(trt_engines):
+    """Built with ``RUNTIME_ACTIVATION_RESIZE_10_10``, a context's memory follows the shapes run, and
+    engines.json states both figures; without it (the fake, as the hardware, then sizes every
+    context for the profile maximum) the runner's memory would be the maximum for the smallest call."""
+    side = tp.read_sidecar(trt_engines.path, "fp32")
+    for graph, e in side["engines"].items():
+        mem = e["memory"]
+        assert mem["activation_resize"] is True and e["activation_resize"] is True
+        assert 0 < mem["shape_following_bytes"]["min"] <= mem["shape_following_bytes"]["opt"] < mem["device_memory_bytes"][0]
+    assert all(b["preview"] == {"RUNTIME_ACTIVATION_RESIZE_10_10"} for b in fake_tensorrt.BUILDS[-4:])
+
+    def check(mod, bundle):
+        runner = mod.load_runner(bundle, "cp")
+        runner.run(_cp_feeds(1, 1))
+        assert 0 < runner.device_memory_bytes < runner.engine.device_memory_size_v2 / 1000
+
+    check(real_module(), trt_engines)
+    mod = mutant("    resize = enable_activation_resize(trt, config)", "    resize = False")
+    mod.build_engines(trt_engines.path, log=lambda s: None)
+    side = tp.read_sidecar(trt_engines.path, "fp32")
+    cp = side["engines"]["cp"]["memory"]
+    assert cp["activation_resize"] is False and cp["shape_following_bytes"]["min"] == cp["device_memory_bytes"][0]
+    with pytest.raises(AssertionError):
+        check(real_module(), Bundle(trt_engines.path))
+
+
+def test_a_bundle_whose_engines_would_not_fit_together_is_refused_at_the_first_load(trt_engines):
+    """Each engine fits alone, the set (text included, which the scorer loads later) does not: the
+    first load refuses in one line naming every engine's figure, before anything is deserialized."""
+    from masc_engine.runtime.scorer import Scorer
+
+    side = tp.read_sidecar(trt_engines.path, "fp32")
+    need = {g: tp.engine_need_bytes(e, (trt_engines.path / "tensorrt-fp32" / e["file"]).stat().st_size)
+            for g, e in side["engines"].items()}
+    fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + sum(need.values()) - need["text"] // 2
+    with pytest.raises(DeviceMemoryError) as e:
+        Scorer(trt_engines, backend="tensorrt", provider="cuda", device_resident=True,
+               array_device=fake_tensorrt.NumpyDevice())
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("TensorRT fp32 engines of ")
+    assert f"need up to {sum(need.values()) / tp.GIB:.2f} GiB of device memory together" in msg
+    assert f"text {need['text'] / tp.GIB:.2f}" in msg and "text engine included" in msg
+    assert "--engines-only --gpu-memory-budget" in msg and not fake_tensorrt.RUNS
+    fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + sum(need.values())  # exactly enough: all four load
+    s = Scorer(trt_engines, backend="tensorrt", provider="cuda", device_resident=True,
+               array_device=fake_tensorrt.NumpyDevice())
+    assert s.text is not None
 
 
 def test_a_load_that_would_not_fit_is_refused_before_the_first_batch(trt_engines, monkeypatch):

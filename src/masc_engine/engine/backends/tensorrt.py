@@ -55,6 +55,7 @@ import hashlib
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -279,6 +280,17 @@ def _builder_config(trt, builder: "trt.Builder", graph: str, workspace_gib: floa
     return config
 
 
+def enable_activation_resize(trt, config: "trt.IBuilderConfig") -> bool:
+    """Build with ``PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10`` where the bindings have it (the
+    11.4 bindings do): what lets a user-managed context's memory follow the shapes run instead of
+    the profile maximum. Returns whether it was set. unverified on a GPU."""
+    feature = getattr(getattr(trt, "PreviewFeature", None), "RUNTIME_ACTIVATION_RESIZE_10_10", None)
+    if feature is None:
+        return False
+    config.set_preview_feature(feature, True)
+    return True
+
+
 def _use_timing_cache(config: "trt.IBuilderConfig", timing_cache: Path | None) -> "trt.ITimingCache | None":
     if timing_cache is None:
         return None
@@ -290,14 +302,36 @@ def _use_timing_cache(config: "trt.IBuilderConfig", timing_cache: Path | None) -
     return cache
 
 
-def _measured_device_memory(trt, data: bytes, graph: str) -> list[int]:
-    """TensorRT's own activation-memory figure per profile of a just-built plan (read by
-    deserializing it once). unverified on a GPU."""
+def _measured_device_memory(trt, data: bytes, graph: str, profiles: list) -> dict:
+    """TensorRT's own activation-memory figures for a just-built plan (read by deserializing it
+    once): ``device_memory_bytes``, per profile at its maximum, and ``shape_following_bytes``, what a
+    user-managed context on profile 0 asks for at the profile's ``min`` and ``opt`` shapes (equal to
+    the maximum where the engine's memory does not follow the shapes). unverified on a GPU.
+
+    Raises:
+        EngineBuildError: the plan did not deserialize, no context could be made, a shape was
+            refused or the size query failed (0).
+    """
     runtime = trt.Runtime(trt_logger(trt))
     engine = runtime.deserialize_cuda_engine(data)
     if engine is None:
         raise EngineBuildError(f"TensorRT could not deserialize the engine it just built for {graph!r}")
-    return [int(engine.get_device_memory_size_for_profile_v2(i)) for i in range(engine.num_optimization_profiles)]
+    per_profile = [int(engine.get_device_memory_size_for_profile_v2(i)) for i in range(engine.num_optimization_profiles)]
+    ctx = engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+    if ctx is None:
+        raise EngineBuildError(f"TensorRT could not create a user-managed context for engine {graph!r}")
+    following = {}
+    for point in ("min", "opt"):
+        for name, s in profiles[0].items():
+            if not ctx.set_input_shape(name, tuple(s[point])):
+                raise EngineBuildError(f"engine {graph!r}: set_input_shape({name!r}, {s[point]}) failed at the profile's "
+                                       f"{point} shapes")
+        size = int(ctx.update_device_memory_size_for_shapes())
+        if size <= 0:
+            raise EngineBuildError(f"engine {graph!r}: update_device_memory_size_for_shapes() returned {size} (failure) "
+                                   f"at the profile's {point} shapes")
+        following[point] = size
+    return {"device_memory_bytes": per_profile, "shape_following_bytes": following}
 
 
 def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
@@ -323,7 +357,10 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
 
     Returns:
         build facts for the sidecar: ``layers``, ``seconds``, ``sha256``, ``strongly_typed``,
-        ``device_memory_bytes`` (TensorRT's activation memory per profile).
+        ``activation_resize`` (built with the preview feature that lets context memory follow the
+        shapes), ``device_memory_bytes`` (TensorRT's activation memory per profile, at its
+        maximum) and ``shape_following_bytes`` (a user-managed context's figure at the profile's
+        ``min`` and ``opt`` shapes).
 
     Raises:
         EngineBuildError: the parser rejected the graph, a profile was refused or the build
@@ -338,6 +375,7 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
     builder = trt.Builder(trt_logger(trt))
     network, parser = _parse(trt, builder, Path(onnx_path), graph)
     config = _builder_config(trt, builder, graph, workspace_gib)
+    resize = enable_activation_resize(trt, config)
     _add_profiles(trt, builder, config, profiles, graph)
     timing_cache = Path(timing_cache) if timing_cache is not None else None
     cache = _use_timing_cache(config, timing_cache)
@@ -358,7 +396,8 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
     secs = time.time() - t0
     log(f"built {engine_path.name} ({precision} graph, strongly typed, {network.num_layers} layers) in {secs:.1f}s")
     return {"layers": int(network.num_layers), "seconds": round(secs, 1), "strongly_typed": True,
-            "sha256": hashlib.sha256(data).hexdigest(), "device_memory_bytes": _measured_device_memory(trt, data, graph)}
+            "sha256": hashlib.sha256(data).hexdigest(), "activation_resize": resize,
+            **_measured_device_memory(trt, data, graph, profiles)}
 
 
 def graph_weight_bytes(bundle_dir: Path, manifest: dict, graph: str) -> int:
@@ -417,7 +456,9 @@ def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batc
         shapes = tp.profile_shapes(entry, ranges)
         facts = build_engine(bundle_dir / entry["file"], out / f"{graph}.engine", precision, [shapes],
                              timing_cache=cache, workspace_gib=workspace_gib, log=log, graph=graph)
-        memory = {**plan["engines"][graph], "device_memory_bytes": facts.pop("device_memory_bytes")}
+        memory = {**plan["engines"][graph], "device_memory_bytes": facts.pop("device_memory_bytes"),
+                  "shape_following_bytes": facts.pop("shape_following_bytes"),
+                  "activation_resize": facts["activation_resize"]}
         engines[graph] = {"file": f"{graph}.engine", "onnx_sha256": sha256_file(bundle_dir / entry["file"]),
                           "profiles": [shapes], "memory": memory, **facts}
     plan["engines"] = {g: e["memory"] for g, e in engines.items()}
@@ -501,6 +542,7 @@ class TrtRunner:
         self._lock = threading.Lock()  # one execution context: calls are serialised
         self._scratch = None  # the context's user-managed memory (a device uint8 array)
         self._staging = PinnedStaging(self._dev)
+        self.bundle_key = None  # (bundle path, precision), set by load_runner
 
     def axis_limit(self, axis: str) -> int | None:
         """The engine profile's largest size for a named axis (``outs_per_ref`` for the CP head:
@@ -689,5 +731,51 @@ def load_runner(bundle, graph: str, *, provider: str = "cuda", precision: str | 
     if not path.is_file() or sha256_file(path) != entry["sha256"]:
         raise BundleError(f"{path} is missing or modified; rebuild: {tp.rebuild_command(bundle.path, precision)}")
     need = tp.engine_need_bytes(entry, path.stat().st_size)
-    return TrtRunner(path, graph, bundle.graph(graph), entry["profiles"][0], need_bytes=need,
-                     bundle_dir=bundle.path, precision=precision)
+    dev = CupyDevice(0)
+    free = dev.mem_get_info()[0]
+    name = getattr(dev, "name", "the GPU")
+    tp.check_fits(graph, precision, need, free, name, bundle.path)
+    key = (str(Path(bundle.path).resolve()), precision)
+    check_bundle_fits(bundle.path, precision, sidecar, [r for r in list(_LIVE) if r.bundle_key == key], free, name)
+    runner = TrtRunner(path, graph, bundle.graph(graph), entry["profiles"][0], need_bytes=need,
+                       bundle_dir=bundle.path, precision=precision)
+    runner.bundle_key = key
+    _LIVE.add(runner)
+    return runner
+
+
+#: Every TrtRunner load_runner made and not yet collected (the bundle-wide memory check counts them).
+_LIVE: "weakref.WeakSet[TrtRunner]" = weakref.WeakSet()
+
+
+def check_bundle_fits(bundle_dir: Path, precision: str, sidecar: dict, live: list, free_bytes: int,
+                      device_name: str) -> None:
+    """Refuse a load when the engines of the set still to come would not fit the free memory.
+
+    What is still to come: every engine of ``engines.json`` that no open runner of this set holds
+    (the text engine included, though the scorer loads it on first use), at its plan (engine file
+    plus TensorRT's activation figure at the profile maxima plus bindings), and for each open
+    runner the context memory it may still grow by. Counted at every load, so the first load of a
+    set refuses when the whole set could not run together.
+
+    Raises:
+        DeviceMemoryError: one line naming the set, each engine's figure, the free memory and the
+            rebuild command.
+    """
+    folder = Path(bundle_dir) / tp.engine_dir_name(precision)
+    sizes = {g: (folder / e["file"]).stat().st_size for g, e in sidecar["engines"].items()}
+    need = {g: tp.engine_need_bytes(e, sizes[g]) for g, e in sidecar["engines"].items()}
+    open_ = [r for r in live if r.context is not None and r.name in need]
+    held = {r.name for r in open_}
+    parts = {g: n for g, n in need.items() if g not in held}
+    for r in open_:
+        parts[f"{r.name} (growth)"] = parts.get(f"{r.name} (growth)", 0) + max(0, need[r.name] - sizes[r.name]
+                                                                               - r.device_memory_bytes)
+    total = sum(parts.values())
+    if total > free_bytes:
+        each = ", ".join(f"{g} {n / tp.GIB:.2f}" for g, n in parts.items())
+        raise DeviceMemoryError(
+            f"TensorRT {precision} engines of {bundle_dir} need up to {total / tp.GIB:.2f} GiB of device memory "
+            f"together at their profile maxima ({each} GiB; engines.json memory plan, text engine included), "
+            f"{device_name} has {free_bytes / tp.GIB:.2f} GiB free; rebuild for this GPU's memory: "
+            f"{tp.rebuild_command(bundle_dir, precision)} --gpu-memory-budget {max(0.1, free_bytes / tp.GIB * 0.8):.1f}")
