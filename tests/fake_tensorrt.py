@@ -21,7 +21,7 @@ numbers, checked against ONNX Runtime. Where the hardware is unkind, so is the f
   ``update_device_memory_size_for_shapes()`` gives the figure for the shapes set only for an engine
   built with ``PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10``; otherwise the profile maximum.
 - **Strong typing.** A build returns no plan (reasons in ``BUILD_ERRORS``) for a graph with a
-  tensor of a type TensorRT has no DataType for (float64, float8 E5M2, ...) or an op whose inputs
+  tensor of a type TensorRT has no DataType for (uint16, float8 E5M2, ...) or an op whose inputs
   differ in type (a strongly typed network inserts no casts).
 - **Parser.** ``parse_from_file`` rejects ops the ONNX parser does not import: any op of another
   domain (``com.microsoft`` contrib ops of the fused ``ort-cpu`` graphs) and any ONNX op outside
@@ -53,27 +53,18 @@ import threading
 import time
 import types
 import weakref
+from pathlib import Path
 
 import numpy as np
 
-#: ONNX ops the ONNX-TensorRT parser imports: the "Y" rows of onnx-tensorrt's docs/operators.md
-#: at its 10.1 GA release (commit 96e7811, the newest release whose list could be read here; the
-#: parser of TensorRT 11.4 supports at least these: releases add importers).
-SUPPORTED_OPS = frozenset("""
-Abs Acos Acosh Add And ArgMax ArgMin Asin Asinh Atan Atanh AveragePool BatchNormalization Cast CastLike
-Ceil Celu Clip Concat Constant ConstantOfShape Conv ConvTranspose Cos Cosh CumSum DeformConv DepthToSpace
-DequantizeLinear Div Dropout Einsum Elu Equal Erf Exp Expand EyeLike Flatten Floor Gather GatherElements
-GatherND Gelu Gemm GlobalAveragePool GlobalLpPool GlobalMaxPool Greater GreaterOrEqual GridSample
-GroupNormalization GRU HardSigmoid HardSwish Hardmax Identity If ImageScaler InstanceNormalization IsInf
-IsNaN LayerNormalization LeakyRelu Less LessOrEqual Log LogSoftmax Loop LRN LSTM LpNormalization LpPool
-MatMul Max MaxPool Mean MeanVarianceNormalization Min Mish Mod Mul Neg NonMaxSuppression NonZero Not OneHot
-Or Pad ParametricSoftplus Pow PRelu QuantizeLinear RandomNormal RandomNormalLike RandomUniform
-RandomUniformLike Range Reciprocal ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean
-ReduceMin ReduceProd ReduceSum ReduceSumSquare Relu Reshape Resize ReverseSequence RNN RoiAlign Round
-ScaledTanh Scan Scatter ScatterElements ScatterND Selu Shape Shrink Sigmoid Sign Sin Sinh Size Slice
-Softmax Softplus Softsign SpaceToDepth Split Sqrt Squeeze Sub Sum Tan Tanh ThresholdedRelu Tile TopK
-Transpose Trilu Unsqueeze Upsample Where Xor
-""".split())
+#: ONNX ops the ONNX-TensorRT parser imports: its ``DEFINE_BUILTIN_OP_IMPORTER`` registrations, read
+#: from onnxOpImporters.cpp by scripts/extract_onnx_trt_ops.py into tests/data/onnx_tensorrt_ops.json.
+#: The sources read are onnx-tensorrt's 10.1-GA release (commit 96e7811): the newest ref of
+#: github.com/onnx/onnx-tensorrt that could be fetched here (its main branch stops at 10.0-GA); the
+#: parser pinned with TensorRT 11.4 could not be read, and releases add importers, so the 11.4
+#: parser imports at least these. Rerun the script against the 11.4 release when it can be fetched.
+OPS_FILE = Path(__file__).resolve().parent / "data" / "onnx_tensorrt_ops.json"
+SUPPORTED_OPS = frozenset(json.loads(OPS_FILE.read_text())["ops"])
 
 #: Seconds of wall time a queued kernel or copy takes when its stream is synchronized.
 LATENCY_S = 0.01
@@ -437,10 +428,10 @@ class Builder:
         return _HostMemory(json.dumps(plan).encode())
 
 
-#: ONNX element types TensorRT 11 has a DataType for (FLOAT, UINT8, INT8, INT32, BOOL, FLOAT16, INT64,
-#: BFLOAT16, FLOAT8E4M3FN, INT4, FLOAT4E2M1); anything else (DOUBLE, FLOAT8E5M2, UINT16, ...) the parser
-#: cannot import and a strongly typed network cannot cast.
-TRT_ONNX_TYPES = frozenset({1, 2, 3, 6, 7, 9, 10, 16, 17, 22, 23})
+#: ONNX element types TensorRT 11 takes: those it has a DataType for (FLOAT, UINT8, INT8, INT32, BOOL,
+#: FLOAT16, INT64, BFLOAT16, FLOAT8E4M3FN, INT4, FLOAT4E2M1) and DOUBLE, which the parser casts to FLOAT
+#: (onnx-tensorrt docs/operators.md); anything else (FLOAT8E5M2, UINT16, INT16, ...) it cannot import.
+TRT_ONNX_TYPES = frozenset({1, 2, 3, 6, 7, 9, 10, 11, 16, 17, 22, 23})
 #: Ops whose listed inputs must share one type in a strongly typed network (no implicit casts).
 SAME_TYPE_INPUTS = {"Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1), "MatMul": (0, 1), "Gemm": (0, 1),
                     "Where": (1, 2), "Max": (0, 1), "Min": (0, 1)}

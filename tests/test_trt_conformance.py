@@ -525,3 +525,22 @@ def test_the_fake_device_has_the_device_interface():
         fake = getattr(fake_tensorrt.NumpyDevice, name, None)
         assert fake is not None, name
         assert [p for p, _ in _params(fake)] == [p for p, _ in _params(fn)], name
+
+
+def test_the_fake_parser_imports_the_ops_read_from_onnx_tensorrt_sources():
+    """The fake parser's op list is the one scripts/extract_onnx_trt_ops.py read from
+    onnx-tensorrt's importer registrations (its own TRT_* ops and helpers left out)."""
+    import importlib.util
+
+    import fake_tensorrt
+
+    spec = importlib.util.spec_from_file_location("extract_onnx_trt_ops", REPO / "scripts" / "extract_onnx_trt_ops.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    src = ("DEFINE_BUILTIN_OP_IMPORTER(MatMul)\n{}\nDEFINE_BUILTIN_OP_IMPORTER( QuantizeLinear )\n"
+           "DEFINE_BUILTIN_OP_IMPORTER(TRT_FP8QuantizeLinear)\nDEFINE_BUILTIN_OP_IMPORTER(FallbackPluginImporter)\n")
+    assert script.importer_ops(src) == ["MatMul", "QuantizeLinear"]
+    data = json.loads((REPO / "tests" / "data" / "onnx_tensorrt_ops.json").read_text())
+    assert len(data["commit"]) == 40 and data["ref"]
+    assert fake_tensorrt.SUPPORTED_OPS == frozenset(data["ops"]) and len(data["ops"]) == 150
+    assert {"LayerNormalization", "QuantizeLinear", "DequantizeLinear", "MatMul"} <= fake_tensorrt.SUPPORTED_OPS
