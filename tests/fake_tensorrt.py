@@ -23,6 +23,10 @@ numbers, checked against ONNX Runtime. Where the hardware is unkind, so is the f
 - **Strong typing.** A build returns no plan (reasons in ``BUILD_ERRORS``) for a graph with a
   tensor of a type TensorRT has no DataType for (uint16, float8 E5M2, ...) or an op whose inputs
   differ in type (a strongly typed network inserts no casts).
+- **Explicit quantization.** A build returns no plan for Q/DQ placement TensorRT 11 does not
+  take (:func:`qdq_placement_errors`: constant positive scales, zero points of 0 in INT8 /
+  FLOAT8E4M3FN, Q feeding only DQ, per-tensor activation scales, per-channel weight scales on the
+  output channels).
 - **Parser.** ``parse_from_file`` rejects ops the ONNX parser does not import: any op of another
   domain (``com.microsoft`` contrib ops of the fused ``ort-cpu`` graphs) and any ONNX op outside
   ``SUPPORTED_OPS``, listing the node and op per error, as ``ParserError``.
@@ -414,7 +418,9 @@ class Builder:
         import onnx
 
         model = onnx.load(network._onnx_path, load_external_data=False)
-        if strong_typing_errors(model):
+        qdq = qdq_placement_errors(model)
+        BUILD_ERRORS.extend(qdq)
+        if strong_typing_errors(model) or qdq:
             return None  # the real builder logs the layer whose input types it cannot take
         dtypes = {onnx.TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer}
         BUILDS.append({"onnx": network._onnx_path, "flags": set(config._flags),
@@ -456,6 +462,56 @@ def strong_typing_errors(model) -> list[str]:
             errors.append(f"{node.op_type} node {node.name!r}: input types "
                           f"{sorted(onnx.TensorProto.DataType.Name(t) for t in got)} differ (strongly typed)")
     BUILD_ERRORS.extend(errors)
+    return errors
+
+
+def qdq_placement_errors(model) -> list[str]:
+    """Where a graph's Q/DQ nodes break what TensorRT 11's explicit quantization takes: a
+    QuantizeLinear / DequantizeLinear scale that is not a positive float32 initializer, a zero point
+    that is not an all-zero initializer of the quantized type, a quantized type other than
+    FLOAT8E4M3FN / INT8 (FLOAT8E5M2 has no DataType), a Q whose output feeds anything but a DQ, a DQ
+    whose input is neither a Q's output nor a quantized initializer, a per-channel (non-scalar)
+    activation scale, and a per-channel weight whose axis is not a MatMul weight's output channels
+    (the last axis). Empty when the placement is valid."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    producers = {o: n for n in g.node for o in n.output}
+    errors = []
+    for n in g.node:
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        where = f"{n.op_type} {n.name!r}"
+        scale = inits.get(n.input[1]) if len(n.input) > 1 else None
+        if scale is None or scale.data_type != 1 or not (numpy_helper.to_array(scale) > 0).all():
+            errors.append(f"{where}: the scale must be a positive float32 constant")
+            continue
+        zp = inits.get(n.input[2]) if len(n.input) > 2 else None
+        if zp is None or zp.data_type not in (3, 17):
+            errors.append(f"{where}: the zero point must be an INT8 or FLOAT8E4M3FN constant (FLOAT8E5M2 and "
+                          "missing zero points are not taken)")
+        elif numpy_helper.to_array(zp).astype(np.float32).any():
+            errors.append(f"{where}: the zero point must be 0")
+        axis = {a.name: a.i for a in n.attribute}.get("axis", 1)
+        if n.op_type == "QuantizeLinear":
+            if any(c.op_type != "DequantizeLinear" for c in consumers.get(n.output[0], [])):
+                errors.append(f"{where}: its output feeds an op other than DequantizeLinear")
+            if len(scale.dims) != 0 and inits.get(n.input[0]) is None:
+                errors.append(f"{where}: an activation takes one scale per tensor, not {list(scale.dims)}")
+            continue
+        src = inits.get(n.input[0])
+        if src is None and getattr(producers.get(n.input[0]), "op_type", None) != "QuantizeLinear":
+            errors.append(f"{where}: its input is neither a QuantizeLinear output nor a quantized constant")
+        if src is not None and len(scale.dims) != 0:
+            users = [c for c in consumers.get(n.output[0], []) if c.op_type == "MatMul" and c.input[1] == n.output[0]]
+            if any(axis % len(src.dims) != len(src.dims) - 1 for _ in users):
+                errors.append(f"{where}: per-channel weight scales must run along the MatMul's output channels "
+                              f"(axis {len(src.dims) - 1}), not axis {axis}")
     return errors
 
 

@@ -235,3 +235,15 @@ EXPORT_BUG_MIN_ABS_ERROR = 1e-2
 #: so this fraction has little headroom at 0.99 (real logits, of order 10, unmeasured).
 SEGMENTER_REFERENCE_MIN_IOU = 0.99
 SEGMENTER_MIN_FAR_PIXEL_FRACTION = 0.99
+
+# --------------------------------------------------------------------------- FP8 (E4M3) explicit Q/DQ
+#: FP8 graphs are certified with the reduced-precision gates above (FIDELITY_MAX_ABS_DELTA,
+#: FIDELITY_MIN_SPEARMAN, FIDELITY_MIN_PAIRS held-out pairs), as bf16-cpu is; these are the format's
+#: facts the Q/DQ graph is built from, not measured budgets. Measured figures of the certification
+#: are in each FP8 bundle's manifest (``precision.gates``) and docs/gpu.md.
+#: Largest finite FLOAT8E4M3FN value: a tensor's scale is amax / FP8_E4M3_MAX (per tensor for
+#: activations, from the calibration pairs' largest |x|; per output channel for weights).
+FP8_E4M3_MAX = 448.0
+#: ONNX opset of FP8 graphs: QuantizeLinear / DequantizeLinear take FLOAT8E4M3FN from opset 19; 21
+#: (their latest revision before 23) is what ONNX Runtime 1.32's CPU provider was checked to run.
+FP8_OPSET = 21

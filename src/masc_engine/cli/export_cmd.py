@@ -25,7 +25,7 @@ import click
               help="onnx: the ONNX bundle only. tensorrt: also build TensorRT engines from its graphs "
                    "into OUT/tensorrt-<precision>/ (needs the tensorrt package and a CUDA GPU; "
                    "engines are specific to the GPU and TensorRT version that build them).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8", "bf16-cpu"]), default=None,
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8", "bf16-cpu", "fp8"]), default=None,
               help="Precision of the bundle's graphs (default fp32). fp16 / bf16: mixed-precision ONNX graphs "
                    "(LayerNorm, softmax, GELU, reductions and casts stay fp32; inputs and outputs stay fp32), "
                    "validated against PyTorch fp32 with the fp16 gates and refused with the figures if they "
@@ -36,15 +36,18 @@ import click
                    "only if it passes its gates against fp32 on --gate-pairs. bf16-cpu: the fp32 bundle, "
                    "certified for bf16 on OpenVINO's CPU plugin (needs the openvino extra and a CPU with native "
                    "bf16): scored against fp32 on calibration and held-out pairs, encoder layers kept in fp32 "
-                   "where the gates need it, refused with the figures if they still fail (docs/cpu_precision.md).")
+                   "where the gates need it, refused with the figures if they still fail (docs/cpu_precision.md). "
+                   "fp8: the vision tower with explicit E4M3 Q/DQ around its linear layers (per-tensor activation "
+                   "scales from the calibration pairs, per-channel weights), certified on ONNX Runtime CPU with "
+                   "bf16-cpu's pairs and gates, or refused with the figures (docs/gpu.md).")
 @click.option("--calibration-pairs", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="bf16-cpu: a pairs CSV to calibrate on instead of the shipped examples + a synthetic grid.")
+              help="bf16-cpu / fp8: a pairs CSV to calibrate on instead of the shipped examples + a synthetic grid.")
 @click.option("--heldout-pairs", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="bf16-cpu: a pairs CSV (>= 1000 pairs) to confirm on instead of the default held-out set.")
+              help="bf16-cpu / fp8: a pairs CSV (>= 1000 pairs) to confirm on instead of the default held-out set.")
 @click.option("--gate-pairs", type=click.Path(dir_okay=False, exists=True), default=None,
               help="int8: the pairs CSV the int8 bundle is gated on (e.g. the shared DreamBooth pairs).")
 @click.option("--fp32-bundle", type=click.Path(file_okay=False, exists=True), default=None,
-              help="int8: quantize this existing fp32 bundle instead of exporting one first.")
+              help="int8 / fp8: quantize this existing fp32 bundle instead of exporting one first.")
 @click.option("--max-memory-gb", type=click.FloatRange(min=0.5), default=None,
               help="Refuse in one line, before the weights are read, when the export plan's estimated peak "
                    "memory is past this many GB (default: this machine's or container's memory). Each stage "
@@ -73,8 +76,14 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
 
     if precision == "bf16-cpu" and backend != "onnx":
         raise click.UsageError("--precision bf16-cpu makes a bundle for OpenVINO's CPU plugin: use --backend onnx")
-    if (calibration_pairs or heldout_pairs) and precision != "bf16-cpu":
-        raise click.UsageError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu")
+    if (calibration_pairs or heldout_pairs) and precision not in ("bf16-cpu", "fp8"):
+        raise click.UsageError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu or fp8")
+    if precision == "fp8":
+        if backend != "onnx":
+            raise click.UsageError("--precision fp8 makes an ONNX bundle certified on CPU: use --backend onnx")
+        _export_fp8(model, out_dir, max_num_patches, revision, fp32_bundle, calibration_pairs, heldout_pairs,
+                    max_memory_gb)
+        return
     cpu_options = {"calibration": calibration_pairs, "heldout": heldout_pairs} if precision == "bf16-cpu" else None
 
     try:  # a Hub id's probe: one line when it cannot be fetched (offline: --model /local/folder)
@@ -240,6 +249,29 @@ def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bun
     except MascEngineError as e:
         raise click.ClickException(one_line(e)) from e
     click.echo(f"int8 bundle written: {out_dir}", err=True)
+
+
+def _export_fp8(model, out_dir, max_num_patches, revision, fp32_bundle, calibration, heldout, max_memory_gb) -> None:
+    """The fp32 bundle (given, or exported to a temporary folder), then its certified FP8 copy."""
+    import tempfile
+
+    from ..errors import MascEngineError
+
+    log = lambda s: click.echo(s, err=True)  # noqa: E731
+    try:
+        from ..export.fp8 import certify_fp8
+
+        with tempfile.TemporaryDirectory() as tmp:
+            src = fp32_bundle
+            if src is None:
+                from ..export.exporter import export_bundle
+
+                src = export_bundle(model, f"{tmp}/fp32", max_num_patches=max_num_patches, revision=revision,
+                                    log=log, ort_cpu_variant=False, max_memory_gb=max_memory_gb)
+            certify_fp8(src, out_dir, calibration=calibration, heldout=heldout, log=log)
+    except MascEngineError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"fp8 bundle written: {out_dir}", err=True)
 
 
 if __name__ == "__main__":

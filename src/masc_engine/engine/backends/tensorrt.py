@@ -350,7 +350,8 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
     Args:
         onnx_path: the graph (external weights beside it are found by the parser).
         engine_path: where to write the serialized engine.
-        precision: ``fp32``, ``fp16`` or ``bf16``: the graph's precision (checked by the caller).
+        precision: ``fp32``, ``fp16``, ``bf16`` or ``fp8`` (explicit E4M3 Q/DQ, export/fp8.py): the
+            graph's precision (checked by the caller).
         profiles: one or more ``{input: {"min", "opt", "max"}}`` (:func:`trt_profiles.profile_shapes`).
         timing_cache: file read before and written after the build (created when missing).
         graph: the engine's name in messages (default: the file's stem).
@@ -368,8 +369,8 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
         TensorRTCallError: TensorRT refused the timing cache.
     """
     trt = import_tensorrt()
-    if precision not in tp.PRECISIONS:
-        raise ValueError(f"precision must be one of {tp.PRECISIONS}, got {precision!r}")
+    if precision not in (*tp.PRECISIONS, "fp8"):
+        raise ValueError(f"precision must be one of {(*tp.PRECISIONS, 'fp8')}, got {precision!r}")
     graph = graph or Path(onnx_path).stem
     t0 = time.time()
     builder = trt.Builder(trt_logger(trt))

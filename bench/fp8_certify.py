@@ -1,0 +1,49 @@
+"""Certify an FP8 (E4M3 explicit Q/DQ) vision tower of a bundle on ONNX Runtime CPU and record
+the figures (export/fp8.py ``certify_fp8``: cpu_precision's default calibration and held-out
+pairs, gates of tolerances.py); a refusal is recorded with its figures too.
+
+Usage: python bench/fp8_certify.py --model random:tiny-naflex --out bench/results/fp8_tiny_certificate.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    from masc_engine.export.cpu_precision import CertificationError
+    from masc_engine.export.exporter import export_bundle
+    from masc_engine.export.fp8 import certify_fp8
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="random:tiny-naflex")
+    ap.add_argument("--max-num-patches", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="fp8-"))
+    lines: list[str] = []
+    log = lambda s: (lines.append(s), print(s, flush=True))  # noqa: E731
+    t0 = time.time()
+    try:
+        export_bundle(args.model, work / "fp32", max_num_patches=args.max_num_patches, log=lambda s: None)
+        try:
+            record = certify_fp8(work / "fp32", work / "fp8", threads=args.threads, log=log)
+            result = {"certified": True, "precision": record}
+        except CertificationError as e:
+            result = {"certified": False, "refusal": str(e)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result.update(model=args.model, max_num_patches=args.max_num_patches, seconds=round(time.time() - t0, 1), log=lines)
+    args.out.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    print(f"written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
