@@ -204,7 +204,7 @@ def test_a_certified_fp8_bundle_is_written_and_scores(naflex_bundle, tmp_path, s
     ref = Scorer(Bundle(naflex_bundle)).score_batch(held[:4])
     d = max(abs(a.cp - r.cp) for a, r in zip(got, ref))
     assert d <= rec["gates"]["heldout"]["max_abs_dcp"] + 1e-7
-    assert any(n.op_type == "QuantizeLinear" for n in g.node) == (rec["quantized_matmuls"] > 0)
+    assert any(n.op_type == "QuantizeLinear" for n in g.graph.node) == (rec["quantized_matmuls"] > 0)
 
 
 def test_masc_export_fp8_refusal_is_one_line(naflex_bundle, tmp_path):
