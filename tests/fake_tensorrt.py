@@ -97,6 +97,8 @@ def reset(latency_s: float = 0.01, memory_limit: int = 1 << 40) -> None:
     for registry in (FAIL, BUILDS, RUNS, CALLS, LOGGERS, INTERVALS, BUILD_ERRORS):
         registry.clear()
     HOST_CLOCK[0] = 0.0
+    for stream in list(FakeStream._registry.values()):  # the clock starts again for every stream
+        stream._ready_at = 0.0
 
 
 class OutOfMemoryError(MemoryError):
@@ -146,6 +148,8 @@ class FakeStream:
         self._pending: list = []
         self._lock = threading.Lock()
         self._ready_at = 0.0
+        self.queued = 0  # tasks ever queued (an event records the count)
+        self.done = 0
         self._registry[self.ptr] = self
 
     @classmethod
@@ -160,12 +164,19 @@ class FakeStream:
             start = max(self._ready_at, _host_now())
             self._ready_at = start + DURATION_S.get(label.split(":")[0], DURATION_S["task"])
             self._pending.append((fn, label, start, self._ready_at))
+            self.queued += 1
 
     def synchronize(self) -> None:
         CALLS.append(("stream.synchronize", self.ptr))
+        self.run_until(None)
+
+    def run_until(self, count) -> None:
+        """Do the queued tasks up to task number ``count`` (all when None), in order."""
         with self._lock:
-            pending, self._pending = self._pending, []
-            ready_at = self._ready_at
+            n = len(self._pending) if count is None else max(0, count - self.done)
+            pending, self._pending = self._pending[:n], self._pending[n:]
+            self.done += len(pending)
+            ready_at = pending[-1][3] if pending else 0.0
         error = None
         for fn, label, start, end in pending:
             time.sleep(LATENCY_S)
@@ -178,6 +189,18 @@ class FakeStream:
         _host_advance_to(ready_at)
         if error is not None:
             raise RuntimeError(f"an asynchronous task on stream {self.ptr:#x} failed: {error}") from error
+
+
+class FakeEvent:
+    """``cupy.cuda.Event`` recorded on a stream: ``synchronize()`` does that stream's tasks queued
+    before the record (not later ones) and waits for them on the fake clock."""
+
+    def __init__(self, stream: FakeStream):
+        self._stream, self._count = stream, stream.queued
+
+    def synchronize(self) -> None:
+        CALLS.append(("event.synchronize", self._stream.ptr))
+        self._stream.run_until(self._count)
 
 
 def _host_now() -> float:
@@ -777,6 +800,10 @@ class NumpyDevice:
     def copy_to_host(self, src, out, stream):
         CALLS.append(("copy_to_host", tuple(src.shape)))
         stream.enqueue(lambda: np.copyto(out, src), "d2h")
+
+    def record_event(self, stream):
+        CALLS.append(("record_event", stream.ptr))
+        return FakeEvent(stream)
 
     def mem_get_info(self):
         return MEMORY_LIMIT - LEDGER.used, MEMORY_LIMIT

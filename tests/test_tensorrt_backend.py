@@ -331,7 +331,8 @@ def test_trt_run_device_allocates_outputs_before_synchronizing(trt_engines):
     sync = names.index("synchronize", last_empty)
     first_bind = names.index("set_tensor_address")
     assert names.index("set_device_memory") < sync < names.index("copy_to_device") < first_bind
-    assert last_empty < sync < first_bind < names.index("execute_async_v3") < names.index("stream.synchronize")
+    assert last_empty < sync < first_bind < names.index("execute_async_v3") < names.index("record_event") \
+        < names.index("event.synchronize")
     empties = [x[1] for x in fake_tensorrt.CALLS if x[0] == "empty"]
     assert empties[:3] == [(2, 30), (2, 64), (2, 30)]  # the staged mask's device buffer, then the outputs
     assert len(empties) == 4 and len(empties[3]) == 1  # the context memory (bytes), made once
@@ -441,8 +442,7 @@ def test_outputs_are_read_after_the_engine_stream_synchronizes(trt_engines):
             np.testing.assert_array_equal(dev.to_host(on_device[k]), want[k])
 
     check(real_module())
-    no_sync = mutant("            stream.synchronize()\n            self._staging.next_call()",
-                     "            self._staging.next_call()")
+    no_sync = mutant("        job.event.synchronize()  # the engine and the copies back are done\n", "")
     with pytest.raises(AssertionError, match="Mismatch|nan"):
         check(no_sync)
 
@@ -882,10 +882,9 @@ def test_a_scorer_is_freed_without_the_cycle_collector(trt_engines, backend):
 # ------------------------------------------------------------------ copies overlapped with compute
 
 
-def test_overlapped_encoding_equals_serial_and_overlaps(trt_engines, monkeypatch):
-    """Preprocessing of batch n+1 runs while batch n is on the (fake, slow) device: the same tokens
-    and scores as the serial path, in less wall time. Artificial latencies: 0.02 s per queued
-    kernel or copy (4 per vision call), 0.05 s to preprocess an image (2 per call)."""
+def test_overlapped_encoding_equals_serial(trt_engines, monkeypatch):
+    """Preprocessing of batch n+1 on a worker thread while batch n runs gives the serial path's
+    tokens and scores (the overlap itself is counted on the fake clock, below, not in wall time)."""
     import time
 
     from masc_engine.runtime.pipeline import encode_images_overlapped, plan_batches
@@ -900,16 +899,11 @@ def test_overlapped_encoding_equals_serial_and_overlaps(trt_engines, monkeypatch
     assert len(plan_batches(images, scorer)) == 6
     real_preprocess = scorer.preprocess
     monkeypatch.setattr(scorer, "preprocess", lambda im: time.sleep(0.08) or real_preprocess(im))
-    t0 = time.perf_counter()
     serial = scorer.encode_images(images)
-    t1 = time.perf_counter()
     overlapped = encode_images_overlapped(scorer, images)
-    t2 = time.perf_counter()
     for a, b in zip(serial, overlapped, strict=True):
         assert a.grid == b.grid
         np.testing.assert_array_equal(dev.to_host(a.tokens), dev.to_host(b.tokens))
-    ratio = (t2 - t1) / (t1 - t0)
-    assert ratio < 0.8, f"overlapped / serial wall time = {ratio:.2f}"
     encs = dict(zip(map(id, images), overlapped))
     items = [EncodedPair(encs[id(p.ref_image)], scorer.mask_weights(p.ref_image, p.ref_mask, encs[id(p.ref_image)].grid,
                                                                      "reference"),
@@ -917,3 +911,65 @@ def test_overlapped_encoding_equals_serial_and_overlaps(trt_engines, monkeypatch
                                                                     "output"), p.prompt, p.object_name) for p in pairs]
     got = [(r.cp, r.pf) for r in scorer.score_encoded(items)]
     assert got == [(r.cp, r.pf) for r in scorer.score_batch(pairs)]
+
+
+def _overlaps(intervals, a, b) -> int:
+    """Pairs (x, y), x labelled ``a`` and y ``b`` on different lanes (stream or host), whose
+    fake-clock intervals overlap."""
+    xs = [i for i in intervals if i[1].startswith(a)]
+    ys = [i for i in intervals if i[1].startswith(b)]
+    return sum(1 for x in xs for y in ys if x is not y and x[0] != y[0] and x[2] < y[3] and y[2] < x[3])
+
+
+def test_two_batches_in_flight_overlap_on_the_fake_clock_with_serial_results(trt_engines):
+    """``run_pipelined`` keeps two vision batches in flight (a context, stream and pinned buffers
+    each): the fake's interval log shows batch n+1's host work during batch n's engine, and two
+    engines in flight at once; the serial path shows neither. Outputs equal the serial path's bit
+    for bit."""
+    runner = trt_engines.runner("vision", backend="tensorrt", provider="cuda")
+    rng = np.random.default_rng(3)
+    batches = [{"pixel_values": rng.uniform(-1, 1, (2, 40, 768)).astype(np.float32),
+                "pixel_attention_mask": np.ones((2, 40), np.int64),
+                "position_weights": rng.random((2, 40, 256)).astype(np.float32)} for _ in range(5)]
+    batches = [{k: v for k, v in b.items() if k in runner.input_names} for b in batches]
+
+    def prepare(b):
+        fake_tensorrt.host_work("prepare", 0.02)  # decode, preprocess, stacking at so400m/1024: ~20 ms
+        return b
+
+    fake_tensorrt.reset()
+    serial = [runner.run(prepare(b)) for b in batches]
+    serial_log = list(fake_tensorrt.INTERVALS)
+    serial_end = fake_tensorrt.HOST_CLOCK[0]
+    fake_tensorrt.reset()
+    piped = runner.run_pipelined(batches, prepare)
+    log = list(fake_tensorrt.INTERVALS)
+    for a, b in zip(serial, piped, strict=True):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    assert _overlaps(serial_log, "prepare", "execute") == 0 and _overlaps(serial_log, "execute", "execute") == 0
+    assert _overlaps(log, "prepare", "execute") >= 4  # batch n+1 prepared while batch n computes
+    assert _overlaps(log, "execute", "execute") >= 4  # two engines in flight
+    assert len({i[0] for i in log if i[1] == "execute"}) == 2  # on two streams
+    assert fake_tensorrt.HOST_CLOCK[0] < serial_end
+    assert runner.device_memory_bytes > 0 and len(runner._slots) == 2
+
+
+def test_a_pipelined_runner_collects_a_batch_before_reusing_its_slot(trt_engines):
+    """Without waiting for batch n-2's event before its slot takes batch n, the slot's pinned
+    buffers are refilled under it: batch n-2's outputs come back as batch n's (the fake does the
+    copies only when waited for)."""
+    rng = np.random.default_rng(4)
+    batches = [{"hidden": rng.normal(size=(2, 30 - 3 * i, 64)).astype(np.float32),
+                "key_padding_mask": rng.random((2, 30 - 3 * i)) < 0.3} for i in range(4)]
+    want = [real_module().load_runner(trt_engines, "pool").run(b) for b in batches]
+
+    def check(mod):
+        got = mod.load_runner(trt_engines, "pool").run_pipelined(batches)
+        for a, b in zip(want, got, strict=True):
+            np.testing.assert_array_equal(a["pooled"], b["pooled"])
+
+    check(real_module())
+    with pytest.raises(AssertionError, match="Mismatch"):
+        check(mutant("                if len(pending) >= in_flight:\n                    results.append(self._finish(pending.pop(0)))\n",
+                     ""))

@@ -104,6 +104,11 @@ class ArrayDevice:
         ``out`` holds the data once ``stream.synchronize()`` returns."""
         raise NotImplementedError
 
+    def record_event(self, stream):
+        """An event recorded on ``stream`` after the work queued so far: ``.synchronize()`` waits for
+        that work only (not for what is queued after it)."""
+        raise NotImplementedError
+
     def mem_get_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes of the device's memory."""
         raise NotImplementedError
@@ -166,6 +171,9 @@ class HostDevice(ArrayDevice):
 
     def copy_to_host(self, src, out, stream) -> None:
         np.copyto(out, src)
+
+    def record_event(self, stream):
+        return _HostStream()  # host work is done when its call returns
 
     def mem_get_info(self) -> tuple[int, int]:
         """Available and total host memory (``/proc/meminfo``; ``(0, 0)`` where it cannot be read)."""
@@ -254,7 +262,14 @@ class CupyDevice(ArrayDevice):
         dst.set(host, stream=stream)
 
     def copy_to_host(self, src, out, stream) -> None:
-        src.get(stream=stream, out=out)  # unverified on a GPU
+        # into pinned memory: cudaMemcpyAsync, returns at once; wait on an event (record_event)
+        src.get(stream=stream, out=out, blocking=False)  # unverified on a GPU
+
+    def record_event(self, stream):
+        """``cupy.cuda.Event`` recorded on ``stream`` (``.synchronize()`` waits for it). unverified on a GPU."""
+        event = self.xp.cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+        return event
 
     def mem_get_info(self) -> tuple[int, int]:
         free, total = self.xp.cuda.runtime.memGetInfo()  # unverified on a GPU

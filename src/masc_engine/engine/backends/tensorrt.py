@@ -495,6 +495,21 @@ def _engine_precision(bundle_dir: Path, manifest: dict, precision: str | None) -
 # --------------------------------------------------------------------------- runner
 
 
+class _Slot:
+    """One execution in flight: its execution context, stream, context memory and pinned buffers."""
+
+    def __init__(self, context, stream, staging: PinnedStaging):
+        self.context, self.stream, self.staging, self.scratch = context, stream, staging, None
+
+
+class _InFlight:
+    """A queued execution: its slot, device outputs, pinned host outputs (or None), the event
+    recorded after its last copy, and its inputs (kept alive until it is done)."""
+
+    def __init__(self, slot: _Slot, outs: dict, pinned: dict | None, event, inputs):
+        self.slot, self.outs, self.pinned, self.event, self.inputs = slot, outs, pinned, event, inputs
+
+
 class TrtRunner:
     """Runs one engine: the :class:`~.base.Runner` protocol, plus :meth:`run_device` for
     device-resident inputs and outputs (patch tokens stay on the GPU between the vision, pooling
@@ -540,9 +555,8 @@ class TrtRunner:
         self.input_names = [n for n in names if is_input[n]]
         self.output_names = [n for n in names if not is_input[n]]
         self._dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
-        self._lock = threading.Lock()  # one execution context: calls are serialised
-        self._scratch = None  # the context's user-managed memory (a device uint8 array)
-        self._staging = PinnedStaging(self._dev)
+        self._lock = threading.Lock()  # calls are serialised; run_pipelined keeps two in flight within one
+        self._slots = [_Slot(self.context, self._stream, PinnedStaging(self._dev))]
         self.bundle_key = None  # (bundle path, precision), set by load_runner
 
     def axis_limit(self, axis: str) -> int | None:
@@ -552,21 +566,23 @@ class TrtRunner:
 
     @property
     def device_memory_bytes(self) -> int:
-        """Bytes of context memory held now (grown to the largest call so far; 0 after close)."""
-        return 0 if self._scratch is None else int(self._scratch.nbytes)
+        """Bytes of context memory held now, all execution slots together (each grown to the
+        largest call it ran; 0 after close)."""
+        return sum(0 if s.scratch is None else int(s.scratch.nbytes) for s in self._slots)
 
     def close(self) -> None:
-        """Free the execution context, the engine, the context memory and the pinned staging
-        buffers now (TensorRT objects in dependency order: context, engine, runtime). Further
+        """Free the execution contexts, the engine, the context memory and the pinned staging
+        buffers now (TensorRT objects in dependency order: contexts, engine, runtime). Further
         calls raise :class:`TensorRTCallError`."""
         with self._lock:
-            if getattr(self, "_stream", None) is not None:
-                self._stream.synchronize()
+            for slot in self._slots:
+                if slot.stream is not None:
+                    slot.stream.synchronize()
+                slot.context = slot.scratch = None
+                slot.staging.clear()
             self.context = None
             self.engine = None
             self._runtime = None
-            self._scratch = None
-            self._staging.clear()
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Host inputs in, host outputs out: copies on the engine's stream through pinned buffers."""
@@ -581,6 +597,51 @@ class TrtRunner:
             raise BackendUnavailableError(f"TensorRT engines cannot use {device.name} memory")
         return self._split(feeds, to_host=False)
 
+    def run_pipelined(self, batches, prepare: Callable | None = None, in_flight: int = 2) -> list[dict]:
+        """``[run(prepare(b)) for b in batches]`` with up to ``in_flight`` batches on the device at
+        once, each on its own execution context, stream, context memory and pinned buffers.
+
+        Order per batch n: ``prepare`` (the host work: decode, preprocess, stacking) runs while
+        batches n-1 and n-2 are on the device; then batch n-``in_flight`` is collected (its event
+        waited: its copies back, and so its engine, done) and its slot takes batch n: inputs staged
+        into that slot's pinned buffers, copies, engine and copies back queued on its stream, an
+        event recorded after them. Outputs are the serial path's, bit for bit (same engine, same
+        shapes, one context per batch). A batch larger than the profile is refused
+        (:class:`ProfileError` from the plan) before anything is queued: split it first.
+
+        Returns:
+            host outputs per batch, in order.
+        """
+        if self.context is None:
+            raise TensorRTCallError(f"TensorRT engine {self.name!r} was closed")
+        results, pending = [], []
+        with self._lock:
+            for i, item in enumerate(batches):
+                feeds = prepare(item) if prepare is not None else item
+                runs = tp.plan_batches(self.name, self.graph_entry, {k: tuple(v.shape) for k, v in feeds.items()},
+                                       self.profile)
+                if len(runs) != 1:
+                    raise ValueError(f"graph {self.name!r}: batch {i} needs {len(runs)} runs of the profile; "
+                                     "run_pipelined takes batches that fit one run")
+                if len(pending) >= in_flight:
+                    results.append(self._finish(pending.pop(0)))
+                slot = self._slot(i % in_flight)
+                pending.append(self._submit(slot, {k: feeds[k] for k in self.input_names}, True))
+            while pending:
+                results.append(self._finish(pending.pop(0)))
+        return results
+
+    def _slot(self, i: int) -> "_Slot":
+        """Execution slot ``i``, made on first use: a user-managed context of its own (TensorRT runs
+        one execution per context at a time) and a stream of its own."""
+        while len(self._slots) <= i:
+            ctx = self.engine.create_execution_context(self._trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+            if ctx is None:
+                raise DeviceMemoryError(f"TensorRT could not create execution context {len(self._slots)} for engine "
+                                        f"{self.name!r} (a second batch in flight)")
+            self._slots.append(_Slot(ctx, self._dev.new_stream(), PinnedStaging(self._dev)))
+        return self._slots[i]
+
     def _split(self, feeds: dict, to_host: bool) -> dict:
         shapes = {k: tuple(v.shape) for k, v in feeds.items()}
         runs = tp.plan_batches(self.name, self.graph_entry, shapes, self.profile)  # refuses before inference
@@ -592,9 +653,9 @@ class TrtRunner:
         join = (lambda xs: np.concatenate(xs, axis=0)) if to_host else self._dev.concat
         return {k: join([p[k] for p in parts]) for k in self.output_names}
 
-    def _inputs(self, feeds: dict) -> tuple[dict, dict]:
-        """Device inputs as given (dtype checked); host inputs staged in pinned memory, with the
-        device buffers they will be copied into."""
+    def _inputs(self, slot: "_Slot", feeds: dict) -> tuple[dict, dict]:
+        """Device inputs as given (dtype checked); host inputs staged in the slot's pinned memory,
+        with the device buffers they will be copied into."""
         dev, bufs, host = self._dev, {}, {}
         for k in self.input_names:
             x = feeds[k]
@@ -603,44 +664,57 @@ class TrtRunner:
                     raise TypeError(f"TensorRT engine {self.name!r}: input {k} must be {self._dtypes[k]}, got {x.dtype}")
                 bufs[k] = dev.contiguous(x)
             else:
-                host[k] = self._staging.stage(k, np.ascontiguousarray(x, dtype=self._dtypes[k]))
+                host[k] = slot.staging.stage(k, np.ascontiguousarray(x, dtype=self._dtypes[k]))
                 bufs[k] = dev.empty(host[k].shape, self._dtypes[k])
         return bufs, host
 
     def _run_once(self, feeds: dict, to_host: bool) -> dict:
-        """One execution. Order: inputs staged; input shapes set and checked; output shapes read
-        and checked; context memory sized for these shapes; outputs allocated; *then* CuPy's
-        current stream synchronised (packing done, and no block CuPy's pool hands out still read
-        elsewhere); host-to-device copies, the engine and device-to-host copies queued on the
-        engine's stream; that stream synchronised before anything is returned."""
+        """One execution on slot 0, waited for before it returns (:meth:`_submit`, :meth:`_finish`)."""
         if self.context is None:
             raise TensorRTCallError(f"TensorRT engine {self.name!r} was closed")
-        dev, stream = self._dev, self._stream
         with self._lock:
-            bufs, host = self._inputs(feeds)
-            ctx = self.context
-            self._set_shapes(ctx, bufs)
-            outs = {k: dev.empty(s, self._dtypes[k]) for k, s in self._output_shapes(ctx).items()}
-            self._context_memory(ctx, bufs)
-            dev.synchronize()
-            for k, x in host.items():
-                dev.copy_to_device(x, bufs[k], stream)
-            for k, x in [*bufs.items(), *outs.items()]:
-                if not ctx.set_tensor_address(k, dev.ptr(x)):
-                    raise TensorRTCallError(f"TensorRT engine {self.name!r}: set_tensor_address({k!r}) failed for "
-                                            f"shape {tuple(x.shape)}")
-            if not ctx.execute_async_v3(stream.ptr):
-                raise TensorRTCallError(f"TensorRT execution of {self.name!r} failed (input shapes "
-                                        f"{ {k: tuple(v.shape) for k, v in bufs.items()} })")
-            if to_host:
-                pinned = {k: self._staging.buffer(k, v.shape, v.dtype) for k, v in outs.items()}
-                for k in outs:
-                    dev.copy_to_host(outs[k], pinned[k], stream)
-            stream.synchronize()
-            self._staging.next_call()
-            if to_host:  # copied out: the pinned buffers are refilled by a later call
-                return {k: np.array(v) for k, v in pinned.items()}
-        return outs
+            return self._finish(self._submit(self._slots[0], feeds, to_host))
+
+    def _submit(self, slot: "_Slot", feeds: dict, to_host: bool) -> "_InFlight":
+        """Queue one execution on a slot. Order: inputs staged; input shapes set and checked;
+        output shapes read and checked; context memory sized for these shapes; outputs allocated;
+        *then* CuPy's current stream synchronised (packing done, and no block CuPy's pool hands out
+        still read elsewhere); host-to-device copies, the engine and device-to-host copies queued
+        on the slot's stream, and an event recorded after them. Nothing is waited for."""
+        dev, stream, ctx = self._dev, slot.stream, slot.context
+        bufs, host = self._inputs(slot, feeds)
+        self._set_shapes(ctx, bufs)
+        outs = {k: dev.empty(s, self._dtypes[k]) for k, s in self._output_shapes(ctx).items()}
+        self._context_memory(slot, ctx, bufs)
+        dev.synchronize()
+        for k, x in host.items():
+            dev.copy_to_device(x, bufs[k], stream)
+        self._execute(ctx, stream, bufs, outs)
+        pinned = None
+        if to_host:
+            pinned = {k: slot.staging.buffer(k, v.shape, v.dtype) for k, v in outs.items()}
+            for k in outs:
+                dev.copy_to_host(outs[k], pinned[k], stream)
+        return _InFlight(slot, outs, pinned, dev.record_event(stream), (bufs, host))
+
+    def _execute(self, ctx: "trt.IExecutionContext", stream, bufs: dict, outs: dict) -> None:
+        """Bind every input and output by address and queue the engine on ``stream``."""
+        for k, x in [*bufs.items(), *outs.items()]:
+            if not ctx.set_tensor_address(k, self._dev.ptr(x)):
+                raise TensorRTCallError(f"TensorRT engine {self.name!r}: set_tensor_address({k!r}) failed for "
+                                        f"shape {tuple(x.shape)}")
+        if not ctx.execute_async_v3(stream.ptr):
+            raise TensorRTCallError(f"TensorRT execution of {self.name!r} failed (input shapes "
+                                    f"{ {k: tuple(v.shape) for k, v in bufs.items()} })")
+
+    def _finish(self, job: "_InFlight") -> dict:
+        """Wait for a queued execution's event, then hand its outputs over (host copies out of the
+        pinned buffers, which the slot's next call refills; or the device outputs)."""
+        job.event.synchronize()  # the engine and the copies back are done
+        job.slot.staging.next_call()
+        if job.pinned is not None:
+            return {k: np.array(v) for k, v in job.pinned.items()}
+        return job.outs
 
     def _set_shapes(self, ctx: "trt.IExecutionContext", bufs: dict) -> None:
         for k in self.input_names:
@@ -660,7 +734,7 @@ class TrtRunner:
             shapes[k] = shape
         return shapes
 
-    def _context_memory(self, ctx: "trt.IExecutionContext", bufs: dict) -> None:
+    def _context_memory(self, slot: "_Slot", ctx: "trt.IExecutionContext", bufs: dict) -> None:
         """Give the context memory for the shapes just set: ``update_device_memory_size_for_shapes``
         says how much; the buffer grows when a call needs more (never shrinks: a smaller call
         reuses it). unverified on a GPU."""
@@ -669,15 +743,15 @@ class TrtRunner:
         if size <= 0:  # the binding reports failure with 0 (and an engine always needs some activation memory)
             raise TensorRTCallError(f"TensorRT engine {self.name!r}: update_device_memory_size_for_shapes() returned "
                                     f"{size} (failure) for input shapes {shapes}")
-        if self._scratch is None or self._scratch.nbytes < size:
-            self._scratch = None  # release the smaller buffer before asking for the larger one
+        if slot.scratch is None or slot.scratch.nbytes < size:
+            slot.scratch = None  # release the smaller buffer before asking for the larger one
             try:
-                self._scratch = self._dev.empty((size,), np.uint8)
+                slot.scratch = self._dev.empty((size,), np.uint8)
             except Exception as e:  # noqa: BLE001 - CuPy raises OutOfMemoryError
                 free = self._dev.mem_get_info()[0]
                 raise DeviceMemoryError(f"TensorRT engine {self.name!r} needs {size / tp.GIB:.2f} GiB of context "
                                         f"memory for input shapes {shapes}; {free / tp.GIB:.2f} GiB are free ({e})") from e
-        ctx.set_device_memory(self._dev.ptr(self._scratch), int(self._scratch.nbytes))
+        ctx.set_device_memory(self._dev.ptr(slot.scratch), int(slot.scratch.nbytes))
 
 
 def check_available(provider: str = "cuda", precision: str | None = None) -> None:
