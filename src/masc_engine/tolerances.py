@@ -247,3 +247,8 @@ FP8_E4M3_MAX = 448.0
 #: ONNX opset of FP8 graphs: QuantizeLinear / DequantizeLinear take FLOAT8E4M3FN from opset 19; 21
 #: (their latest revision before 23) is what ONNX Runtime 1.32's CPU provider was checked to run.
 FP8_OPSET = 21
+#: The tiny random NaFlex model's vision tokens with every linear layer in FP8 against fp32:
+#: relative L2 error (tests/test_fp8.py, two synthetic pairs' feeds, 16 calibration pairs):
+#: measured 0.065; the bound says the tokens move (E4M3 keeps 3 mantissa bits) yet stay near
+#: fp32, far from a wrong graph's O(1).
+FP8_TINY_TOKEN_REL_ERROR_MAX = 0.1

@@ -255,7 +255,8 @@ class Fp8Evaluator:
         return gate_figures(self.reference(pairs), self.candidate_scores(keep_fp32, pairs), min_pairs)
 
 
-def certify_fp8(bundle_dir: str | Path, out_dir: str | Path, *, calibration=None, heldout=None,
+def certify_fp8(bundle_dir: str | Path, out_dir: str | Path, *, calibration: str | Path | Sequence | None = None,
+                heldout: str | Path | Sequence | None = None,
                 threads: int | None = None, max_keep: int | None = None, log: Callable[[str], None] = print) -> dict:
     """Write an FP8 bundle ``out_dir`` from the fp32 bundle ``bundle_dir`` if its scores pass the
     gates against fp32 (module docstring), else refuse with the figures (nothing written).

@@ -21,15 +21,21 @@ Device memory: execution contexts are created with
 ``ExecutionContextAllocationStrategy.USER_MANAGED`` and given, per call, memory sized by
 ``update_device_memory_size_for_shapes()`` for the shapes actually run (a static context would
 hold its profile maximum for its whole life: 1 GiB of cosines for the CP engine at 16 refs x 16
-outputs x 1024 x 1024 whatever the call). Profile maxima are chosen at build from a device-memory
+outputs x 1024 x 1024 whatever the call); engines are built with
+``PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10`` where the bindings have it, without which a
+user-managed context is still sized for its profile maximum. Profile maxima are chosen at build from a device-memory
 budget (``--gpu-memory-budget`` or the free memory then, :func:`.trt_profiles.choose_ranges`); the
 plan and TensorRT's own figure per profile go into ``engines.json``; a load whose plan exceeds the
-free memory is refused before anything is allocated. :meth:`TrtRunner.close` frees the context,
+free memory is refused before anything is allocated, and the first load of an engine set when the
+whole set (text engine included) would not fit (:func:`check_bundle_fits`). :meth:`TrtRunner.close` frees the context,
 engine, scratch and staging buffers.
 
 Copies: host inputs are staged in pinned host memory and copied on the engine's stream, host
-outputs copied back on it, so copies queue behind and ahead of the engine without host waits;
-:func:`~masc_engine.engine.device.overlapped` lets the caller prepare the next batch meanwhile.
+outputs copied back on it, so copies queue behind and ahead of the engine without host waits; an
+event recorded after the copies back is what the runner waits on. :meth:`TrtRunner.run_pipelined`
+keeps two batches in flight (an execution context, stream, context memory and pinned buffers each)
+while the next batch's host work runs; :func:`~masc_engine.engine.device.overlapped` is the
+thread-based loop the scorer uses.
 
 ``tensorrt`` is imported lazily: importing masc_engine never needs it, and asking for the
 ``tensorrt`` backend without it raises :class:`BackendUnavailableError` naming what to install.
