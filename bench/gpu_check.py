@@ -817,11 +817,58 @@ def section_tensorrt(cfg, ctx):
                 paper = tp.activation_bytes("cp", stub, {k: v["max"] for k, v in shapes.items()}, prec)
                 out[prec] = {"status": "ok", "build": facts, "accuracy": acc["float32"],
                              "activation_bytes_on_paper": paper,
-                             "measured_over_paper": facts["device_memory_bytes"][0] / paper}
+                             "measured_over_paper": facts["device_memory_bytes"][0] / paper,
+                             "context_memory": _context_memory_follows(TrtRunner, Path(d) / f"cp.{prec}.engine",
+                                                                       entry, shapes, facts)}
             except Exception as e:  # noqa: BLE001 - recorded next to the other precision's results
                 out[prec] = {"status": "error", "error": f"{type(e).__name__}: {e}",
                              "traceback": traceback.format_exc()}
     return out
+
+
+def _context_memory_follows(runner_cls, engine, entry, shapes, facts) -> dict:
+    """One call at the profile's smallest shapes: the context memory the runner then holds against
+    TensorRT's profile-maximum figure (with RUNTIME_ACTIVATION_RESIZE_10_10 it should be far below)."""
+    r = runner_cls(engine, "cp", entry, shapes)
+    feeds = {k: np.ones(shapes[k]["min"], r._dtypes[k]) for k in r.input_names}
+    r.run(feeds)
+    held, top = r.device_memory_bytes, facts["device_memory_bytes"][0]
+    r.close()
+    return {"activation_resize": facts.get("activation_resize"), "held_at_min_shapes": held,
+            "profile_max": top, "shape_following_at_build": facts.get("shape_following_bytes"),
+            "follows_shapes": held < top}
+
+
+def section_fp8_qdq(cfg, ctx):
+    """Whether TensorRT's strongly typed builder takes export/fp8.py's E4M3 Q/DQ around a MatMul
+    (the build's facts; ONNX Runtime CPU's output norm on the same graph for a later comparison)."""
+    if _try_import("tensorrt") is None:
+        raise Skip("tensorrt is not importable on this machine")
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from masc_engine.export import fp8
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(256, 512)).astype(np.float32) / 16
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="linear")], "fp8",
+                          [helper.make_tensor_value_info("x", 1, ["batch", 256])],
+                          [helper.make_tensor_value_info("y", 1, ["batch", 512])], [numpy_helper.from_array(w, "w")])
+    model = fp8.qdq_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), {"x": 4.0}, graph="g")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "fp8.onnx"
+        onnx.save(model, str(path))
+        from masc_engine.engine.backends.tensorrt import build_engine
+
+        shapes = {"x": {"min": [1, 256], "opt": [64, 256], "max": [256, 256]}}
+        facts = build_engine(path, Path(d) / "fp8.engine", "fp8", [shapes], log=lambda s: None, graph="fp8")
+        x = rng.uniform(-4, 4, (64, 256)).astype(np.float32)
+        ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    return {"build": facts, "ort_cpu_output_norm": float(np.linalg.norm(ref)),
+            "note": "engine output against ONNX Runtime: run it through TrtRunner once a GPU is at hand"}
 
 
 #: Weights of the SigLIP2 so400m towers (patch16, NaFlex), from the architecture: 27 layers of width
@@ -1087,7 +1134,7 @@ def main(argv=None) -> int:
         sections.append((f"fidelity_{name}", fidelity))
     sections += [("throughput", section_throughput), ("memory_plan", section_memory_plan),
                  ("pipeline", section_pipeline), ("cupy_fp16_kernel", section_cupy_fp16_kernel),
-                 ("ort_cuda", section_ort_cuda), ("tensorrt", section_tensorrt),
+                 ("ort_cuda", section_ort_cuda), ("tensorrt", section_tensorrt), ("fp8_qdq", section_fp8_qdq),
                  ("masc_metric_gpu", section_masc_metric_gpu)]
     only = set(args.only.split(",")) if args.only else None
     for name, fn in sections:
