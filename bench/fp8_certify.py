@@ -15,6 +15,20 @@ import time
 from pathlib import Path
 
 
+def _machine() -> dict:
+    import os
+    import platform
+
+    import numpy
+    import onnx
+    import onnxruntime
+
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "loadavg_1_5_15": list(os.getloadavg()),
+            "versions": {"python": platform.python_version(), "numpy": numpy.__version__, "onnx": onnx.__version__,
+                         "onnxruntime": onnxruntime.__version__}}
+
+
 def main(argv=None) -> int:
     from masc_engine.export.cpu_precision import CertificationError
     from masc_engine.export.exporter import export_bundle
@@ -39,7 +53,9 @@ def main(argv=None) -> int:
             result = {"certified": False, "refusal": str(e)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result.update(model=args.model, max_num_patches=args.max_num_patches, seconds=round(time.time() - t0, 1), log=lines)
+    result.update(script="bench/fp8_certify.py", date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  machine=_machine(), model=args.model, max_num_patches=args.max_num_patches,
+                  seconds=round(time.time() - t0, 1), log=lines)
     args.out.write_text(json.dumps(result, indent=1, default=float) + "\n")
     print(f"written {args.out}")
     return 0
