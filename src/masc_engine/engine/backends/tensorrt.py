@@ -844,7 +844,8 @@ def check_bundle_fits(bundle_dir: Path, precision: str, sidecar: dict, live: lis
             rebuild command.
     """
     folder = Path(bundle_dir) / tp.engine_dir_name(precision)
-    sizes = {g: (folder / e["file"]).stat().st_size for g, e in sidecar["engines"].items()}
+    sizes = {g: (folder / e["file"]).stat().st_size if (folder / e["file"]).is_file() else 0  # checked at its own load
+             for g, e in sidecar["engines"].items()}
     need = {g: tp.engine_need_bytes(e, sizes[g]) for g, e in sidecar["engines"].items()}
     open_ = [r for r in live if r.context is not None and r.name in need]
     held = {r.name for r in open_}
