@@ -74,13 +74,8 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
     """Export a SigLIP2 (or CLIPSeg) checkpoint to ONNX graphs + manifest, validated against PyTorch."""
     from ..errors import MascEngineError
 
-    if precision == "bf16-cpu" and backend != "onnx":
-        raise click.UsageError("--precision bf16-cpu makes a bundle for OpenVINO's CPU plugin: use --backend onnx")
-    if (calibration_pairs or heldout_pairs) and precision not in ("bf16-cpu", "fp8"):
-        raise click.UsageError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu or fp8")
+    _check_combination(precision, backend, gate_pairs, calibration_pairs, heldout_pairs, engines_only)
     if precision == "fp8":
-        if backend != "onnx":
-            raise click.UsageError("--precision fp8 makes an ONNX bundle certified on CPU: use --backend onnx")
         _export_fp8(model, out_dir, max_num_patches, revision, fp32_bundle, calibration_pairs, heldout_pairs,
                     max_memory_gb)
         return
@@ -91,16 +86,8 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
     except MascEngineError as e:
         raise click.ClickException(one_line(e)) from e
     if precision == "int8":
-        if backend != "onnx":
-            raise click.UsageError("--precision int8 makes an ONNX Runtime (CPU) bundle: use --backend onnx")
-        if not gate_pairs:
-            raise click.UsageError("--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
-                                   "its gates against fp32 on those pairs")
         _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle, max_memory_gb)
         return
-
-    if engines_only and backend != "tensorrt":
-        raise click.UsageError("--engines-only builds TensorRT engines: add --backend tensorrt")
     if backend == "tensorrt":  # fail before a long export when TensorRT is missing
         from ..engine.backends.tensorrt import import_tensorrt
 
@@ -113,6 +100,23 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
                      max_memory_gb)
     if backend == "tensorrt":
         _build_engines(out_dir, precision, max_batch, max_outs_per_ref, timing_cache, gpu_memory_budget)
+
+
+def _check_combination(precision: str | None, backend: str, gate_pairs: str | None, calibration_pairs: str | None,
+                       heldout_pairs: str | None, engines_only: bool) -> None:
+    """The legal combinations of precision, backend and their options, as usage errors (exit 2)
+    before any work or network call."""
+    if precision in ("bf16-cpu", "fp8", "int8") and backend != "onnx":
+        target = {"bf16-cpu": "a bundle for OpenVINO's CPU plugin", "fp8": "an ONNX bundle certified on CPU",
+                  "int8": "an ONNX Runtime (CPU) bundle"}[precision]
+        raise click.UsageError(f"--precision {precision} makes {target}: use --backend onnx")
+    if (calibration_pairs or heldout_pairs) and precision not in ("bf16-cpu", "fp8"):
+        raise click.UsageError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu or fp8")
+    if precision == "int8" and not gate_pairs:
+        raise click.UsageError("--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
+                               "its gates against fp32 on those pairs")
+    if engines_only and backend != "tensorrt":
+        raise click.UsageError("--engines-only builds TensorRT engines: add --backend tensorrt")
 
 
 def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None, max_num_patches: int | None,
