@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import threading
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -41,11 +42,16 @@ class CountingRunner:
     """A graph runner that counts the items (batch rows) it is run on, then runs the real one: what
     ran is counted where the graphs run, not by the segmenter's own counters."""
 
+    #: Loader threads run graphs at once: ``counts[graph] += n`` is a read and a write, so two
+    #: threads could both read the old count; every count goes through this lock.
+    lock = threading.Lock()
+
     def __init__(self, runner, counts: Counter, graph: str):
         self.runner, self.counts, self.graph = runner, counts, graph
 
     def run(self, feeds: dict) -> dict:
-        self.counts[self.graph] += int(next(iter(feeds.values())).shape[0])
+        with self.lock:
+            self.counts[self.graph] += int(next(iter(feeds.values())).shape[0])
         return self.runner.run(feeds)
 
     def __getattr__(self, name):

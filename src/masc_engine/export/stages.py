@@ -118,18 +118,24 @@ def release_memory() -> None:
         pass
 
 
-def machine_memory_bytes() -> int | None:
-    """The memory this process may use: the smaller of ``MemTotal`` (``/proc/meminfo``) and the
-    cgroup limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``); None where unknown."""
+#: Where the cgroup memory limit is read: v2 ``memory.max``, v1 ``memory.limit_in_bytes``.
+CGROUP_MEMORY_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def machine_memory_bytes(meminfo: str = "/proc/meminfo", cgroup_files: tuple[str, ...] = CGROUP_MEMORY_FILES
+                         ) -> int | None:
+    """The memory this process may use, bytes: the smaller of ``MemTotal`` (``meminfo``) and the
+    cgroup limits (each of ``cgroup_files`` that holds a number; ``max`` or a sentinel
+    >= 2**60 is no limit); None where neither is known."""
     limits = []
     try:
-        with open("/proc/meminfo") as f:
+        with open(meminfo) as f:
             for line in f:
                 if line.startswith("MemTotal:"):
                     limits.append(int(line.split()[1]) * 1024)
     except OSError:
         pass
-    for p in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    for p in cgroup_files:
         try:
             text = Path(p).read_text().strip()
         except OSError:
