@@ -54,6 +54,33 @@ def test_bf16_gate_refuses_a_shift_of_either_sign(sign, score):
     assert cpp.gate_figures(ref, small)["pass"]
 
 
+def _spearman_just_at(ref: dict, lo: float, hi: float) -> dict:
+    """A candidate whose CP Spearman against ``ref`` lies in ``[lo, hi)``, every |dCP| inside the
+    delta gate: the reference plus clipped noise, its scale found by bisection."""
+    noise = np.clip(np.random.default_rng(5).normal(size=ref["cp"].shape), -1, 1) * tol.FIDELITY_MAX_ABS_DELTA * 0.95
+    a, b = 0.0, 1.0
+    for _ in range(60):
+        s = (a + b) / 2
+        rho = cpp.spearman(ref["cp"], ref["cp"] + s * noise)
+        if lo <= rho < hi:
+            return {"cp": ref["cp"] + s * noise, "pf": ref["pf"]}
+        a, b = (s, b) if rho >= hi else (a, s)
+    raise AssertionError("no noise scale gives that Spearman")
+
+
+def test_bf16_spearman_gate_at_its_edge():
+    """A Spearman a hair above the gate passes, a hair below fails (the gate is >=, not a
+    stricter or looser bound)."""
+    ref = _ref_scores(3000, 4)
+    ref["cp"] = 0.8 + ref["cp"] / 20  # a narrow CP range (same-subject pairs): ranks move within the delta gate
+    g = tol.FIDELITY_MIN_SPEARMAN
+    above = cpp.gate_figures(ref, _spearman_just_at(ref, g, g + (1 - g) * 0.02))
+    below = cpp.gate_figures(ref, _spearman_just_at(ref, g - (1 - g) * 0.02, g))
+    assert above["gates"]["max_abs_dcp"]["pass"] and below["gates"]["max_abs_dcp"]["pass"]
+    assert above["pass"] and above["gates"]["spearman_cp"]["value"] >= g
+    assert not below["pass"] and not below["gates"]["spearman_cp"]["pass"]
+
+
 def test_bf16_gate_refuses_one_pair_below_fp32():
     ref = _ref_scores()
     test = {"cp": ref["cp"].copy(), "pf": ref["pf"].copy()}
@@ -185,6 +212,15 @@ def _memory_files(tmp_path, meminfo_kb: int, cgroup: str | None):
 def test_machine_memory_is_the_smaller_of_ram_and_the_cgroup_limit(tmp_path, cgroup, want):
     meminfo, cgroups = _memory_files(tmp_path, 16_000_000, cgroup)
     assert stages.machine_memory_bytes(meminfo, cgroups) == want
+
+
+def test_a_cgroup_without_ram_figure_is_the_limit_and_max_is_none(tmp_path):
+    absent = str(tmp_path / "no-meminfo")
+    _, cgroups = _memory_files(tmp_path, 1, "4000000000")
+    assert stages.machine_memory_bytes(absent, cgroups) == 4_000_000_000
+    for unlimited in ("max", str(1 << 62)):
+        _, cgroups = _memory_files(tmp_path, 1, unlimited)
+        assert stages.machine_memory_bytes(absent, cgroups) is None
 
 
 def test_a_plan_past_the_cgroup_limit_is_refused(tmp_path, monkeypatch):
