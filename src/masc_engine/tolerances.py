@@ -53,8 +53,10 @@ def export_validation_atol(graph: str, width: int) -> tuple[float, str]:
     outputs are ``width`` wide: ``(atol, where it comes from)``; see ``EXPORT_VALIDATION_BUDGETS``."""
     for name, b in sorted(EXPORT_VALIDATION_BUDGETS.items(), key=lambda kv: kv[1]["width"]):
         if width <= b["width"]:
-            return b[graph], f"measured at the {name} shape (width {b['width']}, {b['layers']} layers)"
-    return EXPORT_VALIDATION_ATOL, f"unmeasured shape (width {width} > every measured shape): generic bound"
+            return b[graph], (f"tolerances.EXPORT_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} "
+                              f"shape (width {b['width']}, {b['layers']} layers)")
+    return EXPORT_VALIDATION_ATOL, (f"tolerances.EXPORT_VALIDATION_ATOL, unmeasured shape (width {width} > every "
+                                    "measured shape): generic bound")
 
 
 #: Segmenter export validation (export/segmenter_validate.py: ONNX Runtime CPU vs transformers'
@@ -83,8 +85,10 @@ def segmenter_validation_budget(graph: str, width: int) -> tuple[float, str]:
     for a vision tower ``width`` wide: ``(rtol, where it comes from)``."""
     for name, b in sorted(SEGMENTER_VALIDATION_BUDGETS.items(), key=lambda kv: kv[1]["width"]):
         if width <= b["width"]:
-            return b[graph], f"measured at the {name} shape (width {b['width']}, {b['layers']} layers)"
-    return SEGMENTER_VALIDATION_RTOL, f"unmeasured shape (width {width} > every measured shape): generic bound"
+            return b[graph], (f"tolerances.SEGMENTER_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} "
+                              f"shape (width {b['width']}, {b['layers']} layers)")
+    return SEGMENTER_VALIDATION_RTOL, (f"tolerances.SEGMENTER_VALIDATION_RTOL, unmeasured shape (width {width} > "
+                                       "every measured shape): generic bound")
 
 
 #: fp16 segmenter graphs end to end (export/segmenter_validate.py validate_reduced_masks)

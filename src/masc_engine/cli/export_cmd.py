@@ -48,6 +48,10 @@ import click
               help="int8: the pairs CSV the int8 bundle is gated on (e.g. the shared DreamBooth pairs).")
 @click.option("--fp32-bundle", type=click.Path(file_okay=False, exists=True), default=None,
               help="int8 / fp8: quantize this existing fp32 bundle instead of exporting one first.")
+@click.option("--accept-validation-error", type=click.FloatRange(min=0, min_open=True), default=None, metavar="ERR",
+              help="Export even though a fp32 validation check is past its budget, when its error figure (max "
+                   "|error| for SigLIP2 graphs, max relative error for a segmenter's) is at most ERR; the override "
+                   "and the measured error are recorded in the manifest (validation.<check>.override).")
 @click.option("--max-memory-gb", type=click.FloatRange(min=0.5), default=None,
               help="Refuse in one line, before the weights are read, when the export plan's estimated peak "
                    "memory is past this many GB (default: this machine's or container's memory). Each stage "
@@ -70,7 +74,8 @@ import click
 def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | None, backend: str,
          precision: str, gate_pairs: str | None, fp32_bundle: str | None, max_memory_gb: float | None,
          engines_only: bool, max_batch: int, max_outs_per_ref: int, gpu_memory_budget: float | None,
-         timing_cache: str | None, calibration_pairs: str | None = None, heldout_pairs: str | None = None) -> None:
+         timing_cache: str | None, calibration_pairs: str | None = None, heldout_pairs: str | None = None,
+         accept_validation_error: float | None = None) -> None:
     """Export a SigLIP2 (or CLIPSeg) checkpoint to ONNX graphs + manifest, validated against PyTorch."""
     from ..errors import MascEngineError
 
@@ -97,7 +102,7 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
             raise click.ClickException(str(e)) from e
     if not engines_only:
         _export_onnx(model, out_dir, segmenter, revision, max_num_patches, precision or "fp32", cpu_options,
-                     max_memory_gb)
+                     max_memory_gb, accept_validation_error)
     if backend == "tensorrt":
         _build_engines(out_dir, precision, max_batch, max_outs_per_ref, timing_cache, gpu_memory_budget)
 
@@ -120,7 +125,8 @@ def _check_combination(precision: str | None, backend: str, gate_pairs: str | No
 
 
 def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None, max_num_patches: int | None,
-                 precision: str, cpu_options: dict | None, max_memory_gb: float | None) -> None:
+                 precision: str, cpu_options: dict | None, max_memory_gb: float | None,
+                 accept_error: float | None = None) -> None:
     """The ONNX bundle (SigLIP2 or segmenter), library chatter in ``OUT.export.log``; a missing
     export extra or a failed export is one line (exit 1)."""
     from ..errors import MascEngineError
@@ -132,6 +138,7 @@ def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None
     try:
         from ..export.exporter import export_bundle
         from ..export.segmenter import export_segmenter_bundle
+        from ..export.validate import accept_validation_error
     except ImportError as e:  # torch / transformers / onnx missing
         raise click.ClickException(str(missing(e.name or "torch", "masc-export", extra="export"))) from e
     from pathlib import Path
@@ -143,7 +150,7 @@ def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None
     # bundle into place); stages stay on screen
     lib_log = Path(out_dir).with_name(Path(out_dir).name + ".export.log")
     try:
-        with libraries_to_log(lib_log) as (say, lib):
+        with libraries_to_log(lib_log) as (say, lib), accept_validation_error(accept_error):
             say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
             if segmenter:  # CLIPSeg: a segmenter bundle (docs/segmenter.md)
                 export_segmenter_bundle(model, out_dir, revision=revision, log=say, precision=precision,

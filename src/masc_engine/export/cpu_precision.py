@@ -271,8 +271,11 @@ def spearman(a, b) -> float:
     return float((ra * rb).sum() / den) if den > 0 else float("nan")
 
 
-def _gate(value, threshold, ok) -> dict:
-    return {"value": value, "threshold": threshold, "pass": bool(ok)}
+def _gate(value, threshold, ok, upper: bool = True) -> dict:
+    """One gate's figures: ``margin`` is how far the value sits inside its threshold (negative:
+    past it); ``upper``: the threshold is a most (|dCP|), else a least (Spearman)."""
+    margin = threshold - value if upper else value - threshold
+    return {"value": value, "threshold": threshold, "margin": float(margin), "pass": bool(ok)}
 
 
 def gate_figures(ref: dict, test: dict, min_pairs: int = 0) -> dict:
@@ -303,11 +306,12 @@ def gate_figures(ref: dict, test: dict, min_pairs: int = 0) -> dict:
         worst = float(d.max()) if d.size else 0.0
         gates[f"max_abs_d{k}"] = _gate(worst, FIDELITY_MAX_ABS_DELTA, worst <= FIDELITY_MAX_ABS_DELTA)
         rho = spearman(r[both], t[both])
-        gates[f"spearman_{k}"] = _gate(rho, FIDELITY_MIN_SPEARMAN, np.isfinite(rho) and rho >= FIDELITY_MIN_SPEARMAN)
+        gates[f"spearman_{k}"] = _gate(rho, FIDELITY_MIN_SPEARMAN, np.isfinite(rho) and rho >= FIDELITY_MIN_SPEARMAN,
+                                       upper=False)
         out[f"mean_abs_d{k}"] = float(d.mean()) if d.size else 0.0
     n = int(np.asarray(ref["cp"]).shape[0])
     gates["finite_as_fp32"] = _gate(bad, 0, bad == 0)
-    gates["min_pairs"] = _gate(n, min_pairs, n >= min_pairs)
+    gates["min_pairs"] = _gate(n, min_pairs, n >= min_pairs, upper=False)
     return {"pass": all(g["pass"] for g in gates.values()), "pairs": n, "gates": gates, **out}
 
 
@@ -329,7 +333,8 @@ def _summary(figures: dict) -> dict:
     g = figures["gates"]
     return {"pass": figures["pass"], "load": gate_load(figures), "pairs": figures["pairs"],
             "max_abs_dcp": g["max_abs_dcp"]["value"], "max_abs_dpf": g["max_abs_dpf"]["value"],
-            "spearman_cp": g["spearman_cp"]["value"], "spearman_pf": g["spearman_pf"]["value"]}
+            "spearman_cp": g["spearman_cp"]["value"], "spearman_pf": g["spearman_pf"]["value"],
+            "margins": {k: g[k]["margin"] for k in ("max_abs_dcp", "max_abs_dpf", "spearman_cp", "spearman_pf")}}
 
 
 # --------------------------------------------------------------------------- scoring configurations
@@ -469,8 +474,11 @@ def _fmt(fig: dict) -> str:
 
 
 def _fmt_summary(s: dict) -> str:
-    return (f"{'pass' if s['pass'] else 'FAIL'} (max |dCP| {s['max_abs_dcp']:.2e}, max |dPF| {s['max_abs_dpf']:.2e}, "
-            f"Spearman CP {s['spearman_cp']:.6f} / PF {s['spearman_pf']:.6f}, {s['pairs']} pairs)")
+    m = s["margins"]
+    return (f"{'pass' if s['pass'] else 'FAIL'} (max |dCP| {s['max_abs_dcp']:.2e} [margin {m['max_abs_dcp']:+.2e}], "
+            f"max |dPF| {s['max_abs_dpf']:.2e} [margin {m['max_abs_dpf']:+.2e}], Spearman CP {s['spearman_cp']:.6f} "
+            f"[margin {m['spearman_cp']:+.2e}] / PF {s['spearman_pf']:.6f} [margin {m['spearman_pf']:+.2e}], "
+            f"{s['pairs']} pairs; gates |d| <= {FIDELITY_MAX_ABS_DELTA:g}, Spearman >= {FIDELITY_MIN_SPEARMAN:g})")
 
 
 def _pair_set(given, default: Callable[[], tuple[list, dict]]) -> tuple[list, dict]:

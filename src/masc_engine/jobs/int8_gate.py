@@ -18,7 +18,6 @@ runtime, so that ``export/`` never imports the jobs that score.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -75,7 +74,8 @@ def gate_report(cp32, pf32, cp8, pf8) -> dict:
 
     Returns:
         ``pairs``, ``max_abs_dcp``, ``mean_abs_dcp``, ``max_abs_dpf``, ``mean_abs_dpf``,
-        ``spearman_cp``, ``spearman_pf`` (scipy.stats.spearmanr), ``gates`` and ``passed``.
+        ``spearman_cp``, ``spearman_pf`` (scipy.stats.spearmanr), ``gates``, ``margins`` (per gate,
+        how far inside its threshold the figure sits; negative: past it) and ``passed``.
     """
     from scipy.stats import spearmanr
 
@@ -86,10 +86,21 @@ def gate_report(cp32, pf32, cp8, pf8) -> dict:
     rho_cp = float(spearmanr(cp32[ok], cp8[ok]).statistic)
     rho_pf = float(spearmanr(pf32[ok], pf8[ok]).statistic)
     passed = bool(d_cp.max() <= INT8_MAX_ABS_DCP and rho_cp >= INT8_MIN_SPEARMAN and rho_pf >= INT8_MIN_SPEARMAN)
-    return {"pairs": int(ok.sum()), "max_abs_dcp": float(d_cp.max()), "mean_abs_dcp": float(d_cp.mean()),
+    margins = {"max_abs_dcp": INT8_MAX_ABS_DCP - float(d_cp.max()), "spearman_cp": rho_cp - INT8_MIN_SPEARMAN,
+               "spearman_pf": rho_pf - INT8_MIN_SPEARMAN}
+    return {"margins": margins,"pairs": int(ok.sum()), "max_abs_dcp": float(d_cp.max()), "mean_abs_dcp": float(d_cp.mean()),
             "max_abs_dpf": float(d_pf.max()), "mean_abs_dpf": float(d_pf.mean()), "spearman_cp": rho_cp,
             "spearman_pf": rho_pf, "gates": {"max_abs_dcp": INT8_MAX_ABS_DCP, "min_spearman": INT8_MIN_SPEARMAN},
             "passed": passed}
+
+
+def format_gates(report: dict) -> str:
+    """The gate figures of :func:`gate_report` as one line, each with its gate and margin."""
+    m = report["margins"]
+    return (f"max |dCP| {report['max_abs_dcp']:.4f} (gate <= {INT8_MAX_ABS_DCP:g}, margin {m['max_abs_dcp']:+.4f}), "
+            f"Spearman CP {report['spearman_cp']:.4f} (gate >= {INT8_MIN_SPEARMAN:g}, margin {m['spearman_cp']:+.4f}), "
+            f"PF {report['spearman_pf']:.4f} (margin {m['spearman_pf']:+.4f}) over {report['pairs']} pairs "
+            "(gates: tolerances.INT8_MAX_ABS_DCP, INT8_MIN_SPEARMAN)")
 
 
 def _score_csv(bundle: Path, pairs_csv: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -140,17 +151,14 @@ def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: st
                 note["message"] = f"scored the gate pairs with the {name} bundle"
         (cp32, pf32), (cp8, pf8) = scores["fp32"], scores["int8"]
         report = gate_report(cp32, pf32, cp8, pf8)
-        log("int8 gates vs fp32: " + json.dumps({k: v for k, v in report.items() if k != "gates"}))
+        log("int8 gates vs fp32: " + format_gates(report))
         if not report["passed"]:
             if keep_refused_at is not None:
                 manifest["precision"].update(refused=True, gate_report=report)
                 write_manifest(stage, manifest)
                 shutil.rmtree(keep_refused_at, ignore_errors=True)
                 shutil.move(str(stage), str(keep_refused_at))
-            raise Int8GateError(
-                f"int8 refused: max |dCP| {report['max_abs_dcp']:.4f} (gate {INT8_MAX_ABS_DCP}), Spearman CP "
-                f"{report['spearman_cp']:.4f} and PF {report['spearman_pf']:.4f} (gate {INT8_MIN_SPEARMAN}) "
-                f"over {report['pairs']} pairs", report)
+            raise Int8GateError("int8 refused: " + format_gates(report), report)
         manifest["precision"]["gate_report"] = report
         manifest["precision"]["gate_pairs"] = str(gate_pairs)
         write_manifest(stage, manifest)

@@ -1,0 +1,149 @@
+"""A refusal says what to do next: the figure, the budget, where the budget comes from and the way
+out (``masc-export --accept-validation-error``, recorded in the manifest); a certification report
+shows each gate's margin, not only pass or fail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from masc_engine import tolerances as tol
+from masc_engine.errors import ExportValidationError
+from masc_engine.export import cpu_precision as cpp
+from masc_engine.export import segmenter_validate as sv
+from masc_engine.export import validate as val
+
+
+def _cases(error: float, width: int = 64, key: str = "max_abs") -> list[dict]:
+    return [{"max_abs": error / 3, "max_rel": error / 3, "shape": [2, 37, width]},
+            {"max_abs": error, "max_rel": error, "shape": [1, 37, width]}]
+
+
+def test_a_validation_refusal_names_figure_budget_source_and_way_out():
+    budget = tol.EXPORT_VALIDATION_BUDGETS["tiny"]["vision"]
+    with pytest.raises(ExportValidationError) as e:
+        val._check("vision", _cases(budget * 1.37))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("graph 'vision' differs from PyTorch: max |error| ")
+    assert f"> budget {budget:g} (tolerances.EXPORT_VALIDATION_BUDGETS['tiny']['vision'], measured at the tiny" in msg
+    assert f"pass --accept-validation-error {budget * 1.37:.2g}" in msg and "recorded in the manifest" in msg
+    assert e.value.report["max_abs"] == budget * 1.37 and "override" not in e.value.report
+
+
+def test_the_suggested_override_covers_the_error():
+    for error in (6.02e-6, 1.55e-5, 4.0001e-5, 9.99e-3):
+        bound = val._round_up(error)
+        assert error <= bound < error * 1.1
+
+
+def test_the_override_accepts_up_to_its_bound_and_is_recorded():
+    budget = tol.EXPORT_VALIDATION_BUDGETS["tiny"]["text"]
+    err = budget * 2
+    with val.accept_validation_error(budget * 3):
+        report = val._check("text", _cases(err))
+    assert report["override"] == {"accept_validation_error": budget * 3, "figure": "max |error|", "measured": err,
+                                  "budget": budget, "budget_from": report["budget_from"]}
+    assert "EXPORT_VALIDATION_BUDGETS['tiny']['text']" in report["budget_from"]
+    with val.accept_validation_error(budget * 1.5), pytest.raises(ExportValidationError, match="> budget"):
+        val._check("text", _cases(err))  # past the override too: still refused
+    with pytest.raises(ExportValidationError):  # the override ends with its block
+        val._check("text", _cases(err))
+    assert "override" not in val._check("text", _cases(budget / 2))  # within budget: nothing to record
+
+
+def test_a_non_finite_error_is_refused_whatever_the_override():
+    with val.accept_validation_error(1.0), pytest.raises(ExportValidationError) as e:
+        val._check("pool", _cases(float("nan")))
+    assert "--accept-validation-error" not in str(e.value)
+    with pytest.raises(ValueError):
+        with val.accept_validation_error(-1.0):
+            pass
+
+
+def test_the_segmenter_refusal_and_override_use_the_relative_figure():
+    budget = tol.SEGMENTER_VALIDATION_BUDGETS["clipseg-tiny"]["decoder"]
+    with pytest.raises(ExportValidationError) as e:
+        sv._check("decoder", _cases(budget * 1.2), 64)
+    msg = str(e.value)
+    assert "segmenter graph 'decoder' differs from transformers: max relative error" in msg
+    assert "tolerances.SEGMENTER_VALIDATION_BUDGETS['clipseg-tiny']['decoder']" in msg
+    assert "--accept-validation-error" in msg
+    with val.accept_validation_error(budget * 2):
+        report = sv._check("decoder", _cases(budget * 1.2), 64)
+    assert report["override"]["measured"] == budget * 1.2 and report["override"]["figure"] == "max relative error"
+
+
+# --------------------------------------------------------------------------- margins
+
+
+def test_bf16_gates_report_their_margins():
+    rng = np.random.default_rng(0)
+    ref = {"cp": rng.uniform(0.3, 0.95, 1200), "pf": rng.uniform(0, 0.2, 1200)}
+    test = {"cp": ref["cp"] - 5e-4, "pf": ref["pf"] + 3e-3}
+    g = cpp.gate_figures(ref, test)["gates"]
+    assert g["max_abs_dcp"]["margin"] == pytest.approx(tol.FIDELITY_MAX_ABS_DELTA - 5e-4,
+                                                       abs=tol.FLOAT64_SAME_FORMULA_TOL)
+    assert g["max_abs_dpf"]["margin"] == pytest.approx(tol.FIDELITY_MAX_ABS_DELTA - 3e-3,
+                                                       abs=tol.FLOAT64_SAME_FORMULA_TOL)
+    assert g["max_abs_dpf"]["margin"] < 0 and not g["max_abs_dpf"]["pass"]
+    assert g["spearman_cp"]["margin"] == pytest.approx(1 - tol.FIDELITY_MIN_SPEARMAN, abs=tol.FLOAT64_SAME_FORMULA_TOL)
+    line = cpp._fmt(cpp.gate_figures(ref, test))
+    assert f"[margin {tol.FIDELITY_MAX_ABS_DELTA - 5e-4:+.2e}]" in line and "[margin -1.00e-03]" in line
+
+
+def test_int8_report_shows_margins_and_the_refusal_names_them():
+    pytest.importorskip("scipy")
+    from masc_engine.jobs.int8_gate import format_gates, gate_report
+
+    rng = np.random.default_rng(1)
+    cp, pf = rng.uniform(0.3, 0.95, 500), rng.uniform(0, 0.2, 500)
+    pf8 = pf.copy()
+    pf8[:40] = pf8[:40][::-1]  # PF ranks moved: Spearman PF below its gate
+    r = gate_report(cp, pf, cp + 4e-3, pf8)
+    assert not r["passed"]
+    assert r["margins"]["max_abs_dcp"] == pytest.approx(tol.INT8_MAX_ABS_DCP - 4e-3, abs=tol.FLOAT64_SAME_FORMULA_TOL)
+    assert r["margins"]["spearman_pf"] == pytest.approx(r["spearman_pf"] - tol.INT8_MIN_SPEARMAN,
+                                                        abs=tol.FLOAT64_SAME_FORMULA_TOL) and r["margins"]["spearman_pf"] < 0
+    line = format_gates(r)
+    assert f"margin {r['margins']['spearman_pf']:+.4f}" in line and "tolerances.INT8_MAX_ABS_DCP" in line
+    ok = gate_report(cp, pf, cp + 4e-3, pf)
+    assert ok["passed"] and ok["margins"]["spearman_pf"] == pytest.approx(1 - tol.INT8_MIN_SPEARMAN,
+                                                                          abs=tol.FLOAT64_SAME_FORMULA_TOL)
+
+
+# --------------------------------------------------------------------------- masc-export
+
+
+def _export_cli(tmp_path, monkeypatch, *extra):
+    pytest.importorskip("torch", reason="masc-export needs the export extra (torch)")
+    from click.testing import CliRunner
+
+    from masc_engine.cli.export_cmd import main
+
+    # a pool budget no export meets: the check is past it whatever the weights
+    monkeypatch.setitem(tol.EXPORT_VALIDATION_BUDGETS["tiny"], "pool", 1e-12)
+    out = tmp_path / "bundle"
+    return out, CliRunner().invoke(main, ["--model", "random:tiny-naflex", "--out", str(out), *extra])
+
+
+def test_masc_export_accepts_past_budget_with_the_override_and_records_it(tmp_path, monkeypatch):
+    import json
+
+    out, res = _export_cli(tmp_path, monkeypatch, "--accept-validation-error", "1e-3")
+    assert res.exit_code == 0, res.output
+    pool = json.loads((out / "manifest.json").read_text())["validation"]["pool"]
+    o = pool["override"]
+    assert o["accept_validation_error"] == 1e-3 and o["budget"] == 1e-12 and o["figure"] == "max |error|"
+    assert o["measured"] == pool["max_abs"] and 1e-12 < o["measured"] <= 1e-3
+    assert "EXPORT_VALIDATION_BUDGETS['tiny']['pool']" in o["budget_from"]
+    assert "override" not in json.loads((out / "manifest.json").read_text())["validation"]["vision"]
+
+
+@pytest.mark.slow
+def test_masc_export_refusal_names_the_way_out(tmp_path, monkeypatch):
+    out, res = _export_cli(tmp_path, monkeypatch)
+    assert res.exit_code == 1 and not out.exists()
+    err = [ln for ln in res.output.splitlines() if ln.startswith("Error:")]
+    assert len(err) == 1 and "graph 'pool' differs from PyTorch: max |error|" in err[0]
+    assert "> budget 1e-12 (tolerances.EXPORT_VALIDATION_BUDGETS['tiny']['pool']" in err[0]
+    assert "--accept-validation-error" in err[0] and "Traceback" not in res.output
