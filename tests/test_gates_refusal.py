@@ -20,14 +20,30 @@ def _cases(error: float, width: int = 64, key: str = "max_abs") -> list[dict]:
 
 
 def test_a_validation_refusal_names_figure_budget_source_and_way_out():
-    budget = tol.EXPORT_VALIDATION_BUDGETS["tiny"]["vision"]
+    budget = tol.EXPORT_VALIDATION_RTOL_BUDGETS["tiny"]["vision"]
     with pytest.raises(ExportValidationError) as e:
         val._check("vision", _cases(budget * 1.37))
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("graph 'vision' differs from PyTorch: max |error| ")
-    assert f"> budget {budget:g} (tolerances.EXPORT_VALIDATION_BUDGETS['tiny']['vision'], measured at the tiny" in msg
-    assert f"pass --accept-validation-error {budget * 1.37:.2g}" in msg and "recorded in the manifest" in msg
-    assert e.value.report["max_abs"] == budget * 1.37 and "override" not in e.value.report
+    assert "\n" not in msg and msg.startswith("graph 'vision' differs from PyTorch: max relative error ")
+    assert (f"> budget {budget:g} (tolerances.EXPORT_VALIDATION_RTOL_BUDGETS['tiny']['vision'], measured at the tiny"
+            in msg)
+    assert f"pass --accept-validation-error {val._round_up(budget * 1.37):g}" in msg and "recorded in the manifest" in msg
+    assert e.value.report["max_rel"] == budget * 1.37 and "override" not in e.value.report
+
+
+def test_the_siglip_gate_is_relative():
+    """Activations 10x larger with errors 10x larger (trained-like weights): the same relative
+    error, accepted; the absolute error is reported beside it."""
+    budget = tol.EXPORT_VALIDATION_RTOL_BUDGETS["tiny"]["text"]
+    cases = [{"max_abs": budget * 0.9 * 40.0, "max_rel": budget * 0.9, "shape": [1, 64]}]
+    r = val._check("text", cases)
+    assert r["max_rel"] == budget * 0.9 and r["max_abs"] == budget * 36 and r["rtol"] == budget
+    assert r["atol"] == tol.EXPORT_VALIDATION_BUDGETS["tiny"]["text"]
+
+
+def test_the_cp_graph_keeps_its_absolute_bound():
+    with pytest.raises(ExportValidationError, match=r"max \|error\| .* > budget 1e-06 \(tolerances.CP_HEAD_ATOL\)"):
+        val._check("cp", _cases(tol.CP_HEAD_ATOL * 3), atol=tol.CP_HEAD_ATOL, budget_from="tolerances.CP_HEAD_ATOL")
 
 
 def test_the_suggested_override_covers_the_error():
@@ -37,13 +53,13 @@ def test_the_suggested_override_covers_the_error():
 
 
 def test_the_override_accepts_up_to_its_bound_and_is_recorded():
-    budget = tol.EXPORT_VALIDATION_BUDGETS["tiny"]["text"]
+    budget = tol.EXPORT_VALIDATION_RTOL_BUDGETS["tiny"]["text"]
     err = budget * 2
     with val.accept_validation_error(budget * 3):
         report = val._check("text", _cases(err))
-    assert report["override"] == {"accept_validation_error": budget * 3, "figure": "max |error|", "measured": err,
-                                  "budget": budget, "budget_from": report["budget_from"]}
-    assert "EXPORT_VALIDATION_BUDGETS['tiny']['text']" in report["budget_from"]
+    assert report["override"] == {"accept_validation_error": budget * 3, "figure": "max relative error",
+                                  "measured": err, "budget": budget, "budget_from": report["budget_from"]}
+    assert "EXPORT_VALIDATION_RTOL_BUDGETS['tiny']['text']" in report["budget_from"]
     with val.accept_validation_error(budget * 1.5), pytest.raises(ExportValidationError, match="> budget"):
         val._check("text", _cases(err))  # past the override too: still refused
     with pytest.raises(ExportValidationError):  # the override ends with its block
@@ -114,6 +130,11 @@ def test_int8_report_shows_margins_and_the_refusal_names_them():
 # --------------------------------------------------------------------------- masc-export
 
 
+#: A pool budget no export meets (the check is past it whatever the weights), and an override far
+#: above any fp32 export's error.
+NO_EXPORT_MEETS, OVERRIDE = 1e-12, 1e-3
+
+
 def _export_cli(tmp_path, monkeypatch, *extra):
     pytest.importorskip("torch", reason="masc-export needs the export extra (torch)")
     from click.testing import CliRunner
@@ -121,7 +142,7 @@ def _export_cli(tmp_path, monkeypatch, *extra):
     from masc_engine.cli.export_cmd import main
 
     # a pool budget no export meets: the check is past it whatever the weights
-    monkeypatch.setitem(tol.EXPORT_VALIDATION_BUDGETS["tiny"], "pool", 1e-12)
+    monkeypatch.setitem(tol.EXPORT_VALIDATION_RTOL_BUDGETS["tiny"], "pool", NO_EXPORT_MEETS)
     out = tmp_path / "bundle"
     return out, CliRunner().invoke(main, ["--model", "random:tiny-naflex", "--out", str(out), *extra])
 
@@ -129,13 +150,14 @@ def _export_cli(tmp_path, monkeypatch, *extra):
 def test_masc_export_accepts_past_budget_with_the_override_and_records_it(tmp_path, monkeypatch):
     import json
 
-    out, res = _export_cli(tmp_path, monkeypatch, "--accept-validation-error", "1e-3")
+    out, res = _export_cli(tmp_path, monkeypatch, "--accept-validation-error", str(OVERRIDE))
     assert res.exit_code == 0, res.output
     pool = json.loads((out / "manifest.json").read_text())["validation"]["pool"]
     o = pool["override"]
-    assert o["accept_validation_error"] == 1e-3 and o["budget"] == 1e-12 and o["figure"] == "max |error|"
-    assert o["measured"] == pool["max_abs"] and 1e-12 < o["measured"] <= 1e-3
-    assert "EXPORT_VALIDATION_BUDGETS['tiny']['pool']" in o["budget_from"]
+    assert o["accept_validation_error"] == OVERRIDE and o["budget"] == NO_EXPORT_MEETS
+    assert o["figure"] == "max relative error" and o["measured"] == pool["max_rel"]
+    assert NO_EXPORT_MEETS < o["measured"] <= OVERRIDE
+    assert "EXPORT_VALIDATION_RTOL_BUDGETS['tiny']['pool']" in o["budget_from"]
     assert "override" not in json.loads((out / "manifest.json").read_text())["validation"]["vision"]
 
 
@@ -144,6 +166,6 @@ def test_masc_export_refusal_names_the_way_out(tmp_path, monkeypatch):
     out, res = _export_cli(tmp_path, monkeypatch)
     assert res.exit_code == 1 and not out.exists()
     err = [ln for ln in res.output.splitlines() if ln.startswith("Error:")]
-    assert len(err) == 1 and "graph 'pool' differs from PyTorch: max |error|" in err[0]
-    assert "> budget 1e-12 (tolerances.EXPORT_VALIDATION_BUDGETS['tiny']['pool']" in err[0]
+    assert len(err) == 1 and "graph 'pool' differs from PyTorch: max relative error" in err[0]
+    assert "> budget 1e-12 (tolerances.EXPORT_VALIDATION_RTOL_BUDGETS['tiny']['pool']" in err[0]
     assert "--accept-validation-error" in err[0] and "Traceback" not in res.output

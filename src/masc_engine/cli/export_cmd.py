@@ -49,9 +49,9 @@ import click
 @click.option("--fp32-bundle", type=click.Path(file_okay=False, exists=True), default=None,
               help="int8 / fp8: quantize this existing fp32 bundle instead of exporting one first.")
 @click.option("--accept-validation-error", type=click.FloatRange(min=0, min_open=True), default=None, metavar="ERR",
-              help="Export even though a fp32 validation check is past its budget, when its error figure (max "
-                   "|error| for SigLIP2 graphs, max relative error for a segmenter's) is at most ERR; the override "
-                   "and the measured error are recorded in the manifest (validation.<check>.override).")
+              help="Export even though a fp32 validation check is past its budget, when its error figure (the max "
+                   "relative error, max |error| / max |reference|) is at most ERR; the override and the measured "
+                   "error are recorded in the manifest (validation.<check>.override).")
 @click.option("--max-memory-gb", type=click.FloatRange(min=0.5), default=None,
               help="Refuse in one line, before the weights are read, when the export plan's estimated peak "
                    "memory is past this many GB (default: this machine's or container's memory). Each stage "

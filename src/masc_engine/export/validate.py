@@ -30,7 +30,8 @@ from ..runtime.text import PromptTokenizer, TextSettings
 from ..runtime.heads import best_match_cosines, masked_maxcos
 from ..runtime.masks import DEFAULT_FG_THRESHOLD, cp_keep
 from ..tolerances import (CP_BEST_ATOL, CP_HEAD_ATOL, FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_EMBEDDING_COSINE,
-                          REDUCED_TOKEN_COSINE_MEDIAN, REDUCED_TOKEN_COSINE_P001, export_validation_atol)
+                          REDUCED_TOKEN_COSINE_MEDIAN, REDUCED_TOKEN_COSINE_P001, export_validation_atol,
+                          export_validation_rtol)
 
 #: Reduced-precision graphs (export/precision.py) are checked with the ``fp16`` / ``bf16`` gates
 #: instead of the fp32 per-shape budgets (``tolerances.EXPORT_VALIDATION_BUDGETS``): cosines of
@@ -57,8 +58,8 @@ def accept_validation_error(error: float | None):
     """Within the block, a fp32 validation check whose error figure is past its budget but at most
     ``error`` is accepted: its report records the override (``"override"``: the accepted bound,
     the measured figure, the budget and where it comes from) instead of raising. The figure is the
-    one the budget bounds: max |error| for the SigLIP2 graphs (unit-scale activations), max
-    relative error for the segmenter's. ``None``: no override (the default)."""
+    one the budget bounds: the max relative error (max |error| / max |reference|) for the SigLIP2
+    and segmenter graphs, max |error| for the ``cp`` graph. ``None``: no override (the default)."""
     if error is not None and not (np.isfinite(error) and error > 0):
         raise ValueError(f"--accept-validation-error must be a positive number, got {error}")
     before, _ACCEPTED[0] = _ACCEPTED[0], error
@@ -102,14 +103,24 @@ def _round_up(x: float) -> float:
 
 def _check(name: str, cases: list[dict], atol: float | None = None,
            against: str = "PyTorch", budget_from: str = "given") -> dict:
-    """Raise unless every case's max |error| is within ``atol`` (or accepted by
-    :func:`accept_validation_error`); default: the per-shape budget of
-    ``tolerances.export_validation_atol`` for the outputs' width (the cases' last dimension)."""
-    if atol is None:
-        atol, budget_from = export_validation_atol(name, int(cases[0]["shape"][-1]))
-    worst = max(c["max_abs"] for c in cases)
-    report = {"max_abs": worst, "atol": atol, "budget_from": budget_from, "cases": cases}
-    return refuse_or_accept(f"graph {name!r} differs from {against}", "max |error|", worst, atol, budget_from, report)
+    """Raise unless the cases' error is within budget (or accepted by
+    :func:`accept_validation_error`). With ``atol`` given: max |error| against it. Default: the
+    max relative error (max |error| / max |reference|, per case) against the per-shape gate of
+    ``tolerances.export_validation_rtol`` for the outputs' width (the cases' last dimension); the
+    report also carries max |error| and the absolute budget at unit scale (``atol``)."""
+    worst_abs = max(c["max_abs"] for c in cases)
+    if atol is not None:
+        report = {"max_abs": worst_abs, "atol": atol, "budget_from": budget_from, "cases": cases}
+        return refuse_or_accept(f"graph {name!r} differs from {against}", "max |error|", worst_abs, atol,
+                                budget_from, report)
+    width = int(cases[0]["shape"][-1])
+    atol = export_validation_atol(name, width)[0]
+    rtol, budget_from = export_validation_rtol(name, width)
+    worst = max(c["max_rel"] for c in cases)
+    report = {"max_rel": worst, "rtol": rtol, "max_abs": worst_abs, "atol": atol, "budget_from": budget_from,
+              "cases": cases}
+    return refuse_or_accept(f"graph {name!r} differs from {against}", "max relative error", worst, rtol,
+                            budget_from, report)
 
 
 def row_cosines(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
