@@ -77,6 +77,8 @@ MUTATIONS = [
      "if accepted is not None:", [REFUSAL]),
     ("validation refusal without the way out", "export/validate.py",
      '" to export anyway (recorded in the manifest)"', '""', [REFUSAL]),
+    ("SigLIP gate on the absolute error", "export/validate.py", 'worst = max(c["max_rel"] for c in cases)',
+     'worst = max(c["max_abs"] for c in cases)', [REFUSAL]),
     ("bf16 margin sign flipped", "export/cpu_precision.py", "margin = threshold - value if upper else value - threshold",
      "margin = value - threshold if upper else threshold - value", [REFUSAL]),
 ]
