@@ -69,13 +69,23 @@ VALIDATION_BUDGET_MARGIN = 3
 #: The export-validation GATE of the SigLIP2 graphs (export/validate.py, fp32): max |error| /
 #: max |reference| per case (relative, as the segmenter's), per graph and per model shape. The
 #: absolute budgets above hold at unit-scale activations (default initialisation); trained-like
-#: weights (larger weight norms, LayerNorm gains != 1) scale activations and errors together, so
-#: the gate is scale-free. Distribution over initialisations: bench/tolerance_distributions.py
-#: (bench/results/tolerance_distributions.json; see each value's comment).
+#: weights (larger weight norms, LayerNorm gains != 1) scale activations and errors together (tiny:
+#: max |error| up to 7.6e-5 on vision, past its absolute budget), so the gate is scale-free.
+#: Measured by bench/tolerance_distributions.py (bench/results/tolerance_distributions.json),
+#: tiny-naflex, 10 initialisations (seeds 100-104 default, 105-109 trained-like), relative error:
+#:   vision median 2.0e-6, max 7.5e-6 (default max 9.1e-7)  -> budget 3e-5
+#:   pool   median 4.2e-7, max 5.8e-7 (default max 5.0e-7)  -> budget 2e-6
+#:   text   median 8.6e-7, max 2.1e-6 (default max 6.6e-7)  -> budget 7e-6
+#: Each budget is VALIDATION_BUDGET_MARGIN x the max, rounded up to one digit. base and so400m were
+#: not measured over initialisations (minutes per export on 2 cores): their one default-init
+#: measurement (export_validation.json: vision 1.1e-6 / 1.2e-6, pool 8.1e-7 / 7.8e-7, text 8.8e-7 /
+#: 1.1e-6) times tiny's max / one-measurement ratio (vision 9.1, pool 1.6, text 4.9) times the
+#: margin: EXTRAPOLATED, not measured. A wrong graph gives >= 1e-3 (an fp16-rounded pool output:
+#: ~2e-4 relative; tests/test_export_validation.py).
 EXPORT_VALIDATION_RTOL_BUDGETS: dict[str, dict] = {
-    "tiny": {"width": 64, "layers": 2, "vision": 3e-5, "pool": 2e-6, "text": 1e-5},
+    "tiny": {"width": 64, "layers": 2, "vision": 3e-5, "pool": 2e-6, "text": 7e-6},
     "base": {"width": 768, "layers": 12, "vision": 4e-5, "pool": 4e-6, "text": 2e-5},
-    "so400m": {"width": 1152, "layers": 27, "vision": 4e-5, "pool": 4e-6, "text": 3e-5},
+    "so400m": {"width": 1152, "layers": 27, "vision": 4e-5, "pool": 4e-6, "text": 2e-5},
 }
 #: The relative bound for a model wider than every measured shape (no measurement; an export bug
 #: gives relative errors >= 1e-3 on these graphs).
@@ -100,15 +110,24 @@ def export_validation_rtol(graph: str, width: int) -> tuple[float, str]:
 #: tokenizer, the three graphs -> logits), on batch 1 and 3 (traced at 2), images of 224 x 288,
 #: 480 x 160, 37 x 41 and 512 x 512. Relative, because random weights give activations and logits
 #: (hundreds) of another scale than the real checkpoint's, and a scale-free bound carries over.
-#: Measured max (the export's own report, random weights, ONNX Runtime 1.32.0 CPU, torch 2.13.0):
-#:   clipseg-tiny (width 64, 4 layers):  vision 1.05e-6, text 4.3e-7, decoder 4.3e-7, end to end 1.14e-6
-#:   clipseg-rd64 (width 768, 12 layers; CIDAS/clipseg-rd64-refined's shapes):
-#:                                       vision 1.14e-6, text 1.03e-6, decoder 9.4e-7, end to end 2.27e-6
-#: Each budget is 10x its measurement, rounded up; a wrong graph (a FiLM bias off by 0.05,
-#: tests/test_segmenter.py) gives > 1e-3. Real weights unmeasured (none could be downloaded).
+#: Measured by bench/tolerance_distributions.py (bench/results/tolerance_distributions.json) over
+#: 20 initialisations of two widths <= 64 (clipseg-tiny: vision 64 x 4 layers; clipseg-tiny-3:
+#: text 32 x 2, vision 32 x 3, projection 32, reduce_dim 16, extract layers [1, 2], a shape once
+#: refused at 6.0e-6 on the decoder), each 5 default and 5 trained-like, relative error:
+#:   vision     median 1.0e-6, max 2.0e-6 (default max 1.3e-6)  -> budget 7e-6
+#:   text       median 4.0e-7, max 7.7e-7 (default max 7.7e-7)  -> budget 3e-6
+#:   decoder    median 1.2e-6, max 1.2e-4 (default max 8.4e-7)  -> budget 4e-4
+#:   end_to_end median 1.1e-5, max 1.3e-4 (default max 2.4e-6)  -> budget 4e-4
+#: Budget: VALIDATION_BUDGET_MARGIN x the max, rounded up. The spread is wide where the logits
+#: grow (trained-like scaling puts them in the thousands: decoder and end to end 100x their median);
+#: a wrong graph (a FiLM bias off by 0.5, tests/test_segmenter.py) gives more still.
+#: clipseg-rd64 (width 768, 12 layers; CIDAS/clipseg-rd64-refined's shapes) has one default-init
+#: measurement (vision 1.14e-6, text 1.03e-6, decoder 9.4e-7, end to end 2.27e-6); its budgets are
+#: the larger of 10x that and the tiny budgets: EXTRAPOLATED, not measured over initialisations.
+#: Real weights unmeasured (none could be downloaded).
 SEGMENTER_VALIDATION_BUDGETS: dict[str, dict] = {
-    "clipseg-tiny": {"width": 64, "layers": 4, "vision": 2e-5, "text": 5e-6, "decoder": 5e-6, "end_to_end": 2e-5},
-    "clipseg-rd64": {"width": 768, "layers": 12, "vision": 2e-5, "text": 2e-5, "decoder": 1e-5, "end_to_end": 3e-5},
+    "clipseg-tiny": {"width": 64, "layers": 4, "vision": 7e-6, "text": 3e-6, "decoder": 4e-4, "end_to_end": 4e-4},
+    "clipseg-rd64": {"width": 768, "layers": 12, "vision": 2e-5, "text": 2e-5, "decoder": 4e-4, "end_to_end": 4e-4},
 }
 #: A segmenter wider than every measured shape: no measurement, a generic bound (an export bug
 #: gives relative errors >= 1e-2).
