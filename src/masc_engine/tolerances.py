@@ -114,21 +114,28 @@ def export_validation_rtol(graph: str, width: int) -> tuple[float, str]:
 #: 20 initialisations of two widths <= 64 (clipseg-tiny: vision 64 x 4 layers; clipseg-tiny-3:
 #: text 32 x 2, vision 32 x 3, projection 32, reduce_dim 16, extract layers [1, 2], a shape once
 #: refused at 6.0e-6 on the decoder), each 5 default and 5 trained-like, relative error:
-#:   vision     median 1.0e-6, max 2.0e-6 (default max 1.3e-6)  -> budget 7e-6
-#:   text       median 4.0e-7, max 7.7e-7 (default max 7.7e-7)  -> budget 3e-6
-#:   decoder    median 1.2e-6, max 1.2e-4 (default max 8.4e-7)  -> budget 4e-4
-#:   end_to_end median 1.1e-5, max 1.3e-4 (default max 2.4e-6)  -> budget 4e-4
-#: Budget: VALIDATION_BUDGET_MARGIN x the max, rounded up. The spread is wide where the logits
-#: grow (trained-like scaling puts them in the thousands: decoder and end to end 100x their median);
-#: a wrong graph gives more, but not by much on the decoder: a FiLM bias off by 0.5
-#: (tests/test_segmenter.py) gives 2.7e-3, 6.7x its budget (a bias off by 0.05 would now pass).
+#:   vision     median 1.0e-6 / 1.1e-6, max 1.3e-6 / 2.0e-6  -> budget 7e-6
+#:   text       median 3.9e-7 / 4.4e-7, max 5.2e-7 / 7.7e-7  -> budget 3e-6
+#:   decoder    default median 4.1e-7 / 5.0e-7, max 5.9e-7 / 8.4e-7 (clipseg-tiny / clipseg-tiny-3);
+#:              trained-like median 2.7e-6 / 5.7e-6, max 1.2e-5 / 1.2e-4
+#:   end_to_end default median 1.0e-6 / 1.7e-6, max 1.3e-6 / 2.4e-6;
+#:              trained-like median 2.8e-5 / 3.4e-5, max 7.8e-5 / 1.3e-4
+#: vision and text: VALIDATION_BUDGET_MARGIN x the max over all 20, rounded up. decoder and end to
+#: end: the trained-like family (logits in the thousands, beyond the hundreds random weights give
+#: and the order 10 of the real checkpoint) is heavy-tailed: an unseen trained-like seed gave 1.9e-3
+#: end to end, as large as a wrong graph's error (a FiLM bias off by 0.5: 2.7e-3,
+#: tests/test_segmenter.py), so no budget covers it and still refuses wrong graphs: such a
+#: checkpoint is refused with the way out (masc-export --accept-validation-error). Their budgets
+#: are VALIDATION_BUDGET_MARGIN x the max of the default family together with the one checkpoint
+#: of the clipseg-tiny-3 shape refused before these budgets (decoder 6.02e-6, end to end 1.55e-5),
+#: rounded up: decoder 2e-5, end to end 5e-5.
 #: clipseg-rd64 (width 768, 12 layers; CIDAS/clipseg-rd64-refined's shapes) has one default-init
 #: measurement (vision 1.14e-6, text 1.03e-6, decoder 9.4e-7, end to end 2.27e-6); its budgets are
 #: the larger of 10x that and the tiny budgets: EXTRAPOLATED, not measured over initialisations.
 #: Real weights unmeasured (none could be downloaded).
 SEGMENTER_VALIDATION_BUDGETS: dict[str, dict] = {
-    "clipseg-tiny": {"width": 64, "layers": 4, "vision": 7e-6, "text": 3e-6, "decoder": 4e-4, "end_to_end": 4e-4},
-    "clipseg-rd64": {"width": 768, "layers": 12, "vision": 2e-5, "text": 2e-5, "decoder": 4e-4, "end_to_end": 4e-4},
+    "clipseg-tiny": {"width": 64, "layers": 4, "vision": 7e-6, "text": 3e-6, "decoder": 2e-5, "end_to_end": 5e-5},
+    "clipseg-rd64": {"width": 768, "layers": 12, "vision": 2e-5, "text": 2e-5, "decoder": 2e-5, "end_to_end": 5e-5},
 }
 #: A segmenter wider than every measured shape: no measurement, a generic bound (an export bug
 #: gives relative errors >= 1e-2).
