@@ -765,7 +765,7 @@ def test_engines_follow_the_shapes_with_the_activation_resize_preview_feature(tr
     engines.json states both figures; without it (the fake, as the hardware, then sizes every
     context for the profile maximum) the runner's memory would be the maximum for the smallest call."""
     side = tp.read_sidecar(trt_engines.path, "fp32")
-    for graph, e in side["engines"].items():
+    for e in side["engines"].values():
         mem = e["memory"]
         assert mem["activation_resize"] is True and e["activation_resize"] is True
         assert 0 < mem["shape_following_bytes"]["min"] <= mem["shape_following_bytes"]["opt"] < mem["device_memory_bytes"][0]
@@ -852,7 +852,7 @@ def test_scorer_close_and_context_manager_free_device_memory(trt_engines):
     assert all(np.isfinite(r.cp) for r in results)
     s.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
-        s.text
+        _ = s.text
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "tensorrt"])
@@ -870,7 +870,7 @@ def test_a_scorer_is_freed_without_the_cycle_collector(trt_engines, backend):
     gc.disable()
     try:
         s = Scorer(trt_engines, **kwargs)
-        s.text  # the lazily made runner too
+        _ = s.text  # the lazily made runner too
         s.score_batch(_pairs(1))
         ref, vision = weakref.ref(s), weakref.ref(s.vision)
         del s

@@ -9,7 +9,6 @@ noise added to inputs, fixture values) are not compared against, so they are not
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from conftest import REPO
 

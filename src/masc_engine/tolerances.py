@@ -318,3 +318,16 @@ FP8_OPSET = 21
 #: measured 0.065; the bound says the tokens move (E4M3 keeps 3 mantissa bits) yet stay near
 #: fp32, far from a wrong graph's O(1).
 FP8_TINY_TOKEN_REL_ERROR_MAX = 0.1
+
+#: masc-export's parameter estimate from a config.json (export/config_budget.py) against the model
+#: transformers builds from it: exact for SigLIP / SigLIP2 (the so400m shape: 1,135,670,962 both),
+#: 0.04% above for CLIPSeg's defaults (its decoder's convolutions are approximated;
+#: tests/test_export_refusals.py). The bound: 0.1%.
+CONFIG_ESTIMATE_RTOL = 1e-3
+#: A random: preset's estimate (export/random_models.py preset_config, the test tokenizers'
+#: vocabulary counted at its bound) against the checkpoint actually built: measured +0.0% for
+#: tiny-naflex (268,288 vs 268,290: the logit scale and bias are not counted) and +4.3% for
+#: clipseg-tiny (270,464 vs 259,386: 1,024 vocabulary entries counted, 793 trained). The bounds:
+#: at most 0.01% below, at most 5% above.
+PRESET_ESTIMATE_MAX_UNDER = 1e-4
+PRESET_ESTIMATE_MAX_OVER = 5e-2

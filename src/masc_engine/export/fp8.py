@@ -98,7 +98,6 @@ def qdq_model(model, amax: dict[str, float], keep_units: Sequence[str] = (), gra
     Raises:
         CertificationError: a linear layer's activation has no calibration figure.
     """
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     m = copy.deepcopy(model)
