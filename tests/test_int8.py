@@ -58,19 +58,28 @@ def test_quantize_bundle_is_gated(naflex_bundle, tmp_path):
     assert Scorer(out).graph_variant == "portable"
 
 
-def test_masc_export_int8_cli(naflex_bundle, tmp_path):
+@pytest.mark.parametrize("outcome", ["kept", "refused"])
+def test_masc_export_int8_cli(naflex_bundle, tmp_path, monkeypatch, outcome):
+    """Both outcomes of the gate, each forced by moving the gate (the tiny bundle's own figures sit
+    wherever its random weights put them): kept writes the bundle with its passed report; refused
+    writes nothing and names the figure."""
     from click.testing import CliRunner
 
     from masc_engine.cli.export_cmd import main
+    from masc_engine.jobs import int8_gate
 
     out = tmp_path / "int8"
     res = CliRunner().invoke(main, ["--out", str(out), "--precision", "int8"])
-    assert res.exit_code != 0 and "--gate-pairs" in res.output
+    assert res.exit_code == 2 and "--gate-pairs" in res.output
+    monkeypatch.setattr(int8_gate, "INT8_MIN_SPEARMAN", -1.0 if outcome == "kept" else 1.01)
+    monkeypatch.setattr(int8_gate, "INT8_MAX_ABS_DCP", 2.0)
     res = CliRunner().invoke(main, ["--out", str(out), "--precision", "int8", "--fp32-bundle", str(naflex_bundle),
                                     "--gate-pairs", str(EXAMPLES / "pairs.csv")])
-    if res.exit_code == 0:
-        assert json.loads((out / "manifest.json").read_text())["precision"]["gate_report"]["passed"]
+    if outcome == "kept":
+        assert res.exit_code == 0, res.output
+        assert json.loads((out / "manifest.json").read_text())["precision"]["gate_report"]["passed"] is True
     else:
+        assert res.exit_code == 1, res.output
         assert "int8 refused" in res.output and "Spearman" in res.output and not out.exists()
 
 
@@ -91,7 +100,7 @@ def test_masc_export_int8_without_scipy_refuses_in_one_line_before_any_work(nafl
     argv = ["--out", str(out), "--precision", "int8", "--gate-pairs", str(EXAMPLES / "pairs.csv")]
     argv += ["--fp32-bundle", str(naflex_bundle)] if fp32_bundle else ["--model", "random:tiny-naflex"]
     res = CliRunner().invoke(main, argv)
-    assert res.exit_code == 1 and res.exception is None or isinstance(res.exception, SystemExit)
+    assert res.exit_code == 1 and (res.exception is None or isinstance(res.exception, SystemExit))
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: the int8 gate") and "needs scipy" in lines[0]
     assert "[eval]" in lines[0] and "Traceback" not in res.output

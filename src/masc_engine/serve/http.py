@@ -2,7 +2,7 @@
 
 uvicorn has no timeout for a request's headers: ``timeout_keep_alive`` covers only the idle time
 between requests and is cancelled by any byte received, so a client sending one header byte at
-a time holds its connection forever (slowloris; uvicorn issue #157 lists
+a time holds its connection forever (slowloris; uvicorn's tracker, #157, lists
 ``--timeout-request-start`` as not done). :func:`guarded_protocol` makes an ``H11Protocol``
 subclass that:
 
