@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+import time
+
 import click
 
 
@@ -149,6 +151,7 @@ def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None
     # inside it: the exporter refuses a non-empty OUT that is not a bundle and renames the staged
     # bundle into place); stages stay on screen
     lib_log = Path(out_dir).with_name(Path(out_dir).name + ".export.log")
+    started = time.monotonic()
     try:
         with libraries_to_log(lib_log) as (say, lib), accept_validation_error(accept_error):
             say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
@@ -165,7 +168,7 @@ def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None
         log_traceback(lib_log, e)
         raise click.ClickException(f"the export failed: {type(e).__name__}: {one_line(e)} "
                                    f"(traceback: {lib_log})") from e
-    click.echo(lib.summary(), err=True)
+    click.echo(f"{lib.summary()}; the command took {time.monotonic() - started:.0f} s", err=True)
     _warn_random_weights(out_dir)
 
 

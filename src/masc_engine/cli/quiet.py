@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 import warnings
 from contextlib import contextmanager
@@ -20,9 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+#: A Python warning as ``warnings.formatwarning`` writes it (``path:line: Category: message``), in
+#: this process or in a worker whose stderr is the log (the PyTorch export worker's).
+_WARNING_LINE = re.compile(rb"^.*:\d+: [A-Za-z_.]*Warning: ", re.M)
+
+
 @dataclass
 class LibraryLog:
-    """Where library output went, for the command's summary."""
+    """Where library output went, for the command's summary (counts read from what the log got)."""
 
     path: Path
     lines: int = 0
@@ -72,7 +78,6 @@ def libraries_to_log(log_path: str | Path):
         print(msg, file=term, flush=True)
 
     def show(message, category, filename, lineno, file=None, line=None):
-        info.warnings += 1
         logf.write(warnings.formatwarning(message, category, filename, lineno, line))
         if _ours(category, filename):
             say(f"WARNING: {message}")
@@ -96,4 +101,6 @@ def libraries_to_log(log_path: str | Path):
             term.close()
         with open(path, "rb") as f:
             f.seek(start)
-            info.lines = f.read().count(b"\n")
+            text = f.read()
+        info.lines = text.count(b"\n")
+        info.warnings = len(_WARNING_LINE.findall(text))  # every process's, counted in the log itself

@@ -276,7 +276,7 @@ def _export_into(out: Path, model: str, max_num_patches, revision, validate: boo
     manifest["export_stages"] = job.clock.records
     manifest["export_peak_rss_gb"]["exporter"] = round(rss()[1] / 1e9, 3)
     log("peak memory (RSS): " + ", ".join(f"{k} {v:.2f} GB" for k, v in manifest["export_peak_rss_gb"].items())
-        + f"; {manifest['export_seconds']:.0f} s in all")
+        + f"; export stages {manifest['export_seconds']:.0f} s")
     write_manifest(out, manifest)
 
 

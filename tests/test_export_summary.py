@@ -1,0 +1,35 @@
+"""masc-export's summary line tells the truth: the Python warnings in the log, written by any
+process (the PyTorch worker's stderr is the log), and the command's own wall time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+from masc_engine.cli.quiet import libraries_to_log
+
+
+def test_warnings_are_counted_from_the_log_whoever_wrote_them(tmp_path):
+    log = tmp_path / "x.export.log"
+    with libraries_to_log(log) as (say, info):
+        warnings.warn_explicit("in this process", FutureWarning, "lib.py", 3)
+        subprocess.run([sys.executable, "-c", "import warnings; warnings.warn('in a worker', UserWarning)"],
+                       check=True, stderr=2, env={**os.environ, "PYTHONWARNINGS": "always"})
+        os.write(2, b"a C++ library's line\n")
+    assert info.warnings == 2 and info.lines == 3  # two warnings (one line each) and the C++ line
+    assert "(2 Python warnings)" in info.summary()
+
+
+def test_the_summary_gives_the_commands_wall_time(naflex_bundle, tmp_path):
+    from click.testing import CliRunner
+
+    from masc_engine.cli.export_cmd import main
+
+    r = CliRunner().invoke(main, ["--model", "random:tiny-naflex", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    summary = [ln for ln in r.output.splitlines() if ln.startswith("library messages")]
+    assert len(summary) == 1 and "; the command took " in summary[0], r.output
+    n = int(summary[0].split("(")[1].split(" Python warnings")[0])
+    assert n == (tmp_path / "b.export.log").read_text().count("Warning: ")  # each a one-line record here
