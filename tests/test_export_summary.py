@@ -33,3 +33,12 @@ def test_the_summary_gives_the_commands_wall_time(naflex_bundle, tmp_path):
     assert len(summary) == 1 and "; the command took " in summary[0], r.output
     n = int(summary[0].split("(")[1].split(" Python warnings")[0])
     assert n == (tmp_path / "b.export.log").read_text().count("Warning: ")  # each a one-line record here
+
+
+def test_the_log_keeps_no_terminal_colour_codes(tmp_path):
+    """ONNX Runtime colours its warnings even into a file; the log keeps the text."""
+    log = tmp_path / "x.export.log"
+    log.write_bytes(b"an earlier run\n")
+    with libraries_to_log(log):
+        os.write(2, b"\x1b[1;31m2026 [W:onnxruntime] a warning\x1b[m\n")
+    assert log.read_bytes() == b"an earlier run\n2026 [W:onnxruntime] a warning\n"

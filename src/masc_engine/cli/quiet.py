@@ -24,6 +24,9 @@ from pathlib import Path
 #: A Python warning as ``warnings.formatwarning`` writes it (``path:line: Category: message``), in
 #: this process or in a worker whose stderr is the log (the PyTorch export worker's).
 _WARNING_LINE = re.compile(rb"^.*:\d+: [A-Za-z_.]*Warning: ", re.M)
+#: Terminal colour codes: ONNX Runtime's logger colours its warnings whether or not it writes to a
+#: terminal; a log file keeps the text only.
+_ANSI = re.compile(rb"\x1b\[[0-9;]*m")
 
 
 @dataclass
@@ -102,5 +105,11 @@ def libraries_to_log(log_path: str | Path):
         with open(path, "rb") as f:
             f.seek(start)
             text = f.read()
+        if _ANSI.search(text):
+            text = _ANSI.sub(b"", text)
+            with open(path, "r+b") as f:
+                f.seek(start)
+                f.write(text)
+                f.truncate()
         info.lines = text.count(b"\n")
         info.warnings = len(_WARNING_LINE.findall(text))  # every process's, counted in the log itself
