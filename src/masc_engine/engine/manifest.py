@@ -351,6 +351,7 @@ def _check_image(image: dict, where) -> None:
 def _check_text(text: dict, where) -> None:
     _int_in(where, "text.max_length", text.get("max_length"), 1, MAX_TEXT_LENGTH)
     _int_in(where, "text.pad_token_id", text.get("pad_token_id"), 0, 2**31 - 1)
+    _int_in(where, "text.vocab_size", text.get("vocab_size"), 1, 2**31 - 1, required=False)
     for key in ("padding_side", "truncation_side"):
         _choice(where, f"text.{key}", text.get(key), ("left", "right"))
 

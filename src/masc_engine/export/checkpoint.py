@@ -155,6 +155,7 @@ def text_settings_from_processor(model, processor) -> dict:
         lowercase=tok("ABC", add_special_tokens=False)["input_ids"] == tok("abc", add_special_tokens=False)["input_ids"],
         reference_truncates=bool(defaults.get("truncation", False)),
         text_tower_attention_mask=False, tokenizer_class=type(tok).__name__,
+        vocab_size=int(model.config.text_config.vocab_size),  # the text tower's embedding rows
     )
 
 

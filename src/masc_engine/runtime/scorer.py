@@ -28,7 +28,8 @@ from PIL import Image
 
 from ..engine.backends.registry import get_backend
 from ..engine.bundle import Bundle
-from ..errors import InputError
+from ..engine.manifest import one_line
+from ..errors import BundleError, InputError, MascEngineError
 from . import heads
 from .config import ScorerConfig
 from .masks import MaskPolicy, cp_keep, mask_to_patch_grid
@@ -401,12 +402,25 @@ class Scorer:
                 out[i] = hit
         for start in range(0, len(todo), self.batch_size):
             sel = todo[start:start + self.batch_size]
-            emb = self.text.run({"input_ids": np.stack([encoded[i].input_ids for i in sel])})["text_embeds"]
+            emb = self._run_text(np.stack([encoded[i].input_ids for i in sel]))
             out[sel] = emb
             if self.text_store is not None:
                 for i, e in zip(sel, emb):
                     self.text_store.put_text(texts[i], e)
         return out, encoded
+
+    def _run_text(self, ids: np.ndarray) -> np.ndarray:
+        """The text tower on ``[B, L] int64`` ids. A graph that refuses the ids (a tokenizer.json
+        whose ids pass the tower's vocabulary, in a bundle without ``text.vocab_size``) is the
+        bundle's one-line :class:`BundleError`, not a library traceback.
+        """
+        try:
+            return self.text.run({"input_ids": ids})["text_embeds"]
+        except MascEngineError:
+            raise
+        except Exception as e:  # noqa: BLE001 - ONNX Runtime / OpenVINO raise their own kinds
+            raise BundleError(f"bundle {self.bundle.path}: the text graph failed on token ids up to {int(ids.max())} "
+                              f"(does tokenizer.json match the text tower?): {one_line(e)}") from None
 
     def pool_background(self, encs: Sequence[ImageEncoding], kpms: Sequence[np.ndarray]) -> tuple[np.ndarray, list]:
         """Background-pooled embeddings: ``([B, D] float32, [attention [Hp*Wp] float32])``.

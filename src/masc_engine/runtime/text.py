@@ -32,11 +32,14 @@ class TextSettings:
     truncation_side: str
     pad_token_id: int
     pad_token: str
+    #: The text tower's vocabulary (embedding rows); None in bundles exported before it was recorded.
+    vocab_size: int | None = None
 
     @classmethod
     def from_manifest(cls, d: dict) -> "TextSettings":
+        vocab = d.get("vocab_size")
         return cls(d["tokenizer_file"], int(d["max_length"]), d["padding_side"], d["truncation_side"],
-                   int(d["pad_token_id"]), d["pad_token"])
+                   int(d["pad_token_id"]), d["pad_token"], int(vocab) if vocab is not None else None)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,11 @@ class PromptTokenizer:
             raise BundleError(f"tokenizer {tokenizer_path} could not be parsed: {one_line(e)}") from None
         tok.no_padding()
         tok.no_truncation()
+        top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
+        if settings.vocab_size is not None and not 0 <= top < settings.vocab_size:
+            raise BundleError(f"tokenizer {tokenizer_path} has token id {top}, past the text tower's vocabulary "
+                              f"(manifest text.vocab_size {settings.vocab_size}): the tokenizer is not the model's")
+        self.max_token_id = top
         self._full = tok  # for the untruncated length
         tok2 = Tokenizer.from_file(str(tokenizer_path))
         tok2.enable_truncation(settings.max_length, direction=settings.truncation_side)
