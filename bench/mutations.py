@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,6 +99,20 @@ MUTATIONS = [
 ]
 
 
+
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for the results file."""
+    try:
+        return next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("masc-engine")
+
 def run_one(m, env) -> dict:
     name, rel, old, new, tests = m
     path = SRC / rel
@@ -130,7 +146,10 @@ def main() -> None:
         print(f"{rows[-1]['result']:>11}  {m[0]}", flush=True)
     applied = [r for r in rows if r["result"] != "not applied"]
     caught = sum(r["result"] == "caught" for r in applied)
-    out = {"mutations": len(rows), "applied": len(applied), "caught": caught,
+    out = {"script": "bench/mutations.py", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+                       "versions": {"masc_engine": _version()}},
+           "mutations": len(rows), "applied": len(applied), "caught": caught,
            "caught_fraction": round(caught / max(1, len(applied)), 3), "rows": rows}
     print(f"{caught} of {len(applied)} applied mutations caught")
     if not a.only:

@@ -33,12 +33,14 @@ import argparse
 import dataclasses
 import json
 import multiprocessing
+import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,6 +52,14 @@ SEGMENTER_CHECKS = ("vision", "text", "decoder", "end_to_end")
 #: held-out initialisations use 9001+).
 FIRST_SEED = 100
 
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for the results file."""
+    try:
+        return next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
 
 def _extra_segmenter_presets():
     from masc_engine.export import random_models as rm
@@ -175,7 +185,9 @@ def main() -> None:
             print(f"{r['shape']} {r['family']} seed {r['seed']}: " + ", ".join(
                 f"{c} {x['max_abs']:.2e} abs / {x['max_rel']:.2e} rel" for c, x in r["checks"].items())
                 + f" ({r['seconds']:.0f} s)", flush=True)
-    result = {"command": "python bench/tolerance_distributions.py " + " ".join(sys.argv[1:]),
+    result = {"script": "bench/tolerance_distributions.py", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.machine()},
+              "command": "python bench/tolerance_distributions.py " + " ".join(sys.argv[1:]),
               "environment": {"python": platform.python_version(), "torch": torch.__version__,
                               "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__,
                               "machine": platform.machine()},

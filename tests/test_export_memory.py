@@ -76,15 +76,15 @@ def test_memory_plan_scales_with_the_weights_and_refuses_in_one_line():
 
 @pytest.mark.slow
 def test_cli_refuses_a_plan_past_max_memory_gb_before_reading_weights(tmp_path):
-    """The refusal comes after the checkpoint is opened (lazily) and before any stage reads weights;
-    one line, no traceback, nothing left beside --out."""
+    """The refusal comes before any stage reads weights (for a random: preset, from its shapes,
+    before its checkpoint is even built); one line, no traceback, nothing left beside --out."""
     out = tmp_path / "bundles" / "b"
     res = subprocess.run([sys.executable, "-m", "masc_engine.cli.export_cmd", "--model", "random:tiny-naflex",
                           "--out", str(out), "--max-memory-gb", "0.5"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 1, res.stderr
     err = [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")]
     assert len(err) == 1 and "more than --max-memory-gb 0.5" in err[0] and "Traceback" not in res.stderr
-    assert "[checkpoint:" in res.stderr and "export vision" not in res.stderr
+    assert "[checkpoint:" not in res.stderr and "export vision" not in res.stderr
     assert sorted(p.name for p in (tmp_path / "bundles").iterdir()) == ["b.export.log"]
 
 

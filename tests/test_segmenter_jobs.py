@@ -497,7 +497,9 @@ def test_report_shows_mask_sources_and_overlays(seg_run):
     from masc_engine.report import page as rp
 
     rows, meta = rp.load_scores(seg_run["out"])
-    text = rp.build_report(rows, meta, scores_path=seg_run["out"], options=rp.ReportOptions(top_k=3, n_resamples=50))
+    # the shipped photos live outside the run's folder: allowed as an image root, as --image-root does
+    options = rp.ReportOptions(top_k=3, n_resamples=50, image_roots=(str(EXAMPLES),))
+    text = rp.build_report(rows, meta, scores_path=seg_run["out"], options=options)
     block = re.search(r'<div id="masks">.*?</table>', text, re.S).group(0)
     assert 'data-source="segmenter">20<' in block and "file" not in re.findall(r"<th[^>]*>([^<]*)</th>", block)
     assert text.count('data-mask-source="segmenter"') == 4 * 3 * 2 and 'class="ph"' not in text

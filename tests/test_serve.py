@@ -137,8 +137,9 @@ def test_health_and_openapi(server):
     assert httpx.get(server.url + "/readyz").status_code == 200
     doc = httpx.get(server.url + "/openapi.json").json()
     assert {"/healthz", "/readyz", "/metrics", "/v1/score", "/v1/score_batch"} <= set(doc["paths"])
-    assert set(doc["paths"]["/v1/score"]["post"]["requestBody"]["content"]) == {"application/json",
-                                                                                "multipart/form-data"}
+    # one request content type per operation (tests/test_serve_openapi.py: standard client generators)
+    assert set(doc["paths"]["/v1/score"]["post"]["requestBody"]["content"]) == {"application/json"}
+    assert set(doc["paths"]["/v1/score/upload"]["post"]["requestBody"]["content"]) == {"multipart/form-data"}
 
 
 @pytest.mark.oracle

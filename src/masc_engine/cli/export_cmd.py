@@ -93,6 +93,9 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
     except MascEngineError as e:
         raise click.ClickException(one_line(e)) from e
     if precision == "int8":
+        if not gate_pairs:  # after the segmenter probe: a segmenter refuses int8 with its own reason
+            raise click.UsageError("--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
+                                   "its gates against fp32 on those pairs")
         _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle, max_memory_gb)
         return
     if backend == "tensorrt":  # fail before a long export when TensorRT is missing
@@ -119,9 +122,6 @@ def _check_combination(precision: str | None, backend: str, gate_pairs: str | No
         raise click.UsageError(f"--precision {precision} makes {target}: use --backend onnx")
     if (calibration_pairs or heldout_pairs) and precision not in ("bf16-cpu", "fp8"):
         raise click.UsageError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu or fp8")
-    if precision == "int8" and not gate_pairs:
-        raise click.UsageError("--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
-                               "its gates against fp32 on those pairs")
     if engines_only and backend != "tensorrt":
         raise click.UsageError("--engines-only builds TensorRT engines: add --backend tensorrt")
 
