@@ -11,6 +11,11 @@ metadata sidecar.
   (:class:`PriorWork`); :class:`RunRecord` is one run's figures.
 - Sidecar ``<out>.meta.json`` (:func:`write_meta`): versions, bundle fingerprint, settings, counts,
   timings.
+
+The journal and the sidecar are only ever regular files of their own: one that is a symbolic
+link or not a regular file (a FIFO, a folder) is refused before it is read or written
+(:class:`SidecarError`), and they are opened without following links, so a repair or an append
+never reaches a file outside the run.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import errno
 import json
 import os
 import socket
+import stat
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -57,9 +63,41 @@ def meta_path(out: str | Path) -> Path:
     return Path(str(out) + ".meta.json")
 
 
+#: The most bytes of a ``<out>.meta.json`` read; a larger one is unreadable (not a masc-run sidecar).
+MAX_META_BYTES = 64 * 2**20
+
+
+class SidecarError(MascEngineError):
+    """A journal or sidecar path is a symbolic link or not a regular file: refused before it is
+    read or written (one line naming it)."""
+
+
+def check_sidecar(path: str | Path, what: str) -> bool:
+    """Whether ``path`` exists as a regular file (False: absent), never following a link.
+
+    Raises:
+        SidecarError: it is a symbolic link or not a regular file.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if stat.S_ISREG(mode):
+        return True
+    kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+    raise SidecarError(f"the {what} {path} is {kind}: nothing was read or written; remove it or choose another --out")
+
+
+def _open_nofollow(path: str | Path, flags: int, what: str) -> int:
+    """``os.open`` without following a link (a link raced in after :func:`check_sidecar` fails)."""
+    check_sidecar(path, what)
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
+
+
 def append_journal(path: Path, entries: list[dict]) -> None:
     """Append entries (one JSON line each) and fsync, so a killed run loses at most a torn line."""
-    with open(path, "a", encoding="utf-8") as f:
+    fd = _open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "journal")
+    with open(fd, "a", encoding="utf-8") as f:
         for e in entries:
             f.write(json.dumps({k: _json_safe(v) for k, v in e.items()}, ensure_ascii=False) + "\n")
         f.flush()
@@ -73,10 +111,12 @@ def read_journal(path: Path) -> tuple[dict | None, list[dict], bool]:
 
     Raises:
         ValueError: an invalid line elsewhere (the file is not a masc-run journal).
+        SidecarError: the journal is a symbolic link or not a regular file.
     """
-    if not path.is_file():
+    if not check_sidecar(path, "journal"):
         return None, [], False
-    data = path.read_bytes()
+    with open(_open_nofollow(path, os.O_RDONLY, "journal"), "rb") as f:
+        data = f.read()
     repaired = False
     if data and not data.endswith(b"\n"):
         data = data[: data.rfind(b"\n") + 1]
@@ -85,8 +125,11 @@ def read_journal(path: Path) -> tuple[dict | None, list[dict], bool]:
     entries = []
     for i, line in enumerate(lines):
         try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
+            entry = json.loads(line)
+            if not isinstance(entry, dict):
+                raise ValueError("not an object")
+            entries.append(entry)
+        except (ValueError, RecursionError):  # (JSONDecodeError is a ValueError; '[' * 10**5 recurses)
             if i == len(lines) - 1:
                 lines = lines[:-1]
                 data = ("\n".join(lines) + "\n").encode() if lines else b""
@@ -94,8 +137,9 @@ def read_journal(path: Path) -> tuple[dict | None, list[dict], bool]:
                 break
             raise ValueError(f"{path}: line {i + 1} is not JSON; not a masc-run journal") from None
     if repaired:
-        with open(path, "wb") as f:
+        with open(_open_nofollow(path, os.O_WRONLY, "journal"), "wb") as f:
             f.write(data)
+            f.truncate()
     if not entries or entries[0].get("type") != "header":
         return None, [], repaired
     return entries[0], entries[1:], repaired
@@ -153,8 +197,12 @@ def write_meta(path: str | Path, meta: dict) -> None:
     write fails)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
+    check_sidecar(path, "sidecar")
     try:
-        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.unlink(missing_ok=True)  # (a link there is removed, never written through)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(meta, indent=2, default=str) + "\n")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -346,10 +394,20 @@ def _matching(entries, keys: list[str]) -> dict[int, dict]:
 
 
 def read_meta(out: str | Path) -> dict | None:
-    """An output's sidecar, or None (absent, unreadable, not an object)."""
+    """An output's sidecar, or None (absent, unreadable, larger than :data:`MAX_META_BYTES`,
+    nested too deep to parse, not an object).
+
+    Raises:
+        SidecarError: the sidecar is a symbolic link or not a regular file.
+    """
+    path = meta_path(out)
+    if not check_sidecar(path, "sidecar"):
+        return None
     try:
-        meta = json.loads(meta_path(out).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with open(_open_nofollow(path, os.O_RDONLY, "sidecar"), "rb") as f:
+            data = f.read(MAX_META_BYTES + 1)
+        meta = None if len(data) > MAX_META_BYTES else json.loads(data.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
     return meta if isinstance(meta, dict) else None
 
@@ -369,8 +427,10 @@ def resume(journal: Journal, fingerprint: str, identity: dict, keys: list[str], 
         SettingsChangedError: results there were made with other settings (the message names
             what differs), or the output is not a masc-run output; nothing is changed then.
         OutputWriteError: the journal cannot be read or written.
+        SidecarError: the journal or the sidecar is a symbolic link or not a regular file.
     """
     out = journal.out
+    check_sidecar(meta_path(out), "sidecar")  # before anything is read or written
     header, entries, repaired = journal.read()
     rows_j = [e for e in entries if e.get("type") != "run"]
     if header is not None and not overwrite:

@@ -23,6 +23,13 @@ the failed operations. A folder that cannot be opened and written at all is refu
   another SigLIP2 bundle or patch budget reuse them.
 
 A hit returns exactly the stored arrays, so scores from a hit are identical to a miss.
+
+The store never unpickles: every value is bytes in the store's own format (a header naming the
+kind and the array dimensions, then the raw little-endian buffer), and keys are strings. An entry
+that is not in that format (a pickle, a value of another type, a shape or length that does not
+add up, a file outside the store's layout) is refused: a miss, counted in
+:attr:`EncodingStore.refused`, logged once; the next write of that key replaces it. Entries
+written by versions before this format are therefore misses once, and rewritten.
 """
 
 from __future__ import annotations
@@ -30,8 +37,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import pickle
+import os
+import re
 import sqlite3
+import stat
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, MutableMapping
@@ -55,11 +65,115 @@ class CacheError(MascEngineError):
 
 
 def _storage_errors() -> tuple[type[BaseException], ...]:
-    """What a failing store raises: SQLite's errors (not OSErrors), the file system's, diskcache's
-    lock timeout, and an unreadable stored value."""
+    """What a failing store raises: SQLite's errors (not OSErrors), the file system's and
+    diskcache's lock timeout."""
     import diskcache
 
-    return (sqlite3.Error, OSError, diskcache.Timeout, pickle.UnpicklingError, EOFError)
+    return (sqlite3.Error, OSError, diskcache.Timeout, EOFError)
+
+
+class StoreValueError(ValueError):
+    """A stored key or value the store does not read (not its own format): a miss."""
+
+
+#: The names diskcache gives value files (``ab/cd/<28 hex>.val``); any other is refused.
+_VALUE_FILE = re.compile(r"[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val")
+
+
+def _safe_disk():
+    """A ``diskcache.Disk`` that stores and reads bytes only and never unpickles a key or a value."""
+    import diskcache
+    from diskcache.core import MODE_BINARY, MODE_RAW, UNKNOWN
+
+    class SafeDisk(diskcache.Disk):
+        def put(self, key):
+            if type(key) is not str:
+                raise TypeError(f"the encoding store's keys are strings, not {type(key).__name__}")
+            return super().put(key)
+
+        def get(self, key, raw):
+            if not raw or type(key) is not str:
+                raise StoreValueError("a stored key is not a string")
+            return key
+
+        def store(self, value, read, key=UNKNOWN):
+            if type(value) is not bytes:
+                raise TypeError(f"the encoding store keeps bytes, not {type(value).__name__}")
+            return super().store(value, read, key)
+
+        def fetch(self, mode, filename, value, read):
+            if mode == MODE_RAW and isinstance(value, (bytes, memoryview)) and not read:
+                return bytes(value)
+            if mode == MODE_BINARY and not read:
+                return self._read_file(filename)
+            raise StoreValueError(f"a stored value of mode {mode} is not bytes of this store")
+
+        def _inside(self, filename) -> str | None:
+            """The full path of a value file of this store's layout inside its folder, else None."""
+            if not isinstance(filename, str) or not _VALUE_FILE.fullmatch(filename):
+                return None
+            full = os.path.join(self._directory, filename)
+            root = os.path.realpath(self._directory)
+            return full if os.path.realpath(full).startswith(root + os.sep) else None
+
+        def _read_file(self, filename) -> bytes:
+            full = self._inside(filename)
+            if full is None or not stat.S_ISREG(os.stat(full).st_mode):
+                raise StoreValueError("a stored value file is outside the store or not a regular file")
+            with open(full, "rb") as f:
+                return f.read()
+
+        def remove(self, file_path):
+            if self._inside(file_path) is not None:  # never delete outside the store's own files
+                super().remove(file_path)
+
+    return SafeDisk
+
+
+_MAGIC = b"masc-store/1\n"
+
+
+def _pack(kind: bytes, dims: tuple[int, ...], payload: bytes) -> bytes:
+    """``magic + kind (3 bytes) + ndim (uint8) + dims (uint64 LE each) + payload``."""
+    return _MAGIC + kind + struct.pack(f"<B{len(dims)}Q", len(dims), *dims) + payload
+
+
+def _unpack(blob: bytes, kind: bytes, ndim: int, nbytes) -> tuple[tuple[int, ...], memoryview]:
+    """``(dims, payload)`` of a value written by :func:`_pack`.
+
+    Raises:
+        StoreValueError: another format or kind, or a payload whose length is not ``nbytes(dims)``.
+    """
+    head = _MAGIC + kind
+    off = len(head) + 1 + 8 * ndim
+    if type(blob) is not bytes or not blob.startswith(head) or len(blob) < off or blob[len(head)] != ndim:
+        raise StoreValueError(f"not a {kind.decode()} entry of this store's format")
+    dims = struct.unpack_from(f"<{ndim}Q", blob, len(head) + 1)
+    payload = memoryview(blob)[off:]
+    if len(payload) != nbytes(dims):
+        raise StoreValueError(f"a {kind.decode()} entry's length does not match its dimensions {dims}")
+    return dims, payload
+
+
+def _f32(payload: memoryview, shape) -> np.ndarray:
+    return np.frombuffer(payload, dtype="<f4").reshape(shape).astype(np.float32, copy=False)
+
+
+def _image_nbytes(dims) -> int:
+    n, d, gh, gw = dims
+    return 4 * n * d if n == gh * gw and n > 0 and d > 0 else -1
+
+
+def pack_image(enc: ImageEncoding) -> bytes:
+    """An ``ImageEncoding`` (host ``[Hp*Wp, D]`` tokens + grid) as bytes of the store's format."""
+    t = np.ascontiguousarray(enc.tokens, dtype="<f4")
+    return _pack(b"img", (*t.shape, *(int(g) for g in enc.grid)), t.tobytes())
+
+
+def unpack_image(blob: bytes) -> ImageEncoding:
+    """Inverse of :func:`pack_image`. Raises StoreValueError on anything else."""
+    (n, d, gh, gw), payload = _unpack(blob, b"img", 4, _image_nbytes)
+    return ImageEncoding(_f32(payload, (n, d)), (gh, gw))
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -92,7 +206,15 @@ class EncodingStore:
         self.misses = 0
         self.fault: str | None = None
         self.faults = 0
+        self.refused = 0
         self._errors = _storage_errors()
+
+    def _failed(self, e: BaseException) -> None:
+        self.faults += 1
+        if self.fault is None:
+            self.fault = f"{type(e).__name__}: {e}"
+            log.error("masc cache: the persistent cache in %s failed (%s); scoring goes on without it",
+                      self.directory, self.fault)
 
     def _do(self, op, *args):
         """``op(*args)`` on the store; a storage error disables the store (logged once) and gives None."""
@@ -102,38 +224,49 @@ class EncodingStore:
         try:
             return op(*args)
         except self._errors as e:
+            self._failed(e)
+            return None
+
+    def _read(self, key: str, parse):
+        """``parse(stored bytes)`` under ``key``, or None: absent, a storage fault (:meth:`_do`),
+        or an entry not of this store's format (refused: a miss, counted and logged once)."""
+        if self.fault is not None:
             self.faults += 1
-            if self.fault is None:
-                self.fault = f"{type(e).__name__}: {e}"
-                log.error("masc cache: the persistent cache in %s failed (%s); scoring goes on without it",
-                          self.directory, self.fault)
+            return None
+        try:
+            blob = self.cache.get(key)
+            return None if blob is None else parse(blob)
+        except StoreValueError as e:
+            self.faults += 1
+            self.refused += 1
+            if self.refused == 1:
+                log.warning("masc cache: an entry in %s is not in this store's format and was not read (%s); "
+                            "such entries are misses and are rewritten", self.directory, e)
+            return None
+        except self._errors as e:
+            self._failed(e)
             return None
 
     def _key(self, kind: str, digest: str) -> str:
         return f"{kind}:{self.ns}:{digest}"
 
     def get_image(self, digest: str) -> ImageEncoding | None:
-        v = self._do(self.cache.get, self._key("img", digest))
-        if v is None:
+        enc = self._read(self._key("img", digest), unpack_image)
+        if enc is None:
             self.misses += 1
             return None
         self.hits += 1
-        tokens = np.frombuffer(v["tokens"], dtype=np.float32).reshape(v["shape"])
-        return ImageEncoding(tokens, tuple(v["grid"]))
+        return enc
 
     def put_image(self, digest: str, enc: ImageEncoding) -> None:
-        t = np.ascontiguousarray(enc.tokens, dtype=np.float32)
-        self._do(self.cache.set, self._key("img", digest), {"tokens": t.tobytes(), "shape": t.shape, "grid": list(enc.grid)})
+        self._do(self.cache.set, self._key("img", digest), pack_image(enc))
 
     def get_text(self, text: str) -> np.ndarray | None:
-        v = self._do(self.cache.get, self._key("txt", sha256_bytes(text.encode())))
-        if v is None:
-            return None
-        return np.frombuffer(v, dtype=np.float32)
+        return self._read(self._key("txt", sha256_bytes(text.encode())), _unpack_text)
 
     def put_text(self, text: str, embedding: np.ndarray) -> None:
-        self._do(self.cache.set, self._key("txt", sha256_bytes(text.encode())),
-                 np.asarray(embedding, np.float32).tobytes())
+        e = np.ascontiguousarray(embedding, dtype="<f4").reshape(-1)
+        self._do(self.cache.set, self._key("txt", sha256_bytes(text.encode())), _pack(b"txt", e.shape, e.tobytes()))
 
     @staticmethod
     def _mask_key(key: str, scope: str) -> str:
@@ -146,23 +279,29 @@ class EncodingStore:
             key: the mask's content key (runtime/segmenter.py ``mask_cache_key``).
             scope: what else decides its pixels (the segmenter's backend and provider).
         """
-        v = self._do(self.cache.get, self._mask_key(key, scope))
-        if v is None:
-            return None
-        h, w = v["shape"]
-        bits = np.unpackbits(np.frombuffer(v["bits"], dtype=np.uint8), count=h * w)
-        return (bits.reshape(h, w) * np.uint8(255)).astype(np.uint8)
+        return self._read(self._mask_key(key, scope), _unpack_mask)
 
     def put_mask(self, key: str, mask: np.ndarray, scope: str = "") -> None:
         """Store a 0/255 (or boolean) ``[H, W]`` mask under ``key`` in ``scope``, 1 bit per pixel."""
         m = np.asarray(mask) > 0
-        self._do(self.cache.set, self._mask_key(key, scope), {"shape": list(m.shape), "bits": np.packbits(m).tobytes()})
+        self._do(self.cache.set, self._mask_key(key, scope), _pack(b"msk", m.shape, np.packbits(m).tobytes()))
 
     def close(self) -> None:
         try:
             self.cache.close()
         except self._errors:
             pass
+
+
+def _unpack_text(blob: bytes) -> np.ndarray:
+    (p,), payload = _unpack(blob, b"txt", 1, lambda d: 4 * d[0] if d[0] > 0 else -1)
+    return _f32(payload, (p,))
+
+
+def _unpack_mask(blob: bytes) -> np.ndarray:
+    (h, w), payload = _unpack(blob, b"msk", 2, lambda d: (d[0] * d[1] + 7) // 8 if d[0] * d[1] > 0 else -1)
+    bits = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=h * w)
+    return (bits.reshape(h, w) * np.uint8(255)).astype(np.uint8)
 
 
 def open_cache(directory: str | Path, size_limit: int = DEFAULT_SIZE_LIMIT):
@@ -183,7 +322,7 @@ def open_cache(directory: str | Path, size_limit: int = DEFAULT_SIZE_LIMIT):
     cache = None
     try:
         cache = diskcache.Cache(str(directory), size_limit=int(size_limit), eviction_policy="least-recently-used",
-                                **SQLITE_SETTINGS)
+                                disk=_safe_disk(), **SQLITE_SETTINGS)
         cache.set("masc:probe", b"", expire=1)  # a folder SQLite can read but not write fails here
         return cache
     except _storage_errors() as e:
