@@ -97,6 +97,24 @@ def test_a_value_of_another_type_or_shape_is_a_miss(tmp_path, value):
     assert s.get_image("a") is None and s.refused == 1 and s.fault is None
 
 
+def test_an_entry_of_another_width_is_a_miss(naflex_bundle, tmp_path):
+    """A well-formed entry whose token or embedding width is not the bundle's: a miss, and the
+    scorer encodes afresh (a planted [N, D+1] entry would otherwise break the batch)."""
+    from masc_engine.runtime.cache import EncodingCache
+    from masc_engine.runtime.scorer import Scorer
+
+    scorer = Scorer(naflex_bundle)
+    s = _store(tmp_path / "cache")
+    EncodingCache(scorer, store=s)
+    d = s.widths["img"]
+    assert d == 64 and s.widths["txt"] == 64
+    s.put_image("a", _enc(6, d + 1))
+    s.put_text("a cat", np.ones(s.widths["txt"] + 1, np.float32))
+    assert s.get_image("a") is None and s.get_text("a cat") is None and s.refused == 2
+    s.put_image("a", _enc(6, d))
+    assert s.get_image("a").tokens.shape == (6, d)
+
+
 def test_a_value_file_outside_the_store_is_neither_read_nor_deleted(tmp_path):
     victim = tmp_path / "victim"
     victim.write_bytes(_head(b"img", (6, 5, 2, 3)) + b"\0" * 120)  # a valid entry, outside the store

@@ -207,7 +207,18 @@ class EncodingStore:
         self.fault: str | None = None
         self.faults = 0
         self.refused = 0
+        self.widths: dict[str, int | None] = {}
         self._errors = _storage_errors()
+
+    def expect(self, image_width: int | None = None, text_width: int | None = None) -> None:
+        """The widths entries must have: ``D`` of image tokens ``[N, D]`` and ``P`` of text
+        embeddings ``[P]`` (None: any); an entry of another width is refused (a miss)."""
+        self.widths = {"img": image_width, "txt": text_width}
+
+    def _fits(self, kind: str, arr: np.ndarray, axis: int) -> None:
+        want = self.widths.get(kind)
+        if want is not None and arr.shape[axis] != want:
+            raise StoreValueError(f"a {kind} entry of width {arr.shape[axis]}, not {want}")
 
     def _failed(self, e: BaseException) -> None:
         self.faults += 1
@@ -251,18 +262,28 @@ class EncodingStore:
         return f"{kind}:{self.ns}:{digest}"
 
     def get_image(self, digest: str) -> ImageEncoding | None:
-        enc = self._read(self._key("img", digest), unpack_image)
+        enc = self._read(self._key("img", digest), self._image)
         if enc is None:
             self.misses += 1
             return None
         self.hits += 1
         return enc
 
+    def _image(self, blob: bytes) -> ImageEncoding:
+        enc = unpack_image(blob)
+        self._fits("img", enc.tokens, 1)
+        return enc
+
+    def _text(self, blob: bytes) -> np.ndarray:
+        emb = _unpack_text(blob)
+        self._fits("txt", emb, 0)
+        return emb
+
     def put_image(self, digest: str, enc: ImageEncoding) -> None:
         self._do(self.cache.set, self._key("img", digest), pack_image(enc))
 
     def get_text(self, text: str) -> np.ndarray | None:
-        return self._read(self._key("txt", sha256_bytes(text.encode())), _unpack_text)
+        return self._read(self._key("txt", sha256_bytes(text.encode())), self._text)
 
     def put_text(self, text: str, embedding: np.ndarray) -> None:
         e = np.ascontiguousarray(embedding, dtype="<f4").reshape(-1)
@@ -352,6 +373,15 @@ class _LRU(OrderedDict):
             self.popitem(last=False)
 
 
+def _widths(scorer) -> dict:
+    """``{image_width, text_width}`` of ``scorer``'s bundle (its manifest's architecture), or {}."""
+    try:
+        arch = scorer.bundle.manifest["architecture"]
+        return {"image_width": int(arch["vision_width"]), "text_width": int(arch["text_projection"])}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}
+
+
 class EncodingCache:
     """Image encodings by content hash: an in-memory LRU in front of an optional disk store.
 
@@ -384,6 +414,8 @@ class EncodingCache:
         # batch in flight and a byte-bounded reference LRU, serve/glue.py); by default an LRU of
         # ``items`` encodings.
         self.memory: MutableMapping = memory if memory is not None else _LRU(self.items)
+        if store is not None:
+            store.expect(**_widths(scorer))  # a stored entry of another width is a miss, not a crash
         self._lock = threading.Lock()
         self.images_encoded = 0
         self.cache_hits = 0
