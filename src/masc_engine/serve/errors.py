@@ -9,8 +9,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .limits import BodyTimeout
+
+#: The status counted for a client that closed its connection before its body was read (nginx's
+#: "client closed request"): never sent, since nobody is listening; not a fault of the server.
+CLIENT_CLOSED_STATUS = 499
 
 
 class ApiError(Exception):
@@ -63,6 +68,12 @@ def add_error_handlers(app: FastAPI, cfg, state) -> None:
     @app.exception_handler(BodyTimeout)
     async def _body_timeout(request: Request, e: BodyTimeout):
         return await _api_error(request, ApiError(408, "body_timeout", None, str(e), {"Connection": "close"}))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, e: ClientDisconnect):
+        state.metrics.count_error("client_disconnected")
+        return error_response(CLIENT_CLOSED_STATUS, "client_disconnected", None,
+                              "the client closed the connection before its body was read")
 
     @app.exception_handler(RequestValidationError)
     async def _req_validation(request: Request, e: RequestValidationError):

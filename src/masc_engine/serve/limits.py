@@ -14,7 +14,9 @@ middleware, so it sees every response the app sends, 500s included):
   probe cannot fail because clients hold the scoring endpoints.
 - **Anything that escapes the app** becomes the documented JSON 500 (``internal_error``), logged
   once with its traceback, never a plain-text body; every status code the server answers is
-  counted in ``/metrics`` (``masc_requests_total{path,code}``).
+  counted in ``/metrics`` (``masc_requests_total{path,code}``). A client that closes its
+  connection before its body is read is no fault of the server: no traceback, counted as
+  ``client_disconnected`` under code 499 ("client closed request").
 - **Bearer token** (``--api-key-file``, optional): every path but the probes (``/healthz``,
   ``/readyz``, ``/metrics``) needs ``Authorization: Bearer <key>``, compared in constant time
   (``hmac.compare_digest``); else 401 ``unauthorized`` before any of the body is read.
@@ -37,6 +39,7 @@ import os
 import time
 
 from PIL import Image
+from starlette.requests import ClientDisconnect
 
 from ..jobs.loading import release_free_memory
 
@@ -156,6 +159,9 @@ class RequestGuard:
                 await self._answer(send_counted, *refused)
             else:
                 await self.app(scope, body.receive, send_counted)
+        except ClientDisconnect:  # the client left mid-body: nobody to answer, not a server fault
+            self.metrics.count_error("client_disconnected")
+            status.append(status[0] if status else 499)
         except Exception:  # noqa: BLE001 - the documented JSON 500, whatever escaped the app
             log.exception("masc-serve: internal error on %s %s", scope.get("method"), scope["path"])
             if not status:

@@ -9,6 +9,7 @@ from fastapi import Request
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .errors import ApiError, validation_error
 from .glue import BYTE_FIELDS
@@ -17,7 +18,12 @@ from .limits import BodyTimeout
 
 async def read_body(request: Request) -> bytearray:
     """The whole body in one buffer (Starlette's ``request.body()`` joins a list of chunks: twice
-    the body at its peak)."""
+    the body at its peak).
+
+    Raises:
+        ClientDisconnect: the client closed the connection before the whole body came (answered
+            as ``client_disconnected``, never as a server fault).
+    """
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
@@ -41,7 +47,7 @@ async def parse_multipart(request: Request, cfg) -> dict:
         # Text fields are cut off at the prompt budget while parsing (never held whole); file
         # parts are spooled by Starlette and bounded by --max-body-mb.
         form = await request.form(max_files=len(BYTE_FIELDS), max_fields=8, max_part_size=cfg.max_prompt_bytes)
-    except BodyTimeout:
+    except (BodyTimeout, ClientDisconnect):
         raise
     except Exception as e:  # noqa: BLE001 - python-multipart / Starlette raise several kinds
         if isinstance(e, StarletteHTTPException) and e.status_code != 400:

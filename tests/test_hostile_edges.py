@@ -1,0 +1,52 @@
+"""Hostile edges: clients that leave mid-body, special files where a regular file is expected,
+paths and JSON built to break the readers, and sizes far over what is read."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+
+def _ready_client(naflex_bundle):
+    from fastapi.testclient import TestClient
+
+    from masc_engine.serve.app import ServeConfig, create_app
+
+    app = create_app(ServeConfig(bundle=str(naflex_bundle)))
+    client = TestClient(app)
+    client.__enter__()
+    deadline = time.time() + 120
+    while client.get("/readyz").status_code != 200 and time.time() < deadline:
+        time.sleep(0.2)
+    return app, client
+
+
+def test_a_client_leaving_mid_body_is_not_a_server_fault(naflex_bundle, caplog):
+    """Content-Length 1000, 10 bytes, then the socket closes: no traceback, no 5xx counted, the
+    disconnect counted under its own reason."""
+    app, client = _ready_client(naflex_bundle)
+    sent = []
+    msgs = [{"type": "http.request", "body": b'{"prompt":', "more_body": True}, {"type": "http.disconnect"}]
+
+    async def receive():
+        return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+    async def send(msg):
+        sent.append(msg)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/score", "raw_path": b"/v1/score", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")]}
+    try:
+        with caplog.at_level(logging.ERROR, logger="masc_engine.serve"):
+            client.portal.call(app, scope, receive, send)
+        assert not [r for r in caplog.records if r.exc_info], caplog.text
+        text = client.get("/metrics").text
+    finally:
+        client.__exit__(None, None, None)
+    assert 'masc_errors_total{reason="client_disconnected"} 1.0' in text
+    assert 'masc_requests_total{code="499",path="/v1/score"} 1.0' in text
+    assert 'reason="internal_error"' not in text and 'code="500"' not in text
