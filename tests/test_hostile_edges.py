@@ -50,3 +50,37 @@ def test_a_client_leaving_mid_body_is_not_a_server_fault(naflex_bundle, caplog):
     assert 'masc_errors_total{reason="client_disconnected"} 1.0' in text
     assert 'masc_requests_total{code="499",path="/v1/score"} 1.0' in text
     assert 'reason="internal_error"' not in text and 'code="500"' not in text
+
+
+def test_an_api_key_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    """A FIFO nobody writes to: one line refusing it, at once (the start used to hang in open)."""
+    import os
+    import threading
+
+    import click
+
+    from masc_engine.cli.serve_cmd import _read_api_key
+
+    fifo = tmp_path / "key.fifo"
+    os.mkfifo(fifo)
+    got = []
+
+    def read():
+        try:
+            got.append(_read_api_key(str(fifo)))
+        except click.ClickException as e:
+            got.append(e.format_message())
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():  # release the blocked reader before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(10)
+        pytest.fail("reading a FIFO as --api-key-file blocked")
+    assert got == [f"--api-key-file {fifo}: not a regular file (a FIFO, device or directory is never read)"]
+    (tmp_path / "keydir").mkdir()
+    with pytest.raises(click.ClickException, match="not a regular file"):
+        _read_api_key(str(tmp_path / "keydir"))
+    (tmp_path / "key").write_text("s3cret-key\n")
+    assert _read_api_key(str(tmp_path / "key")) == b"s3cret-key"

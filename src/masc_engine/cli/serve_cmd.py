@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 import sys
 
 import click
@@ -120,7 +122,13 @@ def _read_api_key(path: str | None) -> bytes | None:
     if path is None:
         return None
     try:
-        with open(path, "rb") as f:
+        # Non-blocking open: a FIFO without a writer would otherwise hang the start here.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise click.ClickException(f"--api-key-file {path}: not a regular file (a FIFO, device or "
+                                       "directory is never read)")
+        with open(fd, "rb") as f:
             key = f.read(4097).strip()
     except OSError as e:
         raise click.ClickException(f"--api-key-file {path}: cannot read it ({e.strerror or e})") from None
