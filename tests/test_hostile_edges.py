@@ -84,3 +84,30 @@ def test_an_api_key_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
         _read_api_key(str(tmp_path / "keydir"))
     (tmp_path / "key").write_text("s3cret-key\n")
     assert _read_api_key(str(tmp_path / "key")) == b"s3cret-key"
+
+
+def test_report_cells_no_file_can_have_are_placeholders(tmp_path):
+    """An image cell with a NUL byte, another of 5,000 characters, a mask cell with a NUL byte: the
+    report is written, each a placeholder (the command used to fail with 'embedded null byte' or
+    'File name too long')."""
+    import json
+
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from masc_engine.cli.report_cmd import main as report_main
+
+    Image.new("RGB", (16, 12), (10, 200, 10)).save(tmp_path / "ok.png")
+    base = {"method": "m", "ref_mask": "", "out_mask": "", "prompt": "p", "status": "ok"}
+    rows = [{**base, "key": "k1", "ref_image": "a\0b.png", "out_image": "ok.png", "row_index": 1, "cp": 0.9, "pf": 0.1},
+            {**base, "key": "k2", "ref_image": "x" * 5000, "out_image": "ok.png", "row_index": 2, "cp": 0.8, "pf": 0.2},
+            {**base, "key": "k3", "ref_image": "ok.png", "out_image": "ok.png", "row_index": 3, "cp": 0.7, "pf": 0.3,
+             "ref_mask": "m\0.png"}]
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    page = tmp_path / "r.html"
+    res = CliRunner().invoke(report_main, [str(scores), "--out", str(page), "--n-resamples", "20"])
+    assert res.exit_code == 0, res.output
+    text = page.read_text(encoding="utf-8")
+    assert text.count('data-reason="not shown: unreadable path"') >= 2 * 2  # rows 1 and 2, in two tables at least
+    assert "mask: not shown: unreadable path" in text

@@ -331,6 +331,8 @@ def image_root(meta: Mapping[str, Any] | None, scores_path: str | Path | None) -
 
 #: The placeholder of an image outside the folders the report may read (:func:`allowed_roots`).
 OUTSIDE = "not shown: outside the allowed folders"
+#: The placeholder of a cell no file can have: a NUL byte, a name past the system's length limit.
+UNREADABLE_PATH = "not shown: unreadable path"
 
 
 def pixel_limit() -> int:
@@ -404,14 +406,18 @@ class Thumbnails:
         return uri, reason, ""
 
     def _readable(self, path: Path, what: str = "") -> tuple[Path | None, str | None]:
-        """The real path to open, or why not (outside the allowed folders; missing)."""
-        if self.roots is not None:
-            real = confined(path, self.roots)
-            if real is None:
-                return None, f"{what}{OUTSIDE}"
-            path = Path(real)
-        if not path.is_file():
-            return None, f"{what}missing file"
+        """The real path to open, or why not (outside the allowed folders; missing; a path the
+        system cannot even look up: a NUL byte, a name too long)."""
+        try:
+            if self.roots is not None:
+                real = confined(path, self.roots)
+                if real is None:
+                    return None, f"{what}{OUTSIDE}"
+                path = Path(real)
+            if not path.is_file():
+                return None, f"{what}missing file"
+        except (OSError, ValueError):
+            return None, f"{what}{UNREADABLE_PATH}"
         return path, None
 
     def _thumb(self, path: Path, what: str = ""):
