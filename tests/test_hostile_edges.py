@@ -111,3 +111,15 @@ def test_report_cells_no_file_can_have_are_placeholders(tmp_path):
     text = page.read_text(encoding="utf-8")
     assert text.count('data-reason="not shown: unreadable path"') >= 2 * 2  # rows 1 and 2, in two tables at least
     assert "mask: not shown: unreadable path" in text
+
+
+def test_a_sidecar_nested_too_deep_is_no_sidecar(tmp_path):
+    """A ``<scores>.meta.json`` nested 100,000 deep is ignored as a corrupt one is (the report
+    used to end in RecursionError)."""
+    from masc_engine.report.page import load_scores
+
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text('{"cp": 0.5, "pf": 0.5, "status": "ok"}\n', encoding="utf-8")
+    (tmp_path / "scores.jsonl.meta.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    rows, meta = load_scores(scores)
+    assert meta is None and rows[0]["cp"] in (0.5, "0.5")

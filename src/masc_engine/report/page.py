@@ -151,16 +151,25 @@ def load_scores(path: str | Path) -> tuple[list[dict], dict | None]:
     """The rows of a score file (CSV / Parquet / JSON Lines) and its sidecar (``None`` if absent
     or unreadable)."""
     rows = read_output(path)
-    meta = None
-    mp = meta_path(path)
-    if mp.is_file():
-        try:
-            meta = json.loads(mp.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            meta = None
-        if not isinstance(meta, dict):
-            meta = None
-    return rows, meta
+    return rows, _load_sidecar(meta_path(path))
+
+
+#: Largest sidecar read, bytes (masc-run writes a few KiB): a larger one is not a sidecar.
+MAX_SIDECAR_BYTES = 16 * 2**20
+
+
+def _load_sidecar(mp: Path) -> dict | None:
+    """The sidecar's JSON object, or None when it is absent, not a regular file, over
+    :data:`MAX_SIDECAR_BYTES`, unparsable (nesting too deep included) or not an object: the
+    page then says no sidecar was found."""
+    try:
+        if not mp.is_file() or mp.stat().st_size > MAX_SIDECAR_BYTES:
+            return None
+        with open(mp, "rb") as f:
+            meta = json.loads(f.read(MAX_SIDECAR_BYTES + 1).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def _num(v: Any) -> float:
