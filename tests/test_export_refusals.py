@@ -108,6 +108,29 @@ def test_config_sizes_that_are_not_counts_are_one_line(tmp_path, no_network_no_m
     assert err.startswith("Error: config.json: vision_config.num_hidden_layers must be a non-negative integer, got")
 
 
+@pytest.mark.parametrize("kind, expect", [
+    ("list", "its config.json is not a JSON object"),
+    ("deep", "its config.json is nested too deep to be a checkpoint's config"),
+    ("zero", "its config.json is over 4 MiB"),
+])
+def test_hostile_config_json_is_one_line(tmp_path, no_network_no_model, kind, expect):
+    """A local checkpoint whose config.json is ``[]``, nested 100,000 deep, or a symlink to
+    /dev/zero: one ``Error:`` line naming the folder (was AttributeError, RecursionError, or a
+    MemoryError after gigabytes read)."""
+    ckpt = tmp_path / "odd"
+    ckpt.mkdir()
+    cfg = ckpt / "config.json"
+    if kind == "zero":
+        cfg.symlink_to("/dev/zero")
+    else:
+        cfg.write_text("[]" if kind == "list" else "[" * 100_000 + "]" * 100_000)
+    res = _export("--model", str(ckpt), "--out", str(tmp_path / "b"))
+    assert res.exit_code == 1 and no_network_no_model == [], res.output
+    assert "Traceback" not in res.output
+    (err,) = _errors(res)
+    assert err == f"Error: {ckpt}: {expect}" + (" (a checkpoint's config is a few KiB)" if kind == "zero" else "")
+
+
 def test_config_estimate_counts_the_real_shapes():
     from masc_engine.export.config_budget import estimate_parameters
 

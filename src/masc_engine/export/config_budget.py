@@ -99,7 +99,7 @@ def hub_config(repo_id: str, revision: str | None = None) -> dict:
     except Exception as e:  # noqa: BLE001 - an HTTP client's error: one line, never a traceback
         raise CheckpointError(f"{repo_id}: cannot fetch its config.json from the Hugging Face Hub "
                               f"({type(e).__name__}: {_first_line(e)}); {OFFLINE_WAY_OUT}") from None
-    return _read_json(Path(path), repo_id)
+    return read_config_json(Path(path), repo_id)
 
 
 def _reach_hub(repo_id: str, revision: str | None) -> str | None:
@@ -140,19 +140,41 @@ def read_config(model: str, revision: str | None, short_names: dict[str, str]) -
         except KeyError:
             return None  # an unknown preset: refused where the checkpoint is built, with the list
     if Path(model).is_dir():
-        return _read_json(Path(model) / "config.json", model)
+        return read_config_json(Path(model) / "config.json", model)
     return hub_config(short_names.get(model, model), revision)
 
 
-def _read_json(path: Path, model: str) -> dict:
+#: Largest config.json read, bytes (a checkpoint's is a few KiB).
+MAX_CONFIG_BYTES = 4 * 2**20
+
+
+def read_config_json(path: Path, model: str) -> dict:
+    """A checkpoint's ``config.json`` as a dict, read with a byte cap (a symlink to /dev/zero or a
+    huge file costs at most :data:`MAX_CONFIG_BYTES`).
+
+    Args:
+        path: the config.json file.
+        model: the ``--model`` value, for the message.
+
+    Raises:
+        CheckpointError: one line: unreadable, over the cap, not JSON (nesting too deep
+            included) or not a JSON object.
+    """
     try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.loads(f.read(4 << 20))  # a config is a few kB
-    except (OSError, ValueError, UnicodeDecodeError) as e:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise CheckpointError(f"{model}: its config.json is over {MAX_CONFIG_BYTES >> 20} MiB (a checkpoint's "
+                                  "config is a few KiB)")
+        cfg = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CheckpointError(f"{model}: cannot read its config.json ({_first_line(e)})") from None
+    except RecursionError:
+        raise CheckpointError(f"{model}: its config.json is nested too deep to be a checkpoint's config") from None
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{model}: its config.json is not a JSON object")
     return cfg
+
 
 
 def _first_line(e: BaseException) -> str:

@@ -33,7 +33,6 @@ policy, checked with the reduced-precision gates. The manifest records the mask 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -67,10 +66,11 @@ def is_segmenter_model(model: str, revision: str | None = None) -> bool:
 
     Raises:
         CheckpointError: a Hub id whose config cannot be fetched (one line; offline, it names
-            ``--model /local/folder``).
+            ``--model /local/folder``); a local folder whose config.json is unreadable, over 4 MiB,
+            not JSON or not a JSON object (export/config_budget.py :func:`~.config_budget.read_config_json`).
     """
     from .checkpoint import SHORT_NAMES as SCORER_SHORT_NAMES
-    from .config_budget import hub_config
+    from .config_budget import hub_config, read_config_json
 
     if is_random_model_id(model):
         return model.split(":", 1)[1] in SEGMENTER_PRESETS
@@ -80,10 +80,9 @@ def is_segmenter_model(model: str, revision: str | None = None) -> bool:
         return False
     path = Path(model)
     if path.is_dir():
-        try:
-            return json.loads((path / "config.json").read_text()).get("model_type") in SEGMENTER_MODEL_TYPES
-        except (OSError, ValueError):
-            return False
+        if not (path / "config.json").exists():
+            return False  # refused where the checkpoint is read, with its own message
+        return read_config_json(path / "config.json", model).get("model_type") in SEGMENTER_MODEL_TYPES
     return hub_config(model, revision).get("model_type") in SEGMENTER_MODEL_TYPES
 
 
