@@ -123,3 +123,25 @@ def test_a_sidecar_nested_too_deep_is_no_sidecar(tmp_path):
     (tmp_path / "scores.jsonl.meta.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
     rows, meta = load_scores(scores)
     assert meta is None and rows[0]["cp"] in (0.5, "0.5")
+
+
+def test_a_huge_manifest_is_refused_from_its_size(tmp_path):
+    """A sparse 100 MB manifest.json: one-line BundleError naming the size, and not read into
+    memory (it used to be read whole, then refused as invalid JSON)."""
+    import tracemalloc
+
+    from masc_engine.engine.manifest import read_manifest
+    from masc_engine.errors import BundleError
+
+    with open(tmp_path / "manifest.json", "wb") as f:
+        f.truncate(100 * 2**20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(BundleError) as e:
+            read_manifest(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(e.value) == (f"{tmp_path / 'manifest.json'}: 104,857,600 bytes, over 16 MiB: not a masc-bundle "
+                            "manifest (masc-export writes a few KiB)")
+    assert peak < 2**20, peak

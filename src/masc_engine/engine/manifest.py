@@ -18,6 +18,8 @@ from ..errors import BundleError
 from .backends.openvino import BF16_CPU_MODE
 
 MANIFEST_NAME = "manifest.json"
+#: Largest manifest read, bytes (masc-export writes a few KiB).
+MAX_MANIFEST_BYTES = 16 * 2**20
 FORMAT = "masc-bundle"
 FORMAT_VERSION = 1
 
@@ -47,7 +49,8 @@ def read_manifest(bundle_dir: str | Path) -> dict:
     """Read and check the format of ``manifest.json``.
 
     Raises:
-        BundleError: missing directory or manifest, unreadable JSON, another format or version.
+        BundleError: missing directory or manifest, over :data:`MAX_MANIFEST_BYTES`, unreadable
+            JSON, another format or version.
     """
     bundle_dir = Path(bundle_dir)
     path = bundle_dir / MANIFEST_NAME
@@ -56,7 +59,7 @@ def read_manifest(bundle_dir: str | Path) -> dict:
     if not path.is_file():
         raise BundleError(f"{bundle_dir} has no {MANIFEST_NAME}; is it a masc-export bundle?")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(_read_capped(path).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise BundleError(f"{path}: not valid JSON ({one_line(e)})") from None
     except OSError as e:
@@ -69,6 +72,20 @@ def read_manifest(bundle_dir: str | Path) -> dict:
             f"this masc-engine reads {FORMAT!r} v{FORMAT_VERSION}. Re-export the bundle."
         )
     return manifest
+
+
+def _read_capped(path: Path) -> bytes:
+    """The manifest's bytes, its size checked before any is read (a huge or sparse file costs one
+    ``stat``, not its size in memory)."""
+    size = path.stat().st_size
+    raw = b""
+    if size <= MAX_MANIFEST_BYTES:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)  # a file growing meanwhile is still capped
+    if max(size, len(raw)) > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{path}: {max(size, len(raw)):,} bytes, over {MAX_MANIFEST_BYTES >> 20} MiB: not a "
+                          "masc-bundle manifest (masc-export writes a few KiB)")
+    return raw
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:
