@@ -145,3 +145,24 @@ def test_a_huge_manifest_is_refused_from_its_size(tmp_path):
     assert str(e.value) == (f"{tmp_path / 'manifest.json'}: 104,857,600 bytes, over 16 MiB: not a masc-bundle "
                             "manifest (masc-export writes a few KiB)")
     assert peak < 2**20, peak
+
+
+def test_a_score_file_over_its_budget_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """masc-report checks the score file's size first (masc-run's pairs-file rule): a sparse
+    64 MiB file with --max-scores-mb 16 is one Error: line and is never parsed; the default budget
+    is masc-run's --max-pairs-mb default."""
+    from click.testing import CliRunner
+
+    from masc_engine.cli.report_cmd import main as report_main
+    from masc_engine.jobs import results
+    from masc_engine.jobs.tables import DEFAULT_MAX_PAIRS_BYTES
+    from masc_engine.report.page import ReportOptions
+
+    scores = tmp_path / "scores.jsonl"
+    with open(scores, "wb") as f:
+        f.truncate(64 * 2**20)
+    monkeypatch.setattr(results, "read_table", lambda *a, **k: pytest.fail("the score file was read"))
+    res = CliRunner().invoke(report_main, [str(scores), "--out", str(tmp_path / "r.html"), "--max-scores-mb", "16"])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == f"Error: bad_scores_file: {scores}: {64 * 2**20} bytes, over the budget of {16 * 2**20} bytes (--max-scores-mb)"
+    assert ReportOptions().max_scores_bytes == DEFAULT_MAX_PAIRS_BYTES == 2**30

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES
+
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("scores", type=click.Path(dir_okay=False, exists=True))
@@ -34,8 +36,11 @@ import click
 @click.option("--n-resamples", type=click.IntRange(1, 100000), default=1000, show_default=True,
               help="Bootstrap resamples of the confidence intervals.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option("--max-scores-mb", type=click.FloatRange(0.001, 1e7), default=DEFAULT_MAX_PAIRS_BYTES / 2**20,
+              show_default=True, help="Largest score file, MiB, checked before it is read (every row is held in "
+                                      "memory; masc-run's --max-pairs-mb rule).")
 def main(scores, out_path, within_column, within_value, method_column, top_k, title, image_roots, thumb_size,
-         n_resamples, seed) -> None:
+         n_resamples, seed, max_scores_mb) -> None:
     """Write a self-contained HTML report (summary, per-method means with 95% CIs, distributions,
     within- vs cross-subject histograms with AUC, best and worst pairs with thumbnails) of SCORES,
     a masc-run output (.csv, .parquet, .jsonl)."""
@@ -48,7 +53,7 @@ def main(scores, out_path, within_column, within_value, method_column, top_k, ti
     opts = ReportOptions(title=title, method_column=method_column, within_column=within_column,
                          within_value=within_value, top_k=top_k, thumb_px=thumb_size, n_resamples=n_resamples,
                          seed=seed, image_root=image_roots[0] if image_roots else None,
-                         image_roots=tuple(image_roots[1:]))
+                         image_roots=tuple(image_roots[1:]), max_scores_bytes=int(max_scores_mb * 2**20))
     from ..errors import MascEngineError
 
     try:

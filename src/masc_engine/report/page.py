@@ -68,7 +68,7 @@ import numpy as np
 from ..jobs import evaluation as ev
 from ..jobs.evaluation import POOLED
 from ..jobs.results import meta_path, read_output
-from ..jobs.tables import Table
+from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES, Table, TableError
 from ..metrics import agreement as ag
 from ..runtime.io import IMAGE_FORMATS
 from .plots import CROSS_COLOR, STRIP_MAX_POINTS, WITHIN_COLOR, svg_box_strip, svg_histograms
@@ -127,6 +127,8 @@ class ReportOptions:
         image_roots: further folders images may be read from. The report reads images only under
             the score file's folder, ``image_root`` and these (real paths: no symlink leads out
             of them); any other file is a placeholder (:data:`OUTSIDE`).
+        max_scores_bytes: largest score file, bytes, checked from its size before it is read
+            (every row is held in memory; masc-report ``--max-scores-mb``; None: no limit).
     """
 
     title: str | None = None
@@ -140,6 +142,7 @@ class ReportOptions:
     seed: int = 0
     image_root: str | None = None
     image_roots: tuple[str, ...] = ()
+    max_scores_bytes: int | None = DEFAULT_MAX_PAIRS_BYTES
 
 
 # --------------------------------------------------------------------------
@@ -147,9 +150,22 @@ class ReportOptions:
 # --------------------------------------------------------------------------
 
 
-def load_scores(path: str | Path) -> tuple[list[dict], dict | None]:
+def load_scores(path: str | Path, max_bytes: int | None = None) -> tuple[list[dict], dict | None]:
     """The rows of a score file (CSV / Parquet / JSON Lines) and its sidecar (``None`` if absent
-    or unreadable)."""
+    or unreadable).
+
+    Args:
+        path: the score file.
+        max_bytes: the score file's byte budget, checked from its size before it is read (None:
+            no limit).
+
+    Raises:
+        TableError: the file is over ``max_bytes`` (``bad_scores_file``), missing or unparsable.
+    """
+    p = Path(path)
+    if max_bytes is not None and p.is_file() and (size := p.stat().st_size) > max_bytes:
+        raise TableError("bad_scores_file", f"{p}: {size} bytes, over the budget of {max_bytes} bytes "
+                                            "(--max-scores-mb)")
     rows = read_output(path)
     return rows, _load_sidecar(meta_path(path))
 
@@ -885,12 +901,13 @@ def write_report(scores_path: str | Path, out: str | Path, options: ReportOption
     Raises:
         MissingDependencyError: matplotlib (the ``[report]`` extra) is not installed; raised
             before the score file is read.
-        TableError: the score file is missing or unparsable (file and line named).
+        TableError: the score file is missing, over ``options.max_scores_bytes`` or unparsable
+            (file and line named).
     """
     from .. import extras
 
     extras.check("matplotlib", "masc-report (its plots)", extra="report")
-    rows, meta = load_scores(scores_path)
+    rows, meta = load_scores(scores_path, options.max_scores_bytes)
     text = build_report(rows, meta, scores_path=scores_path, options=options)
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
