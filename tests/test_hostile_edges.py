@@ -166,3 +166,20 @@ def test_a_score_file_over_its_budget_is_refused_before_it_is_read(tmp_path, mon
     assert res.exit_code == 1, res.output
     assert res.output.strip() == f"Error: bad_scores_file: {scores}: {64 * 2**20} bytes, over the budget of {16 * 2**20} bytes (--max-scores-mb)"
     assert ReportOptions().max_scores_bytes == DEFAULT_MAX_PAIRS_BYTES == 2**30
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_5000_digit_integer_is_a_bad_pairs_file_naming_file_and_line(tmp_path, suffix):
+    """Python refuses to parse an int of more than 4300 digits (ValueError, shown without file or
+    line): the reader's documented one-line error instead."""
+    from masc_engine.jobs.tables import TableError, read_table
+
+    good = '{"ref_image": "a.png", "out_image": "b.png", "prompt": "p"}'
+    bad = '{"ref_image": "a.png", "out_image": "b.png", "prompt": "p", "seed": ' + "7" * 5000 + "}"
+    p = tmp_path / f"pairs{suffix}"
+    p.write_text(f"{good}\n{bad}\n" if suffix == ".jsonl" else f"[\n{good},\n{bad}\n]\n", encoding="utf-8")
+    with pytest.raises(TableError) as e:
+        read_table(p, what="pairs")
+    line = 2 if suffix == ".jsonl" else 3
+    assert e.value.reason == "bad_pairs_file"
+    assert str(e.value) == f"bad_pairs_file: {p}, line {line}: a number of more than 4300 digits"

@@ -175,8 +175,14 @@ def _lone_surrogate(obj: Any) -> str | None:
     return None
 
 
+def _max_digits() -> int:
+    """Python's limit on an integer's decimal digits (4300 by default)."""
+    return sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 4300
+
+
 def _parse_json(text: str, bad: str, where: str, whole_file: bool = False) -> Any:
-    """``json.loads(text)``; invalid JSON, nesting past Python's recursion limit, or a string that
+    """``json.loads(text)``; invalid JSON, nesting past Python's recursion limit, an integer past
+    Python's digit limit, or a string that
     is not text (a lone surrogate) is a :class:`TableError` naming ``where`` (and, for a
     ``whole_file``, the line of a syntax error)."""
     try:
@@ -186,6 +192,10 @@ def _parse_json(text: str, bad: str, where: str, whole_file: bool = False) -> An
         raise TableError(bad, f"{where}: invalid JSON ({exc.msg})") from None
     except RecursionError:
         raise TableError(bad, f"{where}: invalid JSON (nested too deeply)") from None
+    except ValueError:  # Python's int digit limit (sys.get_int_max_str_digits), not a syntax error
+        if whole_file and (m := re.search(rf"\d{{{_max_digits() + 1},}}", text)):
+            where = f"{where}, line {text.count(chr(10), 0, m.start()) + 1}"
+        raise TableError(bad, f"{where}: a number of more than {_max_digits()} digits") from None
     if "\\u" in text and (bad_text := _lone_surrogate(obj)) is not None:
         i = _SURROGATE.search(bad_text).start()
         raise TableError(bad, f"{where}: a string holds a lone UTF-16 surrogate ({bad_text[i]!a}), not text "
