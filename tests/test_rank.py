@@ -328,6 +328,16 @@ def test_manifest_preprocess_resize_modes():
     assert st.shape == (3, 3, 2) and st.max() == 255.0  # pixel_scale 1: raw 0..255
 
 
+@pytest.mark.parametrize("size", [[100000, 100000], [1e30, 1], [2.5, 8], [True, 8], [0, 8], "88"])
+def test_encoder_input_sizes_out_of_range_are_one_line(colour_data, size):
+    """An ``input_size`` side must be an integer in 1..8192 (a bundle's image-side bound):
+    [100000, 100000] used to end in a MemoryError and [1e30, 1] in an OverflowError in masc-rank."""
+    with pytest.raises(EncoderManifestError) as e:
+        rank_encoders.load_encoder_manifest(_manifest(colour_data, input_size=size))
+    assert str(e.value).endswith(f"input_size must be [H, W], integers 1..8192, got {str(size)[:60]}")
+    assert "\n" not in str(e.value)
+
+
 def test_bad_manifests_are_refused(colour_data, tmp_path):
     with pytest.raises(EncoderManifestError, match="does not exist"):
         rank_encoders.load_encoder_manifest(tmp_path / "nope.json")

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..engine.manifest import MAX_IMAGE_SIDE
 from ..errors import MascEngineError
 from ..runtime import heads
 from ..runtime.blas import single_thread_blas
@@ -161,11 +162,21 @@ class EncoderManifest:
     sha256: str | None = None
 
 
+def _input_size(v, bad) -> tuple[int, int]:
+    """``input_size`` as ``(H, W)``: two integers in 1..:data:`MAX_IMAGE_SIDE` (a bundle's image
+    side bound), else ``bad(message)`` raised (one line, the value cut short)."""
+    if (not isinstance(v, list) or len(v) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_IMAGE_SIDE for x in v)):
+        raise bad(f"input_size must be [H, W], integers 1..{MAX_IMAGE_SIDE}, got {str(v)[:60]}")
+    return int(v[0]), int(v[1])
+
+
 def load_encoder_manifest(path: str | Path) -> EncoderManifest:
     """Read and check an encoder manifest; the ONNX path is resolved against its folder.
 
     Raises:
-        EncoderManifestError: missing file, bad JSON, a missing or invalid key (named).
+        EncoderManifestError: missing file, bad JSON, a missing or invalid key (named; an
+            ``input_size`` side outside 1..8192 included).
     """
     path = Path(path)
     if not path.is_file():
@@ -182,15 +193,13 @@ def load_encoder_manifest(path: str | Path) -> EncoderManifest:
     missing = [k for k in MANIFEST_REQUIRED if k not in d]
     if missing:
         raise bad(f"missing key(s) {', '.join(missing)}; required: {', '.join(MANIFEST_REQUIRED)}")
+    size = _input_size(d["input_size"], bad)
     try:
-        size = tuple(int(v) for v in d["input_size"])
         mean = tuple(float(v) for v in d["mean"])
         std = tuple(float(v) for v in d["std"])
         pixel_scale = float(d.get("pixel_scale", 255.0))
     except (TypeError, ValueError) as e:
-        raise bad(f"input_size, mean, std and pixel_scale must be numbers ({e})") from e
-    if len(size) != 2 or min(size) < 1:
-        raise bad(f"input_size must be [H, W] of positive integers, got {d['input_size']!r}")
+        raise bad(f"mean, std and pixel_scale must be numbers ({e})") from e
     if len(mean) != 3 or len(std) != 3 or min(abs(s) for s in std) == 0 or pixel_scale <= 0:
         raise bad("mean and std must have 3 values (RGB), std non-zero; pixel_scale > 0")
     checks = (("resize", RESIZE_MODES), ("layout", LAYOUTS), ("interpolation", INTERPOLATIONS),
