@@ -3,6 +3,6 @@
 # ruff (rules in pyproject.toml [tool.ruff]) and import-linter (the layer contracts in [tool.importlinter]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. .venv/bin/activate
+if [ -f .venv/bin/activate ]; then . .venv/bin/activate; fi  # else: the active environment
 ruff check src tests scripts bench
 (cd src && lint-imports --config ../pyproject.toml)
