@@ -31,6 +31,11 @@ from ..errors import InputError
 #: Default byte budget of a pairs file (masc-run ``--max-pairs-mb``), checked from its size before
 #: it is read: every row is held in memory, so the file is bounded (1 GiB: millions of rows).
 DEFAULT_MAX_PAIRS_BYTES = 2**30
+#: Longest CSV/TSV cell read (characters): far above any prompt budget (masc-run's cells over their
+#: budget are row statuses up to here), far below what one cell of a file within
+#: DEFAULT_MAX_PAIRS_BYTES could hold (a 900 MB cell took 6.3 GB to parse). Longer: the file is
+#: refused in one line naming the line.
+MAX_CELL_CHARS = 16 * 2**20
 
 FORMATS = {".csv": "csv", ".txt": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json",
            ".parquet": "parquet"}
@@ -107,7 +112,7 @@ def read_table(path: str | Path, required: Sequence[str] = (), what: str = "tabl
     elif fmt == "json":
         table = _read_json(p, bad)
     else:
-        table = _read_parquet(p, bad)
+        table = _read_parquet(p, bad, max_bytes)
     missing = [c for c in required if c not in table.columns]
     if missing:
         raise TableError(bad, f"{p}: missing column(s) {', '.join(missing)}; required: {', '.join(required)}")
@@ -116,11 +121,12 @@ def read_table(path: str | Path, required: Sequence[str] = (), what: str = "tabl
 
 @contextmanager
 def _field_limit(file_bytes: int):
-    """Python's csv module refuses a field over 131,072 characters by default; no field can be longer
-    than its file, whose size is the bound (a long cell is then the row's business: masc-run's
-    prompt budget makes it that row's status). The module-wide limit is restored afterwards."""
+    """Python's csv module refuses a field over 131,072 characters by default; here the bound is
+    :data:`MAX_CELL_CHARS` (or the file's size, if smaller): a long cell below it is the row's
+    business (masc-run's prompt budget makes it that row's status), one above it refuses the file
+    before it is held in memory. The module-wide limit is restored afterwards."""
     old = csv.field_size_limit()
-    csv.field_size_limit(max(old, min(file_bytes + 1, sys.maxsize)))
+    csv.field_size_limit(max(old, min(file_bytes + 1, MAX_CELL_CHARS, sys.maxsize)))
     try:
         yield
     finally:
@@ -233,7 +239,32 @@ def _read_json(p: Path, bad: str) -> Table:
     return Table(p, _columns_of(obj), obj, None)
 
 
-def _read_parquet(p: Path, bad: str) -> Table:
+def _materialized_bytes(t) -> int:
+    """Bytes the text and binary cells of the Arrow table ``t`` take once turned into Python values
+    (a dictionary-encoded column counts each row's value, as ``to_pylist`` makes it); other
+    columns count their Arrow buffers."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def text(typ) -> bool:
+        return pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ) \
+            or pa.types.is_large_binary(typ)
+
+    total = 0
+    for column in t.columns:
+        for chunk in column.chunks:
+            if pa.types.is_dictionary(chunk.type) and text(chunk.type.value_type):
+                lengths = pc.binary_length(chunk.dictionary).take(chunk.indices)
+            elif text(chunk.type):
+                lengths = pc.binary_length(chunk)
+            else:
+                total += chunk.nbytes
+                continue
+            total += int(pc.sum(lengths).as_py() or 0)
+    return total
+
+
+def _read_parquet(p: Path, bad: str, max_bytes: int | None = None) -> Table:
     from .. import extras
 
     try:
@@ -241,9 +272,19 @@ def _read_parquet(p: Path, bad: str) -> Table:
     except ImportError as exc:  # MissingDependencyError: one line naming the [parquet] extra
         raise TableError(bad, str(exc)) from None
     try:
-        t = pq.read_table(p)
+        # text columns stay dictionary-encoded while read (a repeated value is held once), so the
+        # budget below is checked before any cell is expanded
+        schema = pq.read_schema(p)
+        text = [f.name for f in schema if str(f.type) in ("string", "large_string", "binary", "large_binary")
+                or str(f.type).startswith("dictionary<values=string")]
+        t = pq.read_table(p, read_dictionary=text)
     except Exception as exc:  # pyarrow's own errors (ArrowInvalid, OSError) for a damaged file
         raise TableError(bad, f"{p}: not a readable Parquet file ({exc})") from None
+    if max_bytes is not None:  # a small file of repeated dictionary values can expand to gigabytes
+        n = _materialized_bytes(t)
+        if n > max_bytes:
+            raise TableError(bad, f"{p}: its cells hold {n} bytes once decoded (dictionary-encoded or "
+                                  f"compressed), over the budget of {max_bytes} bytes")
     return Table(p, list(t.column_names), t.to_pylist(), None)
 
 
