@@ -58,6 +58,20 @@ def load_pair(folder: Path, row: dict):
             row["prompt"], row["object_name"])
 
 
+#: Pillow's decompression-bomb limit when the tests start (its default).
+_PILLOW_MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS
+
+
+@pytest.fixture(autouse=True)
+def _pillow_pixel_limit():
+    """Pillow's decompression-bomb limit is process-wide and masc-serve's ``create_app`` sets it
+    (``--max-pixels``): a test that builds the app in-process (a module-scoped app included) must
+    not change it for the tests after it (masc-report's pixel limit and masc-run's default file
+    cap are read from it)."""
+    yield
+    Image.MAX_IMAGE_PIXELS = _PILLOW_MAX_IMAGE_PIXELS  # Pillow's default, as the process started
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     # Random checkpoints are cached per session unless MASC_ENGINE_CACHE points elsewhere.
