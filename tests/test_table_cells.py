@@ -48,3 +48,22 @@ def test_parquet_cells_within_the_budget_read_as_before(tmp_path):
     pq.write_table(pa.table({"ref_image": ["a.jpg", "b.jpg"], "prompt": ["x", "y"], "n": [1, 2]}), p)
     assert read_table(p, max_bytes=2**30).rows == [{"ref_image": "a.jpg", "prompt": "x", "n": 1},
                                                      {"ref_image": "b.jpg", "prompt": "y", "n": 2}]
+
+
+def test_millions_of_tiny_rows_are_refused_as_they_are_read(tmp_path):
+    """Rows cost memory beyond their text (ROW_MEMORY_BYTES each): a small file of many empty rows
+    is refused while read, in one line naming the line, not held whole (5 million rows of ','
+    took 3.4 GB)."""
+    from masc_engine.jobs.tables import ROW_MEMORY_BYTES
+
+    p = tmp_path / "p.csv"
+    p.write_text("ref_image,prompt\n" + ",\n" * 5000)
+    budget = p.stat().st_size + 1000 * ROW_MEMORY_BYTES
+    with pytest.raises(TableError) as e:
+        read_table(p, max_bytes=budget, budget_option="--max-pairs-mb")
+    assert "1001 rows" in str(e.value) and "line 1002" in str(e.value) and "--max-pairs-mb" in str(e.value)
+    assert len(read_table(p, max_bytes=p.stat().st_size + 5000 * ROW_MEMORY_BYTES).rows) == 5000
+    j = tmp_path / "p.jsonl"
+    j.write_text('{"a": 1}\n' * 5000)
+    with pytest.raises(TableError, match="1001 rows"):
+        read_table(j, max_bytes=j.stat().st_size + 1000 * ROW_MEMORY_BYTES)

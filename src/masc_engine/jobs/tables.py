@@ -31,6 +31,10 @@ from ..errors import InputError
 #: Default byte budget of a pairs file (masc-run ``--max-pairs-mb``), checked from its size before
 #: it is read: every row is held in memory, so the file is bounded (1 GiB: millions of rows).
 DEFAULT_MAX_PAIRS_BYTES = 2**30
+#: Memory a row costs once read beyond its text (a Python dict, its keys and strings), counted
+#: against the same budget as the file's bytes: 5 million rows of two empty cells (a 10 MB file)
+#: took 3.4 GB, about 680 bytes a row, before this; 512 is the floor of that per-row cost.
+ROW_MEMORY_BYTES = 512
 #: Longest CSV/TSV cell read (characters): far above any prompt budget (masc-run's cells over their
 #: budget are row statuses up to here), far below what one cell of a file within
 #: DEFAULT_MAX_PAIRS_BYTES could hold (a 900 MB cell took 6.3 GB to parse). Longer: the file is
@@ -105,18 +109,40 @@ def read_table(path: str | Path, required: Sequence[str] = (), what: str = "tabl
     fmt = FORMATS.get(p.suffix.lower())
     if fmt is None:
         raise TableError(bad, f"{p}: unknown file type {p.suffix!r}; expected one of {', '.join(FORMATS)}")
+    budget = _RowBudget(p, bad, size, max_bytes, budget_option)
     if fmt in ("csv", "tsv"):
-        table = _read_delimited(p, "\t" if fmt == "tsv" else ",", bad, extra_fields)
+        table = _read_delimited(p, "\t" if fmt == "tsv" else ",", bad, extra_fields, budget)
     elif fmt == "jsonl":
-        table = _read_jsonl(p, bad)
+        table = _read_jsonl(p, bad, budget)
     elif fmt == "json":
         table = _read_json(p, bad)
+        budget.check(len(table.rows), "")
     else:
-        table = _read_parquet(p, bad, max_bytes)
+        table = _read_parquet(p, bad, max_bytes, budget)
     missing = [c for c in required if c not in table.columns]
     if missing:
         raise TableError(bad, f"{p}: missing column(s) {', '.join(missing)}; required: {', '.join(required)}")
     return table
+
+
+@dataclass
+class _RowBudget:
+    """The byte budget of a table as it is read: the file's bytes plus :data:`ROW_MEMORY_BYTES` a
+    row, checked as rows arrive, so a file of millions of tiny rows is refused before it is held."""
+
+    path: Path
+    bad: str
+    size: int
+    max_bytes: int | None
+    option: str
+
+    def check(self, n_rows: int, where: str) -> None:
+        if self.max_bytes is None or self.size + n_rows * ROW_MEMORY_BYTES <= self.max_bytes:
+            return
+        raise TableError(self.bad, f"{self.path}{where}: {n_rows} rows would take about "
+                                   f"{(self.size + n_rows * ROW_MEMORY_BYTES) / 2**20:.0f} MiB once read "
+                                   f"({ROW_MEMORY_BYTES} bytes a row beside the file's {self.size}), over the budget "
+                                   f"of {self.max_bytes} bytes" + (f" ({self.option})" if self.option else ""))
 
 
 @contextmanager
@@ -133,7 +159,7 @@ def _field_limit(file_bytes: int):
         csv.field_size_limit(old)
 
 
-def _read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str) -> Table:
+def _read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str, budget: _RowBudget) -> Table:
     rows, lines = [], []
     with p.open(newline="", encoding="utf-8-sig") as fh, _field_limit(os.fstat(fh.fileno()).st_size):
         reader = csv.DictReader(fh, delimiter=delimiter)
@@ -147,6 +173,7 @@ def _read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str) -> Tab
                     del row[None]
                 rows.append({k: ("" if v is None else v) for k, v in row.items()})
                 lines.append(reader.line_num)
+                budget.check(len(rows), f", line {reader.line_num}")
         except csv.Error as exc:
             raise TableError(bad, f"{p}, line {reader.line_num}: {exc}") from None
         except UnicodeDecodeError as exc:
@@ -209,7 +236,7 @@ def _parse_json(text: str, bad: str, where: str, whole_file: bool = False) -> An
     return obj
 
 
-def _read_jsonl(p: Path, bad: str) -> Table:
+def _read_jsonl(p: Path, bad: str, budget: _RowBudget) -> Table:
     rows, lines = [], []
     with p.open("rb") as fh:  # decoded line by line, so that a decoding error names its line
         for lineno, raw in enumerate(fh, start=1):
@@ -224,6 +251,7 @@ def _read_jsonl(p: Path, bad: str) -> Table:
                 raise TableError(bad, f"{p}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
             rows.append(obj)
             lines.append(lineno)
+            budget.check(len(rows), f", line {lineno}")
     return Table(p, _columns_of(rows), rows, lines)
 
 
@@ -264,7 +292,7 @@ def _materialized_bytes(t) -> int:
     return total
 
 
-def _read_parquet(p: Path, bad: str, max_bytes: int | None = None) -> Table:
+def _read_parquet(p: Path, bad: str, max_bytes: int | None = None, budget: _RowBudget | None = None) -> Table:
     from .. import extras
 
     try:
@@ -280,6 +308,8 @@ def _read_parquet(p: Path, bad: str, max_bytes: int | None = None) -> Table:
         t = pq.read_table(p, read_dictionary=text)
     except Exception as exc:  # pyarrow's own errors (ArrowInvalid, OSError) for a damaged file
         raise TableError(bad, f"{p}: not a readable Parquet file ({exc})") from None
+    if budget is not None:
+        budget.check(t.num_rows, "")
     if max_bytes is not None:  # a small file of repeated dictionary values can expand to gigabytes
         n = _materialized_bytes(t)
         if n > max_bytes:
