@@ -152,16 +152,17 @@ def write_output(path: str | Path, rows: list[dict], columns: list[str]) -> None
     write_table(path, rows, columns, fmt=output_format(path))
 
 
-def read_output(path: str | Path) -> list[dict]:
+def read_output(path: str | Path, max_bytes: int | None = None, budget_option: str = "") -> list[dict]:
     """Read a result file written by :func:`write_output` back into dicts (for resume, the
-    report and the int8 gate), with the job layer's one table reader.
+    report and the int8 gate), with the job layer's one table reader; ``max_bytes`` (None: none)
+    is the byte budget the reader checks, its file size and rows (``budget_option`` names it).
 
     Raises:
         ValueError: an extension we do not write.
         TableError: the file is missing or unparsable (file and line named).
     """
     output_format(path)
-    return read_table(path, what="scores").rows
+    return read_table(path, what="scores", max_bytes=max_bytes, budget_option=budget_option).rows
 
 
 # ---------------------------------------------------------------------- faults on the output side

@@ -166,7 +166,7 @@ def load_scores(path: str | Path, max_bytes: int | None = None) -> tuple[list[di
     if max_bytes is not None and p.is_file() and (size := p.stat().st_size) > max_bytes:
         raise TableError("bad_scores_file", f"{p}: {size} bytes, over the budget of {max_bytes} bytes "
                                             "(--max-scores-mb)")
-    rows = read_output(path)
+    rows = read_output(path, max_bytes, "--max-scores-mb")  # the size again, and the rows as they arrive
     return rows, _load_sidecar(meta_path(path))
 
 
