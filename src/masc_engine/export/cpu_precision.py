@@ -41,7 +41,7 @@ import gc
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
@@ -360,7 +360,42 @@ def certificate_record(units: dict, keep_fp32: Sequence[str], graphs: Sequence[s
             "units": {g: units[g] for g in graphs}, "keep_fp32": list(keep_fp32), "graph_weights": "fp32"}
 
 
-class Evaluator:
+class CandidateScoring:
+    """What every reduced-precision search scores with (bf16-cpu here, FP8 in export/fp8.py): the
+    fp32 ONNX Runtime reference of a pair set, scored once, and a candidate scorer's figures
+    against it. A subclass sets ``bundle``, ``threads``, ``configurations = 0`` and ``_ref = {}``
+    and defines ``candidate_scores``."""
+
+    bundle: Any
+    threads: int | None
+    configurations: int
+    _ref: dict[int, dict]
+
+    def reference(self, pairs: Sequence) -> dict:
+        """fp32 ONNX Runtime scores of ``pairs`` (cached per pair list)."""
+        from ..runtime.scorer import Scorer
+
+        if id(pairs) not in self._ref:
+            self._ref[id(pairs)] = scores(Scorer(self.bundle, intra_op_threads=self.threads), pairs)
+        return self._ref[id(pairs)]
+
+    def score_candidate(self, scorer, pairs: Sequence) -> dict:
+        """``scores(scorer, pairs)``, counted in ``configurations``; the scorer is released after."""
+        try:
+            self.configurations += 1
+            return scores(scorer, pairs)
+        finally:
+            del scorer
+            gc.collect()
+
+    def candidate_scores(self, keep_fp32: Sequence[str], pairs: Sequence) -> dict:
+        raise NotImplementedError
+
+    def figures(self, keep_fp32: Sequence[str], pairs: Sequence, min_pairs: int = 0) -> dict:
+        return gate_figures(self.reference(pairs), self.candidate_scores(keep_fp32, pairs), min_pairs)
+
+
+class Evaluator(CandidateScoring):
     """Scores pair sets with candidate bf16 configurations of one fp32 bundle, against fp32 ONNX
     Runtime on the same bundle (the reference, scored once per set).
 
@@ -379,16 +414,7 @@ class Evaluator:
         self.graphs, self.threads, self.log = tuple(graphs), threads, log
         self.units = {g: graph_units(self.bundle.graph_file(g), g) for g in self.graphs}
         self.unit_names = [u for g in self.graphs for u in self.units[g]["names"]]
-        self._ref: dict[int, dict] = {}
-        self.configurations = 0
-
-    def reference(self, pairs: Sequence) -> dict:
-        """fp32 ONNX Runtime scores of ``pairs`` (cached per pair list)."""
-        from ..runtime.scorer import Scorer
-
-        if id(pairs) not in self._ref:
-            self._ref[id(pairs)] = scores(Scorer(self.bundle, intra_op_threads=self.threads), pairs)
-        return self._ref[id(pairs)]
+        self.configurations, self._ref = 0, {}
 
     def candidate_scores(self, keep_fp32: Sequence[str], pairs: Sequence) -> dict:
         """Scores of ``pairs`` with the graphs in bf16 except ``keep_fp32``."""
@@ -396,16 +422,7 @@ class Evaluator:
 
         b = copy.copy(self.bundle)  # shares the sha256 checks already done
         b.manifest = {**self.bundle.manifest, "precision": certificate_record(self.units, keep_fp32, self.graphs)}
-        scorer = Scorer(b, backend="openvino", intra_op_threads=self.threads)
-        try:
-            self.configurations += 1
-            return scores(scorer, pairs)
-        finally:
-            del scorer
-            gc.collect()
-
-    def figures(self, keep_fp32: Sequence[str], pairs: Sequence, min_pairs: int = 0) -> dict:
-        return gate_figures(self.reference(pairs), self.candidate_scores(keep_fp32, pairs), min_pairs)
+        return self.score_candidate(Scorer(b, backend="openvino", intra_op_threads=self.threads), pairs)
 
 
 def unit_sensitivity(ev: "Evaluator", pairs: Sequence) -> dict[str, float]:

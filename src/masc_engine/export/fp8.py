@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import gc
 import shutil
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..tolerances import FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_PAIRS, FIDELITY_MIN_SPEARMAN, FP8_E4M3_MAX, FP8_OPSET
-from .cpu_precision import CertificationError, _fmt, _pair_set, default_calibration, default_heldout, scores
+from .cpu_precision import CandidateScoring, CertificationError, _fmt, _pair_set, default_calibration, default_heldout, scores
 
 FP8 = "fp8"
 #: The graph run in FP8 (most of a pair's FLOPs); the others stay fp32.
@@ -204,7 +203,7 @@ def _portable(manifest: dict, vision_file: str, files: dict | None = None) -> di
     return {**out, "graphs": graphs, "files": {**manifest["files"], **(files or {})}}
 
 
-class Fp8Evaluator:
+class Fp8Evaluator(CandidateScoring):
     """Scores pair sets with candidate FP8 vision graphs of one fp32 bundle, against fp32 ONNX
     Runtime on that bundle (the interface cpu_precision.search_keep_list drives)."""
 
@@ -219,15 +218,7 @@ class Fp8Evaluator:
         self.sites = linear_sites(self.model)
         self.unit_names = unit_names(self.sites)
         self.amax, self.workdir, self.threads, self.log = amax, Path(workdir), threads, log
-        self.configurations = 0
-        self._ref: dict[int, dict] = {}
-
-    def reference(self, pairs):
-        from ..runtime.scorer import Scorer
-
-        if id(pairs) not in self._ref:
-            self._ref[id(pairs)] = scores(Scorer(self.bundle, intra_op_threads=self.threads), pairs)
-        return self._ref[id(pairs)]
+        self.configurations, self._ref = 0, {}
 
     def candidate_scores(self, keep_fp32: Sequence[str], pairs: Sequence) -> dict:
         """Scores with the vision graph in FP8 except the units ``keep_fp32``."""
@@ -240,18 +231,7 @@ class Fp8Evaluator:
         b = copy.copy(self.bundle)
         b.path, b.verify = self.workdir, False
         b.manifest = _portable(self.bundle.manifest, FP8_FILE)
-        scorer = Scorer(b, intra_op_threads=self.threads, graph_variant="portable")
-        try:
-            self.configurations += 1
-            return scores(scorer, pairs)
-        finally:
-            del scorer
-            gc.collect()
-
-    def figures(self, keep_fp32: Sequence[str], pairs: Sequence, min_pairs: int = 0) -> dict:
-        from .cpu_precision import gate_figures
-
-        return gate_figures(self.reference(pairs), self.candidate_scores(keep_fp32, pairs), min_pairs)
+        return self.score_candidate(Scorer(b, intra_op_threads=self.threads, graph_variant="portable"), pairs)
 
 
 def certify_fp8(bundle_dir: str | Path, out_dir: str | Path, *, calibration: str | Path | Sequence | None = None,
