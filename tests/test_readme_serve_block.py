@@ -35,18 +35,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_readme_serve_block_runs_as_pasted(naflex_bundle, tmp_path):
+def _needs_serve_and_curl() -> None:
     pytest.importorskip("fastapi", reason="masc-serve needs the serve extra")
     if subprocess.run(["bash", "-c", "command -v curl"], capture_output=True).returncode:
         pytest.skip("curl is not installed")
-    (tmp_path / "bundles").mkdir()
-    (tmp_path / "bundles" / "tiny-naflex").symlink_to(naflex_bundle)
-    (tmp_path / "examples").symlink_to(REPO / "examples")
+
+
+def _demo_layout(folder: Path, naflex_bundle: Path) -> None:
+    """``folder`` laid out as the demo leaves a checkout: bundles/tiny-naflex and examples/."""
+    (folder / "bundles").mkdir()
+    (folder / "bundles" / "tiny-naflex").symlink_to(naflex_bundle)
+    (folder / "examples").symlink_to(REPO / "examples")
+
+
+def _run_block(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    # A hang guard only: each block ends by itself once the server is ready and has answered.
+    return subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_readme_serve_block_runs_as_pasted(naflex_bundle, tmp_path):
+    _needs_serve_and_curl()
+    _demo_layout(tmp_path, naflex_bundle)
     lines = [ln for ln in _serve_block().splitlines() if not ln.startswith("pip install")]
     script = "\n".join(lines).replace("8000", str(_free_port()))
-    # A hang guard only: the block ends by itself once the server is ready and has answered.
-    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    done = _run_block(script, tmp_path)
     out = done.stdout.splitlines()
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(out[0])["status"] == "ready"
@@ -63,20 +76,15 @@ def test_service_page_blocks_run_as_pasted(naflex_bundle, tmp_path):
     """docs/service.md's "Calling it": its bash block (server in the background, wait, upload) then
     its Python client (standard library only) against that server, then the ``kill %1`` the page
     names; every output as the page says."""
-    pytest.importorskip("fastapi", reason="masc-serve needs the serve extra")
-    if subprocess.run(["bash", "-c", "command -v curl"], capture_output=True).returncode:
-        pytest.skip("curl is not installed")
+    _needs_serve_and_curl()
     page = REPO / "docs" / "service.md"
     [shell] = [b for b in _blocks(page, "bash") if "masc-serve --bundle" in b]
     python = _blocks(page, "python")[0]
-    (tmp_path / "bundles").mkdir()
-    (tmp_path / "bundles" / "tiny-naflex").symlink_to(naflex_bundle)
-    (tmp_path / "examples").symlink_to(REPO / "examples")
+    _demo_layout(tmp_path, naflex_bundle)
     port = str(_free_port())
     (tmp_path / "client.py").write_text(python.replace("8000", port))
     script = (shell + f'\n"{sys.executable}" client.py\nkill %1; wait %1; echo "exit status $?"\n').replace("8000", port)
-    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    done = _run_block(script, tmp_path)
     out = done.stdout.splitlines()
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(out[0])["status"] == "ready"
