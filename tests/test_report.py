@@ -199,9 +199,13 @@ def test_prompts_and_all_text_are_escaped(synthetic):
     path = _write(synthetic)
     text = _report(path, title='<img src=x onerror="alert(1)">')
     assert HOSTILE not in text and "<script" not in text.lower()
-    assert html.escape(HOSTILE, quote=True) in text
+    # the prompt cell holds the prompt as text: no markup character left raw, the text unchanged
+    prompts = re.findall(r'<td class="prompt">([^<]*)</td>', text)
+    assert HOSTILE in [html.unescape(p) for p in prompts]
+    assert all('"' not in p and "'" not in p and ">" not in p for p in prompts)
     assert "<b>dog</b>" not in text
-    assert "<img src=x" not in text and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in text
+    assert "<img src=x" not in text
+    assert [html.unescape(t) for t in re.findall(r"<title>([^<\"]*)</title>", text)] == ['<img src=x onerror="alert(1)">']
 
 
 def test_self_contained_no_external_references(synthetic):

@@ -1,0 +1,116 @@
+"""masc-report's page is rendered by a Jinja2 template with autoescape: every piece of text from
+the score file and its sidecar (method names, prompts, keys, statuses, paths, metadata, the title)
+reaches the page as text, never as markup; the style sheet is the package's own file, inlined; and
+the page's score columns come from one constant, report/data.py ``METRICS``.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from masc_engine import report as rp
+from masc_engine.report import data as report_data
+from masc_engine.report import render
+
+HOSTILE = "<script>alert(1)</script> \"double\" 'single' & more"
+
+
+class _Page(HTMLParser):
+    """The elements, attribute values and text of a page, as a browser's parser reads them."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[str] = []
+        self.attrs: list[tuple[str, str | None]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs += attrs
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _parse(text: str) -> _Page:
+    p = _Page()
+    p.feed(text)
+    p.close()
+    return p
+
+
+def _rows(n: int = 4) -> list[dict]:
+    return [{"key": f"{HOSTILE} key {i}", "subject": HOSTILE, "method": HOSTILE if i % 2 else "plain",
+             "prompt": HOSTILE, "status": "ok" if i else HOSTILE, "within": "true" if i % 2 else "false",
+             "ref_image": f"{HOSTILE}.png", "out_image": "", "cp": 0.5 + 0.1 * i, "pf": 0.1 * i}
+            for i in range(n)]
+
+
+def _page(tmp_path: Path) -> str:
+    meta = {"source_model": HOSTILE, "bundle": HOSTILE, "input": str(tmp_path / "pairs.csv"),
+            "settings": {HOSTILE: HOSTILE, "nested": {HOSTILE: HOSTILE}}, "runtime_versions": {"masc_engine": HOSTILE}}
+    opts = rp.ReportOptions(title=HOSTILE, within_column="within", top_k=2, n_resamples=20)
+    return rp.build_report(_rows(), meta, scores_path=tmp_path / "scores.csv", options=opts)
+
+
+def test_text_from_the_data_is_escaped_everywhere(tmp_path):
+    text = _page(tmp_path)
+    page = _parse(text)
+    # no markup came from the data: the only script-like strings are escaped text
+    assert "script" not in page.tags and "<script>" not in text
+    assert HOSTILE not in text
+    # and the parser reads the original strings back: as element text and as attribute values
+    texts = "".join(page.text)
+    for shown in (HOSTILE, f"{HOSTILE} key 1", f"{HOSTILE}={HOSTILE}"):
+        assert shown in texts, shown
+    assert ("data-method", HOSTILE) in page.attrs and ("data-status", HOSTILE) in page.attrs
+    assert ("title", str(tmp_path / f"{HOSTILE}.png")) in page.attrs  # the image's path, on hover
+    assert [html.unescape(t) for t in re.findall(r"<title>([^<>]*)</title>", text)] == [HOSTILE]
+    # each of the markup characters is escaped in element text and in attribute values alike
+    raw = re.findall(r'data-method="([^"]*)"', text)
+    assert any(html.unescape(v) == HOSTILE for v in raw)
+    for v in raw:
+        assert not set(v) & set("<>\"'") and "& " not in v, v
+
+
+def test_the_template_environment_autoescapes_html_templates():
+    env = render.environment()
+    assert env.autoescape(render.TEMPLATE) is True and env.autoescape("report.css") is False
+    assert Path(env.get_template(render.TEMPLATE).filename).parent == render.TEMPLATES  # the package's folder
+
+
+def test_the_style_sheet_is_the_packaged_file_inlined(tmp_path):
+    text = _page(tmp_path)
+    css = (render.TEMPLATES / "report.css").read_text(encoding="utf-8")
+    style = re.findall(r"<style>(.*?)</style>", text, re.DOTALL)
+    assert len(style) == 1 and style[0].strip() == css.strip()
+    assert "<link" not in text and "@import" not in css
+
+
+def test_the_score_columns_follow_metrics(tmp_path, monkeypatch):
+    """Every table and plot of the page is drawn per score of ``METRICS``: with one score, the
+    other has no column, no mean, no AUC and no best / worst table."""
+    both = _page(tmp_path)
+    assert 'colspan="6"' in _page_without_rows(tmp_path)  # #, pair, CP, PF, prompt, images
+    assert both.count("<h3>Best 2 by ") == 2 and 'data-metric="pf"' in both and "<th class=\"num\">PF</th>" in both
+    monkeypatch.setattr(report_data, "METRICS", ("cp",))
+    text = _page(tmp_path)
+    assert 'data-metric="cp" data-value=' in text and 'data-metric="cp" data-auc=' in text
+    assert 'data-metric="pf"' not in text and "mean PF" not in text and "<th class=\"num\">PF</th>" not in text
+    assert text.count("<h3>Best 2 by ") == 1 and text.count("<h3>Worst 2 by ") == 1
+    assert 'colspan="5"' in _page_without_rows(tmp_path)
+
+
+def _page_without_rows(tmp_path: Path) -> str:
+    return rp.build_report([{"cp": "", "pf": "", "status": "failed"}], None, scores_path=tmp_path / "s.csv",
+                           options=rp.ReportOptions(n_resamples=10))
+
+
+def test_not_a_score_file_names_the_metrics():
+    with pytest.raises(ValueError, match="no cp/pf columns"):
+        rp.prepare_rows([{"a": 1}])
