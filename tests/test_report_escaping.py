@@ -114,3 +114,17 @@ def _page_without_rows(tmp_path: Path) -> str:
 def test_not_a_score_file_names_the_metrics():
     with pytest.raises(ValueError, match="no cp/pf columns"):
         rp.prepare_rows([{"a": 1}])
+
+
+def test_the_templates_ship_as_package_data():
+    """A wheel holds the template and the style sheet: pyproject.toml's package data names every
+    file of report/templates (checked from the pyproject: building a wheel takes too long here)."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11's TOML reader")
+    root = Path(__file__).resolve().parents[1]
+    with open(root / "pyproject.toml", "rb") as f:
+        globs = tomllib.load(f)["tool"]["setuptools"]["package-data"]["masc_engine"]
+    files = sorted(p.relative_to(root / "src" / "masc_engine").as_posix() for p in render.TEMPLATES.iterdir())
+    assert {"report/templates/report.html.j2", "report/templates/report.css"} <= set(files)
+    assert all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)

@@ -47,6 +47,12 @@ from ..jobs.results import meta_path, read_output
 from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES, Table, TableError
 from ..metrics import agreement as ag
 
+__all__ = ["METRICS", "METRIC_LABELS", "OK", "POOLED", "RANDOM_WEIGHTS_BANNER", "SIDES", "ReportOptions", "load_scores",
+           "cell_text", "prepare_rows", "status_counts", "method_groups", "method_stats", "within_cross",
+           "random_weights", "extremes", "mask_sources", "metric_label", "map_column", "fmt_num", "kv_items",
+           "model_name", "summary", "Summary", "StatusCount", "MaskSources", "distribution_groups", "auc_text",
+           "within_rule", "ident_columns", "has_maps", "extremes_tables", "ExtremesTable", "ExtremeRow"]
+
 OK = "ok"
 RANDOM_WEIGHTS_BANNER = ("Random-weight bundle: these scores test the pipeline, not subjects "
                          "(cross-subject CP can exceed same-subject).")

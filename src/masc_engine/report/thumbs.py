@@ -30,6 +30,9 @@ from typing import Any
 from ..runtime.io import IMAGE_FORMATS
 from .data import SIDES, cell_text, map_column
 
+__all__ = ["OUTSIDE", "UNREADABLE_PATH", "MASK_EDGE", "image_root", "pixel_limit", "allowed_roots", "confined",
+           "Thumbnails", "Figure", "side_figure", "map_figure", "row_figures"]
+
 def image_root(meta: Mapping[str, Any] | None, scores_path: str | Path | None) -> Path | None:
     """The folder relative ``ref_image`` / ``out_image`` paths are resolved against: the folder of
     the pairs CSV recorded as ``input`` in the sidecar. A relative ``input`` is relative to where
