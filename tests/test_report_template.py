@@ -128,3 +128,20 @@ def test_the_templates_ship_as_package_data():
     files = sorted(p.relative_to(root / "src" / "masc_engine").as_posix() for p in render.TEMPLATES.iterdir())
     assert {"report/templates/report.html.j2", "report/templates/report.css"} <= set(files)
     assert all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)
+
+
+def test_without_jinja2_masc_report_is_one_line_naming_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    from click.testing import CliRunner
+
+    from masc_engine.cli.report_cmd import main as report_main
+
+    scores = tmp_path / "s.csv"
+    scores.write_text("a,cp\n1,0.5\n", encoding="utf-8")
+    monkeypatch.setitem(sys.modules, "jinja2", None)  # as if it were not installed
+    res = CliRunner().invoke(report_main, [str(scores), "--out", str(tmp_path / "r.html")])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 1 and len(lines) == 1 and lines[0].startswith("Error: "), res.output
+    assert "jinja2" in lines[0] and "[report]" in lines[0] and "pip install" in lines[0]
+    assert not (tmp_path / "r.html").exists()
