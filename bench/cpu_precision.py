@@ -278,7 +278,7 @@ def child_pairs_job(bundle: str, pairs: str, out: str, backend: str, precision: 
     """The pairs job (what masc-run runs) with one engine; the parent times the whole process."""
     _quiet()
     t = time.perf_counter()
-    from masc_engine.jobs.pairs import run_pairs
+    from masc_engine.jobs.pairs import RunOptions, run_pairs
     from masc_engine.runtime.scorer import Scorer
 
     t_import = time.perf_counter() - t
@@ -288,7 +288,7 @@ def child_pairs_job(bundle: str, pairs: str, out: str, backend: str, precision: 
     for p in Path(out).parent.glob(Path(out).name + "*"):
         p.unlink()
     t = time.perf_counter()
-    run_pairs(pairs, scorer, out, progress=False, log=lambda s: None)
+    run_pairs(pairs, scorer, out, options=RunOptions(progress=False))
     return {"import_s": t_import, "scorer_s": t_load, "run_s": time.perf_counter() - t,
             "precision": scorer.precision, "graph_variant": scorer.graph_variant}
 

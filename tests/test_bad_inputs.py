@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from conftest import EXAMPLES
-from masc_engine.jobs.pairs import RunSettings, run_pairs
+from masc_engine.jobs.pairs import RunOptions, RunSettings, run_pairs
 from masc_engine.jobs.results import read_output
 from masc_engine.runtime.io import load_image, load_mask, mask_coverage
 from masc_engine.runtime.scorer import Scorer
@@ -97,7 +97,7 @@ def _pairs(zoo) -> str:
 
 def test_every_bad_input_kind_gets_its_status(naflex_bundle, zoo):
     out = zoo / "out.csv"
-    summary = run_pairs(_pairs(zoo), Scorer(naflex_bundle), out, progress=False)
+    summary = run_pairs(_pairs(zoo), Scorer(naflex_bundle), out, options=RunOptions(progress=False))
     rows = {r["key"]: r for r in read_output(out)}
     assert summary.rows == len(ROWS)
     for key, (_, _, status) in ROWS.items():
@@ -117,7 +117,7 @@ def test_every_bad_input_kind_gets_its_status(naflex_bundle, zoo):
 
 def test_mask_tolerance_stretches_small_offsets(naflex_bundle, zoo):
     out = zoo / "tol.csv"
-    run_pairs(_pairs(zoo), Scorer(naflex_bundle), out, RunSettings(mask_size_tolerance=2), progress=False)
+    run_pairs(_pairs(zoo), Scorer(naflex_bundle), out, RunSettings(mask_size_tolerance=2), options=RunOptions(progress=False))
     row = {r["key"]: r for r in read_output(out)}["mask_2px_off"]
     assert row["status"] == "ok" and "stretched" in row["status_detail"]
 
@@ -147,15 +147,14 @@ def test_paper_filter_keeps_rows_with_reason(naflex_bundle, zoo, tmp_path):
         w.writerow(["small_ref", "plain.png", "tiny_mask.png", "plain.png", "mask.png", "a cat", "cat"])
     out = tmp_path / "f.csv"
     s = run_pairs(path, Scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=0.05,
-                                                                min_reference_mask_frac=0.05), progress=False)
+                                                                min_reference_mask_frac=0.05), options=RunOptions(progress=False))
     status = {r["key"]: r["status"] for r in read_output(out)}
     assert status == {"ok": "ok", "small_out": "filtered_output_mask", "small_ref": "filtered_reference_mask"}
     assert s.statuses["filtered_output_mask"] == 1 and s.statuses["filtered_reference_mask"] == 1
     # The threshold is a parameter: at 0.05% (below the 20x20 square's 0.2%) nothing is dropped
     # (other settings on the same output: replaced only when asked).
     s = run_pairs(path, Scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=0.0005,
-                                                                min_reference_mask_frac=0.0005), progress=False,
-                  overwrite=True)
+                                                                min_reference_mask_frac=0.0005), options=RunOptions(progress=False, overwrite=True))
     assert s.statuses["ok"] == 3
 
 
@@ -251,7 +250,7 @@ def test_hostile_files_cost_their_row_only(naflex_bundle, tmp_path, monkeypatch)
         w.writerow(["dds", "x.dds", "cat.png", "cat.jpg", "cat.png", "a cat", "cat"])
         w.writerow(["ok2", "cat.jpg", "cat.png", "cat.jpg", "cat.png", "a cat", "cat"])
     out = tmp_path / "o.csv"
-    run_pairs(path, Scorer(naflex_bundle), out, progress=False)
+    run_pairs(path, Scorer(naflex_bundle), out, options=RunOptions(progress=False))
     status = {r["key"]: r["status"] for r in read_output(out)}
     assert status == {"ok1": "ok", "ps": "unreadable_image", "pdf": "unreadable_mask", "dds": "unreadable_image",
                       "ok2": "ok"}

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from conftest import EXAMPLES, load_pair, read_rows
-from masc_engine.jobs.pairs import BASELINE_COLUMNS, RunSettings, run_pairs
+from masc_engine.jobs.pairs import RunOptions, BASELINE_COLUMNS, RunSettings, run_pairs
 from masc_engine.jobs.results import read_output
 from masc_engine.runtime import heads
 from masc_engine.runtime.scorer import Pair, Scorer
@@ -59,8 +59,7 @@ def test_baselines_agree_with_their_definitions(naflex_bundle, scored):
 def test_maps_written_for_real_pairs(naflex_bundle, tmp_path):
     out = tmp_path / "scores.csv"
     maps = tmp_path / "maps"
-    run_pairs(EXAMPLES / "pairs.csv", Scorer(naflex_bundle), out,
-              RunSettings(baselines=True, save_maps=str(maps)), progress=False)
+    run_pairs(EXAMPLES / "pairs.csv", Scorer(naflex_bundle), out, RunSettings(baselines=True, save_maps=str(maps)), options=RunOptions(progress=False))
     rows = read_output(out)
     assert len(rows) == 20
     for r in rows[:5]:

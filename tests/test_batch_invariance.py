@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from conftest import EXAMPLES
-from masc_engine.jobs.pairs import run_pairs
+from masc_engine.jobs.pairs import RunOptions, run_pairs
 from masc_engine.jobs.results import read_output
 from masc_engine.runtime.scorer import Pair, Scorer
 from test_row_semantics import table  # noqa: F401  (the issue's rows as a pairs CSV)
@@ -42,8 +42,8 @@ def test_scores_do_not_depend_on_the_batch(base_bundle):
 
 def test_masc_run_batch_size_1_equals_default(base_bundle, table, tmp_path):  # noqa: F811
     one, default = tmp_path / "b1.jsonl", tmp_path / "b8.jsonl"
-    run_pairs(table["csv"], Scorer(base_bundle, batch_size=1), one, progress=False)
-    run_pairs(table["csv"], Scorer(base_bundle), default, progress=False)
+    run_pairs(table["csv"], Scorer(base_bundle, batch_size=1), one, options=RunOptions(progress=False))
+    run_pairs(table["csv"], Scorer(base_bundle), default, options=RunOptions(progress=False))
     a, b = read_output(one), read_output(default)
     assert [(r["key"], r["cp"], r["pf"], r["status"]) for r in a] == [(r["key"], r["cp"], r["pf"], r["status"])
                                                                       for r in b]
@@ -62,7 +62,7 @@ def test_scores_do_not_depend_on_the_blas_thread_count(naflex_bundle, tmp_path):
 
     pairs = _big_pairs(tmp_path, copies=1)  # 20 rows of the shipped examples
     here, there = tmp_path / "here.csv", tmp_path / "there.csv"
-    run_pairs(pairs, Scorer(naflex_bundle), here, progress=False)
+    run_pairs(pairs, Scorer(naflex_bundle), here, options=RunOptions(progress=False))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "masc_engine.cli.run_cmd", str(pairs), "--bundle", str(naflex_bundle),
                     "--out", str(there), "--no-progress"], env=env, capture_output=True, text=True, timeout=300,

@@ -111,11 +111,11 @@ class _Terminal(io.StringIO):
 
 
 def _run_pairs(bundle, out, stderr, monkeypatch):
-    from masc_engine.jobs.pairs import run_pairs
+    from masc_engine.jobs.pairs import RunOptions, run_pairs
     from masc_engine.runtime.scorer import Scorer
 
     monkeypatch.setattr(sys, "stderr", stderr)
-    run_pairs(str(EXAMPLES / "pairs.csv"), Scorer(str(bundle)), str(out), progress=True, log=lambda s: None)
+    run_pairs(str(EXAMPLES / "pairs.csv"), Scorer(str(bundle)), str(out), options=RunOptions(progress=True))
     return stderr.getvalue()
 
 

@@ -17,7 +17,7 @@ from conftest import EXAMPLES
 from masc_engine.jobs import loading
 from masc_engine.jobs.items import DecodedImage, DecodedMask, PairError
 from masc_engine.jobs.loading import ByteBudget
-from masc_engine.jobs.pairs import RESULT_COLUMNS, PairsJob, RunSettings, run_pairs
+from masc_engine.jobs.pairs import RunOptions, RESULT_COLUMNS, PairsJob, RunSettings, run_pairs
 from masc_engine.jobs.results import read_output
 from masc_engine.runtime.io import decode_cost, open_image
 from masc_engine.runtime.scorer import Scorer
@@ -112,7 +112,7 @@ def test_score_decoded_is_masc_runs_record_and_batch_independent(naflex_bundle, 
     writes for the same files; scored one at a time, the same bits."""
     scorer = Scorer(naflex_bundle)
     out = tmp_path / "s.jsonl"
-    run_pairs(EXAMPLES / "pairs.csv", scorer, out, progress=False)
+    run_pairs(EXAMPLES / "pairs.csv", scorer, out, options=RunOptions(progress=False))
     written = read_output(out)[:6]
     job = PairsJob(scorer)
     pairs = [job.decode_pair(_files(r), r["prompt"], r["object_name"], row_index=r["row_index"]) for r in written]

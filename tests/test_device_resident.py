@@ -253,7 +253,7 @@ def test_masc_run_device_resident_with_cache_equals_host(naflex_bundle, tmp_path
     for the on-disk store); a device-resident run, cold and warm, scores as the host run."""
     import csv
 
-    from masc_engine.jobs.pairs import RunSettings, run_pairs
+    from masc_engine.jobs.pairs import RunOptions, RunSettings, run_pairs
     from masc_engine.jobs.results import read_output
 
     rows = read_rows(EXAMPLES)
@@ -265,13 +265,12 @@ def test_masc_run_device_resident_with_cache_equals_host(naflex_bundle, tmp_path
             w.writerow({k: (str(EXAMPLES / v) if k in ("ref_image", "ref_mask", "out_image", "out_mask") else v)
                         for k, v in r.items()})
     host_out = tmp_path / "host.csv"
-    run_pairs(csv_path, Scorer(naflex_bundle, cp_head="graph"), host_out, RunSettings(), progress=False)
+    run_pairs(csv_path, Scorer(naflex_bundle, cp_head="graph"), host_out, RunSettings(), options=RunOptions(progress=False))
     want = read_output(host_out)
     for run in ("cold", "warm"):
         dev = StrictFakeDevice()
         out = tmp_path / f"dev-{run}.csv"
-        summary = run_pairs(csv_path, Scorer(naflex_bundle, device_resident=True, array_device=dev), out,
-                            RunSettings(), cache_dir=tmp_path / "cache", progress=False)
+        summary = run_pairs(csv_path, Scorer(naflex_bundle, device_resident=True, array_device=dev), out, RunSettings(), options=RunOptions(cache_dir=tmp_path / "cache", progress=False))
         got = read_output(out)
         assert [(r["cp"], r["pf"], r["status"]) for r in got] == [(r["cp"], r["pf"], r["status"]) for r in want]
         if run == "warm":

@@ -12,7 +12,7 @@ from PIL import Image
 
 from conftest import EXAMPLES
 from masc_engine.errors import InputError
-from masc_engine.jobs.pairs import RESULT_COLUMNS, PairsJob, RunSettings, run_pairs
+from masc_engine.jobs.pairs import RunOptions, RESULT_COLUMNS, PairsJob, RunSettings, run_pairs
 from masc_engine.jobs.results import read_output
 from masc_engine.jobs.tables import TableError, parse_bool, parse_number, read_table
 from masc_engine.runtime.scorer import Scorer
@@ -84,7 +84,7 @@ def test_score_item_is_the_row_masc_run_writes(naflex_bundle, tmp_path):
     result column equal (scores bit-identical), bad input reported as a status naming the field."""
     scorer = Scorer(naflex_bundle)
     out = tmp_path / "scores.jsonl"
-    run_pairs(EXAMPLES / "pairs.csv", scorer, out, RunSettings(), progress=False)
+    run_pairs(EXAMPLES / "pairs.csv", scorer, out, RunSettings(), options=RunOptions(progress=False))
     written = read_output(out)[:6]
     job = PairsJob(scorer)
     for row in written:
@@ -126,7 +126,7 @@ def test_numeric_and_null_cells_of_a_json_pairs_table_are_data(naflex_bundle, tm
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows).replace("NaN", "null"), encoding="utf-8")
     out = tmp_path / "scores.jsonl"
-    s = run_pairs(path, Scorer(naflex_bundle), out, progress=False)
+    s = run_pairs(path, Scorer(naflex_bundle), out, options=RunOptions(progress=False))
     got = read_output(out)
     assert s.rows == 3 and [r["status"] for r in got] == ["ok", "ok", "ok"]
     assert got[0]["object_name"] == "5" and got[1]["prompt_empty"] is True

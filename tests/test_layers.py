@@ -107,7 +107,7 @@ def test_graph_sees_known_edges():
     """The walker itself works: it finds edges we know exist (relative, absolute, lazy)."""
     g = import_graph()
     assert "masc_engine.runtime.scorer" in g["masc_engine"]
-    assert "masc_engine.jobs.tables" in g["masc_engine.jobs.pairs"]
+    assert "masc_engine.jobs.tables" in g["masc_engine.jobs.pairs.columns"]
     assert "masc_engine.export.int8" in g["masc_engine.jobs.int8_gate"]
     assert "masc_engine.jobs.pairs" in g["masc_engine.cli.run_cmd"]  # a lazy import inside main()
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]

@@ -205,8 +205,10 @@ def test_full_disk_is_one_line_and_the_resumed_run_is_exact(naflex_bundle, tmp_p
 @pytest.mark.parametrize("where, err", [("write_output", errno.EROFS), ("write_meta", errno.EACCES),
                                         ("write_meta", errno.ENOSPC)])
 def test_output_and_sidecar_faults_are_one_line(naflex_bundle, tmp_path, monkeypatch, where, err):
-    import masc_engine.jobs.pairs as pairs_mod
+    import masc_engine.jobs.pairs.run as run_mod
+    import masc_engine.jobs.pairs.metadata as sidecar_mod
 
+    pairs_mod = run_mod if where == "write_output" else sidecar_mod
     pairs, out = _pairs(tmp_path), tmp_path / "o.jsonl"
     real = getattr(pairs_mod, where)
 

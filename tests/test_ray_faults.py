@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from masc_engine.jobs.pairs import run_pairs
+from masc_engine.jobs.pairs import RunOptions, run_pairs
 from masc_engine.jobs.results import journal_path, meta_path, read_output
 from masc_engine.runtime.scorer import Scorer
 from test_resume_and_cache import _big_pairs
@@ -61,7 +61,7 @@ def test_worker_node_lost_mid_run_no_row_lost_or_duplicated(naflex_bundle, tmp_p
     cluster, worker = two_node_cluster
     pairs = _big_pairs(tmp_path, copies=2)  # 40 rows
     local, remote = tmp_path / "local.csv", tmp_path / "ray.csv"
-    run_pairs(pairs, Scorer(naflex_bundle), local, chunk_size=2, progress=False)
+    run_pairs(pairs, Scorer(naflex_bundle), local, options=RunOptions(chunk_size=2, progress=False))
 
     killed = threading.Event()
     t0 = time.time()
@@ -75,8 +75,7 @@ def test_worker_node_lost_mid_run_no_row_lost_or_duplicated(naflex_bundle, tmp_p
 
     killer = threading.Thread(target=kill_worker_node, daemon=True)
     killer.start()
-    s = run_pairs(pairs, Scorer(naflex_bundle), remote, chunk_size=2, executor="ray", ray_address=cluster.address,
-                  progress=False)
+    s = run_pairs(pairs, Scorer(naflex_bundle), remote, options=RunOptions(chunk_size=2, executor="ray", ray_address=cluster.address, progress=False))
     killer.join(timeout=60)
     assert killed.is_set(), "the worker node was never removed"
     assert s.lost_workers >= 1, "no chunk was in flight on the lost node: the fault was not exercised"

@@ -407,13 +407,13 @@ def test_chromium_renders_report_with_plots(synthetic, tmp_path):
 
 
 def test_end_to_end_from_masc_run(naflex_bundle, tmp_path):
-    from masc_engine.jobs.pairs import RunSettings, run_pairs
+    from masc_engine.jobs.pairs import RunOptions, RunSettings, run_pairs
     from masc_engine.runtime.scorer import Scorer
 
     out = tmp_path / "scores.csv"
     fields = {f.name for f in dataclasses.fields(RunSettings)}
     settings = RunSettings(save_maps=str(tmp_path / "maps")) if "save_maps" in fields else RunSettings()
-    run_pairs(EXAMPLES / "pairs.csv", Scorer(naflex_bundle), out, settings, progress=False)
+    run_pairs(EXAMPLES / "pairs.csv", Scorer(naflex_bundle), out, settings, options=RunOptions(progress=False))
     page = tmp_path / "report.html"
     res = CliRunner().invoke(report_main, [str(out), "--out", str(page), "--within-column", "method",
                                            "--within-value", "same_subject_photo", "--top", "3",

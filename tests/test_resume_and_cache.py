@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES
-from masc_engine.jobs.pairs import RunSettings, run_pairs
+from masc_engine.jobs.pairs import RunOptions, RunSettings, run_pairs
 from masc_engine.jobs.results import SettingsChangedError, journal_path, read_output
 from masc_engine.runtime.scorer import Scorer
 from masc_engine.tolerances import BATCH_INVARIANCE_ATOL
@@ -45,7 +45,7 @@ def _scores(path) -> dict:
 
 
 def _run(bundle, pairs, out, **kw):
-    return run_pairs(pairs, Scorer(bundle), out, progress=False, **kw)
+    return run_pairs(pairs, Scorer(bundle), out, options=RunOptions(progress=False, **kw))
 
 
 def test_killed_run_resumes_exactly_once_with_equal_scores(naflex_bundle, tmp_path):
@@ -96,12 +96,11 @@ def test_changed_row_and_changed_setting_are_rescored(naflex_bundle, tmp_path):
     assert [r for r in read_output(out) if r["row_index"] == 4][0]["prompt"] == "a dog in the snow"
     before = out.read_bytes()
     with pytest.raises(SettingsChangedError, match="--stripper: regex -> none"):
-        run_pairs(pairs, Scorer(naflex_bundle, stripper="none"), out, progress=False)
+        run_pairs(pairs, Scorer(naflex_bundle, stripper="none"), out, options=RunOptions(progress=False))
     assert out.read_bytes() == before  # refused: nothing re-scored or erased
-    s = run_pairs(pairs, Scorer(naflex_bundle, stripper="none"), out, progress=False, overwrite=True)
+    s = run_pairs(pairs, Scorer(naflex_bundle, stripper="none"), out, options=RunOptions(progress=False, overwrite=True))
     assert s.resumed == 0  # another stripper, asked for: nothing reused
-    s = run_pairs(pairs, Scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=0.01), progress=False,
-                  overwrite=True)
+    s = run_pairs(pairs, Scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=0.01), options=RunOptions(progress=False, overwrite=True))
     assert s.resumed == 0
 
 
@@ -148,7 +147,7 @@ def test_cache_size_is_bounded(naflex_bundle, tmp_path):
         assert 0 < len(c) < 22
 
 
-def test_journal_of_other_settings_refuses_and_is_kept(naflex_bundle, tmp_path):
+def test_journal_of_other_settings_refuses_and_is_kept(naflex_bundle, tmp_path, caplog):
     """The journal of an interrupted run under other settings is neither reused nor deleted: the
     run stops naming the difference; --overwrite starts afresh."""
     from masc_engine.jobs.results import append_journal
@@ -161,14 +160,13 @@ def test_journal_of_other_settings_refuses_and_is_kept(naflex_bundle, tmp_path):
                         {"row_index": 1, "row_key": "x", "cp": 0.5, "pf": 0.1, "status": "ok"}])
     kept = jp.read_bytes()
     with pytest.raises(SettingsChangedError) as e:
-        run_pairs(pairs, Scorer(naflex_bundle), out, progress=False)
+        run_pairs(pairs, Scorer(naflex_bundle), out, options=RunOptions(progress=False))
     assert "1 rows of an interrupted run" in str(e.value) and "--stripper: none -> regex" in str(e.value)
     assert "--overwrite" in str(e.value) and "\n" not in str(e.value)
     assert jp.read_bytes() == kept and not out.exists()
-    said: list[str] = []
-    s = run_pairs(pairs, Scorer(naflex_bundle), out, progress=False, log=said.append, overwrite=True)
+    s = run_pairs(pairs, Scorer(naflex_bundle), out, options=RunOptions(progress=False, overwrite=True))
     assert s.resumed == 0 and s.rows == 20 and not jp.exists()
-    assert any("--overwrite" in m for m in said)
+    assert any("--overwrite" in m for m in caplog.messages)
 
 
 # ------------------------------------------------------------------ resume after an edit
@@ -222,7 +220,7 @@ def test_rows_edited_between_interrupt_and_resume_are_rescored(naflex_bundle, tm
     out = tmp_path / "o.csv"
     restore = _interrupt_after(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
-        run_pairs(pairs, Scorer(naflex_bundle), out, chunk_size=2, progress=False)
+        run_pairs(pairs, Scorer(naflex_bundle), out, options=RunOptions(chunk_size=2, progress=False))
     restore()
     jp = journal_path(out)
     assert _journaled(jp) == 6 and not out.exists()  # rows 1-6 journaled, then Ctrl-C
@@ -231,14 +229,14 @@ def test_rows_edited_between_interrupt_and_resume_are_rescored(naflex_bundle, tm
     _write_rows(pairs, rows)
     st = img.stat()
     os.utime(img, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # row 5: its output image touched
-    s = run_pairs(pairs, Scorer(naflex_bundle), out, chunk_size=2, progress=False)
+    s = run_pairs(pairs, Scorer(naflex_bundle), out, options=RunOptions(chunk_size=2, progress=False))
     assert s.resumed == 4  # rows 1, 3, 4, 6
     got = {int(r["row_index"]): r for r in read_output(out)}
     assert float(got[1]["cp"]) == 123.0  # unchanged: taken from the journal
     assert float(got[2]["cp"]) != 123.0 and got[2]["prompt"] == "a backpack on the moon"
     assert float(got[5]["cp"]) != 123.0
     clean = tmp_path / "clean.csv"
-    run_pairs(pairs, Scorer(naflex_bundle), clean, chunk_size=2, progress=False)
+    run_pairs(pairs, Scorer(naflex_bundle), clean, options=RunOptions(chunk_size=2, progress=False))
     ref = {int(r["row_index"]): r for r in read_output(clean)}
     for i in (2, 5):
         assert (got[i]["cp"], got[i]["pf"], got[i]["row_key"]) == (ref[i]["cp"], ref[i]["pf"], ref[i]["row_key"])
@@ -252,7 +250,7 @@ def test_csv_reordered_after_kill_resumes_each_row_once(naflex_bundle, tmp_path,
     out = tmp_path / "o.jsonl"
     restore = _interrupt_after(monkeypatch, 4)
     with pytest.raises(KeyboardInterrupt):
-        run_pairs(pairs, Scorer(naflex_bundle), out, chunk_size=2, progress=False)
+        run_pairs(pairs, Scorer(naflex_bundle), out, options=RunOptions(chunk_size=2, progress=False))
     restore()
     jp = journal_path(out)
     assert _journaled(jp) == 8
@@ -261,13 +259,13 @@ def test_csv_reordered_after_kill_resumes_each_row_once(naflex_bundle, tmp_path,
     moved[1], moved[2] = rows[2], rows[1]  # journaled rows 2 and 3 trade places
     moved[14], moved[15] = rows[15], rows[14]  # and two rows not yet scored
     _write_rows(pairs, moved)
-    s = run_pairs(pairs, Scorer(naflex_bundle), out, chunk_size=2, progress=False)
+    s = run_pairs(pairs, Scorer(naflex_bundle), out, options=RunOptions(chunk_size=2, progress=False))
     assert s.resumed == 6  # rows 1, 4-8 kept their place and their cells
     got = read_output(out)
     assert [r["key"] for r in got] == [r["key"] for r in moved]  # input order, each row once
     assert got[0]["cp"] == 123.0 and all(r["cp"] != 123.0 for r in got[1:])
     clean = tmp_path / "clean.jsonl"
-    run_pairs(pairs, Scorer(naflex_bundle), clean, chunk_size=2, progress=False)
+    run_pairs(pairs, Scorer(naflex_bundle), clean, options=RunOptions(chunk_size=2, progress=False))
     for a, b in zip(got[1:], read_output(clean)[1:]):
         assert (a["key"], a["row_key"], a["status"]) == (b["key"], b["row_key"], b["status"])
         assert a["cp"] == b["cp"] and a["pf"] == b["pf"]  # batch-independent to the bit
@@ -311,12 +309,10 @@ def test_encoding_cache_never_serves_another_exif_policy_or_graph_variant(naflex
     ]
     for k, (first, second) in enumerate(plans):
         cache = tmp_path / f"cache{k}"
-        f = run_pairs(pairs, Scorer(naflex_bundle, **first[0]), tmp_path / f"first{k}.csv", first[1],
-                      cache_dir=cache, progress=False)
-        s = run_pairs(pairs, Scorer(naflex_bundle, **second[0]), tmp_path / f"second{k}.csv", second[1],
-                      cache_dir=cache, progress=False)
+        f = run_pairs(pairs, Scorer(naflex_bundle, **first[0]), tmp_path / f"first{k}.csv", first[1], options=RunOptions(cache_dir=cache, progress=False))
+        s = run_pairs(pairs, Scorer(naflex_bundle, **second[0]), tmp_path / f"second{k}.csv", second[1], options=RunOptions(cache_dir=cache, progress=False))
         assert f.images_encoded == 5 and s.cache_hits == 0 and s.images_encoded == 5, (k, s.cache_hits)
-        run_pairs(pairs, Scorer(naflex_bundle, **second[0]), tmp_path / f"uncached{k}.csv", second[1], progress=False)
+        run_pairs(pairs, Scorer(naflex_bundle, **second[0]), tmp_path / f"uncached{k}.csv", second[1], options=RunOptions(progress=False))
         got, want = _scores(tmp_path / f"second{k}.csv"), _scores(tmp_path / f"uncached{k}.csv")
         assert got == want, k  # to the bit
         assert all(v[0] == "ok" for v in got.values())

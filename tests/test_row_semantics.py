@@ -18,7 +18,7 @@ from PIL import Image
 from conftest import EXAMPLES, oracle_for
 from masc_engine import MaSC
 from masc_engine.errors import InputError
-from masc_engine.jobs.pairs import RunSettings, run_pairs
+from masc_engine.jobs.pairs import RunOptions, RunSettings, run_pairs
 from masc_engine.jobs.results import read_output
 from masc_engine.runtime.io import image_from_bytes, mask_from_bytes
 from masc_engine.runtime.masks import mask_coverage
@@ -77,7 +77,7 @@ def table(tmp_path_factory):
 def _run(bundle, table, out, **settings):
     from masc_engine.runtime.scorer import Scorer
 
-    run_pairs(table["csv"], Scorer(bundle), out, RunSettings(**settings), progress=False)
+    run_pairs(table["csv"], Scorer(bundle), out, RunSettings(**settings), options=RunOptions(progress=False))
     return {r["key"]: r for r in read_output(out)}
 
 

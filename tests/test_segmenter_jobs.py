@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from conftest import EXAMPLES, oracle_for, read_rows
-from masc_engine.jobs.pairs import PairsJob, RunSettings, run_pairs
+from masc_engine.jobs.pairs import RunOptions, PairsJob, RunSettings, run_pairs
 from masc_engine.jobs.results import SettingsChangedError, read_output
 from masc_engine.runtime.io import load_mask
 from masc_engine.runtime.scorer import Scorer
@@ -111,9 +111,7 @@ def seg_run(naflex_bundle, seg_bundle, tmp_path_factory):
     work = tmp_path_factory.mktemp("seg-run")
     pairs = _write_pairs(work / "pairs.csv", read_rows(EXAMPLES), keep=MINIMAL)
     seg = _segmenter(seg_bundle)
-    summary = run_pairs(pairs, _scorer(naflex_bundle), work / "out.csv",
-                        RunSettings(save_masks=str(work / "masks")), cache_dir=work / "cache", chunk_size=8,
-                        progress=False, segmenter=seg)
+    summary = run_pairs(pairs, _scorer(naflex_bundle), work / "out.csv", RunSettings(save_masks=str(work / "masks")), options=RunOptions(cache_dir=work / "cache", chunk_size=8, progress=False), segmenter=seg)
     return {"work": work, "pairs": pairs, "out": work / "out.csv", "rows": read_output(work / "out.csv"),
             "summary": summary, "seg": seg, "cache": work / "cache"}
 
@@ -192,16 +190,14 @@ def test_a_second_run_segments_nothing(seg_run, naflex_bundle, seg_bundle):
     segmenter, the same scores; another threshold is another rule: nothing reused."""
     seg = _segmenter(seg_bundle)
     out = seg_run["work"] / "again.csv"
-    summary = run_pairs(seg_run["pairs"], _scorer(naflex_bundle), out, cache_dir=seg_run["cache"], progress=False,
-                        segmenter=seg)
+    summary = run_pairs(seg_run["pairs"], _scorer(naflex_bundle), out, options=RunOptions(cache_dir=seg_run["cache"], progress=False), segmenter=seg)
     assert _runs(seg) == Counter() and seg.images_encoded == 0 and seg.texts_encoded == 0
     assert summary.masks["mask_cache_hits"] == seg_run["summary"].masks["masks_segmented"]
     assert summary.masks["masks_segmented"] == 0
     for a, b in zip(read_output(out), seg_run["rows"]):
         assert (a["cp"], a["pf"], a["ref_mask_coverage"]) == (b["cp"], b["pf"], b["ref_mask_coverage"])
     other = _segmenter(seg_bundle, threshold=0.4)
-    run_pairs(seg_run["pairs"], _scorer(naflex_bundle), seg_run["work"] / "t04.csv", cache_dir=seg_run["cache"],
-              progress=False, segmenter=other)
+    run_pairs(seg_run["pairs"], _scorer(naflex_bundle), seg_run["work"] / "t04.csv", options=RunOptions(cache_dir=seg_run["cache"], progress=False), segmenter=other)
     assert _runs(other)["vision"] == other.images_encoded == len(_distinct(read_rows(EXAMPLES))[0])
 
 
@@ -215,11 +211,9 @@ def test_empty_mask_cells_beside_file_masks(seg_run, naflex_bundle, seg_bundle, 
         if i % 3 == 0:
             r["out_mask"] = ""
     pairs = _write_pairs(tmp_path / "pairs.csv", rows, drop=())
-    run_pairs(pairs, _scorer(naflex_bundle), tmp_path / "mixed.csv", cache_dir=seg_run["cache"], progress=False,
-              segmenter=_segmenter(seg_bundle))
+    run_pairs(pairs, _scorer(naflex_bundle), tmp_path / "mixed.csv", options=RunOptions(cache_dir=seg_run["cache"], progress=False), segmenter=_segmenter(seg_bundle))
     files = tmp_path / "files.csv"
-    run_pairs(_write_pairs(tmp_path / "all.csv", read_rows(EXAMPLES), drop=()), _scorer(naflex_bundle), files,
-              progress=False)
+    run_pairs(_write_pairs(tmp_path / "all.csv", read_rows(EXAMPLES), drop=()), _scorer(naflex_bundle), files, options=RunOptions(progress=False))
     mixed, by_file, by_seg = read_output(tmp_path / "mixed.csv"), read_output(files), seg_run["rows"]
     for i, (m, f, s) in enumerate(zip(mixed, by_file, by_seg)):
         assert (m["ref_mask_source"], m["out_mask_source"]) == ("segmenter" if i % 2 else "file",
@@ -252,8 +246,7 @@ def test_bad_rows_with_a_segmenter(naflex_bundle, seg_bundle, seg_run, tmp_path)
     rows = [{**base, "ref_mask": "", "out_mask": "", **change} for change, _, _ in cases]
     pairs = _write_pairs(tmp_path / "pairs.csv", rows, drop=())
     out = tmp_path / "out.jsonl"
-    summary = run_pairs(pairs, _scorer(naflex_bundle), out, cache_dir=seg_run["cache"], progress=False,
-                        segmenter=_segmenter(seg_bundle))
+    summary = run_pairs(pairs, _scorer(naflex_bundle), out, options=RunOptions(cache_dir=seg_run["cache"], progress=False), segmenter=_segmenter(seg_bundle))
     got = read_output(out)
     for r, (_, status, sources) in zip(got, cases):
         assert (r["status"], r["ref_mask_source"], r["out_mask_source"]) == (status, *sources), r["status_detail"]
@@ -265,7 +258,7 @@ def test_bad_rows_with_a_segmenter(naflex_bundle, seg_bundle, seg_run, tmp_path)
     from masc_engine.jobs.pairs import PairsFileError
 
     with pytest.raises(PairsFileError, match="--segmenter"):
-        run_pairs(seg_run["pairs"], _scorer(naflex_bundle), tmp_path / "none.csv", progress=False)
+        run_pairs(seg_run["pairs"], _scorer(naflex_bundle), tmp_path / "none.csv", options=RunOptions(progress=False))
 
 
 def test_resume_and_settings_with_a_segmenter(naflex_bundle, seg_bundle, seg_run, tmp_path, monkeypatch):
@@ -283,10 +276,10 @@ def test_resume_and_settings_with_a_segmenter(naflex_bundle, seg_bundle, seg_run
 
     monkeypatch.setattr(PairsJob, "score_chunk", stop_after_one)
     with pytest.raises(KeyboardInterrupt):
-        run_pairs(pairs, _scorer(naflex_bundle), out, chunk_size=8, progress=False, segmenter=_segmenter(seg_bundle))
+        run_pairs(pairs, _scorer(naflex_bundle), out, options=RunOptions(chunk_size=8, progress=False), segmenter=_segmenter(seg_bundle))
     monkeypatch.setattr(PairsJob, "score_chunk", real)
     seg = _segmenter(seg_bundle)
-    summary = run_pairs(pairs, _scorer(naflex_bundle), out, chunk_size=8, progress=False, segmenter=seg)
+    summary = run_pairs(pairs, _scorer(naflex_bundle), out, options=RunOptions(chunk_size=8, progress=False), segmenter=seg)
     # the 8 journaled rows are not scored again: only the other rows' masks are made
     assert summary.resumed == 8 and _runs(seg)["decoder"] == len(_distinct(read_rows(EXAMPLES)[8:])[1])
     keep = ("cp", "pf", "status", "ref_mask_source", "out_mask_source", "ref_mask_coverage", "out_mask_coverage")
@@ -294,10 +287,9 @@ def test_resume_and_settings_with_a_segmenter(naflex_bundle, seg_bundle, seg_run
     for kw, said in (({"threshold": 0.4}, "--mask-threshold: 0.5 -> 0.4"),
                      ({"prompt_template": "a photo of a {}"}, "--mask-prompt-template: {} -> a photo of a {}")):
         with pytest.raises(SettingsChangedError, match=said.replace("{}", r"\{\}")):
-            run_pairs(pairs, _scorer(naflex_bundle), out, progress=False, segmenter=_segmenter(seg_bundle, **kw))
+            run_pairs(pairs, _scorer(naflex_bundle), out, options=RunOptions(progress=False), segmenter=_segmenter(seg_bundle, **kw))
     with pytest.raises(SettingsChangedError, match=f"--segmenter: {seg.fingerprint} -> unset"):
-        run_pairs(_write_pairs(tmp_path / "with_masks.csv", read_rows(EXAMPLES), drop=()), _scorer(naflex_bundle),
-                  out, progress=False)
+        run_pairs(_write_pairs(tmp_path / "with_masks.csv", read_rows(EXAMPLES), drop=()), _scorer(naflex_bundle), out, options=RunOptions(progress=False))
 
 
 def test_fingerprint_covers_the_segmenter_and_keeps_runs_without_one(naflex_bundle, seg_bundle):
@@ -317,8 +309,7 @@ def test_paper_filter_reads_the_segmenter_masks_coverage(seg_run, naflex_bundle,
     rows = seg_run["rows"]
     frac = float(np.median([float(r["out_mask_coverage"]) for r in rows]))
     out = seg_run["work"] / "filtered.csv"
-    run_pairs(seg_run["pairs"], _scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=frac),
-              cache_dir=seg_run["cache"], progress=False, segmenter=_segmenter(seg_bundle))
+    run_pairs(seg_run["pairs"], _scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=frac), options=RunOptions(cache_dir=seg_run["cache"], progress=False), segmenter=_segmenter(seg_bundle))
     got = read_output(out)
     for r, base in zip(got, rows):
         low = float(base["out_mask_coverage"]) < frac

@@ -259,7 +259,7 @@ def test_stalled_body_gets_408(server):
 def test_batch_records_equal_masc_run(server, naflex_bundle, odd_items, tmp_path):
     """/v1/score_batch gives masc-run's statuses and values for the same files, a bad item
     costing only its own record."""
-    from masc_engine.jobs.pairs import run_pairs
+    from masc_engine.jobs.pairs import RunOptions, run_pairs
     from masc_engine.runtime.scorer import Scorer
 
     item = odd_items[1][0]
@@ -291,7 +291,7 @@ def test_batch_records_equal_masc_run(server, naflex_bundle, odd_items, tmp_path
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    run_pairs(tmp_path / "pairs.csv", Scorer(naflex_bundle, batch_size=1), tmp_path / "out.jsonl", progress=False)
+    run_pairs(tmp_path / "pairs.csv", Scorer(naflex_bundle, batch_size=1), tmp_path / "out.jsonl", options=RunOptions(progress=False))
     want = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
     assert [g["status"] for g in got] == [w["status"] for w in want] == [
         "ok", "unreadable_image", "mask_size_mismatch", "empty_reference_mask", "no_background", "ok", "ok"]
@@ -354,7 +354,7 @@ def test_sigterm_finishes_in_flight_requests(naflex_bundle, odd_items, tmp_path)
 
 def test_disk_cache_is_shared_with_masc_run(naflex_bundle, odd_items, tmp_path):
     """--cache-dir: what the service encodes, masc-run finds in the same cache (and vice versa)."""
-    from masc_engine.jobs.pairs import RunSettings, run_pairs
+    from masc_engine.jobs.pairs import RunOptions, RunSettings, run_pairs
     from masc_engine.runtime.cache import EncodingStore
     from masc_engine.runtime.scorer import Scorer
     from masc_engine.serve.glue import BYTE_FIELDS, ServiceScorer
@@ -377,8 +377,7 @@ def test_disk_cache_is_shared_with_masc_run(naflex_bundle, odd_items, tmp_path):
         w = csv.DictWriter(fh, fieldnames=list(row))
         w.writeheader()
         w.writerow(row)
-    summary = run_pairs(tmp_path / "pairs.csv", Scorer(naflex_bundle, batch_size=1), tmp_path / "out.jsonl",
-                        cache_dir=tmp_path / "cache", progress=False)
+    summary = run_pairs(tmp_path / "pairs.csv", Scorer(naflex_bundle, batch_size=1), tmp_path / "out.jsonl", options=RunOptions(cache_dir=tmp_path / "cache", progress=False))
     assert summary.cache_hits == 2 and summary.images_encoded == 0  # both images came from the service's entries
     want = json.loads(open(tmp_path / "out.jsonl").readline())
     assert (rec["cp"], rec["pf"], rec["status"]) == (want["cp"], want["pf"], want["status"])

@@ -101,6 +101,16 @@ def main(**params) -> None:
     click.echo(f"scores written to {out_path} (metadata: {out_path}.meta.json)")
 
 
+def _run_options(p: dict):
+    """masc-run's :class:`~masc_engine.jobs.pairs.RunOptions` from its options."""
+    from ..jobs.pairs import RunOptions
+
+    return RunOptions(chunk_size=p["chunk_size"], io_workers=p["io_workers"], cache_dir=p["cache_dir"],
+                      cache_size_limit=int(p["cache_size_gb"] * 2**30), executor=p["executor"],
+                      ray_address=p["ray_address"], ray_workers=p["ray_workers"], progress=not p["no_progress"],
+                      overwrite=p["overwrite"], max_pairs_bytes=int(p["max_pairs_mb"] * 2**20))
+
+
 def _score(p: dict, config, seg_config, out_path: str):
     """Load the scorer (and segmenter) and run the job; every failure as one line (exit status 1)."""
     from ..errors import MascEngineError
@@ -113,12 +123,7 @@ def _score(p: dict, config, seg_config, out_path: str):
         if scorer.certificate is not None:
             click.secho(f"NOTE: {scorer.certificate['claim']} (the gates are in the bundle's manifest and "
                         f"{out_path}.meta.json)", err=True)
-        return run_pairs(p["pairs_csv"], scorer, out_path, settings, chunk_size=p["chunk_size"],
-                         io_workers=p["io_workers"], cache_dir=p["cache_dir"],
-                         cache_size_limit=int(p["cache_size_gb"] * 2**30), executor=p["executor"],
-                         ray_address=p["ray_address"], ray_workers=p["ray_workers"], progress=not p["no_progress"],
-                         log=lambda s: click.echo(s, err=True), overwrite=p["overwrite"], segmenter=segmenter,
-                         max_pairs_bytes=int(p["max_pairs_mb"] * 2**20))
+        return run_pairs(p["pairs_csv"], scorer, out_path, settings, _run_options(p), segmenter)
     except KeyboardInterrupt:
         from ..jobs.results import Journal
 

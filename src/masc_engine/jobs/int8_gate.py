@@ -29,7 +29,7 @@ from ..errors import MascEngineError
 from ..export.int8 import quantize_graphs
 from ..export.stages import StageClock
 from ..tolerances import INT8_MAX_ABS_DCP, INT8_MIN_SPEARMAN  # the gates; importable from here too
-from .pairs import run_pairs
+from .pairs import RunOptions, run_pairs
 from .results import read_output
 
 
@@ -112,7 +112,7 @@ def _score_csv(bundle: Path, pairs_csv: Path) -> tuple[np.ndarray, np.ndarray]:
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = Path(tmp) / "gate.csv"
-        run_pairs(pairs_csv, Scorer(bundle), out, progress=False)
+        run_pairs(pairs_csv, Scorer(bundle), out, options=RunOptions(progress=False))
         rows = read_output(out)
     return (np.array([float(r["cp"]) for r in rows]), np.array([float(r["pf"]) for r in rows]))
 

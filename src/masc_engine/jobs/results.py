@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import socket
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,8 @@ from pathlib import Path
 from .. import extras
 from ..errors import MascEngineError
 from .tables import json_cell as _json_safe, read_table, write_table
+
+logger = logging.getLogger(__name__)
 
 FORMATS = {".csv": "csv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
@@ -414,7 +416,7 @@ def read_meta(out: str | Path) -> dict | None:
 
 
 def resume(journal: Journal, fingerprint: str, identity: dict, keys: list[str], input_path: str,
-           overwrite: bool = False, log: Callable[[str], None] = print) -> PriorWork:
+           overwrite: bool = False) -> PriorWork:
     """Read what earlier runs left at ``journal.out`` (the journal of an interrupted run, else a
     complete output), refuse results of other settings unless ``overwrite``, and start this
     run's journal (its header and the reused rows).
@@ -451,7 +453,7 @@ def resume(journal: Journal, fingerprint: str, identity: dict, keys: list[str], 
             raise _changed(f"{out} holds results", meta.get("identity"), identity)
         done, earlier = _matching(read_output(out), keys), list(meta.get("runs") or [])
     elif overwrite and (header is not None or out.exists()):
-        log(f"masc-run: --overwrite: the results at {out} are replaced when this run completes")
+        logger.warning("masc-run: --overwrite: the results at %s are replaced when this run completes", out)
     journal.start({"fingerprint": fingerprint, "identity": identity, "input": input_path, "earlier_runs": earlier},
                   list(done.values()))
     return PriorWork(done, earlier, next_run_id(earlier), repaired)

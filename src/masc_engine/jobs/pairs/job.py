@@ -1,0 +1,478 @@
+"""The pairs job: decode, encode once per image, score through the registered pair metrics."""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from pathlib import Path
+
+from ...errors import InputError
+from ...runtime.cache import EncodingCache, EncodingStore
+from ...runtime.config import ScorerConfig
+from ...runtime.io import read_bytes
+from ...runtime.pair_metrics import HostTokens, MetricBatch
+from ...runtime.scorer import EncodedPair, Scorer
+from ...runtime.segmenter import Segmenter, SegmenterConfig
+from ...runtime.text import PreparedPrompt
+from ..executors import Chunk
+from ..items import (DecodedImage, DecodedMask, DecodedPair, PairError, array_mask, check_mask, decode_image,
+                     decode_mask, reduce_image)
+from ..loading import ByteBudget, load_all
+from ..mask_source import MASK_SOURCE_COLUMNS, SAVED_MASK_COLUMNS, SEGMENTER, SegmenterMasks
+from ..results import output_errors
+from ..tables import resolve_path
+from .columns import FILE_COLUMNS, SCORED_COLUMNS
+from .outcome import RowOutcome, _raise, _row_text
+from .settings import RunOptions, RunSettings
+
+
+class PairsJob:
+    """Score rows of a pairs file, or in-memory pairs, with one :class:`Scorer`.
+
+    Every pair goes through :meth:`score_decoded`: masc-run's rows (:meth:`score_rows`, files
+    decoded by path in :meth:`load`), one in-memory pair (:meth:`score_item`) and masc-serve's
+    request items (:meth:`decode_pair` in its decode threads, then :meth:`score_decoded` on a
+    micro-batch) get the same statuses, notes and scores.
+
+    Each distinct image (by content) is encoded once: ``cache`` (an
+    :class:`~masc_engine.runtime.cache.EncodingCache`, by default an LRU of ``cache_items``
+    encodings in front of ``store``, a persistent content-keyed store shared across runs and
+    processes). Files are decoded and reduced (jobs/items.py) by ``io_workers`` threads, each
+    file under ``decode_budget`` when one is given.
+
+    With a ``segmenter``, a pair without a mask (an empty or absent mask cell, a ``None`` mask)
+    gets the segmenter's mask of its image for its ``object_name``
+    (:class:`~masc_engine.jobs.mask_source.SegmenterMasks`: an in-memory LRU, then the
+    persistent store, then the segmenter), computed while the image is decoded.
+
+    Raises:
+        ValueError: ``settings.save_masks`` without a segmenter.
+    """
+
+    def __init__(self, scorer: Scorer, settings: RunSettings = RunSettings(), store: EncodingStore | None = None,
+                 io_workers: int = 4, cache_items: int = 512, cache: EncodingCache | None = None,
+                 decode_budget: ByteBudget | None = None, segmenter: Segmenter | None = None):
+        if settings.save_masks is not None and segmenter is None:
+            raise ValueError("save_masks (--save-masks) needs a segmenter (--segmenter)")
+        self.scorer = scorer
+        self.settings = settings
+        self.io_workers = io_workers
+        self.cache = cache if cache is not None else EncodingCache(scorer, cache_items, store)
+        self.decode_budget = decode_budget
+        #: The segmenter's masks for pairs without one, or None (every mask from a file).
+        self.masks = None if segmenter is None else SegmenterMasks(
+            segmenter, settings.exif, store if store is not None else self.cache.store, settings.save_masks)
+
+    @property
+    def images_encoded(self) -> int:
+        """Images that went through the vision tower for this job."""
+        return self.cache.images_encoded
+
+    @property
+    def cache_hits(self) -> int:
+        """Images served from the disk store for this job."""
+        return self.cache.cache_hits
+
+    def stats(self) -> dict:
+        """``{"images_encoded", "cache_hits"}`` since this job was made (executor interface), and
+        with a segmenter its counters (``masks_segmented``, ``mask_cache_hits``,
+        ``segmenter_images_encoded``)."""
+        st = {"images_encoded": self.cache.images_encoded, "cache_hits": self.cache.cache_hits}
+        if self.masks is not None:
+            st.update(self.masks.stats())
+        return st
+
+    # ---------------------------------------------------------------- decoding
+
+    def _image(self, v, name: str, subjects=()) -> DecodedImage | InputError:
+        """Image bytes or a PIL image -> :class:`DecodedImage` (segmented for ``subjects``), or
+        the :class:`InputError`."""
+        keep = self.settings.save_maps is not None
+        try:
+            if isinstance(v, (bytes, bytearray, memoryview)):
+                return decode_image(bytes(v), name, self.scorer, self.cache, self.settings.exif, self.decode_budget,
+                                    keep_image=keep, masks=self.masks, subjects=subjects)
+            return reduce_image(v, name, self.scorer, self.cache, keep_image=keep, masks=self.masks, subjects=subjects)
+        except InputError as e:
+            return e
+
+    def _subject_error(self, subject: str) -> InputError | None:
+        """Why the segmenter cannot make a mask for ``subject`` (``no_mask_source`` without a
+        segmenter or a subject name, ``mask_prompt_too_long``), or None."""
+        if self.masks is None:
+            return InputError("no_mask_source", "no mask given, and no segmenter to compute one (--segmenter)")
+        try:
+            self.masks.prompt(subject)
+        except InputError as e:
+            return e
+        return None
+
+    def _segmented(self, image, subject: str) -> DecodedMask | InputError:
+        """The segmenter's mask of a decoded image for ``subject`` (or why there is none)."""
+        e = self._subject_error(subject)
+        if e is not None:
+            return e
+        if not isinstance(image, DecodedImage):
+            return image  # the image's own error (check_pair reports the image first)
+        return image.segmented[subject]
+
+    def _mask(self, v, name: str, grids) -> DecodedMask | InputError:
+        """Mask bytes or a ``[H, W] uint8`` array -> :class:`DecodedMask` on ``grids``, or the error."""
+        try:
+            if isinstance(v, (bytes, bytearray, memoryview)):
+                return decode_mask(bytes(v), name, grids, self.settings.exif, self.decode_budget)
+            return array_mask(v, name, grids)
+        except InputError as e:
+            return e
+
+    def _sides(self, row: dict, base) -> list[tuple[str, str | None]] | None:
+        """A row's ``(image path, mask path)`` per side (mask ``None``: the segmenter's), or None
+        when the row is a ``bad_row`` (an empty image cell; an empty mask cell and no segmenter)."""
+        sides = []
+        for im_c, m_c in (("ref_image", "ref_mask"), ("out_image", "out_mask")):
+            image, mask = (row.get(im_c) or "").strip(), (row.get(m_c) or "").strip()
+            if not image or (not mask and self.masks is None):
+                return None
+            sides.append((resolve_path(base, row[im_c]), resolve_path(base, row[m_c]) if mask else None))
+        return sides
+
+    def _text_error(self, prompt: str, subject: str) -> InputError | None:
+        """``prompt_too_long`` / ``object_name_too_long`` for text over the byte budget (nothing
+        tokenized; a text with more characters than the budget has bytes is not even encoded)."""
+        budget = self.settings.prompt_budget()
+        for name, text, reason in (("prompt", prompt, "prompt_too_long"),
+                                   ("object_name", subject, "object_name_too_long")):
+            try:
+                budget.check_text(text, name)
+            except InputError as e:
+                return InputError(reason, f"{e.detail} (--max-prompt-bytes)")
+        return None
+
+    def prepare_text(self, prompt: str, subject: str) -> PreparedPrompt | InputError:
+        """A row's PF prompt stripped and tokenized, once its prompt and object name are within the
+        byte budget and the object name and the stripped prompt within the token budget; else the
+        row's ``prompt_too_long`` / ``object_name_too_long``."""
+        e = self._text_error(prompt, subject)
+        if e is not None:
+            return e
+        budget = self.settings.prompt_budget()
+        if subject.strip():
+            n = self.scorer.tokenizer.encode([subject])[0].n_tokens
+            if n > budget.max_tokens:
+                return InputError("object_name_too_long", f"object_name: {n} tokens, over the budget of "
+                                                          f"{budget.max_tokens} tokens (--max-prompt-tokens)")
+        prepared = self.scorer.prepare_prompt(prompt, subject or None)
+        try:
+            budget.check_tokens(prepared, "prompt")
+        except InputError as e:
+            return InputError(e.reason, f"{e.detail} (--max-prompt-tokens)")
+        return prepared
+
+    def load(self, rows, base: str | Path) -> tuple[dict, dict, dict]:
+        """Check and prepare the rows' text (:meth:`prepare_text`, once per distinct prompt and
+        object name), then, for the rows whose text is within budget, decode the distinct images
+        (each segmented for the subject names of its mask-less rows), then the distinct masks
+        (onto the grids of the images they are paired with): ``(images, masks, texts)``, images
+        and masks by path, texts by ``(prompt, object_name)``, each value a
+        :class:`DecodedImage` / :class:`DecodedMask` / :class:`PreparedPrompt` or the
+        :class:`InputError` it raised."""
+        paired: dict[str, set[str]] = defaultdict(set)  # mask path -> its images' paths
+        subjects: dict[str, set[str]] = defaultdict(set)  # image path -> subject names to segment it for
+        image_paths: set[str] = set()
+        texts: dict[tuple[str, str], PreparedPrompt | InputError] = {}
+        for row in rows:
+            subject = row.get("object_name") or ""
+            text = _row_text(row)
+            if text not in texts:
+                texts[text] = self.prepare_text(*text)
+            if isinstance(texts[text], InputError):
+                continue  # the row's status: none of its files is read
+            for image, mask in self._sides(row, base) or ():
+                image_paths.add(image)
+                if mask is not None:
+                    paired[mask].add(image)
+                elif self._subject_error(subject) is None:
+                    subjects[image].add(subject)
+
+        cap = self.settings.file_cap()
+
+        def image(p: str) -> DecodedImage:
+            return _raise(self._image(read_bytes(p, "image", cap), p, sorted(subjects.get(p, ()))))
+
+        images = load_all(image_paths, image, self.io_workers)
+
+        def mask(p: str) -> DecodedMask:
+            grids = {images[i].grid for i in paired[p] if isinstance(images[i], DecodedImage)}
+            return _raise(self._mask(read_bytes(p, "mask", cap), p, sorted(grids)))
+
+        return images, load_all(paired, mask, self.io_workers), texts
+
+    def decode_pair(self, files: dict, prompt: str, object_name: str | None = None, names: dict | None = None,
+                    stripper: str | None = None, row_index: int = 1, cells: dict | None = None) -> DecodedPair:
+        """Decode one in-memory pair (each file an independent result, as masc-run's loader) and
+        make its PF prompt ready (stripped with ``stripper``, tokenized): everything but
+        inference, for a thread other than the one that batches inference.
+
+        Args:
+            files: ``ref_image``/``out_image`` -> encoded image bytes or a PIL image;
+                ``ref_mask``/``out_mask`` -> encoded mask bytes or a ``[H, W] uint8`` array, or
+                None / absent: the segmenter's mask for ``object_name`` (``no_mask_source``
+                without a segmenter or a subject name).
+            prompt, object_name: the pair's prompt and subject (None or ``""``: not stripped).
+            names: how each file is named in messages (default: the field name).
+            stripper: ``regex``, ``spacy`` or ``none`` (default: the scorer's).
+            row_index, cells: the record's ``row_index`` and other cells to carry through.
+
+        Returns:
+            a :class:`DecodedPair`; a bad file is that file's :class:`InputError` in it, never an
+            exception.
+        """
+        names = {**{c: c for c in FILE_COLUMNS}, **(names or {})}
+        subject = object_name or ""
+        decoded, sources = {}, []
+        for im_c, m_c in (("ref_image", "ref_mask"), ("out_image", "out_mask")):
+            given = files.get(m_c) is not None
+            segment = not given and self._subject_error(subject) is None
+            im = self._image(files[im_c], names[im_c], [subject] if segment else ())
+            decoded[im_c] = im
+            if given:
+                decoded[m_c] = self._mask(files[m_c], names[m_c], [im.grid] if isinstance(im, DecodedImage) else [])
+            else:
+                decoded[m_c] = self._segmented(im, subject)
+            sources.append("file" if given else (SEGMENTER if segment else ""))
+        prepared = self.scorer.prepare_prompt(prompt or "", object_name or None, stripper)
+        return DecodedPair(**decoded, prompt=prompt or "", object_name=subject, names=names, prepared=prepared,
+                           row_index=row_index, cells=dict(cells or {}), mask_sources=tuple(sources))
+
+    # ---------------------------------------------------------------- encoding
+
+    def encode(self, images: list[DecodedImage]) -> dict:
+        """Encodings by content hash; only images in neither cache level go through the vision tower."""
+        encs: dict = {}
+        sources: dict = {}
+        for d in images:
+            if d.encoding is not None:
+                encs[d.sha256] = d.encoding
+        for d in images:
+            if d.sha256 not in encs:
+                sources.setdefault(d.sha256, d.pre)
+        encs.update(self.cache.encode(sources))
+        return encs
+
+    # ---------------------------------------------------------------- scoring
+
+    def _save_maps(self, row_index: int, ref: DecodedImage, out: DecodedImage, it: EncodedPair, sc) -> dict:
+        """Write the pair's CP and PF overlays; returns their paths (absolute; run_pairs makes
+        them relative to the output file).
+
+        Raises:
+            OutputWriteError: the maps folder cannot be written (full, read-only, no permission).
+        """
+        from ...runtime.maps import cp_map, pf_map
+
+        d = Path(self.settings.save_maps)
+        cp_path, pf_path = d / f"{row_index:07d}_cp.png", d / f"{row_index:07d}_pf.png"
+        with output_errors(d, "--save-maps folder"):
+            d.mkdir(parents=True, exist_ok=True)
+            cp_map(ref.image, it.ref_enc.grid, sc.arrays["cp_best"], it.ref_weights, self.scorer.fg_threshold).save(cp_path)
+            pf_map(out.image, it.out_enc.grid, sc.arrays["pf_attention"], sc.arrays["pf_hidden"]).save(pf_path)
+        return {"cp_map": str(cp_path.resolve()), "pf_map": str(pf_path.resolve())}
+
+    def score_rows(self, rows: list[dict], base: str | Path, first_index: int = 1, loaded=None,
+                   indices: list[int] | None = None) -> list[dict]:
+        """Score rows; ``indices`` are their 1-based row indices (default ``first_index``,
+        ``first_index + 1``, ...). Results in input order."""
+        images, masks, texts = loaded if loaded is not None else self.load(rows, base)
+        indices = indices if indices is not None else list(range(first_index, first_index + len(rows)))
+        return self.score_decoded([self._row_pair(i, row, base, images, masks, texts[_row_text(row)])
+                                   for i, row in zip(indices, rows)])
+
+    def _row_pair(self, index: int, row: dict, base, images: dict, masks: dict,
+                  text: PreparedPrompt | InputError) -> DecodedPair:
+        """One row's :class:`DecodedPair` from the loaded files and its prepared ``text`` (the
+        text's error first: its files were not read; then a ``bad_row`` for an empty cell the run
+        cannot fill)."""
+        prompt, obj = _row_text(row)
+        if isinstance(text, InputError):
+            return DecodedPair(text, text, text, text, prompt, obj, row_index=index, cells=row, error=text)
+        sides = self._sides(row, base)
+        if sides is None:
+            empty = [c for c in FILE_COLUMNS if not (row.get(c) or "").strip()]
+            e = InputError("bad_row", f"empty column(s): {', '.join(empty)}")
+            return DecodedPair(e, e, e, e, prompt, obj, row_index=index, cells=row, error=e)
+        objs, names, sources = {}, {}, []
+        for (image, mask), im_c, m_c in zip(sides, ("ref_image", "out_image"), ("ref_mask", "out_mask")):
+            names[im_c], objs[im_c] = image, images[image]
+            if mask is not None:
+                names[m_c], objs[m_c] = mask, masks[mask]
+            else:
+                names[m_c], objs[m_c] = f"segmenter mask of {image}", self._segmented(images[image], obj)
+            sources.append("file" if mask is not None else (SEGMENTER if self._subject_error(obj) is None else ""))
+        return DecodedPair(**objs, prompt=prompt, object_name=obj, names=names, prepared=text, row_index=index,
+                           cells=row, mask_sources=tuple(sources))
+
+    def score_chunk(self, chunk: Chunk, loaded=None) -> list[dict]:
+        """Score a chunk's rows (executor interface); each result carries its ``row_key``."""
+        results = self.score_rows(list(chunk.rows), chunk.base, loaded=loaded, indices=list(chunk.indices))
+        for r, k in zip(results, chunk.keys):
+            r["row_key"] = k
+        return results
+
+    def score_item(self, ref_image, ref_mask, out_image, out_mask, prompt: str, object_name: str = "",
+                   row_index: int = 1, extra: dict | None = None) -> dict:
+        """Score one in-memory pair; returns the very result record masc-run writes for a row.
+
+        Args:
+            ref_image, out_image (bytes | PIL.Image.Image): encoded image bytes (PNG, JPEG, ...) or a PIL image (converted
+                to RGB; an 8-bit image is used as it is).
+            ref_mask, out_mask (bytes | numpy.ndarray): encoded mask bytes, or a ``[H, W]`` uint8 array (foreground
+                non-zero), as masc-run decodes mask files.
+            prompt, object_name: the row's ``prompt`` and ``object_name`` cells.
+            row_index: the record's ``row_index`` (a service's request item number).
+            extra: other cells to carry through (as a pairs file's extra columns).
+
+        Returns:
+            a dict with ``RESULT_COLUMNS`` (``row_key`` empty) and the carried cells; a bad input
+            gives its status and detail (naming the field), never an exception.
+        """
+        cells = {**(extra or {}), **{c: c for c in FILE_COLUMNS}, "prompt": prompt, "object_name": object_name}
+        files = {"ref_image": ref_image, "ref_mask": ref_mask, "out_image": out_image, "out_mask": out_mask}
+        res = self.score_decoded([self.decode_pair(files, prompt, object_name, row_index=row_index, cells=cells)])[0]
+        res["row_key"] = ""
+        return res
+
+    def check_pair(self, item: DecodedPair) -> list[str]:
+        """Whether a decoded pair can be scored (before any inference): its notes if so.
+
+        Raises:
+            PairError: a file that could not be read, a mask whose size does not fit its image
+                (``mask_size_mismatch``, ``mask_orientation_mismatch``) or an empty cell
+                (``bad_row``); ``field`` names the file at fault.
+        """
+        if item.error is not None:
+            raise PairError(item.error.reason, item.error.detail, None)
+        for c in FILE_COLUMNS:
+            e = item.file(c)
+            if isinstance(e, InputError):  # name the column: the same file can be in two
+                raise PairError(e.reason, e.detail if c in e.detail else f"{c}: {e.detail}", c)
+        st, notes = self.settings, []
+        for im_c, m_c, what in (("ref_image", "ref_mask", "reference"), ("out_image", "out_mask", "output")):
+            try:
+                notes.append(check_mask(item.file(im_c), item.file(m_c), what, item.names[m_c],
+                                        st.mask_size_tolerance, st.exif))
+            except InputError as e:
+                raise PairError(e.reason, e.detail, m_c) from None
+        return [n for n in notes if n] + list(item.ref_image.notes) + list(item.out_image.notes)
+
+    def score_decoded(self, items: list[DecodedPair], stripper: str | None = None) -> list[dict]:
+        """Score decoded pairs; one masc-run record per item, in order.
+
+        Each score gets its own outcome (``cp_status``, ``pf_status``; ``status`` is the first
+        that is not ``ok``): a pair that cannot be read costs both, a reference mask without a
+        usable foreground costs CP only, an output mask hiding every patch costs PF only. Results
+        do not depend on which other items are in the call (batches of one patch count only,
+        Scorer.encode_preprocessed).
+
+        Args:
+            items: pairs from :meth:`decode_pair` or :meth:`load`.
+            stripper: PF prompt stripper for items whose prompt is not ``prepared`` (default: the
+                scorer's).
+
+        Returns:
+            dicts with the item's ``cells``, ``row_index`` and the result columns; NaN scores
+            where undefined, with their status (:meth:`RowOutcome.record`).
+        """
+        metrics = self.settings.metrics()
+        outcomes = [RowOutcome(it, metrics) for it in items]
+        if self.masks is not None:
+            for o in outcomes:
+                o.values.update(self._mask_columns(o.item))
+        encs = self.encode([o for it in items for o in (it.ref_image, it.out_image) if isinstance(o, DecodedImage)])
+        ready = [o for o in outcomes if self._admit(o, encs)]
+        scored = self.scorer.score_encoded([o.pair for o in ready], baselines=self.settings.baselines,
+                                           with_arrays=self.settings.save_maps is not None, stripper=stripper)
+        batch = MetricBatch([o.pair for o in ready], scored, HostTokens(self.scorer.host_encoding),
+                            self.scorer.fg_threshold, [o.item.ref_mask.any_foreground for o in ready],
+                            [o.item.names["ref_mask"] for o in ready])
+        computed = [(m, m.compute(batch)) for m in metrics]
+        for k, (o, sc) in enumerate(zip(ready, scored)):
+            for m, values in computed:
+                o.take(m, values[k])
+            self._fill(o, sc)
+        return [o.record() for o in outcomes]
+
+    def _mask_columns(self, it: DecodedPair) -> dict:
+        """A pair's mask source columns (and with ``save_masks`` the saved PNGs of its segmenter masks)."""
+        d = dict(zip(MASK_SOURCE_COLUMNS, it.mask_sources))
+        if self.settings.save_masks is not None:
+            for col, m in zip(SAVED_MASK_COLUMNS, (it.ref_mask, it.out_mask)):
+                d[col] = m.saved if isinstance(m, DecodedMask) else ""
+        return d
+
+    def _admit(self, o: RowOutcome, encs: dict) -> bool:
+        """Check one pair (files, masks, the coverage filter) and make its :class:`EncodedPair`;
+        False (with the row's failure in ``o``) when it cannot be scored."""
+        st, it = self.settings, o.item
+        try:
+            o.notes = list(self.check_pair(it))
+            o.coverage = (it.ref_mask.coverage, it.out_mask.coverage)
+            for frac, cov, reason, what in (
+                    (st.min_reference_mask_frac, it.ref_mask.coverage, "filtered_reference_mask", "reference"),
+                    (st.min_output_mask_frac, it.out_mask.coverage, "filtered_output_mask", "output")):
+                if frac is not None and cov < frac:
+                    raise InputError(reason, f"{what} mask covers {cov:.2%} < {frac:.2%} of the image")
+            r, out = encs[it.ref_image.sha256], encs[it.out_image.sha256]
+            o.pair = EncodedPair(r, it.ref_mask.weights[r.grid], out, it.out_mask.weights[out.grid], it.prompt,
+                                 it.object_name or None, it.prepared)
+            return True
+        except InputError as e:
+            o.fail(e)
+            return False
+
+    def _fill(self, o: RowOutcome, sc) -> None:
+        """Put one scored pair's diagnostics, maps and notes into its outcome (its metrics' values
+        and statuses are in already: :meth:`RowOutcome.take`)."""
+        s, st, ex, it = self.scorer, self.settings, sc.extras, o.item
+        o.values.update({k: ex[k] for k in SCORED_COLUMNS})
+        if st.save_maps is not None:
+            o.values.update(self._save_maps(it.row_index, it.ref_image, it.out_image, o.pair, sc))
+        if not it.object_name.strip():
+            o.notes.append("no object_name: the PF prompt was not stripped")
+        if not ex["prompt_text"].strip():
+            o.prompt_empty = True
+            o.notes.append("prompt_empty: PF compares with an empty text" + (
+                "" if not it.prompt.strip() else f" (the prompt is only the subject {it.object_name!r})"))
+        if ex["prompt_truncated"]:
+            o.notes.append(f"prompt truncated to {s.text_settings.max_length} tokens")
+
+
+def build_pairs_job(bundle_dir: str, config: ScorerConfig, settings: dict, io_workers: int,
+                    cache_dir: str | None = None, cache_size_limit: int | None = None,
+                    segmenter: SegmenterConfig | None = None) -> PairsJob:
+    """A :class:`PairsJob` on a fresh scorer with the driver's resolved ``config`` (and a fresh
+    segmenter from the driver's resolved ``segmenter`` config): the factory Ray workers call
+    (picklable through :func:`functools.partial`, so executors need not know this module). The
+    bundles are loaded unverified: the driver hashed the files the workers load. With
+    ``cache_dir`` the worker reads and writes the same persistent store as the driver (diskcache
+    is safe across processes; on several nodes the folder must be shared storage)."""
+    scorer = Scorer(bundle_dir, config, verify=False)
+    run_settings = RunSettings(**settings)
+    store = RunOptions(cache_dir=cache_dir, cache_size_limit=cache_size_limit).store(scorer, run_settings.exif)
+    scorer.text_store = store
+    seg = None if segmenter is None else segmenter.load(verify=False)
+    return PairsJob(scorer, run_settings, store=store, io_workers=io_workers, segmenter=seg)
+
+
+def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int, cache_dir=None, cache_size_limit=None,
+                 segmenter: Segmenter | None = None):
+    if scorer.bundle.verify:
+        # The workers load the bundle unverified (one hash per run, not per worker): the driver
+        # checks every graph file (and weights) they will load, the text graph included, which the
+        # driver itself may never load. (TensorRT engines are hashed by their loader.)
+        for g in ("vision", "pool", "text", "cp"):
+            scorer.bundle.graph_file(g, scorer.config.graph_variant)
+    if segmenter is not None and segmenter.bundle.verify:
+        segmenter.check_graphs()
+    return functools.partial(build_pairs_job, str(Path(scorer.bundle.path).resolve()), scorer.config, settings.as_dict(),
+                             io_workers, None if cache_dir is None else str(Path(cache_dir).resolve()), cache_size_limit,
+                             None if segmenter is None else segmenter.config)

@@ -1,0 +1,16 @@
+"""Pair metrics: each score a run can write, declared once (``base.PairMetric``) and registered.
+
+``registered()`` is every metric in order; ``metrics_for({"baselines"})`` those a run computes;
+``masc.py`` holds CP and PF, ``baselines.py`` the paper's same-pass baselines.
+"""
+
+from .base import (HostTokens, MetricBatch, PairMetric, columns_of, get_metric, headline_metrics, metrics_for, register,
+                   registered)
+
+# The built-in metrics, registered on import in this order (registration order is column order):
+# MaSC's scores first, then the opt-in baselines. A new metric module is imported here.
+from . import masc  # noqa: E402,F401  isort: skip
+from . import baselines  # noqa: E402,F401  isort: skip
+
+__all__ = ["HostTokens", "MetricBatch", "PairMetric", "columns_of", "get_metric", "headline_metrics", "metrics_for", "register",
+           "registered"]
