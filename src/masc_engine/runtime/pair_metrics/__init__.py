@@ -5,12 +5,24 @@
 """
 
 from .base import (HostTokens, MetricBatch, PairMetric, columns_of, get_metric, headline_metrics, metrics_for, register,
-                   registered)
+                   registered, score_metrics)
 
 # The built-in metrics, registered on import in this order (registration order is column order):
 # MaSC's scores first, then the opt-in baselines. A new metric module is imported here.
 from . import masc  # noqa: E402,F401  isort: skip
 from . import baselines  # noqa: E402,F401  isort: skip
 
+
+def _load_plugins() -> None:
+    """Import the modules other packages name in the entry-point group ``masc_engine.pair_metrics``
+    (each registers its metrics on import), after the built-ins, in name order."""
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group="masc_engine.pair_metrics"), key=lambda e: e.name):
+        ep.load()
+
+
+_load_plugins()
+
 __all__ = ["HostTokens", "MetricBatch", "PairMetric", "columns_of", "get_metric", "headline_metrics", "metrics_for", "register",
-           "registered"]
+           "registered", "score_metrics"]

@@ -14,12 +14,12 @@ one more module that calls :func:`register` (docs/architecture.md, "Adding a met
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["HostTokens", "MetricBatch", "PairMetric", "register", "registered", "get_metric", "headline_metrics",
+__all__ = ["HostTokens", "MetricBatch", "PairMetric", "register", "registered", "get_metric", "headline_metrics", "score_metrics",
            "metrics_for", "columns_of"]
 
 
@@ -90,8 +90,8 @@ class PairMetric:
             the row's ``status`` (in registration order), the run summary prints its mean.
         version: bumped when its values change for the same inputs; part of :meth:`identity`.
         reference: where the rule comes from (paper section, reference implementation).
-        column_types: non-float columns (``{"cp_mnn_frac": "float"}``); ``"int"``, ``"bool"``,
-            ``"str"`` are allowed.
+        label: a short axis or table label (``CP (concept preservation)``); default: the first
+            column in capitals.
     """
 
     name: str
@@ -105,17 +105,30 @@ class PairMetric:
     headline: bool = False
     version: int = 1
     reference: str = ""
-    column_types: dict = field(default_factory=dict)
+    label: str = ""
 
     def __post_init__(self):
         if not self.columns:
             raise ValueError(f"metric {self.name!r} declares no column")
+        # masc-eval and masc-report find a score's status by this name (jobs/evaluation.py).
+        if self.status_column is not None and self.status_column != f"{self.columns[0]}_status":
+            raise ValueError(f"metric {self.name!r}: its status column must be {self.columns[0]}_status")
 
     def identity(self) -> dict:
         """What a stored result of this metric depends on besides the inputs and the bundle:
         ``{"name", "version", "columns"}`` (part of the resume fingerprint when the registry is
         not the built-in one)."""
         return {"name": self.name, "version": self.version, "columns": list(self.columns)}
+
+    @property
+    def score_column(self) -> str:
+        """The column holding the metric's score (its first)."""
+        return self.columns[0]
+
+    @property
+    def axis_label(self) -> str:
+        """:attr:`label`, else the score column in capitals."""
+        return self.label or self.score_column.upper()
 
     def output_columns(self) -> tuple[str, ...]:
         """The value columns, then the status column when it has one."""
@@ -162,6 +175,12 @@ def get_metric(name: str) -> PairMetric:
 def headline_metrics() -> tuple[PairMetric, ...]:
     """The headline scores (CP, PF), in order."""
     return tuple(m for m in registered() if m.headline)
+
+
+def score_metrics() -> tuple[PairMetric, ...]:
+    """The metrics every run computes (no run option), in order: the scores masc-report tables and
+    masc-serve returns."""
+    return metrics_for()
 
 
 def metrics_for(options: set[str] | frozenset[str] = frozenset()) -> tuple[PairMetric, ...]:

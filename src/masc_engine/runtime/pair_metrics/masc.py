@@ -46,13 +46,14 @@ def _pf(batch: MetricBatch) -> list[dict]:
 CP = register(PairMetric(
     name="cp", columns=("cp",), compute=_cp, status_column="cp_status", headline=True,
     statuses=("empty_reference_mask", "reference_mask_below_threshold"), encoders=("siglip2.vision",),
+    label="CP (concept preservation)",
     description="Concept Preservation (masked_maxcos): mean over reference foreground patches of the best "
                 "cosine to any output patch, [-1, 1]; NaN when no reference patch is foreground",
     reference="arXiv 2605.22469 Sec. 3.1; masc-metric 0.3.0 masc/metric.py"))
 
 PF = register(PairMetric(
     name="pf", columns=("pf",), compute=_pf, status_column="pf_status", headline=True,
-    statuses=("no_background",), encoders=("siglip2.vision", "siglip2.text"),
+    statuses=("no_background",), encoders=("siglip2.vision", "siglip2.text"), label="PF (prompt following)",
     description="Prompt Following: cosine of the attention-pooled output background (foreground patches in the "
                 "key_padding_mask) and the subject-stripped prompt's text embedding, [-1, 1]; NaN when the "
                 "output mask hides every patch",
