@@ -35,6 +35,8 @@ def test_extra_packages_come_from_the_project_metadata():
 
 def test_parquet_without_pyarrow_fails_before_scoring(naflex_bundle, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if pyarrow were not installed
+    # (and its submodule too: an earlier test in the process may have imported it)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     out = tmp_path / "s.parquet"
     res = CliRunner().invoke(run_main, [str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle),
                                         "--out", str(out), "--no-progress"])

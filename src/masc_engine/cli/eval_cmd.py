@@ -67,8 +67,17 @@ def _apply(options: Sequence[Callable[[Any], Any]]) -> Callable[[T], T]:
     return deco
 
 
+def _score_column_help() -> str:
+    """The --score-column help, naming the registered scores (runtime/pair_metrics)."""
+    from ..runtime.pair_metrics import metrics_for, score_metrics
+
+    scores = ", ".join(m.score_column for m in score_metrics())
+    opted = ", ".join(c for m in metrics_for({"baselines"}) if m.option for c in m.columns)
+    return f"Metric column in SCORES: a score masc-run writes ({scores}), or with --baselines {opted}."
+
+
 _COMMON = [
-    click.option("--score-column", default="cp", show_default=True, help="Metric column in SCORES (cp or pf)."),
+    click.option("--score-column", default="cp", show_default=True, help=_score_column_help()),
     click.option(
         "--status-column",
         default="status",

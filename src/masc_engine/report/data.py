@@ -46,6 +46,7 @@ from ..jobs.evaluation import POOLED
 from ..jobs.results import meta_path, read_output
 from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES, Table, TableError
 from ..metrics import agreement as ag
+from ..runtime.pair_metrics import registered, score_metrics
 
 __all__ = ["METRICS", "METRIC_LABELS", "OK", "POOLED", "RANDOM_WEIGHTS_BANNER", "SIDES", "ReportOptions", "load_scores",
            "cell_text", "prepare_rows", "status_counts", "method_groups", "method_stats", "within_cross",
@@ -57,12 +58,13 @@ OK = "ok"
 RANDOM_WEIGHTS_BANNER = ("Random-weight bundle: these scores test the pipeline, not subjects "
                          "(cross-subject CP can exceed same-subject).")
 #: The scores the report shows, in this order: every table, plot and column of the page derives
-#: from it (``<metric>_map``: the score's attribution overlay).
-METRICS = ("cp", "pf")
+#: from it (``<metric>_map``: the score's attribution overlay). The registered pair metrics every
+#: run computes (runtime/pair_metrics), by their score columns: ``("cp", "pf")`` built in.
+METRICS = tuple(m.score_column for m in score_metrics())
 #: The pair's two sides: (image column, mask column, label).
 SIDES = (("ref_image", "ref_mask", "reference"), ("out_image", "out_mask", "output"))
-#: Long names of known scores on the plots' axes (any other: its upper-case name).
-METRIC_LABELS = {"cp": "CP (concept preservation)", "pf": "PF (prompt following)"}
+#: Long names of registered scores on the plots' axes (any other: its upper-case name).
+METRIC_LABELS = {m.score_column: m.axis_label for m in registered()}
 
 
 def metric_label(metric: str) -> str:

@@ -11,6 +11,7 @@ from typing import Literal
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from ..runtime.pair_metrics import score_metrics
 from .glue import BYTE_FIELDS
 
 _B64 = {"format": "byte", "contentEncoding": "base64"}
@@ -94,8 +95,40 @@ class ScoreResult(BaseModel):
     out_mask_source: str | None = Field(None, description="with a segmenter: 'file' or 'segmenter'")
 
 
+
+
+#: The record's declared fields (CP, PF and masc-run's diagnostics).
+_BuiltinScoreResult = ScoreResult
+
+
+def _metric_fields() -> dict:
+    """Fields for the registered pair metrics every run computes (runtime/pair_metrics) that the
+    record above does not declare: each value column (null where undefined) and its status."""
+    fields: dict = {}
+    for m in score_metrics():
+        for c in m.columns:
+            if c not in _BuiltinScoreResult.model_fields:
+                fields[c] = (float | None, Field(None, description=f"{m.name}: {m.description}"))
+        if m.status_column and m.status_column not in _BuiltinScoreResult.model_fields:
+            fields[m.status_column] = (str | None, Field(None, description=f"'ok' or why {m.name} is undefined"))
+    return fields
+
+
+def _score_result() -> type[BaseModel]:
+    """:class:`_BuiltinScoreResult` with the registered metrics' fields (the class itself when there are none,
+    so the built-in document is unchanged)."""
+    extra = _metric_fields()
+    if not extra:
+        return _BuiltinScoreResult
+    return create_model("ScoreResult", __base__=_BuiltinScoreResult, __doc__=_BuiltinScoreResult.__doc__, **extra)
+
+
+#: The response record of a scored pair, every registered metric's columns typed.
+ScoreResult = _score_result()
+
+
 class BatchResult(BaseModel):
-    results: list[ScoreResult]
+    results: list[ScoreResult]  # type: ignore[valid-type]
 
 
 class ErrorBody(BaseModel):
