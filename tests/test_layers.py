@@ -15,11 +15,13 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "src" / "masc_engine"
 
 #: Layers from the bottom; a module may import its own layer and those below it. ``core`` is the
-#: package's shared leaves (errors, tolerances, extras: the optional-dependency hints); ``api`` its __init__ (the MaSC drop-in, on the
+#: package's shared leaves (errors, tolerances, extras: the optional-dependency hints);
+#: ``metrics`` the pure statistics (on core alone, so every layer above may use them: the export
+#: layer's reduced-precision gates do); ``api`` the package's __init__ (the MaSC drop-in, on the
 #: runtime); ``export`` validates its graphs against the runtime's preprocessing and heads.
-LAYERS = ("core", "engine", "runtime", "api", "export", "metrics", "jobs", "report", "serve", "cli")
-LOW = ("export", "engine", "runtime")
-HIGH = ("metrics", "jobs", "report", "serve", "cli")
+LAYERS = ("core", "metrics", "engine", "runtime", "api", "export", "jobs", "report", "serve", "cli")
+LOW = ("metrics", "engine", "runtime", "export")
+HIGH = ("jobs", "report", "serve", "cli")
 
 
 def _module_name(path: Path) -> str:

@@ -1,8 +1,11 @@
 """masc-engine: torch-free scoring engine for MaSC (arXiv 2605.22469).
 
-Layers, each importing only those before it: ``engine`` (bundle, manifest, backends), ``export``
-(torch, build time only), ``runtime`` (torch-free scoring), ``metrics`` (pure statistics),
-``jobs`` (the job layer every command and the service share), ``report``, ``cli``.
+Layers from the bottom, each importing only those before it: the shared leaves (``errors``,
+``tolerances``, ``extras``), ``metrics`` (pure statistics: agreement, rank correlation, the
+reduced-precision certification), ``engine`` (bundle, manifest, backends), ``runtime``
+(torch-free scoring), ``export`` (torch, build time only), ``jobs`` (the job layer every command
+and the service share), ``report``, ``serve``, ``cli`` (pyproject.toml ``[tool.importlinter]``,
+tests/test_layers.py).
 
 ``from masc_engine import MaSC`` is the drop-in for ``masc.MaSC`` (built on a bundle);
 ``MaSC(bundle, segmenter=...)`` makes the masks optional (docs/segmenter.md).

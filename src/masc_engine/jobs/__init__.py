@@ -8,6 +8,9 @@ reduced to what scoring needs; :meth:`.pairs.PairsJob.decode_pair` and
 (:mod:`.int8_gate`). The encoding cache (memory LRU + disk store) is
 :class:`masc_engine.runtime.cache.EncodingCache`.
 
-Dependencies point down only: jobs import runtime, engine, metrics (and export, lazily, for the
-int8 gate); nothing below imports a job (tests/test_layers.py).
+Dependencies point down only: jobs import runtime, engine and metrics, and one job imports
+export: :mod:`.int8_gate` imports ``export.int8`` (the quantizer) and ``export.stages`` at module
+level. This package's ``__init__`` imports none of its modules, so loading another job does not
+load the exporter, and the commands import the int8 gate inside the function that runs it.
+Nothing below imports a job (tests/test_layers.py).
 """
