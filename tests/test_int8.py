@@ -9,9 +9,8 @@ import pytest
 
 from conftest import EXAMPLES
 from masc_engine.jobs.int8_gate import Int8GateError, gate_report, quantize_bundle
+from masc_engine.metrics.certification import GateSet
 from masc_engine.tolerances import INT8_MAX_ABS_DCP, INT8_MIN_SPEARMAN
-
-pytest.importorskip("scipy")
 
 
 def test_gate_report_known_values():
@@ -71,8 +70,7 @@ def test_masc_export_int8_cli(naflex_bundle, tmp_path, monkeypatch, outcome):
     out = tmp_path / "int8"
     res = CliRunner().invoke(main, ["--out", str(out), "--precision", "int8"])
     assert res.exit_code == 2 and "--gate-pairs" in res.output
-    monkeypatch.setattr(int8_gate, "INT8_MIN_SPEARMAN", -1.0 if outcome == "kept" else 1.01)
-    monkeypatch.setattr(int8_gate, "INT8_MAX_ABS_DCP", 2.0)
+    monkeypatch.setattr(int8_gate, "INT8_GATES", GateSet(2.0, None, -1.0 if outcome == "kept" else 1.01, "drop"))
     res = CliRunner().invoke(main, ["--out", str(out), "--precision", "int8", "--fp32-bundle", str(naflex_bundle),
                                     "--gate-pairs", str(EXAMPLES / "pairs.csv")])
     if outcome == "kept":
@@ -83,25 +81,44 @@ def test_masc_export_int8_cli(naflex_bundle, tmp_path, monkeypatch, outcome):
         assert "int8 refused" in res.output and "Spearman" in res.output and not out.exists()
 
 
+def test_masc_export_int8_runs_without_scipy(naflex_bundle, tmp_path, monkeypatch):
+    """The int8 gate's Spearman's rho is numpy's (metrics/ranked.py): with only the [export]
+    extra (no scipy) --precision int8 quantizes, gates and writes the bundle."""
+    import sys
+
+    from click.testing import CliRunner
+
+    from masc_engine.cli.export_cmd import main
+    from masc_engine.jobs import int8_gate
+
+    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy -> ImportError; find_spec -> None
+    monkeypatch.setattr(int8_gate, "INT8_GATES", GateSet(2.0, None, -1.0, "drop"))  # the tiny model's figures vary
+    out = tmp_path / "int8"
+    res = CliRunner().invoke(main, ["--out", str(out), "--precision", "int8", "--gate-pairs",
+                                    str(EXAMPLES / "pairs.csv"), "--fp32-bundle", str(naflex_bundle)])
+    assert res.exit_code == 0, res.output
+    assert "scipy" not in res.output
+    assert json.loads((out / "manifest.json").read_text())["precision"]["gate_report"]["pass"] is True
+
+
 @pytest.mark.parametrize("fp32_bundle", [True, False])
-def test_masc_export_int8_without_scipy_refuses_in_one_line_before_any_work(naflex_bundle, tmp_path, monkeypatch,
-                                                                            fp32_bundle):
-    """With only the [export] extra (no scipy), --precision int8 stops in one line naming scipy and
-    the extra that brings it, before exporting or quantizing (it used to die with a traceback from
-    the gate, after quantizing)."""
+def test_masc_export_int8_without_onnx_refuses_in_one_line_before_any_work(naflex_bundle, tmp_path, monkeypatch,
+                                                                           fp32_bundle):
+    """Without onnx (the quantizer's graph I/O), --precision int8 stops in one line naming onnx and
+    the extra that brings it, before exporting or quantizing."""
     import sys
 
     from click.testing import CliRunner
 
     from masc_engine.cli.export_cmd import main
 
-    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy -> ImportError; find_spec -> None
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx -> ImportError; find_spec -> None
     out = tmp_path / "int8"
     argv = ["--out", str(out), "--precision", "int8", "--gate-pairs", str(EXAMPLES / "pairs.csv")]
     argv += ["--fp32-bundle", str(naflex_bundle)] if fp32_bundle else ["--model", "random:tiny-naflex"]
     res = CliRunner().invoke(main, argv)
     assert res.exit_code == 1 and (res.exception is None or isinstance(res.exception, SystemExit))
     lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: the int8 gate") and "needs scipy" in lines[0]
-    assert "[eval]" in lines[0] and "Traceback" not in res.output
+    assert len(lines) == 1 and lines[0].startswith("Error: quantizing to int8") and "needs onnx" in lines[0]
+    assert "Traceback" not in res.output
     assert not out.exists() and list(tmp_path.iterdir()) == []

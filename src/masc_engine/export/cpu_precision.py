@@ -48,6 +48,8 @@ from PIL import Image, ImageEnhance, ImageOps
 
 from ..engine.backends.openvino import BF16_CPU_MODE, check_available
 from ..errors import ExportValidationError, InputError
+from ..metrics.certification import FIDELITY_GATES, certify, gate_load
+from ..metrics.ranked import spearman_rho as spearman  # noqa: F401  (the gates' Spearman's rho, importable from here)
 from ..tolerances import FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_PAIRS, FIDELITY_MIN_SPEARMAN
 
 #: ``masc-export --precision bf16-cpu``.
@@ -249,37 +251,9 @@ def read_pairs_csv(path: str | Path, max_pairs: int = MAX_CSV_PAIRS) -> list:
 # --------------------------------------------------------------------------- gates
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Average ranks, 1-based (``scipy.stats.rankdata(method="average")``)."""
-    order = np.argsort(x, kind="mergesort")
-    xs = x[order]
-    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
-    counts = np.diff(np.r_[starts, len(x)])
-    ranks = np.empty(len(x), np.float64)
-    ranks[order] = np.repeat(starts + (counts - 1) / 2.0 + 1.0, counts)
-    return ranks
-
-
-def spearman(a, b) -> float:
-    """Spearman's rho with average ranks for ties (as ``scipy.stats.spearmanr``, without scipy:
-    the export extra does not install it); NaN when a side is constant or has < 2 values."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if len(a) < 2:
-        return float("nan")
-    ra, rb = _ranks(a) - (len(a) + 1) / 2.0, _ranks(b) - (len(b) + 1) / 2.0
-    den = np.sqrt((ra * ra).sum() * (rb * rb).sum())
-    return float((ra * rb).sum() / den) if den > 0 else float("nan")
-
-
-def _gate(value, threshold, ok, upper: bool = True) -> dict:
-    """One gate's figures: ``margin`` is how far the value sits inside its threshold (negative:
-    past it); ``upper``: the threshold is a most (|dCP|), else a least (Spearman)."""
-    margin = threshold - value if upper else value - threshold
-    return {"value": value, "threshold": threshold, "margin": float(margin), "pass": bool(ok)}
-
-
 def gate_figures(ref: dict, test: dict, min_pairs: int = 0) -> dict:
-    """The reduced-precision gates for paired scores (tolerances.py thresholds).
+    """The reduced-precision gates for paired scores: :func:`masc_engine.metrics.certification.certify`
+    with :data:`~masc_engine.metrics.certification.FIDELITY_GATES` (tolerances.py thresholds).
 
     Args:
         ref, test: ``{"cp": [P], "pf": [P]}`` float arrays, same pairs in the same order (fp32
@@ -289,44 +263,15 @@ def gate_figures(ref: dict, test: dict, min_pairs: int = 0) -> dict:
             held-out pairs; 0 on calibration pairs).
 
     Returns:
-        ``{"pass", "pairs", "gates": {name: {"value", "threshold", "pass"}}, "mean_abs_dcp",
-        "mean_abs_dpf"}``; gates ``max_abs_dcp``, ``max_abs_dpf``, ``spearman_cp``,
-        ``spearman_pf``, ``finite_as_fp32`` (count of pairs finite on one side only) and
-        ``min_pairs``.
+        The certification report: ``{"pass", "pairs", "gates": {name: {"value", "threshold",
+        "margin", "pass"}}, "mean_abs_dcp", "mean_abs_dpf"`` and the flat figures and
+        ``margins``}; gates ``max_abs_dcp``, ``max_abs_dpf``, ``spearman_cp``, ``spearman_pf``,
+        ``finite_as_fp32`` (count of pairs finite on one side only) and ``min_pairs``.
+
+    Raises:
+        ValueError: the reference and candidate arrays differ in shape.
     """
-    gates, out = {}, {}
-    bad = 0
-    for k in ("cp", "pf"):
-        r, t = np.asarray(ref[k], np.float64), np.asarray(test[k], np.float64)
-        if r.shape != t.shape:
-            raise ValueError(f"{k}: {r.shape} reference scores vs {t.shape} candidate scores")
-        bad += int((np.isfinite(r) != np.isfinite(t)).sum() + np.isinf(t).sum())
-        both = np.isfinite(r) & np.isfinite(t)
-        d = np.abs(r[both] - t[both])
-        worst = float(d.max()) if d.size else 0.0
-        gates[f"max_abs_d{k}"] = _gate(worst, FIDELITY_MAX_ABS_DELTA, worst <= FIDELITY_MAX_ABS_DELTA)
-        rho = spearman(r[both], t[both])
-        gates[f"spearman_{k}"] = _gate(rho, FIDELITY_MIN_SPEARMAN, np.isfinite(rho) and rho >= FIDELITY_MIN_SPEARMAN,
-                                       upper=False)
-        out[f"mean_abs_d{k}"] = float(d.mean()) if d.size else 0.0
-    n = int(np.asarray(ref["cp"]).shape[0])
-    gates["finite_as_fp32"] = _gate(bad, 0, bad == 0)
-    gates["min_pairs"] = _gate(n, min_pairs, n >= min_pairs, upper=False)
-    return {"pass": all(g["pass"] for g in gates.values()), "pairs": n, "gates": gates, **out}
-
-
-def gate_load(figures: dict) -> float:
-    """One number per configuration, <= 1 when the score gates pass: the largest of max |dCP| and
-    max |dPF| over their bound and (1 - Spearman) over (1 - its bound); infinite when a score is
-    finite on one side only. Sorts units in the search (lower: closer to fp32)."""
-    g = figures["gates"]
-    if not g["finite_as_fp32"]["pass"]:
-        return float("inf")
-    parts = [g["max_abs_dcp"]["value"] / FIDELITY_MAX_ABS_DELTA, g["max_abs_dpf"]["value"] / FIDELITY_MAX_ABS_DELTA]
-    for k in ("spearman_cp", "spearman_pf"):
-        rho = g[k]["value"]
-        parts.append((1.0 - rho) / (1.0 - FIDELITY_MIN_SPEARMAN) if np.isfinite(rho) else float("inf"))
-    return float(max(parts))
+    return certify(ref, test, FIDELITY_GATES, min_pairs)
 
 
 def _summary(figures: dict) -> dict:

@@ -28,7 +28,8 @@ from ..engine.manifest import write_manifest
 from ..errors import MascEngineError
 from ..export.int8 import quantize_graphs
 from ..export.stages import StageClock
-from ..tolerances import INT8_MAX_ABS_DCP, INT8_MIN_SPEARMAN  # the gates; importable from here too
+from ..metrics.certification import INT8_GATES, certify, gate_thresholds
+from ..tolerances import INT8_MAX_ABS_DCP, INT8_MIN_SPEARMAN  # noqa: F401  (the gates; importable from here too)
 from .pairs import RunOptions, run_pairs
 from .results import read_output
 
@@ -42,16 +43,15 @@ class Int8GateError(MascEngineError):
 
 
 #: What the int8 path imports, each with what needs it: ONNX Runtime's quantizer reads and writes
-#: graphs with onnx; the gate's Spearman's rho is scipy.stats'; exporting the fp32 bundle first
-#: needs the export extra (torch, transformers, onnxscript).
-INT8_NEEDS = (("onnx", "quantizing to int8 (onnxruntime.quantization)"),
-              ("scipy", "the int8 gate (Spearman's rho, scipy.stats)"))
+#: graphs with onnx; exporting the fp32 bundle first needs the export extra (torch, transformers,
+#: onnxscript). The gate's Spearman's rho is numpy's (metrics/ranked.py): no scipy.
+INT8_NEEDS = (("onnx", "quantizing to int8 (onnxruntime.quantization)"),)
 EXPORT_NEEDS = (("torch", "masc-export"), ("transformers", "masc-export"), ("onnxscript", "masc-export"))
 
 
 def check_int8_dependencies(exporting: bool = True) -> None:
     """Fail in one line, before any work, when a package the int8 path needs is missing (the
-    message names the package and the extra that brings it: scipy comes with ``[eval]``).
+    message names the package and the extra that brings it).
 
     Args:
         exporting: the fp32 bundle is exported first (no ``--fp32-bundle``): torch and
@@ -67,38 +67,30 @@ def check_int8_dependencies(exporting: bool = True) -> None:
 
 
 def gate_report(cp32, pf32, cp8, pf8) -> dict:
-    """The int8 gate figures for paired score arrays (NaN pairs dropped pairwise).
+    """The int8 gate report for paired score arrays: :func:`masc_engine.metrics.certification.certify`
+    with :data:`INT8_GATES` (pairs with any non-finite score dropped; |dPF| reported, not gated).
 
     Args:
         cp32, pf32, cp8, pf8 (array_like of float): ``[N]`` scores of the same pairs from the fp32 and int8 bundles.
 
     Returns:
-        ``pairs``, ``max_abs_dcp``, ``mean_abs_dcp``, ``max_abs_dpf``, ``mean_abs_dpf``,
-        ``spearman_cp``, ``spearman_pf`` (scipy.stats.spearmanr), ``gates``, ``margins`` (per gate,
-        how far inside its threshold the figure sits; negative: past it) and ``passed``.
-    """
-    from scipy.stats import spearmanr
+        The certification report: ``pass`` (and ``passed``), ``pairs`` (kept), ``max_abs_dcp``,
+        ``mean_abs_dcp``, ``max_abs_dpf``, ``mean_abs_dpf``, ``spearman_cp``, ``spearman_pf``
+        (:func:`masc_engine.metrics.ranked.spearman_rho`, equal to scipy.stats.spearmanr),
+        ``gates`` (per gate: value, threshold, margin, pass) and ``margins`` (per gate, how far
+        inside its threshold the figure sits; negative: past it).
 
-    cp32, pf32, cp8, pf8 = (np.asarray(x, np.float64) for x in (cp32, pf32, cp8, pf8))
-    ok = np.isfinite(cp32) & np.isfinite(cp8) & np.isfinite(pf32) & np.isfinite(pf8)
-    d_cp = np.abs(cp32[ok] - cp8[ok])
-    d_pf = np.abs(pf32[ok] - pf8[ok])
-    rho_cp = float(spearmanr(cp32[ok], cp8[ok]).statistic)
-    rho_pf = float(spearmanr(pf32[ok], pf8[ok]).statistic)
-    passed = bool(d_cp.max() <= INT8_MAX_ABS_DCP and rho_cp >= INT8_MIN_SPEARMAN and rho_pf >= INT8_MIN_SPEARMAN)
-    margins = {"max_abs_dcp": INT8_MAX_ABS_DCP - float(d_cp.max()), "spearman_cp": rho_cp - INT8_MIN_SPEARMAN,
-               "spearman_pf": rho_pf - INT8_MIN_SPEARMAN}
-    return {"margins": margins,"pairs": int(ok.sum()), "max_abs_dcp": float(d_cp.max()), "mean_abs_dcp": float(d_cp.mean()),
-            "max_abs_dpf": float(d_pf.max()), "mean_abs_dpf": float(d_pf.mean()), "spearman_cp": rho_cp,
-            "spearman_pf": rho_pf, "gates": {"max_abs_dcp": INT8_MAX_ABS_DCP, "min_spearman": INT8_MIN_SPEARMAN},
-            "passed": passed}
+    Raises:
+        ValueError: the arrays are not 1-D of one length.
+    """
+    return certify({"cp": cp32, "pf": pf32}, {"cp": cp8, "pf": pf8}, INT8_GATES)
 
 
 def format_gates(report: dict) -> str:
     """The gate figures of :func:`gate_report` as one line, each with its gate and margin."""
-    m = report["margins"]
-    return (f"max |dCP| {report['max_abs_dcp']:.4f} (gate <= {INT8_MAX_ABS_DCP:g}, margin {m['max_abs_dcp']:+.4f}), "
-            f"Spearman CP {report['spearman_cp']:.4f} (gate >= {INT8_MIN_SPEARMAN:g}, margin {m['spearman_cp']:+.4f}), "
+    m, t = report["margins"], gate_thresholds(report)
+    return (f"max |dCP| {report['max_abs_dcp']:.4f} (gate <= {t['max_abs_dcp']:g}, margin {m['max_abs_dcp']:+.4f}), "
+            f"Spearman CP {report['spearman_cp']:.4f} (gate >= {t['spearman_cp']:g}, margin {m['spearman_cp']:+.4f}), "
             f"PF {report['spearman_pf']:.4f} (margin {m['spearman_pf']:+.4f}) over {report['pairs']} pairs "
             "(gates: tolerances.INT8_MAX_ABS_DCP, INT8_MIN_SPEARMAN)")
 
@@ -133,7 +125,7 @@ def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: st
 
     Raises:
         Int8GateError: the gates fail; nothing is written to ``out_dir``.
-        MissingDependencyError: onnx or scipy is not installed (checked before quantizing).
+        MissingDependencyError: onnx is not installed (checked before quantizing).
     """
     src, out = Path(fp32_bundle), Path(out_dir)
     if src.resolve() == out.resolve():
@@ -152,7 +144,7 @@ def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: st
         (cp32, pf32), (cp8, pf8) = scores["fp32"], scores["int8"]
         report = gate_report(cp32, pf32, cp8, pf8)
         log("int8 gates vs fp32: " + format_gates(report))
-        if not report["passed"]:
+        if not report["pass"]:
             if keep_refused_at is not None:
                 manifest["precision"].update(refused=True, gate_report=report)
                 write_manifest(stage, manifest)
