@@ -28,14 +28,15 @@ SRC = REPO / "src" / "masc_engine"
 GATES = "tests/test_gates.py"
 VALUES = "tests/test_gates_values.py"
 REFUSAL = "tests/test_gates_refusal.py"
+CERT = "tests/test_certification.py"
 #: The fast tests of a file (no bundle export).
 FAST = ["-k", "not fg_threshold and not masc_export"]
 
 #: (name, file under src/masc_engine, old fragment, new fragment, test files or node ids)
 MUTATIONS = [
     # the survivors of the earlier mutation run
-    ("bf16 delta without abs", "export/cpu_precision.py", "d = np.abs(r[both] - t[both])", "d = r[both] - t[both]",
-     [GATES, *FAST]),
+    ("gate delta without abs", "metrics/certification.py", "d = np.abs(r[both] - t[both])", "d = r[both] - t[both]",
+     [GATES, CERT, *FAST]),
     ("held-out set not gating", "export/cpu_precision.py", 'if held is not None and held["pass"]:',
      'if held is not None:', [GATES, *FAST]),
     ("default max_keep: every unit", "export/cpu_precision.py", "len(names) // 2 if max_keep is None",
@@ -62,17 +63,23 @@ MUTATIONS = [
      'warnings.simplefilter("error", Image.DecompressionBombWarning)',
      'warnings.simplefilter("ignore", Image.DecompressionBombWarning)', [GATES, *FAST]),
     # fresh mutations of the same modules
-    ("bf16 Spearman > instead of >=", "export/cpu_precision.py", "rho >= FIDELITY_MIN_SPEARMAN,",
-     "rho > FIDELITY_MIN_SPEARMAN + 1e-4,", [GATES, *FAST]),
-    ("bf16 max delta gate loosened", "export/cpu_precision.py",
-     "worst <= FIDELITY_MAX_ABS_DELTA)", "worst <= 10 * FIDELITY_MAX_ABS_DELTA)", [GATES, *FAST]),
-    ("min_pairs not gating", "export/cpu_precision.py", "_gate(n, min_pairs, n >= min_pairs, upper=False)",
-     "_gate(n, min_pairs, True, upper=False)", [GATES, *FAST]),
+    ("gate Spearman > instead of >=", "metrics/certification.py", "rho >= gates.min_spearman,",
+     "rho > gates.min_spearman + 1e-4,", [GATES, CERT, *FAST]),
+    ("gate max delta loosened", "metrics/certification.py",
+     "worst <= bound)", "worst <= 10 * bound)", [GATES, CERT, *FAST]),
+    ("min_pairs not gating", "metrics/certification.py", "_gate(n, min_pairs, n >= min_pairs, upper=False)",
+     "_gate(n, min_pairs, True, upper=False)", [GATES, CERT, *FAST]),
+    ("bf16 non-finite pairs dropped", "metrics/certification.py", 'FIDELITY_MIN_SPEARMAN, "gate")',
+     'FIDELITY_MIN_SPEARMAN, "drop")', [CERT]),
+    ("bf16 |dPF| not gated", "metrics/certification.py", "GateSet(FIDELITY_MAX_ABS_DELTA, FIDELITY_MAX_ABS_DELTA,",
+     "GateSet(FIDELITY_MAX_ABS_DELTA, None,", [CERT]),
+    ("gate margins from values", "metrics/certification.py", '"margins": {k: records[k]["margin"]',
+     '"margins": {k: records[k]["value"]', [CERT, REFUSAL, *FAST]),
     ("max_keep off by one", "export/cpu_precision.py", "if k > max_keep:", "if k > max_keep + 1:", [GATES, *FAST]),
-    ("int8 delta gate dropped", "jobs/int8_gate.py", "d_cp.max() <= INT8_MAX_ABS_DCP and ", "", [GATES, *FAST]),
-    ("int8 delta without abs", "jobs/int8_gate.py", "d_cp = np.abs(cp32[ok] - cp8[ok])",
-     "d_cp = cp32[ok] - cp8[ok]", [GATES, *FAST]),
-    ("int8 PF Spearman dropped", "jobs/int8_gate.py", " and rho_pf >= INT8_MIN_SPEARMAN)", ")", [REFUSAL, *FAST]),
+    ("int8 delta gate dropped", "metrics/certification.py", "INT8_GATES = GateSet(INT8_MAX_ABS_DCP,",
+     "INT8_GATES = GateSet(None,", [GATES, *FAST]),
+    ("int8 Spearman gate dropped", "metrics/certification.py", 'None, INT8_MIN_SPEARMAN, "drop")',
+     'None, -1.0, "drop")', [REFUSAL, *FAST]),
     ("fp16 planned without the pairs stage", "export/stages.py", '["precision", "pairs"])', '["precision"])',
      [GATES, *FAST]),
     ("cgroup 'max' read as a limit", "export/stages.py", "if text.isdigit() and int(text) < 1 << 60:",
@@ -83,7 +90,7 @@ MUTATIONS = [
      '" to export anyway (recorded in the manifest)"', '""', [REFUSAL, *FAST]),
     ("SigLIP gate on the absolute error", "export/validate.py", 'worst = max(c["max_rel"] for c in cases)',
      'worst = max(c["max_abs"] for c in cases)', [REFUSAL, *FAST]),
-    ("bf16 margin sign flipped", "export/cpu_precision.py", "margin = threshold - value if upper else value - threshold",
+    ("gate margin sign flipped", "metrics/certification.py", "margin = threshold - value if upper else value - threshold",
      "margin = value - threshold if upper else threshold - value", [REFUSAL, *FAST]),
     ("override bound rounded down", "export/validate.py", "return float(np.ceil(x / e) * e)",
      "return float(np.floor(x / e) * e)", [REFUSAL, *FAST]),
@@ -92,8 +99,8 @@ MUTATIONS = [
     ("non-finite error accepted by the override", "export/validate.py",
      "if accepted is not None and error <= accepted:", "if accepted is not None and not error > accepted:",
      [REFUSAL, *FAST]),
-    ("int8 margin sign flipped", "jobs/int8_gate.py", '"spearman_pf": rho_pf - INT8_MIN_SPEARMAN}',
-     '"spearman_pf": INT8_MIN_SPEARMAN - rho_pf}', [REFUSAL, *FAST]),
+    ("int8 thresholds not from the report", "jobs/int8_gate.py", "m, t = report[\"margins\"], gate_thresholds(report)",
+     "m, t = report[\"margins\"], {\"max_abs_dcp\": 1.0, \"spearman_cp\": 0.0}", [REFUSAL, *FAST]),
     ("RAM figure ignored", "export/stages.py", "limits.append(int(line.split()[1]) * 1024)", "pass",
      [GATES, *FAST]),
 ]

@@ -108,7 +108,6 @@ def test_bf16_gates_report_their_margins():
 
 
 def test_int8_report_shows_margins_and_the_refusal_names_them():
-    pytest.importorskip("scipy")
     from masc_engine.jobs.int8_gate import format_gates, gate_report
 
     rng = np.random.default_rng(1)
@@ -122,6 +121,7 @@ def test_int8_report_shows_margins_and_the_refusal_names_them():
                                                         abs=tol.FLOAT64_SAME_FORMULA_TOL) and r["margins"]["spearman_pf"] < 0
     line = format_gates(r)
     assert f"margin {r['margins']['spearman_pf']:+.4f}" in line and "tolerances.INT8_MAX_ABS_DCP" in line
+    assert f"(gate <= {tol.INT8_MAX_ABS_DCP:g}, margin" in line and f"(gate >= {tol.INT8_MIN_SPEARMAN:g}, margin" in line
     ok = gate_report(cp, pf, cp + 4e-3, pf)
     assert ok["passed"] and ok["margins"]["spearman_pf"] == pytest.approx(1 - tol.INT8_MIN_SPEARMAN,
                                                                           abs=tol.FLOAT64_SAME_FORMULA_TOL)
