@@ -170,7 +170,6 @@ def krippendorff_alpha(ratings: Any, level: str = "interval", *, value_domain: S
     return Estimate(value, n_pairable)
 
 
-
 def quantile_bin(metric_scores: Any, human_scores: Any, categories: Sequence[float] | None = None) -> np.ndarray:
     """Rank-bin a continuous metric into the human scale's categories.
 
@@ -280,7 +279,6 @@ def map_to_scale(
 def _on_scale(level: str, mapping: str) -> bool:
     """Whether ``map_to_scale(level, mapping)`` yields values on the categories."""
     return mapping == "quantile" or level in ("ordinal", "nominal")
-
 
 
 def metric_human_alpha(

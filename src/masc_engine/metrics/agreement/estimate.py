@@ -27,7 +27,6 @@ def _require(module: str) -> Any:
     return extras.require(module, "masc-engine's meta-evaluation", extra="eval")
 
 
-
 @dataclass(frozen=True)
 class Estimate:
     """A point estimate that may be undefined.
@@ -91,7 +90,6 @@ class CI:
         return self.estimate.reason
 
 
-
 def _check_level(level: str) -> str:
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
@@ -110,7 +108,6 @@ def _as_reliability(ratings: Any) -> np.ndarray:
     if np.isinf(data).any():
         raise ValueError("ratings contain +/-inf; use NaN for missing values")
     return data
-
 
 
 def _as_metric_human(metric_scores: Any, human_scores: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +134,6 @@ def _categories(h: np.ndarray, categories: Sequence[float] | None) -> np.ndarray
     if cats.size == 0:
         raise ValueError("no human ratings to define the rating scale")
     return cats
-
 
 
 def _check_agg(human_agg: str) -> None:
