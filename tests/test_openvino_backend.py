@@ -4,6 +4,7 @@ CPU has it, the gates refuse a failing configuration, and keeping a layer in fp3
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -331,11 +332,12 @@ def _bf16_sensitive_copy(src, dst, bias_shift: float = 256.0):
 def test_certification_refuses_a_failing_bundle(naflex_bundle, tmp_path, monkeypatch):
     bundle = shutil.copytree(naflex_bundle, tmp_path / "b")
     before = (bundle / "manifest.json").read_bytes()
-    monkeypatch.setattr(cpc, "FIDELITY_MAX_ABS_DELTA", 1e-6)  # a gate bf16 cannot meet
+    strict = dataclasses.replace(cpc.FIDELITY_GATES, max_abs_dcp=1e-6)  # a gate bf16 cannot meet
+    monkeypatch.setattr(cpc, "FIDELITY_GATES", strict)
     with pytest.raises(cpc.CertificationError, match=r"refused.*max \|dCP\|") as e:
         cpc.certify_bundle(bundle, calibration=_pairs(8, 3, 5), heldout=_pairs(34, 30, 6), max_keep=0,
                            log=lambda s: None)
-    assert not e.value.report["whole_graph"]["pass"] and e.value.report["whole_graph"]["max_abs_dcp"] > cpc.FIDELITY_MAX_ABS_DELTA
+    assert not e.value.report["whole_graph"]["pass"] and e.value.report["whole_graph"]["max_abs_dcp"] > strict.max_abs_dcp
     assert (bundle / "manifest.json").read_bytes() == before  # nothing written
     with pytest.raises(cpc.CertificationError, match="1000 held-out pairs"):
         cpc.certify_bundle(bundle, calibration=_pairs(8, 3, 5), heldout=_pairs(8, 3, 6), log=lambda s: None)
