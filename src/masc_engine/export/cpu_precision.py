@@ -12,7 +12,8 @@ certificate is earned here, at export:
    ``tolerances.FIDELITY_MIN_PAIRS`` pairs) confirm it. A user's pairs CSV can replace either.
 2. **Reference.** Both sets are scored in fp32 by ONNX Runtime on the same bundle (what masc-run
    runs by default).
-3. **Gates** (:func:`gate_figures`, the reduced-precision gates of :mod:`masc_engine.tolerances`):
+3. **Gates** (:func:`gate_figures`: :mod:`masc_engine.metrics.certification` with the
+   reduced-precision gates of :mod:`masc_engine.tolerances`):
    per pair |dCP| and |dPF| <= ``FIDELITY_MAX_ABS_DELTA``, Spearman of CP and of PF >=
    ``FIDELITY_MIN_SPEARMAN``, no NaN where fp32 is finite (nor the reverse), and on the held-out set
    at least ``FIDELITY_MIN_PAIRS`` pairs.

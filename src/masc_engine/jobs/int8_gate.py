@@ -4,7 +4,8 @@
 weights of the vision tower's and text tower's MatMuls to int8 (:func:`masc_engine.export.int8.quantize_graphs`,
 ONNX Runtime's dynamic quantization, activations quantized per call), scores a gate set of pairs
 with both bundles through the pairs job (masc-run's own code), and keeps the int8 bundle only
-if, against fp32 on the same pairs (the int8 acceptance gates):
+if, against fp32 on the same pairs (the int8 acceptance gates, :data:`INT8_GATES` of
+:mod:`masc_engine.metrics.certification`, the rule every reduced-precision build is certified by):
 
 - max per-pair |Delta CP| <= 1e-2, and
 - Spearman's rho >= 0.995 for CP and for PF.
