@@ -131,3 +131,24 @@ def test_records_with_a_segmenter_hold_only_declared_fields(naflex_bundle, seg_b
         assert set(rec) <= _declared(), set(rec) - _declared()
     finally:
         http.__exit__(None, None, None)
+
+
+def _document(bundle, seed: int) -> str:
+    code = ("from masc_engine.serve.app import ServeConfig, create_app, dumps_openapi\n"
+            f"print(dumps_openapi(create_app(ServeConfig(bundle={str(bundle)!r}))))")
+    env = {**__import__("os").environ, "PYTHONHASHSEED": str(seed)}
+    r = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_the_document_is_the_same_in_every_process(naflex_bundle):
+    """Every operation has its own id (a probe answering HEAD too is documented once, as GET), so
+    the document does not depend on the process's hash seed, and FastAPI warns of no duplicate."""
+    first = _document(naflex_bundle, 1)
+    assert _document(naflex_bundle, 2) == first
+    doc = json.loads(first)
+    ids = [op["operationId"] for path in doc["paths"].values() for op in path.values()]
+    assert len(ids) == len(set(ids)), ids
+    assert set(doc["paths"]["/healthz"]) == {"get"}

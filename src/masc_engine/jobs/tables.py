@@ -359,6 +359,18 @@ def parse_number(value: Any) -> float | None:
     return v
 
 
+def number_or_nan(value: Any) -> float:
+    """A numeric cell for display and summaries: :func:`parse_number`'s value, NaN where it has none
+    (missing) or refuses the cell (not a number, a boolean, infinite). The one lenient reading of a
+    score cell (masc-report, masc-run's resumed rows); masc-eval uses :func:`parse_number` and names
+    a bad cell instead."""
+    try:
+        v = parse_number(value)
+    except (TypeError, ValueError):
+        return float("nan")
+    return float("nan") if v is None else v
+
+
 _TRUE = {"1", "true", "t", "yes", "y", "within", "same"}
 _FALSE = {"0", "false", "f", "no", "n", "cross", "different"}
 

@@ -44,7 +44,7 @@ import numpy as np
 from ..jobs import evaluation as ev
 from ..jobs.evaluation import POOLED
 from ..jobs.results import meta_path, read_output
-from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES, Table, TableError
+from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES, Table, TableError, number_or_nan as _num
 from ..metrics import agreement as ag
 from ..runtime.pair_metrics import registered, score_metrics
 
@@ -156,17 +156,6 @@ def _load_sidecar(mp: Path) -> dict | None:
     except (OSError, ValueError, RecursionError):
         return None
     return meta if isinstance(meta, dict) else None
-
-
-def _num(v: Any) -> float:
-    """A score cell as float; empty / None / unparsable / infinite -> NaN."""
-    if v is None or isinstance(v, bool):
-        return float("nan")
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return float("nan")
-    return x if math.isfinite(x) else float("nan")
 
 
 def cell_text(v: Any) -> str:

@@ -50,6 +50,10 @@ from ..runtime.scorer import Scorer
 from ..runtime.stripping import STRIPPERS
 from ..runtime.text import PromptBudget
 
+#: The strippers a request may ask for unless the server enables others (``--stripper`` and
+#: ``extra_strippers``): spaCy's is opt-in, since its model loads in every worker.
+DEFAULT_REQUEST_STRIPPERS = tuple(s for s in STRIPPERS if s != "spacy")
+
 #: The four byte fields of a request, in masc-run's column order.
 BYTE_FIELDS = FILE_COLUMNS
 #: Keys of masc-run's record that are not part of a service response.
@@ -163,7 +167,7 @@ class ServiceScorer:
     """
 
     def __init__(self, scorer: Scorer, settings: RunSettings = RunSettings(), cache_bytes: int = 512 * 2**20,
-                 store: EncodingStore | None = None, strippers: tuple[str, ...] = ("regex", "none"),
+                 store: EncodingStore | None = None, strippers: tuple[str, ...] = DEFAULT_REQUEST_STRIPPERS,
                  decoded_bytes: int | None = None, prompt_budget: PromptBudget = PromptBudget(),
                  segmenter=None):
         self.scorer = scorer

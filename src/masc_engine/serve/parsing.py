@@ -11,6 +11,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from ..runtime.stripping import STRIPPERS
 from .errors import ApiError, validation_error
 from .glue import BYTE_FIELDS
 from .limits import BodyTimeout
@@ -78,8 +79,8 @@ async def parse_multipart(request: Request, cfg) -> dict:
     texts = {k: await _text_part(form.get(k), k, cfg) for k in ("prompt", "object_name", "stripper")}
     if texts["prompt"] is None:
         raise ApiError(422, "missing_field", "prompt", "prompt: field required")
-    if texts["stripper"] not in (None, "regex", "spacy", "none"):
-        raise ApiError(422, "bad_value", "stripper", "stripper: must be one of regex, spacy, none")
+    if texts["stripper"] not in (None, *STRIPPERS):
+        raise ApiError(422, "bad_value", "stripper", f"stripper: must be one of {', '.join(STRIPPERS)}")
     return {"data": data, "prompt": texts["prompt"], "object_name": texts["object_name"] or None,
             "stripper": texts["stripper"]}
 

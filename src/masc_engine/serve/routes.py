@@ -19,17 +19,28 @@ from .schemas import ERRORS, BatchResult, ErrorBody, ScoreResult, multipart_sche
 LOAD_FAILED_DETAIL = "the bundle could not be loaded; the server log names the cause"
 
 
+def _probe(app: FastAPI, path: str, **kw):
+    """Route a probe for GET (in the OpenAPI document) and HEAD (not in it): one route for both
+    would give the two operations one id, and FastAPI would pick either for the document (set
+    order, so the document changed from one process to the next)."""
+
+    def deco(fn):
+        app.get(path, **kw)(fn)
+        app.head(path, include_in_schema=False, **kw)(fn)
+        return fn
+
+    return deco
+
+
 def add_probe_routes(app: FastAPI, cfg, state) -> None:
     """``/healthz``, ``/readyz`` and ``/metrics``, each answering GET and HEAD (HEAD-based probes).
     No answer names a server path: bundles are identified by their fingerprint."""
 
-    @app.api_route("/healthz", methods=["GET", "HEAD"], summary="process alive",
-                   responses={200: {"content": {"application/json": {}}}})
+    @_probe(app, "/healthz", summary="process alive", responses={200: {"content": {"application/json": {}}}})
     async def healthz() -> dict:
         return {"status": "alive"}
 
-    @app.api_route("/readyz", methods=["GET", "HEAD"], summary="bundle loaded and graphs warm",
-                   responses={503: {"model": ErrorBody}})
+    @_probe(app, "/readyz", summary="bundle loaded and graphs warm", responses={503: {"model": ErrorBody}})
     async def readyz():
         if state.ready:
             scorer = state.service.scorer
@@ -45,8 +56,8 @@ def add_probe_routes(app: FastAPI, cfg, state) -> None:
             return error_response(503, "load_failed", None, LOAD_FAILED_DETAIL)
         return error_response(503, "not_ready", None, "the bundle is still loading")
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"], summary="Prometheus metrics", response_class=Response,
-             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+    @_probe(app, "/metrics", summary="Prometheus metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics():
         if state.batcher is not None:
             state.metrics.queue_depth.set(state.batcher.depth())

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..runtime.pair_metrics import score_metrics
+from ..runtime.stripping import STRIPPERS
 from .glue import BYTE_FIELDS
 
 _B64 = {"format": "byte", "contentEncoding": "base64"}
@@ -29,7 +30,7 @@ class ScoreItem(BaseModel):
     prompt: str = Field(description="the generation prompt")
     object_name: str | None = Field(None, description="subject name stripped from the prompt for PF; "
                                                       "null or absent: the prompt is not stripped")
-    stripper: Literal["regex", "spacy", "none"] | None = Field(
+    stripper: Literal[STRIPPERS] | None = Field(  # type: ignore[valid-type]
         None, description="PF prompt stripper; default: the server's --stripper")
 
 
@@ -147,7 +148,7 @@ def multipart_schema(masks_optional: bool = False) -> dict:
     required = [f for f in BYTE_FIELDS if not (masks_optional and f in MASK_FIELDS)]
     return {"type": "object", "required": [*required, "prompt"],
             "properties": {**files, "prompt": {"type": "string"}, "object_name": {"type": "string"},
-                           "stripper": {"type": "string", "enum": ["regex", "spacy", "none"]}}}
+                           "stripper": {"type": "string", "enum": list(STRIPPERS)}}}
 
 
 def add_schemas(app: FastAPI, strippers: tuple[str, ...], cfg) -> None:

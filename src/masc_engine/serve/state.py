@@ -13,7 +13,7 @@ from ..runtime.config import ScorerConfig
 from ..runtime.segmenter import SegmenterConfig
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .batcher import MicroBatcher
-from .glue import ServiceScorer
+from .glue import DEFAULT_REQUEST_STRIPPERS, ServiceScorer
 from .metrics import ServiceMetrics
 
 log = logging.getLogger("masc_engine.serve")
@@ -46,7 +46,7 @@ class ServeConfig:
     max_decoded_mb: float = 1024.0
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
-    extra_strippers: tuple[str, ...] = ("regex", "none")
+    extra_strippers: tuple[str, ...] = DEFAULT_REQUEST_STRIPPERS
     #: The segmenter (``--segmenter``): with one, a request's mask fields are optional (computed
     #: from its object_name); None: every mask is sent.
     segmenter: SegmenterConfig | None = None

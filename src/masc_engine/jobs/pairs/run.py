@@ -14,6 +14,7 @@ from ...runtime.scorer import Scorer
 from ...runtime.segmenter import Segmenter
 from ..executors import Chunk, LocalExecutor, RayExecutor
 from ..mask_source import SAVED_MASK_COLUMNS
+from ..tables import number_or_nan
 from ..results import Journal, OutputLock, RunRecord, output_errors, output_format, resume, write_output
 from .columns import MAP_COLUMNS, read_pairs, row_key
 from .job import PairsJob, _ray_factory
@@ -150,7 +151,7 @@ def _write_output(out_path: Path, result_cols: tuple[str, ...], fieldnames: list
     for i in range(1, len(rows) + 1):
         r = {**rows[i - 1], **{k: v for k, v in done[i].items() if k in result_cols}}
         for c in headline:
-            r[c] = _num(r.get(c))
+            r[c] = number_or_nan(r.get(c))
         for k in MAP_COLUMNS + SAVED_MASK_COLUMNS:
             if r.get(k) and os.path.isabs(r[k]):
                 r[k] = os.path.relpath(r[k], out_path.resolve().parent)
@@ -159,9 +160,3 @@ def _write_output(out_path: Path, result_cols: tuple[str, ...], fieldnames: list
     columns = fieldnames + [c for c in result_cols if c not in fieldnames]
     with output_errors(out_path, "output"):
         write_output(out_path, ordered, columns)
-
-
-def _num(v) -> float:
-    if v is None or v == "":
-        return float("nan")
-    return float(v)
