@@ -22,7 +22,6 @@ also resets the lifetime peak that ``getrusage``'s ``ru_maxrss`` and ``/usr/bin/
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import threading
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..engine.memory import release_heap
 from ..errors import MascEngineError
 
 GB = 1e9
@@ -112,10 +112,7 @@ def release_memory() -> None:
     without the trim, glibc keeps a stage's freed buffers mapped and the next stage's peak sits on
     top of them."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    release_heap()  # glibc only; a no-op elsewhere
 
 
 #: Where the cgroup memory limit is read: v2 ``memory.max``, v1 ``memory.limit_in_bytes``.

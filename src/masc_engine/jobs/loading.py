@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TypeVar
 
+from ..engine.memory import release_heap
 from ..errors import InputError
 
 T = TypeVar("T")
@@ -144,11 +145,4 @@ def release_free_memory() -> bool:
     Returns:
         whether a trim ran.
     """
-    libc = _libc()
-    if libc is None:
-        return False
-    try:
-        libc.malloc_trim(0)
-        return True
-    except AttributeError:
-        return False
+    return release_heap()
