@@ -75,14 +75,13 @@ def child_prepare(preset: str, budget: int, work: str) -> dict:
     cert = Path(work) / f"{preset}-{budget}-bf16cpu"
     info_path = Path(work) / f"{preset}-{budget}-certificate.json"
     if not (fp32 / "manifest.json").is_file():
-        export_bundle(f"random:{preset}-naflex", fp32, max_num_patches=budget, validate=preset == "tiny",
-                      log=lambda s: print(s, flush=True))
+        export_bundle(f"random:{preset}-naflex", fp32, max_num_patches=budget, validate=preset == "tiny",)
     if not info_path.is_file():
         shutil.rmtree(cert, ignore_errors=True)
         shutil.copytree(fp32, cert)
         t = time.perf_counter()
         try:
-            rec = certify_bundle(cert, log=lambda s: print(s, flush=True))
+            rec = certify_bundle(cert)
             info = {"certified": True, "record": rec}
         except CertificationError as e:
             info = {"certified": False, "refused": str(e), "report": e.report}
@@ -114,7 +113,7 @@ def child_order(info: dict) -> list[str]:
     _, order, _ = _units_and_order(info)
     if order:
         return order
-    ev = Evaluator(info["fp32_bundle"], log=lambda s: print(s, flush=True))
+    ev = Evaluator(info["fp32_bundle"])
     cal, _ = default_calibration()
     return sensitivity_order(unit_sensitivity(ev, cal), ev.unit_names)
 
@@ -216,7 +215,7 @@ def child_frontier_fidelity(info: dict, order: list[str], ks: list[int]) -> dict
     from masc_engine.export.cpu_precision import Evaluator, default_heldout
     from masc_engine.tolerances import FIDELITY_MIN_PAIRS
 
-    ev = Evaluator(info["fp32_bundle"], log=lambda s: None)
+    ev = Evaluator(info["fp32_bundle"])
     held, desc = default_heldout()
     out = {"pairs": desc, "k": {}}
     for k in ks:
@@ -431,6 +430,9 @@ def run_shape(a, shape: str, work: Path) -> tuple[dict, list[dict] | None]:
 
 
 def main() -> None:
+    from masc_engine.cli.logs import show_library_log
+
+    show_library_log()  # the export's stage lines on stderr
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="base:256,so400m:1024", help="preset:budget list (tiny:64 for a check)")
     ap.add_argument("--parts", default="per_image,frontier,job")

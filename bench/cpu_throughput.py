@@ -351,7 +351,7 @@ def part_job(a, work: Path) -> dict:
     pairs = dreambench_pairs(work, SHARED, subjects, a.prompts, a.methods)
     bundle = work / f"base-naflex-{a.budget}"
     if not (bundle / "manifest.json").is_file() or "variants" not in json.loads((bundle / "manifest.json").read_text()):
-        export_bundle("random:base-naflex", bundle, max_num_patches=a.budget, log=lambda s: print(s, flush=True))
+        export_bundle("random:base-naflex", bundle, max_num_patches=a.budget)
     manifest = json.loads((bundle / "manifest.json").read_text())
     checkpoint = manifest["source"]["checkpoint_dir"]
     before = _load()
@@ -383,6 +383,9 @@ def part_job(a, work: Path) -> dict:
 
 
 def main() -> None:
+    from masc_engine.cli.logs import show_library_log
+
+    show_library_log()  # the export's stage lines on stderr
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default=str(REPO / "out" / "bench-cpu"))
     ap.add_argument("--parts", default="vision,job", help="comma list of: vision, job (job includes start-up)")
@@ -428,7 +431,7 @@ def _int8(a, work: Path) -> dict:
     bundle = work / f"base-naflex-{a.budget}"
     int8, refused = work / f"base-naflex-{a.budget}-int8", work / f"base-naflex-{a.budget}-int8-refused"
     try:
-        gate = quantize_bundle(bundle, int8, SHARED / "pairs.csv", log=lambda s: print(s, flush=True),
+        gate = quantize_bundle(bundle, int8, SHARED / "pairs.csv",
                                keep_refused_at=refused)
         entry, timed = {"gates": gate, "accepted": True}, int8
     except Int8GateError as e:

@@ -39,7 +39,7 @@ def measure(preset: str, work: Path) -> dict:
     out = work / preset
     t0 = time.time()
     if not (out / "manifest.json").is_file():
-        exporter.export_bundle(f"random:{preset}", out, validate=False, log=lambda s: print(s, file=sys.stderr))
+        exporter.export_bundle(f"random:{preset}", out, validate=False)
     export_s = time.time() - t0
     manifest = json.loads((out / "manifest.json").read_text())
     m, processor, _ = exporter._load(f"random:{preset}", None)
@@ -69,6 +69,9 @@ def measure(preset: str, work: Path) -> dict:
 
 
 def main() -> None:
+    from masc_engine.cli.logs import show_library_log
+
+    show_library_log()  # the export's stage lines on stderr
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(REPO / "bench/results/export_validation.json"))
     ap.add_argument("--work", default="/tmp/masc-export-validation")

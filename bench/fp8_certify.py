@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,12 +44,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="fp8-"))
     lines: list[str] = []
-    log = lambda s: (lines.append(s), print(s, flush=True))  # noqa: E731
+    handler = logging.StreamHandler(sys.stdout)  # the certification's lines, shown and recorded
+    handler.emit = lambda r: (lines.append(r.getMessage()), print(r.getMessage(), flush=True))
+    logging.getLogger("masc_engine.export").addHandler(handler)
+    logging.getLogger("masc_engine").setLevel(logging.INFO)
     t0 = time.time()
     try:
-        export_bundle(args.model, work / "fp32", max_num_patches=args.max_num_patches, log=lambda s: None)
+        export_bundle(args.model, work / "fp32", max_num_patches=args.max_num_patches)
         try:
-            record = certify_fp8(work / "fp32", work / "fp8", threads=args.threads, log=log)
+            record = certify_fp8(work / "fp32", work / "fp8", threads=args.threads)
             result = {"certified": True, "precision": record}
         except CertificationError as e:
             result = {"certified": False, "refusal": str(e)}

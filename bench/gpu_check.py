@@ -739,8 +739,8 @@ def _ort_cuda_fp16_bundle():
 
     pairs = validation_pairs(8)
     with tempfile.TemporaryDirectory() as d:
-        b32 = export_bundle("random:tiny-naflex", Path(d) / "b32", log=lambda s: None)
-        b16 = export_bundle("random:tiny-naflex", Path(d) / "b16", log=lambda s: None, precision="fp16")
+        b32 = export_bundle("random:tiny-naflex", Path(d) / "b32")
+        b16 = export_bundle("random:tiny-naflex", Path(d) / "b16", precision="fp16")
         cuda16 = Scorer(b16, provider="cuda").score_batch(pairs)
         cpu16 = Scorer(b16).score_batch(pairs)
         cuda32 = Scorer(b32, provider="cuda").score_batch(pairs)
@@ -776,7 +776,7 @@ def _ort_cuda_device_resident():
     pairs = [Pair(imgs[r], masks[r], imgs[o], masks[o], "a photo of a dog on the beach", "dog")
              for r in (0, 1) for o in range(2, 6)]
     with tempfile.TemporaryDirectory() as d:
-        bundle = export_bundle("random:tiny-naflex", Path(d) / "b", log=lambda s: None)
+        bundle = export_bundle("random:tiny-naflex", Path(d) / "b")
         gpu = Scorer(bundle, provider="cuda", device_resident=True, batch_size=3).score_batch(pairs)
         cpu = Scorer(bundle, cp_head="graph", batch_size=3).score_batch(pairs)
     d_cp = max(abs(g.cp - c.cp) for g, c in zip(gpu, cpu))
@@ -811,7 +811,7 @@ def section_tensorrt(cfg, ctx):
         for prec, graph in (("fp32", "cp.onnx"), ("fp16", "cp.fp16.onnx")):
             try:  # one precision's failure keeps the other's results
                 facts = build_engine(Path(d) / graph, Path(d) / f"cp.{prec}.engine", prec, [shapes],
-                                     timing_cache=Path(d) / "timing.cache", log=lambda s: None, graph="cp")
+                                     timing_cache=Path(d) / "timing.cache", graph="cp")
                 acc = _cp_accuracy(lambda g: TrtRunner(Path(d) / f"cp.{prec}.engine", "cp", entry, shapes), width)
                 stub = {"precision": {"graphs": ["cp"] if prec == "fp16" else []}}
                 paper = tp.activation_bytes("cp", stub, {k: v["max"] for k, v in shapes.items()}, prec)
@@ -864,7 +864,7 @@ def section_fp8_qdq(cfg, ctx):
         from masc_engine.engine.backends.tensorrt import build_engine
 
         shapes = {"x": {"min": [1, 256], "opt": [64, 256], "max": [256, 256]}}
-        facts = build_engine(path, Path(d) / "fp8.engine", "fp8", [shapes], log=lambda s: None, graph="fp8")
+        facts = build_engine(path, Path(d) / "fp8.engine", "fp8", [shapes], graph="fp8")
         x = rng.uniform(-4, 4, (64, 256)).astype(np.float32)
         ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     return {"build": facts, "ort_cpu_output_norm": float(np.linalg.norm(ref)),

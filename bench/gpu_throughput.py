@@ -245,11 +245,11 @@ def bench_model(a, preset: str, log) -> dict:
     p = PRESETS[preset.split(":", 1)[1]]
     bundle = Path(a.work) / f"{preset.split(':', 1)[1]}-{a.budget}-{a.precision}"
     if not (bundle / "manifest.json").is_file():  # the precision is in the graphs (both backends)
-        export_bundle(preset, bundle, max_num_patches=a.budget, log=log, precision=a.precision)
+        export_bundle(preset, bundle, max_num_patches=a.budget, precision=a.precision)
     if a.backend == "tensorrt" and not (bundle / f"tensorrt-{a.precision}").is_dir():
         from masc_engine.engine.backends.tensorrt import build_engines
 
-        build_engines(bundle, precision=a.precision, max_batch=max(a.batches), log=log,
+        build_engines(bundle, precision=a.precision, max_batch=max(a.batches),
                       gpu_memory_budget=a.gpu_memory_budget)
     manifest = json.loads((bundle / "manifest.json").read_text())
     side = int(np.sqrt(a.budget)) * 16
@@ -329,6 +329,9 @@ def _missing_gpu_stack(backend: str) -> str | None:
 
 
 def main(argv=None) -> int:
+    from masc_engine.cli.logs import show_library_log
+
+    show_library_log()  # the export's stage lines on stderr
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default="onnxruntime")
     ap.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16",

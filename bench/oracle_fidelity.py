@@ -65,7 +65,7 @@ def main() -> None:
               "pairs": {k: len(read_rows(v)) for k, v in sets.items()}}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("naflex", "fixed"):
-            bundle = export_bundle(f"random:tiny-{kind}", Path(tmp) / kind, log=lambda s: None)
+            bundle = export_bundle(f"random:tiny-{kind}", Path(tmp) / kind)
             ckpt = json.loads((bundle / "manifest.json").read_text())["source"]["checkpoint_dir"]
             ref = Oracle(model_id=ckpt, device="cpu")
             entry = {}

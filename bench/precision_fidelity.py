@@ -172,6 +172,9 @@ def grid_pairs(n_per_grid: int = 2):
 
 
 def main() -> None:
+    from masc_engine.cli.logs import show_library_log
+
+    show_library_log()  # the export's stage lines on stderr
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="random:tiny-naflex")
     ap.add_argument("--budget", type=int, default=1024, help="NaFlex patch budget")
@@ -211,7 +214,7 @@ def main() -> None:
         t = time.time()
         # Portable graphs only: precision is compared on the graphs TensorRT builds (fp32 vs fp16 on the
         # same ops), not against the fused ONNX Runtime CPU variant (export/fusion.py).
-        b32 = export_bundle(a.model, tmp / "fp32", max_num_patches=a.budget, log=lambda s: print(s, flush=True),
+        b32 = export_bundle(a.model, tmp / "fp32", max_num_patches=a.budget,
                             ort_cpu_variant=False)
         export_s = time.time() - t
         ckpt = json.loads((b32 / "manifest.json").read_text())["source"]["checkpoint_dir"]

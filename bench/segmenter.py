@@ -222,7 +222,7 @@ def part_job(a, work: Path, segmenter: Path) -> dict:
                                [{k: v for k, v in r.items() if k not in ("ref_mask", "out_mask")} for r in rows])
     scorer = Path(a.scorer_bundle) if a.scorer_bundle else work / f"{a.scorer.replace(':', '_')}-{a.budget}"
     if not (scorer / "manifest.json").is_file():
-        export_bundle(a.scorer, scorer, max_num_patches=a.budget, log=lambda s: print(s, file=sys.stderr))
+        export_bundle(a.scorer, scorer, max_num_patches=a.budget)
     common = ["--batch-size", str(a.batch_size)] + (["--threads", str(a.threads)] if a.threads else [])
     reps = [job_once(work, scorer, segmenter, pairs, no_masks, common) for _ in range(a.job_repeats)]
     med = {k: {m: float(np.median([r["runs"][k][m] for r in reps])) for m in ("whole_process_s", "in_run_s",
@@ -290,6 +290,9 @@ def part_image(args, bundle: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from masc_engine.cli.logs import show_library_log
+
+    show_library_log()  # the export's stage lines on stderr
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", default="image,job", help="comma list of: image, job")
     ap.add_argument("--model", default="random:clipseg-rd64")
@@ -318,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     bundle = Path(args.bundle) if args.bundle else work / f"{args.model.replace(':', '_')}-{args.precision}"
     if not (bundle / "manifest.json").is_file():
-        export_segmenter_bundle(args.model, bundle, precision=args.precision, log=lambda s: print(s, file=sys.stderr))
+        export_segmenter_bundle(args.model, bundle, precision=args.precision)
     res = {"script": "bench/segmenter.py", "command": shlex.join([sys.executable, *sys.argv]),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
            "settings": {"model": json.loads((bundle / "manifest.json").read_text())["source"]["model"],

@@ -137,6 +137,9 @@ def scrape(url: str) -> dict:
 
 
 def main() -> None:
+    from masc_engine.cli.logs import show_library_log
+
+    show_library_log()  # the export's stage lines on stderr
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default=str(REPO / "out" / "bench-serve"))
     ap.add_argument("--bundle", default=None, help="default: export random:base-naflex (budget --budget) into --work")
@@ -154,7 +157,7 @@ def main() -> None:
     if not (bundle / "manifest.json").is_file():
         from masc_engine.export.exporter import export_bundle
 
-        export_bundle("random:base-naflex", bundle, max_num_patches=a.budget, log=lambda s: print(s, flush=True))
+        export_bundle("random:base-naflex", bundle, max_num_patches=a.budget)
     bodies = work / "bodies.jsonl"
     n_pairs, n_refs = build_bodies(bodies, a.pairs)
     manifest = json.loads((bundle / "manifest.json").read_text())

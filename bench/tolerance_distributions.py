@@ -123,9 +123,9 @@ def measure(shape: str, seed: int, family: str, work: Path) -> dict:
     seg = shape.startswith("clipseg")
     with accept_validation_error(1.0):
         if seg:
-            export_segmenter_bundle(str(ckpt), out, log=lambda s: None)
+            export_segmenter_bundle(str(ckpt), out)
         else:
-            export_bundle(str(ckpt), out, log=lambda s: None, ort_cpu_variant=False)
+            export_bundle(str(ckpt), out, ort_cpu_variant=False)
     v = json.loads((out / "manifest.json").read_text())["validation"]
     checks = SEGMENTER_CHECKS if seg else SIGLIP_CHECKS
     row = {"shape": shape, "seed": seed, "family": family, "seconds": round(time.time() - t0, 1),

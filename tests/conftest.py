@@ -86,7 +86,7 @@ def _export(kind: str, tmp_path_factory, cache_dir, precision: str = "fp32") -> 
     from masc_engine.export.exporter import export_bundle
 
     out = tmp_path_factory.mktemp(f"bundle-{kind}-{precision}")
-    return export_bundle(f"random:tiny-{kind}", out, log=lambda s: None, precision=precision)
+    return export_bundle(f"random:tiny-{kind}", out, precision=precision)
 
 
 @pytest.fixture(scope="session")
@@ -114,7 +114,7 @@ def base_bundle(tmp_path_factory, cache_dir) -> Path:
     from masc_engine.export.exporter import export_bundle
 
     out = tmp_path_factory.mktemp("bundle-base")
-    return export_bundle("random:base-naflex", out, max_num_patches=256, validate=False, log=lambda s: None)
+    return export_bundle("random:base-naflex", out, max_num_patches=256, validate=False)
 
 
 @pytest.fixture(scope="session")

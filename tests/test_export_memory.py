@@ -144,7 +144,7 @@ def test_the_exporter_process_never_imports_torch(tmp_path, cache_dir):
     """PyTorch lives in the worker only: the exporter's own process never imports it, so no PyTorch
     weights are resident while ONNX Runtime sessions and transforms run."""
     code = ("import sys; from masc_engine.export.exporter import export_bundle; "
-            f"export_bundle('random:tiny-naflex', {str(tmp_path / 'b')!r}, log=lambda s: None); "
+            f"export_bundle('random:tiny-naflex', {str(tmp_path / 'b')!r}); "
             "print('torch imported:', 'torch' in sys.modules, 'transformers' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, MASC_ENGINE_CACHE=str(cache_dir)))

@@ -143,11 +143,11 @@ def test_the_fake_tensorrt_takes_the_fp8_graph_and_refuses_wrong_placements(fake
     manifest = Bundle(naflex_bundle).manifest
     profile = tp.profile_shapes(manifest["graphs"]["vision"], tp.default_axis_ranges(manifest, max_batch=2))
     onnx.save(fp8.qdq_model(model, amax), str(tmp_path / "v.onnx"))
-    fake_trt.build_engine(tmp_path / "v.onnx", tmp_path / "v.engine", "fp8", [profile], log=lambda s: None)
+    fake_trt.build_engine(tmp_path / "v.onnx", tmp_path / "v.engine", "fp8", [profile])
     assert not fake_tensorrt.BUILD_ERRORS
     onnx.save(_mutate(fp8.qdq_model(model, amax), what), str(tmp_path / "bad.onnx"))
     with pytest.raises(EngineBuildError, match="failed to build engine 'bad'"):
-        fake_trt.build_engine(tmp_path / "bad.onnx", tmp_path / "bad.engine", "fp8", [profile], log=lambda s: None)
+        fake_trt.build_engine(tmp_path / "bad.onnx", tmp_path / "bad.engine", "fp8", [profile])
     assert any(re.search(why, e) for e in fake_tensorrt.BUILD_ERRORS), fake_tensorrt.BUILD_ERRORS
 
 
@@ -157,7 +157,7 @@ def test_the_fake_tensorrt_takes_the_fp8_graph_and_refuses_wrong_placements(fake
 def test_fp8_needs_enough_held_out_pairs(naflex_bundle, tmp_path):
     few = cross_pairs(synthetic_images(4, 3), 1)
     with pytest.raises(CertificationError, match=r"fp8 needs at least 1000 held-out pairs .* has 4"):
-        fp8.certify_fp8(naflex_bundle, tmp_path / "out", calibration=few, heldout=few, log=lambda s: None)
+        fp8.certify_fp8(naflex_bundle, tmp_path / "out", calibration=few, heldout=few)
     assert not (tmp_path / "out").exists()
 
 
@@ -175,7 +175,7 @@ def test_fp8_is_refused_with_figures_where_the_gates_fail(naflex_bundle, tmp_pat
     fp32 the export is refused in one line with the figures, and nothing is written."""
     cal, held = cross_pairs(synthetic_images(8, 1), 2), cross_pairs(synthetic_images(12, 2), 3)
     with pytest.raises(CertificationError) as e:
-        fp8.certify_fp8(naflex_bundle, tmp_path / "out", calibration=cal, heldout=held, max_keep=0, log=lambda s: None)
+        fp8.certify_fp8(naflex_bundle, tmp_path / "out", calibration=cal, heldout=held, max_keep=0)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("fp8 refused: no plan with at most 0 of 3 units in fp32 passes the gates")
     dcp = float(re.search(r"max \|dCP\| ([0-9.e+-]+)", msg).group(1))
@@ -183,15 +183,15 @@ def test_fp8_is_refused_with_figures_where_the_gates_fail(naflex_bundle, tmp_pat
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.fp8-stage").exists()
 
 
-def test_a_certified_fp8_bundle_is_written_and_scores(naflex_bundle, tmp_path, small_gates):
+def test_a_certified_fp8_bundle_is_written_and_scores(naflex_bundle, tmp_path, small_gates, caplog):
     """Where the gates pass (here: units kept in fp32 by the search until they do), the bundle is
     written with the FP8 vision graph, its manifest records the plan and the figures, and masc-run's
     scorer loads it and gives the certified scores."""
     from masc_engine.runtime.scorer import Scorer
 
     cal, held = cross_pairs(synthetic_images(8, 1), 2), cross_pairs(synthetic_images(12, 2), 3)
-    logs = []
-    rec = fp8.certify_fp8(naflex_bundle, tmp_path / "out", calibration=cal, heldout=held, max_keep=3, log=logs.append)
+    with caplog.at_level("INFO", logger="masc_engine"):
+        rec = fp8.certify_fp8(naflex_bundle, tmp_path / "out", calibration=cal, heldout=held, max_keep=3)
     b = Bundle(tmp_path / "out", verify="all")
     assert b.precision == "fp8" and b.manifest["precision"] == rec
     assert rec["gates"]["heldout"]["pass"] and rec["gates"]["heldout"]["pairs"] == 36

@@ -128,7 +128,7 @@ def test_fusion_keeps_biases_and_layernorm_weights(naflex_bundle, tmp_path):
 
     graph_entries = {g: {"file": f"{g}.onnx"} for g in ("vision", "text", "pool")}
     check = lambda g, path, gates: validate_graph(g, path, tmp_path, model, processor, m["image"], m["text"], gates)  # noqa: E731
-    recs = run_transforms(tmp_path, graph_entries, [fusion.FusionTransform.for_model(model)], check, log=lambda s: None)
+    recs = run_transforms(tmp_path, graph_entries, [fusion.FusionTransform.for_model(model)], check)
     assert [r["graph"] for r in recs] == ["vision", "text"]
     width = model.config.vision_config.hidden_size  # the portable graphs' budgets (3e-6 measured)
     assert all(r["validation"]["max_abs"] < export_validation_atol(r["graph"], width)[0] for r in recs)

@@ -82,8 +82,8 @@ def test_unseen_initialisations_export_without_refusal(shape, seed, family, tmp_
     ckpt = bench.build(shape, seed, family, tmp_path)
     out = tmp_path / "bundle"
     if shape.startswith("clipseg"):
-        export_segmenter_bundle(str(ckpt), out, log=lambda s: None)
+        export_segmenter_bundle(str(ckpt), out)
     else:
-        export_bundle(str(ckpt), out, log=lambda s: None, ort_cpu_variant=False)
+        export_bundle(str(ckpt), out, ort_cpu_variant=False)
     v = json.loads((out / "manifest.json").read_text())["validation"]
     assert not [c for c, r in v.items() if isinstance(r, dict) and "override" in r]

@@ -75,7 +75,7 @@ def test_tensorrt_cp_engine(request, tmp_path):
     for precision, fixture in (("fp32", "naflex_bundle"), ("fp16", "fp16_bundle")):
         b = tmp_path / precision
         shutil.copytree(request.getfixturevalue(fixture), b)
-        build_engines(b, precision=precision, graphs=["cp"], max_batch=4, max_outs_per_ref=8, log=lambda s: None)
+        build_engines(b, precision=precision, graphs=["cp"], max_batch=4, max_outs_per_ref=8)
         runner = Bundle(b).runner("cp", backend="tensorrt", provider="cuda", precision=precision)
         if precision == "fp32":
             _check(runner, _items())

@@ -55,7 +55,7 @@ def test_int8_bundle_passes(naflex_bundle, tmp_path):
 
     stage = tmp_path / "int8"
     shutil.copytree(naflex_bundle, stage)
-    manifest = quantize_graphs(naflex_bundle, stage, log=lambda s: None)
+    manifest = quantize_graphs(naflex_bundle, stage)
     assert manifest["onnx_checker"]["graphs"] == sorted(f for f in manifest["files"] if f.endswith(".onnx"))
     _check_all(stage)
 

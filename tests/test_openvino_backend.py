@@ -335,12 +335,11 @@ def test_certification_refuses_a_failing_bundle(naflex_bundle, tmp_path, monkeyp
     strict = dataclasses.replace(cpc.FIDELITY_GATES, max_abs_dcp=1e-6)  # a gate bf16 cannot meet
     monkeypatch.setattr(cpc, "FIDELITY_GATES", strict)
     with pytest.raises(cpc.CertificationError, match=r"refused.*max \|dCP\|") as e:
-        cpc.certify_bundle(bundle, calibration=_pairs(8, 3, 5), heldout=_pairs(34, 30, 6), max_keep=0,
-                           log=lambda s: None)
+        cpc.certify_bundle(bundle, calibration=_pairs(8, 3, 5), heldout=_pairs(34, 30, 6), max_keep=0)
     assert not e.value.report["whole_graph"]["pass"] and e.value.report["whole_graph"]["max_abs_dcp"] > strict.max_abs_dcp
     assert (bundle / "manifest.json").read_bytes() == before  # nothing written
     with pytest.raises(cpc.CertificationError, match="1000 held-out pairs"):
-        cpc.certify_bundle(bundle, calibration=_pairs(8, 3, 5), heldout=_pairs(8, 3, 6), log=lambda s: None)
+        cpc.certify_bundle(bundle, calibration=_pairs(8, 3, 5), heldout=_pairs(8, 3, 6))
 
 
 @needs_bf16
@@ -353,7 +352,7 @@ def test_keeping_the_fragile_layer_in_fp32_passes(naflex_bundle, tmp_path, monke
     # layer (errors of order 1e-1), so the gate gets headroom.
     monkeypatch.setattr(cpc, "FIDELITY_GATES", dataclasses.replace(cpc.FIDELITY_GATES, max_abs_dcp=5e-3, max_abs_dpf=5e-3))
     cal, held = _pairs(10, 4, 5), _pairs(33, 31, 6)
-    rec = cpc.certify_bundle(bundle, calibration=cal, heldout=held, log=lambda s: None)
+    rec = cpc.certify_bundle(bundle, calibration=cal, heldout=held)
     assert not rec["search"]["whole_graph"]["pass"]  # the whole graph in bf16 fails ...
     assert rec["search"]["order"][0] == "vision.layers.1"
     assert rec["keep_fp32"] == ["vision.layers.1"]  # ... one layer kept in fp32 passes

@@ -181,7 +181,7 @@ def test_transform_pipeline_order_variants_and_validation(naflex_bundle, tmp_pat
         return {"ok": True}
 
     recs = run_transforms(stage, graphs, [_Copy("a", None, ("pool", "cp")), _Copy("b", "cpu-fused", ("pool",))],
-                          validate, log=lambda s: None)
+                          validate)
     assert [(r["transform"], r["graph"], r["file"]) for r in recs] == [
         ("a", "pool", "pool.onnx"), ("a", "cp", "cp.onnx"), ("b", "pool", "pool.cpu-fused.onnx")]
     assert seen == [("pool", "pool.onnx", "fp32"), ("cp", "cp.onnx", "fp32"), ("pool", "pool.cpu-fused.onnx", "fp32")]
@@ -194,9 +194,9 @@ def test_transform_pipeline_order_variants_and_validation(naflex_bundle, tmp_pat
         raise ExportValidationError(f"{g} refused")
 
     with pytest.raises(ExportValidationError, match="cp refused"):
-        run_transforms(stage, graphs, [_Copy("c", None, ("cp",))], refuse, log=lambda s: None)
+        run_transforms(stage, graphs, [_Copy("c", None, ("cp",))], refuse)
     with pytest.raises(ValueError, match="no_such_graph"):
-        run_transforms(stage, graphs, [_Copy("d", None, ("no_such_graph",))], validate, log=lambda s: None)
+        run_transforms(stage, graphs, [_Copy("d", None, ("no_such_graph",))], validate)
 
 
 def test_checkpoint_failing_fp16_gates_is_refused_and_leaves_nothing(naflex_bundle, tmp_path):
@@ -217,7 +217,7 @@ def test_checkpoint_failing_fp16_gates_is_refused_and_leaves_nothing(naflex_bund
     model.save_pretrained(ckpt)
     out = tmp_path / "bundles" / "b16"
     with pytest.raises(ExportValidationError) as e:
-        export_bundle(str(ckpt), out, precision="fp16", log=lambda s: None)
+        export_bundle(str(ckpt), out, precision="fp16")
     msg = str(e.value)
     assert "fp16 graph 'vision' fails its gates" in msg and "--precision fp32" in msg and "cosine" in msg
     assert not out.exists() and list((tmp_path / "bundles").iterdir()) == []  # nothing half-written

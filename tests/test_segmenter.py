@@ -377,7 +377,7 @@ def test_fp16_segmenter_bundle(tmp_path, reference_model):
     from masc_engine.export.segmenter_validate import mask_iou
     from masc_engine.tolerances import SEGMENTER_REDUCED_MIN_MASK_IOU
 
-    out = export_segmenter_bundle("random:clipseg-tiny", tmp_path / "fp16", precision="fp16", log=lambda s: None)
+    out = export_segmenter_bundle("random:clipseg-tiny", tmp_path / "fp16", precision="fp16")
     m = json.loads((out / "manifest.json").read_text())
     assert m["precision"]["mode"] == "fp16" and m["precision"]["graphs"] == ["vision", "text", "decoder"]
     assert [t["graph"] for t in m["transforms"]] == ["vision", "text", "decoder"]

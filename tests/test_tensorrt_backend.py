@@ -227,13 +227,13 @@ def test_build_load_and_run_with_a_fake_tensorrt(fake_trt, fp16_copy):
 
 
 def test_fp32_engines_clear_tf32_and_take_fp32_graphs(fake_trt, bundle_copy):
-    fake_trt.build_engines(bundle_copy, graphs=["pool"], log=lambda s: None)  # the bundle's precision: fp32
+    fake_trt.build_engines(bundle_copy, graphs=["pool"])  # the bundle's precision: fp32
     (build,) = fake_tensorrt.BUILDS
     assert build["strongly_typed"] and build["flags"] == set()  # TF32 cleared
     assert "FLOAT" in build["initializer_dtypes"] and "FLOAT16" not in build["initializer_dtypes"]
     assert json.loads((bundle_copy / "tensorrt-fp32" / "engines.json").read_text())["precision"] == "fp32"
     with pytest.raises(BundleError, match="holds fp32 graphs.*--precision bf16"):
-        fake_trt.build_engines(bundle_copy, precision="bf16", log=lambda s: None)
+        fake_trt.build_engines(bundle_copy, precision="bf16")
     # A bf16 bundle on a GPU without bf16 (the manifest's mode is what build_engines reads).
     m = json.loads((bundle_copy / "manifest.json").read_text())
     m["precision"] = {"mode": "bf16"}
@@ -242,7 +242,7 @@ def test_fp32_engines_clear_tf32_and_take_fp32_graphs(fake_trt, bundle_copy):
         from masc_engine.engine.backends import tensorrt as trt_backend
 
         trt_backend._query_gpu = lambda device: ("Tesla T4", "7.5")  # restored by monkeypatch
-        fake_trt.build_engines(bundle_copy, log=lambda s: None)
+        fake_trt.build_engines(bundle_copy)
 
 
 @pytest.mark.parametrize("n_outs", [32, 100])
@@ -254,7 +254,7 @@ def test_cp_scores_any_outputs_per_reference_through_trt_and_ort(fake_trt, bundl
     from masc_engine.runtime.masks import cp_keep
     from masc_engine.tolerances import CP_HEAD_ATOL
 
-    fake_trt.build_engines(bundle_copy, graphs=["cp"], log=lambda s: None)  # masc-export's defaults
+    fake_trt.build_engines(bundle_copy, graphs=["cp"])  # masc-export's defaults
     b = Bundle(bundle_copy)
     cp_trt, cp_ort = b.runner("cp", backend="tensorrt", provider="cuda"), b.runner("cp")
     assert cp_trt.axis_limit("outs_per_ref") == 16
@@ -282,7 +282,7 @@ def test_cp_scores_any_outputs_per_reference_through_trt_and_ort(fake_trt, bundl
 
 @pytest.fixture
 def trt_engines(fake_trt, bundle_copy):
-    fake_trt.build_engines(bundle_copy, log=lambda s: None)
+    fake_trt.build_engines(bundle_copy)
     fake_tensorrt.FAIL.clear()
     fake_tensorrt.CALLS.clear()
     yield Bundle(bundle_copy)
@@ -486,7 +486,7 @@ def test_a_just_built_plan_that_does_not_deserialize_is_a_build_error(fake_trt, 
 
     def check(mod):
         with pytest.raises(EngineBuildError, match=r"could not deserialize the engine it just built for 'cp'"):
-            mod.build_engines(bundle_copy, graphs=["cp"], log=lambda s: None)
+            mod.build_engines(bundle_copy, graphs=["cp"])
 
     check(fake_trt)
     with pytest.raises(AttributeError, match="NoneType"):
@@ -501,7 +501,7 @@ def test_a_network_that_cannot_be_created_is_a_build_error(fake_trt, bundle_copy
 
     def check(mod):
         with pytest.raises(EngineBuildError, match=r"TensorRT could not create a network for engine 'cp'"):
-            mod.build_engines(bundle_copy, graphs=["cp"], log=lambda s: None)
+            mod.build_engines(bundle_copy, graphs=["cp"])
 
     check(fake_trt)
     with pytest.raises(AttributeError, match="NoneType"):
@@ -563,7 +563,7 @@ def test_a_refused_optimization_profile_is_named(fake_trt, bundle_copy):
     def check(mod):
         with pytest.raises(MascEngineError, match=r"engine 'cp': TensorRT refused optimization profile 0 "
                                                   r"\(\{'ref_tokens': \[16, 1024, 64\]"):
-            mod.build_engines(bundle_copy, graphs=["cp"], log=lambda s: None)
+            mod.build_engines(bundle_copy, graphs=["cp"])
 
     check(fake_trt)
     with pytest.raises(AssertionError, match="Regex pattern did not match"):  # the generic message instead
@@ -582,7 +582,7 @@ def test_set_shape_refusal_names_engine_profile_and_shapes(fake_trt, bundle_copy
         with pytest.raises(MascEngineError, match=r"engine 'pool', optimization profile 0: TensorRT refused input "
                                                   r"'hidden' min \[1, 1, 64\] opt \[4, 2048, 64\] max \[8, 1024, 64\] "
                                                   r"\(Shape provided for max is inconsistent"):
-            mod.build_engine(bundle_copy / "pool.onnx", tmp_path / "pool.engine", "fp32", bad, log=lambda s: None)
+            mod.build_engine(bundle_copy / "pool.onnx", tmp_path / "pool.engine", "fp32", bad)
 
     check(fake_trt)
     with pytest.raises(RuntimeError, match="inconsistent"):  # untyped, and naming neither engine nor profile
@@ -599,10 +599,10 @@ def test_parser_rejections_and_failed_builds_are_typed_errors(fake_trt, bundle_c
                                                r"\(SkipLayerNormalization\): .* node \d+ \(Attention\): No importer "
                                                r"registered for op: Attention \(domain com.microsoft\)"):
         fake_trt.build_engine(bundle_copy / "vision.ort-cpu.onnx", tmp_path / "v.engine", "fp32", [profile],
-                              log=lambda s: None, graph="vision")
+                              graph="vision")
     fake_tensorrt.FAIL.add("build")
     with pytest.raises(EngineBuildError, match=r"failed to build engine 'vision' .*'pixel_values': \[2, 1024, 768\]"):
-        fake_trt.build_engine(bundle_copy / "vision.onnx", tmp_path / "v.engine", "fp32", [profile], log=lambda s: None,
+        fake_trt.build_engine(bundle_copy / "vision.onnx", tmp_path / "v.engine", "fp32", [profile],
                               graph="vision")
     assert not (tmp_path / "v.engine").exists()
 
@@ -630,11 +630,11 @@ def test_a_strongly_typed_build_fails_on_a_type_it_cannot_take(fake_trt, tmp_pat
 
     profile = _typed_graph(tmp_path / "g.onnx", a_type, b_type)
     with pytest.raises(EngineBuildError, match=r"failed to build engine 'g'"):
-        fake_trt.build_engine(tmp_path / "g.onnx", tmp_path / "g.engine", "fp32", [profile], log=lambda s: None)
+        fake_trt.build_engine(tmp_path / "g.onnx", tmp_path / "g.engine", "fp32", [profile])
     assert any(__import__("re").search(why, e) for e in fake_tensorrt.BUILD_ERRORS), fake_tensorrt.BUILD_ERRORS
     fake_tensorrt.BUILD_ERRORS.clear()
     profile = _typed_graph(tmp_path / "ok.onnx", 10, 10)  # both fp16: the strongly typed network takes it
-    fake_trt.build_engine(tmp_path / "ok.onnx", tmp_path / "ok.engine", "fp16", [profile], log=lambda s: None)
+    fake_trt.build_engine(tmp_path / "ok.onnx", tmp_path / "ok.engine", "fp16", [profile])
     assert not fake_tensorrt.BUILD_ERRORS
 
 
@@ -677,7 +677,7 @@ def test_execute_async_v3_takes_the_stream_handle(trt_engines):
 
 
 def test_memory_plan_is_written_to_engines_json(fake_trt, bundle_copy):
-    fake_trt.build_engines(bundle_copy, log=lambda s: None)
+    fake_trt.build_engines(bundle_copy)
     side = json.loads((bundle_copy / "tensorrt-fp32" / "engines.json").read_text())
     plan = side["memory_plan"]
     assert plan["budget_source"].startswith("free device memory at build")
@@ -698,21 +698,21 @@ def test_memory_plan_is_written_to_engines_json(fake_trt, bundle_copy):
     assert cp["activation_bytes"] == (16 * 1024 + 16 * 16 * 1024) * 64 * 4 + 16 * 16 * 1024 * 1024 * 8
 
 
-def test_profile_maxima_are_chosen_from_the_budget(fake_trt, bundle_copy):
+def test_profile_maxima_are_chosen_from_the_budget(fake_trt, bundle_copy, caplog):
     from masc_engine.cli.export_cmd import main
 
     manifest = json.loads((bundle_copy / "manifest.json").read_text())
     weights = {g: (bundle_copy / e["file"]).stat().st_size for g, e in manifest["graphs"].items()}
     _, full = tp.choose_ranges(manifest, "fp32", weights, 1 << 50)
     budget_gib = full["total_bytes"] / tp.GIB / 3  # a third of what batch 16 needs
-    logs = []
-    fake_trt.build_engines(bundle_copy, log=logs.append, gpu_memory_budget=budget_gib)
+    with caplog.at_level("INFO", logger="masc_engine"):
+        fake_trt.build_engines(bundle_copy, gpu_memory_budget=budget_gib)
     side = json.loads((bundle_copy / "tensorrt-fp32" / "engines.json").read_text())
     plan = side["memory_plan"]
     assert plan["max_batch"] < 16 and plan["total_bytes"] <= plan["usable_bytes"] < plan["budget_bytes"]
     assert side["axis_ranges"]["batch"][2] == plan["max_batch"]
     assert plan["budget_source"] == f"--gpu-memory-budget {budget_gib:g} GiB"
-    assert any("profile maxima lowered to fit" in line for line in logs)
+    assert any("profile maxima lowered to fit" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
     res = CliRunner().invoke(main, ["--out", str(bundle_copy), "--backend", "tensorrt", "--engines-only",
                                     "--gpu-memory-budget", "0.01"])
     assert res.exit_code != 0 and "even at batch 1" in res.output and "budget" in res.output
@@ -778,7 +778,7 @@ def test_engines_follow_the_shapes_with_the_activation_resize_preview_feature(tr
 
     check(real_module(), trt_engines)
     mod = mutant("    resize = enable_activation_resize(trt, config)", "    resize = False")
-    mod.build_engines(trt_engines.path, log=lambda s: None)
+    mod.build_engines(trt_engines.path)
     side = tp.read_sidecar(trt_engines.path, "fp32")
     cp = side["engines"]["cp"]["memory"]
     assert cp["activation_resize"] is False and cp["shape_following_bytes"]["min"] == cp["device_memory_bytes"][0]

@@ -80,7 +80,9 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
          accept_validation_error: float | None = None) -> None:
     """Export a SigLIP2 (or CLIPSeg) checkpoint to ONNX graphs + manifest, validated against PyTorch."""
     from ..errors import MascEngineError
+    from .logs import show_library_log
 
+    show_library_log()
     _check_combination(precision, backend, gate_pairs, calibration_pairs, heldout_pairs, engines_only)
     if precision == "fp8":
         _export_fp8(model, out_dir, max_num_patches, revision, fp32_bundle, calibration_pairs, heldout_pairs,
@@ -156,10 +158,10 @@ def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None
         with libraries_to_log(lib_log) as (say, lib), accept_validation_error(accept_error):
             say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
             if segmenter:  # CLIPSeg: a segmenter bundle (docs/segmenter.md)
-                export_segmenter_bundle(model, out_dir, revision=revision, log=say, precision=precision,
+                export_segmenter_bundle(model, out_dir, revision=revision, precision=precision,
                                         max_memory_gb=max_memory_gb)
             else:
-                export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision, log=say,
+                export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision,
                               precision=precision, cpu_precision_options=cpu_options, max_memory_gb=max_memory_gb)
     except MascEngineError as e:
         log_traceback(lib_log, e)
@@ -198,7 +200,7 @@ def _build_engines(out_dir: str, precision: str | None, max_batch: int, max_outs
 
     try:
         build_engines(out_dir, precision=precision, max_batch=max_batch, max_outs_per_ref=max_outs_per_ref,
-                      timing_cache=timing_cache, log=lambda s: click.echo(s, err=True),
+                      timing_cache=timing_cache,
                       gpu_memory_budget=gpu_memory_budget)
     except MascEngineError as e:
         raise click.ClickException(str(e)) from e
@@ -243,7 +245,6 @@ def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bun
     from ..errors import MascEngineError
     from ..jobs.int8_gate import Int8GateError, check_int8_dependencies
 
-    log = lambda s: click.echo(s, err=True)  # noqa: E731
     try:
         # before any work: what the quantizer, the gate and (without --fp32-bundle) the export import
         check_int8_dependencies(exporting=fp32_bundle is None)
@@ -256,8 +257,8 @@ def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bun
 
                 # the portable graphs only: the int8 bundle drops the fused CPU variant anyway
                 src = export_bundle(model, f"{tmp}/fp32", max_num_patches=max_num_patches, revision=revision,
-                                    log=log, ort_cpu_variant=False, max_memory_gb=max_memory_gb)
-            quantize_bundle(src, out_dir, gate_pairs, log=log)
+                                    ort_cpu_variant=False, max_memory_gb=max_memory_gb)
+            quantize_bundle(src, out_dir, gate_pairs)
     except Int8GateError as e:
         raise click.ClickException(str(e)) from e
     except MascEngineError as e:
@@ -271,7 +272,6 @@ def _export_fp8(model, out_dir, max_num_patches, revision, fp32_bundle, calibrat
 
     from ..errors import MascEngineError
 
-    log = lambda s: click.echo(s, err=True)  # noqa: E731
     try:
         from ..export.fp8 import certify_fp8
 
@@ -281,8 +281,8 @@ def _export_fp8(model, out_dir, max_num_patches, revision, fp32_bundle, calibrat
                 from ..export.exporter import export_bundle
 
                 src = export_bundle(model, f"{tmp}/fp32", max_num_patches=max_num_patches, revision=revision,
-                                    log=log, ort_cpu_variant=False, max_memory_gb=max_memory_gb)
-            certify_fp8(src, out_dir, calibration=calibration, heldout=heldout, log=log)
+                                    ort_cpu_variant=False, max_memory_gb=max_memory_gb)
+            certify_fp8(src, out_dir, calibration=calibration, heldout=heldout)
     except MascEngineError as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"fp8 bundle written: {out_dir}", err=True)

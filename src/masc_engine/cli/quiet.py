@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .logs import terminal_stream
+
 
 #: A Python warning as ``warnings.formatwarning`` writes it (``path:line: Category: message``), in
 #: this process or in a worker whose stderr is the log (the PyTorch export worker's).
@@ -64,7 +66,8 @@ def libraries_to_log(log_path: str | Path):
     """Within the block, library output goes to ``log_path`` (appended); yields ``(say, log)``.
 
     ``say(msg)`` prints a line to the terminal; ``log`` is a :class:`LibraryLog` whose counts are
-    final once the block ends. Warnings raised by masc_engine itself are shown on the terminal too.
+    final once the block ends. Warnings raised by masc_engine itself are shown on the terminal too,
+    and so are its logged lines when the command installed cli/logs.py's handler.
     """
     path = Path(log_path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +94,8 @@ def libraries_to_log(log_path: str | Path):
             os.dup2(logf.fileno(), fd)
         sys.stdout = sys.stderr = logf  # Python-level writers that do not go through fds 1/2
         warnings.showwarning = show
-        yield say, info
+        with terminal_stream(term):  # the library's own lines (cli/logs.py) stay on screen
+            yield say, info
     finally:
         warnings.showwarning = old_show
         sys.stdout, sys.stderr = saved_streams

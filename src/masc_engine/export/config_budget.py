@@ -17,6 +17,7 @@ is a :class:`~.checkpoint.CheckpointError` of one line naming ``--model /local/f
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from typing import Any
 from .checkpoint import CheckpointError
 from .random_models import is_random_model_id, preset_config
 from .stages import ExportMemoryError, check_memory_plan, plan_memory
+
+logger = logging.getLogger(__name__)
 
 #: bytes of one fp32 parameter (the plan's unit: export/stages.py ``MEMORY_MODEL``)
 FP32 = 4
@@ -300,7 +303,7 @@ def check_config_budget(model: str, config: dict, max_memory_gb: float | None, p
 
 
 def preflight(model: str, revision: str | None, short_names: dict[str, str], max_memory_gb: float | None,
-              precision: str = "fp32", fused: bool = True, log=None) -> Any:
+              precision: str = "fp32", fused: bool = True) -> Any:
     """:func:`read_config` then :func:`check_config_budget`, before any PyTorch work (a
     ``random:`` preset before its checkpoint is built). Returns the config (or None).
 
@@ -310,7 +313,5 @@ def preflight(model: str, revision: str | None, short_names: dict[str, str], max
     """
     config = read_config(model, revision, short_names)
     if config is not None:
-        line = check_config_budget(model, config, max_memory_gb, precision, fused)
-        if log is not None:
-            log(line)
+        logger.info(check_config_budget(model, config, max_memory_gb, precision, fused))
     return config

@@ -39,6 +39,7 @@ import ast
 import copy
 import csv
 import gc
+import logging
 import time
 import warnings
 from pathlib import Path
@@ -52,6 +53,8 @@ from ..errors import ExportValidationError, InputError
 from ..metrics.certification import FIDELITY_GATES, certify, gate_load
 from ..metrics.ranked import spearman_rho as spearman  # noqa: F401  (the gates' Spearman's rho, importable from here)
 from ..tolerances import FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_PAIRS, FIDELITY_MIN_SPEARMAN
+
+logger = logging.getLogger(__name__)
 
 #: ``masc-export --precision bf16-cpu``.
 BF16_CPU = BF16_CPU_MODE
@@ -350,14 +353,13 @@ class Evaluator(CandidateScoring):
     by ``Scorer(bundle, backend="openvino")`` (every graph on OpenVINO; the certified ones in bf16).
     """
 
-    def __init__(self, bundle_dir: str | Path, graphs: Sequence[str] = DEFAULT_GRAPHS, threads: int | None = None,
-                 log: Callable[[str], None] = print):
+    def __init__(self, bundle_dir: str | Path, graphs: Sequence[str] = DEFAULT_GRAPHS, threads: int | None = None):
         from ..engine.bundle import Bundle
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.bundle = Bundle(bundle_dir)
-        self.graphs, self.threads, self.log = tuple(graphs), threads, log
+        self.graphs, self.threads = tuple(graphs), threads
         self.units = {g: graph_units(self.bundle.graph_file(g), g) for g in self.graphs}
         self.unit_names = [u for g in self.graphs for u in self.units[g]["names"]]
         self.configurations, self._ref = 0, {}
@@ -376,7 +378,7 @@ def unit_sensitivity(ev: "Evaluator", pairs: Sequence) -> dict[str, float]:
     out = {}
     for u in ev.unit_names:
         out[u] = gate_load(ev.figures((u,), pairs))
-        ev.log(f"  {u} alone in fp32: gate load {out[u]:.3f}")
+        logger.info(f"  {u} alone in fp32: gate load {out[u]:.3f}")
     return out
 
 
@@ -399,11 +401,10 @@ def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, ma
     """
     names = ev.unit_names
     max_keep = min(len(names), len(names) // 2 if max_keep is None else int(max_keep))
-    log = ev.log
     out = {"trajectory": [], "sensitivity": {}, "order": []}
     cal = ev.figures((), calibration)
     out["whole_graph"] = _summary(cal)
-    log(f"bf16 whole graph, calibration: {_fmt(cal)}")
+    logger.info(f"bf16 whole graph, calibration: {_fmt(cal)}")
     order: list[str] = []
     k = 0
     while True:
@@ -411,8 +412,8 @@ def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, ma
         held = ev.figures(order[:k], heldout, FIDELITY_MIN_PAIRS) if cal["pass"] else None
         if held is not None:
             step["heldout"] = _summary(held)
-        log(f"{k} units in fp32 {order[:k]}: calibration {_fmt(cal)}"
-            + (f"; held-out {_fmt(held)}" if held is not None else ""))
+        logger.info(f"{k} units in fp32 {order[:k]}: calibration {_fmt(cal)}"
+                    + (f"; held-out {_fmt(held)}" if held is not None else ""))
         out["trajectory"].append(step)
         if held is not None and held["pass"]:
             break
@@ -455,8 +456,7 @@ def _pair_set(given, default: Callable[[], tuple[list, dict]]) -> tuple[list, di
 
 def certify_bundle(bundle_dir: str | Path, *, calibration: str | Path | Sequence | None = None,
                    heldout: str | Path | Sequence | None = None,
-                   graphs: Sequence[str] = DEFAULT_GRAPHS, threads: int | None = None, max_keep: int | None = None,
-                   log: Callable[[str], None] = print) -> dict:
+                   graphs: Sequence[str] = DEFAULT_GRAPHS, threads: int | None = None, max_keep: int | None = None) -> dict:
     """Certify an fp32 bundle for bf16 on OpenVINO's CPU plugin and write the certificate into its
     manifest (in place; nothing is written when it is refused).
 
@@ -482,7 +482,7 @@ def certify_bundle(bundle_dir: str | Path, *, calibration: str | Path | Sequence
 
     check_available(precision="bf16")
     t0 = time.time()
-    ev = Evaluator(bundle_dir, graphs, threads, log)
+    ev = Evaluator(bundle_dir, graphs, threads)
     mode = (ev.bundle.manifest.get("precision") or {}).get("mode", "fp32")
     if mode not in ("fp32", BF16_CPU):
         raise BundleError(f"bundle {bundle_dir} holds {mode} graphs; bf16-cpu certifies an fp32 bundle")
@@ -492,8 +492,8 @@ def certify_bundle(bundle_dir: str | Path, *, calibration: str | Path | Sequence
     if len(held) < FIDELITY_MIN_PAIRS:
         raise CertificationError(f"bf16-cpu needs at least {FIDELITY_MIN_PAIRS} held-out pairs for its gates to count; "
                                  f"{held_info['source']} has {len(held)}", {"pairs": {"heldout": held_info}})
-    log(f"bf16-cpu certification of {', '.join(graphs)}: {len(cal)} calibration pairs ({cal_info['source']}), "
-        f"{len(held)} held-out pairs ({held_info['source']}), against fp32 ONNX Runtime")
+    logger.info(f"bf16-cpu certification of {', '.join(graphs)}: {len(cal)} calibration pairs ({cal_info['source']}), "
+                f"{len(held)} held-out pairs ({held_info['source']}), against fp32 ONNX Runtime")
     found = search_keep_list(ev, cal, held, max_keep)
     record = certificate_record(ev.units, found["keep_fp32"], graphs)
     record.update(
@@ -508,6 +508,6 @@ def certify_bundle(bundle_dir: str | Path, *, calibration: str | Path | Sequence
     )
     manifest = dict(ev.bundle.manifest, precision=record)
     write_manifest(ev.bundle.path, manifest)
-    log(f"bf16-cpu certified: {len(found['keep_fp32'])} units kept in fp32 {found['keep_fp32']}; held-out "
-        f"{_fmt(found['heldout'])}")
+    logger.info(f"bf16-cpu certified: {len(found['keep_fp32'])} units kept in fp32 {found['keep_fp32']}; held-out "
+                f"{_fmt(found['heldout'])}")
     return record

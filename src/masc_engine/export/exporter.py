@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import platform
 import shutil
@@ -40,6 +41,8 @@ from .checkpoint import (_PIL_NAMES, DEFAULT_MAX_NUM_PATCHES, DEFAULT_MODEL, SHO
                          CheckpointError, image_settings_from_processor, load_checkpoint, random_checkpoint_dir,
                          save_tokenizer, text_settings_from_processor)
 from .stages import StageClock, rss
+
+logger = logging.getLogger(__name__)
 
 OPSET = 18
 
@@ -71,7 +74,7 @@ def _versions(worker_versions: dict | None = None) -> dict:
 
 
 def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None = None,
-                  revision: str | None = None, validate: bool = True, log=print, precision: str = "fp32",
+                  revision: str | None = None, validate: bool = True, precision: str = "fp32",
                   transforms: Sequence | None = None, ort_cpu_variant: bool = True,
                   cpu_precision_options: dict | None = None, into=None, max_memory_gb: float | None = None) -> Path:
     """Export ``model`` to a bundle in ``out_dir`` and validate it.
@@ -144,15 +147,15 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "manifest.json").is_file())):
         raise BundleError(f"{out} exists and is not an empty directory or a bundle; choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_stages(out, log)
+    remove_stale_stages(out)
     stage = out.with_name(f".{out.name}.{os.getpid()}.partial")
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
     try:
-        (into or _export_into)(stage, model, max_num_patches, revision, validate, log, precision,
+        (into or _export_into)(stage, model, max_num_patches, revision, validate, precision,
                                list(transforms or []), ort_cpu_variant, max_memory_gb)
         if certify:
-            certify_bundle(stage, log=log, **(cpu_precision_options or {}))
+            certify_bundle(stage, **(cpu_precision_options or {}))
         uniform_file_modes(stage)
         if out.exists():
             old = out.with_name(f".{out.name}.{os.getpid()}.old")
@@ -164,11 +167,11 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    log(f"bundle written: {out} ({BF16_CPU if certify else precision})")
+    logger.info(f"bundle written: {out} ({BF16_CPU if certify else precision})")
     return out
 
 
-def remove_stale_stages(out: Path, log=print) -> list[str]:
+def remove_stale_stages(out: Path) -> list[str]:
     """Remove what killed exports to ``out`` left beside it: staging folders
     ``.<name>.<pid>.partial`` older than this export whose process is gone, and the replaced
     bundle ``.<name>.<pid>.old`` of a swap that completed (``out`` exists). Says so in one line.
@@ -190,7 +193,7 @@ def remove_stale_stages(out: Path, log=print) -> list[str]:
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p.name)
     if removed:
-        log(f"removed {len(removed)} stale staging folder(s) of interrupted exports to {out.name}: {', '.join(removed)}")
+        logger.info(f"removed {len(removed)} stale staging folder(s) of interrupted exports to {out.name}: {', '.join(removed)}")
     return removed
 
 
@@ -253,16 +256,16 @@ class _Job:
     graphs: dict = field(default_factory=dict)  # the manifest's graphs section
 
 
-def _export_into(out: Path, model: str, max_num_patches, revision, validate: bool, log, precision: str,
+def _export_into(out: Path, model: str, max_num_patches, revision, validate: bool, precision: str,
                  transforms: list, ort_cpu_variant: bool = True, max_memory_gb: float | None = None) -> None:
     from .config_budget import preflight
     from .torch_worker import TorchWorker
 
     t0 = time.time()
     job = _Job(out, model, max_num_patches, revision, validate, precision, transforms,
-               ort_cpu_variant and precision == "fp32", max_memory_gb, StageClock(log))
+               ort_cpu_variant and precision == "fp32", max_memory_gb, StageClock())
     # the config's shapes against the budget before transformers builds a layer (export/config_budget.py)
-    preflight(model, revision, SHORT_NAMES, max_memory_gb, precision, job.fused, log=job.clock.log)
+    preflight(model, revision, SHORT_NAMES, max_memory_gb, precision, job.fused)
     with TorchWorker(job.clock) as worker:
         _open_checkpoint(job, worker)
         _torch_stages(job, worker)
@@ -275,8 +278,8 @@ def _export_into(out: Path, model: str, max_num_patches, revision, validate: boo
     manifest["export_seconds"] = round(time.time() - t0, 1)
     manifest["export_stages"] = job.clock.records
     manifest["export_peak_rss_gb"]["exporter"] = round(rss()[1] / 1e9, 3)
-    log("peak memory (RSS): " + ", ".join(f"{k} {v:.2f} GB" for k, v in manifest["export_peak_rss_gb"].items())
-        + f"; export stages {manifest['export_seconds']:.0f} s")
+    logger.info("peak memory (RSS): " + ", ".join(f"{k} {v:.2f} GB" for k, v in manifest["export_peak_rss_gb"].items())
+                + f"; export stages {manifest['export_seconds']:.0f} s")
     write_manifest(out, manifest)
 
 
@@ -299,7 +302,7 @@ def _open_checkpoint(job: _Job, worker) -> None:
                           f"{sum(r['tower_bytes'].values()) / 1e9:.2f} GB of fp32 weights, mapped lazily)",
                           "open_checkpoint", job.model, job.revision, job.max_num_patches, str(job.out))
     plan = plan_memory(job.info["tower_bytes"], job.precision, fused=job.fused)
-    job.clock.log(check_memory_plan(plan, job.max_memory_gb, job.model))
+    logger.info(check_memory_plan(plan, job.max_memory_gb, job.model))
 
 
 def _torch_stages(job: _Job, worker) -> None:
@@ -371,8 +374,7 @@ def _transform_stages(job: _Job, manifest: dict) -> None:
     fp32_scores = _fp32_pair_scores(job, manifest) if job.precision != "fp32" else None
     check = ((lambda g, path, gates: val.check_graph(g, path, job.refs, gates))
              if job.validate else (lambda g, path, gates: {"skipped": True}))
-    manifest["transforms"] = run_transforms(job.out, job.graphs, transforms, check, log=job.clock.log,
-                                            stage=job.clock.stage)
+    manifest["transforms"] = run_transforms(job.out, job.graphs, transforms, check, stage=job.clock.stage)
     _drop_unreferenced_data(job.out, job.graphs)
     manifest["files"] = _bundle_files(job.out, job.graphs)
     if job.precision != "fp32":

@@ -29,15 +29,18 @@ from __future__ import annotations
 
 import ast
 import copy
+import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..tolerances import FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_PAIRS, FIDELITY_MIN_SPEARMAN, FP8_E4M3_MAX, FP8_OPSET
 from .cpu_precision import CandidateScoring, CertificationError, _fmt, _pair_set, default_calibration, default_heldout, scores
+
+logger = logging.getLogger(__name__)
 
 FP8 = "fp8"
 #: The graph run in FP8 (most of a pair's FLOPs); the others stay fp32.
@@ -207,8 +210,7 @@ class Fp8Evaluator(CandidateScoring):
     """Scores pair sets with candidate FP8 vision graphs of one fp32 bundle, against fp32 ONNX
     Runtime on that bundle (the interface cpu_precision.search_keep_list drives)."""
 
-    def __init__(self, bundle_dir: str | Path, amax: dict, workdir: Path, threads: int | None = None,
-                 log: Callable[[str], None] = print):
+    def __init__(self, bundle_dir: str | Path, amax: dict, workdir: Path, threads: int | None = None):
         import onnx
 
         from ..engine.bundle import Bundle
@@ -217,7 +219,7 @@ class Fp8Evaluator(CandidateScoring):
         self.model = onnx.load(str(self.bundle.graph_file("vision")))
         self.sites = linear_sites(self.model)
         self.unit_names = unit_names(self.sites)
-        self.amax, self.workdir, self.threads, self.log = amax, Path(workdir), threads, log
+        self.amax, self.workdir, self.threads = amax, Path(workdir), threads
         self.configurations, self._ref = 0, {}
 
     def candidate_scores(self, keep_fp32: Sequence[str], pairs: Sequence) -> dict:
@@ -236,7 +238,7 @@ class Fp8Evaluator(CandidateScoring):
 
 def certify_fp8(bundle_dir: str | Path, out_dir: str | Path, *, calibration: str | Path | Sequence | None = None,
                 heldout: str | Path | Sequence | None = None,
-                threads: int | None = None, max_keep: int | None = None, log: Callable[[str], None] = print) -> dict:
+                threads: int | None = None, max_keep: int | None = None) -> dict:
     """Write an FP8 bundle ``out_dir`` from the fp32 bundle ``bundle_dir`` if its scores pass the
     gates against fp32 (module docstring), else refuse with the figures (nothing written).
 
@@ -270,13 +272,13 @@ def certify_fp8(bundle_dir: str | Path, out_dir: str | Path, *, calibration: str
     if len(held) < FIDELITY_MIN_PAIRS:
         raise CertificationError(f"fp8 needs at least {FIDELITY_MIN_PAIRS} held-out pairs for its gates to count; "
                                  f"{held_info['source']} has {len(held)}", {})
-    log(f"fp8 calibration: {len(cal)} pairs ({cal_info['source']})")
+    logger.info(f"fp8 calibration: {len(cal)} pairs ({cal_info['source']})")
     amax = calibrate(src, cal, threads)
     stage = out.with_name(out.name + ".fp8-stage")
     shutil.rmtree(stage, ignore_errors=True)
     shutil.copytree(src.path, stage)
     try:
-        ev = Fp8Evaluator(src.path, amax, stage, threads, log)
+        ev = Fp8Evaluator(src.path, amax, stage, threads)
         try:
             found = search_keep_list(ev, cal, held, max_keep)
         except CertificationError as e:
@@ -291,7 +293,7 @@ def certify_fp8(bundle_dir: str | Path, out_dir: str | Path, *, calibration: str
         stage.rename(out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    log(f"fp8 certified: {len(found['keep_fp32'])} units kept in fp32 {found['keep_fp32']}; held-out {_fmt(found['heldout'])}")
+    logger.info(f"fp8 certified: {len(found['keep_fp32'])} units kept in fp32 {found['keep_fp32']}; held-out {_fmt(found['heldout'])}")
     return record
 
 

@@ -12,14 +12,13 @@ from ..engine.manifest import read_manifest, write_manifest
 INT8_GRAPHS = ("vision", "text")
 
 
-def quantize_graphs(src: str | Path, stage: str | Path, log=print) -> dict:
+def quantize_graphs(src: str | Path, stage: str | Path) -> dict:
     """Quantize the vision and text towers' MatMul weights of bundle ``src`` into the bundle copy
     ``stage`` (ONNX Runtime dynamic quantization, per channel, QInt8) and record it in its manifest.
 
     Args:
         src: the fp32 bundle directory.
         stage: a copy of it, rewritten in place.
-        log (callable): progress messages (one str per call).
 
     Returns:
         the stage's new manifest (``precision`` = ``{"mode": "int8-dynamic", ...}``).
@@ -31,7 +30,7 @@ def quantize_graphs(src: str | Path, stage: str | Path, log=print) -> dict:
 
     src, stage = Path(src), Path(stage)
     manifest = read_manifest(src)
-    clock = StageClock(log)
+    clock = StageClock()
     for graph in INT8_GRAPHS:  # one graph at a time, each a stage line with its memory
         entry = manifest["graphs"][graph]
         f = stage / entry["file"]

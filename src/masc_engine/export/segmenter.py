@@ -33,6 +33,7 @@ policy, checked with the reduced-precision gates. The manifest records the mask 
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -42,6 +43,8 @@ from .exporter import _PIL_NAMES, CheckpointError, _save_tokenizer, _versions, t
 from .checkpoint import OFFLINE_HINT, checkpoint_source, pin_revision
 from .onnx_check import check_graphs
 from .random_models import SEGMENTER_PRESETS, is_random_model_id
+
+logger = logging.getLogger(__name__)
 
 OPSET = 18
 #: Model types exported as segmenters (``config.model_type``).
@@ -162,7 +165,7 @@ def architecture(model) -> dict:
 
 
 def export_segmenter_bundle(model: str, out_dir: str | Path, revision: str | None = None, validate: bool = True,
-                            log=print, precision: str = "fp32", max_memory_gb: float | None = None) -> Path:
+                            precision: str = "fp32", max_memory_gb: float | None = None) -> Path:
     """Export the CLIPSeg checkpoint ``model`` to a segmenter bundle in ``out_dir`` and validate it.
 
     Staged beside ``out_dir`` and renamed into place only when every check passed, by
@@ -193,21 +196,21 @@ def export_segmenter_bundle(model: str, out_dir: str | Path, revision: str | Non
     if precision not in PRECISIONS:
         raise ValueError(f"a segmenter exports {' or '.join(PRECISIONS)} graphs, not {precision!r}")
 
-    def into(stage, model_, _max_num_patches, revision_, validate_, log_, precision_, *_scorer_options):
-        export_segmenter_into(stage, model_, revision_, validate_, log_, precision_, max_memory_gb)
+    def into(stage, model_, _max_num_patches, revision_, validate_, precision_, *_scorer_options):
+        export_segmenter_into(stage, model_, revision_, validate_, precision_, max_memory_gb)
 
-    return export_bundle(model, out_dir, revision=revision, validate=validate, log=log, precision=precision,
+    return export_bundle(model, out_dir, revision=revision, validate=validate, precision=precision,
                          into=into)
 
 
-def export_segmenter_into(out: Path, model: str, revision: str | None, validate: bool, log,
+def export_segmenter_into(out: Path, model: str, revision: str | None, validate: bool,
                           precision: str = "fp32", max_memory_gb: float | None = None) -> None:
     """Write a segmenter bundle into the (staging) directory ``out`` (see
     :func:`export_segmenter_bundle`, which stages, renames into place and cleans up)."""
     from .config_budget import preflight
 
     # the config's shapes against the budget before transformers builds a layer
-    preflight(model, revision, SHORT_NAMES, max_memory_gb, precision, fused=False, log=log)
+    preflight(model, revision, SHORT_NAMES, max_memory_gb, precision, fused=False)
     import torch
 
     from . import segmenter_validate as val
@@ -223,7 +226,7 @@ def export_segmenter_into(out: Path, model: str, revision: str | None, validate:
     for spec in specs:
         t = time.time()
         export_graph(spec, out / spec.file, opset=OPSET)
-        log(f"exported {spec.name} -> {spec.file} ({time.time() - t:.1f}s)")
+        logger.info(f"exported {spec.name} -> {spec.file} ({time.time() - t:.1f}s)")
     graphs = {s.name: s.manifest_entry() for s in specs}
     manifest = {
         "kind": KIND, "source": source, "architecture": architecture(m), "image": image, "text": text,
@@ -234,18 +237,18 @@ def export_segmenter_into(out: Path, model: str, revision: str | None, validate:
     }
     write_manifest(out, manifest)  # provisional: the end-to-end check runs the runtime Segmenter on it
     if validate:
-        manifest["validation"] = val.validate_segmenter(out, graphs, m, processor, image, text, log=log)
+        manifest["validation"] = val.validate_segmenter(out, graphs, m, processor, image, text)
     if precision != "fp32":
         manifest["transforms"], manifest["precision"] = _reduce_precision(out, manifest, m, processor, precision,
-                                                                          validate, log)
+                                                                          validate)
     manifest["export_seconds"] = round(time.time() - t0, 1)
     # every graph passes the ONNX checker (full_check), or no bundle: as the scorer's export
     manifest["onnx_checker"] = {"full_check": True, "graphs": check_graphs(out, manifest["files"])}
     write_manifest(out, manifest)
 
 
-def _reduce_precision(out: Path, manifest: dict, m, processor, precision: str, validate: bool,
-                      log) -> tuple[list, dict]:
+def _reduce_precision(out: Path, manifest: dict, m, processor, precision: str, validate: bool
+                      ) -> tuple[list, dict]:
     """export/precision.py's fp16 transform on the three graphs, each result validated with
     the reduced-precision gates (export/segmenter_validate.py), then the masks end to end; returns
     the manifest's ``transforms`` and ``precision`` sections."""
@@ -258,11 +261,11 @@ def _reduce_precision(out: Path, manifest: dict, m, processor, precision: str, v
     image, text = manifest["image"], manifest["text"]
     check = ((lambda g, path, gates: val.validate_graph(g, path, out, m, processor, image, text, gates))
              if validate else (lambda g, path, gates: {"skipped": True}))
-    records = run_transforms(out, manifest["graphs"], [transform], check, log=log)
+    records = run_transforms(out, manifest["graphs"], [transform], check)
     section = {"mode": precision, "graphs": list(GRAPHS), "policy": policy(),
                "validated_on": "ONNX Runtime CPU"}
     if validate:
         write_manifest(out, {**manifest, "precision": section, "transforms": records})
         section["masks"] = val.validate_reduced_masks(out, m, processor, precision)
-        log(f"{precision} masks: min IoU {section['masks']['min_iou']:.4f} against transformers fp32")
+        logger.info(f"{precision} masks: min IoU {section['masks']['min_iou']:.4f} against transformers fp32")
     return records, section

@@ -23,6 +23,7 @@ what carries over. fp16 graphs are held to the reduced-precision gates (cosines,
 
 from __future__ import annotations
 
+import logging
 import warnings
 import weakref
 from pathlib import Path
@@ -37,6 +38,8 @@ from ..runtime.text import PromptTokenizer, TextSettings
 from ..tolerances import PIXEL_VALUES_ATOL, SEGMENTER_REDUCED_MIN_MASK_IOU, segmenter_validation_budget
 from .validate import (REDUCED_GATES, VALIDATION_SIZES, _check_reduced, cosine_stats, error_stats, refuse_or_accept,
                        synthetic_image)
+
+logger = logging.getLogger(__name__)
 
 #: Subject names (prompts) of the validation cases: a word, a phrase, accents and a dash, case.
 PROMPTS = ["dog", "a red backpack in the snow", "caffè latte — naïve", "A CAT wearing pink glasses"]
@@ -161,7 +164,7 @@ def validate_end_to_end(bundle_dir: Path, m, processor) -> dict:
     return _check("end_to_end", cases, int(m.config.vision_config.hidden_size))
 
 
-def validate_segmenter(bundle_dir: Path, graphs: dict, m, processor, image: dict, text: dict, log=print) -> dict:
+def validate_segmenter(bundle_dir: Path, graphs: dict, m, processor, image: dict, text: dict) -> dict:
     """Every fp32 check; ``{check: report}`` or :class:`ExportValidationError`."""
     bundle_dir = Path(bundle_dir)
     report = {"inputs": check_inputs(bundle_dir, processor, image, text)}
@@ -170,7 +173,7 @@ def validate_segmenter(bundle_dir: Path, graphs: dict, m, processor, image: dict
     report["end_to_end"] = validate_end_to_end(bundle_dir, m, processor)
     for k, v in report.items():
         if "max_rel" in v:
-            log(f"validated {k}: max relative error {v['max_rel']:.2e} (budget {v['rtol']:g}) over {len(v['cases'])} cases")
+            logger.info(f"validated {k}: max relative error {v['max_rel']:.2e} (budget {v['rtol']:g}) over {len(v['cases'])} cases")
     return report
 
 

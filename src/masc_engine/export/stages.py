@@ -23,16 +23,18 @@ also resets the lifetime peak that ``getrusage``'s ``ru_maxrss`` and ``/usr/bin/
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..engine.memory import release_heap
 from ..errors import MascEngineError
+
+logger = logging.getLogger(__name__)
 
 GB = 1e9
 
@@ -149,11 +151,10 @@ class StageClock:
     Each line is the stage's own message followed by
     ``[<stage>: <s> s, peak <p> GB, now <n> GB<where>]``: the peak RSS of the process that ran the
     stage during the stage (:class:`PeakSampler`), and its RSS when the stage ended (``where``:
-    ``" (torch worker)"`` for stages run by export/torch_worker.py). bench/export_memory.py parses
-    these brackets.
+    ``" (torch worker)"`` for stages run by export/torch_worker.py), logged at INFO on this
+    module's logger. bench/export_memory.py parses these brackets.
     """
 
-    log: Callable[[str], None]
     records: list[dict] = field(default_factory=list)
 
     @contextmanager
@@ -172,7 +173,7 @@ class StageClock:
         """Add a stage's figures (also for stages another process ran) and print its line."""
         self.records.append({"stage": name, "seconds": round(seconds, 1), "peak_rss_gb": round(peak / GB, 3),
                              "rss_gb_after": round(now / GB, 3), "process": where.strip(" ()") or "exporter"})
-        self.log(f"{message} [{name}: {seconds:.1f} s, peak {peak / GB:.2f} GB, now {now / GB:.2f} GB{where}]")
+        logger.info(f"{message} [{name}: {seconds:.1f} s, peak {peak / GB:.2f} GB, now {now / GB:.2f} GB{where}]")
 
 
 #: The export plan's memory model: per stage, ``(fixed GB, multiple of the largest tower's fp32

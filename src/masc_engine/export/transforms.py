@@ -40,10 +40,13 @@ needed (:class:`GraphTransform` is a ``typing.Protocol``). Example::
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Protocol, Sequence, runtime_checkable
+
+logger = logging.getLogger(__name__)
 
 #: Validation gates a transform may ask for (export/validate.py implements each).
 GATES = ("fp32", "fp16", "bf16")
@@ -98,15 +101,15 @@ def variant_file(graph_file: str, variant: str) -> str:
 
 
 @contextmanager
-def _logged(name: str, log: Callable[[str], None]):
+def _logged(name: str):
     """The default stage of :func:`run_transforms`: print the stage's message, nothing else."""
     note: dict = {}
     yield note
-    log(note.get("message", name))
+    logger.info(note.get("message", name))
 
 
 def run_transforms(bundle_dir: str | Path, graphs: dict, transforms: Sequence[GraphTransform],
-                   validate: Validator, log: Callable[[str], None] = print, stage=None) -> list[dict]:
+                   validate: Validator, stage=None) -> list[dict]:
     """Apply ``transforms`` in order to the graphs of a bundle being written, validating each.
 
     Args:
@@ -128,7 +131,7 @@ def run_transforms(bundle_dir: str | Path, graphs: dict, transforms: Sequence[Gr
         ExportValidationError: (from ``validate``) a transformed graph fails its gates.
     """
     bundle_dir = Path(bundle_dir)
-    stage = stage or (lambda name: _logged(name, log))
+    stage = stage or _logged
     records = []
     for t in transforms:
         if t.gates not in GATES:

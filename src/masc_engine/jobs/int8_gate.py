@@ -19,6 +19,7 @@ runtime, so that ``export/`` never imports the jobs that score.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,6 +34,8 @@ from ..metrics.certification import INT8_GATES, certify, gate_thresholds
 from ..tolerances import INT8_MAX_ABS_DCP, INT8_MIN_SPEARMAN  # noqa: F401  (the gates; importable from here too)
 from .pairs import RunOptions, run_pairs
 from .results import read_output
+
+logger = logging.getLogger(__name__)
 
 
 class Int8GateError(MascEngineError):
@@ -110,7 +113,7 @@ def _score_csv(bundle: Path, pairs_csv: Path) -> tuple[np.ndarray, np.ndarray]:
     return (np.array([float(r["cp"]) for r in rows]), np.array([float(r["pf"]) for r in rows]))
 
 
-def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: str | Path, log=print,
+def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: str | Path,
                     keep_refused_at: str | Path | None = None) -> dict:
     """Write an int8 copy of ``fp32_bundle`` to ``out_dir`` if it passes its gates.
 
@@ -135,8 +138,8 @@ def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: st
     with tempfile.TemporaryDirectory(dir=out.parent if out.parent.exists() else None) as tmp:
         stage = Path(tmp) / "bundle"
         shutil.copytree(src, stage)
-        manifest = quantize_graphs(src, stage, log)
-        clock = StageClock(log)
+        manifest = quantize_graphs(src, stage)
+        clock = StageClock()
         scores = {}
         for name, bundle in (("fp32", src), ("int8", stage)):  # one bundle in memory at a time
             with clock.stage(f"int8 gate {name} scores") as note:
@@ -144,7 +147,7 @@ def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: st
                 note["message"] = f"scored the gate pairs with the {name} bundle"
         (cp32, pf32), (cp8, pf8) = scores["fp32"], scores["int8"]
         report = gate_report(cp32, pf32, cp8, pf8)
-        log("int8 gates vs fp32: " + format_gates(report))
+        logger.info("int8 gates vs fp32: " + format_gates(report))
         if not report["pass"]:
             if keep_refused_at is not None:
                 manifest["precision"].update(refused=True, gate_report=report)

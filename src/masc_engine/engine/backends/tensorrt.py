@@ -58,6 +58,7 @@ uses ``Where`` with -4), so a fully masked row cannot become NaN.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -70,6 +71,8 @@ import numpy as np
 from ...errors import BackendUnavailableError, DeviceMemoryError, EngineCompatibilityError, MascEngineError
 from ..device import CupyDevice, PinnedStaging
 from . import trt_profiles as tp
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the annotations name TensorRT's classes; the module itself imports it lazily
     import tensorrt as trt
@@ -342,7 +345,7 @@ def _measured_device_memory(trt, data: bytes, graph: str, profiles: list) -> dic
 
 def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
                  profiles: list[dict[str, dict[str, list[int]]]], timing_cache: str | Path | None = None,
-                 workspace_gib: float = 8.0, log: Callable[[str], None] = print, graph: str | None = None) -> dict:
+                 workspace_gib: float = 8.0, graph: str | None = None) -> dict:
     """Build one serialized engine from an ONNX graph, as a strongly typed network.
 
     unverified on a GPU: never run with TensorRT.
@@ -401,7 +404,7 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
         tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
         tmp.replace(timing_cache)
     secs = time.time() - t0
-    log(f"built {engine_path.name} ({precision} graph, strongly typed, {network.num_layers} layers) in {secs:.1f}s")
+    logger.info(f"built {engine_path.name} ({precision} graph, strongly typed, {network.num_layers} layers) in {secs:.1f}s")
     return {"layers": int(network.num_layers), "seconds": round(secs, 1), "strongly_typed": True,
             "sha256": hashlib.sha256(data).hexdigest(), "activation_resize": resize,
             **_measured_device_memory(trt, data, graph, profiles)}
@@ -416,7 +419,7 @@ def graph_weight_bytes(bundle_dir: Path, manifest: dict, graph: str) -> int:
 def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batch: int = 16,
                   max_outs_per_ref: int = 16, graphs: list[str] | None = None,
                   timing_cache: str | Path | None = None, workspace_gib: float = 8.0,
-                  log: Callable[[str], None] = print, gpu_memory_budget: float | None = None) -> Path:
+                  gpu_memory_budget: float | None = None) -> Path:
     """Build the engine set ``<bundle>/tensorrt-<precision>/`` for every graph of a bundle.
 
     Strongly typed: the engines' precision is the bundle's (``manifest["precision"]["mode"]``, set
@@ -452,8 +455,8 @@ def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batc
     plan["budget_source"] = (f"--gpu-memory-budget {gpu_memory_budget:g} GiB" if gpu_memory_budget else
                              f"free device memory at build ({free / tp.GIB:.2f} of {total / tp.GIB:.2f} GiB)")
     if (plan["max_batch"], plan["max_outs_per_ref"]) != (max_batch, max_outs_per_ref):
-        log(f"profile maxima lowered to fit {budget / tp.GIB:.2f} GiB: --max-batch {plan['max_batch']}, "
-            f"--max-outs-per-ref {plan['max_outs_per_ref']} (asked {max_batch}, {max_outs_per_ref})")
+        logger.warning(f"profile maxima lowered to fit {budget / tp.GIB:.2f} GiB: --max-batch {plan['max_batch']}, "
+                       f"--max-outs-per-ref {plan['max_outs_per_ref']} (asked {max_batch}, {max_outs_per_ref})")
     out = bundle_dir / tp.engine_dir_name(precision)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(timing_cache) if timing_cache else default_timing_cache(info)
@@ -462,7 +465,7 @@ def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batc
         entry = manifest["graphs"][graph]
         shapes = tp.profile_shapes(entry, ranges)
         facts = build_engine(bundle_dir / entry["file"], out / f"{graph}.engine", precision, [shapes],
-                             timing_cache=cache, workspace_gib=workspace_gib, log=log, graph=graph)
+                             timing_cache=cache, workspace_gib=workspace_gib, graph=graph)
         memory = {**plan["engines"][graph], "device_memory_bytes": facts.pop("device_memory_bytes"),
                   "shape_following_bytes": facts.pop("shape_following_bytes"),
                   "activation_resize": facts["activation_resize"]}
@@ -477,8 +480,8 @@ def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batc
         "memory_plan": {k: v for k, v in plan.items() if k != "engines"},
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     })
-    log(f"TensorRT {precision} engines written: {out} (memory plan {plan['total_bytes'] / tp.GIB:.2f} GiB at the "
-        f"profile maxima, budget {budget / tp.GIB:.2f} GiB)")
+    logger.info(f"TensorRT {precision} engines written: {out} (memory plan {plan['total_bytes'] / tp.GIB:.2f} GiB at the "
+                f"profile maxima, budget {budget / tp.GIB:.2f} GiB)")
     return out
 
 
