@@ -7,8 +7,11 @@ from __future__ import annotations
 import sys
 
 import time
+from contextlib import contextmanager
 
 import click
+
+from ..export.plan import PRECISION_OPTIONS
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -27,7 +30,7 @@ import click
               help="onnx: the ONNX bundle only. tensorrt: also build TensorRT engines from its graphs "
                    "into OUT/tensorrt-<precision>/ (needs the tensorrt package and a CUDA GPU; "
                    "engines are specific to the GPU and TensorRT version that build them).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8", "bf16-cpu", "fp8"]), default=None,
+@click.option("--precision", type=click.Choice(PRECISION_OPTIONS), default=None,
               help="Precision of the bundle's graphs (default fp32). fp16 / bf16: mixed-precision ONNX graphs "
                    "(LayerNorm, softmax, GELU, reductions and casts stay fp32; inputs and outputs stay fp32), "
                    "validated against PyTorch fp32 with the fp16 gates and refused with the figures if they "
@@ -80,59 +83,54 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
          accept_validation_error: float | None = None) -> None:
     """Export a SigLIP2 (or CLIPSeg) checkpoint to ONNX graphs + manifest, validated against PyTorch."""
     from ..errors import MascEngineError
+    from ..export.plan import ExportPlan, resolve_kind
     from .logs import show_library_log
 
     show_library_log()
-    _check_combination(precision, backend, gate_pairs, calibration_pairs, heldout_pairs, engines_only)
-    if precision == "fp8":
-        _export_fp8(model, out_dir, max_num_patches, revision, fp32_bundle, calibration_pairs, heldout_pairs,
-                    max_memory_gb)
+    with _usage_errors():  # the plan's combinations (export/plan.py), before any work or network call
+        plan = ExportPlan.from_option(
+            precision, model=model, backend=backend, engines_only=engines_only, max_num_patches=max_num_patches,
+            revision=revision, calibration_pairs=calibration_pairs, heldout_pairs=heldout_pairs,
+            gate_pairs=gate_pairs, fp32_bundle=fp32_bundle, max_memory_gb=max_memory_gb, max_batch=max_batch,
+            max_outs_per_ref=max_outs_per_ref, gpu_memory_budget=gpu_memory_budget, timing_cache=timing_cache)
+    if plan.precision == "fp8":
+        _export_fp8(plan, out_dir)
         return
-    cpu_options = {"calibration": calibration_pairs, "heldout": heldout_pairs} if precision == "bf16-cpu" else None
-
     try:  # a Hub id's probe: one line when it cannot be fetched (offline: --model /local/folder)
-        segmenter = _segmenter_export(model, revision, out_dir, engines_only, backend, precision, max_num_patches)
+        with _usage_errors():  # a segmenter refuses the scorer's options; int8 needs its gate pairs
+            plan = resolve_kind(plan, out_dir)
     except MascEngineError as e:
         raise click.ClickException(one_line(e)) from e
-    if precision == "int8":
-        if not gate_pairs:  # after the segmenter probe: a segmenter refuses int8 with its own reason
-            raise click.UsageError("--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
-                                   "its gates against fp32 on those pairs")
-        _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle, max_memory_gb)
+    if plan.precision == "int8":
+        _export_int8(plan, out_dir)
         return
-    if backend == "tensorrt":  # fail before a long export when TensorRT is missing
+    if plan.backend == "tensorrt":  # fail before a long export when TensorRT is missing
         from ..engine.backends.tensorrt import import_tensorrt
 
         try:
             import_tensorrt()
         except MascEngineError as e:
             raise click.ClickException(str(e)) from e
-    if not engines_only:
-        _export_onnx(model, out_dir, segmenter, revision, max_num_patches, precision or "fp32", cpu_options,
-                     max_memory_gb, accept_validation_error)
-    if backend == "tensorrt":
-        _build_engines(out_dir, precision, max_batch, max_outs_per_ref, timing_cache, gpu_memory_budget)
+    if not plan.engines_only:
+        _export_onnx(plan, out_dir, accept_validation_error)
+    if plan.backend == "tensorrt":
+        _build_engines(plan, out_dir)
 
 
-def _check_combination(precision: str | None, backend: str, gate_pairs: str | None, calibration_pairs: str | None,
-                       heldout_pairs: str | None, engines_only: bool) -> None:
-    """The legal combinations of precision, backend and their options, as usage errors (exit 2)
-    before any work or network call."""
-    if precision in ("bf16-cpu", "fp8", "int8") and backend != "onnx":
-        target = {"bf16-cpu": "a bundle for OpenVINO's CPU plugin", "fp8": "an ONNX bundle certified on CPU",
-                  "int8": "an ONNX Runtime (CPU) bundle"}[precision]
-        raise click.UsageError(f"--precision {precision} makes {target}: use --backend onnx")
-    if (calibration_pairs or heldout_pairs) and precision not in ("bf16-cpu", "fp8"):
-        raise click.UsageError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu or fp8")
-    if engines_only and backend != "tensorrt":
-        raise click.UsageError("--engines-only builds TensorRT engines: add --backend tensorrt")
+@contextmanager
+def _usage_errors():
+    """An illegal export plan (export/plan.py ``ExportPlanError``) as a usage error (exit 2)."""
+    from ..export.plan import ExportPlanError
+
+    try:
+        yield
+    except ExportPlanError as e:
+        raise click.UsageError(str(e)) from e
 
 
-def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None, max_num_patches: int | None,
-                 precision: str, cpu_options: dict | None, max_memory_gb: float | None,
-                 accept_error: float | None = None) -> None:
-    """The ONNX bundle (SigLIP2 or segmenter), library chatter in ``OUT.export.log``; a missing
-    export extra or a failed export is one line (exit 1)."""
+def _export_onnx(plan, out_dir: str, accept_error: float | None = None) -> None:
+    """The plan's ONNX bundle (SigLIP2 or segmenter), library chatter in ``OUT.export.log``; a
+    missing export extra or a failed export is one line (exit 1)."""
     from ..errors import MascEngineError
     from ..extras import available, missing
 
@@ -140,8 +138,9 @@ def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None
         if not available(module):
             raise click.ClickException(str(missing(module, "masc-export", extra="export")))
     try:
-        from ..export.exporter import export_bundle
-        from ..export.segmenter import export_segmenter_bundle
+        from ..export.exporter import export_bundle  # noqa: F401 (what the export imports is installed)
+        from ..export.plan import export_onnx
+        from ..export.segmenter import export_segmenter_bundle  # noqa: F401
         from ..export.validate import accept_validation_error
     except ImportError as e:  # torch / transformers / onnx missing
         raise click.ClickException(str(missing(e.name or "torch", "masc-export", extra="export"))) from e
@@ -156,13 +155,8 @@ def _export_onnx(model: str, out_dir: str, segmenter: bool, revision: str | None
     started = time.monotonic()
     try:
         with libraries_to_log(lib_log) as (say, lib), accept_validation_error(accept_error):
-            say(f"exporting {model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
-            if segmenter:  # CLIPSeg: a segmenter bundle (docs/segmenter.md)
-                export_segmenter_bundle(model, out_dir, revision=revision, precision=precision,
-                                        max_memory_gb=max_memory_gb)
-            else:
-                export_bundle(model, out_dir, max_num_patches=max_num_patches, revision=revision,
-                              precision=precision, cpu_precision_options=cpu_options, max_memory_gb=max_memory_gb)
+            say(f"exporting {plan.model} to {out_dir} (loading the checkpoint; library messages go to {lib_log})")
+            export_onnx(plan, out_dir)  # CLIPSeg: a segmenter bundle (docs/segmenter.md)
     except MascEngineError as e:
         log_traceback(lib_log, e)
         raise click.ClickException(f"{one_line(e)} (library messages and details: {lib_log})") from e
@@ -191,17 +185,14 @@ def log_traceback(log_path, e: BaseException) -> None:
         pass
 
 
-def _build_engines(out_dir: str, precision: str | None, max_batch: int, max_outs_per_ref: int,
-                   timing_cache: str | None, gpu_memory_budget: float | None) -> None:
+def _build_engines(plan, out_dir: str) -> None:
     """TensorRT engines from the bundle in ``out_dir``; unverified on a GPU: tested against a fake
     TensorRT (docs/verification.md)."""
-    from ..engine.backends.tensorrt import build_engines
     from ..errors import MascEngineError
+    from ..export.plan import build_plan_engines
 
     try:
-        build_engines(out_dir, precision=precision, max_batch=max_batch, max_outs_per_ref=max_outs_per_ref,
-                      timing_cache=timing_cache,
-                      gpu_memory_budget=gpu_memory_budget)
+        build_plan_engines(plan, out_dir)
     except MascEngineError as e:
         raise click.ClickException(str(e)) from e
 
@@ -216,30 +207,9 @@ def _warn_random_weights(out_dir: str) -> None:
         click.secho(f"WARNING: {note}", fg="yellow", err=True)
 
 
-def _segmenter_export(model, revision, out_dir, engines_only, backend, precision, max_num_patches) -> bool:
-    """Whether this is a segmenter (CLIPSeg) export; refuses, before any work, the scorer's options
-    (docs/segmenter.md): --max-num-patches, --precision bf16 / bf16-cpu / int8, and TensorRT
-    engines (their device-memory plan, engine/backends/trt_profiles.py, models the scorer's graphs)."""
-    if engines_only:
-        import json
-        from pathlib import Path
-
-        try:
-            segmenter = json.loads((Path(out_dir) / "manifest.json").read_text()).get("kind") == "segmenter"
-        except (OSError, ValueError):
-            return False
-    else:
-        from ..export.segmenter import is_segmenter_model
-
-        segmenter = is_segmenter_model(model, revision)
-    if segmenter and (backend == "tensorrt" or max_num_patches or precision not in (None, "fp32", "fp16")):
-        raise click.UsageError("a segmenter bundle exports fp32 or fp16 ONNX graphs for ONNX Runtime (cpu or cuda); "
-                               "--max-num-patches, --precision bf16/bf16-cpu/int8 and --backend tensorrt are the "
-                               "scorer's (docs/segmenter.md)")
-    return segmenter
-
-
-def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bundle, max_memory_gb) -> None:
+def _export_int8(plan, out_dir: str) -> None:
+    """The fp32 bundle (given, or exported to a temporary folder), then its int8 copy if it passes
+    its gates on the plan's gate pairs (jobs/int8_gate.py)."""
     import tempfile
 
     from ..errors import MascEngineError
@@ -247,18 +217,13 @@ def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bun
 
     try:
         # before any work: what the quantizer, the gate and (without --fp32-bundle) the export import
-        check_int8_dependencies(exporting=fp32_bundle is None)
+        check_int8_dependencies(exporting=plan.fp32_bundle is None)
+        from ..export.plan import fp32_source
         from ..jobs.int8_gate import quantize_bundle
 
         with tempfile.TemporaryDirectory() as tmp:
-            src = fp32_bundle
-            if src is None:
-                from ..export.exporter import export_bundle
-
-                # the portable graphs only: the int8 bundle drops the fused CPU variant anyway
-                src = export_bundle(model, f"{tmp}/fp32", max_num_patches=max_num_patches, revision=revision,
-                                    ort_cpu_variant=False, max_memory_gb=max_memory_gb)
-            quantize_bundle(src, out_dir, gate_pairs)
+            src = plan.fp32_bundle or fp32_source(plan, f"{tmp}/fp32")
+            quantize_bundle(src, out_dir, plan.gate_pairs)
     except Int8GateError as e:
         raise click.ClickException(str(e)) from e
     except MascEngineError as e:
@@ -266,23 +231,13 @@ def _export_int8(model, out_dir, max_num_patches, revision, gate_pairs, fp32_bun
     click.echo(f"int8 bundle written: {out_dir}", err=True)
 
 
-def _export_fp8(model, out_dir, max_num_patches, revision, fp32_bundle, calibration, heldout, max_memory_gb) -> None:
+def _export_fp8(plan, out_dir: str) -> None:
     """The fp32 bundle (given, or exported to a temporary folder), then its certified FP8 copy."""
-    import tempfile
-
     from ..errors import MascEngineError
+    from ..export.plan import export_fp8
 
     try:
-        from ..export.fp8 import certify_fp8
-
-        with tempfile.TemporaryDirectory() as tmp:
-            src = fp32_bundle
-            if src is None:
-                from ..export.exporter import export_bundle
-
-                src = export_bundle(model, f"{tmp}/fp32", max_num_patches=max_num_patches, revision=revision,
-                                    ort_cpu_variant=False, max_memory_gb=max_memory_gb)
-            certify_fp8(src, out_dir, calibration=calibration, heldout=heldout)
+        export_fp8(plan, out_dir)
     except MascEngineError as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"fp8 bundle written: {out_dir}", err=True)

@@ -76,7 +76,8 @@ def _versions(worker_versions: dict | None = None) -> dict:
 def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None = None,
                   revision: str | None = None, validate: bool = True, precision: str = "fp32",
                   transforms: Sequence | None = None, ort_cpu_variant: bool = True,
-                  cpu_precision_options: dict | None = None, into=None, max_memory_gb: float | None = None) -> Path:
+                  cpu_precision_options: dict | None = None, into=None, max_memory_gb: float | None = None,
+                  certify: str | None = None) -> Path:
     """Export ``model`` to a bundle in ``out_dir`` and validate it.
 
     The bundle is written to a staging directory beside ``out_dir`` (``.<name>.<pid>.partial``)
@@ -100,8 +101,10 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
             required for fp16 / bf16).
         precision: ``fp32``, or ``fp16`` / ``bf16``: mixed-precision graphs (export/precision.py)
             validated with the reduced-precision gates of :mod:`masc_engine.tolerances`.
-            ``bf16-cpu``: the fp32 bundle, then certified for bf16 on OpenVINO's CPU plugin on the
-            staged bundle (export/cpu_precision.py; refused with the figures if the gates fail).
+            ``bf16-cpu`` (masc-export's spelling) is ``precision="fp32", certify="bf16-cpu"``.
+        certify: None, or ``bf16-cpu``: the fp32 bundle, then certified for bf16 on OpenVINO's CPU
+            plugin on the staged bundle (export/cpu_precision.py; refused with the figures if the
+            gates fail). The manifest's precision mode is then ``bf16-cpu``.
         transforms: further export/transforms.py :class:`~.transforms.GraphTransform` s, run in
             order after the precision transform, each validated and recorded in the manifest.
         ort_cpu_variant: fp32 only: also write the fused ONNX Runtime CPU graphs (the ``ort-cpu``
@@ -111,7 +114,7 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
         max_memory_gb: refuse before the weights are read when the plan's estimated peak RSS
             (export/stages.py :func:`~.stages.plan_memory`) is past this many GB (default: this
             machine's or container's memory).
-        cpu_precision_options: ``bf16-cpu`` only: keyword arguments of the certification
+        cpu_precision_options: ``certify="bf16-cpu"`` only: keyword arguments of the certification
             (export/cpu_precision.py :func:`~.cpu_precision.certify_bundle`: ``calibration``,
             ``heldout``, ``graphs``, ``threads``, ``max_keep``).
         into (callable | None): what writes the bundle into the staging directory, called with ``_export_into``'s
@@ -129,18 +132,22 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
         FusionError: an attention block of the vision or text graph did not fuse.
         CertificationError: ``bf16-cpu`` fails its gates (export/cpu_precision.py; nothing is left).
         BackendUnavailableError: ``bf16-cpu`` without openvino or native bf16 (before exporting).
+        ExportPlanError: ``certify`` with other than fp32 graphs, or an unknown certification
+            (export/plan.py).
     """
     from .cpu_precision import BF16_CPU, certify_bundle
+    from .plan import ExportPlan
     from .precision import PRECISIONS
 
-    certify = precision == BF16_CPU  # fp32 graphs + an OpenVINO bf16 certificate, made on the stage below
-    if certify:
+    if precision == BF16_CPU:  # masc-export's spelling of fp32 graphs + an OpenVINO bf16 certificate
+        precision, certify = "fp32", certify or BF16_CPU
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    plan = ExportPlan(str(model), precision=precision, certify=certify)  # certify's combinations (export/plan.py)
+    if certify:  # fp32 graphs, certified on the stage below
         from ..engine.backends.openvino import check_available
 
         check_available(precision="bf16")  # before the long export: openvino installed, native bf16 on this CPU
-        precision = "fp32"
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision != "fp32" and not validate:
         raise ValueError(f"{precision} bundles are kept only if they pass their gates: validate=True")
     out = Path(out_dir)
@@ -167,7 +174,7 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    logger.info(f"bundle written: {out} ({BF16_CPU if certify else precision})")
+    logger.info(f"bundle written: {out} ({plan.mode})")
     return out
 
 

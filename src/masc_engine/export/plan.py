@@ -1,0 +1,259 @@
+"""What one export makes, checked before any work: :class:`ExportPlan`.
+
+An export is a model (a scorer or a segmenter checkpoint), the precision its ONNX graphs hold, an
+optional certification of those graphs for another runtime's precision, and the backends it is
+built for. The plan holds them apart: ``precision`` is the graphs' dtype (``fp32``, ``fp16``,
+``bf16``, ``int8``, ``fp8``); ``certify="bf16-cpu"`` certifies fp32 graphs for bf16 on OpenVINO's
+CPU plugin (export/cpu_precision.py), which masc-export spells ``--precision bf16-cpu``
+(:meth:`ExportPlan.from_option`) and bundles record as ``manifest["precision"]["mode"] ==
+"bf16-cpu"`` (:attr:`ExportPlan.mode`; the manifest is unchanged by the plan).
+
+The legal combinations of precision, certification, backend and model kind are enforced here, in
+the library (:meth:`ExportPlan.validate`, run on construction): a plan that cannot be exported is
+refused with :class:`ExportPlanError`, one line naming masc-export's options, before any file is
+read or any network call is made. The rules that depend on the model's kind apply once it is known
+(:func:`resolve_kind`: a CLIPSeg checkpoint makes a segmenter bundle).
+
+:func:`export_onnx`, :func:`export_fp8` and :func:`build_plan_engines` run a plan's steps. The
+int8 bundle is gated by scoring pairs, which the jobs layer does (jobs/int8_gate.py
+``quantize_bundle``); masc-export calls it with the plan's ``gate_pairs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..engine.backends.openvino import BF16_CPU_MODE
+from ..errors import MascEngineError
+
+#: Graph dtypes an export can write (``precision``).
+GRAPH_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+#: Certifications of fp32 graphs for another runtime's precision (``certify``).
+CERTIFICATIONS = (BF16_CPU_MODE,)
+#: masc-export's ``--precision`` choices: the graph dtypes and the certification, in its order.
+PRECISION_OPTIONS = ("fp32", "fp16", "bf16", "int8", BF16_CPU_MODE, "fp8")
+#: ``onnx``: the ONNX bundle only; ``tensorrt``: also TensorRT engines built from its graphs.
+BACKENDS = ("onnx", "tensorrt")
+#: Model kinds: a SigLIP2 scorer bundle or a CLIPSeg segmenter bundle.
+KINDS = ("scorer", "segmenter")
+#: What each CPU-only mode makes (the reason it refuses ``--backend tensorrt``).
+_CPU_ONLY = {BF16_CPU_MODE: "a bundle for OpenVINO's CPU plugin", "fp8": "an ONNX bundle certified on CPU",
+             "int8": "an ONNX Runtime (CPU) bundle"}
+#: The modes a segmenter bundle exports (docs/segmenter.md).
+_SEGMENTER_MODES = ("fp32", "fp16")
+
+
+class ExportPlanError(MascEngineError, ValueError):
+    """An export plan combines options that do not go together (precision, certification, backend,
+    model kind, the options of each); one line naming masc-export's options. masc-export reports it
+    as a usage error (exit status 2)."""
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """One export's settings, validated on construction (:meth:`validate`).
+
+    Attributes:
+        model: Hugging Face id, short name, local checkpoint directory or ``random:<preset>``.
+        precision: the ONNX graphs' dtype, one of :data:`GRAPH_PRECISIONS`; None: fp32 for a new
+            export, the bundle's own for ``engines_only`` (:attr:`graph_precision`).
+        certify: None, or ``"bf16-cpu"``: the fp32 graphs certified for bf16 on OpenVINO's CPU plugin.
+        backend: ``onnx`` or ``tensorrt`` (:data:`BACKENDS`).
+        kind: ``scorer`` or ``segmenter``; None until known (:func:`resolve_kind`).
+        engines_only: build TensorRT engines for the existing bundle at the output, no export.
+        max_num_patches: NaFlex patch budget (None: 1024, the paper's); scorers only.
+        revision: Hub revision to pin.
+        calibration_pairs, heldout_pairs: pairs CSVs of the bf16-cpu / fp8 certification.
+        gate_pairs: pairs CSV the int8 bundle is gated on (required for int8).
+        fp32_bundle: int8 / fp8: an existing fp32 bundle to start from instead of exporting one.
+        max_memory_gb: the export's memory limit, GB (None: this machine's or container's).
+        max_batch, max_outs_per_ref: TensorRT profile maxima (1..4096).
+        gpu_memory_budget: TensorRT engine set's device memory budget, GiB (None: free memory).
+        timing_cache: TensorRT timing cache file (None: the default under the cache folder).
+
+    Raises:
+        ExportPlanError: on construction (or :func:`dataclasses.replace`), an illegal combination.
+    """
+
+    model: str
+    precision: str | None = None
+    certify: str | None = None
+    backend: str = "onnx"
+    kind: str | None = None
+    engines_only: bool = False
+    max_num_patches: int | None = None
+    revision: str | None = None
+    calibration_pairs: str | None = None
+    heldout_pairs: str | None = None
+    gate_pairs: str | None = None
+    fp32_bundle: str | None = None
+    max_memory_gb: float | None = None
+    max_batch: int = 16
+    max_outs_per_ref: int = 16
+    gpu_memory_budget: float | None = None
+    timing_cache: str | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def from_option(cls, precision: str | None, **settings) -> ExportPlan:
+        """The plan of masc-export's ``--precision`` value: ``bf16-cpu`` is fp32 graphs with
+        ``certify="bf16-cpu"``; any other value is the graphs' dtype (None: not given)."""
+        if precision in CERTIFICATIONS:
+            return cls(precision="fp32", certify=precision, **settings)
+        return cls(precision=precision, **settings)
+
+    @property
+    def graph_precision(self) -> str:
+        """The dtype of the graphs a new export writes (``fp32`` when none was given)."""
+        return self.precision or "fp32"
+
+    @property
+    def mode(self) -> str:
+        """The bundle's precision mode as manifests record it (``manifest["precision"]["mode"]``):
+        the certification when there is one, else the graphs' dtype."""
+        return self.certify or self.graph_precision
+
+    @property
+    def certification_options(self) -> dict | None:
+        """Keyword arguments of the bf16-cpu certification (export/cpu_precision.py
+        ``certify_bundle``), or None without one."""
+        if self.certify is None:
+            return None
+        return {"calibration": self.calibration_pairs, "heldout": self.heldout_pairs}
+
+    def validate(self) -> None:
+        """Refuse an illegal plan, in masc-export's order of checks.
+
+        Raises:
+            ExportPlanError: an unknown value; a certification of other than fp32 graphs; a CPU-only
+                mode (bf16-cpu, int8, fp8) with ``--backend tensorrt``; certification pairs without
+                bf16-cpu or fp8; ``engines_only`` without TensorRT; once the kind is known, a
+                segmenter with a scorer's option (patch budget, bf16 / bf16-cpu / int8, TensorRT),
+                or int8 without gate pairs.
+        """
+        self._check_values()
+        if self.mode in _CPU_ONLY and self.backend != "onnx":
+            raise ExportPlanError(f"--precision {self.mode} makes {_CPU_ONLY[self.mode]}: use --backend onnx")
+        if (self.calibration_pairs or self.heldout_pairs) and self.mode not in (*CERTIFICATIONS, "fp8"):
+            raise ExportPlanError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu or fp8")
+        if self.engines_only and self.backend != "tensorrt":
+            raise ExportPlanError("--engines-only builds TensorRT engines: add --backend tensorrt")
+        if self.kind == "segmenter" and (self.backend == "tensorrt" or self.max_num_patches
+                                         or self.mode not in _SEGMENTER_MODES):
+            raise ExportPlanError("a segmenter bundle exports fp32 or fp16 ONNX graphs for ONNX Runtime (cpu or "
+                                  "cuda); --max-num-patches, --precision bf16/bf16-cpu/int8 and --backend tensorrt "
+                                  "are the scorer's (docs/segmenter.md)")
+        if self.kind is not None and self.precision == "int8" and not self.gate_pairs:
+            raise ExportPlanError("--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
+                                  "its gates against fp32 on those pairs")
+
+    def _check_values(self) -> None:
+        for name, value, legal in (("precision", self.precision, (None, *GRAPH_PRECISIONS)),
+                                   ("certify", self.certify, (None, *CERTIFICATIONS)),
+                                   ("backend", self.backend, BACKENDS), ("kind", self.kind, (None, *KINDS))):
+            if value not in legal:
+                raise ExportPlanError(f"export plan: {name} must be one of {[v for v in legal if v]}, got {value!r}")
+        if self.certify is not None and self.graph_precision != "fp32":
+            raise ExportPlanError(f"{self.certify} certifies fp32 graphs, not {self.precision}: "
+                                  f"use --precision {self.certify} alone")
+
+
+def resolve_kind(plan: ExportPlan, out_dir: str | Path) -> ExportPlan:
+    """The plan with its model's kind: for ``engines_only``, the kind of the bundle at ``out_dir``
+    (a scorer when it has no readable manifest); else the checkpoint's (export/segmenter.py
+    ``is_segmenter_model``: a Hub id's config is fetched, one request).
+
+    Raises:
+        ExportPlanError: the kind makes the plan illegal (:meth:`ExportPlan.validate`).
+        CheckpointError: a Hub id's config cannot be fetched, or a local config is unreadable.
+    """
+    if plan.kind is not None:
+        return plan
+    if plan.engines_only:
+        import json
+
+        try:
+            segmenter = json.loads((Path(out_dir) / "manifest.json").read_text()).get("kind") == "segmenter"
+        except (OSError, ValueError, AttributeError):
+            segmenter = False
+    else:
+        from .segmenter import is_segmenter_model
+
+        segmenter = is_segmenter_model(plan.model, plan.revision)
+    return dataclasses.replace(plan, kind="segmenter" if segmenter else "scorer")
+
+
+def export_onnx(plan: ExportPlan, out_dir: str | Path, ort_cpu_variant: bool = True) -> Path:
+    """Write the plan's ONNX bundle (fp32, fp16 or bf16 graphs; certified for bf16-cpu when the
+    plan says so) to ``out_dir``: a segmenter bundle (export/segmenter.py) or a scorer bundle
+    (export/exporter.py ``export_bundle``). The kind is resolved first when unknown.
+
+    Raises:
+        ExportPlanError: the plan is not an ONNX export of this kind.
+        MascEngineError: as ``export_bundle`` / ``export_segmenter_bundle`` (checkpoint, memory,
+            validation, certification errors).
+    """
+    plan = resolve_kind(plan, out_dir)
+    if plan.precision in ("int8", "fp8"):
+        raise ExportPlanError(f"--precision {plan.precision} is made from an fp32 bundle (export_fp8, or the int8 gate)")
+    if plan.kind == "segmenter":
+        from .segmenter import export_segmenter_bundle
+
+        return export_segmenter_bundle(plan.model, out_dir, revision=plan.revision, precision=plan.graph_precision,
+                                       max_memory_gb=plan.max_memory_gb)
+    from .exporter import export_bundle
+
+    return export_bundle(plan.model, out_dir, max_num_patches=plan.max_num_patches, revision=plan.revision,
+                         precision=plan.graph_precision, certify=plan.certify,
+                         cpu_precision_options=plan.certification_options, max_memory_gb=plan.max_memory_gb,
+                         ort_cpu_variant=ort_cpu_variant)
+
+
+def export_fp8(plan: ExportPlan, out_dir: str | Path) -> Path:
+    """The plan's FP8 bundle: its ``fp32_bundle``, or an fp32 export of its model into a temporary
+    folder (portable graphs only), then the certified FP8 copy (export/fp8.py ``certify_fp8``).
+
+    Raises:
+        ExportPlanError: the plan's precision is not fp8.
+        CertificationError: the FP8 graphs fail their gates (nothing written).
+        MascEngineError: as the fp32 export.
+    """
+    import tempfile
+
+    from .fp8 import certify_fp8
+
+    if plan.precision != "fp8":
+        raise ExportPlanError(f"export_fp8 makes fp8 bundles; the plan's precision is {plan.mode}")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = plan.fp32_bundle or fp32_source(plan, Path(tmp) / "fp32")
+        certify_fp8(src, out_dir, calibration=plan.calibration_pairs, heldout=plan.heldout_pairs)
+    return Path(out_dir)
+
+
+def fp32_source(plan: ExportPlan, out_dir: str | Path) -> Path:
+    """The fp32 scorer bundle an int8 or fp8 bundle is made from, exported to ``out_dir`` with the
+    portable graphs only (the derived bundle drops the fused CPU variant anyway)."""
+    from .exporter import export_bundle
+
+    return export_bundle(plan.model, out_dir, max_num_patches=plan.max_num_patches, revision=plan.revision,
+                         ort_cpu_variant=False, max_memory_gb=plan.max_memory_gb)
+
+
+def build_plan_engines(plan: ExportPlan, bundle_dir: str | Path) -> Path:
+    """TensorRT engines for the bundle at ``bundle_dir`` with the plan's profile maxima, memory
+    budget and timing cache (engine/backends/tensorrt.py ``build_engines``; the engines' precision
+    is the bundle's, which ``plan.precision``, when given, must equal).
+
+    Raises:
+        BackendUnavailableError, EngineBuildError, DeviceMemoryError, BundleError: as
+            ``build_engines``.
+    """
+    from ..engine.backends.tensorrt import build_engines
+
+    return build_engines(bundle_dir, precision=plan.precision, max_batch=plan.max_batch,
+                         max_outs_per_ref=plan.max_outs_per_ref, timing_cache=plan.timing_cache,
+                         gpu_memory_budget=plan.gpu_memory_budget)
