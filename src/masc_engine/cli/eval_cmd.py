@@ -306,6 +306,9 @@ def main() -> None:
     SCORES is a masc-run score file (.csv, .tsv, .jsonl, .json array, .parquet).
     Needs the 'eval' extra: pip install -e '.[eval]' in a checkout (scipy, krippendorff, scikit-learn).
     """
+    from .logs import show_library_log
+
+    show_library_log()
 
 
 @main.command("agreement")

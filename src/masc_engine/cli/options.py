@@ -15,8 +15,48 @@ import dataclasses
 import click
 
 from ..engine.backends.registry import BACKENDS
+from ..jobs.pairs import RunOptions
+from ..runtime.cache import DEFAULT_SIZE_LIMIT
 from ..runtime.config import AUTO, CP_HEADS, ScorerConfig
 from ..runtime.stripping import STRIPPERS
+
+#: masc-run's job options (:class:`~masc_engine.jobs.pairs.RunOptions`): the defaults of the options
+#: below that it owns, read from its fields.
+_RUN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunOptions)}
+#: ``--cache-size-gb`` default of a command that writes the store's default size out (masc-run):
+#: the persistent store's own (runtime/cache.py ``DEFAULT_SIZE_LIMIT``, 8 GiB).
+STORE_SIZE_GB = DEFAULT_SIZE_LIMIT / 2**30
+
+#: Rows per step of a job (RunOptions.chunk_size).
+chunk_size_option = click.option("--chunk-size", type=click.IntRange(1, 100000), default=_RUN_DEFAULTS["chunk_size"],
+                                 show_default=True, help="Rows decoded, scored and journaled per step.")
+
+
+def io_workers_option(detail: str = ""):
+    """``--io-workers``: decoding threads (RunOptions.io_workers), ``detail`` appended to its help."""
+    return click.option("--io-workers", type=click.IntRange(1, 256), default=_RUN_DEFAULTS["io_workers"],
+                        show_default=True, help=f"Threads decoding images and masks{detail}.")
+
+
+def cache_options(size_default: float | None, cache_help: str, size_help: str):
+    """``--cache-dir`` and ``--cache-size-gb``: the persistent encoding store (runtime/cache.py).
+
+    Commands differ in one thing, given here: ``size_default``, the ``--cache-size-gb`` default.
+    masc-run writes the store's size out (:data:`STORE_SIZE_GB`, shown in ``--help``); masc-serve
+    keeps None (``ServeConfig.cache_size_gb``: the store's default applies), so its configuration
+    records that no size was chosen. ``--cache-dir``'s default is None in both
+    (``RunOptions.cache_dir``).
+    """
+    dir_option = click.option("--cache-dir", type=click.Path(file_okay=False), default=_RUN_DEFAULTS["cache_dir"],
+                              help=cache_help)
+    size_option = click.option("--cache-size-gb", type=click.FloatRange(0.01, 1e6), default=size_default,
+                               show_default=size_default is not None, help=size_help)
+
+    def decorate(f):
+        return dir_option(size_option(f))
+
+    return decorate
+
 
 #: Backend intra-op threads.
 threads_option = click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .options import (load_scorer, load_segmenter, scorer_config, scorer_options, segmenter_config,
+from .options import (io_workers_option, load_scorer, load_segmenter, scorer_config, scorer_options, segmenter_config,
                       segmenter_options)
 
 
@@ -40,8 +40,7 @@ from .options import (load_scorer, load_segmenter, scorer_config, scorer_options
               help="Summary CSV (default: the --out path with .summary.csv).")
 @scorer_options
 @segmenter_options
-@click.option("--io-workers", type=click.IntRange(1, 256), default=4, show_default=True,
-              help="Threads decoding images and masks.")
+@io_workers_option()
 @click.option("--no-progress", is_flag=True,
               help="Hide the progress bar (drawn on stderr only when stderr is a terminal).")
 def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest, level, no_masks, out_path,
@@ -52,7 +51,9 @@ def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest,
     query without a mask gets the segmenter's, prompted by its object_name or class cell."""
     from ..errors import MascEngineError
     from ..jobs.rank import run_rank, write_rank_outputs
+    from .logs import show_library_log
 
+    show_library_log()
     config = scorer_config(scorer_params)  # the same option groups as masc-run and masc-serve
     seg_config = segmenter_config(scorer_params, config)
     from ..jobs.rank_encoders import EngineEncoder, OnnxEmbeddingEncoder

@@ -45,7 +45,9 @@ def main(scores, out_path, within_column, within_value, method_column, top_k, ti
     within- vs cross-subject histograms with AUC, best and worst pairs with thumbnails) of SCORES,
     a masc-run output (.csv, .parquet, .jsonl)."""
     from ..report import ReportOptions, write_report
+    from .logs import show_library_log
 
+    show_library_log()
     if within_value is not None and not within_column:
         raise click.UsageError("--within-value needs --within-column")
     out_path = out_path or str(Path(scores).with_name(Path(scores).name + ".report.html"))

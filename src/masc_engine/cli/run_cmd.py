@@ -10,8 +10,10 @@ import click
 from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES
 from ..runtime.io import default_max_file_bytes
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
-from .options import (exif_option, load_scorer, load_segmenter, mask_size_tolerance_option, scorer_config,
-                      scorer_options, segmenter_config, segmenter_options)
+from .logs import show_library_log
+from .options import (STORE_SIZE_GB, cache_options, chunk_size_option, exif_option, io_workers_option, load_scorer,
+                      load_segmenter, mask_size_tolerance_option, scorer_config, scorer_options, segmenter_config,
+                      segmenter_options)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -53,15 +55,11 @@ from .options import (exif_option, load_scorer, load_segmenter, mask_size_tolera
 @click.option("--save-maps", type=click.Path(file_okay=False), default=None,
               help="Write per-pair attribution PNGs here (CP: best cosine per reference patch; PF: the "
                    "pooling head's background attention) and add cp_map / pf_map columns.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-              help="Persistent content-keyed cache of patch tokens, text embeddings and the segmenter's masks "
-                   "(shareable).")
-@click.option("--cache-size-gb", type=click.FloatRange(0.01, 1e6), default=8.0, show_default=True,
-              help="Bound on the persistent cache's size.")
-@click.option("--chunk-size", type=click.IntRange(1, 100000), default=64, show_default=True,
-              help="Rows decoded, scored and journaled per step.")
-@click.option("--io-workers", type=click.IntRange(1, 256), default=4, show_default=True,
-              help="Threads decoding images and masks (overlapping inference).")
+@cache_options(STORE_SIZE_GB, cache_help="Persistent content-keyed cache of patch tokens, text embeddings and the "
+                                         "segmenter's masks (shareable).",
+               size_help="Bound on the persistent cache's size.")
+@chunk_size_option
+@io_workers_option(" (overlapping inference)")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Run here, or on a Ray cluster (one scorer per worker slot).")
 @click.option("--address", "ray_address", default=None,
@@ -84,6 +82,7 @@ def main(**params) -> None:
     first); rerunning the same command resumes; a rerun with other settings stops unless
     --overwrite. Every failure is one line on stderr with exit status 1.
     """
+    show_library_log()
     config = scorer_config(params)
     seg_config = segmenter_config(params, config)
     if params["save_masks"] and seg_config is None:

@@ -10,8 +10,8 @@ import sys
 import click
 
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
-from .options import (exif_option, mask_size_tolerance_option, scorer_config, scorer_options, segmenter_config,
-                      segmenter_options)
+from .options import (STORE_SIZE_GB, cache_options, exif_option, mask_size_tolerance_option, scorer_config,
+                      scorer_options, segmenter_config, segmenter_options)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,11 +32,10 @@ from .options import (exif_option, mask_size_tolerance_option, scorer_config, sc
               help="Most items waiting for a batch; past it requests get 503 with Retry-After.")
 @click.option("--cache-mb", type=click.FloatRange(0, 1e7), default=512.0, show_default=True,
               help="In-memory reference-encoding cache (LRU by content hash), bound in MiB of patch tokens; 0: off.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-              help="Also use masc-run's persistent cache here (one per replica on local disk: see docs/service.md); "
-                   "a cache that fails later is bypassed and /readyz says \"cache\": \"degraded\".")
-@click.option("--cache-size-gb", type=click.FloatRange(0.01, 1e6), default=None,
-              help="Bound on the persistent cache's size (default: masc-run's, 8 GiB).")
+@cache_options(None, cache_help="Also use masc-run's persistent cache here (one per replica on local disk: see "
+                                 "docs/service.md); a cache that fails later is bypassed and /readyz says "
+                                 "\"cache\": \"degraded\".",
+               size_help=f"Bound on the persistent cache's size (default: masc-run's, {STORE_SIZE_GB:g} GiB).")
 @click.option("--max-body-mb", type=click.FloatRange(0.001, 1e5), default=64.0, show_default=True,
               help="Largest request body (413 past it).")
 @click.option("--max-pixels", type=click.IntRange(1, 10**10), default=40_000_000, show_default=True,
