@@ -25,7 +25,8 @@ from masc_engine.cli.export_cmd import main as export_main
 from masc_engine.engine import memory
 from masc_engine.engine.backends.openvino import BF16_CPU_MODE
 from masc_engine.errors import MascEngineError
-from masc_engine.export.plan import ExportPlan, ExportPlanError, resolve_kind
+from masc_engine.export.plan import ExportPlan, ExportPlanError
+from masc_engine.export.plan_steps import resolve_kind
 
 
 def test_bf16_cpu_is_a_certification_of_fp32_graphs():

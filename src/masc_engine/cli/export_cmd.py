@@ -83,7 +83,8 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
          accept_validation_error: float | None = None) -> None:
     """Export a SigLIP2 (or CLIPSeg) checkpoint to ONNX graphs + manifest, validated against PyTorch."""
     from ..errors import MascEngineError
-    from ..export.plan import ExportPlan, resolve_kind
+    from ..export.plan import ExportPlan
+    from ..export.plan_steps import resolve_kind
     from .logs import show_library_log
 
     show_library_log()
@@ -104,17 +105,23 @@ def main(model: str, out_dir: str, max_num_patches: int | None, revision: str | 
     if plan.precision == "int8":
         _export_int8(plan, out_dir)
         return
-    if plan.backend == "tensorrt":  # fail before a long export when TensorRT is missing
-        from ..engine.backends.tensorrt import import_tensorrt
-
-        try:
-            import_tensorrt()
-        except MascEngineError as e:
-            raise click.ClickException(str(e)) from e
+    if plan.backend == "tensorrt":
+        _check_tensorrt()
     if not plan.engines_only:
         _export_onnx(plan, out_dir, accept_validation_error)
     if plan.backend == "tensorrt":
         _build_engines(plan, out_dir)
+
+
+def _check_tensorrt() -> None:
+    """Fail before a long export when TensorRT is missing (one line, exit 1)."""
+    from ..engine.backends.tensorrt import import_tensorrt
+    from ..errors import MascEngineError
+
+    try:
+        import_tensorrt()
+    except MascEngineError as e:
+        raise click.ClickException(str(e)) from e
 
 
 @contextmanager
@@ -139,7 +146,7 @@ def _export_onnx(plan, out_dir: str, accept_error: float | None = None) -> None:
             raise click.ClickException(str(missing(module, "masc-export", extra="export")))
     try:
         from ..export.exporter import export_bundle  # noqa: F401 (what the export imports is installed)
-        from ..export.plan import export_onnx
+        from ..export.plan_steps import export_onnx
         from ..export.segmenter import export_segmenter_bundle  # noqa: F401
         from ..export.validate import accept_validation_error
     except ImportError as e:  # torch / transformers / onnx missing
@@ -189,7 +196,7 @@ def _build_engines(plan, out_dir: str) -> None:
     """TensorRT engines from the bundle in ``out_dir``; unverified on a GPU: tested against a fake
     TensorRT (docs/verification.md)."""
     from ..errors import MascEngineError
-    from ..export.plan import build_plan_engines
+    from ..export.plan_steps import build_plan_engines
 
     try:
         build_plan_engines(plan, out_dir)
@@ -218,7 +225,7 @@ def _export_int8(plan, out_dir: str) -> None:
     try:
         # before any work: what the quantizer, the gate and (without --fp32-bundle) the export import
         check_int8_dependencies(exporting=plan.fp32_bundle is None)
-        from ..export.plan import fp32_source
+        from ..export.plan_steps import fp32_source
         from ..jobs.int8_gate import quantize_bundle
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -234,7 +241,7 @@ def _export_int8(plan, out_dir: str) -> None:
 def _export_fp8(plan, out_dir: str) -> None:
     """The fp32 bundle (given, or exported to a temporary folder), then its certified FP8 copy."""
     from ..errors import MascEngineError
-    from ..export.plan import export_fp8
+    from ..export.plan_steps import export_fp8
 
     try:
         export_fp8(plan, out_dir)

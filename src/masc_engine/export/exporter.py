@@ -102,9 +102,8 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
         precision: ``fp32``, or ``fp16`` / ``bf16``: mixed-precision graphs (export/precision.py)
             validated with the reduced-precision gates of :mod:`masc_engine.tolerances`.
             ``bf16-cpu`` (masc-export's spelling) is ``precision="fp32", certify="bf16-cpu"``.
-        certify: None, or ``bf16-cpu``: the fp32 bundle, then certified for bf16 on OpenVINO's CPU
-            plugin on the staged bundle (export/cpu_precision.py; refused with the figures if the
-            gates fail). The manifest's precision mode is then ``bf16-cpu``.
+        certify: None, or ``bf16-cpu``: the staged fp32 bundle certified for bf16 on OpenVINO's CPU
+            plugin (export/cpu_precision.py; refused with the figures); manifest mode ``bf16-cpu``.
         transforms: further export/transforms.py :class:`~.transforms.GraphTransform` s, run in
             order after the precision transform, each validated and recorded in the manifest.
         ort_cpu_variant: fp32 only: also write the fused ONNX Runtime CPU graphs (the ``ort-cpu``
@@ -132,18 +131,16 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
         FusionError: an attention block of the vision or text graph did not fuse.
         CertificationError: ``bf16-cpu`` fails its gates (export/cpu_precision.py; nothing is left).
         BackendUnavailableError: ``bf16-cpu`` without openvino or native bf16 (before exporting).
-        ExportPlanError: ``certify`` with other than fp32 graphs, or an unknown certification
-            (export/plan.py).
+        ExportPlanError: ``certify`` with other than fp32 graphs, or unknown (export/plan.py).
     """
     from .cpu_precision import BF16_CPU, certify_bundle
     from .plan import ExportPlan
     from .precision import PRECISIONS
 
-    if precision == BF16_CPU:  # masc-export's spelling of fp32 graphs + an OpenVINO bf16 certificate
-        precision, certify = "fp32", certify or BF16_CPU
-    if precision not in PRECISIONS:
+    if precision not in (*PRECISIONS, BF16_CPU):
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    plan = ExportPlan(str(model), precision=precision, certify=certify)  # certify's combinations (export/plan.py)
+    plan = ExportPlan.from_option(precision, certify, model=str(model))  # bf16-cpu: fp32 graphs + certify
+    precision, certify = plan.graph_precision, plan.certify
     if certify:  # fp32 graphs, certified on the stage below
         from ..engine.backends.openvino import check_available
 

@@ -12,18 +12,15 @@ The legal combinations of precision, certification, backend and model kind are e
 the library (:meth:`ExportPlan.validate`, run on construction): a plan that cannot be exported is
 refused with :class:`ExportPlanError`, one line naming masc-export's options, before any file is
 read or any network call is made. The rules that depend on the model's kind apply once it is known
-(:func:`resolve_kind`: a CLIPSeg checkpoint makes a segmenter bundle).
+(export/plan_steps.py ``resolve_kind``: a CLIPSeg checkpoint makes a segmenter bundle).
 
-:func:`export_onnx`, :func:`export_fp8` and :func:`build_plan_engines` run a plan's steps. The
-int8 bundle is gated by scoring pairs, which the jobs layer does (jobs/int8_gate.py
-``quantize_bundle``); masc-export calls it with the plan's ``gate_pairs``.
+export/plan_steps.py runs a plan's steps (it imports the exporter; this module imports nothing
+of it, so that the exporter can check its own arguments with a plan).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..engine.backends.openvino import BF16_CPU_MODE
 from ..errors import MascEngineError
@@ -61,7 +58,7 @@ class ExportPlan:
             export, the bundle's own for ``engines_only`` (:attr:`graph_precision`).
         certify: None, or ``"bf16-cpu"``: the fp32 graphs certified for bf16 on OpenVINO's CPU plugin.
         backend: ``onnx`` or ``tensorrt`` (:data:`BACKENDS`).
-        kind: ``scorer`` or ``segmenter``; None until known (:func:`resolve_kind`).
+        kind: ``scorer`` or ``segmenter``; None until known (export/plan_steps.py ``resolve_kind``).
         engines_only: build TensorRT engines for the existing bundle at the output, no export.
         max_num_patches: NaFlex patch budget (None: 1024, the paper's); scorers only.
         revision: Hub revision to pin.
@@ -99,12 +96,12 @@ class ExportPlan:
         self.validate()
 
     @classmethod
-    def from_option(cls, precision: str | None, **settings) -> ExportPlan:
+    def from_option(cls, precision: str | None, certify: str | None = None, **settings) -> ExportPlan:
         """The plan of masc-export's ``--precision`` value: ``bf16-cpu`` is fp32 graphs with
         ``certify="bf16-cpu"``; any other value is the graphs' dtype (None: not given)."""
         if precision in CERTIFICATIONS:
-            return cls(precision="fp32", certify=precision, **settings)
-        return cls(precision=precision, **settings)
+            precision, certify = "fp32", certify or precision
+        return cls(precision=precision, certify=certify, **settings)
 
     @property
     def graph_precision(self) -> str:
@@ -160,100 +157,3 @@ class ExportPlan:
         if self.certify is not None and self.graph_precision != "fp32":
             raise ExportPlanError(f"{self.certify} certifies fp32 graphs, not {self.precision}: "
                                   f"use --precision {self.certify} alone")
-
-
-def resolve_kind(plan: ExportPlan, out_dir: str | Path) -> ExportPlan:
-    """The plan with its model's kind: for ``engines_only``, the kind of the bundle at ``out_dir``
-    (a scorer when it has no readable manifest); else the checkpoint's (export/segmenter.py
-    ``is_segmenter_model``: a Hub id's config is fetched, one request).
-
-    Raises:
-        ExportPlanError: the kind makes the plan illegal (:meth:`ExportPlan.validate`).
-        CheckpointError: a Hub id's config cannot be fetched, or a local config is unreadable.
-    """
-    if plan.kind is not None:
-        return plan
-    if plan.engines_only:
-        import json
-
-        try:
-            segmenter = json.loads((Path(out_dir) / "manifest.json").read_text()).get("kind") == "segmenter"
-        except (OSError, ValueError, AttributeError):
-            segmenter = False
-    else:
-        from .segmenter import is_segmenter_model
-
-        segmenter = is_segmenter_model(plan.model, plan.revision)
-    return dataclasses.replace(plan, kind="segmenter" if segmenter else "scorer")
-
-
-def export_onnx(plan: ExportPlan, out_dir: str | Path, ort_cpu_variant: bool = True) -> Path:
-    """Write the plan's ONNX bundle (fp32, fp16 or bf16 graphs; certified for bf16-cpu when the
-    plan says so) to ``out_dir``: a segmenter bundle (export/segmenter.py) or a scorer bundle
-    (export/exporter.py ``export_bundle``). The kind is resolved first when unknown.
-
-    Raises:
-        ExportPlanError: the plan is not an ONNX export of this kind.
-        MascEngineError: as ``export_bundle`` / ``export_segmenter_bundle`` (checkpoint, memory,
-            validation, certification errors).
-    """
-    plan = resolve_kind(plan, out_dir)
-    if plan.precision in ("int8", "fp8"):
-        raise ExportPlanError(f"--precision {plan.precision} is made from an fp32 bundle (export_fp8, or the int8 gate)")
-    if plan.kind == "segmenter":
-        from .segmenter import export_segmenter_bundle
-
-        return export_segmenter_bundle(plan.model, out_dir, revision=plan.revision, precision=plan.graph_precision,
-                                       max_memory_gb=plan.max_memory_gb)
-    from .exporter import export_bundle
-
-    return export_bundle(plan.model, out_dir, max_num_patches=plan.max_num_patches, revision=plan.revision,
-                         precision=plan.graph_precision, certify=plan.certify,
-                         cpu_precision_options=plan.certification_options, max_memory_gb=plan.max_memory_gb,
-                         ort_cpu_variant=ort_cpu_variant)
-
-
-def export_fp8(plan: ExportPlan, out_dir: str | Path) -> Path:
-    """The plan's FP8 bundle: its ``fp32_bundle``, or an fp32 export of its model into a temporary
-    folder (portable graphs only), then the certified FP8 copy (export/fp8.py ``certify_fp8``).
-
-    Raises:
-        ExportPlanError: the plan's precision is not fp8.
-        CertificationError: the FP8 graphs fail their gates (nothing written).
-        MascEngineError: as the fp32 export.
-    """
-    import tempfile
-
-    from .fp8 import certify_fp8
-
-    if plan.precision != "fp8":
-        raise ExportPlanError(f"export_fp8 makes fp8 bundles; the plan's precision is {plan.mode}")
-    with tempfile.TemporaryDirectory() as tmp:
-        src = plan.fp32_bundle or fp32_source(plan, Path(tmp) / "fp32")
-        certify_fp8(src, out_dir, calibration=plan.calibration_pairs, heldout=plan.heldout_pairs)
-    return Path(out_dir)
-
-
-def fp32_source(plan: ExportPlan, out_dir: str | Path) -> Path:
-    """The fp32 scorer bundle an int8 or fp8 bundle is made from, exported to ``out_dir`` with the
-    portable graphs only (the derived bundle drops the fused CPU variant anyway)."""
-    from .exporter import export_bundle
-
-    return export_bundle(plan.model, out_dir, max_num_patches=plan.max_num_patches, revision=plan.revision,
-                         ort_cpu_variant=False, max_memory_gb=plan.max_memory_gb)
-
-
-def build_plan_engines(plan: ExportPlan, bundle_dir: str | Path) -> Path:
-    """TensorRT engines for the bundle at ``bundle_dir`` with the plan's profile maxima, memory
-    budget and timing cache (engine/backends/tensorrt.py ``build_engines``; the engines' precision
-    is the bundle's, which ``plan.precision``, when given, must equal).
-
-    Raises:
-        BackendUnavailableError, EngineBuildError, DeviceMemoryError, BundleError: as
-            ``build_engines``.
-    """
-    from ..engine.backends.tensorrt import build_engines
-
-    return build_engines(bundle_dir, precision=plan.precision, max_batch=plan.max_batch,
-                         max_outs_per_ref=plan.max_outs_per_ref, timing_cache=plan.timing_cache,
-                         gpu_memory_budget=plan.gpu_memory_budget)
