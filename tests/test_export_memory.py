@@ -36,15 +36,16 @@ def test_stages_are_recorded_in_order_with_time_and_memory(naflex_bundle):
         assert r["seconds"] >= 0 and 0.05 < r["rss_gb_after"] <= r["peak_rss_gb"] + 0.01 < 4
 
 
-def test_stage_line_format_is_what_the_bench_parses():
+def test_stage_line_format_is_what_the_bench_parses(caplog):
     sys.path.insert(0, str(REPO / "bench"))
     from export_memory import STAGE_LINE
 
-    lines = []
-    clock = stages.StageClock(lines.append)
+    caplog.set_level("INFO", logger="masc_engine")
+    clock = stages.StageClock()
     with clock.stage("validate vision") as note:
         note["message"] = "validated vision: max |error| 1e-06"
     clock.record("export text", 12.34, int(3.2e9), int(2.9e9), "exported text -> text.onnx", " (torch worker)")
+    lines = [r.getMessage() for r in caplog.records if r.name == "masc_engine.export.stages"]
     assert lines[0].startswith("validated vision: max |error| 1e-06 [validate vision: ")
     assert lines[1] == "exported text -> text.onnx [export text: 12.3 s, peak 3.20 GB, now 2.90 GB (torch worker)]"
     m = STAGE_LINE.search(lines[1])
@@ -99,7 +100,7 @@ def test_worker_errors_reach_the_user_as_one_line(tmp_path):
     assert not out.exists() and not list(tmp_path.glob(".b.*"))
 
 
-def test_remove_stale_stages(tmp_path):
+def test_remove_stale_stages(tmp_path, caplog):
     dead = 4_194_304 + 12_345  # above Linux's largest pid_max: no such process
     assert not stages.process_alive(dead) and stages.process_alive(os.getppid())
     out = tmp_path / "bundle"
@@ -117,14 +118,15 @@ def test_remove_stale_stages(tmp_path):
     young = make(f".bundle.{dead + 1}.partial", mtime=time.time() + 3600)  # not older than this export
     other = make(f".bundle2.{dead}.partial")  # another target
     swap = make(f".bundle.{dead}.old")  # the replaced bundle of an interrupted swap: only copy while bundle is absent
-    lines: list[str] = []
-    assert remove_stale_stages(out, lines.append) == [stale.name]
+    caplog.set_level("INFO", logger="masc_engine")
+    assert remove_stale_stages(out) == [stale.name]
+    lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and stale.name in lines[0] and "removed 1 stale staging folder" in lines[0]
     assert all(p.exists() for p in (alive, young, other, swap)) and not stale.exists()
     out.mkdir()
     (out / "manifest.json").write_text("{}")  # the swap completed: the .old bundle is garbage
-    assert remove_stale_stages(out, lines.append) == [swap.name]
-    assert remove_stale_stages(out, lines.append) == [] and len(lines) == 2
+    assert remove_stale_stages(out) == [swap.name]
+    assert remove_stale_stages(out) == [] and len(caplog.records) == 2
 
 
 def test_every_bundle_file_has_the_same_mode(naflex_bundle, tmp_path):
