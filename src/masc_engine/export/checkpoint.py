@@ -11,6 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..engine.cache_root import CHECKPOINTS, cache_root
 from ..errors import MascEngineError
 from .random_models import build_random_checkpoint, is_random_model_id, preset_names
 
@@ -35,8 +36,9 @@ class CheckpointError(MascEngineError):
 def random_checkpoint_dir(name: str) -> Path:
     """Local directory of a built-in random-weight checkpoint, built on first use.
 
-    Cached under ``$MASC_ENGINE_CACHE`` (default ``~/.cache/masc-engine``) per transformers and
-    torch version, since the random draw depends on both. The directory name keeps ``naflex`` in
+    Cached under ``<cache root>/random-models`` (:func:`masc_engine.engine.cache_root.cache_root`:
+    ``$MASC_ENGINE_CACHE``, default ``~/.cache/masc-engine``; ``masc-cache clean --checkpoints``
+    removes them) per transformers and torch version, since the random draw depends on both. The directory name keeps ``naflex`` in
     it for NaFlex presets: masc-metric 0.3.0 decides NaFlex from ``"naflex" in model_id``, and the
     oracle tests load the same directory.
     """
@@ -46,8 +48,7 @@ def random_checkpoint_dir(name: str) -> Path:
     key = name.split(":", 1)[-1]
     if key not in preset_names():
         raise CheckpointError(f"unknown random model {name!r}; known: {', '.join('random:' + k for k in preset_names())}")
-    root = Path(os.environ.get("MASC_ENGINE_CACHE", Path.home() / ".cache" / "masc-engine"))
-    d = root / "random-models" / f"{key}-tf{transformers.__version__}-torch{torch.__version__.split('+')[0]}"
+    d = cache_root() / CHECKPOINTS / f"{key}-tf{transformers.__version__}-torch{torch.__version__.split('+')[0]}"
     if not (d / "masc_random_model.json").is_file():
         tmp = d.with_name(d.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)

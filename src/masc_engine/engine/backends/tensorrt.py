@@ -212,7 +212,8 @@ def default_timing_cache(info: dict) -> Path:
     """``$MASC_ENGINE_CACHE/tensorrt/timing-<trt>-sm<cc>.cache``: shared by every build on this
     machine (all bundles and precisions), since a timing cache is specific to the GPU and the
     TensorRT version."""
-    root = Path(os.environ.get("MASC_ENGINE_CACHE", Path.home() / ".cache" / "masc-engine"))
+    from ..cache_root import cache_root  # the one root (engine/cache_root.py)
+    root = cache_root()
     cc = str(info["compute_capability"]).replace(".", "")
     return root / "tensorrt" / f"timing-trt{info['tensorrt_version']}-sm{cc}.cache"
 
