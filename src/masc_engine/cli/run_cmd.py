@@ -54,7 +54,8 @@ from .options import (STORE_SIZE_GB, cache_options, chunk_size_option, exif_opti
                    "background / foreground pooling x stripped / unstripped prompt.")
 @click.option("--save-maps", type=click.Path(file_okay=False), default=None,
               help="Write per-pair attribution PNGs here (CP: best cosine per reference patch; PF: the "
-                   "pooling head's background attention) and add cp_map / pf_map columns.")
+                   "pooling head's background attention) and add cp_map / pf_map columns. Slows the run: 2.6x the "
+                   "wall time with the tiny bundle (docs/evaluation.md).")
 @cache_options(STORE_SIZE_GB, cache_help="Persistent content-keyed cache of patch tokens, text embeddings and the "
                                          "segmenter's masks (shareable).",
                size_help="Bound on the persistent cache's size.")
