@@ -43,7 +43,6 @@ import sqlite3
 import stat
 import struct
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
@@ -51,6 +50,7 @@ import numpy as np
 
 from ..errors import MascEngineError
 from .preprocess import PreprocessedImage
+from .encoder import LRU
 from .scorer import ImageEncoding
 
 DEFAULT_SIZE_LIMIT = 8 * 2**30  # 8 GiB
@@ -354,25 +354,6 @@ def open_cache(directory: str | Path, size_limit: int = DEFAULT_SIZE_LIMIT):
                          "give a writable --cache-dir or none") from None
 
 
-class _LRU(OrderedDict):
-    """The default memory level: the ``items`` most recently used encodings."""
-
-    def __init__(self, items: int):
-        super().__init__()
-        self.items = items
-
-    def get(self, key, default=None):
-        if key not in self:
-            return default
-        self.move_to_end(key)
-        return self[key]
-
-    def __setitem__(self, key, value) -> None:
-        super().__setitem__(key, value)
-        while len(self) > self.items:
-            self.popitem(last=False)
-
-
 def _widths(scorer) -> dict:
     """``{image_width, text_width}`` of ``scorer``'s bundle (its manifest's architecture), or {}."""
     try:
@@ -413,7 +394,7 @@ class EncodingCache:
         # Any mapping with its own eviction policy may be the memory level (masc-serve's holds the
         # batch in flight and a byte-bounded reference LRU, serve/glue.py); by default an LRU of
         # ``items`` encodings.
-        self.memory: MutableMapping = memory if memory is not None else _LRU(self.items)
+        self.memory: MutableMapping = memory if memory is not None else LRU(self.items)
         if store is not None:
             store.expect(**_widths(scorer))  # a stored entry of another width is a miss, not a crash
         self._lock = threading.Lock()

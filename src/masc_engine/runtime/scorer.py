@@ -4,8 +4,8 @@
 out_image, out_mask, prompt, object_name)`` returns the same ``cp``, ``pf`` and ``extras`` as
 masc-metric 0.3.0 on the same weights (docs/fidelity.md gives the measured differences).
 
-One scorer object may serve concurrent calls from several threads: it holds only read-only state
-(runners whose sessions are thread-safe, a configured tokenizer, pure caches).
+One scorer object may serve concurrent calls from several threads (:class:`Scorer` says which
+of its state changes after construction, and how that is guarded).
 
 ``device_resident=True`` keeps patch tokens in the token device's memory (engine/device.py: the
 GPU with CuPy for ``provider="cuda"`` or TensorRT; host numpy through IO binding on CPU): the
@@ -17,9 +17,7 @@ then holds reference tokens on the device across pairs.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -29,129 +27,20 @@ from PIL import Image
 from ..engine.backends.registry import get_backend
 from ..engine.bundle import Bundle
 from ..engine.manifest import one_line
-from ..errors import BundleError, InputError, MascEngineError
+from ..errors import BundleError, MascEngineError
 from . import heads
 from .config import ScorerConfig
+from .encoder import Encoder, RunnerSettings, runner_property
 from .masks import MaskPolicy, cp_keep, mask_to_patch_grid
+from .pair import EncodedPair, ImageEncoding, MaSCResult, Pair, check_pair_arguments
 from .position import position_weights
-from .preprocess import ImageSettings, PreprocessedImage, preprocess_image
+from .preprocess import PreprocessedImage
 from .segmenter import Segmenter, SegmenterConfig
 from .stripping import pf_prompt
-from .text import EncodedPrompt, PreparedPrompt, PromptTokenizer, TextSettings
+from .text import EncodedPrompt, PreparedPrompt
 
 
-@dataclass
-class MaSCResult:
-    """Result of one scoring call (same fields as masc-metric 0.3.0 ``MaSCResult``).
-
-    Attributes:
-        cp: Concept Preservation in ``[-1, 1]``; NaN when the reference mask keeps no patch.
-        pf: Prompt Following in ``[-1, 1]``; NaN when the output mask leaves no background patch.
-        extras: the reference's diagnostics (``prompt_text``, ``prompt_stripped``, ``stripper``,
-            ``stripper_model``, ``cp_n_ref_fg``, ``cp_n_ref_total``, ``cp_fg_frac_ref``,
-            ``pf_n_fg``, ``pf_n_total``, ``pf_n_bg_pooled``) plus ``prompt_truncated``,
-            ``prompt_n_tokens``, ``ref_grid``, ``out_grid``.
-    """
-
-    cp: float
-    pf: float
-    extras: dict = field(default_factory=dict)
-    #: Per-patch arrays behind the scores, filled when asked for (``with_arrays=True``):
-    #: ``cp_best [Hp_r*Wp_r] float32`` (each reference patch's best cosine), ``pf_attention
-    #: [Hp_o*Wp_o] float32`` (pooling-head attention with the foreground hidden), ``pf_hidden``.
-    arrays: dict = field(default_factory=dict, repr=False)
-    #: The masks the scorer's segmenter computed for this pair (``ref_mask`` / ``out_mask``:
-    #: ``[H, W] uint8`` 0/255), for the masks that were not given.
-    masks: dict = field(default_factory=dict, repr=False)
-
-
-@dataclass
-class ImageEncoding:
-    """One image through the vision tower.
-
-    Attributes:
-        tokens: ``[Hp * Wp, D] float32`` patch tokens of the real patches, row-major: a numpy
-            array, or an array of the scorer's token device when it is ``device_resident``.
-        grid: the patch grid ``(Hp, Wp)``.
-    """
-
-    tokens: np.ndarray
-    grid: tuple[int, int]
-
-
-@dataclass
-class Pair:
-    """One scoring input (the arguments of :meth:`Scorer.score`); a mask may be None when the
-    scorer has a segmenter (it is computed from ``object_name``)."""
-
-    ref_image: Image.Image
-    ref_mask: np.ndarray | None
-    out_image: Image.Image
-    out_mask: np.ndarray | None
-    prompt: str
-    object_name: str | None = None
-
-
-def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPolicy(), segmenter=None) -> None:
-    """Check one pair's arguments before any inference (the API boundary).
-
-    Args:
-        p: the pair.
-        where: prefix naming the pair in messages (``"pairs[3]."``; ``""`` for :meth:`Scorer.score`).
-        policy: the mask size rule (runtime/masks.py :class:`MaskPolicy`; the scorer's
-            ``mask_size_policy``).
-        segmenter (Segmenter | None): the scorer's :class:`~masc_engine.runtime.segmenter.Segmenter`: a mask may then
-            be None (computed from ``object_name``).
-
-    Raises:
-        TypeError: ``ref_image`` / ``out_image`` not a PIL image, a mask not a numpy array of
-            numbers or booleans (or None without a segmenter), ``prompt`` not a str,
-            ``object_name`` neither a str nor None (the message names the argument).
-        InputError: (a ``ValueError``) a mask that is not 2-D (``bad_mask``) or whose size the
-            policy refuses (``mask_size_mismatch``, ``mask_orientation_mismatch``); a mask left to
-            the segmenter without a subject name (``no_mask_source``) or with one over its prompt
-            budget (``prompt_too_long``).
-    """
-    for name in ("ref_image", "out_image"):
-        im = getattr(p, name)
-        if not isinstance(im, Image.Image):
-            raise TypeError(f"{where}{name} must be a PIL.Image.Image (open files with PIL.Image.open), "
-                            f"got {type(im).__name__}")
-    for name, image_name, what in (("ref_mask", "ref_image", "reference"), ("out_mask", "out_image", "output")):
-        m = getattr(p, name)
-        if m is None and segmenter is not None:
-            _check_subject(segmenter, p.object_name, f"{where}{name}")
-            continue
-        if not isinstance(m, np.ndarray) or m.dtype.kind not in "biuf":
-            got = type(m).__name__ if not isinstance(m, np.ndarray) else f"an array of {m.dtype}"
-            raise TypeError(f"{where}{name} must be a numpy array [H, W] (uint8 0..255, float 0..1 or bool), "
-                            f"got {got}" + (" (or make the scorer with segmenter=... to compute masks)" if m is None
-                                            else ""))
-        if m.ndim != 2:
-            raise InputError("bad_mask", f"{where}{name} must be 2-D [H, W], got shape {m.shape}")
-        im = getattr(p, image_name)
-        policy.check((im.height, im.width), m.shape, what)
-    if not isinstance(p.prompt, str):
-        raise TypeError(f"{where}prompt must be a str, got {type(p.prompt).__name__}")
-    if p.object_name is not None and not isinstance(p.object_name, str):
-        raise TypeError(f"{where}object_name must be a str or None, got {type(p.object_name).__name__}")
-
-
-def _check_subject(segmenter, object_name, name: str) -> None:
-    """A mask left to the segmenter needs a subject name that makes a valid prompt.
-
-    Raises:
-        InputError: ``no_mask_source`` or ``prompt_too_long`` (naming the mask argument).
-    """
-    if not isinstance(object_name, str) or not object_name.strip():
-        raise InputError("no_mask_source", f"{name} is None and there is no object_name to prompt the segmenter with")
-    try:
-        segmenter.prompt(object_name)
-    except InputError as e:
-        raise InputError(e.reason, f"{name}: {e.detail}") from None
-
-
-class Scorer:
+class Scorer(Encoder):
     """MaSC on a bundle, without PyTorch.
 
     The settings are one :class:`~masc_engine.runtime.config.ScorerConfig` (``config``), or its
@@ -160,8 +49,16 @@ class Scorer:
     keyword for ONNX Runtime's ``backend_options``. The resolved config (every choice left to the
     bundle made) is :attr:`config`; its ``identity()`` keys masc-run's resume and caches.
 
-    One scorer object may serve concurrent calls from several threads: it holds only read-only
-    state (runners whose sessions are thread-safe, a configured tokenizer, pure caches).
+    An :class:`~masc_engine.runtime.encoder.Encoder` (runtime/encoder.py): the bundle, the
+    preprocessing recipe, the runner table, batching by shape and ``close()`` are the base's.
+
+    One scorer object may serve concurrent calls from several threads. Its settings are fixed at
+    construction; what changes after is locked or safe for threads by contract: the runner
+    table (the text runner is made on first use, once), the text store (given to the
+    constructor, or attached for one run and detached after: :meth:`attach_text_store`; the
+    store itself is safe across threads and processes), the runners (their sessions and
+    engines are thread-safe), the tokenizer (configured once, then only read) and the
+    segmenter (its prompt LRU and counters are locked).
 
     Args:
         bundle: a bundle directory (from ``masc-export``) or a loaded :class:`Bundle`.
@@ -176,6 +73,9 @@ class Scorer:
             the pair's ``object_name``: a segmenter bundle folder, a
             :class:`~masc_engine.runtime.segmenter.SegmenterConfig` or a
             :class:`~masc_engine.runtime.segmenter.Segmenter` (docs/segmenter.md).
+        text_store (EncodingStore | None): a persistent text-embedding store (runtime/cache.py
+            ``EncodingStore``) prompts are looked up in before the text tower and written to after
+            it (:attr:`text_store`); None: none (:meth:`attach_text_store` can add one later).
         **settings (Any): :class:`~masc_engine.runtime.config.ScorerConfig` fields (see there for each:
             ``backend``, ``provider``, ``precision``, ``graph_variant``, ``stripper``,
             ``fg_threshold``, ``naflex_max_patches``, ``batch_size``, ``intra_op_threads``,
@@ -195,8 +95,15 @@ class Scorer:
             GPU) is missing; never a silent CPU fallback.
     """
 
+    KIND = "scorer"
+    GRAPHS = ("vision", "pool", "text", "cp")
+
+    vision = runner_property("vision")
+    pool = runner_property("pool")
+    text = runner_property("text")
+
     def __init__(self, bundle: str | Path | Bundle, config: ScorerConfig | None = None, *,
-                 verify: bool | str = True, array_device=None, segmenter=None, **settings):
+                 verify: bool | str = True, array_device=None, segmenter=None, text_store=None, **settings):
         config = _merge_settings(config, settings)
         if segmenter is not None and not isinstance(segmenter, (str, Path, SegmenterConfig, Segmenter)):
             raise TypeError(f"segmenter must be a segmenter bundle folder, a SegmenterConfig or a Segmenter, got "
@@ -205,23 +112,17 @@ class Scorer:
             from .stripping import SpacySubjectStripper
 
             SpacySubjectStripper.load()
-        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle, verify=verify)
-        config = config.resolve(self.bundle)
+        bundle = self.open_bundle(bundle, verify)
+        config = config.resolve(bundle)
         spec = get_backend(config.backend)
-        m = self.bundle.manifest
-        self.image_settings = ImageSettings.from_manifest(m["image"])
+        super().__init__(bundle, RunnerSettings(config.backend, config.provider, config.precision,
+                                                config.intra_op_threads, config.graph_variant, config.options),
+                         batch_size=config.batch_size, verify=verify)
         if config.naflex_max_patches != self.image_settings.max_num_patches:
             self.image_settings = self.image_settings.with_budget(config.naflex_max_patches)
-        self.position_grid = m["image"].get("position_grid")
-        self.text_settings = TextSettings.from_manifest(m["text"])
-        self.tokenizer = PromptTokenizer(self.bundle.checked_file(self.text_settings.tokenizer_file), self.text_settings)
-        # A partial over the bundle, not a lambda over self: a runner factory kept by the scorer
-        # must not hold the scorer (a cycle keeps its engines' device memory until a gc pass).
-        runner = functools.partial(self.bundle.runner, backend=config.backend, provider=config.provider,
-                                   intra_op_threads=config.intra_op_threads, precision=config.precision,
-                                   variant=config.graph_variant, options=config.options)
-        #: Optional persistent text-embedding cache (runtime/cache.py EncodingStore), set by masc-run.
-        self.text_store = None
+        self.position_grid = self.bundle.manifest["image"].get("position_grid")
+        self._text_store = text_store
+        self._text_store_lock = threading.Lock()
         #: The token device (engine/device.py) when device-resident, else None (host numpy).
         #: Chosen before any session is made, so a missing backend or CuPy fails at once.
         self.device = None
@@ -230,23 +131,19 @@ class Scorer:
 
             spec.check_available(config.provider, config.precision)  # the missing backend is the first thing to say
             self.device = array_device if array_device is not None else device_for(config.backend, config.provider)
-        self.vision = runner("vision")
-        self.pool = runner("pool")
-        # The text session is made on first use: masc-rank and runs whose prompts all come from
-        # the persistent cache never pay for it (start-up time).
-        self._make_text_runner = functools.partial(runner, "text")
-        self._text = None
-        self._text_lock = threading.Lock()
+        # vision and pool now (a missing backend or graph fails here); the text runner on first
+        # use: masc-rank and runs whose prompts all come from the persistent cache never pay for it.
         # The precision the runners report (TensorRT picks the engine set when none is named): it
         # keys masc-run's resume fingerprint and token cache.
         self.config = config.replace(precision=self.vision.precision)
+        self.runner("pool")
         #: The mask size rule ``config.mask_size_policy`` names (runtime/masks.py).
         self.mask_policy = MaskPolicy.named(config.mask_size_policy)
         self._graph_cp = None
         if config.cp_head == "graph":
             from .cp_device import GraphCP
 
-            self._graph_cp = GraphCP(runner("cp"), config.fg_threshold, device=self.device)
+            self._graph_cp = GraphCP(self.runner("cp"), config.fg_threshold, device=self.device)
         self.segmenter = _segmenter(segmenter, verify, self.config)
 
     @property
@@ -275,38 +172,47 @@ class Scorer:
     mask_size_policy = property(lambda self: self.config.mask_size_policy)
 
     @property
-    def text(self):
-        """The text graph's runner, created on first use (thread-safe)."""
-        if self._text is None:
-            with self._text_lock:
-                if self._make_text_runner is None:
-                    raise RuntimeError("this Scorer was closed")
-                if self._text is None:
-                    self._text = self._make_text_runner()
-        return self._text
+    def text_store(self):
+        """The persistent text-embedding store (runtime/cache.py ``EncodingStore``) prompts are
+        looked up in and written to, or None. Read-only: given to the constructor, or attached for
+        one run with :meth:`attach_text_store`."""
+        return self._text_store
+
+    def attach_text_store(self, store) -> None:
+        """Look prompts up in ``store`` (and write new ones there) until :meth:`detach_text_store`.
+
+        For a scorer made before its store: the store's namespace is computed from the scorer
+        (jobs/pairs.py ``encoding_namespace``). A hit returns the stored float32 values, so scores
+        are identical with or without it.
+
+        Args:
+            store (EncodingStore): the store (anything with ``get_text(text)`` and
+                ``put_text(text, embedding)``).
+
+        Raises:
+            RuntimeError: a store is attached already (two runs on one scorer would share it).
+        """
+        with self._text_store_lock:
+            if self._text_store is not None:
+                raise RuntimeError("this Scorer has a text store already; detach it first")
+            self._text_store = store
+
+    def detach_text_store(self):
+        """Stop using the text store (a run closes it after); returns it, or None when none was attached."""
+        with self._text_store_lock:
+            store, self._text_store = self._text_store, None
+        return store
 
     def close(self) -> None:
         """Release the runners now: TensorRT contexts, engines and their device memory, ONNX Runtime
         sessions, and the token device's cached blocks. Idempotent; the scorer cannot score after.
         ``with Scorer(...) as s:`` closes on exit."""
-        runners = [self.vision, self.pool, self._text, getattr(self._graph_cp, "runner", None)]
-        self.vision = self.pool = self._text = self._graph_cp = self._make_text_runner = None
-        for r in runners:
-            if callable(getattr(r, "close", None)):
-                r.close()
+        self._graph_cp = None
+        super().close()
         if self.device is not None and callable(getattr(self.device, "release_cached", None)):
             self.device.release_cached()
 
-    def __enter__(self) -> "Scorer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     # ------------------------------------------------------------------ encoders
-
-    def preprocess(self, image: Image.Image) -> PreprocessedImage:
-        return preprocess_image(image, self.image_settings)
 
     def encode_preprocessed(self, items: Sequence[PreprocessedImage]) -> list[ImageEncoding]:
         """Run the vision tower on preprocessed images, ``batch_size`` at a time.
@@ -318,14 +224,10 @@ class Scorer:
         resolution share a patch count, so this costs nothing there; mixed sizes cost more calls.
         """
         out: list[ImageEncoding | None] = [None] * len(items)
-        groups: dict[int, list[int]] = {}
-        for i, p in enumerate(items):
-            groups.setdefault(int(p.spatial_shape[0] * p.spatial_shape[1]), []).append(i)
-        for n, members in groups.items():
-            for start in range(0, len(members), self.batch_size):
-                sel = members[start:start + self.batch_size]
-                for i, enc in zip(sel, self._encode_batch([items[i] for i in sel], n)):
-                    out[i] = enc
+        for sel in self.batches([int(p.spatial_shape[0] * p.spatial_shape[1]) for p in items]):
+            n = int(items[sel[0]].spatial_shape[0] * items[sel[0]].spatial_shape[1])
+            for i, enc in zip(sel, self._encode_batch([items[i] for i in sel], n)):
+                out[i] = enc
         return out
 
     def _encode_batch(self, chunk: Sequence[PreprocessedImage], n: int) -> list[ImageEncoding]:
@@ -394,19 +296,20 @@ class Scorer:
         width = int(self.bundle.manifest["architecture"]["text_projection"])
         out = np.zeros((len(texts), width), np.float32)
         todo = []
+        store = self.text_store  # one store for the whole call, even if a run detaches it meanwhile
         for i, t in enumerate(texts):
-            hit = self.text_store.get_text(t) if self.text_store is not None else None
+            hit = store.get_text(t) if store is not None else None
             if hit is None:
                 todo.append(i)
             else:
                 out[i] = hit
-        for start in range(0, len(todo), self.batch_size):
-            sel = todo[start:start + self.batch_size]
+        for run in self.batches([None] * len(todo)):
+            sel = [todo[j] for j in run]
             emb = self._run_text(np.stack([encoded[i].input_ids for i in sel]))
             out[sel] = emb
-            if self.text_store is not None:
+            if store is not None:
                 for i, e in zip(sel, emb):
-                    self.text_store.put_text(texts[i], e)
+                    store.put_text(texts[i], e)
         return out, encoded
 
     def _run_text(self, ids: np.ndarray) -> np.ndarray:
@@ -432,11 +335,8 @@ class Scorer:
         attn: list = [None] * len(encs)
         # Batches of one sequence length only: no padding slot, so a pooled vector is the same
         # bits in any batch (see encode_preprocessed).
-        by_len: dict[int, list[int]] = {}
-        for i, k in enumerate(kpms):
-            if not k.all():
-                by_len.setdefault(int(encs[i].tokens.shape[0]), []).append(i)
-        batches = [m[s:s + self.batch_size] for m in by_len.values() for s in range(0, len(m), self.batch_size)]
+        rows = [i for i, k in enumerate(kpms) if not k.all()]
+        batches = [[rows[j] for j in sel] for sel in self.batches([int(encs[i].tokens.shape[0]) for i in rows])]
         dev = self.device
         for sel in batches:
             n = max(encs[i].tokens.shape[0] for i in sel)
@@ -694,21 +594,7 @@ def _merge_settings(config: ScorerConfig | None, settings: dict) -> ScorerConfig
     return config.replace(**settings) if settings else config
 
 
-@dataclass
-class EncodedPair:
-    """A pair ready for the heads: encodings plus mask weights on each patch grid
-    (``ref_weights [Hp_r * Wp_r] float32``, ``out_weights [Hp_o * Wp_o] float32``);
-    ``prepared``: the PF prompt already stripped and tokenized (:meth:`Scorer.prepare_prompt`),
-    else ``prompt`` and ``object_name`` are stripped when scored."""
-
-    ref_enc: ImageEncoding
-    ref_weights: np.ndarray
-    out_enc: ImageEncoding
-    out_weights: np.ndarray
-    prompt: str
-    object_name: str | None = None
-    prepared: PreparedPrompt | None = None
-
+__all__ = ["EncodedPair", "ImageEncoding", "MaSC", "MaSCResult", "Pair", "Scorer", "check_pair_arguments"]
 
 #: Drop-in name: ``from masc_engine import MaSC``.
 MaSC = Scorer

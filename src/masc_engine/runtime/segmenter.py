@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import threading
-from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -42,10 +41,9 @@ import numpy as np
 from PIL import Image
 
 from ..engine.bundle import Bundle
-from ..errors import BackendUnavailableError, BundleError, InputError
+from ..errors import InputError
 from .masks import mask_coverage
-from .preprocess import ImageSettings, preprocess_image
-from .text import PromptTokenizer, TextSettings
+from .encoder import LRU, Encoder, RunnerSettings, runner_property
 
 #: ``manifest["kind"]`` of a segmenter bundle (a scorer bundle has no ``kind``, or ``"scorer"``).
 KIND = "segmenter"
@@ -60,6 +58,8 @@ DEFAULT_PROMPT_TEMPLATE = "{}"
 #: Budget of a prompt (template applied) in characters, checked before tokenizing; the token
 #: budget is the text graph's length (77 tokens with the start and end tokens).
 MAX_PROMPT_CHARS = 1000
+#: The backends that run segmenter bundles (:attr:`Segmenter.BACKENDS`).
+SEGMENTER_BACKENDS = ("onnxruntime",)
 #: The fixed steps, as recorded in the manifest and in :meth:`MaskRecipe.identity`.
 FIXED_STEPS = {
     "probability": "sigmoid of the decoder logits, float32, [S, S]",
@@ -296,16 +296,20 @@ class SegmenterConfig:
                          batch_size=self.batch_size)
 
 
-class Segmenter:
+class Segmenter(Encoder):
     """Masks from a segmenter bundle, by :class:`MaskRecipe`.
+
+    An :class:`~masc_engine.runtime.encoder.Encoder` (runtime/encoder.py): the bundle, the
+    preprocessing recipe, the lazily made runners (:attr:`vision`, :attr:`text`,
+    :attr:`decoder`), ``close()`` and ``with`` are the base's.
 
     Args:
         bundle: a segmenter bundle directory (or a :class:`~masc_engine.engine.bundle.Bundle`
             loaded with ``kind="segmenter"``).
         recipe: the rule's options; default: the bundle's recorded recipe (``manifest["recipe"]``).
         backend, provider, precision, intra_op_threads: as for the scorer (engine/bundle.py
-            ``Bundle.runner``); ``onnxruntime`` only (provider ``cpu`` or ``cuda``), the provider
-            explicit, never a quiet fallback to CPU.
+            ``Bundle.runner``); ``onnxruntime`` only (:attr:`BACKENDS`; provider ``cpu`` or
+            ``cuda``), the provider explicit, never a quiet fallback to CPU.
         batch_size: images per vision call and (image, prompt) pairs per decoder call.
         text_cache_size: prompts whose embeddings are kept (LRU); each is ``P`` float32.
         verify: check file hashes before first use (engine/bundle.py).
@@ -315,69 +319,48 @@ class Segmenter:
         images_encoded, texts_encoded, text_cache_hits: counters since construction.
 
     Raises:
+        ValueError: ``batch_size`` is not an int >= 1.
         BundleError: not a segmenter bundle, or a missing file (a modified graph is refused
             when its session is made: on first use).
         BackendUnavailableError: the backend or provider is not available.
 
     Each graph's session is made on first use, so a run whose masks all come from a cache never
     loads the graphs (as the scorer's text session). Thread-safe: ONNX Runtime sessions are; the
-    prompt cache and the session table are locked.
+    prompt cache and the runner table are locked.
     """
+
+    KIND = KIND
+    GRAPHS = ("vision", "text", "decoder")
+    #: TensorRT engines are not built for segmenter bundles (the engine builder's device-memory
+    #: plan, engine/backends/trt_profiles.py, models the scorer's graphs) and OpenVINO's bf16 plan
+    #: is the scorer's: ONNX Runtime only.
+    BACKENDS = SEGMENTER_BACKENDS
+    BACKENDS_HINT = " (provider cpu or cuda)"
+
+    vision = runner_property("vision")
+    text = runner_property("text")
+    decoder = runner_property("decoder")
 
     def __init__(self, bundle: str | Path | Bundle, *, recipe: MaskRecipe | None = None, backend: str = "onnxruntime",
                  provider: str = "cpu", precision: str | None = None, intra_op_threads: int | None = None,
                  batch_size: int = 8, text_cache_size: int = 4096, verify: bool = True):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle, verify=verify, kind=KIND)
-        if self.bundle.kind != KIND:
-            raise BundleError(f"bundle {self.bundle.path} is a {self.bundle.kind} bundle, not a segmenter bundle")
+        super().__init__(bundle, RunnerSettings(backend, provider, precision, intra_op_threads),
+                         batch_size=batch_size, verify=verify)
         m = self.bundle.manifest
         self.recipe = recipe if recipe is not None else MaskRecipe.from_manifest(m["recipe"])
-        self.image_settings = ImageSettings.from_manifest(m["image"])
-        self.text_settings = TextSettings.from_manifest(m["text"])
-        self.tokenizer = PromptTokenizer(self.bundle.checked_file(self.text_settings.tokenizer_file),
-                                         self.text_settings)
         self.fingerprint = self.bundle.fingerprint
-        self.batch_size = int(batch_size)
         #: The resolved :class:`SegmenterConfig` (the recipe's options filled in): what Ray workers receive.
         self.config = SegmenterConfig(str(Path(self.bundle.path).resolve()), self.recipe.threshold,
                                       self.recipe.prompt_template, backend, provider, precision, intra_op_threads,
                                       self.batch_size)
-        _check_backend(backend, provider)  # a missing provider fails now, not at the first mask
+        self.check_backend()  # a missing provider fails now, not at the first mask
         from ..engine.backends.onnxruntime import check_graph_precision
 
         check_graph_precision(self.bundle, provider, precision)
-        self._make_runner = lambda g: self.bundle.runner(g, backend=backend, provider=provider,  # noqa: E731
-                                                         intra_op_threads=intra_op_threads, precision=precision)
-        self._runners: dict = {}
-        self._texts: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._text_cache_size = int(text_cache_size)
+        self._texts = LRU(int(text_cache_size))
         self._lock = threading.Lock()
-        self._runner_lock = threading.Lock()
         self._text_run_lock = threading.Lock()
         self.images_encoded = self.texts_encoded = self.text_cache_hits = 0
-
-    def _runner(self, graph: str):
-        with self._runner_lock:
-            if graph not in self._runners:
-                self._runners[graph] = self._make_runner(graph)
-            return self._runners[graph]
-
-    @property
-    def vision(self):
-        """The ``vision`` graph's runner (made on first use)."""
-        return self._runner("vision")
-
-    @property
-    def text(self):
-        """The ``text`` graph's runner (made on first use)."""
-        return self._runner("text")
-
-    @property
-    def decoder(self):
-        """The ``decoder`` graph's runner (made on first use)."""
-        return self._runner("decoder")
 
     def prompt(self, subject_name: str) -> str:
         """The prompt for ``subject_name`` by this segmenter's recipe (:meth:`MaskRecipe.prompt`),
@@ -403,15 +386,14 @@ class Segmenter:
         return mask_cache_key(image_digest, self.prompt(subject_name), self.fingerprint, self.recipe.identity(), exif)
 
     def identity(self) -> dict:
-        """What decides this segmenter's masks, as plain JSON-able values: the bundle's fingerprint
-        (its graphs and settings), the recipe (its identity and both options), the backend and
-        provider (float32 kernels differ in the last bits, which can move a pixel at the
-        threshold) and the graphs' precision. masc-run's resume fingerprint and sidecar record it;
-        a mask cached under other values is never reused."""
-        return {"fingerprint": self.fingerprint, "recipe": self.recipe.identity(),
-                "threshold": self.recipe.threshold, "prompt_template": self.recipe.prompt_template,
-                "backend": self.config.backend, "provider": self.config.provider,
-                "precision": self.bundle.precision}
+        """What decides this segmenter's masks, as plain JSON-able values: the base's (the bundle's
+        fingerprint, backend, provider and the graphs' precision: float32 kernels differ in the last
+        bits, which can move a pixel at the threshold) and the recipe (its identity and both
+        options). masc-run's resume fingerprint and sidecar record it; a mask cached under other
+        values is never reused."""
+        base = super().identity()
+        return {"fingerprint": base.pop("fingerprint"), "recipe": self.recipe.identity(),
+                "threshold": self.recipe.threshold, "prompt_template": self.recipe.prompt_template, **base}
 
     def option_identity(self) -> dict:
         """:meth:`identity` keyed by the command-line option that sets each value (what a rerun with
@@ -422,18 +404,7 @@ class Segmenter:
 
     def describe(self) -> dict:
         """The segmenter for a run's sidecar: its folder, source model, identity and the whole recipe."""
-        return {"bundle": str(self.bundle.path), "source_model": self.bundle.manifest.get("source"),
-                **self.identity(), "recipe": self.recipe.describe()}
-
-    def check_graphs(self) -> None:
-        """Check the sha256 of every graph file now (a driver does, before workers load the bundle
-        unverified).
-
-        Raises:
-            BundleError: a graph file is not the one the manifest lists.
-        """
-        for g in ("vision", "text", "decoder"):
-            self.bundle.graph_file(g)
+        return {**super().describe(), "recipe": self.recipe.describe()}
 
     def work_bytes(self, size: tuple[int, int]) -> int:
         """Bytes one image of ``size`` ``(width, height)`` holds while it is segmented: the input
@@ -480,9 +451,9 @@ class Segmenter:
         found: dict[str, np.ndarray] = {}
         with self._lock:
             for p in prompts:
-                if p in self._texts:
-                    self._texts.move_to_end(p)
-                    found[p] = self._texts[p]
+                e = self._texts.get(p)  # a hit becomes the most recently used
+                if e is not None:
+                    found[p] = e
             self.text_cache_hits += len(found)
         return found
 
@@ -493,21 +464,19 @@ class Segmenter:
             for p, e in zip(todo, enc):
                 self._check_tokens(p, e)
             ids = np.stack([e.input_ids for e in enc])
-            emb = np.concatenate([self.text.run({"input_ids": ids[i:i + self.batch_size]})["conditional_embeddings"]
-                                  for i in range(0, len(todo), self.batch_size)])
+            emb = np.concatenate([self.text.run({"input_ids": ids[sel]})["conditional_embeddings"]
+                                  for sel in self.batches([None] * len(todo))])
             found.update(zip(todo, emb))
             with self._lock:
                 self.texts_encoded += len(todo)
-                for p in todo:
+                for p in todo:  # past text_cache_size the least recently used prompt goes
                     self._texts[p] = found[p]
-                while len(self._texts) > self._text_cache_size:
-                    self._texts.popitem(last=False)
 
     def encode_images(self, images: Sequence[Image.Image]) -> np.ndarray:
         """Vision activations ``[n, K, T, D] float32``, ``batch_size`` images per call."""
-        pixels = [preprocess_image(im, self.image_settings).pixel_values for im in images]
-        out = [self.vision.run({"pixel_values": np.stack(pixels[i:i + self.batch_size])})["activations"]
-               for i in range(0, len(pixels), self.batch_size)]
+        pixels = [self.preprocess(im).pixel_values for im in images]
+        out = [self.vision.run({"pixel_values": np.stack([pixels[i] for i in sel])})["activations"]
+               for sel in self.batches([None] * len(pixels))]
         with self._lock:
             self.images_encoded += len(pixels)
         return np.concatenate(out)
@@ -544,9 +513,8 @@ class Segmenter:
         rows = np.array([slot[id(im)] for im in images], dtype=np.int64)
         where = {p: i for i, p in enumerate(distinct_prompts)}
         cond_rows = np.array([where[p] for p in prompts], dtype=np.int64)
-        out = [self.decoder.run({"activations": acts[rows[i:i + self.batch_size]],
-                                 "conditional_embeddings": cond[cond_rows[i:i + self.batch_size]]})["logits"]
-               for i in range(0, len(rows), self.batch_size)]
+        out = [self.decoder.run({"activations": acts[rows[sel]], "conditional_embeddings": cond[cond_rows[sel]]})["logits"]
+               for sel in self.batches([None] * len(rows))]
         return np.concatenate(out)
 
     def probabilities(self, images: Sequence[Image.Image], subject_names: Sequence[str]) -> list[np.ndarray]:
@@ -578,21 +546,3 @@ class Segmenter:
     def mask(self, image: Image.Image, subject_name: str) -> np.ndarray:
         """One image's ``[H, W] uint8`` 0/255 mask (:meth:`segment` for one item)."""
         return self.segment([image], [subject_name])[0].mask
-
-
-#: The backends that run segmenter bundles (see :func:`_check_backend`).
-SEGMENTER_BACKENDS = ("onnxruntime",)
-
-
-def _check_backend(backend: str, provider: str) -> None:
-    """Raise :class:`BackendUnavailableError` for a backend that does not run segmenter bundles or a
-    missing provider (cheap: no session is made). TensorRT engines are not built for segmenter
-    bundles (the engine builder's device-memory plan, engine/backends/trt_profiles.py, models the
-    scorer's graphs) and OpenVINO's bf16 plan is the scorer's: ONNX Runtime only."""
-    if backend in SEGMENTER_BACKENDS:
-        from ..engine.backends.registry import get_backend
-
-        get_backend(backend).check_available(provider)
-    else:
-        raise BackendUnavailableError(f"backend {backend!r} does not run segmenter bundles; use onnxruntime "
-                                      "(provider cpu or cuda)")

@@ -105,7 +105,7 @@ class ServiceState:
                 # masc-run's namespace: the two commands share entries (masks too).
                 kw = {"size_limit": int(cfg.cache_size_gb * 2**30)} if cfg.cache_size_gb else {}
                 self.store = EncodingStore(cfg.cache_dir, encoding_namespace(scorer, cfg.exif), **kw)
-                scorer.text_store = self.store
+                scorer.attach_text_store(self.store)
             settings = RunSettings(exif=cfg.exif, mask_size_tolerance=cfg.mask_size_tolerance)
             service = ServiceScorer(scorer, settings, cache_bytes=int(cfg.cache_mb * 2**20), store=self.store,
                                     strippers=cfg.extra_strippers, decoded_bytes=int(cfg.max_decoded_mb * 2**20),

@@ -458,7 +458,7 @@ def build_pairs_job(bundle_dir: str, config: ScorerConfig, settings: dict, io_wo
     scorer = Scorer(bundle_dir, config, verify=False)
     run_settings = RunSettings(**settings)
     store = RunOptions(cache_dir=cache_dir, cache_size_limit=cache_size_limit).store(scorer, run_settings.exif)
-    scorer.text_store = store
+    scorer.attach_text_store(store)
     seg = None if segmenter is None else segmenter.load(verify=False)
     return PairsJob(scorer, run_settings, store=store, io_workers=io_workers, segmenter=seg)
 

@@ -78,7 +78,7 @@ def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSet
               for c in (todo[i:i + opts.chunk_size] for i in range(0, len(todo), opts.chunk_size))]
     store = opts.store(scorer, settings.exif)
     if store is not None:
-        scorer.text_store = store
+        scorer.attach_text_store(store)
     try:
         runner = choose_executor(scorer, settings, opts, store, segmenter)
         run = RunRecord(prior.next_run, t0, runner, opts.executor, summary.resumed)
@@ -86,7 +86,7 @@ def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSet
     finally:
         if store is not None:
             store.close()
-            scorer.text_store = None
+            scorer.detach_text_store()
     summary.take_stats(runner.stats())  # Ray: summed over the workers' reports
     _write_output(out_path, settings.result_columns(segmenter is not None), fieldnames, rows, done, summary)
     summary.seconds = time.time() - run.t0
