@@ -263,14 +263,14 @@ class Encoder:
             self._runners[graph] = runner
 
     def check_graphs(self) -> None:
-        """Check the sha256 of every graph file of :attr:`GRAPHS` now (a driver does, before workers
-        load the bundle unverified).
+        """Check the sha256 of every graph file of :attr:`GRAPHS` (in the runners' graph variant) now,
+        with its weights (a driver does, before workers load the bundle unverified).
 
         Raises:
             BundleError: a graph file is not the one the manifest lists.
         """
         for g in self.GRAPHS:
-            self.bundle.graph_file(g)
+            self.bundle.graph_file(g, self.runner_settings.variant)
 
     # ------------------------------------------------------------------ inputs and batches
 
