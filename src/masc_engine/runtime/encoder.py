@@ -50,7 +50,7 @@ class LRU(cachetools.LRUCache):
 
     Args:
         maxsize: the bound: entries, or the sum of ``getsizeof`` over the entries.
-        getsizeof (Callable | None): the size of one value (e.g. its bytes); None: 1 each.
+        getsizeof: the size of one value (e.g. its bytes); None: 1 each.
 
     Raises:
         ValueError: ``maxsize`` is negative.
