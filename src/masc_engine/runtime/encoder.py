@@ -110,12 +110,18 @@ class RunnerSettings:
     options: Mapping[str, Any] | None = None
 
     def factory(self, bundle: Bundle) -> Callable[[str], Any]:
-        """``graph -> Runner`` over ``bundle`` with these settings: a partial over the bundle, so
-        an encoder keeping it holds no reference to itself (no cycle: its engines' device memory
-        is freed when the last reference goes, without a gc pass)."""
-        return functools.partial(bundle.runner, backend=self.backend, provider=self.provider,
-                                 intra_op_threads=self.intra_op_threads, precision=self.precision,
-                                 variant=self.variant, options=None if self.options is None else dict(self.options))
+        """``graph -> Runner`` over ``bundle`` with these settings (``bundle.runner`` looked up at each
+        call). A partial over the bundle and these settings, not a closure over an encoder: an
+        encoder keeping it holds no reference to itself (no cycle: its engines' device memory is
+        freed when the last reference goes, without a gc pass)."""
+        return functools.partial(_load_runner, bundle, self)
+
+
+def _load_runner(bundle: Bundle, settings: RunnerSettings, graph: str):
+    """``bundle.runner(graph)`` with ``settings``."""
+    return bundle.runner(graph, backend=settings.backend, provider=settings.provider,
+                         intra_op_threads=settings.intra_op_threads, precision=settings.precision,
+                         variant=settings.variant, options=None if settings.options is None else dict(settings.options))
 
 
 def runner_property(graph: str) -> property:
