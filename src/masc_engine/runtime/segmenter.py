@@ -2,9 +2,10 @@
 
 A segmenter bundle (``masc-export --model CIDAS/clipseg-rd64-refined``, export/segmenter.py) holds
 three graphs: ``vision`` (image -> activations of a few ViT layers), ``text`` (prompt ->
-conditional embedding) and ``decoder`` (both -> ``[S, S]`` logits). :class:`Segmenter` runs them
-on the backends every bundle runs on (engine/bundle.py), with the image side once per image and
-the text side once per distinct prompt (an in-memory LRU).
+conditional embedding) and ``decoder`` (both -> ``[S, S]`` logits). :class:`Segmenter`, an
+:class:`~masc_engine.runtime.encoder.Encoder`, runs them through the backend registry on the
+backends it declares (:data:`SEGMENTER_BACKENDS`: ONNX Runtime), with the image side once per
+image and the text side once per distinct prompt (an in-memory LRU).
 
 The mask rule (:class:`MaskRecipe`; docs/segmenter.md gives the why of each step):
 
