@@ -162,6 +162,30 @@ def segmenter_validation_budget(graph: str, width: int) -> tuple[float, str]:
 #: measured token cosine median 0.9999999, text 0.9999996, logit-map rows 0.999999.
 SEGMENTER_REDUCED_MIN_MASK_IOU = 0.99
 
+#: Embedder graphs (export/embedders_validate.py): max |ONNX Runtime - transformers| / max |reference|
+#: per graph, fp32, ONNX Runtime CPU, batch 1 and 3 of seeded standard-normal pixel values (and
+#: four prompts padded to 77 tokens for CLIP's text graph), the traced batch being 2.
+#: MEASURED_PLACEHOLDER
+EMBEDDER_VALIDATION_BUDGETS: dict[str, dict] = {
+    "clip": {"width": 64, "layers": 2, "image": 1e-5, "text": 1e-5},
+    "dino": {"width": 48, "layers": 2, "image": 1e-5},
+    "dinov2": {"width": 48, "layers": 2, "image": 1e-5},
+}
+#: An embedder wider than its family's measured shape: a generic relative bound (unmeasured shape).
+EMBEDDER_VALIDATION_RTOL = 1e-4
+
+
+def embedder_validation_budget(family: str, graph: str, width: int) -> tuple[float, str]:
+    """The relative budget of an embedder graph (``image``, ``text``) of ``family`` (``clip``,
+    ``dino``, ``dinov2``) whose vision tower is ``width`` wide: ``(rtol, where it comes from)``."""
+    b = EMBEDDER_VALIDATION_BUDGETS.get(family)
+    if b is not None and graph in b and width <= b["width"]:
+        return b[graph], (f"tolerances.EMBEDDER_VALIDATION_BUDGETS[{family!r}][{graph!r}], measured at width "
+                          f"{b['width']}, {b['layers']} layers")
+    return EMBEDDER_VALIDATION_RTOL, (f"tolerances.EMBEDDER_VALIDATION_RTOL, unmeasured shape ({family} width "
+                                      f"{width}): generic bound")
+
+
 #: The torch-free mask rule (runtime/segmenter.py) against its transformers + Pillow reference
 #: (export/segmenter_reference.py): max |probability difference| at the image's size, fp32, and
 #: the band around the threshold outside which the two masks must be equal pixel for pixel.

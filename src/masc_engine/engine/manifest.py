@@ -418,6 +418,59 @@ def check_ranges(manifest: dict, where: str) -> None:
             key = _THRESHOLD[section]
             _number_in(where, f"{section}.{key}", manifest[section][key], 0, 1)
     _check_shapes(manifest.get("graphs") or {}, where)
+    if manifest.get("kind") == "embedder":
+        check_embedder(manifest, where)
 
 
 _THRESHOLD = {"scoring": "fg_threshold", "recipe": "threshold"}
+
+#: An embedder bundle's recipe choices and embedding rules (export/embedders.py ``RECIPE_FIELDS``).
+EMBEDDER_RESIZE_MODES = ("shortest_edge", "fixed")
+EMBEDDER_INTERPOLATIONS = ("bicubic", "bilinear")
+EMBEDDER_CROP_ROUNDINGS = ("hf_floor", "torchvision_round")
+EMBEDDER_IMAGE_RULES = ("clip_image_projection", "cls_final_norm", "cls_layernorm")
+EMBEDDER_TEXT_RULES = ("clip_text_projection",)
+
+
+def check_embedder(manifest: dict, where: str) -> None:
+    """Check the sections only an ``embedder`` bundle has (export/embedders.py ``RECIPE_FIELDS``).
+
+    Required: ``recipe`` (``resize_mode``, ``size``, ``interpolation``, ``crop_size`` [h, w] or
+    null, ``crop_rounding`` with a crop, ``rescale_factor`` > 0, 3 ``image_mean`` and 3 positive
+    ``image_std`` values, ``exif_transpose`` bool, ``alpha`` ``composite_on_white``), ``embedding``
+    (``image`` rule, ``text`` rule or null, ``dim``), ``source.model``, and the graphs the rules
+    name (``image``; ``text`` with a text rule).
+
+    Raises:
+        BundleError: naming the bundle, the field, its value and what it must be.
+    """
+    recipe, emb = manifest.get("recipe"), manifest.get("embedding")
+    for key, value in (("recipe", recipe), ("embedding", emb)):
+        if not isinstance(value, dict):
+            raise BundleError(f"bundle {where}: an embedder manifest needs a {key} table, it has {_shown(value)} "
+                              "(re-export the bundle with masc-export)")
+    _choice(where, "recipe.resize_mode", recipe.get("resize_mode"), EMBEDDER_RESIZE_MODES)
+    _int_in(where, "recipe.size", recipe.get("size"), 1, MAX_IMAGE_SIDE)
+    _choice(where, "recipe.interpolation", recipe.get("interpolation"), EMBEDDER_INTERPOLATIONS)
+    crop = recipe.get("crop_size")
+    if crop is not None:
+        if not isinstance(crop, list) or len(crop) != 2:
+            raise BundleError(f"bundle {where}: manifest recipe.crop_size is {_shown(crop)}; it must be [height, "
+                              "width] or null (re-export the bundle with masc-export)")
+        for side in crop:
+            _int_in(where, "recipe.crop_size", side, 1, MAX_IMAGE_SIDE)
+        _choice(where, "recipe.crop_rounding", recipe.get("crop_rounding"), EMBEDDER_CROP_ROUNDINGS)
+    _check_image({"mode": "fixed", "patch_size": 1, "max_num_patches": 1, "image_size": [1, 1],
+                  **{k: recipe.get(k) for k in ("rescale_factor", "image_mean", "image_std")}}, where)
+    _choice(where, "recipe.exif_transpose", recipe.get("exif_transpose"), (True, False))
+    _choice(where, "recipe.alpha", recipe.get("alpha"), ("composite_on_white",))
+    _choice(where, "embedding.image", emb.get("image"), EMBEDDER_IMAGE_RULES)
+    _choice(where, "embedding.text", emb.get("text"), (None, *EMBEDDER_TEXT_RULES))
+    _int_in(where, "embedding.dim", emb.get("dim"), 1, MAX_WIDTH)
+    if not isinstance((manifest.get("source") or {}).get("model"), str):
+        raise BundleError(f"bundle {where}: an embedder manifest needs source.model (re-export the bundle)")
+    graphs = manifest.get("graphs") or {}
+    for g in ("image",) + (("text",) if emb.get("text") else ()):
+        if not isinstance(graphs.get(g), dict):
+            raise BundleError(f"bundle {where}: embedder manifest has no {g} graph for its embedding rule "
+                              "(re-export the bundle with masc-export)")

@@ -42,6 +42,11 @@ _DEFAULTS = {
     "clip_text": {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12, "vocab_size": 49408,
                   "max_position_embeddings": 77},
     "clipseg": {"projection_dim": 512, "reduce_dim": 64, "decoder_intermediate_size": 2048},
+    "clip": {"projection_dim": 512},
+    "vit": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "patch_size": 16,
+            "image_size": 224, "num_channels": 3},
+    "dinov2": {"hidden_size": 768, "num_hidden_layers": 12, "patch_size": 14, "image_size": 518,
+               "num_channels": 3, "mlp_ratio": 4},
 }
 OFFLINE_WAY_OUT = ("pass --model /local/folder (a checkpoint folder holding config.json, the weights and the "
                    "processor files)")
@@ -250,6 +255,8 @@ def estimate_parameters(config: dict) -> tuple[dict[str, int], dict[str, dict]]:
         CheckpointError: a size in the config is not a non-negative integer.
     """
     v, t = _section(config, "vision_config"), _section(config, "text_config")
+    if config.get("model_type") in ("clip", "vit", "dinov2"):
+        return _embedder_parameters(config, v, t)
     if config.get("model_type") == "clipseg":
         vs, dv, vp = _vision(v, "clip_vision", "vision_config.")
         ts, dt, tp = _text(t, "clip_text", "text_config.")
@@ -264,6 +271,25 @@ def estimate_parameters(config: dict) -> tuple[dict[str, int], dict[str, dict]]:
     ts, dt, tp = _text(t, "siglip_text", "text_config.")
     pool = dv + (4 * dv * dv + 4 * dv) + 2 * dv + (2 * dv * vs["intermediate_size"] + vs["intermediate_size"] + dv)
     return {"vision": vp, "pool": pool, "text": tp + dt * dt + dt}, {"vision": vs, "text": ts}
+
+
+def _embedder_parameters(config: dict, v: dict, t: dict) -> tuple[dict[str, int], dict[str, dict]]:
+    """:func:`estimate_parameters` of an embedder (export/embedders.py): CLIP's ``image`` and
+    ``text`` graphs (towers plus projections), a ViT's or DINOv2's ``image`` graph."""
+    kind = config["model_type"]
+    if kind == "clip":
+        vs, dv, vp = _vision(v, "clip_vision", "vision_config.")
+        ts, dt, tp = _text(t, "clip_text", "text_config.")
+        proj = _int(config, "projection_dim", "clip", "")
+        return {"image": vp + dv * proj, "text": tp + dt * proj}, {"image": vs, "text": ts}
+    tower = dict(config)
+    if kind == "dinov2":  # the MLP width is hidden_size x mlp_ratio (no intermediate_size)
+        ratio = config.get("mlp_ratio", _DEFAULTS["dinov2"]["mlp_ratio"])
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1024:
+            raise CheckpointError(f"config.json: mlp_ratio must be a number from 0 to 1024, got {str(ratio)[:40]!r}")
+        tower["intermediate_size"] = int(_int(config, "hidden_size", kind, "") * ratio)
+    vs, dv, vp = _vision(tower, kind, "")
+    return {"image": vp + 2 * dv}, {"image": vs}  # + the cls token and the final LayerNorm
 
 
 def _describe(shapes: dict) -> str:

@@ -33,8 +33,9 @@ CERTIFICATIONS = (BF16_CPU_MODE,)
 PRECISION_OPTIONS = ("fp32", "fp16", "bf16", "int8", BF16_CPU_MODE, "fp8")
 #: ``onnx``: the ONNX bundle only; ``tensorrt``: also TensorRT engines built from its graphs.
 BACKENDS = ("onnx", "tensorrt")
-#: Model kinds: a SigLIP2 scorer bundle or a CLIPSeg segmenter bundle.
-KINDS = ("scorer", "segmenter")
+#: Model kinds: a SigLIP2 scorer bundle, a CLIPSeg segmenter bundle or a CLIP / DINO / DINOv2
+#: embedder bundle (export/embedders.py).
+KINDS = ("scorer", "segmenter", "embedder")
 #: What each CPU-only mode makes (the reason it refuses ``--backend tensorrt``).
 _CPU_ONLY = {BF16_CPU_MODE: "a bundle for OpenVINO's CPU plugin", "fp8": "an ONNX bundle certified on CPU",
              "int8": "an ONNX Runtime (CPU) bundle"}
@@ -144,6 +145,11 @@ class ExportPlan:
             raise ExportPlanError("a segmenter bundle exports fp32 or fp16 ONNX graphs for ONNX Runtime (cpu or "
                                   "cuda); --max-num-patches, --precision bf16/bf16-cpu/int8 and --backend tensorrt "
                                   "are the scorer's (docs/segmenter.md)")
+        if self.kind == "embedder" and (self.backend == "tensorrt" or self.max_num_patches or self.mode != "fp32"
+                                        or self.engines_only):
+            raise ExportPlanError("an embedder bundle (CLIP, DINO, DINOv2) exports fp32 ONNX graphs for ONNX Runtime; "
+                                  "--max-num-patches, --precision other than fp32 and --backend tensorrt are not "
+                                  "available for it (docs/export.md)")
         if self.kind is not None and self.precision == "int8" and not self.gate_pairs:
             raise ExportPlanError("--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
                                   "its gates against fp32 on those pairs")

@@ -30,14 +30,17 @@ def resolve_kind(plan: ExportPlan, out_dir: str | Path) -> ExportPlan:
         import json
 
         try:
-            segmenter = json.loads((Path(out_dir) / "manifest.json").read_text()).get("kind") == "segmenter"
+            kind = json.loads((Path(out_dir) / "manifest.json").read_text()).get("kind")
         except (OSError, ValueError, AttributeError):
-            segmenter = False
+            kind = None
+        kind = kind if kind in ("segmenter", "embedder") else "scorer"
     else:
+        from .embedders import is_embedder_model
         from .segmenter import is_segmenter_model
 
-        segmenter = is_segmenter_model(plan.model, plan.revision)
-    return dataclasses.replace(plan, kind="segmenter" if segmenter else "scorer")
+        kind = ("segmenter" if is_segmenter_model(plan.model, plan.revision) else
+                "embedder" if is_embedder_model(plan.model, plan.revision) else "scorer")
+    return dataclasses.replace(plan, kind=kind)
 
 
 def export_onnx(plan: ExportPlan, out_dir: str | Path, ort_cpu_variant: bool = True) -> Path:
@@ -58,6 +61,10 @@ def export_onnx(plan: ExportPlan, out_dir: str | Path, ort_cpu_variant: bool = T
 
         return export_segmenter_bundle(plan.model, out_dir, revision=plan.revision, precision=plan.graph_precision,
                                        max_memory_gb=plan.max_memory_gb)
+    if plan.kind == "embedder":
+        from .embedders import export_embedder_bundle
+
+        return export_embedder_bundle(plan.model, out_dir, revision=plan.revision, max_memory_gb=plan.max_memory_gb)
     from .exporter import export_bundle
 
     return export_bundle(plan.model, out_dir, max_num_patches=plan.max_num_patches, revision=plan.revision,

@@ -23,6 +23,17 @@ export/segmenter.py):
   12 layers of width 768; text tower 12 x 512; vocabulary 49,408 rows; decoder reduce_dim 64 with
   the "refined" transposed convolutions); for benchmarks.
 
+Embedder presets (:data:`EMBEDDER_PRESETS`; bundles of kind ``embedder``, export/embedders.py):
+the real checkpoints' image sizes and patch sizes with tiny widths and depth, for tests.
+
+- ``random:clip-tiny``: CLIPModel, patch 32, 224 x 224 (openai/clip-vit-base-patch32's layout),
+  vision width 64, text width 32, 2 layers each, projection 32; the CLIP-layout test tokenizer.
+- ``random:dino-tiny-s16`` / ``random:dino-tiny-s8``: ViTModel (no pooler), patch 16 / 8, 224 x
+  224, width 48, 2 layers; ``layer_norm_eps`` 1e-12 in config.json as on the Hub
+  (facebook/dino-vits16), which the export replaces with DINO's 1e-6.
+- ``random:dinov2-tiny``: Dinov2Model, patch 14, trained grid 518 / 14 = 37 (facebook/dinov2-small's),
+  width 48, 2 layers.
+
 The tokenizer is a small byte-fallback BPE trained by `tokenizers` on a fixed built-in corpus,
 wrapped as transformers' ``Siglip2Tokenizer`` (Gemma-style pre-tokenization, lowercasing), so the
 whole text pipeline of the reference runs on it. Its vocabulary is small (420 entries, 261 of them special and byte-fallback tokens)
@@ -123,6 +134,35 @@ SEGMENTER_PRESETS: dict[str, SegmenterPreset] = {
 }
 
 
+@dataclass(frozen=True)
+class EmbedderPreset:
+    """Shapes of one random-weight embedder (``family``: ``clip``, ``dino`` or ``dinov2``)."""
+
+    family: str
+    width: int
+    layers: int
+    heads: int
+    mlp: int
+    patch_size: int
+    image_size: int  # the config's image_size (DINOv2: the trained position grid, 518)
+    text_width: int = 0
+    text_layers: int = 0
+    text_heads: int = 0
+    text_mlp: int = 0
+    projection_dim: int = 0
+    layer_norm_eps: float = 1e-12  # ViT's config.json value on the Hub (DINO's code uses 1e-6)
+    seed: int = 0
+
+
+EMBEDDER_PRESETS: dict[str, EmbedderPreset] = {
+    "clip-tiny": EmbedderPreset("clip", 64, 2, 4, 128, 32, 224, text_width=32, text_layers=2, text_heads=4,
+                                text_mlp=64, projection_dim=32, layer_norm_eps=1e-5),
+    "dino-tiny-s16": EmbedderPreset("dino", 48, 2, 4, 96, 16, 224),
+    "dino-tiny-s8": EmbedderPreset("dino", 48, 2, 4, 96, 8, 224),
+    "dinov2-tiny": EmbedderPreset("dinov2", 48, 2, 4, 192, 14, 518, layer_norm_eps=1e-6),
+}
+
+
 def is_random_model_id(model: str) -> bool:
     return model.startswith(RANDOM_PREFIX)
 
@@ -140,6 +180,8 @@ def preset_config(name: str) -> dict:
         KeyError: an unknown preset.
     """
     key = name[len(RANDOM_PREFIX):] if is_random_model_id(name) else name
+    if key in EMBEDDER_PRESETS:
+        return _embedder_config(EMBEDDER_PRESETS[key])
     if key in SEGMENTER_PRESETS:
         q = SEGMENTER_PRESETS[key]
         return {"model_type": "clipseg", "projection_dim": q.projection_dim, "reduce_dim": q.reduce_dim,
@@ -158,6 +200,21 @@ def preset_config(name: str) -> dict:
             "text_config": {"hidden_size": p.text_width, "intermediate_size": p.text_mlp,
                             "num_hidden_layers": p.text_layers, "vocab_size": _SIGLIP_TEST_VOCAB,
                             "max_position_embeddings": 64}}
+
+
+def _embedder_config(e: EmbedderPreset) -> dict:
+    """The ``config.json`` shapes of an embedder preset (CLIPConfig, ViTConfig or Dinov2Config)."""
+    tower = {"hidden_size": e.width, "num_hidden_layers": e.layers, "patch_size": e.patch_size,
+             "image_size": e.image_size}
+    if e.family == "clip":
+        return {"model_type": "clip", "projection_dim": e.projection_dim,
+                "vision_config": {**tower, "intermediate_size": e.mlp},
+                "text_config": {"hidden_size": e.text_width, "intermediate_size": e.text_mlp,
+                                "num_hidden_layers": e.text_layers, "vocab_size": _CLIP_TEST_VOCAB,
+                                "max_position_embeddings": 77}}
+    if e.family == "dino":
+        return {"model_type": "vit", "intermediate_size": e.mlp, **tower}
+    return {"model_type": "dinov2", "mlp_ratio": e.mlp // e.width, **tower}
 
 
 def _train_tokenizer(save_dir: Path):
@@ -205,6 +262,8 @@ def build_random_checkpoint(name: str, save_dir: str | Path) -> Path:
     key = name[len(RANDOM_PREFIX):] if is_random_model_id(name) else name
     if key in SEGMENTER_PRESETS:
         return build_random_clipseg(key, save_dir)
+    if key in EMBEDDER_PRESETS:
+        return build_random_embedder(key, save_dir)
     if key not in PRESETS:
         raise KeyError(f"unknown random model {name!r}; known: {', '.join(RANDOM_PREFIX + k for k in preset_names())}")
     p = PRESETS[key]
@@ -246,8 +305,8 @@ def build_random_checkpoint(name: str, save_dir: str | Path) -> Path:
 
 
 def preset_names() -> list[str]:
-    """Every preset name (without the ``random:`` prefix): SigLIP2 scorers, then segmenters."""
-    return list(PRESETS) + list(SEGMENTER_PRESETS)
+    """Every preset name (without the ``random:`` prefix): SigLIP2 scorers, segmenters, embedders."""
+    return list(PRESETS) + list(SEGMENTER_PRESETS) + list(EMBEDDER_PRESETS)
 
 
 def _train_clip_tokenizer(save_dir: Path):
@@ -322,4 +381,49 @@ def build_random_clipseg(key: str, save_dir: str | Path) -> Path:
     model.save_pretrained(save_dir)
     (save_dir / "masc_random_model.json").write_text(
         json.dumps({"preset": key, "seed": p.seed, "random_weights": True, "kind": "segmenter"}, indent=2))
+    return save_dir
+
+
+def random_embedder_model(key: str, seed: int | None = None, vocab_size: int = _CLIP_TEST_VOCAB):
+    """The random-weight model of embedder preset ``key`` (:data:`EMBEDDER_PRESETS`), drawn with
+    ``seed`` (default: the preset's): ``CLIPModel``, ``ViTModel`` without pooler (config eps as
+    the preset's, 1e-12 for DINO as on the Hub) or ``Dinov2Model``, in eval mode."""
+    import torch
+    from transformers import CLIPConfig, CLIPModel, Dinov2Config, Dinov2Model, ViTConfig, ViTModel
+
+    e = EMBEDDER_PRESETS[key]
+    tower = dict(hidden_size=e.width, num_hidden_layers=e.layers, num_attention_heads=e.heads,
+                 patch_size=e.patch_size, image_size=e.image_size, layer_norm_eps=e.layer_norm_eps)
+    torch.manual_seed(e.seed if seed is None else seed)
+    if e.family == "clip":
+        text = dict(vocab_size=vocab_size, hidden_size=e.text_width, intermediate_size=e.text_mlp,
+                    num_hidden_layers=e.text_layers, num_attention_heads=e.text_heads, max_position_embeddings=77,
+                    pad_token_id=1, bos_token_id=0, eos_token_id=2)  # openai's legacy ids: pooled at argmax
+        config = CLIPConfig(text_config=text, vision_config={**tower, "intermediate_size": e.mlp},
+                            projection_dim=e.projection_dim)
+        return CLIPModel(config).eval()
+    if e.family == "dino":
+        return ViTModel(ViTConfig(intermediate_size=e.mlp, qkv_bias=True, **tower), add_pooling_layer=False).eval()
+    return Dinov2Model(Dinov2Config(mlp_ratio=e.mlp // e.width, **tower)).eval()
+
+
+def build_random_embedder(key: str, save_dir: str | Path) -> Path:
+    """Build the embedder preset ``key`` into ``save_dir`` (:func:`random_embedder_model`; for
+    ``clip``, a ``CLIPProcessor`` with transformers' PIL CLIP image processor and the CLIP-layout
+    test tokenizer, whose ``<|endoftext|>`` has the highest id as in openai's vocabulary)."""
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    e = EMBEDDER_PRESETS[key]
+    if e.family == "clip":
+        from transformers import CLIPProcessor
+        from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+        tok = _train_clip_tokenizer(save_dir)
+        model = random_embedder_model(key, vocab_size=len(tok))
+        CLIPProcessor(image_processor=CLIPImageProcessorPil(), tokenizer=tok).save_pretrained(save_dir)
+    else:
+        model = random_embedder_model(key)
+    model.save_pretrained(save_dir)
+    (save_dir / "masc_random_model.json").write_text(
+        json.dumps({"preset": key, "seed": e.seed, "random_weights": True, "kind": "embedder"}, indent=2))
     return save_dir
