@@ -289,7 +289,10 @@ def _embedder_parameters(config: dict, v: dict, t: dict) -> tuple[dict[str, int]
             raise CheckpointError(f"config.json: mlp_ratio must be a number from 0 to 1024, got {str(ratio)[:40]!r}")
         tower["intermediate_size"] = int(_int(config, "hidden_size", kind, "") * ratio)
     vs, dv, vp = _vision(tower, kind, "")
-    return {"image": vp + 2 * dv}, {"image": vs}  # + the cls token and the final LayerNorm
+    if kind == "vit":
+        return {"image": vp + dv}, {"image": vs}  # + the class token
+    # + the class and mask tokens, and each layer's two LayerScale vectors
+    return {"image": vp + 2 * dv + 2 * dv * vs["num_hidden_layers"]}, {"image": vs}
 
 
 def _describe(shapes: dict) -> str:
