@@ -165,11 +165,24 @@ SEGMENTER_REDUCED_MIN_MASK_IOU = 0.99
 #: Embedder graphs (export/embedders_validate.py): max |ONNX Runtime - transformers| / max |reference|
 #: per graph, fp32, ONNX Runtime CPU, batch 1 and 3 of seeded standard-normal pixel values (and
 #: four prompts padded to 77 tokens for CLIP's text graph), the traced batch being 2.
-#: MEASURED_PLACEHOLDER
+#: Measured on the tiny presets (random:clip-tiny, random:dino-tiny-s16, random:dino-tiny-s8,
+#: random:dinov2-tiny) re-drawn with seeds 1-10 (the shipped presets use seed 0): seeds 1-5
+#: transformers' own initialisation, 6-10 trained-like (bench/tolerance_distributions.py
+#: ``trained_like``: weight norms x 1.2-2, LayerNorm gains 0.3-3, biases N(0, 0.5)); each graph
+#: exported by export/embedders_graphs.py and compared by export/embedders_validate.py's references.
+#: Relative error, median / max over 5 seeds (default; trained-like), max |error| in brackets:
+#:   clip image     3.7e-7 / 4.1e-7 (9.5e-7); 1.3e-6 / 1.9e-6 (1.4e-5)  -> budget 6e-6
+#:   clip text      2.9e-7 / 4.1e-7 (1.2e-6); 3.7e-7 / 4.9e-7 (4.8e-6)  -> budget 2e-6
+#:   dino s16 image 2.3e-7 / 3.3e-7 (7.2e-7); 3.9e-7 / 6.2e-7 (4.2e-6)  -> budget 2e-6 (s16 and s8)
+#:   dino s8 image  2.0e-7 / 2.6e-7 (6.0e-7); 5.2e-7 / 5.6e-7 (3.6e-6)
+#:   dinov2 image   2.8e-7 / 4.5e-7 (1.1e-6); 6.1e-7 / 7.7e-7 (6.0e-6)  -> budget 3e-6
+#: Budgets: VALIDATION_BUDGET_MARGIN x the max over all 10 seeds, rounded up. The DINO eps trap
+#: (1e-12 instead of 1e-6, tests/test_embedder_export.py) is over 100x its budget. Wider towers
+#: (the real checkpoints: 384, 768) are unmeasured: EMBEDDER_VALIDATION_RTOL.
 EMBEDDER_VALIDATION_BUDGETS: dict[str, dict] = {
-    "clip": {"width": 64, "layers": 2, "image": 1e-5, "text": 1e-5},
-    "dino": {"width": 48, "layers": 2, "image": 1e-5},
-    "dinov2": {"width": 48, "layers": 2, "image": 1e-5},
+    "clip": {"width": 64, "layers": 2, "image": 6e-6, "text": 2e-6},
+    "dino": {"width": 48, "layers": 2, "image": 2e-6},
+    "dinov2": {"width": 48, "layers": 2, "image": 3e-6},
 }
 #: An embedder wider than its family's measured shape: a generic relative bound (unmeasured shape).
 EMBEDDER_VALIDATION_RTOL = 1e-4

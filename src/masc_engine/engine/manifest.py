@@ -460,8 +460,14 @@ def check_embedder(manifest: dict, where: str) -> None:
         for side in crop:
             _int_in(where, "recipe.crop_size", side, 1, MAX_IMAGE_SIDE)
         _choice(where, "recipe.crop_rounding", recipe.get("crop_rounding"), EMBEDDER_CROP_ROUNDINGS)
-    _check_image({"mode": "fixed", "patch_size": 1, "max_num_patches": 1, "image_size": [1, 1],
-                  **{k: recipe.get(k) for k in ("rescale_factor", "image_mean", "image_std")}}, where)
+    _number_in(where, "recipe.rescale_factor", recipe.get("rescale_factor"), 0, 1e6, open_lo=True)
+    for key, lo in (("image_mean", -1e6), ("image_std", 0)):
+        values = recipe.get(key)
+        if not isinstance(values, list) or len(values) != 3:
+            raise BundleError(f"bundle {where}: manifest recipe.{key} is {_shown(values)}; it must be 3 numbers, "
+                              "one a channel (re-export the bundle with masc-export)")
+        for v in values:
+            _number_in(where, f"recipe.{key}", v, lo, 1e6, open_lo=key == "image_std")
     _choice(where, "recipe.exif_transpose", recipe.get("exif_transpose"), (True, False))
     _choice(where, "recipe.alpha", recipe.get("alpha"), ("composite_on_white",))
     _choice(where, "embedding.image", emb.get("image"), EMBEDDER_IMAGE_RULES)
