@@ -35,7 +35,7 @@ def test_baselines_agree_with_their_definitions(naflex_bundle, scored):
         r, o = encs[i], encs[n + i]
         items.append(EncodedPair(r, mask_to_patch_grid(p.ref_mask, r.grid), o,
                                  mask_to_patch_grid(p.out_mask, o.grid), p.prompt, p.object_name))
-    res = s.score_encoded(items, baselines=True)
+    res = with_baselines(s, items)
     for r, base, it in zip(res, plain, items, strict=True):
         ex = r.extras
         assert set(BASELINE_COLUMNS) <= set(ex)
@@ -50,8 +50,7 @@ def test_baselines_agree_with_their_definitions(naflex_bundle, scored):
         assert ex["cp_global"] == pytest.approx(heads.cosine(g[0], g[1]), abs=FLOAT32_SAME_ARITHMETIC_ATOL)
     # Identical reference and output: every patch is its own mutual nearest neighbour.
     it = items[0]
-    same = s.score_encoded([type(it)(it.ref_enc, it.ref_weights, it.ref_enc, it.ref_weights, "a toy", "toy")],
-                           baselines=True)[0]
+    same = with_baselines(s, [type(it)(it.ref_enc, it.ref_weights, it.ref_enc, it.ref_weights, "a toy", "toy")])[0]
     assert same.extras["cp_mnn_frac"] == 1.0 and same.extras["cp_mnn"] == pytest.approx(1.0, abs=SELF_CP_ATOL)
     assert same.extras["cp_global"] == pytest.approx(1.0, abs=SELF_CP_ATOL)
 
@@ -80,3 +79,14 @@ def test_maps_written_for_real_pairs(naflex_bundle, tmp_path):
     fg = np.array(Image.open(EXAMPLES / r["out_mask"]).convert("L")) > 250
     ratio = pf[fg].mean() / max(out_im[fg].mean(), 1)
     assert ratio == pytest.approx(0.45, abs=0.08)  # darkened, not painted, on the core of the foreground
+
+
+def with_baselines(scorer, items, **kw):
+    """``scorer.score_encoded(items)`` with the ``--baselines`` metrics' values in each extras."""
+    from masc_engine.runtime import pair_metrics as pm
+
+    res = scorer.score_encoded(items, **kw)
+    batch = pm.MetricBatch(items, res, pm.HostTokens(scorer.host_encoding), scorer.fg_threshold, scorer=scorer)
+    for r, vals in zip(res, pm.compute_all(pm.metrics_for({"baselines"}), batch)):
+        r.extras.update(vals)
+    return res

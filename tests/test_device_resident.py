@@ -218,8 +218,8 @@ def test_device_resident_maps_and_baselines_copy_only_when_asked(naflex_bundle):
                                      p.prompt, p.object_name))
         return items
 
-    got = s.score_encoded(encoded(s), baselines=True, with_arrays=True)
-    want = h.score_encoded(encoded(h), baselines=True, with_arrays=True)
+    got = with_baselines(s, encoded(s), with_arrays=True)
+    want = with_baselines(h, encoded(h), with_arrays=True)
     for g, w in zip(got, want, strict=True):
         for k, v in w.extras.items():
             assert g.extras[k] == v or (np.isnan(v) and np.isnan(g.extras[k])), k
@@ -325,3 +325,14 @@ def test_overlapped_keeps_order_and_raises():
 
     with pytest.raises(ValueError, match="image 2"):
         overlapped(range(4), bad, lambda x: x)
+
+
+def with_baselines(scorer, items, **kw):
+    """``scorer.score_encoded(items)`` with the ``--baselines`` metrics' values in each extras."""
+    from masc_engine.runtime import pair_metrics as pm
+
+    res = scorer.score_encoded(items, **kw)
+    batch = pm.MetricBatch(items, res, pm.HostTokens(scorer.host_encoding), scorer.fg_threshold, scorer=scorer)
+    for r, vals in zip(res, pm.compute_all(pm.metrics_for({"baselines"}), batch)):
+        r.extras.update(vals)
+    return res

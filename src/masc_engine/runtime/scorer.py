@@ -31,7 +31,8 @@ from ..errors import BundleError, MascEngineError
 from . import heads
 from .config import ScorerConfig
 from .encoder import Encoder, RunnerSettings, runner_property
-from .masks import MaskPolicy, cp_keep, mask_to_patch_grid
+from .masks import MaskPolicy, mask_to_patch_grid
+from .pair_metrics.base import HostTokens
 from .pair import EncodedPair, ImageEncoding, MaSCResult, Pair, check_pair_arguments
 from .position import position_weights
 from .preprocess import PreprocessedImage
@@ -447,14 +448,14 @@ class Scorer(Encoder):
                                      p.prompt, p.object_name))
         return self.score_encoded(items)
 
-    def score_encoded(self, items: Sequence["EncodedPair"], baselines: bool = False,
-                      with_arrays: bool = False, stripper: str | None = None) -> list[MaSCResult]:
+    def score_encoded(self, items: Sequence["EncodedPair"], with_arrays: bool = False,
+                      stripper: str | None = None) -> list[MaSCResult]:
         """Score pairs whose images are already encoded and masks already on the patch grid
-        (the entry point of ``masc-run``, which caches encodings across rows).
+        (the entry point of ``masc-run``, which caches encodings across rows). The other pair
+        metrics of a run (the ``--baselines`` family, ...) read these results and encodings:
+        runtime/pair_metrics.
 
         Args:
-            baselines: also compute the same-forward-pass baselines into ``extras`` (see
-                :meth:`_baselines`).
             with_arrays: fill ``MaSCResult.arrays`` (per-patch maxima and PF attention, for maps).
             stripper: PF prompt stripper for the items without a ``prepared`` prompt (default:
                 the scorer's).
@@ -462,7 +463,7 @@ class Scorer(Encoder):
         stripper = stripper or self.stripper
         prompts = [(it.prepared.text, it.prepared.extras) if it.prepared is not None
                    else pf_prompt(it.prompt, it.object_name, stripper) for it in items]
-        texts = sorted({t for t, _ in prompts} | ({it.prompt for it in items} if baselines else set()))
+        texts = sorted({t for t, _ in prompts})
         text_emb, text_enc = self.encode_texts(texts, {it.prepared.text: it.prepared.encoded for it in items
                                                        if it.prepared is not None})
         text_row = {t: i for i, t in enumerate(texts)}
@@ -477,7 +478,7 @@ class Scorer(Encoder):
             cps = [heads.masked_maxcos(it.ref_enc.tokens, it.out_enc.tokens, it.ref_weights, self.fg_threshold)
                    for it in items]
         results = []
-        host_tokens = _HostTokens(self)  # maps and baselines read tokens on the host: one copy per image
+        host_tokens = HostTokens(self.host_encoding)  # maps read tokens on the host: one copy per image
         for i, it in enumerate(items):
             r, o = it.ref_enc, it.out_enc
             cp, cp_extras = cps[i]
@@ -501,65 +502,7 @@ class Scorer(Encoder):
                               "pf_attention": attention[i] if attention[i] is not None
                               else np.zeros(o.tokens.shape[0], np.float32), "pf_hidden": kpms[i]}
             results.append(res)
-        if baselines:
-            self._baselines(items, results, pooled, text_emb, text_row, host_tokens)
         return results
-
-    def _baselines(self, items, results, pooled_bg, text_emb, text_row, host_tokens) -> None:
-        """Same-forward-pass baselines (paper Table 4 and Sec. 4.4), into each result's extras:
-
-        - ``cp_global``: cosine of the global pooled embeddings (pooling head, nothing hidden)
-          of reference and output: CP from SigLIP2's global embedding, same backbone.
-        - ``pf_{full,bg,fg}_{stripped,unstripped}``: PF with the pooling head over all patches,
-          the background only (``pf_bg_stripped`` is PF itself) or the foreground only
-          (background hidden), against the stripped or the original prompt. NaN when the pooled
-          region is empty.
-        - ``cp_mnn``, ``cp_mnn_frac``: CP with a mutual-nearest-neighbour aggregator: a reference
-          foreground patch counts with its best cosine only if its best output patch's best
-          reference-foreground patch is itself, else 0; the mean over foreground patches, and the
-          share of mutual matches. Our reading of Sec. 4.4; unverified against the paper's code.
-        """
-        encs: dict[int, ImageEncoding] = {}
-        for it in items:
-            encs.setdefault(id(it.ref_enc), it.ref_enc)
-            encs.setdefault(id(it.out_enc), it.out_enc)
-        keys = list(encs)
-        full, _ = self.pool_background([encs[k] for k in keys],
-                                       [np.zeros(encs[k].tokens.shape[0], bool) for k in keys])
-        full_row = {k: j for j, k in enumerate(keys)}
-        fg_kpm = [~heads.background_key_padding_mask(it.out_weights, self.fg_threshold) for it in items]
-        pooled_fg, _ = self.pool_background([it.out_enc for it in items], fg_kpm)
-        for i, (it, res) in enumerate(zip(items, results)):
-            g_ref, g_out = full[full_row[id(it.ref_enc)]], full[full_row[id(it.out_enc)]]
-            ex = res.extras
-            ex["cp_global"] = heads.cosine(g_ref, g_out)
-            for region, vec in (("full", g_out), ("bg", pooled_bg[i]), ("fg", pooled_fg[i])):
-                for kind, text in (("stripped", ex["prompt_text"]), ("unstripped", it.prompt)):
-                    ex[f"pf_{region}_{kind}"] = (float("nan") if not np.isfinite(vec).all()
-                                                 else heads.cosine(vec, text_emb[text_row[text]]))
-            keep = cp_keep(it.ref_weights, self.fg_threshold)
-            if keep.any():
-                ref_t, out_t = host_tokens(it.ref_enc), host_tokens(it.out_enc)
-                sims = heads.cosine_matrix(ref_t[keep], out_t)
-                j = sims.argmax(axis=1)
-                mutual = sims.argmax(axis=0)[j] == np.arange(sims.shape[0])
-                ex["cp_mnn"] = float(np.mean(np.where(mutual, sims.max(axis=1), 0.0), dtype=np.float32))
-                ex["cp_mnn_frac"] = float(mutual.mean())
-            else:
-                ex["cp_mnn"] = ex["cp_mnn_frac"] = float("nan")
-
-
-class _HostTokens:
-    """Host copies of encodings' tokens within one scoring call, each image copied once."""
-
-    def __init__(self, scorer: Scorer):
-        self.scorer = scorer
-        self._memo: dict[int, np.ndarray] = {}
-
-    def __call__(self, enc: ImageEncoding) -> np.ndarray:
-        if id(enc) not in self._memo:
-            self._memo[id(enc)] = self.scorer.host_encoding(enc).tokens
-        return self._memo[id(enc)]
 
 
 def _segmenter(segmenter, verify, config: ScorerConfig) -> Segmenter | None:

@@ -389,11 +389,11 @@ class PairsJob:
                 o.values.update(self._mask_columns(o.item))
         encs = self.encode([o for it in items for o in (it.ref_image, it.out_image) if isinstance(o, DecodedImage)])
         ready = [o for o in outcomes if self._admit(o, encs)]
-        scored = self.scorer.score_encoded([o.pair for o in ready], baselines=self.settings.baselines,
-                                           with_arrays=self.settings.save_maps is not None, stripper=stripper)
+        scored = self.scorer.score_encoded([o.pair for o in ready], with_arrays=self.settings.save_maps is not None,
+                                           stripper=stripper)
         batch = MetricBatch([o.pair for o in ready], scored, HostTokens(self.scorer.host_encoding),
                             self.scorer.fg_threshold, [o.item.ref_mask.any_foreground for o in ready],
-                            [o.item.names["ref_mask"] for o in ready])
+                            [o.item.names["ref_mask"] for o in ready], scorer=self.scorer)
         computed = [(m, m.compute(batch)) for m in metrics]
         for k, (o, sc) in enumerate(zip(ready, scored)):
             for m, values in computed:

@@ -4,7 +4,7 @@
 ``masc.py`` holds CP and PF, ``baselines.py`` the paper's same-pass baselines.
 """
 
-from .base import (HostTokens, MetricBatch, PairMetric, columns_of, get_metric, headline_metrics, metrics_for, register,
+from .base import (HostTokens, compute_all, MetricBatch, PairMetric, columns_of, get_metric, headline_metrics, metrics_for, register,
                    registered, score_metrics)
 
 # The built-in metrics, registered on import in this order (registration order is column order):
@@ -24,5 +24,5 @@ def _load_plugins() -> None:
 
 _load_plugins()
 
-__all__ = ["HostTokens", "MetricBatch", "PairMetric", "columns_of", "get_metric", "headline_metrics", "metrics_for", "register",
+__all__ = ["HostTokens", "compute_all", "MetricBatch", "PairMetric", "columns_of", "get_metric", "headline_metrics", "metrics_for", "register",
            "registered", "score_metrics"]

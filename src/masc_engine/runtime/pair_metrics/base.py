@@ -14,13 +14,13 @@ one more module that calls :func:`register` (docs/architecture.md, "Adding a met
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 __all__ = ["HostTokens", "MetricBatch", "PairMetric", "register", "registered", "get_metric", "headline_metrics", "score_metrics",
-           "metrics_for", "columns_of"]
+           "metrics_for", "columns_of", "compute_all"]
 
 
 @dataclass
@@ -36,6 +36,10 @@ class MetricBatch:
         fg_threshold: the mask weight above which a patch is foreground, ``[0, 1)``.
         ref_any_foreground: per item, whether the reference mask has any foreground pixel.
         ref_mask_names: per item, how the reference mask is named in messages.
+        scorer: the SigLIP2 :class:`~masc_engine.runtime.scorer.Scorer` that encoded the items
+            (its pooling head ``pool_background`` and text tower ``encode_texts``), for metrics
+            that need more than the tokens.
+        memo: intermediates shared by the metrics of one batch (:meth:`shared`).
     """
 
     items: Sequence[Any]
@@ -44,6 +48,15 @@ class MetricBatch:
     fg_threshold: float
     ref_any_foreground: Sequence[bool] = ()
     ref_mask_names: Sequence[str] = ()
+    scorer: Any = None
+    memo: dict = field(default_factory=dict)
+
+    def shared(self, key: str, make: Callable[["MetricBatch"], Any]) -> Any:
+        """``make(self)``, computed once per batch under ``key``: what two metrics both need (a
+        pooling of every image) is run once."""
+        if key not in self.memo:
+            self.memo[key] = make(self)
+        return self.memo[key]
 
 
 class HostTokens:
@@ -187,6 +200,19 @@ def metrics_for(options: set[str] | frozenset[str] = frozenset()) -> tuple[PairM
     """The metrics a run computes: every metric without an option, and those whose option is in
     ``options`` (``{"baselines"}``)."""
     return tuple(m for m in registered() if m.option is None or m.option in options)
+
+
+def compute_all(metrics: Sequence[PairMetric], batch: MetricBatch) -> list[dict]:
+    """Every metric's values for each item of ``batch``, merged into one dict per item: the value
+    columns and, for a metric with a status column, its status there (notes left out). What the
+    pairs job does column by column, for the Python API and tests."""
+    rows: list[dict] = [{} for _ in batch.items]
+    for m in metrics:
+        for row, got in zip(rows, m.compute(batch)):
+            row.update({c: got[c] for c in m.columns})
+            if m.status_column:
+                row[m.status_column] = got.get("status", "ok")
+    return rows
 
 
 def columns_of(metrics: Sequence[PairMetric]) -> tuple[str, ...]:
