@@ -75,7 +75,9 @@ class ScoreResult(BaseModel):
     against this list), so a generated client reads each one typed.
     """
 
-    model_config = ConfigDict(extra="allow")
+    # Every field is declared (the registered metrics' too, below): a generated client reads each
+    # one typed, and nothing undeclared reaches a response.
+    model_config = ConfigDict(extra="ignore")
     cp: float | None = Field(description="Concept Preservation (masked_maxcos), [-1, 1]; null if undefined")
     pf: float | None = Field(description="Prompt Following, [-1, 1]; null if undefined")
     status: str = Field(description="'ok' or masc-run's reason (docs/commands.md, the status table)")
