@@ -59,7 +59,7 @@ def main(scores, out_path, within_column, within_value, method_column, top_k, ti
     from ..errors import MascEngineError
 
     try:
-        write_report(scores, out_path, opts, log=click.echo)
+        write_report(scores, out_path, opts)
     except (ValueError, OSError, MascEngineError) as e:  # MissingDependencyError: Parquet without pyarrow
         raise click.ClickException(str(e)) from e
 

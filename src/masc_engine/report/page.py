@@ -17,8 +17,9 @@ The public names of those modules are re-exported here, as they were when this m
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from .data import (METRICS, OK, POOLED, RANDOM_WEIGHTS_BANNER, ReportOptions, ex
 from .plots import svg_box_strip, svg_histograms
 from .render import render_page
 from .thumbs import OUTSIDE, Thumbnails, allowed_roots, confined, image_root, pixel_limit
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "POOLED",
@@ -89,8 +92,7 @@ def build_report(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | No
                        thumbs=thumbs)
 
 
-def write_report(scores_path: str | Path, out: str | Path, options: ReportOptions = ReportOptions(),
-                 log: Callable[[str], None] | None = None) -> Path:
+def write_report(scores_path: str | Path, out: str | Path, options: ReportOptions = ReportOptions()) -> Path:
     """Read a score file (and its sidecar), build the report and write it (atomically).
 
     Raises:
@@ -109,6 +111,5 @@ def write_report(scores_path: str | Path, out: str | Path, options: ReportOption
     tmp = out.with_name(out.name + ".partial")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, out)
-    if log:
-        log(f"report written to {out} ({len(text) / 1024:.0f} KiB, {len(rows)} rows)")
+    logger.info("report written to %s (%.0f KiB, %d rows)", out, len(text) / 1024, len(rows))
     return out
