@@ -205,7 +205,8 @@ def test_resize_sizes_follow_the_int_rule():
     assert resized_size(1001, 1000, DINOV2_HF) == (256, 256)
     assert resized_size(1, 300, DINO_V1_EVAL) == (256, 76800)
     assert resized_size(300, 1, CLIP_B32_DREAMBENCH) == (67200, 224)
-    fixed = replace(DINOV2_HF, resize_mode="fixed", size=224, crop_size=None, interpolation="bilinear")
+    fixed = replace(DINOV2_HF, resize_mode="fixed", size=224, crop_size=None, crop_rounding=None,
+                    interpolation="bilinear")
     assert resized_size(333, 517, fixed) == (224, 224)
     assert to_uint8_before_normalise(IMAGES["333x517"], fixed).shape == (224, 224, 3)
 
@@ -240,9 +241,7 @@ def test_transparency_composited_on_white(name):
     np.testing.assert_array_equal(rgb, want)
     clear = np.asarray(rgba)[..., 3] == 0
     assert clear.any() and (rgb[clear] == 255).all()  # transparent pixels are white
-    dropped = np.asarray(load_rgb(im, replace(DINO_V1_EVAL, alpha="drop")))
-    np.testing.assert_array_equal(dropped, np.asarray(im.convert("RGB")))
-    assert not np.array_equal(dropped, rgb)
+    assert not np.array_equal(np.asarray(im.convert("RGB")), rgb)  # not Pillow's plain conversion
 
 
 def test_input_image_not_modified():
@@ -266,13 +265,15 @@ def test_manifest_round_trip(name):
 
 def test_named_recipes_hold_the_reference_values():
     assert (CLIP_B32_DREAMBENCH.size, CLIP_B32_DREAMBENCH.crop_size, CLIP_B32_DREAMBENCH.crop_rounding) == (
-        224, 224, "hf_floor")
+        224, (224, 224), "hf_floor")
     assert CLIP_B32_DREAMBENCH.image_mean == (0.48145466, 0.4578275, 0.40821073)
     assert CLIP_B32_DREAMBENCH.image_std == (0.26862954, 0.26130258, 0.27577711)
     assert (DINO_V1_EVAL.size, DINO_V1_EVAL.crop_rounding, DINOV2_HF.size, DINOV2_HF.crop_rounding) == (
         256, "torchvision_round", 256, "hf_floor")
     for r in NAMED_RECIPES.values():
-        assert (r.resize_mode, r.interpolation, r.exif_transpose, r.alpha) == ("shortest_edge", "bicubic", True, "white")
+        assert (r.resize_mode, r.interpolation, r.exif_transpose, r.alpha) == (
+            "shortest_edge", "bicubic", True, "composite_on_white")
+        assert r.follows and r.crop_size == (224, 224)
     assert DINOV2_HF.image_mean == DINO_V1_EVAL.image_mean == (0.485, 0.456, 0.406)
 
 
@@ -280,12 +281,17 @@ BAD_FIELDS = [
     ("resize_mode", "longest_edge", "resize_mode"),
     ("interpolation", "lanczos", "interpolation"),
     ("crop_rounding", "ceil", "crop_rounding"),
-    ("alpha", "black", "alpha"),
+    ("alpha", "drop", "alpha"),
     ("size", 0, "size"),
-    ("size", 4097, "size"),
+    ("size", 8193, "size"),
     ("size", 224.0, "size"),
     ("size", True, "size"),
-    ("crop_size", 257, "crop_size"),  # above size: would pad
+    ("crop_size", [224, 257], "crop_size"),  # above size: would pad
+    ("crop_size", 224, "crop_size"),  # [height, width]
+    ("crop_size", [224], "crop_size"),
+    ("crop_size", [224.0, 224], "crop_size"),
+    ("crop_rounding", None, "crop_rounding"),  # a crop needs its rounding
+    ("follows", 3, "follows"),
     ("image_std", [0.2, 0.0, 0.2], "image_std"),
     ("image_mean", [0.5, float("nan"), 0.5], "image_mean"),
     ("image_mean", [0.5, 0.5], "image_mean"),
@@ -318,6 +324,24 @@ def test_unknown_and_missing_fields_refused():
 
 
 def test_no_crop_keeps_the_resized_image():
-    r = replace(DINOV2_HF, crop_size=None)
-    assert ImageRecipe.from_manifest(r.to_manifest()) == r
+    r = replace(DINOV2_HF, crop_size=None, crop_rounding=None)
+    assert ImageRecipe.from_manifest(json.loads(json.dumps(r.to_manifest()))) == r
     assert preprocess(IMAGES["640x427"], r).shape == (3, 383, 256)
+
+
+def test_rectangular_crop():
+    r = replace(DINO_V1_EVAL, crop_size=(224, 160))
+    assert r.to_manifest()["crop_size"] == [224, 160]
+    u8 = to_uint8_before_normalise(IMAGES["640x427"], r)  # resized to 383 x 256
+    full = to_uint8_before_normalise(IMAGES["640x427"], replace(r, crop_size=None, crop_rounding=None))
+    np.testing.assert_array_equal(u8, full[80:304, 48:208])  # round(159 / 2) = 80, round(96 / 2) = 48
+
+
+def test_exported_recipe_tables_are_the_named_recipes():
+    """The exporter's recipe tables (export/embedders.py ``RECIPES``) read back as the named recipes
+    (the ``follows`` text aside)."""
+    embedders = pytest.importorskip("masc_engine.export.embedders")
+    named = {"clip": CLIP_B32_DREAMBENCH, "dino": DINO_V1_EVAL, "dinov2": DINOV2_HF}
+    for family, recipe in named.items():
+        table = embedders.RECIPES[family][0]
+        assert replace(ImageRecipe.from_manifest(table), follows="") == replace(recipe, follows="")

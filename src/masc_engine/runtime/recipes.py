@@ -1,9 +1,9 @@
 """Torch-free image preprocessing of the classic personalization metrics (CLIP-I, DINO, DINOv2),
 equal to the reference pipelines pixel for pixel.
 
-A recipe (:class:`ImageRecipe`) is data: an embedder bundle's manifest records it
-(:meth:`ImageRecipe.to_manifest`), the runtime reads it back (:meth:`ImageRecipe.from_manifest`);
-nothing is chosen from a model name. Each stage is ported from its reference:
+A recipe (:class:`ImageRecipe`) is data: an embedder bundle's manifest records it as its ``recipe``
+table (:meth:`ImageRecipe.to_manifest`; export/embedders.py ``RECIPE_FIELDS``), the runtime reads it
+back (:meth:`ImageRecipe.from_manifest`); nothing is chosen from a model name. Each stage is ported from its reference:
 
 - Loading (DreamBench++ ``dreambench_plus/utils/image_utils.py`` ``load_image``, and transformers
   5.24.0 ``image_transforms.convert_to_rgb``): EXIF orientation applied
@@ -29,12 +29,14 @@ nothing is chosen from a model name. Each stage is ported from its reference:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
 import numpy as np
 from PIL import Image, ImageOps
 
+from ..engine.manifest import MAX_IMAGE_SIDE
 from ..errors import BundleError
 
 #: Accepted ``resize_mode`` values: the short side to ``size`` (aspect kept), or ``size x size``.
@@ -43,11 +45,11 @@ RESIZE_MODES = ("shortest_edge", "fixed")
 INTERPOLATIONS = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
 #: Accepted ``crop_rounding`` values (see the module docstring for their sources).
 CROP_ROUNDINGS = ("hf_floor", "torchvision_round")
-#: Accepted ``alpha`` values: ``white`` composites transparency on opaque white; ``drop`` is
-#: Pillow's ``convert("RGB")`` (the colour under a transparent pixel is kept).
-ALPHA_MODES = ("white", "drop")
-#: Largest ``size`` and ``crop_size`` accepted, in pixels.
-MAX_RECIPE_SIDE = 4096
+#: Accepted ``alpha`` values: ``composite_on_white`` (transparency composited on opaque white, then
+#: RGB), the one rule of every reference (engine/manifest.py ``check_embedder`` accepts it alone).
+ALPHA_MODES = ("composite_on_white",)
+#: Largest ``size`` accepted, in pixels (the bundle reader's bound on an image side).
+MAX_RECIPE_SIDE = MAX_IMAGE_SIDE
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -90,26 +92,36 @@ def _choice(field: str, value, allowed) -> str:
     return value
 
 
+def _crop(value) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        _fail("crop_size", value, "[height, width] in pixels, or null (no crop)")
+    return tuple(_int_field("crop_size", v, 1, MAX_RECIPE_SIDE) for v in value)
+
+
 @dataclass(frozen=True)
 class ImageRecipe:
     """How one classic metric's reference turns a PIL image into the model's input.
 
     Construction validates every field (so a recipe that exists is usable); the manifest keys are
-    the field names.
+    the field names (the embedder bundle's ``recipe`` table, export/embedders.py ``RECIPE_FIELDS``).
 
     Args:
         resize_mode: ``"shortest_edge"`` (short side to ``size``, long side
             ``int(size * long / short)``) or ``"fixed"`` (``size x size``).
         size: pixels, 1 to :data:`MAX_RECIPE_SIDE`.
         interpolation: ``"bicubic"`` or ``"bilinear"`` (Pillow's filters).
-        crop_size: side of the square centre crop in pixels, 1 to ``size`` (a larger crop would
-            pad; no reference recipe does), or None for no crop.
-        crop_rounding: ``"hf_floor"`` or ``"torchvision_round"`` (the crop offset of an odd margin).
+        crop_size: ``(height, width)`` of the centre crop in pixels, each 1 to ``size`` (a larger
+            crop would pad; no reference recipe does), or None for no crop.
+        crop_rounding: ``"hf_floor"`` or ``"torchvision_round"`` (the crop offset of an odd
+            margin); None is accepted only without a crop.
         image_mean: per-channel mean (R, G, B), finite, subtracted after rescaling.
         image_std: per-channel standard deviation (R, G, B), finite and > 0.
         rescale_factor: multiplier of the uint8 values, finite and > 0 (1/255 in every reference).
         exif_transpose: apply the EXIF orientation before anything else.
-        alpha: ``"white"`` (composite transparency on white) or ``"drop"`` (``convert("RGB")``).
+        alpha: ``"composite_on_white"``: transparency composited on opaque white, then RGB.
+        follows: the reference pipeline the recipe reproduces (free text, for the reader).
 
     Raises:
         RecipeError: a value of an unknown kind or out of its range (one line, naming the field).
@@ -118,35 +130,42 @@ class ImageRecipe:
     resize_mode: str
     size: int
     interpolation: str
-    crop_size: int | None
-    crop_rounding: str
+    crop_size: tuple[int, int] | None
+    crop_rounding: str | None
     image_mean: tuple[float, float, float]
     image_std: tuple[float, float, float]
     rescale_factor: float = 1 / 255
     exif_transpose: bool = True
-    alpha: str = "white"
+    alpha: str = "composite_on_white"
+    follows: str = ""
 
     def __post_init__(self):
         _choice("resize_mode", self.resize_mode, RESIZE_MODES)
         size = _int_field("size", self.size, 1, MAX_RECIPE_SIDE)
         _choice("interpolation", self.interpolation, tuple(INTERPOLATIONS))
-        crop = None if self.crop_size is None else _int_field("crop_size", self.crop_size, 1, size)
-        _choice("crop_rounding", self.crop_rounding, CROP_ROUNDINGS)
+        crop = _crop(self.crop_size)
+        if crop is not None and max(crop) > size:
+            _fail("crop_size", self.crop_size, f"at most size ({size}) on each side: a larger crop would pad")
+        if crop is not None or self.crop_rounding is not None:
+            _choice("crop_rounding", self.crop_rounding, CROP_ROUNDINGS)
         _choice("alpha", self.alpha, ALPHA_MODES)
         if not isinstance(self.exif_transpose, bool):
             _fail("exif_transpose", self.exif_transpose, "true or false")
-        object.__setattr__(self, "size", size)
-        object.__setattr__(self, "crop_size", crop)
-        object.__setattr__(self, "image_mean", _triple("image_mean", self.image_mean, positive=False))
-        object.__setattr__(self, "image_std", _triple("image_std", self.image_std, positive=True))
-        object.__setattr__(self, "rescale_factor", _number("rescale_factor", self.rescale_factor, positive=True))
+        if not isinstance(self.follows, str):
+            _fail("follows", self.follows, "a text")
+        set_ = functools.partial(object.__setattr__, self)
+        set_("size", size)
+        set_("crop_size", crop)
+        set_("image_mean", _triple("image_mean", self.image_mean, positive=False))
+        set_("image_std", _triple("image_std", self.image_std, positive=True))
+        set_("rescale_factor", _number("rescale_factor", self.rescale_factor, positive=True))
 
     @classmethod
     def from_manifest(cls, d: dict) -> "ImageRecipe":
         """The recipe a manifest records (the keys are the field names, every one required).
 
         Args:
-            d: the manifest's recipe table (``mean``/``std`` as 3-element lists).
+            d: the manifest's ``recipe`` table (``crop_size``, ``image_mean``, ``image_std`` as lists).
 
         Returns:
             The validated recipe.
@@ -169,7 +188,8 @@ class ImageRecipe:
     def to_manifest(self) -> dict:
         """The recipe as a JSON-able table (:meth:`from_manifest` reads it back equal)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["image_mean"], out["image_std"] = list(self.image_mean), list(self.image_std)
+        for key in ("crop_size", "image_mean", "image_std"):
+            out[key] = None if out[key] is None else list(out[key])
         return out
 
 
@@ -177,18 +197,22 @@ class ImageRecipe:
 #: ``CLIPImageProcessor`` of ``openai/clip-vit-base-patch32``; transformers
 #: ``models/clip/image_processing_pil_clip.py`` defaults): shortest edge 224 bicubic, HF centre
 #: crop 224 (offset ``(h - 224) // 2``), OpenAI CLIP mean/std.
-CLIP_B32_DREAMBENCH = ImageRecipe("shortest_edge", 224, "bicubic", 224, "hf_floor", CLIP_MEAN, CLIP_STD)
+CLIP_B32_DREAMBENCH = ImageRecipe("shortest_edge", 224, "bicubic", (224, 224), "hf_floor", CLIP_MEAN, CLIP_STD,
+                                  follows="transformers CLIPImageProcessor (PIL), as DreamBench++ clip_score.py")
 
 #: DINO v1 (ViT-S/16 or S/8) as DreamBooth-style evaluations and DreamBench++
 #: (``dreambench_plus/metrics/dino_score.py``; facebookresearch/dino ``eval_knn.py``) compute it:
 #: torchvision ``Resize(256, BICUBIC)`` on the short side, ``CenterCrop(224)`` (offset
 #: ``int(round((h - 224) / 2.0))``, half to even), ``ToTensor``, ImageNet mean/std.
-DINO_V1_EVAL = ImageRecipe("shortest_edge", 256, "bicubic", 224, "torchvision_round", IMAGENET_MEAN, IMAGENET_STD)
+DINO_V1_EVAL = ImageRecipe("shortest_edge", 256, "bicubic", (224, 224), "torchvision_round", IMAGENET_MEAN,
+                           IMAGENET_STD, follows="torchvision Resize(256, bicubic) + CenterCrop(224), "
+                                                 "facebookresearch/dino eval_knn.py, DreamBench++ dino_score.py")
 
 #: DINOv2 as DreamBench++ computes it (``dino_score.py`` ``Dinov2Score``: ``BitImageProcessor`` of
 #: ``facebook/dinov2-small``; transformers ``models/bit/image_processing_pil_bit.py``): shortest edge
 #: 256 bicubic, HF centre crop 224, ImageNet mean/std.
-DINOV2_HF = ImageRecipe("shortest_edge", 256, "bicubic", 224, "hf_floor", IMAGENET_MEAN, IMAGENET_STD)
+DINOV2_HF = ImageRecipe("shortest_edge", 256, "bicubic", (224, 224), "hf_floor", IMAGENET_MEAN, IMAGENET_STD,
+                        follows="transformers BitImageProcessor (PIL), as DreamBench++ dino_score.py")
 
 #: The named recipes, by the name a manifest or a report may give.
 NAMED_RECIPES = {"clip_b32_dreambench": CLIP_B32_DREAMBENCH, "dino_v1_eval": DINO_V1_EVAL,
@@ -204,7 +228,7 @@ def has_transparency(image: Image.Image) -> bool:
 
 def load_rgb(image: Image.Image, recipe: ImageRecipe) -> Image.Image:
     """``image`` as the references load it: EXIF orientation applied (when the recipe says so), then
-    transparency composited on white (``alpha="white"``), then RGB.
+    transparency composited on white, then RGB.
 
     Args:
         image: any PIL image (not modified).
@@ -215,7 +239,7 @@ def load_rgb(image: Image.Image, recipe: ImageRecipe) -> Image.Image:
     """
     if recipe.exif_transpose:
         image = ImageOps.exif_transpose(image)
-    if recipe.alpha == "white" and has_transparency(image):
+    if recipe.alpha == "composite_on_white" and has_transparency(image):
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
@@ -256,16 +280,16 @@ def to_uint8_before_normalise(image: Image.Image, recipe: ImageRecipe) -> np.nda
         recipe: the recipe.
 
     Returns:
-        ``[H, W, 3] uint8`` (``crop_size`` square, or the resized size without a crop).
+        ``[H, W, 3] uint8`` (``crop_size``, or the resized size without a crop).
     """
     rgb = load_rgb(image, recipe)
     h, w = resized_size(rgb.height, rgb.width, recipe)
     if (h, w) != (rgb.height, rgb.width):
         rgb = rgb.resize((w, h), resample=INTERPOLATIONS[recipe.interpolation])
     if recipe.crop_size is not None:
-        c = recipe.crop_size
-        top, left = crop_offset(h, c, recipe.crop_rounding), crop_offset(w, c, recipe.crop_rounding)
-        rgb = rgb.crop((left, top, left + c, top + c))
+        ch, cw = recipe.crop_size
+        top, left = crop_offset(h, ch, recipe.crop_rounding), crop_offset(w, cw, recipe.crop_rounding)
+        rgb = rgb.crop((left, top, left + cw, top + ch))
     return np.asarray(rgb, dtype=np.uint8)
 
 
@@ -288,6 +312,6 @@ def preprocess(image: Image.Image, recipe: ImageRecipe) -> np.ndarray:
         recipe: the recipe.
 
     Returns:
-        ``[3, H, W] float32`` normalised pixels (H = W = ``crop_size``, or the resized size).
+        ``[3, H, W] float32`` normalised pixels (``crop_size``, or the resized size).
     """
     return normalise(to_uint8_before_normalise(image, recipe), recipe)
