@@ -2,8 +2,9 @@
 equal to the reference pipelines pixel for pixel.
 
 A recipe (:class:`ImageRecipe`) is data: an embedder bundle's manifest records it as its ``recipe``
-table (:meth:`ImageRecipe.to_manifest`; export/embedders.py ``RECIPE_FIELDS``), the runtime reads it
-back (:meth:`ImageRecipe.from_manifest`); nothing is chosen from a model name. Each stage is ported from its reference:
+table (:meth:`ImageRecipe.to_manifest`; export/embedders.py ``RECIPE_FIELDS``), the runtime reads
+it back (:meth:`ImageRecipe.from_manifest`); nothing is chosen from a model name. Each stage is
+ported from its reference:
 
 - Loading (DreamBench++ ``dreambench_plus/utils/image_utils.py`` ``load_image``, and transformers
   5.24.0 ``image_transforms.convert_to_rgb``): EXIF orientation applied
