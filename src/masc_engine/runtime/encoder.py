@@ -153,7 +153,8 @@ class Encoder:
     Attributes:
         bundle: the :class:`~masc_engine.engine.bundle.Bundle`.
         runner_settings: the :class:`RunnerSettings`.
-        image_settings: the manifest's ``image`` recipe (runtime/preprocess.py ``ImageSettings``).
+        image_settings: the manifest's ``image`` recipe (runtime/preprocess.py ``ImageSettings``), or
+            None for a bundle without an image section (an embedder's is its ``recipe`` table).
         text_settings: the manifest's ``text`` recipe (runtime/text.py ``TextSettings``), or None
             for a bundle without a text section; ``tokenizer``: its ``PromptTokenizer`` (the
             tokenizer file's sha256 checked first), or None.
@@ -180,7 +181,7 @@ class Encoder:
         self.runner_settings = runners
         self._batch_size = int(batch_size)
         m = self.bundle.manifest
-        self.image_settings = ImageSettings.from_manifest(m["image"])
+        self.image_settings = ImageSettings.from_manifest(m["image"]) if "image" in m else None
         self.text_settings = TextSettings.from_manifest(m["text"]) if "text" in m else None
         self.tokenizer = (None if self.text_settings is None else
                           PromptTokenizer(self.bundle.checked_file(self.text_settings.tokenizer_file),

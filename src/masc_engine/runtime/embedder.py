@@ -1,0 +1,160 @@
+"""The classic metrics' embedders (CLIP image/text towers, DINO, DINOv2): :class:`Embedder`.
+
+An embedder bundle (``manifest["kind"] == "embedder"``) holds an ``image`` graph
+(``[N, 3, H, W] float32`` normalised pixels -> ``[N, D] float32`` embeddings) and, for CLIP, a
+``text`` graph (``input_ids [N, L] int64``, and ``attention_mask`` when the graph takes one, ->
+``[N, D] float32``), with:
+
+- the image preprocessing recipe as data (``manifest["recipe"]``, runtime/recipes.py
+  :class:`~masc_engine.runtime.recipes.ImageRecipe`), applied torch-free, equal to the reference
+  pipelines pixel for pixel;
+- ``manifest["embedding"]``: how the graphs read their embeddings and its width ``dim``;
+- for a text graph, the tokenizer (``tokenizer.json``, through the ``tokenizers`` package) and the
+  ``text`` section (runtime/text.py ``TextSettings``): CLIP pads to its 77-token context with its
+  pad token and truncates there, keeping the start- and end-of-text tokens the tokenizer's
+  post-processor adds, as transformers' ``CLIPTokenizer(padding="max_length", truncation=True)``.
+
+Embeddings come back as the graphs give them (not L2-normalised): the scores (cosines, x100)
+are computed from them by the metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..engine.bundle import Bundle
+from ..errors import BundleError
+from .encoder import Encoder, RunnerSettings
+from .recipes import ImageRecipe, preprocess
+
+#: ``manifest["kind"]`` of an embedder bundle.
+KIND = "embedder"
+#: Where an embedder manifest records its :class:`~masc_engine.runtime.recipes.ImageRecipe`.
+RECIPE_KEY = "recipe"
+
+
+class Embedder(Encoder):
+    """Embeddings of images (and texts) by an embedder bundle's graphs, in batches.
+
+    Args:
+        bundle: an embedder bundle directory or a loaded :class:`~masc_engine.engine.bundle.Bundle`.
+        runners: how runners are made (backend, provider, threads, variant).
+        batch_size: the most items per graph call, an int >= 1.
+        verify: check file hashes before first use (``"all"``: every file now).
+
+    Attributes:
+        recipe: the manifest's :class:`~masc_engine.runtime.recipes.ImageRecipe`.
+
+    Raises:
+        BundleError: the bundle is missing, incomplete or of another kind; its recipe is unusable
+            (:class:`~masc_engine.runtime.recipes.RecipeError`, one line); it has no image graph.
+        ValueError: ``batch_size`` is not an int >= 1.
+    """
+
+    KIND = KIND
+    GRAPHS = ("image", "text")
+
+    def __init__(self, bundle: str | Path | Bundle, runners: RunnerSettings | None = None, *, batch_size: int = 32,
+                 verify: bool | str = True):
+        super().__init__(bundle, runners or RunnerSettings(), batch_size=batch_size, verify=verify)
+        self.recipe = ImageRecipe.from_manifest(self.bundle.manifest.get(RECIPE_KEY))
+        graphs = self.bundle.manifest.get("graphs") or {}
+        if "image" not in graphs:
+            raise BundleError(f"bundle {self.bundle.path} is an embedder bundle without an image graph")
+        self.GRAPHS = tuple(g for g in type(self).GRAPHS if g in graphs)
+
+    @property
+    def has_text(self) -> bool:
+        """Whether the bundle has a text graph (and its tokenizer)."""
+        return "text" in self.GRAPHS
+
+    @property
+    def dim(self) -> int:
+        """The embedding width D (``manifest["embedding"]["dim"]``)."""
+        return int((self.bundle.manifest.get("embedding") or {}).get("dim") or 0)
+
+    def identity(self) -> dict:
+        """:meth:`Encoder.identity` with the recipe: the bundle fingerprint covers the graph files,
+        not the manifest's ``recipe`` table, and the recipe decides the pixels."""
+        return {**super().identity(), "recipe": self.recipe.to_manifest()}
+
+    def preprocess_image(self, image: Image.Image) -> np.ndarray:
+        """One image by the manifest's recipe: ``[3, H, W] float32`` (runtime/recipes.py ``preprocess``)."""
+        return preprocess(image, self.recipe)
+
+    def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
+        """Image embeddings, batched by input shape (no padding: an image's embedding does not depend
+        on its batch).
+
+        Args:
+            images: PIL images of any mode and size (EXIF orientation and transparency as the
+                recipe says).
+
+        Returns:
+            ``[N, D] float32``, not normalised, in the order given.
+        """
+        pixels = [self.preprocess_image(im) for im in images]
+        return self._run_batches("image", [{"pixel_values": p} for p in pixels], [p.shape for p in pixels])
+
+    def tokenize(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and attention mask of ``texts``, padded and truncated to the text context.
+
+        Returns:
+            ``(input_ids [N, L] int64, attention_mask [N, L] int64)``; the mask is 1 on the
+            tokens the tokenizer produced (start- and end-of-text included), 0 on padding.
+
+        Raises:
+            BundleError: the bundle has no text graph.
+        """
+        if self.tokenizer is None or not self.has_text:
+            raise BundleError(f"bundle {self.bundle.path} has no text graph: it embeds images only")
+        length = self.text_settings.max_length
+        encoded = self.tokenizer.encode(list(texts))
+        ids = np.stack([e.input_ids for e in encoded]) if encoded else np.zeros((0, length), np.int64)
+        mask = np.zeros(ids.shape, np.int64)
+        for i, e in enumerate(encoded):
+            n = min(e.n_tokens, length)
+            if self.text_settings.padding_side == "right":
+                mask[i, :n] = 1
+            else:
+                mask[i, length - n:] = 1
+        return ids, mask
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """Text embeddings (CLIP-T's text side), in batches.
+
+        Args:
+            texts: prompts; each is tokenized, padded and truncated to the context (77 for CLIP).
+
+        Returns:
+            ``[N, D] float32``, not normalised, in the order given.
+
+        Raises:
+            BundleError: the bundle has no text graph.
+        """
+        ids, mask = self.tokenize(texts)
+        feeds = [{"input_ids": ids[i], "attention_mask": mask[i]} for i in range(len(ids))]
+        return self._run_batches("text", feeds, [ids.shape[1]] * len(ids))
+
+    def _run_batches(self, graph: str, items: list[dict], keys: list) -> np.ndarray:
+        """Run ``graph`` over ``items`` (one feed dict per item, each array without the batch axis),
+        batched by ``keys``; the first output of each batch, in item order, as float32."""
+        if not items:
+            return np.zeros((0, self.dim), np.float32)
+        runner = self.runner(graph)
+        names = list(runner.input_names)
+        missing = [n for n in names if n not in items[0]]
+        if missing or (graph == "image" and len(names) != 1):
+            raise BundleError(f"bundle {self.bundle.path}: its {graph} graph takes {', '.join(names)}; an embedder "
+                              f"feeds {' or '.join(items[0])}")
+        out: list = [None] * len(items)
+        for batch in self.batches(keys):
+            feeds = {n: np.stack([items[i][n if graph == "text" else "pixel_values"] for i in batch]) for n in names}
+            result = np.asarray(runner.run(feeds)[runner.output_names[0]], dtype=np.float32)
+            for j, i in enumerate(batch):
+                out[i] = result[j]
+        return np.stack(out)
