@@ -49,17 +49,17 @@ def _tokenizer_json(path: Path) -> dict:
     return vocab
 
 
-def _image_graph(w: np.ndarray):
+def _image_graph(w: np.ndarray, name: str = "pixel_values"):
     """``pixel_values[:, :, :P, :P]`` flattened (channel, row, column) ``@ W``: every output depends on
     where the crop starts, so a one-pixel shift of the recipe changes it."""
     from onnx import TensorProto, helper, numpy_helper
 
     consts = {"starts": [0, 0], "ends": [PATCH, PATCH], "axes": [2, 3], "flat": [0, 3 * PATCH * PATCH]}
-    nodes = [helper.make_node("Slice", ["pixel_values", "starts", "ends", "axes"], ["corner"]),
+    nodes = [helper.make_node("Slice", [name, "starts", "ends", "axes"], ["corner"]),
              helper.make_node("Reshape", ["corner", "flat"], ["row"]),
              helper.make_node("MatMul", ["row", "W"], ["image_embeds"])]
     graph = helper.make_graph(
-        nodes, "image", [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, "h", "w"])],
+        nodes, "image", [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 3, "h", "w"])],
         [helper.make_tensor_value_info("image_embeds", TensorProto.FLOAT, ["batch", DIM])],
         initializer=[numpy_helper.from_array(w, "W")] + [numpy_helper.from_array(np.array(v, np.int64), k)
                                                           for k, v in consts.items()])
@@ -94,15 +94,15 @@ def _save(graph, path: Path) -> None:
 
 
 def make_fake_embedder(out: Path, recipe=CLIP_B32_DREAMBENCH, text: bool = True, seed: int = 0,
-                       text_inputs: tuple[str, ...] = ("input_ids",)) -> dict:
+                       text_inputs: tuple[str, ...] = ("input_ids",), image_input: str = "pixel_values") -> dict:
     """Write a fake embedder bundle into ``out`` (the manifest layout of export/embedders.py: ``recipe``,
     ``embedding``, ``source.model``, the ``text`` section); returns the weights (``W``, ``table``,
     ``vocab``). ``text_inputs``: the text graph's inputs (the CLIP export's is ``input_ids`` alone)."""
     rng = np.random.default_rng(seed)
     out.mkdir(parents=True, exist_ok=True)
     w = rng.standard_normal((3 * PATCH * PATCH, DIM)).astype(np.float32)
-    _save(_image_graph(w), out / "image.onnx")
-    graphs = {"image": {"file": "image.onnx", "inputs": [{"name": "pixel_values", "shape": ["batch", 3, "h", "w"]}],
+    _save(_image_graph(w, image_input), out / "image.onnx")
+    graphs = {"image": {"file": "image.onnx", "inputs": [{"name": image_input, "shape": ["batch", 3, "h", "w"]}],
                         "outputs": [{"name": "image_embeds", "shape": ["batch", DIM]}]}}
     weights = {"W": w}
     manifest = {"kind": "embedder", "source": {"model": "fake", "random_weights": False}, RECIPE_KEY: recipe.to_manifest(),
@@ -168,6 +168,14 @@ def test_other_recipes_are_read_from_the_manifest(tmp_path, recipe):
         assert e.recipe == recipe and not e.has_text
         got = e.embed_images(ims)
     assert _rel(got, _expected_image(ims, recipe, weights["W"])) <= EMBEDDER_RUNTIME_FAKE_RTOL
+
+
+def test_image_input_of_another_name(tmp_path):
+    weights = make_fake_embedder(tmp_path / "b", text=False, image_input="images")
+    ims = _images()[:2]
+    with Embedder(tmp_path / "b") as e:
+        got = e.embed_images(ims)
+    assert _rel(got, _expected_image(ims, CLIP_B32_DREAMBENCH, weights["W"])) <= EMBEDDER_RUNTIME_FAKE_RTOL
 
 
 def test_batching_does_not_change_an_embedding(fake):
@@ -271,6 +279,13 @@ def test_image_only_bundle_refuses_texts(tmp_path):
     make_fake_embedder(tmp_path / "b", text=False)
     with Embedder(tmp_path / "b") as e, pytest.raises(BundleError, match="no text graph"):
         e.embed_texts(["a dog"])
+
+
+def test_text_graph_with_an_unknown_input_refused(tmp_path):
+    make_fake_embedder(tmp_path / "b", text_inputs=("input_ids", "position_ids"))
+    with Embedder(tmp_path / "b") as e, pytest.raises(BundleError) as err:
+        e.embed_texts(["a dog"])
+    assert "\n" not in str(err.value) and "position_ids" in str(err.value)
 
 
 def test_other_kind_refused(tmp_path):

@@ -98,7 +98,13 @@ class Embedder(Encoder):
             ``[N, D] float32``, not normalised, in the order given.
         """
         pixels = [self.preprocess_image(im) for im in images]
-        return self._run_batches("image", [{"pixel_values": p} for p in pixels], [p.shape for p in pixels])
+        if not pixels:
+            return np.zeros((0, self.dim), np.float32)
+        names = list(self.runner("image").input_names)
+        if len(names) != 1:
+            raise BundleError(f"bundle {self.bundle.path}: its image graph takes {', '.join(names)}; an embedder's "
+                              "image graph takes one input, the normalised pixels")
+        return self._run_batches("image", [{names[0]: p} for p in pixels], [p.shape for p in pixels])
 
     def tokenize(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and attention mask of ``texts``, padded and truncated to the text context.
@@ -148,12 +154,12 @@ class Embedder(Encoder):
         runner = self.runner(graph)
         names = list(runner.input_names)
         missing = [n for n in names if n not in items[0]]
-        if missing or (graph == "image" and len(names) != 1):
+        if missing:
             raise BundleError(f"bundle {self.bundle.path}: its {graph} graph takes {', '.join(names)}; an embedder "
                               f"feeds {' or '.join(items[0])}")
         out: list = [None] * len(items)
         for batch in self.batches(keys):
-            feeds = {n: np.stack([items[i][n if graph == "text" else "pixel_values"] for i in batch]) for n in names}
+            feeds = {n: np.stack([items[i][n] for i in batch]) for n in names}
             result = np.asarray(runner.run(feeds)[runner.output_names[0]], dtype=np.float32)
             for j, i in enumerate(batch):
                 out[i] = result[j]
