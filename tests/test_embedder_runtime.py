@@ -368,3 +368,17 @@ def test_exported_bundle_equals_reference_pipeline(exported, key):
         np.testing.assert_array_equal(e.tokenize(texts)[0], ids.numpy())
         want_t = model.text_projection(model.text_model(input_ids=ids).pooler_output).numpy()
         assert _rel(e.embed_texts(texts), want_t) <= embedder_validation_budget("clip", "text", width)[0]
+
+
+def test_the_bundle_fingerprint_covers_the_recipe_and_the_embedding_rule():
+    """An embedder's preprocessing and pooling are manifest data, not files: editing either makes
+    another bundle (cached embeddings and resumed results keyed on the fingerprint are not reused);
+    the other kinds keep the fingerprint they had (a segmenter's own ``recipe`` does not enter)."""
+    from masc_engine.engine.manifest import fingerprint
+
+    base = {"kind": "embedder", "files": {"image.onnx": "ab"}, "recipe": {"size": 224},
+            "embedding": {"image": "cls_final_norm"}}
+    assert fingerprint({**base, "recipe": {"size": 256}}) != fingerprint(base)
+    assert fingerprint({**base, "embedding": {"image": "cls_layernorm"}}) != fingerprint(base)
+    seg = {"kind": "segmenter", "files": {"vision.onnx": "ab"}, "recipe": {"threshold": 0.5}}
+    assert fingerprint({**seg, "recipe": {"threshold": 0.4}}) == fingerprint(seg)
