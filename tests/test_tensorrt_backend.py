@@ -4,7 +4,8 @@ and the builder / runner plumbing against a fake ``tensorrt`` (tests/fake_tensor
 asynchronous, runs out of memory, rejects unsupported ops and bad profiles as the real one does.
 
 Each unkindness has a test the code would fail without its guard, and the guard is shown to
-matter: a copy of engine/backends/tensorrt.py with the guard removed (:func:`mutant`) fails that
+matter: a copy of the backend module holding the guard (engine/backends/tensorrt.py, trt_build.py,
+trt_device.py) with the guard removed (:func:`mutant`) fails that
 test (no synchronize before reading outputs, no None check on the execution context, no check of
 ``add_optimization_profile``, no typed error for a refused profile, a static context, a stream
 object for the handle).
@@ -44,12 +45,16 @@ def no_tensorrt(monkeypatch):
 
 @pytest.fixture
 def fake_trt(monkeypatch, tmp_path):
-    """A fake tensorrt module, a numpy 'device', this machine posing as an H200."""
+    """A fake tensorrt module, a numpy 'device', this machine posing as an H200 (each name patched
+    in the module that looks it up: the runner's and the device helpers' ``CupyDevice``, the
+    device helpers' ``_query_gpu``)."""
     from masc_engine.engine.backends import tensorrt as trt_backend
+    from masc_engine.engine.backends import trt_device
 
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt.make_module(INFO["tensorrt_version"]))
     monkeypatch.setattr(trt_backend, "CupyDevice", fake_tensorrt.NumpyDevice)
-    monkeypatch.setattr(trt_backend, "_query_gpu", lambda device: (INFO["gpu_name"], INFO["compute_capability"]))
+    monkeypatch.setattr(trt_device, "CupyDevice", fake_tensorrt.NumpyDevice)
+    monkeypatch.setattr(trt_device, "_query_gpu", lambda device: (INFO["gpu_name"], INFO["compute_capability"]))
     monkeypatch.setenv("MASC_ENGINE_CACHE", str(tmp_path / "cache"))
     fake_tensorrt.reset()
     yield trt_backend
@@ -226,7 +231,7 @@ def test_build_load_and_run_with_a_fake_tensorrt(fake_trt, fp16_copy):
         b.runner("cp", backend="tensorrt", provider="cuda", precision="fp16")
 
 
-def test_fp32_engines_clear_tf32_and_take_fp32_graphs(fake_trt, bundle_copy):
+def test_fp32_engines_clear_tf32_and_take_fp32_graphs(fake_trt, bundle_copy, monkeypatch):
     fake_trt.build_engines(bundle_copy, graphs=["pool"])  # the bundle's precision: fp32
     (build,) = fake_tensorrt.BUILDS
     assert build["strongly_typed"] and build["flags"] == set()  # TF32 cleared
@@ -238,10 +243,10 @@ def test_fp32_engines_clear_tf32_and_take_fp32_graphs(fake_trt, bundle_copy):
     m = json.loads((bundle_copy / "manifest.json").read_text())
     m["precision"] = {"mode": "bf16"}
     (bundle_copy / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(BackendUnavailableError, match="bf16 needs compute capability"):
-        from masc_engine.engine.backends import tensorrt as trt_backend
+    from masc_engine.engine.backends import trt_device
 
-        trt_backend._query_gpu = lambda device: ("Tesla T4", "7.5")  # restored by monkeypatch
+    monkeypatch.setattr(trt_device, "_query_gpu", lambda device: ("Tesla T4", "7.5"))
+    with pytest.raises(BackendUnavailableError, match="bf16 needs compute capability"):
         fake_trt.build_engines(bundle_copy)
 
 
@@ -395,21 +400,32 @@ def test_ort_cuda_provider_gets_tf32_off(monkeypatch, naflex_bundle):
 
 # ------------------------------------------------------------------ the fake's unkindness, and the guards it needs
 
-TRT_SOURCE = REPO / "src" / "masc_engine" / "engine" / "backends" / "tensorrt.py"
+#: The TensorRT backend's modules: the runner, the builder, the shared helpers.
+TRT_SOURCES = [REPO / "src" / "masc_engine" / "engine" / "backends" / f"{m}.py"
+               for m in ("tensorrt", "trt_build", "trt_device")]
 
 
 def mutant(old: str, new: str) -> types.ModuleType:
-    """engine/backends/tensorrt.py with one guard removed (``old`` -> ``new``, which must occur
-    once), loaded as a module beside the real one and wired to the fake like the ``fake_trt``
-    fixture wires the real one."""
-    src = TRT_SOURCE.read_text()
-    assert src.count(old) == 1, f"mutation site found {src.count(old)} times: {old!r}"
-    mod = types.ModuleType("masc_engine.engine.backends._tensorrt_mutant")
+    """The backend module holding a guard (engine/backends/tensorrt.py, trt_build.py or
+    trt_device.py) with the guard removed (``old`` -> ``new``, which must occur once in all of
+    them), loaded as a module beside the real one (what it imports from the others is theirs,
+    wired to the fake by the ``fake_trt`` fixture) and wired to the fake like that fixture wires
+    the real one. The runner's ``load_runner`` is a runner mutant's, ``build_engines`` a builder
+    mutant's."""
+    hits = [(path, path.read_text()) for path in TRT_SOURCES]
+    hits = [(path, src) for path, src in hits if old in src]
+    assert len(hits) == 1 and hits[0][1].count(old) == 1, \
+        f"mutation site found {sum(src.count(old) for _, src in hits)} times: {old!r}"
+    path, src = hits[0]
+    mod = types.ModuleType(f"masc_engine.engine.backends._{path.stem}_mutant")
     mod.__package__ = "masc_engine.engine.backends"
-    mod.__file__ = str(TRT_SOURCE)
-    exec(compile(src.replace(old, new), str(TRT_SOURCE), "exec"), mod.__dict__)  # noqa: S102 - our own source
-    mod.CupyDevice = fake_tensorrt.NumpyDevice
-    mod._query_gpu = lambda device: (INFO["gpu_name"], INFO["compute_capability"])
+    mod.__file__ = str(path)
+    exec(compile(src.replace(old, new), str(path), "exec"), mod.__dict__)  # noqa: S102 - our own source
+    wiring = {"CupyDevice": fake_tensorrt.NumpyDevice,
+              "_query_gpu": lambda device: (INFO["gpu_name"], INFO["compute_capability"])}
+    for name, value in wiring.items():
+        if name in mod.__dict__:
+            setattr(mod, name, value)
     return mod
 
 

@@ -6,17 +6,18 @@ signatures, properties with getter/setter, enums with their members) was read on
 ``tensorrt-cu13-bindings==11.4.0.106`` wheel by scripts/extract_trt_surface.py; the test reads the
 committed file.
 
-The checker (:func:`check_source`) parses engine/backends/tensorrt.py with ``ast`` and types its
+The checker (:func:`check_sources`) parses the TensorRT backend's modules (engine/backends/tensorrt.py,
+the runner; trt_build.py, the builder; trt_device.py, the shared helpers) with ``ast`` and types their
 TensorRT objects: ``import_tensorrt()``, a parameter named ``trt`` and ``self._trt`` are the module;
 ``trt.Builder(...)`` makes a ``Builder``; a method call returns what its signature says
 (``builder.create_builder_config()`` is an ``IBuilderConfig``, ``engine.create_execution_context()``
 an ``IExecutionContext``); assignments carry types to names and to ``self`` attributes; parameters
-and functions annotated ``"trt.X"`` are ``X``. Then, on each typed object: a method exists on *that*
+and functions annotated ``"trt.X"`` (in any of the modules) are ``X``. Then, on each typed object: a method exists on *that*
 class and some overload accepts the call's positional count and keyword names; a property exists
 and is readable (or writable, when assigned); an enum member exists on *that* enum; an ``int``
 parameter gets an int (a literal, ``int(...)``, ``len(...)``, ``x.ptr``, ``dev.ptr(x)``, an index of
 ``range``), not an object such as a stream. :func:`test_the_checker_catches_each_wrong_call` applies
-each known wrong call to a copy of the source and asserts the checker reports it.
+each known wrong call to a copy of the module holding the call and asserts the checker reports it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import fake_tensorrt
 from conftest import REPO
 
 SURFACE_FILE = REPO / "tests" / "data" / "tensorrt_11_surface.json"
-SOURCE = REPO / "src" / "masc_engine" / "engine" / "backends" / "tensorrt.py"
+#: The TensorRT backend's modules: the runner, the builder, the shared helpers.
+SOURCES = [REPO / "src" / "masc_engine" / "engine" / "backends" / f"{m}.py" for m in ("tensorrt", "trt_build", "trt_device")]
 #: Removed in TensorRT 11 (10.x-to-11.x migration guide); none may appear in src/.
 REMOVED = ("OBEY_PRECISION_CONSTRAINTS", "platform_has_fast_fp16", "set_output_type", "EXPLICIT_BATCH")
 
@@ -113,11 +115,11 @@ def _instance(name):
 class Checker(ast.NodeVisitor):
     """Types TensorRT objects through a module's functions and reports calls the surface lacks."""
 
-    def __init__(self, surface: Surface, tree: ast.Module):
-        self.s, self.findings, self.checked = surface, [], set()
-        self.returns = {}  # our functions' "trt.X" return annotations
+    def __init__(self, surface: Surface, trees: list[ast.Module]):
+        self.s, self.findings, self.checked, self.trees = surface, [], set(), trees
+        self.returns = {}  # our functions' "trt.X" return annotations (every module's: they import each other's)
         self.int_functions = set()  # our functions annotated -> int
-        for node in ast.walk(tree):
+        for node in [n for tree in trees for n in ast.walk(tree)]:
             if isinstance(node, ast.FunctionDef) and node.returns is not None:
                 self.returns[node.name] = _annotation(node.returns)
                 if isinstance(node.returns, ast.Name) and node.returns.id == "int":
@@ -325,7 +327,7 @@ class Checker(ast.NodeVisitor):
         # self attributes first (assigned in __init__, read in other methods)
         for cls in [n for n in tree.body if isinstance(n, ast.ClassDef)]:
             for fn in [n for n in cls.body if isinstance(n, ast.FunctionDef)]:
-                probe = Checker(self.s, tree)
+                probe = Checker(self.s, self.trees)
                 probe._call_funcs, probe.self_attrs = set(), self.self_attrs
                 probe.visit(fn)
         self.visit(tree)
@@ -343,10 +345,20 @@ def _annotation(node) -> tuple[str, ...] | None:
     return tuple(names) if text.startswith("tuple[") else (names[0],)
 
 
-def check_source(src: str, surface: Surface) -> tuple[list[str], set]:
-    tree = ast.parse(src)
-    checker = Checker(surface, tree)
-    return checker.run(tree), checker.checked
+def check_sources(sources: dict[str, str], surface: Surface) -> tuple[list[str], set]:
+    """``(findings, checked)`` over ``{name: source}``: each module checked with the return
+    annotations of all of them known; each finding prefixed with its module's name."""
+    trees = {name: ast.parse(src) for name, src in sources.items()}
+    findings, checked = [], set()
+    for name, tree in trees.items():
+        checker = Checker(surface, list(trees.values()))
+        findings += [f"{name} {f}" for f in checker.run(tree)]
+        checked |= checker.checked
+    return findings, checked
+
+
+def _read_sources() -> dict[str, str]:
+    return {p.name: p.read_text() for p in SOURCES}
 
 
 # ------------------------------------------------------------------ tests: the library
@@ -365,8 +377,8 @@ def test_surface_file_is_the_pinned_bindings(surface):
 
 
 def test_every_tensorrt_call_of_the_library_exists_with_its_arity(surface):
-    findings, checked = check_source(SOURCE.read_text(), surface)
-    assert not findings, "engine/backends/tensorrt.py vs the TensorRT 11.4 bindings:\n" + "\n".join(findings)
+    findings, checked = check_sources(_read_sources(), surface)
+    assert not findings, "engine/backends/ TensorRT modules vs the TensorRT 11.4 bindings:\n" + "\n".join(findings)
     # the typing reaches every object the library uses (else the check would pass vacuously)
     expected = {("tensorrt", "Builder"), ("Builder", "__init__"), ("Builder", "create_network"),
                 ("Builder", "create_builder_config"), ("Builder", "create_optimization_profile"),
@@ -428,9 +440,10 @@ MUTATIONS = [
 
 @pytest.mark.parametrize("what,old,new,finding", MUTATIONS, ids=[f"{i}:{m[0]}" for i, m in enumerate(MUTATIONS)])
 def test_the_checker_catches_each_wrong_call(surface, what, old, new, finding):
-    src = SOURCE.read_text()
-    assert src.count(old) >= 1, f"mutation site missing: {old!r}"
-    findings, _ = check_source(src.replace(old, new, 1), surface)
+    sources = _read_sources()
+    name = next((n for n, src in sources.items() if old in src), None)
+    assert name is not None, f"mutation site missing: {old!r}"
+    findings, _ = check_sources({**sources, name: sources[name].replace(old, new, 1)}, surface)
     assert any(finding in f for f in findings), f"{what}: not reported; findings: {findings}"
 
 
