@@ -219,7 +219,7 @@ SEGMENTER_MASK_PROB_ATOL = 5e-3
 #: padding slots at the end and in the middle, tests/test_fusion.py); 2.4e-6 on the base shape
 #: (random:base-naflex, 8 images x 256 patches, bench/results/cpu_throughput.md; so400m not
 #: measured). Against PyTorch the fused graphs keep EXPORT_VALIDATION_ATOL (measured max 4.2e-6
-#: tiny, 4.5e-6 base) and, on scores, ORACLE_SCORE_ATOL (export/fusion.py ``validate_scores``:
+#: tiny, 4.5e-6 base) and, on scores, ORACLE_SCORE_ATOL (export/fusion_scores.py ``validate_scores``:
 #: measured max |dCP|, |dPF| 1.9e-7 tiny, 6.0e-8 base; masc-run vs masc-metric 0.3.0 on the
 #: 48-pair base benchmark: 1.5e-7 / 7.1e-8).
 FUSED_TOKENS_ATOL = 1e-5
