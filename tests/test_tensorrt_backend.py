@@ -46,8 +46,8 @@ def no_tensorrt(monkeypatch):
 @pytest.fixture
 def fake_trt(monkeypatch, tmp_path):
     """A fake tensorrt module, a numpy 'device', this machine posing as an H200 (each name patched
-    in the module that looks it up: the runner's and the device helpers' ``CupyDevice``, the
-    device helpers' ``_query_gpu``)."""
+    in the module that looks it up: ``CupyDevice`` in the runner's module and in trt_device.py,
+    ``_query_gpu`` in trt_device.py)."""
     from masc_engine.engine.backends import tensorrt as trt_backend
     from masc_engine.engine.backends import trt_device
 
@@ -400,7 +400,7 @@ def test_ort_cuda_provider_gets_tf32_off(monkeypatch, naflex_bundle):
 
 # ------------------------------------------------------------------ the fake's unkindness, and the guards it needs
 
-#: The TensorRT backend's modules: the runner, the builder, the shared helpers.
+#: The TensorRT backend's modules: the runner, the builder, the lazy import and GPU facts.
 TRT_SOURCES = [REPO / "src" / "masc_engine" / "engine" / "backends" / f"{m}.py"
                for m in ("tensorrt", "trt_build", "trt_device")]
 

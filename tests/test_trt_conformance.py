@@ -7,7 +7,7 @@ signatures, properties with getter/setter, enums with their members) was read on
 committed file.
 
 The checker (:func:`check_sources`) parses the TensorRT backend's modules (engine/backends/tensorrt.py,
-the runner; trt_build.py, the builder; trt_device.py, the shared helpers) with ``ast`` and types their
+the runner; trt_build.py, the builder; trt_device.py, the lazy import and GPU facts) with ``ast`` and types their
 TensorRT objects: ``import_tensorrt()``, a parameter named ``trt`` and ``self._trt`` are the module;
 ``trt.Builder(...)`` makes a ``Builder``; a method call returns what its signature says
 (``builder.create_builder_config()`` is an ``IBuilderConfig``, ``engine.create_execution_context()``
@@ -34,7 +34,7 @@ import fake_tensorrt
 from conftest import REPO
 
 SURFACE_FILE = REPO / "tests" / "data" / "tensorrt_11_surface.json"
-#: The TensorRT backend's modules: the runner, the builder, the shared helpers.
+#: The TensorRT backend's modules: the runner, the builder, the lazy import and GPU facts.
 SOURCES = [REPO / "src" / "masc_engine" / "engine" / "backends" / f"{m}.py" for m in ("tensorrt", "trt_build", "trt_device")]
 #: Removed in TensorRT 11 (10.x-to-11.x migration guide); none may appear in src/.
 REMOVED = ("OBEY_PRECISION_CONSTRAINTS", "platform_has_fast_fp16", "set_output_type", "EXPLICIT_BATCH")

@@ -11,6 +11,12 @@ tests/fake_tensorrt.py, which is asynchronous, fails and refuses where the real 
 shape planning, memory plan, engine-compatibility checks and precision policy it relies on are
 pure functions in :mod:`.trt_profiles`, tested on CPU.
 
+This module is the runner (:class:`TrtRunner`, :func:`load_runner`, :func:`check_bundle_fits`);
+the builder (:func:`build_engines`, :func:`build_engine`, :class:`EngineBuildError`) is
+:mod:`.trt_build`, the lazy import, the process's logger, :class:`TensorRTCallError` and the GPU
+facts (:func:`import_tensorrt`, :func:`trt_logger`, :func:`current_device_info`,
+:func:`device_memory_info`) are :mod:`.trt_device`; their public names are importable from here.
+
 Failures TensorRT reports by a return value (``None``, ``False``, ``-1``) are checked at every
 call and raised as :class:`TensorRTCallError` (:class:`EngineBuildError` while building,
 :class:`~masc_engine.errors.DeviceMemoryError` for memory) naming the engine, the profile and the
@@ -67,6 +73,7 @@ import numpy as np
 from ...errors import BackendUnavailableError, DeviceMemoryError, EngineCompatibilityError
 from ..device import CupyDevice, PinnedStaging
 from . import trt_profiles as tp
+# trt_build's and trt_device's public names, re-exported (importable from the backend's module).
 from .trt_build import (EngineBuildError, build_engine, build_engines, enable_activation_resize,  # noqa: F401
                         graph_weight_bytes, network_flags)
 from .trt_device import (INSTALL_HINT, TensorRTCallError, current_device_info, default_timing_cache,  # noqa: F401
