@@ -33,7 +33,6 @@ class TensorRTCallError(MascEngineError):
     ``-1`` (the message names the call, the engine, the tensor or profile and the shapes)."""
 
 
-
 _LOGGER: tuple | None = None
 _LOGGER_LOCK = threading.Lock()
 
