@@ -33,11 +33,31 @@ def _doc_metric() -> str:
 def test_the_builtin_registry_is_result_schema_one():
     """Outputs written before the schema was recorded keep their fingerprint: the built-in metrics
     are schema 1 exactly, which adds nothing to the fingerprint."""
-    assert [m.name for m in pm.registered()] == ["cp", "pf", "cp_global", "cp_mnn", "pf_pooling"]
+    assert [m.name for m in pm.registered()] == ["cp", "pf", "cp_global", "cp_mnn", "pf_pooling", "clip_i", "clip_t",
+                                                 "dino", "dino_s8", "dinov2"]
     assert result_schema() == {"version": 1, "metrics": list(BUILTIN_METRICS)}
     assert schema_identity() == {}
+    assert schema_identity(pm.metrics_for({"baselines"})) == {}
     assert RESULT_COLUMNS[:8] == ("row_index", "row_key", "cp", "pf", "status", "status_detail", "cp_status",
                                   "pf_status")
+
+
+def test_metrics_asked_for_by_name_enter_the_schema_only_in_runs_that_compute_them():
+    """A run computing clip_i has another schema (and so another fingerprint) than one without it;
+    runs without by-name metrics keep schema 1 and their fingerprint."""
+    from masc_engine.jobs.pairs import RunSettings
+
+    plain, classic = RunSettings(), RunSettings(metrics=("clip_i", "dino"))
+    assert schema_identity(plain.run_metrics()) == {}
+    got = schema_identity(classic.run_metrics())["result_schema"]["metrics"]
+    assert [m["name"] for m in got] == [m["name"] for m in BUILTIN_METRICS] + ["clip_i", "dino"]
+    assert "metrics" not in plain.as_dict() and classic.as_dict()["metrics"] == ("clip_i", "dino")
+    assert [m.name for m in classic.run_metrics()] == ["cp", "pf", "clip_i", "dino"]
+    assert classic.embedders_needed() == ("clip", "dino")
+    assert classic.result_columns()[-4:] == ("clip_i", "clip_i_status", "dino", "dino_status")
+    assert plain.result_columns() == RESULT_COLUMNS
+    with pytest.raises(ValueError, match="--metrics: unknown metric"):
+        RunSettings(metrics=("clip_x",))
 
 
 def test_register_refuses_a_taken_name_or_column_and_a_misnamed_status():

@@ -12,7 +12,9 @@ image or mask outlives its own decoding:
   (``mask_to_patch_grid``); what the size checks and both scores read, nothing more;
 - with a segmenter (jobs/mask_source.py), an image whose pairs come without a mask is segmented
   while it is decoded, for each subject name asked for, and each mask reduced at once onto the
-  image's own grid (:attr:`DecodedImage.segmented`).
+  image's own grid (:attr:`DecodedImage.segmented`);
+- with embedders (the classic metrics, ``masc-run --metrics``), the image is preprocessed by each
+  embedder's recipe while decoded (:attr:`DecodedImage.embed_pixels`), under the same budget.
 
 With a :class:`~masc_engine.jobs.loading.ByteBudget`, each file reserves its cost (:func:`reservation`:
 decoding, known from the header, and preprocessing, bounded by the patch budget) before any
@@ -57,6 +59,8 @@ class DecodedImage:
         image: the RGB PIL image, kept only for attribution maps.
         segmented: ``{subject name: DecodedMask or InputError}``: the segmenter's masks of this
             image (source ``segmenter``), for the subject names its mask-less pairs asked for.
+        embed_pixels: ``{embedder name: [3, H, W] float32}``: the image preprocessed by each
+            embedder's recipe (runtime/embedder.py ``Embedder.preprocess_image``).
     """
 
     sha256: str
@@ -67,6 +71,7 @@ class DecodedImage:
     encoding: ImageEncoding | None = None
     image: object = None
     segmented: dict = field(default_factory=dict)
+    embed_pixels: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -165,8 +170,22 @@ def reservation(opened, kind: str, image_settings) -> int:
     return cost
 
 
+def embed_cost(size: tuple[int, int], embedders) -> int:
+    """Bytes preprocessing a ``(width, height)`` image by each embedder's recipe holds at its peak:
+    the resized image's values at the preprocessing rate (``_PREPROCESS_BYTES_PER_VALUE``)."""
+    from ..runtime.recipes import resized_size
+
+    w, h = size
+    return sum(3 * np.prod(resized_size(h, w, e.recipe)) * _PREPROCESS_BYTES_PER_VALUE for e in (embedders or {}).values())
+
+
+def _embed_pixels(im, embedders) -> dict:
+    """``{name: [3, H, W] float32}``: ``im`` preprocessed by each embedder's recipe."""
+    return {k: e.preprocess_image(im) for k, e in (embedders or {}).items()}
+
+
 def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply", budget=None,
-                 keep_image: bool = False, masks=None, subjects=()) -> DecodedImage:
+                 keep_image: bool = False, masks=None, subjects=(), embedders=None) -> DecodedImage:
     """Decode, orient and reduce one image file.
 
     Args:
@@ -181,6 +200,8 @@ def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply"
         keep_image: keep the RGB PIL image (attribution maps).
         masks (SegmenterMasks | None): a :class:`~masc_engine.jobs.mask_source.SegmenterMasks`, to segment the image.
         subjects (Sequence[str]): subject names to segment it for (:attr:`DecodedImage.segmented`).
+        embedders (dict | None): name -> ``Embedder`` whose recipes preprocess it
+            (:attr:`DecodedImage.embed_pixels`).
 
     Raises:
         InputError: ``unreadable_image`` or ``image_too_large``.
@@ -191,6 +212,7 @@ def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply"
     cost = reservation(opened, "image", scorer.image_settings)
     if masks is not None and subjects:
         cost += masks.reserve_bytes(opened.size)
+    cost += int(embed_cost(opened.size, embedders))
     with _budget(budget, cost):
         im, notes = image_from_opened(opened, name, exif)
         del opened
@@ -198,7 +220,7 @@ def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply"
         enc = cache.cached(sha) if cache is not None else None
         pre = scorer.preprocess(im) if enc is None else None
         return DecodedImage(sha, im.size, grid, notes, pre, enc, im if keep_image else None,
-                            _segmented(masks, subjects, im, sha, name, grid))
+                            _segmented(masks, subjects, im, sha, name, grid), _embed_pixels(im, embedders))
 
 
 def _segmented(masks, subjects, im, sha: str, name: str, grid) -> dict:
@@ -218,7 +240,7 @@ def _segmented(masks, subjects, im, sha: str, name: str, grid) -> dict:
 
 
 def reduce_image(im, name: str, scorer, cache=None, keep_image: bool = False, masks=None,
-                 subjects=()) -> DecodedImage:
+                 subjects=(), embedders=None) -> DecodedImage:
     """A PIL image (an in-memory input) reduced as :func:`decode_image` reduces a file (and
     segmented for ``subjects`` with ``masks``); its content key hashes its RGB pixels.
 
@@ -235,7 +257,8 @@ def reduce_image(im, name: str, scorer, cache=None, keep_image: bool = False, ma
     notes = () if im.mode == "RGB" else (f"{im.mode} converted to RGB",)
     grid = patch_grid(rgb.height, rgb.width, scorer.image_settings)
     return DecodedImage(sha, rgb.size, grid, notes, scorer.preprocess(rgb) if enc is None else None, enc,
-                        rgb if keep_image else None, _segmented(masks, subjects, rgb, sha, name, grid))
+                        rgb if keep_image else None, _segmented(masks, subjects, rgb, sha, name, grid),
+                        _embed_pixels(rgb, embedders))
 
 
 def reduce_mask(mask: np.ndarray, grids) -> DecodedMask:

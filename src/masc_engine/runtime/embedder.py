@@ -97,7 +97,18 @@ class Embedder(Encoder):
         Returns:
             ``[N, D] float32``, not normalised, in the order given.
         """
-        pixels = [self.preprocess_image(im) for im in images]
+        return self.embed_preprocessed([self.preprocess_image(im) for im in images])
+
+    def embed_preprocessed(self, pixels: Sequence[np.ndarray]) -> np.ndarray:
+        """Embeddings of images already preprocessed by :meth:`preprocess_image` (each
+        ``[3, H, W] float32``), batched by shape as :meth:`embed_images`.
+
+        Returns:
+            ``[N, D] float32``, not normalised, in the order given.
+
+        Raises:
+            BundleError: the image graph takes more than one input.
+        """
         if not pixels:
             return np.zeros((0, self.dim), np.float32)
         names = list(self.runner("image").input_names)

@@ -102,17 +102,29 @@ BUILTIN_METRICS = (
 )
 
 
-def result_schema() -> dict:
-    """``{"version", "metrics"}``: the result layout of this installation (every registered metric's
-    identity, in order)."""
-    return {"version": RESULT_SCHEMA_VERSION, "metrics": [m.identity() for m in registered()]}
+#: Run options asked for by a flag (``--baselines``): their metrics are in the result schema of every
+#: run, as in the outputs written before the schema was recorded. A metric behind any other option
+#: (``classic``: asked for by name, ``--metrics``) enters it only in the runs that compute it.
+FLAG_OPTIONS = ("baselines",)
 
 
-def schema_identity() -> dict:
-    """The result schema as the fingerprint and the resume check see it: ``{}`` for schema 1 with
-    the built-in metrics (so outputs written before keep their fingerprint), else
-    ``{"result_schema": ...}``."""
-    schema = result_schema()
+def _in_schema(m: PairMetric, computed: frozenset[str]) -> bool:
+    return m.option is None or m.option in FLAG_OPTIONS or m.name in computed
+
+
+def result_schema(computed: tuple[PairMetric, ...] = ()) -> dict:
+    """``{"version", "metrics"}``: the result layout of this installation for a run computing
+    ``computed``: every registered metric's identity, in order, but the by-name opt-in metrics
+    (``--metrics``) only when in ``computed``."""
+    names = frozenset(m.name for m in computed)
+    return {"version": RESULT_SCHEMA_VERSION, "metrics": [m.identity() for m in registered() if _in_schema(m, names)]}
+
+
+def schema_identity(computed: tuple[PairMetric, ...] = ()) -> dict:
+    """The result schema of a run computing ``computed`` as the fingerprint and the resume check see
+    it: ``{}`` for schema 1 with the built-in metrics (so outputs written before keep their
+    fingerprint, and so do runs without by-name opt-in metrics), else ``{"result_schema": ...}``."""
+    schema = result_schema(computed)
     if schema == {"version": 1, "metrics": list(BUILTIN_METRICS)}:
         return {}
     return {"result_schema": schema}

@@ -45,15 +45,26 @@ class PairsJob:
     (:class:`~masc_engine.jobs.mask_source.SegmenterMasks`: an in-memory LRU, then the
     persistent store, then the segmenter), computed while the image is decoded.
 
+    With ``embedders`` (name -> runtime/embedder.py ``Embedder``), each image is preprocessed by
+    the recipe of every embedder the run's metrics read (``settings.metrics``: the classic
+    metrics) while it is decoded, and each distinct image embedded once per scoring call, batched.
+
     Raises:
-        ValueError: ``settings.save_masks`` without a segmenter.
+        ValueError: ``settings.save_masks`` without a segmenter; a metric whose embedder is not in
+            ``embedders``.
     """
 
     def __init__(self, scorer: Scorer, settings: RunSettings = RunSettings(), store: EncodingStore | None = None,
                  io_workers: int = 4, cache_items: int = 512, cache: EncodingCache | None = None,
-                 decode_budget: ByteBudget | None = None, segmenter: Segmenter | None = None):
+                 decode_budget: ByteBudget | None = None, segmenter: Segmenter | None = None,
+                 embedders: dict | None = None):
         if settings.save_masks is not None and segmenter is None:
             raise ValueError("save_masks (--save-masks) needs a segmenter (--segmenter)")
+        missing = [k for k in settings.embedders_needed() if k not in (embedders or {})]
+        if missing:
+            raise ValueError(f"--metrics reads the {', '.join(missing)} embedder(s): give --embedder NAME=BUNDLE")
+        #: The embedders the run's metrics read, by name.
+        self.embedders = {k: embedders[k] for k in settings.embedders_needed()}
         self.scorer = scorer
         self.settings = settings
         self.io_workers = io_workers
@@ -91,8 +102,9 @@ class PairsJob:
         try:
             if isinstance(v, (bytes, bytearray, memoryview)):
                 return decode_image(bytes(v), name, self.scorer, self.cache, self.settings.exif, self.decode_budget,
-                                    keep_image=keep, masks=self.masks, subjects=subjects)
-            return reduce_image(v, name, self.scorer, self.cache, keep_image=keep, masks=self.masks, subjects=subjects)
+                                    keep_image=keep, masks=self.masks, subjects=subjects, embedders=self.embedders)
+            return reduce_image(v, name, self.scorer, self.cache, keep_image=keep, masks=self.masks, subjects=subjects,
+                                embedders=self.embedders)
         except InputError as e:
             return e
 
@@ -382,7 +394,7 @@ class PairsJob:
             dicts with the item's ``cells``, ``row_index`` and the result columns; NaN scores
             where undefined, with their status (:meth:`RowOutcome.record`).
         """
-        metrics = self.settings.metrics()
+        metrics = self.settings.run_metrics()
         outcomes = [RowOutcome(it, metrics) for it in items]
         if self.masks is not None:
             for o in outcomes:
@@ -394,12 +406,27 @@ class PairsJob:
         batch = MetricBatch([o.pair for o in ready], scored, HostTokens(self.scorer.host_encoding),
                             self.scorer.fg_threshold, [o.item.ref_mask.any_foreground for o in ready],
                             [o.item.names["ref_mask"] for o in ready], scorer=self.scorer)
+        if self.embedders:
+            self._embed(batch, [o.item for o in ready])
         computed = [(m, m.compute(batch)) for m in metrics]
         for k, (o, sc) in enumerate(zip(ready, scored)):
             for m, values in computed:
                 o.take(m, values[k])
             self._fill(o, sc)
         return [o.record() for o in outcomes]
+
+    def _embed(self, batch: MetricBatch, items: list[DecodedPair]) -> None:
+        """Fill ``batch``'s image keys and embeddings: each distinct image of ``items`` embedded once
+        by each embedder (batched), and with a text graph each distinct prompt as given."""
+        batch.image_keys = [(it.ref_image.sha256, it.out_image.sha256) for it in items]
+        images = {d.sha256: d for it in items for d in (it.ref_image, it.out_image)}
+        for name, emb in self.embedders.items():
+            keys = [k for k in images if name in images[k].embed_pixels]
+            vecs = emb.embed_preprocessed([images[k].embed_pixels[name] for k in keys])
+            batch.embeddings[name] = dict(zip(keys, vecs))
+            if emb.has_text:
+                prompts = list(dict.fromkeys(it.prompt for it in items))
+                batch.text_embeddings[name] = dict(zip(prompts, emb.embed_texts(prompts)))
 
     def _mask_columns(self, it: DecodedPair) -> dict:
         """A pair's mask source columns (and with ``save_masks`` the saved PNGs of its segmenter masks)."""

@@ -24,7 +24,8 @@ from .summary import Summary
 
 
 def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settings: RunSettings = RunSettings(),
-              options: RunOptions = RunOptions(), segmenter: Segmenter | None = None) -> Summary:
+              options: RunOptions = RunOptions(), segmenter: Segmenter | None = None,
+              embedders: dict | None = None) -> Summary:
     """Score every row of ``csv_path`` into ``out_path`` (format by extension), resumably.
 
     With a ``segmenter`` the mask columns are optional: a side without a mask gets the segmenter's
@@ -40,11 +41,15 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     Args:
         settings: what a row's result depends on (fingerprinted).
         options: how the run goes (:class:`RunOptions`: chunking, threads, cache, executor, ...).
+        embedders: name -> runtime/embedder.py ``Embedder`` for the metrics asked for by name
+            (``settings.metrics``; ``clip`` for clip_i and clip_t, ``dino``, ``dino_s8``,
+            ``dinov2``); their identities enter the fingerprint.
 
     Raises:
         PairsFileError: the pairs file is unusable or over ``max_pairs_bytes`` (nothing is written
             then).
-        ValueError: an unsupported output extension.
+        ValueError: an unsupported output extension; a metric whose embedder is not given; the
+            Ray executor with embedders.
         OutputBusyError: another run holds the output's lock (nothing is written).
         SettingsChangedError: results at ``out_path`` were made with other settings, named in the
             message, and ``overwrite`` is False (nothing is written).
@@ -54,21 +59,22 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     out_path = Path(out_path)
     output_format(out_path)
     with OutputLock(out_path):
-        return _run_locked(Path(csv_path), scorer, out_path, settings, options, segmenter)
+        return _run_locked(Path(csv_path), scorer, out_path, settings, options, segmenter, embedders or {})
 
 
 def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, opts: RunOptions,
-                segmenter: Segmenter | None) -> Summary:
+                segmenter: Segmenter | None, embedders: dict) -> Summary:
     """The run, once the output's lock is held: resume, score what is missing, write the output."""
     t0 = time.time()
     if settings.save_masks is not None and segmenter is None:
         raise ValueError("save_masks (--save-masks) needs a segmenter (--segmenter)")
+    check_embedders(settings, embedders, opts.executor)
     fieldnames, rows = read_pairs(csv_path, masks_optional=segmenter is not None, max_bytes=opts.max_pairs_bytes)
     base = csv_path.resolve().parent
     keys = [row_key(r, base) for r in rows]
     summary = Summary(duplicates=_duplicates(rows))
     journal = Journal(out_path)
-    prior = resume(journal, settings.fingerprint(scorer, segmenter), settings.identity(scorer, segmenter), keys,
+    prior = resume(journal, settings.fingerprint(scorer, segmenter, embedders), settings.identity(scorer, segmenter, embedders), keys,
                    str(csv_path), opts.overwrite)
     summary.journal_repaired, summary.resumed = prior.repaired, len(prior.done)
     done = prior.done
@@ -80,7 +86,7 @@ def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSet
     if store is not None:
         scorer.attach_text_store(store)
     try:
-        runner = choose_executor(scorer, settings, opts, store, segmenter)
+        runner = choose_executor(scorer, settings, opts, store, segmenter, embedders)
         run = RunRecord(prior.next_run, t0, runner, opts.executor, summary.resumed)
         _score_chunks(runner, chunks, journal, run, done, len(rows), opts.progress)
     finally:
@@ -91,13 +97,13 @@ def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSet
     _write_output(out_path, settings.result_columns(segmenter is not None), fieldnames, rows, done, summary)
     summary.seconds = time.time() - run.t0
     write_sidecar(csv_path, scorer, out_path, settings, summary, prior.earlier_runs, run,
-                  {"executor": opts.executor, "chunk_size": opts.chunk_size}, segmenter)
+                  {"executor": opts.executor, "chunk_size": opts.chunk_size}, segmenter, embedders)
     journal.remove()  # last: a fault before this leaves the journal, and the same command finishes the job
     return summary
 
 
 def choose_executor(scorer: Scorer, settings: RunSettings, opts: RunOptions, store: EncodingStore | None,
-                    segmenter: Segmenter | None = None):
+                    segmenter: Segmenter | None = None, embedders: dict | None = None):
     """The executor ``opts.executor`` names (jobs/executors.py): a :class:`LocalExecutor` over one
     :class:`PairsJob` on ``scorer``, ``store`` and ``segmenter``, or a :class:`RayExecutor` whose
     workers each build their own job (:func:`build_pairs_job`: the same settings, store folder and
@@ -106,7 +112,22 @@ def choose_executor(scorer: Scorer, settings: RunSettings, opts: RunOptions, sto
         factory = _ray_factory(scorer, settings, opts.io_workers, opts.cache_dir, opts.cache_size_limit, segmenter)
         return RayExecutor(factory, gpu=get_backend(scorer.backend).is_gpu(scorer.provider), address=opts.ray_address,
                            workers=opts.ray_workers)
-    return LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=opts.io_workers, segmenter=segmenter))
+    return LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=opts.io_workers, segmenter=segmenter,
+                                  embedders=embedders))
+
+
+def check_embedders(settings: RunSettings, embedders: dict, executor: str = "local") -> None:
+    """Refuse, before any work, a metric whose embedder is not given (or embedders on Ray).
+
+    Raises:
+        ValueError: one line naming the metric and ``--embedder NAME=BUNDLE``.
+    """
+    for m in settings.run_metrics():
+        for name in dict.fromkeys(e.split(".")[0] for e in m.encoders if not e.startswith("siglip2.")):
+            if name not in embedders:
+                raise ValueError(f"--metrics {m.name} reads the {name} embedder: give --embedder {name}=BUNDLE")
+    if executor == "ray" and settings.embedders_needed():
+        raise ValueError("--metrics with embedders runs on --executor local only")
 
 
 def _duplicates(rows: list[dict]) -> list[tuple[int, int]]:

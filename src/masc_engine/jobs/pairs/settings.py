@@ -9,13 +9,13 @@ from dataclasses import asdict, dataclass
 
 from ...runtime.cache import EncodingStore
 from ...runtime.io import default_max_file_bytes
-from ...runtime.pair_metrics import PairMetric, metrics_for
+from ...runtime.pair_metrics import PairMetric, columns_of, metrics_for, registered
 from ...runtime.scorer import Scorer
 from ...runtime.segmenter import Segmenter
 from ...runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS, PromptBudget
 from ..mask_source import MASK_SOURCE_COLUMNS, SAVED_MASK_COLUMNS
 from ..tables import DEFAULT_MAX_PAIRS_BYTES
-from .columns import MAP_COLUMNS, option_columns, result_columns, schema_identity, schema_label
+from .columns import MAP_COLUMNS, result_columns, schema_identity, schema_label
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,12 @@ class RunSettings:
         max_file_bytes: byte cap of a file named as an image or mask, checked from its size
             before it is read (``file_too_large``); None: 4 bytes a pixel of the pixel budget
             plus 16 MiB (runtime/io.py ``default_max_file_bytes``).
+        metrics: metric names asked for by name (``masc-run --metrics``: ``clip_i``, ``dino``, ...,
+            runtime/pair_metrics/classic.py) besides those every run computes; None: none (the
+            default set). Recorded and fingerprinted only when set.
+
+    Raises:
+        ValueError: ``metrics`` names no registered metric (one line naming ``--metrics``).
     """
 
     exif: str = "apply"
@@ -52,9 +58,19 @@ class RunSettings:
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     max_file_bytes: int | None = None
+    metrics: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if self.metrics is not None:
+            names = tuple(dict.fromkeys(str(n).strip() for n in self.metrics))
+            known = [m.name for m in registered()]
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise ValueError(f"--metrics: unknown metric(s) {', '.join(unknown)}; registered: {', '.join(known)}")
+            object.__setattr__(self, "metrics", names)
 
     def as_dict(self) -> dict:
-        """The fields as a dict, ``save_masks`` and the budgets only when not their defaults (what
+        """The fields as a dict, ``save_masks``, ``metrics`` and the budgets only when not their defaults (what
         the fingerprint hashes and the sidecar records: unchanged for runs without them)."""
         d = asdict(self)
         for k, v in _OPTIONAL_SETTINGS.items():
@@ -74,14 +90,22 @@ class RunSettings:
         """The opt-in metric families these settings ask for (``{"baselines"}``)."""
         return frozenset({"baselines"} if self.baselines else ())
 
-    def metrics(self) -> tuple[PairMetric, ...]:
-        """The registered pair metrics a run with these settings computes, in order."""
-        return metrics_for(self.metric_options())
+    def run_metrics(self) -> tuple[PairMetric, ...]:
+        """The registered pair metrics a run with these settings computes, in order: those of
+        :meth:`metric_options` and those named in :attr:`metrics`."""
+        named = set(self.metrics or ()) | {m.name for m in metrics_for(self.metric_options())}
+        return tuple(m for m in registered() if m.name in named)
+
+    def embedders_needed(self) -> tuple[str, ...]:
+        """The embedders (``masc-run --embedder NAME=...``) the computed metrics read, in order: the
+        prefix of each encoder that is not SigLIP2's (``clip.image`` -> ``clip``)."""
+        names = [e.split(".")[0] for m in self.run_metrics() for e in m.encoders if not e.startswith("siglip2.")]
+        return tuple(dict.fromkeys(names))
 
     def result_columns(self, segmenter: bool = False) -> tuple[str, ...]:
         """The result columns a run with these settings (and a segmenter or not) writes, in order."""
-        opted = tuple(c for o in sorted(self.metric_options()) for c in option_columns(o))
-        return (result_columns(self.metrics()) + (MASK_SOURCE_COLUMNS if segmenter else ()) + opted
+        opted = columns_of(tuple(m for m in self.run_metrics() if m.option is not None))
+        return (result_columns(self.run_metrics()) + (MASK_SOURCE_COLUMNS if segmenter else ()) + opted
                 + (MAP_COLUMNS if self.save_maps else ()) + (SAVED_MASK_COLUMNS if self.save_masks else ()))
 
     def _budget_identity(self) -> dict:
@@ -93,32 +117,44 @@ class RunSettings:
                 d[option] = v / 2**20 if k == "max_file_bytes" else v
         return d
 
-    def identity(self, scorer: Scorer, segmenter: Segmenter | None = None) -> dict:
+    def identity(self, scorer: Scorer, segmenter: Segmenter | None = None, embedders: dict | None = None) -> dict:
         """The settings a row's result depends on, each under the masc-run option that sets it
         (``--bundle``, ``--segmenter``: their content fingerprints): what a rerun on the same
         output compares (jobs/results.py ``settings_diff``). The same settings as
-        :meth:`fingerprint`."""
+        :meth:`fingerprint`. ``embedders``: name -> runtime/embedder.py ``Embedder``; those the
+        metrics read enter under ``--embedder NAME``."""
         d = {"--bundle": scorer.bundle.fingerprint, "--exif": self.exif, **scorer.config.option_identity(),
              "--min-reference-mask-frac": self.min_reference_mask_frac,
              "--min-output-mask-frac": self.min_output_mask_frac,
              "--mask-size-tolerance": self.mask_size_tolerance, "--baselines": self.baselines,
              "--save-maps": self.save_maps, **self._budget_identity()}
-        if schema_identity():
-            d["result schema"] = schema_label(schema_identity())
+        schema = schema_identity(self.run_metrics())
+        if schema:
+            d["result schema"] = schema_label(schema)
+        if self.metrics is not None:
+            d["--metrics"] = ",".join(self.metrics)
+        d.update({f"--embedder {k}": v["fingerprint"] for k, v in self._embedder_identity(embedders).items()})
         if segmenter is not None:
             d.update({**segmenter.option_identity(), "--save-masks": self.save_masks})
         return d
 
-    def fingerprint(self, scorer: Scorer, segmenter: Segmenter | None = None) -> str:
+    def _embedder_identity(self, embedders: dict | None) -> dict:
+        """``name -> Embedder.identity()`` of the embedders the computed metrics read (given ones only)."""
+        return {k: embedders[k].identity() for k in self.embedders_needed() if k in (embedders or {})}
+
+    def fingerprint(self, scorer: Scorer, segmenter: Segmenter | None = None, embedders: dict | None = None) -> str:
         """16 hex digits identifying these settings with the scorer's (a journal is reused only
         under the same fingerprint): the run settings, the bundle's fingerprint, the scorer's
         ``config.identity()`` and, with a segmenter, its ``identity()``.
 
         Settings added after journals existed (``save_masks``, the segmenter, a result schema other
         than the built-in one: jobs/pairs/columns.py ``schema_identity``) enter only when they are set,
-        so a run without them keeps the fingerprint it always had."""
+        so a run without them keeps the fingerprint it always had; the embedders the metrics read
+        (``Embedder.identity()``) enter likewise."""
         d = {"run": self.as_dict(), "bundle": scorer.bundle.fingerprint, **scorer.config.identity(),
-             **schema_identity()}
+             **schema_identity(self.run_metrics())}
+        if self._embedder_identity(embedders):
+            d["embedders"] = self._embedder_identity(embedders)
         if segmenter is not None:
             d["segmenter"] = segmenter.identity()
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
@@ -126,7 +162,7 @@ class RunSettings:
 
 #: Settings recorded (and fingerprinted) only when they differ from these defaults.
 _OPTIONAL_SETTINGS = {"save_masks": None, "max_prompt_bytes": DEFAULT_MAX_PROMPT_BYTES,
-                      "max_prompt_tokens": DEFAULT_MAX_PROMPT_TOKENS, "max_file_bytes": None}
+                      "max_prompt_tokens": DEFAULT_MAX_PROMPT_TOKENS, "max_file_bytes": None, "metrics": None}
 _BUDGET_OPTIONS = {"max_prompt_bytes": "--max-prompt-bytes", "max_prompt_tokens": "--max-prompt-tokens",
                    "max_file_bytes": "--max-file-mb"}
 

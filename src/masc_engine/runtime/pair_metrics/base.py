@@ -40,6 +40,12 @@ class MetricBatch:
             (its pooling head ``pool_background`` and text tower ``encode_texts``), for metrics
             that need more than the tokens.
         memo: intermediates shared by the metrics of one batch (:meth:`shared`).
+        image_keys: per item, ``(reference, output)`` content keys (sha256) of its images, the keys of
+            :attr:`embeddings`.
+        embeddings: ``embedder name -> image key -> [D] float32`` image embeddings (unnormalised),
+            filled by the job for the embedders its classic metrics read (runtime/embedder.py).
+        text_embeddings: ``embedder name -> prompt -> [D] float32`` text embeddings of the items'
+            prompts as given (CLIP-T).
     """
 
     items: Sequence[Any]
@@ -50,6 +56,9 @@ class MetricBatch:
     ref_mask_names: Sequence[str] = ()
     scorer: Any = None
     memo: dict = field(default_factory=dict)
+    image_keys: Sequence[tuple[str, str]] = ()
+    embeddings: dict = field(default_factory=dict)
+    text_embeddings: dict = field(default_factory=dict)
 
     def shared(self, key: str, make: Callable[["MetricBatch"], Any]) -> Any:
         """``make(self)``, computed once per batch under ``key``: what two metrics both need (a
