@@ -52,6 +52,13 @@ from .options import (STORE_SIZE_GB, cache_options, chunk_size_option, exif_opti
 @click.option("--baselines", is_flag=True,
               help="Add the paper's same-forward-pass baselines: cp_global, cp_mnn, and PF with full / "
                    "background / foreground pooling x stripped / unstripped prompt.")
+@click.option("--metrics", "metrics", default=None, metavar="NAMES",
+              help="Comma-separated metrics to compute: cp and pf always; add the classic ones by name: clip_i, clip_t "
+                   "(--embedder clip=...), dino, dino_s8, dinov2 (--embedder dino=..., dino_s8=..., dinov2=...), "
+                   "100 x cosine each (docs/metrics.md, \"Classic metrics in masc-run\").")
+@click.option("--embedder", "embedder_specs", multiple=True, metavar="NAME=BUNDLE",
+              help="An embedder bundle from masc-export for the classic metrics (repeatable): clip, dino, dino_s8 "
+                   "or dinov2.")
 @click.option("--save-maps", type=click.Path(file_okay=False), default=None,
               help="Write per-pair attribution PNGs here (CP: best cosine per reference patch; PF: the "
                    "pooling head's background attention) and add cp_map / pf_map columns. Slows the run: 2.6x the "
@@ -115,15 +122,22 @@ def _score(p: dict, config, seg_config, out_path: str):
     """Load the scorer (and segmenter) and run the job; every failure as one line (exit status 1)."""
     from ..errors import MascEngineError
     from ..jobs.pairs import run_pairs
+    from ..jobs.pairs.run import check_embedders
 
     settings = _run_settings(p)
+    bundles = _embedder_paths(p["embedder_specs"])
+    try:
+        check_embedders(settings, bundles, p["executor"])
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
     try:
         scorer = load_scorer(p["bundle"], config)
         segmenter = load_segmenter(seg_config, scorer)
         if scorer.certificate is not None:
             click.secho(f"NOTE: {scorer.certificate['claim']} (the gates are in the bundle's manifest and "
                         f"{out_path}.meta.json)", err=True)
-        return run_pairs(p["pairs_csv"], scorer, out_path, settings, _run_options(p), segmenter)
+        embedders = _load_embedders({k: bundles[k] for k in settings.embedders_needed()})
+        return run_pairs(p["pairs_csv"], scorer, out_path, settings, _run_options(p), segmenter, embedders)
     except KeyboardInterrupt:
         from ..jobs.results import Journal
 
@@ -147,12 +161,66 @@ def _run_settings(p: dict):
     if p["paper_filter"]:  # the paper's 5% coverage filter, unless a threshold is given
         lo_out = 0.05 if lo_out is None else lo_out
         lo_ref = 0.05 if lo_ref is None else lo_ref
-    return RunSettings(exif=p["exif"], min_reference_mask_frac=lo_ref, min_output_mask_frac=lo_out,
-                       mask_size_tolerance=p["mask_size_tolerance"], baselines=p["baselines"],
-                       save_maps=str(Path(p["save_maps"]).resolve()) if p["save_maps"] else None,
-                       save_masks=str(Path(p["save_masks"]).resolve()) if p["save_masks"] else None,
-                       max_prompt_bytes=p["max_prompt_bytes"], max_prompt_tokens=p["max_prompt_tokens"],
-                       max_file_bytes=None if p["max_file_mb"] is None else int(p["max_file_mb"] * 2**20))
+    try:
+        return RunSettings(exif=p["exif"], min_reference_mask_frac=lo_ref, min_output_mask_frac=lo_out,
+                           mask_size_tolerance=p["mask_size_tolerance"], baselines=p["baselines"],
+                           save_maps=str(Path(p["save_maps"]).resolve()) if p["save_maps"] else None,
+                           save_masks=str(Path(p["save_masks"]).resolve()) if p["save_masks"] else None,
+                           max_prompt_bytes=p["max_prompt_bytes"], max_prompt_tokens=p["max_prompt_tokens"],
+                           max_file_bytes=None if p["max_file_mb"] is None else int(p["max_file_mb"] * 2**20),
+                           metrics=_opted_metrics(p["metrics"]))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+
+
+#: ``--embedder`` names: the embedders the classic metrics read (runtime/pair_metrics/classic.py).
+EMBEDDER_NAMES = ("clip", "dino", "dino_s8", "dinov2")
+
+
+def _opted_metrics(spec: str | None) -> tuple[str, ...] | None:
+    """The metrics ``--metrics`` asks for beyond those every run computes (None: none, the default
+    run, whose settings and fingerprint are those of a run without the option).
+
+    Raises:
+        click.ClickException: an unknown metric name (one line naming ``--metrics``).
+    """
+    from ..runtime.pair_metrics import registered
+
+    if spec is None:
+        return None
+    known = {m.name: m for m in registered()}
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise click.ClickException(f"--metrics: unknown metric(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    opted = tuple(n for n in names if known[n].option is not None)
+    return opted or None
+
+
+def _embedder_paths(specs) -> dict[str, str]:
+    """``--embedder NAME=BUNDLE`` options as ``{name: bundle folder}``.
+
+    Raises:
+        click.ClickException: a spec without ``=``, an unknown name, a repeated name or a missing folder.
+    """
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or name not in EMBEDDER_NAMES:
+            raise click.ClickException(f"--embedder {spec}: expected NAME=BUNDLE with NAME one of {', '.join(EMBEDDER_NAMES)}")
+        if name in out:
+            raise click.ClickException(f"--embedder {name} given twice")
+        if not Path(path).is_dir():
+            raise click.ClickException(f"--embedder {name}={path}: no such bundle folder")
+        out[name] = path
+    return out
+
+
+def _load_embedders(paths: dict[str, str]) -> dict:
+    """The ``Embedder`` of each bundle folder (runtime/embedder.py), by name."""
+    from ..runtime.embedder import Embedder
+
+    return {k: Embedder(v) for k, v in paths.items()}
 
 
 def _print_scores(out_path: str) -> None:
