@@ -1,0 +1,151 @@
+"""The classic metrics in masc-run (``--metrics``, ``--embedder``): each column equals 100 x cosine
+of transformers' embeddings on the reference pipelines; a run without them is byte-identical to
+the run of before; resume and settings checks cover them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from masc_engine.cli.run_cmd import main as run_main
+from masc_engine.runtime.pair_metrics import MetricBatch, get_metric
+from masc_engine.runtime.pair_metrics.classic import cosine100
+from masc_engine.tolerances import CLASSIC_METRIC_ATOL
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIRS = ROOT / "examples" / "dreambooth" / "pairs.csv"
+KEYS = {"clip": "clip-tiny", "dino": "dino-tiny-s16"}
+
+
+def test_cosine100_is_100_times_the_cosine_without_clamp():
+    a, b = np.array([1.0, 0.0], np.float32), np.array([-3.0, 0.0], np.float32)
+    assert cosine100(a, b) == -100.0
+    assert cosine100(np.array([1.0, 1.0]), np.array([2.0, 0.0])) == pytest.approx(100 / np.sqrt(2), rel=1e-12)
+
+
+def test_a_missing_embedding_is_nan_with_a_status():
+    class Item:
+        prompt = "a dog"
+
+    batch = MetricBatch([Item()], [], lambda e: e, 0.5, image_keys=[("r", "o")],
+                        embeddings={"clip": {"r": np.ones(3, np.float32)}})
+    got = get_metric("clip_i").compute(batch)[0]
+    assert np.isnan(got["clip_i"]) and got["status"] == "no_embedding"
+    got = get_metric("clip_t").compute(batch)[0]
+    assert np.isnan(got["clip_t"]) and got["status"] == "no_embedding"
+    batch.embeddings["clip"]["o"] = np.array([1.0, 1.0, -1.0], np.float32)
+    assert get_metric("clip_i").compute(batch)[0] == {"clip_i": pytest.approx(100 / 3, rel=1e-12)}
+
+
+def _invoke(args):
+    res = CliRunner().invoke(run_main, [str(a) for a in args])
+    return res.exit_code, res.output
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, naflex_bundle):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from masc_engine.export.embedders import export_embedder_bundle
+
+    root = tmp_path_factory.mktemp("classic-embedders")
+    return {k: export_embedder_bundle(f"random:{v}", root / k) for k, v in KEYS.items()}
+
+
+def _classic_args(bundles) -> list:
+    return ["--metrics", "cp,pf,clip_i,clip_t,dino", "--embedder", f"clip={bundles['clip']}",
+            "--embedder", f"dino={bundles['dino']}", "--no-progress"]
+
+
+def _reference_scores(rows: list[dict]) -> dict[str, list[float]]:
+    """clip_i, clip_t and dino of each row, from transformers' models (test_embedder_runtime.py's
+    reference models: CLIPModel, ViTModel with DINO's eps) on the reference pipelines' pixels."""
+    import torch
+    from PIL import Image
+    from test_embedder_runtime import _reference_model, _reference_pixels
+    from transformers import AutoTokenizer
+
+    base = PAIRS.parent
+    out: dict[str, list[float]] = {"clip_i": [], "clip_t": [], "dino": []}
+    clip, clip_path = _reference_model(KEYS["clip"])
+    dino, _ = _reference_model(KEYS["dino"])
+    tok = AutoTokenizer.from_pretrained(clip_path)
+    with torch.no_grad():
+        for r in rows:
+            ims = [Image.open(base / r[c]) for c in ("ref_image", "out_image")]
+            pv = torch.from_numpy(_reference_pixels(KEYS["clip"], ims))
+            ci = clip.visual_projection(clip.vision_model(pixel_values=pv).pooler_output).numpy()
+            ids = tok([r["prompt"]], padding="max_length", max_length=77, truncation=True, return_tensors="pt")
+            ct = clip.text_projection(clip.text_model(input_ids=ids["input_ids"]).pooler_output).numpy()
+            dv = dino(pixel_values=torch.from_numpy(_reference_pixels(KEYS["dino"], ims))).last_hidden_state[:, 0]
+            out["clip_i"].append(cosine100(ci[0], ci[1]))
+            out["clip_t"].append(cosine100(ci[1], ct[0]))
+            out["dino"].append(cosine100(dv[0].numpy(), dv[1].numpy()))
+    return out
+
+
+@pytest.mark.slow
+def test_masc_run_writes_the_classic_columns_equal_to_the_reference(bundles, naflex_bundle, tmp_path):
+    import csv
+
+    out = tmp_path / "scores.csv"
+    code, text = _invoke([PAIRS, "--bundle", naflex_bundle, "--out", out, *_classic_args(bundles)])
+    assert code == 0, text
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0])[-6:] == ["clip_i", "clip_i_status", "clip_t", "clip_t_status", "dino", "dino_status"]
+    want = _reference_scores(rows)
+    for col, values in want.items():
+        got = np.array([float(r[col]) for r in rows])
+        assert all(r[f"{col}_status"] == "ok" for r in rows)
+        assert np.abs(got - np.array(values)).max() <= CLASSIC_METRIC_ATOL, col
+    meta = json.loads(Path(f"{out}.meta.json").read_text())
+    assert set(meta["embedders"]) == {"clip", "dino"} and meta["settings"]["metrics"] == ["clip_i", "clip_t", "dino"]
+
+    # The same command resumes: nothing is scored again.
+    code, text = _invoke([PAIRS, "--bundle", naflex_bundle, "--out", out, *_classic_args(bundles)])
+    assert code == 0 and "resumed: 20" in text and "0 images encoded" in text, text
+    # Another --metrics on the same output refuses in one line, naming what changed.
+    code, text = _invoke([PAIRS, "--bundle", naflex_bundle, "--out", out, "--metrics", "cp,pf,clip_i",
+                          "--embedder", f"clip={bundles['clip']}", "--no-progress"])
+    err = [ln for ln in text.splitlines() if ln.startswith("Error:")]
+    assert code == 1 and len(err) == 1 and "--metrics: clip_i,clip_t,dino -> clip_i" in err[0], text
+
+
+@pytest.mark.slow
+def test_a_run_without_metrics_is_byte_identical_to_the_default_run(bundles, naflex_bundle, tmp_path):
+    """A default run and a run naming only the always-computed metrics write the same bytes and the
+    same fingerprint as the code path without --metrics (RunSettings() through run_pairs)."""
+    from masc_engine.jobs.pairs import RunOptions, RunSettings, run_pairs
+    from masc_engine.runtime.scorer import Scorer
+
+    plain = tmp_path / "plain.csv"
+    run_pairs(PAIRS, Scorer(naflex_bundle), plain, RunSettings(), RunOptions(progress=False))
+    for name, extra in (("cli.csv", []), ("named.csv", ["--metrics", "cp,pf"])):
+        out = tmp_path / name
+        code, text = _invoke([PAIRS, "--bundle", naflex_bundle, "--out", out, "--no-progress", *extra])
+        assert code == 0, text
+        assert out.read_bytes() == plain.read_bytes()
+        fp = [json.loads(Path(f"{p}.meta.json").read_text())["fingerprint"] for p in (plain, out)]
+        assert fp[0] == fp[1]
+    assert json.loads(Path(f"{plain}.meta.json").read_text())["fingerprint"] == RunSettings().fingerprint(
+        Scorer(naflex_bundle))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--metrics", "cp,clip_x"], "--metrics: unknown metric(s) clip_x"),
+    (["--metrics", "cp,pf,dino"], "--metrics dino reads the dino embedder: give --embedder dino=BUNDLE"),
+    (["--metrics", "clip_i", "--embedder", "siglip=x"], "--embedder siglip=x: expected NAME=BUNDLE"),
+])
+def test_a_bad_metric_or_embedder_is_refused_in_one_line_before_any_work(args, says, tmp_path):
+    fake_bundle = tmp_path / "bundle"
+    fake_bundle.mkdir()
+    out = tmp_path / "o.csv"
+    code, text = _invoke([PAIRS, "--bundle", fake_bundle, "--out", out, *args])
+    assert code == 1 and text.strip().splitlines() == [f"Error: {text.strip().split('Error: ', 1)[1]}"], text
+    assert says in text and not out.exists()
+    shutil.rmtree(fake_bundle)
