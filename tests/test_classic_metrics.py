@@ -136,6 +136,28 @@ def test_a_run_without_metrics_is_byte_identical_to_the_default_run(bundles, naf
         Scorer(naflex_bundle))
 
 
+@pytest.mark.slow
+def test_each_embedder_preprocesses_the_file_as_opened(bundles, naflex_bundle):
+    """An RGBA PNG: the embedder's pixels are its recipe on the file (alpha composited on white),
+    not on the scorer's RGB image (alpha dropped)."""
+    import io
+
+    from PIL import Image
+
+    from masc_engine.jobs.items import decode_image
+    from masc_engine.runtime.embedder import Embedder
+    from masc_engine.runtime.scorer import Scorer
+
+    rgba = Image.new("RGBA", (40, 30), (200, 10, 10, 0))
+    rgba.paste((10, 200, 10, 255), (0, 0, 20, 30))
+    buf = io.BytesIO()
+    rgba.save(buf, "PNG")
+    emb = Embedder(bundles["clip"])
+    d = decode_image(buf.getvalue(), "x.png", Scorer(naflex_bundle), embedders={"clip": emb})
+    np.testing.assert_array_equal(d.embed_pixels["clip"], emb.preprocess_image(Image.open(io.BytesIO(buf.getvalue()))))
+    assert not np.array_equal(d.embed_pixels["clip"], emb.preprocess_image(rgba.convert("RGB")))
+
+
 @pytest.mark.parametrize("args, says", [
     (["--metrics", "cp,clip_x"], "--metrics: unknown metric(s) clip_x"),
     (["--metrics", "cp,pf,dino"], "--metrics dino reads the dino embedder: give --embedder dino=BUNDLE"),

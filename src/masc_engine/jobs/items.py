@@ -13,8 +13,10 @@ image or mask outlives its own decoding:
 - with a segmenter (jobs/mask_source.py), an image whose pairs come without a mask is segmented
   while it is decoded, for each subject name asked for, and each mask reduced at once onto the
   image's own grid (:attr:`DecodedImage.segmented`);
-- with embedders (the classic metrics, ``masc-run --metrics``), the image is preprocessed by each
-  embedder's recipe while decoded (:attr:`DecodedImage.embed_pixels`), under the same budget.
+- with embedders (the classic metrics, ``masc-run --metrics``), the file is preprocessed by each
+  embedder's recipe while decoded (:attr:`DecodedImage.embed_pixels`), under the same budget: the
+  recipe applies its own EXIF transpose and alpha compositing to the file as opened, as its
+  reference pipeline does, whatever ``--exif`` says for the scorer.
 
 With a :class:`~masc_engine.jobs.loading.ByteBudget`, each file reserves its cost (:func:`reservation`:
 decoding, known from the header, and preprocessing, bounded by the patch budget) before any
@@ -215,12 +217,15 @@ def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply"
     cost += int(embed_cost(opened.size, embedders))
     with _budget(budget, cost):
         im, notes = image_from_opened(opened, name, exif)
+        # Each embedder's recipe reads the file as its reference pipeline does (its own EXIF
+        # transpose and alpha compositing), not the scorer's RGB image.
+        embed_pixels = _embed_pixels(opened, embedders)
         del opened
         grid = patch_grid(im.height, im.width, scorer.image_settings)
         enc = cache.cached(sha) if cache is not None else None
         pre = scorer.preprocess(im) if enc is None else None
         return DecodedImage(sha, im.size, grid, notes, pre, enc, im if keep_image else None,
-                            _segmented(masks, subjects, im, sha, name, grid), _embed_pixels(im, embedders))
+                            _segmented(masks, subjects, im, sha, name, grid), embed_pixels)
 
 
 def _segmented(masks, subjects, im, sha: str, name: str, grid) -> dict:
