@@ -56,6 +56,8 @@ def test_metrics_asked_for_by_name_enter_the_schema_only_in_runs_that_compute_th
     assert classic.embedders_needed() == ("clip", "dino")
     assert classic.result_columns()[-4:] == ("clip_i", "clip_i_status", "dino", "dino_status")
     assert plain.result_columns() == RESULT_COLUMNS
+    assert RunSettings(metrics=("cp", "pf")) == plain and RunSettings(metrics=("pf", "dino", "clip_i")).metrics == (
+        "clip_i", "dino")
     with pytest.raises(ValueError, match="--metrics: unknown metric"):
         RunSettings(metrics=("clip_x",))
 

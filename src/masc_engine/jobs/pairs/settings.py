@@ -41,8 +41,8 @@ class RunSettings:
             before it is read (``file_too_large``); None: 4 bytes a pixel of the pixel budget
             plus 16 MiB (runtime/io.py ``default_max_file_bytes``).
         metrics: metric names asked for by name (``masc-run --metrics``: ``clip_i``, ``dino``, ...,
-            runtime/pair_metrics/classic.py) besides those every run computes; None: none (the
-            default set). Recorded and fingerprinted only when set.
+            runtime/pair_metrics/classic.py) besides those every run computes (named ones of those
+            are dropped); None: none (the default set). Recorded and fingerprinted only when set.
 
     Raises:
         ValueError: ``metrics`` names no registered metric (one line naming ``--metrics``).
@@ -67,7 +67,10 @@ class RunSettings:
             unknown = [n for n in names if n not in known]
             if unknown:
                 raise ValueError(f"--metrics: unknown metric(s) {', '.join(unknown)}; registered: {', '.join(known)}")
-            object.__setattr__(self, "metrics", names)
+            # Metrics every run computes (cp, pf) add nothing: naming only them is the default run.
+            # Kept in registration order (column order): the order given changes nothing.
+            opted = tuple(m.name for m in registered() if m.name in names and m.option is not None)
+            object.__setattr__(self, "metrics", opted or None)
 
     def as_dict(self) -> dict:
         """The fields as a dict, ``save_masks``, ``metrics`` and the budgets only when not their defaults (what
