@@ -11,6 +11,7 @@ import pytest
 
 from masc_engine.runtime import heads
 from masc_engine.runtime import pair_metrics as pm
+from masc_engine.tolerances import FLOAT32_SAME_ARITHMETIC_ATOL
 
 NAN = float("nan")
 
@@ -53,7 +54,7 @@ def _mnn_item():
 
 def test_cp_mnn_counts_only_mutual_matches():
     got = pm.get_metric("cp_mnn").compute(_batch([_mnn_item()]))[0]
-    assert got["cp_mnn"] == pytest.approx(0.5, abs=1e-6) and got["cp_mnn_frac"] == 0.5
+    assert got["cp_mnn"] == pytest.approx(0.5, abs=FLOAT32_SAME_ARITHMETIC_ATOL) and got["cp_mnn_frac"] == 0.5
 
 
 def test_cp_mnn_is_nan_without_reference_foreground():
@@ -92,12 +93,12 @@ def test_cp_global_and_pf_pooling_follow_their_definitions_and_share_the_global_
     cg = pm.get_metric("cp_global").compute(b)[0]
     pf = pm.get_metric("pf_pooling").compute(b)[0]
     assert s.pool_calls == 3  # one global pooling for both metrics, then background and foreground
-    assert cg["cp_global"] == pytest.approx(heads.cosine(ref.tokens.mean(0), out.tokens.mean(0)), abs=1e-6)
+    assert cg["cp_global"] == pytest.approx(heads.cosine(ref.tokens.mean(0), out.tokens.mean(0)), abs=FLOAT32_SAME_ARITHMETIC_ATOL)
     regions = {"full": out.tokens.mean(0), "bg": out.tokens[2], "fg": out.tokens[:2].mean(0)}
     texts = {"stripped": np.array([1.0, 5.0]), "unstripped": np.array([1.0, 9.0])}
     for r, v in regions.items():
         for k, t in texts.items():
-            assert pf[f"pf_{r}_{k}"] == pytest.approx(heads.cosine(v, t), abs=1e-6), (r, k)
+            assert pf[f"pf_{r}_{k}"] == pytest.approx(heads.cosine(v, t), abs=FLOAT32_SAME_ARITHMETIC_ATOL), (r, k)
     assert len({round(x, 6) for x in pf.values()}) == 6
 
 
