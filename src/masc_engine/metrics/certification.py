@@ -153,11 +153,18 @@ def gate_load(report: dict) -> float:
     g = report["gates"]
     if "finite_as_fp32" in g and not g["finite_as_fp32"]["pass"]:
         return float("inf")
-    parts = [g[k]["value"] / g[k]["threshold"] for k in ("max_abs_dcp", "max_abs_dpf") if k in g]
+    parts = [_ratio(g[k]["value"], g[k]["threshold"]) for k in ("max_abs_dcp", "max_abs_dpf") if k in g]
     for k in ("spearman_cp", "spearman_pf"):
         rho = g[k]["value"]
-        parts.append((1.0 - rho) / (1.0 - g[k]["threshold"]) if np.isfinite(rho) else float("inf"))
+        parts.append(_ratio(1.0 - rho, 1.0 - g[k]["threshold"]) if np.isfinite(rho) else float("inf"))
     return float(max(parts))
+
+
+def _ratio(used: float, allowed: float) -> float:
+    """``used / allowed``; an exact gate (``allowed`` 0) is 0 when met exactly, else infinite."""
+    if allowed > 0:
+        return used / allowed
+    return 0.0 if used <= 0 else float("inf")
 
 
 def gate_thresholds(report: dict) -> dict[str, Any]:
