@@ -203,3 +203,14 @@ class ArrayCPRunner:
     def run(self, feeds: dict) -> dict:
         to_host = getattr(self.xp, "asnumpy", np.asarray)
         return {k: to_host(v) for k, v in self.run_device(feeds).items()}
+
+
+def with_baselines(scorer, items, **kw):
+    """``scorer.score_encoded(items)`` with the ``--baselines`` metrics' values in each extras."""
+    from masc_engine.runtime import pair_metrics as pm
+
+    res = scorer.score_encoded(items, **kw)
+    batch = pm.MetricBatch(items, res, pm.HostTokens(scorer.host_encoding), scorer.fg_threshold, scorer=scorer)
+    for r, vals in zip(res, pm.compute_all(pm.metrics_for({"baselines"}), batch)):
+        r.extras.update(vals)
+    return res

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import EXAMPLES, load_pair, read_rows
+from conftest import EXAMPLES, load_pair, read_rows, with_baselines
 from masc_engine.jobs.pairs import RunOptions, BASELINE_COLUMNS, RunSettings, run_pairs
 from masc_engine.jobs.results import read_output
 from masc_engine.runtime import heads
@@ -79,14 +79,3 @@ def test_maps_written_for_real_pairs(naflex_bundle, tmp_path):
     fg = np.array(Image.open(EXAMPLES / r["out_mask"]).convert("L")) > 250
     ratio = pf[fg].mean() / max(out_im[fg].mean(), 1)
     assert ratio == pytest.approx(0.45, abs=0.08)  # darkened, not painted, on the core of the foreground
-
-
-def with_baselines(scorer, items, **kw):
-    """``scorer.score_encoded(items)`` with the ``--baselines`` metrics' values in each extras."""
-    from masc_engine.runtime import pair_metrics as pm
-
-    res = scorer.score_encoded(items, **kw)
-    batch = pm.MetricBatch(items, res, pm.HostTokens(scorer.host_encoding), scorer.fg_threshold, scorer=scorer)
-    for r, vals in zip(res, pm.compute_all(pm.metrics_for({"baselines"}), batch)):
-        r.extras.update(vals)
-    return res

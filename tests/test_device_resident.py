@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, load_pair, read_rows
+from conftest import EXAMPLES, load_pair, read_rows, with_baselines
 from masc_engine.engine.bundle import Bundle
 from masc_engine.engine.device import ArrayDevice, HostDevice, device_for
 from masc_engine.errors import BackendUnavailableError
@@ -325,14 +325,3 @@ def test_overlapped_keeps_order_and_raises():
 
     with pytest.raises(ValueError, match="image 2"):
         overlapped(range(4), bad, lambda x: x)
-
-
-def with_baselines(scorer, items, **kw):
-    """``scorer.score_encoded(items)`` with the ``--baselines`` metrics' values in each extras."""
-    from masc_engine.runtime import pair_metrics as pm
-
-    res = scorer.score_encoded(items, **kw)
-    batch = pm.MetricBatch(items, res, pm.HostTokens(scorer.host_encoding), scorer.fg_threshold, scorer=scorer)
-    for r, vals in zip(res, pm.compute_all(pm.metrics_for({"baselines"}), batch)):
-        r.extras.update(vals)
-    return res

@@ -66,6 +66,31 @@ def offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
+def names_model_of_kind(model: str, revision: str | None, presets, short_names, model_types) -> bool:
+    """Whether ``model`` (a ``--model`` value) names a checkpoint of one bundle kind: a ``random:``
+    preset in ``presets``, a name in ``short_names`` (the scorer's short names are not), else a
+    local folder or Hub id whose ``config.json`` has a ``model_type`` in ``model_types`` (a folder
+    without one is not: it is refused where the checkpoint is read, with its own message).
+
+    Raises:
+        CheckpointError: a Hub id whose config cannot be fetched; an unreadable local config.json.
+    """
+    from .checkpoint import SHORT_NAMES as SCORER_SHORT_NAMES
+
+    if is_random_model_id(model):
+        return model.split(":", 1)[1] in presets
+    if model in short_names:
+        return True
+    if model in SCORER_SHORT_NAMES:
+        return False
+    path = Path(model)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            return False
+        return read_config_json(path / "config.json", model).get("model_type") in model_types
+    return hub_config(model, revision).get("model_type") in model_types
+
+
 def hub_config(repo_id: str, revision: str | None = None) -> dict:
     """``config.json`` of the Hub checkpoint ``repo_id``: one request without retries (the cache
     only when :func:`offline`).

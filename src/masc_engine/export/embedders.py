@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ..engine.manifest import write_manifest
 from .checkpoint import OFFLINE_HINT, CheckpointError, checkpoint_source, pin_revision
-from .random_models import EMBEDDER_PRESETS, is_random_model_id
+from .random_models import EMBEDDER_PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -105,21 +105,9 @@ def is_embedder_model(model: str, revision: str | None = None) -> bool:
     Raises:
         CheckpointError: a Hub id whose config cannot be fetched; an unreadable local config.json.
     """
-    from .checkpoint import SHORT_NAMES as SCORER_SHORT_NAMES
-    from .config_budget import hub_config, read_config_json
+    from .config_budget import names_model_of_kind
 
-    if is_random_model_id(model):
-        return model.split(":", 1)[1] in EMBEDDER_PRESETS
-    if model in SHORT_NAMES:
-        return True
-    if model in SCORER_SHORT_NAMES:
-        return False
-    path = Path(model)
-    if path.is_dir():
-        if not (path / "config.json").exists():
-            return False
-        return read_config_json(path / "config.json", model).get("model_type") in EMBEDDER_MODEL_TYPES
-    return hub_config(model, revision).get("model_type") in EMBEDDER_MODEL_TYPES
+    return names_model_of_kind(model, revision, EMBEDDER_PRESETS, SHORT_NAMES, EMBEDDER_MODEL_TYPES)
 
 
 def load_embedder(model: str, revision: str | None = None):

@@ -42,7 +42,7 @@ from ..runtime.segmenter import KIND, MaskRecipe
 from .exporter import _PIL_NAMES, CheckpointError, _save_tokenizer, _versions, text_settings_from_processor
 from .checkpoint import OFFLINE_HINT, checkpoint_source, pin_revision
 from .onnx_check import check_graphs
-from .random_models import SEGMENTER_PRESETS, is_random_model_id
+from .random_models import SEGMENTER_PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -72,21 +72,9 @@ def is_segmenter_model(model: str, revision: str | None = None) -> bool:
             ``--model /local/folder``); a local folder whose config.json is unreadable, over 4 MiB,
             not JSON or not a JSON object (export/config_budget.py :func:`~.config_budget.read_config_json`).
     """
-    from .checkpoint import SHORT_NAMES as SCORER_SHORT_NAMES
-    from .config_budget import hub_config, read_config_json
+    from .config_budget import names_model_of_kind
 
-    if is_random_model_id(model):
-        return model.split(":", 1)[1] in SEGMENTER_PRESETS
-    if model in SHORT_NAMES:
-        return True
-    if model in SCORER_SHORT_NAMES:
-        return False
-    path = Path(model)
-    if path.is_dir():
-        if not (path / "config.json").exists():
-            return False  # refused where the checkpoint is read, with its own message
-        return read_config_json(path / "config.json", model).get("model_type") in SEGMENTER_MODEL_TYPES
-    return hub_config(model, revision).get("model_type") in SEGMENTER_MODEL_TYPES
+    return names_model_of_kind(model, revision, SEGMENTER_PRESETS, SHORT_NAMES, SEGMENTER_MODEL_TYPES)
 
 
 def load_segmenter(model: str, revision: str | None = None):

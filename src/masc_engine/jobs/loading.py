@@ -7,16 +7,13 @@ batch's images coming while the inference engine works on the previous one.
 
 from __future__ import annotations
 
-import ctypes
-import platform
-import sys
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TypeVar
 
-from ..engine.memory import release_heap
+from ..engine.memory import glibc, release_heap
 from ..errors import InputError
 
 T = TypeVar("T")
@@ -92,22 +89,6 @@ class ByteBudget:
                 release_free_memory()
 
 
-_LIBC = None
-
-
-def _libc():
-    """glibc, or None off Linux/glibc."""
-    global _LIBC
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        return None
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL("libc.so.6")
-        except OSError:
-            return None
-    return _LIBC
-
-
 #: glibc ``mallopt`` parameter (malloc.h).
 _M_MMAP_THRESHOLD = -3
 
@@ -125,7 +106,7 @@ def return_large_blocks(threshold: int = 4 * 2**20) -> bool:
     Returns:
         whether the setting took effect.
     """
-    libc = _libc()
+    libc = glibc()
     if libc is None:
         return False
     try:
