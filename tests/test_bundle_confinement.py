@@ -264,6 +264,10 @@ BAD_NUMBERS = [
     ("text.max_length", 0, "integer from 1 to 4096"),
     ("text.pad_token_id", -1, "integer from 0 to 2147483647"),
     ("graphs.vision.inputs.0.shape.1", 10**9, "integer from 1 to 1048576"),
+    # Names outside the known sets: a KeyError at the first image (resample) or in the TensorRT
+    # memory plan (dtype) otherwise.
+    ("image.resample", "sinc", "one of 'nearest', 'bilinear'"),
+    ("graphs.vision.inputs.0.dtype", "float128", "one of 'float32', 'float16'"),
 ]
 
 
@@ -272,7 +276,8 @@ def test_manifest_numbers_are_range_checked_at_load(bundle, tmp_path, field, val
     """Refused by ``Bundle`` before any row (not a MemoryError or ZeroDivisionError at the first
     image); masc-run on rows whose images are missing (nothing to preprocess) still refuses."""
     _edit(bundle, lambda m: _set(m, field, value))
-    shown = field if not field.startswith("graphs.") else "graphs.vision.pixel_values.shape"
+    shown = field if not field.startswith("graphs.") else \
+        "graphs.vision.pixel_values." + ("dtype" if field.endswith("dtype") else "shape")
     with pytest.raises(BundleError, match=rf"manifest {shown} is .*{expect}"):
         Bundle(bundle, verify=False)
     pairs = tmp_path / "pairs.csv"

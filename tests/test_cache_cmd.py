@@ -79,6 +79,11 @@ def test_human_bytes():
         "0 B", "1023 B", "1.0 KiB", "3.4 GiB", "5.0 TiB"]
 
 
+def test_human_bytes_never_prints_1024_of_a_unit():
+    # Just under a unit boundary, the value rounds up to the next unit instead of "1024.0 KiB".
+    assert [human_bytes(n) for n in (2**20 - 1, 2**20 - 52, 2**30 - 1)] == ["1.0 MiB", "1023.9 KiB", "1.0 GiB"]
+
+
 def test_clean_removes_only_the_asked_subfolder(root):
     res = _run("clean", "--tensorrt")
     assert res.exit_code == 0, res.output

@@ -175,6 +175,7 @@ def human_bytes(n: int) -> str:
     value = float(n)
     for unit in ("KiB", "MiB", "GiB", "TiB"):
         value /= 1024
-        if value < 1024 or unit == "TiB":
+        # Compare the value as printed: 1048575 B is 1023.999 KiB, which prints as "1024.0 KiB".
+        if round(value, 1) < 1024 or unit == "TiB":
             break
     return f"{value:.1f} {unit}"

@@ -345,8 +345,17 @@ def _shown(value) -> str:
     return r if len(r) <= 60 else r[:57] + "..."
 
 
+#: Pillow filter names a manifest's ``image.resample`` may name (runtime/preprocess.py maps them to
+#: Pillow's constants; the names are those masc-export writes from a processor's ``resample``).
+RESAMPLE_NAMES = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
+#: Element types a declared graph tensor may have (numpy names, as export/graphs.py writes them;
+#: the TensorRT memory plan sizes buffers from them).
+TENSOR_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool", "uint8", "int8")
+
+
 def _check_image(image: dict, where) -> None:
     _choice(where, "image.mode", image.get("mode"), ("naflex", "fixed"))
+    _choice(where, "image.resample", image.get("resample"), RESAMPLE_NAMES)
     _int_in(where, "image.patch_size", image.get("patch_size"), 1, MAX_PATCH_SIZE)
     _int_in(where, "image.max_num_patches", image.get("max_num_patches"), 1, MAX_NUM_PATCHES)
     _int_in(where, "image.position_grid", image.get("position_grid"), 1, MAX_POSITION_GRID, required=False)
@@ -380,6 +389,8 @@ def _check_shapes(graphs: dict, where) -> None:
         for t in (entry.get("inputs") or []) + (entry.get("outputs") or []):
             field = f"graphs.{g}.{t.get('name') if isinstance(t, dict) else '?'}.shape"
             shape = t.get("shape") if isinstance(t, dict) else None
+            if isinstance(t, dict):
+                _choice(where, field[: -len(".shape")] + ".dtype", t.get("dtype"), TENSOR_DTYPES)
             if not isinstance(shape, list) or len(shape) > MAX_RANK:
                 raise BundleError(f"bundle {where}: manifest {field} is {_shown(shape)}; it must be a list of at "
                                   f"most {MAX_RANK} axes (re-export the bundle with masc-export)")
@@ -395,11 +406,13 @@ def check_ranges(manifest: dict, where: str) -> None:
 
     Checked (when the section is present): ``image`` (mode; ``patch_size`` 1 to
     :data:`MAX_PATCH_SIZE`; ``max_num_patches`` 1 to :data:`MAX_NUM_PATCHES`; ``position_grid``;
-    ``image_size`` sides 1 to :data:`MAX_IMAGE_SIDE`; ``rescale_factor`` > 0; 3 finite
+    ``image_size`` sides 1 to :data:`MAX_IMAGE_SIDE`; ``resample`` one of :data:`RESAMPLE_NAMES`;
+    ``rescale_factor`` > 0; 3 finite
     ``image_mean`` and positive ``image_std`` values), ``text`` (``max_length`` 1 to
     :data:`MAX_TEXT_LENGTH`, ``pad_token_id``, padding and truncation sides), ``architecture``
     widths (1 to :data:`MAX_WIDTH`), ``scoring.fg_threshold`` and ``recipe.threshold`` (0 to 1),
-    and every fixed dimension of a declared graph tensor (1 to :data:`MAX_DIM`).
+    and every declared graph tensor (its ``dtype`` one of :data:`TENSOR_DTYPES`, each fixed dimension
+    1 to :data:`MAX_DIM`).
 
     Raises:
         BundleError: naming the bundle, the field, its value and the accepted range.

@@ -22,15 +22,10 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image
 
-# PIL filter names as stored in the manifest -> Pillow constants.
-_PIL_FILTERS = {
-    "nearest": Image.Resampling.NEAREST,
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-    "box": Image.Resampling.BOX,
-    "hamming": Image.Resampling.HAMMING,
-}
+from ..engine.manifest import RESAMPLE_NAMES
+
+# PIL filter names as stored in the manifest (the names engine/manifest.py accepts) -> Pillow constants.
+_PIL_FILTERS = {name: Image.Resampling[name.upper()] for name in RESAMPLE_NAMES}
 
 
 @dataclass(frozen=True)
