@@ -77,11 +77,31 @@ def test_legal_plans_pass_and_the_kind_rules_wait_for_the_kind():
 
 
 def test_engines_only_reads_the_kind_of_the_bundle_at_out(tmp_path):
-    (tmp_path / "manifest.json").write_text('{"kind": "segmenter"}')
+    from masc_engine.engine.manifest import FORMAT, FORMAT_VERSION
+
+    (tmp_path / "manifest.json").write_text(
+        f'{{"format": "{FORMAT}", "format_version": {FORMAT_VERSION}, "kind": "segmenter"}}')
     plan = ExportPlan("ignored", backend="tensorrt", engines_only=True)
     with pytest.raises(ExportPlanError, match="a segmenter bundle"):
         resolve_kind(plan, tmp_path)
     assert resolve_kind(plan, tmp_path / "absent").kind == "scorer"
+
+
+def test_engines_only_reads_the_manifest_under_its_cap(tmp_path, monkeypatch):
+    """A sparse 64 GiB manifest.json costs a stat, not a read into memory; the bundle's load then
+    refuses it in one line."""
+    import builtins
+
+    from masc_engine.engine.manifest import MAX_MANIFEST_BYTES
+
+    with open(tmp_path / "manifest.json", "wb") as f:
+        f.truncate(64 << 30)
+    opened = []
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: opened.append(str(p)) or real_open(p, *a, **k))
+    plan = ExportPlan("ignored", backend="tensorrt", engines_only=True)
+    assert resolve_kind(plan, tmp_path).kind == "scorer"
+    assert not any(p.endswith("manifest.json") for p in opened), f"read past the {MAX_MANIFEST_BYTES}-byte cap"
 
 
 @pytest.mark.parametrize("args, message", [

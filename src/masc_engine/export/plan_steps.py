@@ -27,12 +27,12 @@ def resolve_kind(plan: ExportPlan, out_dir: str | Path) -> ExportPlan:
     if plan.kind is not None:
         return plan
     if plan.engines_only:
-        import json
+        from ..engine.manifest import BundleError, read_manifest
 
-        try:
-            kind = json.loads((Path(out_dir) / "manifest.json").read_text()).get("kind")
-        except (OSError, ValueError, AttributeError):
-            kind = None
+        try:  # read_manifest caps the read: a huge or sparse manifest.json costs one stat
+            kind = read_manifest(out_dir).get("kind")
+        except BundleError:
+            kind = None  # the bundle's load refuses it in one line, after the plan
         kind = kind if kind in ("segmenter", "embedder") else "scorer"
     else:
         from .embedders import is_embedder_model
