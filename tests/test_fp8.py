@@ -178,6 +178,7 @@ def test_fp8_is_refused_with_figures_where_the_gates_fail(naflex_bundle, tmp_pat
         fp8.certify_fp8(naflex_bundle, tmp_path / "out", calibration=cal, heldout=held, max_keep=0)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("fp8 refused: no plan with at most 0 of 3 units in fp32 passes the gates")
+    assert "(whole graph in fp8: " in msg and "bf16" not in msg
     dcp = float(re.search(r"max \|dCP\| ([0-9.e+-]+)", msg).group(1))
     assert dcp > FIDELITY_MAX_ABS_DELTA
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.fp8-stage").exists()
@@ -194,6 +195,8 @@ def test_a_certified_fp8_bundle_is_written_and_scores(naflex_bundle, tmp_path, s
         rec = fp8.certify_fp8(naflex_bundle, tmp_path / "out", calibration=cal, heldout=held, max_keep=3)
     b = Bundle(tmp_path / "out", verify="all")
     assert b.precision == "fp8" and b.manifest["precision"] == rec
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("fp8 whole graph, calibration: ") for m in lines) and not any("bf16" in m for m in lines)
     assert rec["gates"]["heldout"]["pass"] and rec["gates"]["heldout"]["pairs"] == 36
     assert rec["quantized_matmuls"] == sum(s["unit"] not in rec["keep_fp32"] for s in fp8.linear_sites(
         onnx.load(str(naflex_bundle / "vision.onnx"))))

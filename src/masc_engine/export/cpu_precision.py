@@ -388,8 +388,13 @@ def sensitivity_order(sensitivity: dict[str, float], names: Sequence[str]) -> li
     return sorted(names, key=lambda u: (sensitivity[u], names.index(u)))
 
 
-def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, max_keep: int | None = None) -> dict:
+def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, max_keep: int | None = None,
+                     mode: str = "bf16-cpu") -> dict:
     """The accuracy-aware search (module docstring, step 4).
+
+    Args:
+        mode: the reduced precision searched (``"bf16-cpu"`` or ``"fp8"``), named in the log
+            lines and the refusal.
 
     Returns:
         ``{"keep_fp32", "calibration", "heldout"`` (figures of the chosen plan), ``"whole_graph"``,
@@ -404,7 +409,8 @@ def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, ma
     out = {"trajectory": [], "sensitivity": {}, "order": []}
     cal = ev.figures((), calibration)
     out["whole_graph"] = _summary(cal)
-    logger.info(f"bf16 whole graph, calibration: {_fmt(cal)}")
+    low = mode.removesuffix("-cpu")
+    logger.info(f"{low} whole graph, calibration: {_fmt(cal)}")
     order: list[str] = []
     k = 0
     while True:
@@ -420,8 +426,8 @@ def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, ma
         k += 1
         if k > max_keep:
             raise CertificationError(
-                f"bf16-cpu refused: no plan with at most {max_keep} of {len(names)} units in fp32 passes the gates "
-                f"(whole graph in bf16: {_fmt_summary(out['whole_graph'])}; with {k - 1} units in fp32: "
+                f"{mode} refused: no plan with at most {max_keep} of {len(names)} units in fp32 passes the gates "
+                f"(whole graph in {low}: {_fmt_summary(out['whole_graph'])}; with {k - 1} units in fp32: "
                 f"calibration {_fmt_summary(step['calibration'])}"
                 + (f", held-out {_fmt_summary(step['heldout'])}" if "heldout" in step else "")
                 + "). Use fp32 (the default).", out)

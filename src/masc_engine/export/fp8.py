@@ -279,11 +279,7 @@ def certify_fp8(bundle_dir: str | Path, out_dir: str | Path, *, calibration: str
     shutil.copytree(src.path, stage)
     try:
         ev = Fp8Evaluator(src.path, amax, stage, threads)
-        try:
-            found = search_keep_list(ev, cal, held, max_keep)
-        except CertificationError as e:
-            raise CertificationError(str(e).replace("bf16-cpu refused", "fp8 refused").replace("in bf16", "in fp8"),
-                                     getattr(e, "report", {})) from e
+        found = search_keep_list(ev, cal, held, max_keep, mode="fp8")
         record = _write_fp8_bundle(stage, src.manifest, ev, found, amax)
         record.update(pairs={"calibration": {**cal_info, "pairs": len(cal)}, "heldout": {**held_info, "pairs": len(held)}},
                       seconds=round(time.time() - t0, 1), configurations_scored=ev.configurations)
