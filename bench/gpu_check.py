@@ -112,7 +112,7 @@ def _try_import(name):
 
 class ArrayCPRunner:
     """runtime/heads.py ``cp_forward`` (the cp graph's arithmetic) as a runner of the ``cp`` graph
-    over an array module, for ``GraphCP`` (tests/conftest.py has the same adapter)."""
+    over an array module, for ``GraphCP`` (tests/doubles/runners.py has the same adapter)."""
 
     name = "cp"
     input_names = ["ref_tokens", "ref_keep", "out_tokens", "out_valid"]

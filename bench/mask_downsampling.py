@@ -31,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     from PIL import Image
-    from conftest import EXAMPLES, SHARED
+    from support import EXAMPLES, SHARED
     from test_masks import GRIDS
     from test_masks import _reference as ref  # the reference's downsample, in torch
 

@@ -37,7 +37,7 @@ def main() -> None:
     import transformers
 
     import masc_engine
-    from conftest import EXAMPLES, SHARED, blob_mask, load_pair, read_rows
+    from support import EXAMPLES, SHARED, blob_mask, load_pair, read_rows
     from masc import MaSC as Oracle
     from test_preprocess import GRID_CASES
 

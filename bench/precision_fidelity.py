@@ -155,7 +155,7 @@ def time_vision(bundles: dict, images, budget: int, reps: int) -> dict:
 
 
 def grid_pairs(n_per_grid: int = 2):
-    from conftest import blob_mask
+    from support import blob_mask
     from test_preprocess import GRID_CASES
 
     from masc_engine.export.validate import synthetic_image
@@ -192,7 +192,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from conftest import SHARED, load_pair, read_rows
+    from support import SHARED, load_pair, read_rows
     from masc_engine.export.exporter import export_bundle
     from masc_engine.runtime.scorer import Pair
 

@@ -5,7 +5,7 @@ The list is read from the parser's source, not its documentation: every
 ``DEFINE_BUILTIN_OP_IMPORTER(Name)`` of ``onnxOpImporters.cpp`` at a git ref of a local clone of
 github.com/onnx/onnx-tensorrt, less the parser's own ``TRT_*`` ops and its helper importers
 (``FallbackPluginImporter``, ``LocalFunctionImporter``). The result
-(tests/data/onnx_tensorrt_ops.json: ref, commit, ops) is what tests/fake_tensorrt.py's parser
+(tests/data/onnx_tensorrt_ops.json: ref, commit, ops) is what tests/doubles/fake_tensorrt.py's parser
 accepts.
 
 Usage (repo root)::

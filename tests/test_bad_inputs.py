@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from masc_engine.jobs.pairs import RunOptions, RunSettings, run_pairs
 from masc_engine.jobs.results import read_output
 from masc_engine.runtime.io import load_image, load_mask, mask_coverage

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import EXAMPLES, load_pair, read_rows, with_baselines
+from support import EXAMPLES, load_pair, read_rows, with_baselines
 from masc_engine.jobs.pairs import RunOptions, BASELINE_COLUMNS, RunSettings, run_pairs
 from masc_engine.jobs.results import read_output
 from masc_engine.runtime import heads

@@ -81,7 +81,7 @@ def test_validator_fails_hard_on_a_wrong_graph(naflex_bundle):
     pytest.importorskip("torch")
     from transformers import AutoModel
 
-    from conftest import checkpoint_dir
+    from support import checkpoint_dir
     from masc_engine.export.validate import validate_pool
 
     model = AutoModel.from_pretrained(checkpoint_dir(naflex_bundle)).eval()

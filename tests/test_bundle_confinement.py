@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, REPO
+from support import EXAMPLES, REPO
 from masc_engine.engine.bundle import Bundle
 from masc_engine.errors import BundleError
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from masc_engine.cli.eval_cmd import main as eval_main
 from masc_engine.cli.export_cmd import main as export_main
 from masc_engine.cli.rank_cmd import main as rank_main

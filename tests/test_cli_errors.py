@@ -8,7 +8,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from masc_engine import extras
 from masc_engine.cli.eval_cmd import main as eval_main
 from masc_engine.cli.report_cmd import main as report_main

@@ -12,23 +12,16 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, ArrayCPRunner, blob_mask, grid_image
+from support import REPO, blob_mask, grid_image
+
+from doubles.runners import ArrayCPRunner
 from masc_engine.engine.bundle import Bundle
 from masc_engine.runtime.cp_device import CPItem, GraphCP
 from masc_engine.errors import ExportValidationError
 from masc_engine.runtime.heads import best_match_cosines, masked_maxcos
 from masc_engine.runtime.masks import cp_keep, mask_to_patch_grid
+from doubles.runners import CountingRunner
 from masc_engine.tolerances import CP_BEST_ATOL, CP_HEAD_ATOL, SELF_CP_ATOL
-
-
-class CountingRunner:
-    def __init__(self, runner):
-        self.runner, self.calls, self.shapes = runner, 0, []
-
-    def run(self, feeds):
-        self.calls += 1
-        self.shapes.append(feeds["out_tokens"].shape)
-        return self.runner.run(feeds)
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +91,11 @@ def test_real_tokens_one_reference_many_outputs(naflex_bundle, cp_runner):
         for o in range(len(encs)):
             items.append(CPItem(encs[r].tokens, w, encs[o].tokens))
     expected = [masked_maxcos(it.ref_tokens, it.out_tokens, it.ref_weights) for it in items]
-    one_call = CountingRunner(cp_runner)
+    one_call = CountingRunner(cp_runner, shape_of="out_tokens")
     _assert_same(GraphCP(one_call).score_items(items), expected)
     assert one_call.calls == 1 and one_call.shapes[0][:2] == (3, 6)  # 3 references x 6 outputs
     assert sum(np.isnan(cp) for cp, _ in GraphCP(cp_runner).score_items(items)) == 6
-    small = CountingRunner(cp_runner)
+    small = CountingRunner(cp_runner, shape_of="out_tokens")
     _assert_same(GraphCP(small, max_outs_per_ref=4, max_refs_per_call=2, max_sims=4 * 400 * 400).score_items(items),
                  expected)
     assert small.calls > 2
@@ -170,7 +163,7 @@ def test_array_module_cp_head_equals_numpy_head():
 
 
 def test_scorer_graph_cp_head_equals_numpy_head(naflex_bundle):
-    from conftest import EXAMPLES, load_pair, read_rows
+    from support import EXAMPLES, load_pair, read_rows
     from masc_engine.runtime.scorer import Pair, Scorer
     from masc_engine.tolerances import CP_HEAD_ATOL
 

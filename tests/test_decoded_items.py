@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from masc_engine.jobs import loading
 from masc_engine.jobs.items import DecodedImage, DecodedMask, PairError
 from masc_engine.jobs.loading import ByteBudget

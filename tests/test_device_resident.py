@@ -13,81 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, load_pair, read_rows, with_baselines
+from support import EXAMPLES, load_pair, read_rows, with_baselines
+from doubles.device import StrictFakeDevice
 from masc_engine.engine.bundle import Bundle
-from masc_engine.engine.device import ArrayDevice, HostDevice, device_for
+from masc_engine.engine.device import HostDevice, device_for
 from masc_engine.errors import BackendUnavailableError
 from masc_engine.runtime.scorer import Pair, Scorer
 from masc_engine.tolerances import CP_HEAD_ATOL
-
-
-class DeviceArray:
-    """An array in fake device memory: numpy underneath, but no implicit way to the host
-    (``np.asarray`` raises, as for CuPy arrays), and no host array assigned into it implicitly."""
-
-    def __init__(self, a: np.ndarray):
-        self._a = a
-
-    shape = property(lambda self: self._a.shape)
-    dtype = property(lambda self: self._a.dtype)
-    ndim = property(lambda self: self._a.ndim)
-    size = property(lambda self: self._a.size)
-
-    def __getitem__(self, key):
-        return DeviceArray(self._a[key])
-
-    def __setitem__(self, key, value):
-        if isinstance(value, np.ndarray):
-            raise TypeError("host array assigned into device memory without from_host")
-        self._a[key] = value._a if isinstance(value, DeviceArray) else value
-
-    def __array__(self, *args, **kwargs):
-        raise TypeError("Implicit conversion to a NumPy array is not allowed (as in CuPy)")
-
-    def __iter__(self):
-        raise TypeError("iterating a device array element by element")
-
-    def __float__(self):
-        raise TypeError("implicit device-to-host scalar conversion")
-
-
-class StrictFakeDevice(ArrayDevice):
-    """A token device with CuPy's conversion rules on host memory; logs each copy to the host."""
-
-    name = "fake-device"
-    ort_device_type = "cpu"
-
-    def __init__(self):
-        self.to_host_log: list[tuple] = []
-        self.from_host_log: list[tuple] = []
-
-    def is_device_array(self, x) -> bool:
-        return isinstance(x, DeviceArray)
-
-    def zeros(self, shape, dtype=np.float32):
-        return DeviceArray(np.zeros(shape, dtype))
-
-    def empty(self, shape, dtype=np.float32):
-        return DeviceArray(np.empty(shape, dtype))
-
-    def from_host(self, x):
-        self.from_host_log.append(tuple(np.shape(x)))
-        return DeviceArray(np.array(x))
-
-    def to_host(self, x):
-        assert isinstance(x, DeviceArray), type(x)
-        self.to_host_log.append(tuple(x.shape))
-        return x._a.copy()
-
-    def ptr(self, x) -> int:
-        assert x._a.flags.c_contiguous
-        return int(x._a.ctypes.data)
-
-    def contiguous(self, x):
-        return x if x._a.flags.c_contiguous else DeviceArray(np.ascontiguousarray(x._a))
-
-    def copy(self, x):
-        return DeviceArray(np.array(x._a, order="C"))
 
 
 def example_pairs(n: int | None = None) -> list[Pair]:
@@ -197,7 +129,7 @@ def test_device_encodings_own_their_memory(naflex_bundle):
     pairs = example_pairs(4)
     encs = s.encode_images([p.out_image for p in pairs])
     for e in encs:
-        a = e.tokens._a
+        a = e.tokens.a
         assert a.base is None and a.flags.owndata and a.shape == (e.grid[0] * e.grid[1], a.shape[1])
 
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 from masc_engine.tolerances import (EXPORT_BUG_MIN_ABS_ERROR, EXPORT_VALIDATION_ATOL, EXPORT_VALIDATION_BUDGETS,
                                     export_validation_atol)
 

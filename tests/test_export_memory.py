@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 from masc_engine.export import stages
 from masc_engine.export.exporter import remove_stale_stages, uniform_file_modes
 from masc_engine.tolerances import FLOAT32_SAME_ARITHMETIC_ATOL

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import checkpoint_dir
+from support import checkpoint_dir
 from masc_engine.engine.backends.onnxruntime import OrtRunner
 from masc_engine.errors import ExportValidationError
 from masc_engine.export import validate as val

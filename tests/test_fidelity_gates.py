@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import REPO
+from support import REPO
 from masc_engine import tolerances as tol
 
 

@@ -16,7 +16,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-import fake_tensorrt
+from doubles import fake_tensorrt
 from masc_engine.engine.bundle import Bundle
 from masc_engine.export import fp8
 from masc_engine.export.cpu_precision import CertificationError, cross_pairs, synthetic_images

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, blob_mask, grid_image
+from support import EXAMPLES, blob_mask, grid_image
 from masc_engine.engine.bundle import Bundle
 from masc_engine.engine.manifest import read_manifest, sha256_file, write_manifest
 from masc_engine.errors import BackendUnavailableError, BundleError
@@ -104,7 +104,7 @@ def test_fusion_keeps_biases_and_layernorm_weights(naflex_bundle, tmp_path):
     torch = pytest.importorskip("torch")
     from transformers import AutoModel, AutoProcessor
 
-    from conftest import checkpoint_dir
+    from support import checkpoint_dir
     from masc_engine.export import fusion, graphs
 
     ckpt = checkpoint_dir(naflex_bundle)
@@ -227,7 +227,7 @@ def test_shared_weights_score_like_a_copy_per_graph(naflex_bundle, tmp_path):
     """The bundle stores each weight once (the fused graphs read the portable graphs' weight files,
     their packed QKV a Concat of the portable Q, K and V), and scores the shipped pairs exactly as a
     bundle with a full copy per graph, which still loads (bundles written before the change)."""
-    from conftest import load_pair, read_rows
+    from support import load_pair, read_rows
     from masc_engine import Scorer
 
     old = _one_copy_per_graph(naflex_bundle, tmp_path / "old")

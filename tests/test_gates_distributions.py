@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 from masc_engine import tolerances as tol
 
 RESULTS = REPO / "bench" / "results" / "tolerance_distributions.json"

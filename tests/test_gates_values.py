@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 from masc_engine import tolerances as tol
 
 #: (constant, its value, where the docs state it, the measurement recorded against it)

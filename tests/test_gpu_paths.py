@@ -15,7 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, ArrayCPRunner
+from support import REPO
+
+from doubles.runners import ArrayCPRunner
 from masc_engine.runtime.cp_device import CPItem, GraphCP
 from masc_engine.runtime.heads import masked_maxcos
 from masc_engine.tolerances import CP_HEAD_ATOL, FIDELITY_MAX_ABS_DELTA

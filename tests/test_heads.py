@@ -1,7 +1,7 @@
 """runtime/heads.py: one CP for any array module, its constants from the reference.
 
 CuPy cannot run here (no GPU), so the array-module path runs on a strict stand-in for it
-(:class:`DeviceArray`, :data:`fake_xp`): like a CuPy array, a device array refuses implicit
+(tests/doubles/device.py :class:`DeviceArray`, :data:`fake_xp`): like a CuPy array, a device array refuses implicit
 conversion to numpy (``np.asarray`` raises ``TypeError``), so a numpy call slipped into the heads
 fails here as it would on the GPU. The device path must give numpy's bits (same operations, the
 cosine product on one BLAS thread on both sides).
@@ -10,91 +10,14 @@ cosine product on one BLAS thread on both sides).
 from __future__ import annotations
 
 import inspect
-import operator
-import types
 
 import numpy as np
 import pytest
 
+from doubles.device import DeviceArray, fake_xp
 from masc_engine.runtime import heads
 from masc_engine.runtime.blas import single_thread_blas
 from masc_engine.runtime.masks import cp_keep
-
-
-def _unwrap(x):
-    if isinstance(x, DeviceArray):
-        return x.a
-    if isinstance(x, (tuple, list)):
-        return type(x)(_unwrap(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _unwrap(v) for k, v in x.items()}
-    return x
-
-
-def _wrap(x):
-    # CuPy returns 0-d device arrays where numpy returns scalars.
-    return DeviceArray(x) if isinstance(x, (np.ndarray, np.generic)) else x
-
-
-class DeviceArray:
-    """A device array: numpy inside, but no implicit conversion out (as ``cupy.ndarray``)."""
-
-    __array_priority__ = 1000  # numpy scalars defer to our operators
-
-    def __init__(self, a):
-        self.a = np.asarray(a)
-
-    def __array__(self, *args, **kwargs):
-        raise TypeError("Implicit conversion to a NumPy array is not allowed (a device array)")
-
-    def __getattr__(self, name):
-        if name.startswith("__"):  # no __array_interface__ & co.: numpy must not see inside
-            raise AttributeError(name)
-        v = getattr(self.a, name)
-        if callable(v):
-            return lambda *args, **kw: _wrap(v(*_unwrap(args), **_unwrap(kw)))
-        return _wrap(v) if name == "T" else v
-
-    def __float__(self):
-        return float(self.a)
-
-    def __int__(self):
-        return int(self.a)
-
-    def __bool__(self):
-        return bool(self.a)
-
-    def __len__(self):
-        return len(self.a)
-
-
-def _binary(op, reflected=False):
-    def f(self, other):
-        a, b = self.a, _unwrap(other)
-        return _wrap(op(b, a) if reflected else op(a, b))
-    return f
-
-
-for _name, _op in {"mul": operator.mul, "truediv": operator.truediv, "add": operator.add, "sub": operator.sub,
-                   "matmul": operator.matmul}.items():
-    setattr(DeviceArray, f"__{_name}__", _binary(_op))
-    setattr(DeviceArray, f"__r{_name}__", _binary(_op, reflected=True))
-for _name in ("gt", "ge", "lt", "le", "getitem", "and", "or"):
-    setattr(DeviceArray, f"__{_name}__", _binary(getattr(operator, _name if _name not in ("and", "or") else _name + "_")))
-DeviceArray.__invert__ = lambda self: _wrap(~self.a)
-
-
-def _module_function(name):
-    f = getattr(np, name)
-    return lambda *args, **kw: _wrap(f(*_unwrap(args), **_unwrap(kw)))
-
-
-#: The array module of :class:`DeviceArray` (the functions runtime/heads.py calls on ``xp``).
-fake_xp = types.SimpleNamespace(
-    __name__="fake_xp", float32=np.float32, float16=np.float16,
-    asnumpy=lambda x: np.array(_unwrap(x)),
-    **{n: _module_function(n) for n in ("asarray", "sqrt", "sum", "maximum", "matmul", "where", "mean",
-                                        "ascontiguousarray")})
 
 
 def _to_device(x):

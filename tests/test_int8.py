@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from masc_engine.jobs.int8_gate import Int8GateError, gate_report, quantize_bundle
 from masc_engine.metrics.certification import GateSet
 from masc_engine.tolerances import INT8_MAX_ABS_DCP, INT8_MIN_SPEARMAN

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from masc_engine.errors import InputError
 from masc_engine.jobs.pairs import RunOptions, RESULT_COLUMNS, PairsJob, RunSettings, run_pairs
 from masc_engine.jobs.results import read_output

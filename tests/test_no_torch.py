@@ -6,7 +6,7 @@ import csv
 import subprocess
 import sys
 
-from conftest import EXAMPLES, REPO
+from support import EXAMPLES, REPO
 
 BLOCK = "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "
 

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import _export
+from support import export_tiny
 from masc_engine.errors import ExportValidationError
 from masc_engine.export.onnx_check import check_graphs
 from masc_engine.export.precision import topological_sort
@@ -46,7 +46,7 @@ def test_fp16_bundle_passes(fp16_bundle):
 
 @pytest.mark.slow
 def test_bf16_bundle_passes(tmp_path_factory, cache_dir):
-    bundle = _export("naflex", tmp_path_factory, cache_dir, precision="bf16")
+    bundle = export_tiny("naflex", tmp_path_factory, cache_dir, precision="bf16")
     assert len(_check_all(bundle)) == 4
 
 

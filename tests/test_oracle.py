@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import blob_mask, load_pair, oracle_for, read_rows
+from support import blob_mask, load_pair, oracle_for, read_rows
 from masc_engine.runtime.scorer import Pair, Scorer
 from masc_engine.tolerances import FLOAT32_SAME_ARITHMETIC_ATOL, ORACLE_SCORE_ATOL
 from test_preprocess import GRID_CASES

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from masc_engine.cli.run_cmd import main as run_main
 from masc_engine.jobs.results import OutputLock, journal_path, lock_path, meta_path, read_output
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO, checkpoint_dir, oracle_for, read_rows
+from support import REPO, checkpoint_dir, oracle_for, read_rows
 from masc_engine.engine.bundle import Bundle
 from masc_engine.errors import BackendUnavailableError, ExportValidationError
 from masc_engine.export import precision as prec
@@ -68,7 +68,7 @@ def test_fp16_bundle_records_precision_policy_and_transforms(fp16_bundle, naflex
 
 
 def _odd_size_pairs(photo_dir, tmp_path, n=24):
-    """Real DreamBooth pairs (conftest.photo_dir: the shipped examples, the shared set when present),
+    """Real DreamBooth pairs (the photo_dir fixture: the shipped examples, the shared set when present),
     each image (and its mask) cropped and resized to an odd size (bench/workloads.py, the generator
     bench/precision_cli_check.py uses too)."""
     import sys

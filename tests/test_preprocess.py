@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import EXAMPLES, checkpoint_dir, grid_image
+from support import EXAMPLES, checkpoint_dir, grid_image
 from masc_engine.runtime.position import position_weights
 from masc_engine.runtime.preprocess import ImageSettings, naflex_target_size, preprocess_image
 from masc_engine.tolerances import PIXEL_VALUES_ATOL, POSITION_ATOL

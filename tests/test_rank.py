@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from conftest import EXAMPLES, photo_sets
+from support import EXAMPLES, photo_sets
 from masc_engine.cli.rank_cmd import main as rank_main
 from masc_engine.jobs import rank, rank_encoders
 from masc_engine.jobs.rank_encoders import EncoderManifestError, cosine_scores, maxcos_scores

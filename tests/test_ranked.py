@@ -8,7 +8,7 @@ import ast
 import numpy as np
 import pytest
 
-from conftest import REPO
+from support import REPO
 from masc_engine.metrics import ranked
 from masc_engine.tolerances import FLOAT64_SAME_FORMULA_TOL
 

@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from masc_engine.cli.report_cmd import main as report_main
 from masc_engine.metrics import agreement as ag
 from masc_engine import report as rp

@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 
 RESULTS = REPO / "bench" / "results"
 JSON_FILES = sorted(RESULTS.glob("*.json"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from masc_engine.jobs.pairs import RunOptions, RunSettings, run_pairs
 from masc_engine.jobs.results import SettingsChangedError, journal_path, read_output
 from masc_engine.runtime.scorer import Scorer

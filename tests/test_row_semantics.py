@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import EXAMPLES, oracle_for
+from support import EXAMPLES, oracle_for
 from masc_engine import MaSC
 from masc_engine.errors import InputError
 from masc_engine.jobs.pairs import RunOptions, RunSettings, run_pairs

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import EXAMPLES, REPO
+from support import EXAMPLES, REPO
 from PIL import Image
 
 from masc_engine.cli.run_cmd import main as run_main

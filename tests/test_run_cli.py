@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from conftest import EXAMPLES, load_pair, read_rows
+from support import EXAMPLES, load_pair, read_rows
 from masc_engine.cli.run_cmd import main as run_main
 from masc_engine.runtime.scorer import Pair, Scorer
 from masc_engine.tolerances import BATCH_INVARIANCE_ATOL

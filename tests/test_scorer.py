@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, blob_mask, load_pair, read_rows
+from support import EXAMPLES, blob_mask, load_pair, read_rows
 from masc_engine.errors import InputError
 from masc_engine.runtime.heads import masked_maxcos
 from masc_engine.runtime.scorer import Pair, Scorer

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import EXAMPLES, REPO
+from support import EXAMPLES, REPO
 
 from masc_engine.errors import BundleError, ExportValidationError, InputError
 from masc_engine.runtime.io import load_mask

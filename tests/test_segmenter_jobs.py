@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import threading
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -23,7 +22,8 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from conftest import EXAMPLES, oracle_for, read_rows
+from doubles.runners import CountingRunner
+from support import EXAMPLES, oracle_for, read_rows
 from masc_engine.jobs.pairs import RunOptions, PairsJob, RunSettings, run_pairs
 from masc_engine.jobs.results import SettingsChangedError, read_output
 from masc_engine.runtime.io import load_mask
@@ -36,26 +36,6 @@ MASKS = ("ref_mask", "out_mask")
 #: What a pairs file needs when a segmenter makes its masks: the images, the prompt and the subject
 #: name (the segmenter's prompt and the PF prompt's stripped part).
 MINIMAL = ("ref_image", "out_image", "prompt", "object_name")
-
-
-class CountingRunner:
-    """A graph runner that counts the items (batch rows) it is run on, then runs the real one: what
-    ran is counted where the graphs run, not by the segmenter's own counters."""
-
-    #: Loader threads run graphs at once: ``counts[graph] += n`` is a read and a write, so two
-    #: threads could both read the old count; every count goes through this lock.
-    lock = threading.Lock()
-
-    def __init__(self, runner, counts: Counter, graph: str):
-        self.runner, self.counts, self.graph = runner, counts, graph
-
-    def run(self, feeds: dict) -> dict:
-        with self.lock:
-            self.counts[self.graph] += int(next(iter(feeds.values())).shape[0])
-        return self.runner.run(feeds)
-
-    def __getattr__(self, name):
-        return getattr(self.runner, name)
 
 
 #: Per segmenter made here: the items each of its graphs ran on.

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import EXAMPLES, oracle_for, read_rows
+from support import EXAMPLES, oracle_for, read_rows
 from masc_engine.tolerances import ORACLE_SCORE_ATOL
 
 httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (test extra)")

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from test_serve import Server
 
 httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (test extra)")

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from test_serve import Server
 
 httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (test extra)")

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from masc_engine.runtime import cache as cache_module
 from masc_engine.runtime.cache import EncodingStore
 from masc_engine.runtime.scorer import ImageEncoding

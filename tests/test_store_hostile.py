@@ -17,7 +17,7 @@ import diskcache
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES
+from support import EXAMPLES
 from masc_engine.jobs.results import SidecarError, read_journal, read_meta
 from masc_engine.runtime.cache import EncodingStore
 from masc_engine.runtime.scorer import ImageEncoding

@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import photo_sets
+from support import photo_sets
 from masc_engine.runtime import stripping
 from masc_engine.runtime.stripping import (
     STRIPPERS,
@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module", params=photo_sets())
 def dreambooth_rows(request) -> list[tuple[str, str]]:
     """(prompt, object_name) of every row of a real pairs.csv: the shipped examples, and the
-    shared set when present beside the checkout (conftest.photo_sets)."""
+    shared set when present beside the checkout (support.photo_sets)."""
     path = request.param / "pairs.csv"
     with path.open(newline="", encoding="utf-8-sig") as f:
         rows = [(r["prompt"], r["object_name"]) for r in csv.DictReader(f)]

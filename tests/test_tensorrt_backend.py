@@ -1,6 +1,6 @@
 """The TensorRT backend's CPU-checkable parts: lazy import, refusal without TensorRT, profiles
 (split / refuse), engine-compatibility checks, the fp32 precision policy, the device-memory plan,
-and the builder / runner plumbing against a fake ``tensorrt`` (tests/fake_tensorrt.py) that is
+and the builder / runner plumbing against a fake ``tensorrt`` (tests/doubles/fake_tensorrt.py) that is
 asynchronous, runs out of memory, rejects unsupported ops and bad profiles as the real one does.
 
 Each unkindness has a test the code would fail without its guard, and the guard is shown to
@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import fake_tensorrt
-from conftest import REPO
+from doubles import fake_tensorrt
+from support import REPO
 from masc_engine.engine.backends import trt_profiles as tp
 from masc_engine.engine.bundle import Bundle
 from masc_engine.errors import (BackendUnavailableError, BundleError, DeviceMemoryError, EngineCompatibilityError,
@@ -349,7 +349,7 @@ def test_one_trt_scorer_serves_several_threads_on_the_device_path(trt_engines):
     gets the scores a sequential run gives."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from conftest import blob_mask
+    from support import blob_mask
     from masc_engine.export.validate import synthetic_image
     from masc_engine.runtime.scorer import Pair, Scorer
 
@@ -843,7 +843,7 @@ def test_a_load_that_would_not_fit_is_refused_before_the_first_batch(trt_engines
 
 
 def _pairs(n=4):
-    from conftest import blob_mask
+    from support import blob_mask
     from masc_engine.export.validate import synthetic_image
     from masc_engine.runtime.scorer import Pair
 

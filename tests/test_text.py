@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import checkpoint_dir, read_rows
+from support import checkpoint_dir, read_rows
 from masc_engine.runtime.stripping import strip_subject_from_prompt
 from masc_engine.runtime.text import PromptTokenizer, TextSettings
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 
-from conftest import REPO
+from support import REPO
 
 TESTS = REPO / "tests"
 #: A float in [TINY, SMALL] compared against a computed value is a tolerance; so are the

@@ -30,8 +30,8 @@ from enum import Enum
 
 import pytest
 
-import fake_tensorrt
-from conftest import REPO
+from doubles import fake_tensorrt
+from support import REPO
 
 SURFACE_FILE = REPO / "tests" / "data" / "tensorrt_11_surface.json"
 #: The TensorRT backend's modules: the runner, the builder, the lazy import and GPU facts.
@@ -513,7 +513,7 @@ def test_the_fake_offers_only_what_the_real_bindings_have(surface):
                                     f"{[s.text for s in sigs]}")
             elif not surface.python_member(real, attr):
                 problems.append(f"{where}: no such class attribute in the bindings")
-    assert not problems, "tests/fake_tensorrt.py vs the TensorRT 11.4 bindings:\n" + "\n".join(problems)
+    assert not problems, "tests/doubles/fake_tensorrt.py vs the TensorRT 11.4 bindings:\n" + "\n".join(problems)
 
 
 def test_the_fake_checker_sees_wrong_fakes(surface, monkeypatch):
@@ -528,7 +528,7 @@ def test_the_fake_checker_sees_wrong_fakes(surface, monkeypatch):
 
 
 def test_the_fake_device_has_the_device_interface():
-    """tests/fake_tensorrt.py ``NumpyDevice`` offers every engine/device.py ``ArrayDevice`` method
+    """tests/doubles/fake_tensorrt.py ``NumpyDevice`` offers every engine/device.py ``ArrayDevice`` method
     with the same parameters (so code written against the interface runs on the fake)."""
     from masc_engine.engine.device import ArrayDevice
 
@@ -545,7 +545,7 @@ def test_the_fake_parser_imports_the_ops_read_from_onnx_tensorrt_sources():
     onnx-tensorrt's importer registrations (its own TRT_* ops and helpers left out)."""
     import importlib.util
 
-    import fake_tensorrt
+    from doubles import fake_tensorrt
 
     spec = importlib.util.spec_from_file_location("extract_onnx_trt_ops", REPO / "scripts" / "extract_onnx_trt_ops.py")
     script = importlib.util.module_from_spec(spec)

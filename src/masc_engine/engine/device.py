@@ -23,7 +23,7 @@ memory is staged by the driver and does not overlap), :meth:`~ArrayDevice.copy_t
 :meth:`~ArrayDevice.copy_to_host` (queued on a stream; the data is there only after that stream's
 ``synchronize()``), :meth:`~ArrayDevice.mem_get_info` (free and total device memory, for the
 TensorRT memory plan). :func:`overlapped` is the double-buffered loop: preparing batch n+1 (decode,
-preprocess) on a worker thread while batch n runs. tests/fake_tensorrt.py ``NumpyDevice`` stands in
+preprocess) on a worker thread while batch n runs. tests/doubles/fake_tensorrt.py ``NumpyDevice`` stands in
 for CuPy with copies and kernels that complete on a background thread, so a missing
 ``synchronize()`` reads stale data there as it would on a GPU.
 """

@@ -7,7 +7,7 @@ been run; it follows the TensorRT 11 Python API as documented (``build_serialize
 checked by class, arity and argument kind against the real TensorRT 11.4 bindings' surface
 (tests/test_trt_conformance.py against tests/data/tensorrt_11_surface.json, extracted from the
 ``tensorrt-cu13-bindings`` wheel by scripts/extract_trt_surface.py). It runs on CPU against
-tests/fake_tensorrt.py, which is asynchronous, fails and refuses where the real one does. The
+tests/doubles/fake_tensorrt.py, which is asynchronous, fails and refuses where the real one does. The
 shape planning, memory plan, engine-compatibility checks and precision policy it relies on are
 pure functions in :mod:`.trt_profiles`, tested on CPU.
 

@@ -11,7 +11,7 @@ naming the engine, the profile and the shapes.
 
 UNVERIFIED ON A GPU: never run with TensorRT or on a GPU (docs/verification.md); every TensorRT
 call here is checked against the real bindings' surface (tests/test_trt_conformance.py) and run on
-CPU against tests/fake_tensorrt.py.
+CPU against tests/doubles/fake_tensorrt.py.
 """
 
 from __future__ import annotations

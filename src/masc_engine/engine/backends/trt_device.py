@@ -12,7 +12,7 @@ engine/backends/tensorrt.py, share them).
   memory) and :func:`default_timing_cache` (the timing cache shared by every build on a machine).
 
 UNVERIFIED ON A GPU: the functions that touch ``tensorrt``, CUDA, CuPy or a GPU have never run
-with TensorRT or on a GPU (docs/verification.md); on CPU they run against tests/fake_tensorrt.py.
+with TensorRT or on a GPU (docs/verification.md); on CPU they run against tests/doubles/fake_tensorrt.py.
 """
 
 from __future__ import annotations

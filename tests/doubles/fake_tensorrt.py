@@ -67,7 +67,7 @@ import numpy as np
 #: github.com/onnx/onnx-tensorrt that could be fetched here (its main branch stops at 10.0-GA); the
 #: parser pinned with TensorRT 11.4 could not be read, and releases add importers, so the 11.4
 #: parser imports at least these. Rerun the script against the 11.4 release when it can be fetched.
-OPS_FILE = Path(__file__).resolve().parent / "data" / "onnx_tensorrt_ops.json"
+OPS_FILE = Path(__file__).resolve().parents[1] / "data" / "onnx_tensorrt_ops.json"
 SUPPORTED_OPS = frozenset(json.loads(OPS_FILE.read_text())["ops"])
 
 #: Seconds of wall time a queued kernel or copy takes when its stream is synchronized.

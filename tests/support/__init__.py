@@ -1,0 +1,106 @@
+"""What the tests share apart from fixtures: paths, the real-photo sets, pair readers as the
+reference reads them, synthetic images and masks, the oracle (masc-metric 0.3.0) per bundle.
+
+Importable from any test (``from support import EXAMPLES, read_rows``): the tests folder is on
+``sys.path`` under pytest's rootdir rules; bench scripts add it themselves.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared" / "data" / "dreambooth"
+EXAMPLES = REPO / "examples" / "dreambooth"
+
+
+def photo_sets() -> list:
+    """The real-photo sets a test runs on: the shipped examples always, the shared set when present.
+
+    ``examples/dreambooth/`` travels with every clone, so a fresh clone runs every real-photo check
+    on it (nothing skips for want of data). The project's shared set (158 pairs, beside a checkout
+    at ``../shared/data/dreambooth``) is an extra, larger run, added as a second parameter only
+    where it exists: absent, it is not collected (not a skip).
+    """
+    sets = [pytest.param(EXAMPLES, id="examples")]
+    if (SHARED / "pairs.csv").is_file():
+        sets.append(pytest.param(SHARED, id="shared"))
+    return sets
+
+
+def read_rows(folder: Path, name: str = "pairs.csv") -> list[dict]:
+    with open(folder / name, newline="", encoding="utf-8-sig") as f:
+        return list(csv.DictReader(f))
+
+
+def load_pair(folder: Path, row: dict):
+    """(ref_image, ref_mask, out_image, out_mask, prompt, object_name) as the reference reads them."""
+    return (Image.open(folder / row["ref_image"]), np.array(Image.open(folder / row["ref_mask"]).convert("L")),
+            Image.open(folder / row["out_image"]), np.array(Image.open(folder / row["out_mask"]).convert("L")),
+            row["prompt"], row["object_name"])
+
+
+#: Pillow's decompression-bomb limit when the tests start (its default).
+
+
+def checkpoint_dir(bundle: Path) -> str:
+    return json.loads((bundle / "manifest.json").read_text())["source"]["checkpoint_dir"]
+
+
+_ORACLES: dict = {}
+
+
+def oracle_for(bundle: Path, **kwargs):
+    """masc-metric 0.3.0 on the bundle's source checkpoint (cached per settings)."""
+    pytest.importorskip("masc", reason="the oracle masc-metric 0.3.0 is not installed")
+    from masc import MaSC
+
+    key = (str(bundle), tuple(sorted(kwargs.items())))
+    if key not in _ORACLES:
+        _ORACLES[key] = MaSC(model_id=checkpoint_dir(bundle), device="cpu", **kwargs)
+    return _ORACLES[key]
+
+
+def grid_image(grid: tuple[int, int], patch: int = 16, seed: int = 0) -> Image.Image:
+    """A structured RGB image of exactly grid * patch pixels (so NaFlex picks that grid)."""
+    from masc_engine.export.validate import synthetic_image
+
+    return synthetic_image(grid[0] * patch, grid[1] * patch, seed)
+
+
+def blob_mask(height: int, width: int, seed: int = 0, frac: float = 0.35) -> np.ndarray:
+    """uint8 0/255 elliptical foreground mask covering about ``frac`` of the image."""
+    rng = np.random.default_rng(seed)
+    cy, cx = rng.uniform(0.35, 0.65) * height, rng.uniform(0.35, 0.65) * width
+    ry, rx = np.sqrt(frac / np.pi) * height * 1.1, np.sqrt(frac / np.pi) * width * 0.9
+    yy, xx = np.mgrid[0:height, 0:width]
+    return ((((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2) <= 1).astype(np.uint8) * 255
+
+
+def with_baselines(scorer, items, **kw):
+    """``scorer.score_encoded(items)`` with the ``--baselines`` metrics' values in each extras."""
+    from masc_engine.runtime import pair_metrics as pm
+
+    res = scorer.score_encoded(items, **kw)
+    batch = pm.MetricBatch(items, res, pm.HostTokens(scorer.host_encoding), scorer.fg_threshold, scorer=scorer)
+    for r, vals in zip(res, pm.compute_all(pm.metrics_for({"baselines"}), batch)):
+        r.extras.update(vals)
+    return res
+
+
+def export_tiny(kind: str, tmp_path_factory, cache_dir, precision: str = "fp32") -> Path:
+    """``random:tiny-<kind>`` exported at ``precision`` into a fresh temporary folder (skips without
+    the export extra); ``cache_dir`` is the session's random-checkpoint cache (asked for so that it
+    is set first)."""
+    pytest.importorskip("torch", reason="exporting a test bundle needs the export extra (torch)")
+    pytest.importorskip("transformers", reason="exporting a test bundle needs transformers")
+    from masc_engine.export.exporter import export_bundle
+
+    out = tmp_path_factory.mktemp(f"bundle-{kind}-{precision}")
+    return export_bundle(f"random:tiny-{kind}", out, precision=precision)
