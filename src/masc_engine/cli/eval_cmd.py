@@ -15,9 +15,12 @@ from typing import Any, TypeVar
 
 import click
 
+from ..jobs import eval_format as fm
+from ..jobs import eval_tables as et
 from ..jobs import evaluation as ev
-from ..jobs.tables import TableError, write_table
+from ..jobs.tables import TableError, read_table, write_table
 from ..metrics import agreement as ag
+from .eval_tables_cmd import compare_cmd, parse_metrics, table_cmd, warn_random_weights
 
 T = TypeVar("T")
 
@@ -151,6 +154,25 @@ _AGREEMENT = [
     ),
 ]
 
+#: Several metric columns in one table (agreement and auc); without --metrics, --score-column alone.
+_MANY = [
+    click.option(
+        "--metrics",
+        default=None,
+        help="Metric columns, comma-separated, or 'all' (every registered metric column of SCORES: cp, pf, "
+        "the --baselines columns, clip_i, clip_t, dino, dino_s8, dinov2, plug-ins): one block of rows per "
+        "column, led by a metric column. Replaces --score-column.",
+    ),
+    click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(("text", *fm.FORMATS)),
+        default="text",
+        show_default=True,
+        help="How the table is printed: text, md (Markdown), latex or csv.",
+    ),
+]
+
 #: masc-eval auc's own options (fields of :class:`~masc_engine.jobs.evaluation.AucOptions`).
 _AUC = [
     click.option(
@@ -166,6 +188,12 @@ _AUC = [
     ),
     click.option("--group-column", default=None, help="Optional grouping column for per-group rows (e.g. environment)."),
 ]
+
+
+def _no_score_column(ctx: click.Context) -> None:
+    """--metrics replaces --score-column: both given is a usage error."""
+    if ctx.get_parameter_source("score_column") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("give --metrics or --score-column, not both")
 
 
 def _evaluate(fn: Callable[..., T], *args: Any) -> T:
@@ -205,7 +233,7 @@ def render_table(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
 
 
 def _echo_notes(rows: list[dict[str, Any]], label: str) -> None:
-    notes = [f"  {r[label]}: {r['note']}" for r in rows if r["note"]]
+    notes = [f"  {r['metric'] + ' / ' if 'metric' in r else ''}{r[label]}: {r['note']}" for r in rows if r["note"]]
     if notes:
         click.echo("\nnotes:")
         click.echo("\n".join(notes))
@@ -217,58 +245,113 @@ def _write(out: str | None, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         click.echo(f"\nwrote {out}")
 
 
-def _echo_agreement(t: ev.AgreementTable, scores: str, ratings: str) -> None:
+def _show(fmt: str, headers: list[str], body: list[list[str]], rows: list[dict[str, Any]], label: str,
+          caption: str = "") -> None:
+    """The table: text (:func:`render_table` and the notes), or Markdown / LaTeX / CSV
+    (:func:`masc_engine.jobs.eval_format.render`)."""
+    if fmt == "text":
+        click.echo(render_table(headers, body))
+        _echo_notes(rows, label)
+        return
+    lead = (lambda r: f"{r['metric']} / {r[label]}") if rows and "metric" in rows[0] else (lambda r: str(r[label]))
+    notes = [f"{lead(r)}: {r['note']}" for r in rows if r["note"]]
+    click.echo(fm.render(fmt, headers, body, notes=notes, caption=caption, rows=rows, columns=list(rows[0])), nl=False)
+
+
+def _agreement_cells(o: ev.AgreementOptions, rows: list[dict[str, Any]], many: bool) -> tuple[list[str], list[list[str]]]:
+    pct = f"{o.confidence * 100:g}%"
+    lead = ["metric"] if many else []
+    headers = [*lead, "method", "n", *[f"alpha {lv} [{pct} CI]" for lv in o.levels], f"spearman [{pct} CI]"]
+    body = [[*([r["metric"]] if many else []), r["method"], str(r["n"]),
+             *[_fmt_ci(r, f"alpha_{lv}") for lv in o.levels], _fmt_ci(r, "spearman")] for r in rows]
+    return headers, body
+
+
+def _echo_agreement(t: ev.AgreementTable, scores: str, ratings: str, fmt: str = "text") -> None:
     o, c = t.options, t.joined.counts
     pct = f"{o.confidence * 100:g}%"
-    click.echo(
-        f"scores: {scores} [{o.score_column}]   ratings: {ratings} [{', '.join(t.joined.rating_columns)}]   "
-        f"mapping: {o.mapping}   raters: {o.human_agg if len(t.joined.rating_columns) > 1 else 'single'}"
-    )
-    click.echo(
-        f"units: {c['units']} joined; skipped {c['not_ok']} not ok, {c['missing_score']} without score, "
-        f"{c['unrated']} unrated, {c['unscored']} rating rows without score"
-    )
-    click.echo(f"CI: {pct} percentile bootstrap over units, {o.n_resamples} resamples, seed {o.seed}")
-    click.echo("")
-    headers = ["method", "n", *[f"alpha {lv} [{pct} CI]" for lv in o.levels], f"spearman [{pct} CI]"]
-    body = [[r["method"], str(r["n"]), *[_fmt_ci(r, f"alpha_{lv}") for lv in o.levels], _fmt_ci(r, "spearman")]
-            for r in t.rows]
-    click.echo(render_table(headers, body))
-    _echo_notes(t.rows, "method")
+    if fmt == "text":
+        click.echo(
+            f"scores: {scores} [{o.score_column}]   ratings: {ratings} [{', '.join(t.joined.rating_columns)}]   "
+            f"mapping: {o.mapping}   raters: {o.human_agg if len(t.joined.rating_columns) > 1 else 'single'}"
+        )
+        click.echo(
+            f"units: {c['units']} joined; skipped {c['not_ok']} not ok, {c['missing_score']} without score, "
+            f"{c['unrated']} unrated, {c['unscored']} rating rows without score"
+        )
+        click.echo(f"CI: {pct} percentile bootstrap over units, {o.n_resamples} resamples, seed {o.seed}")
+        click.echo("")
+    headers, body = _agreement_cells(o, t.rows, False)
+    _show(fmt, headers, body, t.rows, "method", f"Agreement of {o.score_column} with {', '.join(o.raters)}")
 
 
-def _agreement_meta(t: ev.AgreementTable, scores: str, ratings: str) -> dict[str, Any]:
-    o = t.options
+def _echo_agreement_many(rows: list[dict[str, Any]], o: ev.AgreementOptions, scores: str, ratings: str,
+                         fmt: str) -> None:
+    """The agreement rows of several metric columns (:func:`masc_engine.jobs.eval_tables.agreement_tables`)."""
+    pct = f"{o.confidence * 100:g}%"
+    raters = ", ".join(o.rating_columns) or "each metric's own column"
+    if fmt == "text":
+        click.echo(f"scores: {scores} [{', '.join(dict.fromkeys(r['metric'] for r in rows))}]   ratings: {ratings} "
+                   f"[{raters}]   mapping: {o.mapping}")
+        click.echo(f"CI: {pct} percentile bootstrap over units, {o.n_resamples} resamples, seed {o.seed}")
+        click.echo("")
+    headers, body = _agreement_cells(o, rows, True)
+    _show(fmt, headers, body, rows, "method", f"Agreement with human ratings ({raters})")
+
+
+def _agreement_meta_of(o: ev.AgreementOptions, scores: str, ratings: str) -> dict[str, Any]:
     return {
         "command": "agreement", "scores": scores, "ratings": ratings, "score_column": o.score_column,
-        "rating_columns": list(t.joined.rating_columns), "key": o.key if isinstance(o.key, str) else ",".join(o.key),
+        "rating_columns": list(o.rating_columns), "key": o.key if isinstance(o.key, str) else ",".join(o.key),
         "ok_statuses": list(o.ok_statuses), "levels": list(o.levels), "mapping": o.mapping,
         "human_agg": o.human_agg, "scale": None if o.scale is None else list(o.scale),
-        "confidence": o.confidence, "n_resamples": o.n_resamples, "seed": o.seed, "counts": t.joined.counts,
+        "confidence": o.confidence, "n_resamples": o.n_resamples, "seed": o.seed,
     }
 
 
-def _echo_auc(t: ev.AucTable, scores: str) -> None:
-    o, u = t.options, t.units
+def _agreement_meta(t: ev.AgreementTable, scores: str, ratings: str) -> dict[str, Any]:
+    return {**_agreement_meta_of(t.options, scores, ratings), "rating_columns": list(t.joined.rating_columns),
+            "counts": t.joined.counts}
+
+
+def _echo_auc(t: ev.AucTable | list[dict[str, Any]], scores: str, o: ev.AucOptions, fmt: str = "text") -> None:
+    """An AUC table: one score column (an :class:`~masc_engine.jobs.evaluation.AucTable`) or the
+    rows of several (:func:`masc_engine.jobs.eval_tables.auc_tables`, led by ``metric``)."""
+    many = isinstance(t, list)
+    rows = t if many else t.rows
     pct = f"{o.confidence * 100:g}%"
-    missing = f", {u.missing} without a score" if u.missing else ""
-    click.echo(f"scores: {scores} [{o.score_column}]   within: {o.within_column}"
-               + (f" = {o.within_value}" if o.within_value is not None else "")
-               + f"   skipped {u.skipped} rows by status{missing}")
-    click.echo(f"CI: {pct} percentile bootstrap stratified by class, {o.n_resamples} resamples, seed {o.seed}")
-    click.echo("")
-    body = [[r["group"], str(r["n"]), str(r["n_within"]), str(r["n_cross"]), _fmt_ci(r, "auc")] for r in t.rows]
-    click.echo(render_table(["group", "n", "within", "cross", f"AUC [{pct} CI]"], body))
-    _echo_notes(t.rows, "group")
+    if fmt == "text":
+        if many:
+            click.echo(f"scores: {scores} [{', '.join(dict.fromkeys(r['metric'] for r in rows))}]   within: "
+                       f"{o.within_column}" + (f" = {o.within_value}" if o.within_value is not None else ""))
+        else:
+            u = t.units
+            missing = f", {u.missing} without a score" if u.missing else ""
+            click.echo(f"scores: {scores} [{o.score_column}]   within: {o.within_column}"
+                       + (f" = {o.within_value}" if o.within_value is not None else "")
+                       + f"   skipped {u.skipped} rows by status{missing}")
+        click.echo(f"CI: {pct} percentile bootstrap stratified by class, {o.n_resamples} resamples, seed {o.seed}")
+        click.echo("")
+    body = [[*([r["metric"]] if many else []), r["group"], str(r["n"]), str(r["n_within"]), str(r["n_cross"]),
+             _fmt_ci(r, "auc")] for r in rows]
+    headers = [*(["metric"] if many else []), "group", "n", "within", "cross", f"AUC [{pct} CI]"]
+    _show(fmt, headers, body, rows, "group", "Within- vs cross-subject ROC AUC")
+
+
+def _auc_meta_of(o: ev.AucOptions, scores: str) -> dict[str, Any]:
+    meta = {"command": "auc", "scores": scores, "score_column": o.score_column, "within_column": o.within_column,
+            "group_column": o.group_column, "confidence": o.confidence, "n_resamples": o.n_resamples,
+            "seed": o.seed, "ok_statuses": list(o.ok_statuses)}
+    if o.within_value is not None:
+        meta["within_value"] = o.within_value
+    return meta
 
 
 def _auc_meta(t: ev.AucTable, scores: str) -> dict[str, Any]:
-    o, u = t.options, t.units
-    meta = {"command": "auc", "scores": scores, "score_column": o.score_column, "within_column": o.within_column,
-            "group_column": o.group_column, "confidence": o.confidence, "n_resamples": o.n_resamples,
-            "seed": o.seed, "ok_statuses": list(o.ok_statuses), "skipped_not_ok": u.skipped}
-    if o.within_value is not None:
-        meta["within_value"] = o.within_value
+    u = t.units
+    meta = {**_auc_meta_of(t.options, scores), "skipped_not_ok": u.skipped}
+    if t.options.within_value is not None:  # after skipped_not_ok, as written before
+        meta["within_value"] = meta.pop("within_value")
     if u.missing:
         meta["skipped_missing_score"] = u.missing
     return meta
@@ -302,6 +385,8 @@ def main() -> None:
       masc-eval agreement SCORES --ratings RATINGS   agreement with human ratings
       masc-eval SCORES --ratings RATINGS             (same; 'agreement' is the default)
       masc-eval auc SCORES --within-column COL       within- vs cross-subject AUC
+      masc-eval table SCORES                         per-method means with CIs, every metric
+      masc-eval compare SCORES --a M1 --b M2         paired difference of two methods
 
     SCORES is a masc-run score file (.csv, .tsv, .jsonl, .json array, .parquet).
     Needs the 'eval' extra: pip install -e '.[eval]' in a checkout (scipy, krippendorff, scikit-learn).
@@ -314,9 +399,10 @@ def main() -> None:
 @main.command("agreement")
 @click.argument("scores", type=click.Path(exists=True, dir_okay=False))
 @click.option("--ratings", required=True, type=click.Path(exists=True, dir_okay=False), help="Human rating file (format described above).")
-@_apply(_AGREEMENT + _COMMON)
+@_apply(_AGREEMENT + _COMMON + _MANY)
 @click.pass_context
-def agreement_cmd(ctx: click.Context, scores: str, ratings: str, out: str | None, **options: Any) -> None:
+def agreement_cmd(ctx: click.Context, scores: str, ratings: str, out: str | None, metrics: str | None, fmt: str,
+                  **options: Any) -> None:
     """Agreement of a score column with human ratings (DreamBench++ protocol).
 
     Prints, per method and pooled: n, Krippendorff's alpha (interval and
@@ -346,18 +432,29 @@ def agreement_cmd(ctx: click.Context, scores: str, ratings: str, out: str | None
     for ordinal/nominal); 'none' uses the values as they are.
     """
     opts = ev.AgreementOptions(**options)
+    if metrics is not None:
+        _no_score_column(ctx)
+        rows = _evaluate(lambda: et.agreement_tables(read_table(scores, what="scores"),
+                                                     read_table(ratings, what="ratings"), opts, parse_metrics(metrics)))
+        warn_random_weights(scores)
+        _echo_agreement_many(rows, opts, scores, ratings, fmt)
+        meta = {k: v for k, v in _agreement_meta_of(opts, scores, ratings).items() if k != "score_column"}
+        _write(out, rows, {**meta, "metrics": list(dict.fromkeys(r["metric"] for r in rows))})
+        return
     table = _evaluate(ev.evaluate_agreement, scores, ratings, opts)
     explicit = ctx.get_parameter_source("method_column") == click.core.ParameterSource.COMMANDLINE
     if opts.method_column and explicit and all(m is None for m in table.joined.methods):
         raise click.UsageError(f"--method-column {opts.method_column!r}: no such column (or all empty) in {scores} or {ratings}")
-    _echo_agreement(table, scores, ratings)
+    warn_random_weights(scores)
+    _echo_agreement(table, scores, ratings, fmt)
     _write(out, table.rows, _agreement_meta(table, scores, ratings))
 
 
 @main.command("auc")
 @click.argument("scores", type=click.Path(exists=True, dir_okay=False))
-@_apply(_AUC + _COMMON)
-def auc_cmd(scores: str, out: str | None, **options: Any) -> None:
+@_apply(_AUC + _COMMON + _MANY)
+@click.pass_context
+def auc_cmd(ctx: click.Context, scores: str, out: str | None, metrics: str | None, fmt: str, **options: Any) -> None:
     """ROC AUC of a score for within- vs cross-subject pairs (ORIDa protocol).
 
     Each SCORES row is one (reference, output) pair; --within-column says
@@ -365,18 +462,32 @@ def auc_cmd(scores: str, out: str | None, **options: Any) -> None:
     The CI is a bootstrap stratified by class. Rows whose status is not an
     --ok-status are skipped; an ok row with a missing or non-numeric score or flag is an
     error naming the file and line (without a status column an empty score is skipped).
-    Per-group rows in order of first appearance, then the pooled row.
+    Per-group rows in order of first appearance, then the pooled row
+    (--group-column method: per method). --metrics all: one block per
+    metric column of SCORES.
     """
     opts = ev.AucOptions(**options)
+    if metrics is not None:
+        _no_score_column(ctx)
+        rows = _evaluate(lambda: et.auc_tables(read_table(scores, what="scores"), opts, parse_metrics(metrics)))
+        warn_random_weights(scores)
+        _echo_auc(rows, scores, opts, fmt)
+        meta = {k: v for k, v in _auc_meta_of(opts, scores).items() if k != "score_column"}
+        _write(out, rows, {**meta, "metrics": list(dict.fromkeys(r["metric"] for r in rows))})
+        return
     table = _evaluate(ev.evaluate_auc, scores, opts)
     if not table.units.scores.size:
         raise click.ClickException(f"{scores}: no usable rows ({table.units.skipped} skipped by status, "
                                    f"{table.units.missing} without a score)")
     if opts.group_column and all(g is None for g in table.units.groups):
         raise click.UsageError(f"--group-column {opts.group_column!r}: no such column (or all empty) in {scores}")
-    _echo_auc(table, scores)
+    warn_random_weights(scores)
+    _echo_auc(table, scores, opts, fmt)
     _write(out, table.rows, _auc_meta(table, scores))
 
+
+main.add_command(table_cmd)
+main.add_command(compare_cmd)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
