@@ -319,3 +319,26 @@ def test_random_weights_note_from_the_sidecar(scores_file, tmp_path):
     r = CliRunner().invoke(eval_main, ["table", scores_file, "--metrics", "cp", "--n-resamples", "20"])
     assert "WARNING" not in r.output and not r.stderr
     assert et.random_weights({"source_model": "random:x"}) and not et.random_weights(None)
+
+
+def test_docs_examples_run_on_the_shipped_scores(tmp_path):
+    """docs/evaluation.md's table and compare lines on examples/dreambooth/scores_illustrative.csv,
+    their figures against the file read directly."""
+    from conftest import EXAMPLES
+
+    path = str(EXAMPLES / "scores_illustrative.csv")
+    rows = list(csv.DictReader(open(path)))
+    r = CliRunner().invoke(eval_main, ["table", path, "--average-references", "--n-resamples", "100"])
+    assert r.exit_code == 0, r.output
+    for method in ("method_a", "method_b"):
+        units: dict = {}
+        for row in rows:
+            if row["method"] == method:
+                units.setdefault((row["subject"], row["prompt"]), []).append(float(row["cp"]))
+        mean = np.mean([np.mean(v) for v in units.values()])
+        assert f"| {method} | {len(units)} | {mean:.3f} [" in r.output
+    out = tmp_path / "sub" / "ab.tex"
+    r = CliRunner().invoke(eval_main, ["compare", path, "--average-references", "--format", "latex", "--out", str(out),
+                                       "--n-resamples", "100"])
+    assert r.exit_code == 0, r.output
+    assert r"cp & 8 & " in out.read_text() and r"method\_a - method\_b" in out.read_text()

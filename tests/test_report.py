@@ -275,6 +275,40 @@ def test_within_cross_auc_and_labels(synthetic):
     assert math.isnan(one["auc"]) and "both" in one["note"]
 
 
+def test_every_metric_column_of_the_file_is_shown(synthetic):
+    """A masc-run output with the classic columns (and a --baselines family) shows each of them in
+    the per-method table, the distributions, the within/cross AUC table and the best/worst tables,
+    with masc-eval's means and AUC."""
+    rng = np.random.default_rng(11)
+    classic = ("clip_i", "clip_t", "dino", "dino_s8", "dinov2")
+    for r in synthetic["rows"]:
+        r.update({c: float(rng.uniform(0, 100)) for c in classic}, **{f"{c}_status": "ok" for c in classic})
+        r.update(cp_mnn=0.4, cp_mnn_frac=0.25)
+    synthetic["rows"][5].update(dino=math.nan, dino_status="unreadable_image")
+    path = _write(synthetic)
+    cols = list(synthetic["rows"][0])
+    metrics = rp.file_metrics(cols)
+    assert metrics == ("cp", "pf", "cp_mnn", "cp_mnn_frac", *classic)
+    assert rp.extreme_metrics(metrics) == ("cp", "pf", "cp_mnn", *classic)
+    text = _report(path)
+    from masc_engine.jobs import eval_tables as et
+
+    means = {r["method"]: r for r in et.means_table(et.score_units(read_output(path), et.TableOptions(
+        n_resamples=10))).rows}
+    for m in METHODS:
+        tr = re.search(rf'<tr data-method="{m}">(.*?)</tr>', text).group(1)
+        for c in (*classic, "cp_mnn_frac"):
+            v = float(re.search(rf'data-metric="{c}" data-value="([^"]+)"', tr).group(1))
+            assert v == pytest.approx(means[m][c], abs=FLOAT64_SAME_FORMULA_TOL), (m, c)
+    for c in classic:
+        assert f'data-metric="{c}" data-auc=' in text, c  # the within/cross table
+        assert f"Best 4 by {c.upper()}" in text and f"Worst 4 by {c.upper()}" in text
+        assert f'aria-label="{rp.metric_label(c)} by method"' in text  # its distribution plot
+        assert f'aria-label="{c.upper()}: within vs cross' in text  # its within/cross histograms
+    assert text.count('<svg class="plot"') == 2 * len(metrics)  # a distribution and a histogram per score
+    assert "Best 4 by CP_MNN_FRAC" not in text  # a diagnostic column: no best/worst table of its own
+
+
 @pytest.mark.parametrize("ties", [False, True])
 def test_within_cross_auc_equals_agreement(ties):
     """The report shows agreement.within_vs_cross_auc's numbers (one AUC in the package), whose

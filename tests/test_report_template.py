@@ -93,12 +93,13 @@ def test_the_style_sheet_is_the_packaged_file_inlined(tmp_path):
 
 
 def test_the_score_columns_follow_metrics(tmp_path, monkeypatch):
-    """Every table and plot of the page is drawn per score of ``METRICS``: with one score, the
-    other has no column, no mean, no AUC and no best / worst table."""
+    """Every table and plot of the page is drawn per score of ``file_metrics`` (METRICS, then the
+    file's other metric columns): with one score, the other has no column, no mean, no AUC and no
+    best / worst table."""
     both = _page(tmp_path)
     assert 'colspan="6"' in _page_without_rows(tmp_path)  # #, pair, CP, PF, prompt, images
     assert both.count("<h3>Best 2 by ") == 2 and 'data-metric="pf"' in both and "<th class=\"num\">PF</th>" in both
-    monkeypatch.setattr(report_data, "METRICS", ("cp",))
+    monkeypatch.setattr(report_data, "file_metrics", lambda columns: ("cp",))
     text = _page(tmp_path)
     assert 'data-metric="cp" data-value=' in text and 'data-metric="cp" data-auc=' in text
     assert 'data-metric="pf"' not in text and "mean PF" not in text and "<th class=\"num\">PF</th>" not in text

@@ -72,11 +72,13 @@ def _apply(options: Sequence[Callable[[Any], Any]]) -> Callable[[T], T]:
 
 def _score_column_help() -> str:
     """The --score-column help, naming the registered scores (runtime/pair_metrics)."""
-    from ..runtime.pair_metrics import metrics_for, score_metrics
+    from ..runtime.pair_metrics import registered, score_metrics
 
     scores = ", ".join(m.score_column for m in score_metrics())
-    opted = ", ".join(c for m in metrics_for({"baselines"}) if m.option for c in m.columns)
-    return f"Metric column in SCORES: a score masc-run writes ({scores}), or with --baselines {opted}."
+    opted = ", ".join(c for m in registered() if m.option == "baselines" for c in m.columns)
+    named = ", ".join(c for m in registered() if m.option not in (None, "baselines") for c in m.columns)
+    return (f"Metric column in SCORES: a score masc-run writes ({scores}), or with --baselines {opted}, "
+            f"or asked for by name (masc-run --metrics) {named}.")
 
 
 _COMMON = [

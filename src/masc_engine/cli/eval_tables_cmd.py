@@ -50,10 +50,11 @@ def _format_of(fmt: str | None, out: str | None) -> str:
 
 
 def emit(text: str, out: str | None) -> None:
-    """Print ``text``; with ``out`` also write it there (atomically)."""
+    """Print ``text``; with ``out`` also write it there (atomically, its folder made if need be)."""
     click.echo(text, nl=False)
     if out:
         p = Path(out)
+        p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(p.name + ".partial")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(p)

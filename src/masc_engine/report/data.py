@@ -10,7 +10,8 @@ Sections (each an element of the page with that ``id``):
   (:func:`summary`);
 - ``methods``: per method (the ``method`` column; methods in order of first appearance, then the
   pooled row labelled ``pooled``, as masc-eval's rows: :func:`masc_engine.metrics.agreement.groups_in_order`)
-  n, and per score of :data:`METRICS` its mean with a percentile-bootstrap 95% CI
+  n, and per score of the file (:func:`file_metrics`: CP, PF and every other metric column, the
+  classic ones included; the same scores in every section) its mean with a percentile-bootstrap 95% CI
   (:func:`masc_engine.metrics.agreement.bootstrap_ci`, fixed seed; :func:`method_stats`);
 - ``distributions``: per-method box + strip plots of each score (:func:`distribution_groups`);
 - ``within-cross``: each score's histograms of within- vs cross-subject pairs, overlaid, with the
@@ -42,13 +43,14 @@ from typing import Any
 import numpy as np
 
 from ..jobs import evaluation as ev
+from ..jobs.eval_tables import metric_columns, random_weights
 from ..jobs.evaluation import POOLED
 from ..jobs.results import meta_path, read_output
 from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES, Table, TableError, number_or_nan as _num
 from ..metrics import agreement as ag
 from ..runtime.pair_metrics import registered, score_metrics
 
-__all__ = ["METRICS", "METRIC_LABELS", "OK", "POOLED", "RANDOM_WEIGHTS_BANNER", "SIDES", "ReportOptions", "load_scores",
+__all__ = ["METRICS", "METRIC_LABELS", "file_metrics", "extreme_metrics", "OK", "POOLED", "RANDOM_WEIGHTS_BANNER", "SIDES", "ReportOptions", "load_scores",
            "cell_text", "prepare_rows", "status_counts", "method_groups", "method_stats", "within_cross",
            "random_weights", "extremes", "mask_sources", "metric_label", "map_column", "fmt_num", "kv_items",
            "model_name", "summary", "Summary", "StatusCount", "MaskSources", "distribution_groups", "auc_text",
@@ -65,6 +67,25 @@ METRICS = tuple(m.score_column for m in score_metrics())
 SIDES = (("ref_image", "ref_mask", "reference"), ("out_image", "out_mask", "output"))
 #: Long names of registered scores on the plots' axes (any other: its upper-case name).
 METRIC_LABELS = {m.score_column: m.axis_label for m in registered()}
+
+
+def file_metrics(columns: Sequence[str]) -> tuple[str, ...]:
+    """The scores a page shows for a file with these columns: :data:`METRICS`, then every other
+    metric column the file has (the classic ``clip_i``, ``clip_t``, ``dino``, ``dino_s8``,
+    ``dinov2``, the ``--baselines`` columns, plug-ins'), by masc-eval's rule
+    (:func:`masc_engine.jobs.eval_tables.metric_columns`), in registration order."""
+    try:
+        found = metric_columns(columns)
+    except ev.DataError:
+        found = ()
+    return tuple(dict.fromkeys((*METRICS, *found)))
+
+
+def extreme_metrics(metrics: Sequence[str]) -> tuple[str, ...]:
+    """The scores with best / worst tables: of ``metrics``, each registered metric's score column
+    (its first: ``cp_mnn``, not ``cp_mnn_frac``; ``pf_full_stripped`` for the PF pooling family)."""
+    scores = {m.score_column for m in registered()}
+    return tuple(m for m in metrics if m in scores)
 
 
 def metric_label(metric: str) -> str:
@@ -167,20 +188,23 @@ def cell_text(v: Any) -> str:
     return str(v)
 
 
-def prepare_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Copies of the rows with each score of :data:`METRICS` as a float (NaN when missing),
-    ``status`` as text and ``_row`` the row's 1-based index (``row_index`` when present).
+def prepare_rows(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str] | None = None) -> list[dict]:
+    """Copies of the rows with each score of ``metrics`` (default: :func:`file_metrics` of the
+    first row's columns) as a float (NaN when missing), ``status`` as text and ``_row`` the row's
+    1-based index (``row_index`` when present).
 
     Raises:
         ValueError: there are rows but the first has no score column (not a score file).
     """
     out = []
-    if rows and not any(m in r for r in rows[:1] for m in METRICS):
+    if metrics is None:
+        metrics = file_metrics(list(rows[0])) if rows else METRICS
+    if rows and not any(m in r for r in rows[:1] for m in metrics):
         raise ValueError(f"not a masc-run score file: no {'/'.join(METRICS)} columns "
                          f"(columns: {', '.join(map(str, rows[0]))})")
     for i, r in enumerate(rows, start=1):
         d = dict(r)
-        d.update({m: _num(r.get(m)) for m in METRICS})
+        d.update({m: _num(r.get(m)) for m in metrics})
         st = cell_text(r.get("status")).strip()
         d["status"] = st or ("(no status)" if "status" not in r else "(empty)")
         ri = _num(r.get("row_index"))
@@ -219,10 +243,11 @@ def _mean_ci(x: np.ndarray, opts: ReportOptions) -> dict:
     return {"n": int(x.size), "mean": float(np.mean(x)), "low": ci.low, "high": ci.high}
 
 
-def method_stats(rows: Sequence[Mapping[str, Any]], opts: ReportOptions = ReportOptions()) -> list[dict]:
+def method_stats(rows: Sequence[Mapping[str, Any]], opts: ReportOptions = ReportOptions(),
+                 metrics: Sequence[str] = METRICS) -> list[dict]:
     """Per method, then pooled (``method`` and ``scope`` ``POOLED``; left out when one method holds
     every row, as it would repeat that row), grouped by :func:`method_groups`: ``n`` rows,
-    ``n_ok``, and for each score of :data:`METRICS` ``<m>_n`` (rows with a score), ``<m>_mean``, ``<m>_low``,
+    ``n_ok``, and for each score of ``metrics`` (prepared: :func:`prepare_rows`) ``<m>_n`` (rows with a score), ``<m>_mean``, ``<m>_low``,
     ``<m>_high`` (percentile bootstrap over rows, ``opts.seed``). NaN scores (failed rows; PF of
     ``no_background``) are left out."""
     parts = method_groups(rows, opts.method_column)
@@ -232,7 +257,7 @@ def method_stats(rows: Sequence[Mapping[str, Any]], opts: ReportOptions = Report
     for scope, name, idx in parts:
         d: dict[str, Any] = {"scope": scope, "method": name, "n": len(idx),
                              "n_ok": sum(rows[i]["status"] == OK for i in idx)}
-        for m in METRICS:
+        for m in metrics:
             s = _mean_ci(np.asarray([rows[i][m] for i in idx], dtype=np.float64), opts)
             d.update({f"{m}_n": s["n"], f"{m}_mean": s["mean"], f"{m}_low": s["low"], f"{m}_high": s["high"]})
         out.append(d)
@@ -247,7 +272,7 @@ def within_cross(rows: Sequence[Mapping[str, Any]], metric: str, opts: ReportOpt
 
     Args:
         rows: rows from :func:`prepare_rows`.
-        metric: a score of :data:`METRICS`.
+        metric: a score of the prepared rows (:func:`file_metrics`).
         opts: ``within_column`` (required), ``within_value`` and the bootstrap settings.
         columns: the score file's columns (named in errors); default: the rows' keys.
         source: the file named in errors.
@@ -259,21 +284,11 @@ def within_cross(rows: Sequence[Mapping[str, Any]], metric: str, opts: ReportOpt
     if columns is None:
         columns = [c for c in ev.as_table(list(rows), source).columns if c != "_row"]
     # prepare_rows gave every row every score (NaN when absent): a file without PF has no PF units
-    table = Table(Path(source), [*columns, *(m for m in METRICS if m not in columns)], list(rows), None)
+    table = Table(Path(source), [*columns, *(m for m in (*METRICS, metric) if m not in columns)], list(rows), None)
     options = ev.AucOptions(score_column=metric, within_column=opts.within_column, within_value=opts.within_value,
                             status_column=None, n_resamples=opts.n_resamples, confidence=opts.confidence,
                             seed=opts.seed)
     return ev.auc_table(table, options)
-
-
-def random_weights(meta: Mapping[str, Any] | None) -> bool:
-    """Whether the sidecar says the scores came from a random-weight bundle: ``source_model``
-    (the bundle manifest's ``source``, as masc-run records it) has ``random_weights`` true, or
-    names a ``random:`` preset model."""
-    src = (meta or {}).get("source_model")
-    if isinstance(src, Mapping):
-        return bool(src.get("random_weights")) or cell_text(src.get("model")).startswith("random:")
-    return cell_text(src).startswith("random:")
 
 
 def extremes(rows: Sequence[Mapping[str, Any]], metric: str, k: int, best: bool) -> list[dict]:
@@ -469,8 +484,9 @@ def has_maps(rows: Sequence[Mapping[str, Any]], metric: str) -> bool:
 
 
 def extremes_tables(rows: Sequence[Mapping[str, Any]], opts: ReportOptions,
-                    figures: Callable[[Mapping[str, Any], str | None], list] | None = None) -> list[ExtremesTable]:
-    """Per score of :data:`METRICS`, the best then the worst ``opts.top_k`` rows (:func:`extremes`).
+                    figures: Callable[[Mapping[str, Any], str | None], list] | None = None,
+                    metrics: Sequence[str] = METRICS) -> list[ExtremesTable]:
+    """Per score of ``metrics``, the best then the worst ``opts.top_k`` rows (:func:`extremes`).
 
     Args:
         rows: prepared rows (:func:`prepare_rows`).
@@ -480,7 +496,7 @@ def extremes_tables(rows: Sequence[Mapping[str, Any]], opts: ReportOptions,
     """
     cols = ident_columns(rows, opts)
     out = []
-    for m in METRICS:
+    for m in metrics:
         show_map = has_maps(rows, m)
         for best in (True, False):
             table = []

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..jobs import evaluation as ev
-from .data import (METRICS, OK, POOLED, RANDOM_WEIGHTS_BANNER, ReportOptions, extremes, load_scores, mask_sources,
-                   method_groups, method_stats, prepare_rows, random_weights, status_counts, within_cross)
+from .data import (METRICS, OK, POOLED, RANDOM_WEIGHTS_BANNER, ReportOptions, extremes, file_metrics, load_scores,
+                   mask_sources, method_groups, method_stats, prepare_rows, random_weights, status_counts, within_cross)
 from .plots import svg_box_strip, svg_histograms
 from .render import render_page
 from .thumbs import OUTSIDE, Thumbnails, allowed_roots, confined, image_root, pixel_limit
@@ -79,7 +79,7 @@ def build_report(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | No
     """
     opts = options
     columns = list(ev.as_table(rows[:1], "scores").columns)
-    rows = prepare_rows(rows)
+    rows = prepare_rows(rows, file_metrics(columns))
     roots = allowed_roots(scores_path, ([opts.image_root] if opts.image_root else []) + list(opts.image_roots))
     thumbs = thumbnails or Thumbnails(opts.thumb_px, roots=roots)
     if thumbs.roots is None:

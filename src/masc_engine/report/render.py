@@ -62,19 +62,20 @@ def environment() -> Environment:
     return env
 
 
-def _distributions(rows: list[dict], opts: dt.ReportOptions) -> list[str]:
+def _distributions(rows: list[dict], opts: dt.ReportOptions, metrics: Sequence[str]) -> list[str]:
     """Per score, the box + strip plot of its methods (SVG: the template prints it as markup)."""
     return [svg_box_strip(dt.distribution_groups(rows, m, opts), dt.metric_label(m), seed=opts.seed)
-            for m in dt.METRICS]
+            for m in metrics]
 
 
-def _within(rows: list[dict], opts: dt.ReportOptions, columns: Sequence[str], source: str) -> dict | None:
+def _within(rows: list[dict], opts: dt.ReportOptions, columns: Sequence[str], source: str,
+            metrics: Sequence[str]) -> dict | None:
     """Per score: its AUC row (``auc``) and its within / cross histograms (``plot``, SVG: the
     template prints it as markup); None when no within column was given."""
     if not opts.within_column:
         return None
     scores = []
-    for m in dt.METRICS:
+    for m in metrics:
         t = dt.within_cross(rows, m, opts, columns, source)
         a, s, lab = t.pooled, t.units.scores, t.units.within
         svg = svg_histograms([("within", s[lab], WITHIN_COLOR), ("cross", s[~lab], CROSS_COLOR)], m.upper(),
@@ -89,7 +90,8 @@ def render_page(rows: list[dict], meta: Mapping[str, Any] | None, opts: dt.Repor
     """The report of prepared rows (:func:`~masc_engine.report.data.prepare_rows`) as one HTML string.
 
     Args:
-        rows: prepared rows.
+        rows: prepared rows, with every score of :func:`~masc_engine.report.data.file_metrics` of
+            ``columns``.
         meta: the sidecar, or None.
         opts: what the report shows.
         label: the score file as shown; also named in errors.
@@ -102,15 +104,17 @@ def render_page(rows: list[dict], meta: Mapping[str, Any] | None, opts: dt.Repor
     Raises:
         ValueError: a bad ``within_column`` (a :class:`~masc_engine.jobs.evaluation.DataError`).
     """
+    metrics = dt.file_metrics(columns)
+    extreme = dt.extreme_metrics(metrics)
     context = {
         "title": title, "n_rows": len(rows), "model": dt.model_name(meta), "opts": opts,
-        "confidence_pct": round(100 * opts.confidence), "metrics": dt.METRICS, "ok": dt.OK,
+        "confidence_pct": round(100 * opts.confidence), "metrics": metrics, "extreme_metrics": extreme, "ok": dt.OK,
         "banner": dt.RANDOM_WEIGHTS_BANNER if dt.random_weights(meta) else None,
         "summary": dt.summary(label, rows, meta, img_root, thumbs.roots or ()),
-        "stats": dt.method_stats(rows, opts),
-        "distributions": _distributions(rows, opts), "strip_max_points": STRIP_MAX_POINTS,
-        "within": _within(rows, opts, columns, label),
-        "extremes": dt.extremes_tables(rows, opts, lambda r, m: row_figures(r, m, thumbs, img_root, map_root)),
-        "show_maps": any(dt.has_maps(rows, m) for m in dt.METRICS),
+        "stats": dt.method_stats(rows, opts, metrics),
+        "distributions": _distributions(rows, opts, metrics), "strip_max_points": STRIP_MAX_POINTS,
+        "within": _within(rows, opts, columns, label, metrics),
+        "extremes": dt.extremes_tables(rows, opts, lambda r, m: row_figures(r, m, thumbs, img_root, map_root), extreme),
+        "show_maps": any(dt.has_maps(rows, m) for m in extreme),
     }
     return environment().get_template(TEMPLATE).render(context)
