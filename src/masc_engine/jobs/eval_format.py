@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,12 +64,20 @@ def ci_cell(value: float, low: float, high: float, note: str = "", digits: int =
     return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
+_NUMERIC = re.compile(r"^(-?\d|n/a$)")
+
+
+def _left(headers: Sequence[str], body: Sequence[Sequence[str]]) -> list[bool]:
+    """Per column: left-aligned (the first, and any holding text), or right-aligned (numbers)."""
+    return [i == 0 or any(not _NUMERIC.match(str(r[i])) for r in body) for i in range(len(headers))]
+
+
 def _markdown(headers: Sequence[str], body: Sequence[Sequence[str]], notes: Sequence[str], caption: str) -> str:
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(markdown_escape(c) for c in cells) + " |"
 
     out = [f"**{markdown_escape(caption)}**", ""] if caption else []
-    out += [line(headers), "|" + "|".join(":---" if i == 0 else "---:" for i in range(len(headers))) + "|"]
+    out += [line(headers), "|" + "|".join(":---" if left else "---:" for left in _left(headers, body)) + "|"]
     out += [line(r) for r in body]
     if notes:
         out += [""] + [f"- {markdown_escape(n)}" for n in notes]
@@ -82,7 +91,8 @@ def _latex(headers: Sequence[str], body: Sequence[Sequence[str]], notes: Sequenc
     out = [r"\begin{table}[t]", r"\centering"]
     if caption:
         out.append(r"\caption{" + latex_escape(caption) + "}")
-    out += [r"\begin{tabular}{l" + "r" * (len(headers) - 1) + "}", r"\toprule", line(headers), r"\midrule"]
+    spec = "".join("l" if left else "r" for left in _left(headers, body))
+    out += [r"\begin{tabular}{" + spec + "}", r"\toprule", line(headers), r"\midrule"]
     out += [line(r) for r in body]
     out += [r"\bottomrule", r"\end{tabular}"]
     out += [r"\par\footnotesize " + latex_escape(n) for n in notes]

@@ -40,13 +40,14 @@ __all__ = ["TableOptions", "ScoreUnits", "MeansTable", "CompareTable", "metric_c
            "random_weights_line", "scores_sidecar"]
 
 
-def metric_columns(columns: Sequence[str], requested: Sequence[str] = ()) -> tuple[str, ...]:
+def metric_columns(columns: Sequence[str], requested: Sequence[str] = (), source: str = "scores") -> tuple[str, ...]:
     """The metric columns a table covers.
 
     Args:
         columns: the score file's columns.
         requested: columns asked for by name (any column, registered or not), or empty / ``("all",)``
             for every registered metric's value columns that ``columns`` has, in registration order.
+        source: the file, named in errors.
 
     Returns:
         the column names, in order, without repeats.
@@ -58,12 +59,13 @@ def metric_columns(columns: Sequence[str], requested: Sequence[str] = ()) -> tup
     if requested and tuple(requested) != ("all",):
         missing = [c for c in requested if c not in cols]
         if missing:
-            raise DataError(f"no metric column {', '.join(map(repr, missing))} in the scores "
+            raise DataError(f"{source}: no metric column {', '.join(map(repr, missing))} "
                             f"(columns: {', '.join(map(str, cols))})")
         return tuple(dict.fromkeys(requested))
     found = tuple(c for m in registered() for c in m.columns if c in cols)
     if not found:
-        raise DataError(f"no registered metric column in the scores (columns: {', '.join(map(str, cols))})")
+        raise DataError(f"{source}: no registered metric column (columns: {', '.join(map(str, cols))}); "
+                        "name the columns with --metrics")
     return found
 
 
@@ -177,7 +179,7 @@ def score_units(scores: Any, options: TableOptions = TableOptions()) -> ScoreUni
             status with an empty score, or (averaging) a key column absent or empty on a row.
     """
     t = as_table(scores, "scores")
-    metrics = metric_columns(t.columns, options.metrics)
+    metrics = metric_columns(t.columns, options.metrics, str(t.path))
     has_key = all(c in t.columns for c in options.key)
     if options.average_references and not has_key:
         raise DataError(f"{t.path}: --average-references needs the key column(s) "
@@ -290,7 +292,9 @@ class CompareTable:
 
 def _pick_methods(u: ScoreUnits, a: str | None, b: str | None) -> tuple[str, str]:
     if u.methods is None:
-        raise DataError(f"{u.source}: no method column {u.options.method_column!r} (--method-column)")
+        col = u.options.method_column
+        raise DataError(f"{u.source}: " + (f"no method column {col!r}" if col else "no method column given")
+                        + "; a comparison needs one (--method-column)")
     present = list(dict.fromkeys(m for m in u.methods if m is not None))
     if a is None and b is None and len(present) == 2:
         return present[0], present[1]
@@ -370,7 +374,7 @@ def agreement_tables(scores: Any, ratings: Any, options: ev.AgreementOptions,
     """
     st, rt = as_table(scores, "scores"), as_table(ratings, "ratings")
     out = []
-    for m in metric_columns(st.columns, metrics):
+    for m in metric_columns(st.columns, metrics, str(st.path)):
         o = replace(options, score_column=m)
         joined = ev.join_scores_ratings(st, rt, o)
         if joined.counts["units"] == 0:
@@ -395,7 +399,7 @@ def auc_tables(scores: Any, options: ev.AucOptions, metrics: Sequence[str] = ())
         DataError, ValueError: as :func:`~masc_engine.jobs.evaluation.auc_table`.
     """
     t = as_table(scores, "scores")
-    return [{"metric": m, **r} for m in metric_columns(t.columns, metrics)
+    return [{"metric": m, **r} for m in metric_columns(t.columns, metrics, str(t.path))
             for r in ev.auc_table(t, replace(options, score_column=m)).rows]
 
 
