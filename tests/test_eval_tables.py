@@ -324,7 +324,7 @@ def test_random_weights_note_from_the_sidecar(scores_file, tmp_path):
 def test_docs_examples_run_on_the_shipped_scores(tmp_path):
     """docs/evaluation.md's table and compare lines on examples/dreambooth/scores_illustrative.csv,
     their figures against the file read directly."""
-    from conftest import EXAMPLES
+    from support import EXAMPLES
 
     path = str(EXAMPLES / "scores_illustrative.csv")
     rows = list(csv.DictReader(open(path)))
