@@ -20,7 +20,11 @@ the failed operations. A folder that cannot be opened and written at all is refu
   (``mask_cache_key``: image content hash, prompt, segmenter fingerprint, recipe identity, EXIF
   policy) scoped by the segmenter's backend and provider -> ``[H, W] uint8`` 0/255, stored as
   packed bits. Masks do not depend on the scorer, so they live outside its namespace: runs with
-  another SigLIP2 bundle or patch budget reuse them.
+  another SigLIP2 bundle or patch budget reuse them;
+- embedding (an embedder's, runtime/embedder.py, for the classic metrics): the image's content
+  hash (or the prompt's sha256) scoped by the embedder's identity (bundle fingerprint, backend,
+  provider, precision and image recipe: ``embedding_scope``) -> ``[D] float32``. Embeddings do not
+  depend on the scorer either: they live outside its namespace.
 
 A hit returns exactly the stored arrays, so scores from a hit are identical to a miss.
 
@@ -307,11 +311,46 @@ class EncodingStore:
         m = np.asarray(mask) > 0
         self._do(self.cache.set, self._mask_key(key, scope), _pack(b"msk", m.shape, np.packbits(m).tobytes()))
 
+    @staticmethod
+    def _embedding_key(scope: str, key: str) -> str:
+        return f"emb:{scope}:{key}"
+
+    def get_embedding(self, scope: str, key: str, width: int | None = None) -> np.ndarray | None:
+        """The ``[D] float32`` embedding stored under ``key`` in ``scope``, or None (absent, a
+        storage fault, or an entry not of this store's format or not ``width`` wide: refused as
+        :meth:`get_image` refuses one).
+
+        Args:
+            scope: the embedder and side (:func:`embedding_scope`).
+            key: the image's content hash, or the prompt's sha256.
+            width: the width D an entry must have (None: any).
+        """
+        def parse(blob: bytes) -> np.ndarray:
+            (d,), payload = _unpack(blob, b"emb", 1, lambda dims: 4 * dims[0] if dims[0] > 0 else -1)
+            if width is not None and d != width:
+                raise StoreValueError(f"an emb entry of width {d}, not {width}")
+            return _f32(payload, (d,))
+
+        return self._read(self._embedding_key(scope, key), parse)
+
+    def put_embedding(self, scope: str, key: str, embedding: np.ndarray) -> None:
+        """Store a ``[D]`` embedding (as little-endian float32) under ``key`` in ``scope``."""
+        e = np.ascontiguousarray(embedding, dtype="<f4").reshape(-1)
+        self._do(self.cache.set, self._embedding_key(scope, key), _pack(b"emb", e.shape, e.tobytes()))
+
     def close(self) -> None:
         try:
             self.cache.close()
         except self._errors:
             pass
+
+
+def embedding_scope(identity: dict, side: str) -> str:
+    """The store scope of an embedder's embeddings of one side (``image`` or ``text``): 16 hex
+    digits of the sha256 of its identity (runtime/embedder.py ``Embedder.identity``: bundle
+    fingerprint, backend, provider, precision, image recipe), then the side."""
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{digest}:{side}"
 
 
 def _unpack_text(blob: bytes) -> np.ndarray:

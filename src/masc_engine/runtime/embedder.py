@@ -16,11 +16,18 @@ An embedder bundle (``manifest["kind"] == "embedder"``) holds an ``image`` graph
 
 Embeddings come back as the graphs give them (not L2-normalised): the scores (cosines, x100)
 are computed from them by the metrics.
+
+:class:`EmbeddingCache` keeps them by content: an in-memory LRU in front of the persistent store
+(runtime/cache.py ``EncodingStore``, the same ``--cache-dir`` as the SigLIP2 encodings), keyed by
+the image's content hash (or the prompt's sha256) and the embedder's :meth:`Embedder.identity`
+(bundle fingerprint, backend, provider, precision and image recipe), so each encoder runs once per
+distinct image across chunks, runs and files.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +35,8 @@ from PIL import Image
 
 from ..engine.bundle import Bundle
 from ..errors import BundleError
-from .encoder import Encoder, RunnerSettings
+from .cache import EncodingStore, embedding_scope, sha256_bytes
+from .encoder import LRU, Encoder, RunnerSettings
 from .recipes import ImageRecipe, preprocess
 
 #: ``manifest["kind"]`` of an embedder bundle.
@@ -175,3 +183,94 @@ class Embedder(Encoder):
             for j, i in enumerate(batch):
                 out[i] = result[j]
         return np.stack(out)
+
+
+class EmbeddingCache:
+    """One embedder's embeddings by content: an in-memory LRU in front of an optional disk store.
+
+    Only keys in neither level go through the embedder's graphs. A stored entry that is not in the
+    store's format, or not ``embedder.dim`` wide, is refused as the store refuses any (a miss,
+    counted in ``EncodingStore.refused``, then rewritten); a failing store is bypassed.
+
+    Args:
+        embedder: the :class:`Embedder` that embeds misses.
+        store: the persistent :class:`~masc_engine.runtime.cache.EncodingStore` (``--cache-dir``), or None.
+        items: in-memory LRU size per side, in embeddings (a ``[D] float32`` each: 2 KiB at D=512).
+
+    Attributes:
+        images_embedded, texts_embedded: images and prompts that went through the graphs.
+        cache_hits: embeddings served from the disk store.
+
+    Thread-safe for lookups; :meth:`images` and :meth:`texts` are called by one thread at a time.
+    """
+
+    def __init__(self, embedder: Embedder, store: EncodingStore | None = None, items: int = 4096):
+        self.embedder = embedder
+        self.store = store
+        ident = embedder.identity()
+        self.scopes = {side: embedding_scope(ident, side) for side in ("image", "text")}
+        self.memory = {side: LRU(items) for side in ("image", "text")}
+        self._lock = threading.Lock()
+        self.images_embedded = 0
+        self.texts_embedded = 0
+        self.cache_hits = 0
+
+    def _get(self, side: str, key: str, store_key: str) -> np.ndarray | None:
+        with self._lock:
+            v = self.memory[side].get(key)
+        if v is None and self.store is not None:
+            v = self.store.get_embedding(self.scopes[side], store_key, self.embedder.dim or None)
+            if v is not None:
+                self.cache_hits += 1
+                with self._lock:
+                    self.memory[side][key] = v
+        return v
+
+    def _put(self, side: str, key: str, store_key: str, v: np.ndarray) -> None:
+        with self._lock:
+            self.memory[side][key] = v
+        if self.store is not None:
+            self.store.put_embedding(self.scopes[side], store_key, v)
+
+    def images(self, pixels: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Image embeddings by content hash.
+
+        Args:
+            pixels: ``{content hash: [3, H, W] float32}``, each image preprocessed by the
+                embedder's recipe (:meth:`Embedder.preprocess_image`).
+
+        Returns:
+            ``{content hash: [D] float32}`` for every key of ``pixels``, not normalised.
+        """
+        out = {k: self._get("image", k, k) for k in pixels}
+        todo = [k for k, v in out.items() if v is None]
+        if todo:
+            for k, v in zip(todo, self.embedder.embed_preprocessed([pixels[k] for k in todo])):
+                out[k] = v
+                self._put("image", k, k, v)
+            self.images_embedded += len(todo)
+        return out
+
+    def texts(self, prompts: Sequence[str]) -> dict[str, np.ndarray]:
+        """Text embeddings of ``prompts`` (as given; the key is the prompt's sha256 in the store).
+
+        Returns:
+            ``{prompt: [D] float32}`` for each distinct prompt, not normalised.
+
+        Raises:
+            BundleError: the bundle has no text graph.
+        """
+        keys = list(dict.fromkeys(prompts))
+        out = {p: self._get("text", p, sha256_bytes(p.encode())) for p in keys}
+        todo = [p for p, v in out.items() if v is None]
+        if todo:
+            for p, v in zip(todo, self.embedder.embed_texts(todo)):
+                out[p] = v
+                self._put("text", p, sha256_bytes(p.encode()), v)
+            self.texts_embedded += len(todo)
+        return out
+
+    def stats(self) -> dict:
+        """``{"images_embedded", "texts_embedded", "embedding_cache_hits"}`` since it was made."""
+        return {"images_embedded": self.images_embedded, "texts_embedded": self.texts_embedded,
+                "embedding_cache_hits": self.cache_hits}

@@ -9,6 +9,7 @@ from pathlib import Path
 from ...errors import InputError
 from ...runtime.cache import EncodingCache, EncodingStore
 from ...runtime.config import ScorerConfig
+from ...runtime.embedder import EmbeddingCache, Embedder
 from ...runtime.io import read_bytes
 from ...runtime.pair_metrics import HostTokens, MetricBatch
 from ...runtime.scorer import EncodedPair, Scorer
@@ -47,7 +48,12 @@ class PairsJob:
 
     With ``embedders`` (name -> runtime/embedder.py ``Embedder``), each image is preprocessed by
     the recipe of every embedder the run's metrics read (``settings.metrics``: the classic
-    metrics) while it is decoded, and each distinct image embedded once per scoring call, batched.
+    metrics) while it is decoded, and each distinct image embedded once, batched: each embedder's
+    :class:`~masc_engine.runtime.embedder.EmbeddingCache` (an LRU in front of ``store``, keyed by
+    content and the embedder's identity) serves every image and prompt it embedded before, in
+    this job or in any run sharing the store. Those metrics read no mask: a row without masks (an
+    empty mask cell, no segmenter) still gets them, its CP and PF statuses saying why they are
+    missing (``no_mask_source``), as does a row whose masks fail a check.
 
     Raises:
         ValueError: ``settings.save_masks`` without a segmenter; a metric whose embedder is not in
@@ -70,6 +76,9 @@ class PairsJob:
         self.io_workers = io_workers
         self.cache = cache if cache is not None else EncodingCache(scorer, cache_items, store)
         self.decode_budget = decode_budget
+        #: Each embedder's embeddings by content (memory, then the persistent store).
+        self.embeddings = {k: EmbeddingCache(e, store if store is not None else self.cache.store)
+                           for k, e in self.embedders.items()}
         #: The segmenter's masks for pairs without one, or None (every mask from a file).
         self.masks = None if segmenter is None else SegmenterMasks(
             segmenter, settings.exif, store if store is not None else self.cache.store, settings.save_masks)
@@ -87,10 +96,14 @@ class PairsJob:
     def stats(self) -> dict:
         """``{"images_encoded", "cache_hits"}`` since this job was made (executor interface), and
         with a segmenter its counters (``masks_segmented``, ``mask_cache_hits``,
-        ``segmenter_images_encoded``)."""
+        ``segmenter_images_encoded``), with embedders theirs summed over the embedders
+        (``images_embedded``, ``texts_embedded``, ``embedding_cache_hits``)."""
         st = {"images_encoded": self.cache.images_encoded, "cache_hits": self.cache.cache_hits}
         if self.masks is not None:
             st.update(self.masks.stats())
+        for c in self.embeddings.values():
+            for k, v in c.stats().items():
+                st[k] = st.get(k, 0) + v
         return st
 
     # ---------------------------------------------------------------- decoding
@@ -139,11 +152,12 @@ class PairsJob:
 
     def _sides(self, row: dict, base) -> list[tuple[str, str | None]] | None:
         """A row's ``(image path, mask path)`` per side (mask ``None``: the segmenter's), or None
-        when the row is a ``bad_row`` (an empty image cell; an empty mask cell and no segmenter)."""
+        when the row is a ``bad_row`` (an empty image cell; an empty mask cell with neither a
+        segmenter nor a metric that reads no mask)."""
         sides = []
         for im_c, m_c in (("ref_image", "ref_mask"), ("out_image", "out_mask")):
             image, mask = (row.get(im_c) or "").strip(), (row.get(m_c) or "").strip()
-            if not image or (not mask and self.masks is None):
+            if not image or (not mask and self.masks is None and not self.embedders):
                 return None
             sides.append((resolve_path(base, row[im_c]), resolve_path(base, row[m_c]) if mask else None))
         return sides
@@ -406,9 +420,20 @@ class PairsJob:
         batch = MetricBatch([o.pair for o in ready], scored, HostTokens(self.scorer.host_encoding),
                             self.scorer.fg_threshold, [o.item.ref_mask.any_foreground for o in ready],
                             [o.item.names["ref_mask"] for o in ready], scorer=self.scorer)
+        # Metrics that read no SigLIP2 encoder (the classic ones) need no mask: every pair whose
+        # two images decoded gets them, the pairs CP and PF could not score included.
+        maskless = [m for m in metrics if m.encoders and not any(e.startswith("siglip2.") for e in m.encoders)]
+        imaged = [o for o in outcomes if _images_decoded(o.item)] if maskless else []
         if self.embedders:
-            self._embed(batch, [o.item for o in ready])
-        computed = [(m, m.compute(batch)) for m in metrics]
+            self._embed(batch, [o.item for o in imaged])
+            batch.image_keys = [(o.item.ref_image.sha256, o.item.out_image.sha256) for o in ready]
+        plain = MetricBatch([o.item for o in imaged], [], batch.host_tokens, batch.fg_threshold,
+                            image_keys=[(o.item.ref_image.sha256, o.item.out_image.sha256) for o in imaged],
+                            embeddings=batch.embeddings, text_embeddings=batch.text_embeddings)
+        for m in maskless:
+            for o, values in zip(imaged, m.compute(plain)):
+                o.take(m, values)
+        computed = [(m, m.compute(batch)) for m in metrics if m not in maskless]
         for k, (o, sc) in enumerate(zip(ready, scored)):
             for m, values in computed:
                 o.take(m, values[k])
@@ -416,17 +441,15 @@ class PairsJob:
         return [o.record() for o in outcomes]
 
     def _embed(self, batch: MetricBatch, items: list[DecodedPair]) -> None:
-        """Fill ``batch``'s image keys and embeddings: each distinct image of ``items`` embedded once
-        by each embedder (batched), and with a text graph each distinct prompt as given."""
-        batch.image_keys = [(it.ref_image.sha256, it.out_image.sha256) for it in items]
+        """Fill ``batch``'s embeddings: each distinct image of ``items`` embedded by each embedder
+        (batched; those its :class:`EmbeddingCache` holds are not run again), and with a text graph
+        each distinct prompt as given."""
         images = {d.sha256: d for it in items for d in (it.ref_image, it.out_image)}
-        for name, emb in self.embedders.items():
-            keys = [k for k in images if name in images[k].embed_pixels]
-            vecs = emb.embed_preprocessed([images[k].embed_pixels[name] for k in keys])
-            batch.embeddings[name] = dict(zip(keys, vecs))
-            if emb.has_text:
-                prompts = list(dict.fromkeys(it.prompt for it in items))
-                batch.text_embeddings[name] = dict(zip(prompts, emb.embed_texts(prompts)))
+        for name, cache in self.embeddings.items():
+            batch.embeddings[name] = cache.images({k: d.embed_pixels[name] for k, d in images.items()
+                                                   if name in d.embed_pixels})
+            if cache.embedder.has_text:
+                batch.text_embeddings[name] = cache.texts([it.prompt for it in items])
 
     def _mask_columns(self, it: DecodedPair) -> dict:
         """A pair's mask source columns (and with ``save_masks`` the saved PNGs of its segmenter masks)."""
@@ -473,25 +496,33 @@ class PairsJob:
             o.notes.append(f"prompt truncated to {s.text_settings.max_length} tokens")
 
 
+def _images_decoded(item: DecodedPair) -> bool:
+    """Whether both images of a pair decoded (and the row itself is readable)."""
+    return item.error is None and isinstance(item.ref_image, DecodedImage) and isinstance(item.out_image, DecodedImage)
+
+
 def build_pairs_job(bundle_dir: str, config: ScorerConfig, settings: dict, io_workers: int,
                     cache_dir: str | None = None, cache_size_limit: int | None = None,
-                    segmenter: SegmenterConfig | None = None) -> PairsJob:
+                    segmenter: SegmenterConfig | None = None, embedders: dict | None = None) -> PairsJob:
     """A :class:`PairsJob` on a fresh scorer with the driver's resolved ``config`` (and a fresh
     segmenter from the driver's resolved ``segmenter`` config): the factory Ray workers call
     (picklable through :func:`functools.partial`, so executors need not know this module). The
     bundles are loaded unverified: the driver hashed the files the workers load. With
     ``cache_dir`` the worker reads and writes the same persistent store as the driver (diskcache
-    is safe across processes; on several nodes the folder must be shared storage)."""
+    is safe across processes; on several nodes the folder must be shared storage). ``embedders``:
+    name -> ``(bundle folder, RunnerSettings, batch_size)`` of the driver's embedders, each loaded
+    unverified in the worker as the scorer is."""
     scorer = Scorer(bundle_dir, config, verify=False)
     run_settings = RunSettings(**settings)
     store = RunOptions(cache_dir=cache_dir, cache_size_limit=cache_size_limit).store(scorer, run_settings.exif)
     scorer.attach_text_store(store)
     seg = None if segmenter is None else segmenter.load(verify=False)
-    return PairsJob(scorer, run_settings, store=store, io_workers=io_workers, segmenter=seg)
+    embs = {k: Embedder(path, runners, batch_size=bs, verify=False) for k, (path, runners, bs) in (embedders or {}).items()}
+    return PairsJob(scorer, run_settings, store=store, io_workers=io_workers, segmenter=seg, embedders=embs)
 
 
 def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int, cache_dir=None, cache_size_limit=None,
-                 segmenter: Segmenter | None = None):
+                 segmenter: Segmenter | None = None, embedders: dict | None = None):
     if scorer.bundle.verify:
         # The workers load the bundle unverified (one hash per run, not per worker): the driver
         # checks every graph file (and weights) they will load, the text graph included, which the
@@ -500,6 +531,12 @@ def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int, cache_d
             scorer.bundle.graph_file(g, scorer.config.graph_variant)
     if segmenter is not None and segmenter.bundle.verify:
         segmenter.check_graphs()
+    specs = {}
+    for k in settings.embedders_needed():  # those the metrics read: as the local job keeps them
+        e = embedders[k]
+        if e.bundle.verify:
+            e.check_graphs()
+        specs[k] = (str(Path(e.bundle.path).resolve()), e.runner_settings, e.batch_size)
     return functools.partial(build_pairs_job, str(Path(scorer.bundle.path).resolve()), scorer.config, settings.as_dict(),
                              io_workers, None if cache_dir is None else str(Path(cache_dir).resolve()), cache_size_limit,
-                             None if segmenter is None else segmenter.config)
+                             None if segmenter is None else segmenter.config, specs or None)

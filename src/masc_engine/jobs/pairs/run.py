@@ -48,8 +48,7 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
     Raises:
         PairsFileError: the pairs file is unusable or over ``max_pairs_bytes`` (nothing is written
             then).
-        ValueError: an unsupported output extension; a metric whose embedder is not given; the
-            Ray executor with embedders.
+        ValueError: an unsupported output extension; a metric whose embedder is not given.
         OutputBusyError: another run holds the output's lock (nothing is written).
         SettingsChangedError: results at ``out_path`` were made with other settings, named in the
             message, and ``overwrite`` is False (nothing is written).
@@ -69,7 +68,9 @@ def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSet
     if settings.save_masks is not None and segmenter is None:
         raise ValueError("save_masks (--save-masks) needs a segmenter (--segmenter)")
     check_embedders(settings, embedders, opts.executor)
-    fieldnames, rows = read_pairs(csv_path, masks_optional=segmenter is not None, max_bytes=opts.max_pairs_bytes)
+    # A run whose metrics include some that read no mask (the classic ones) takes rows without masks.
+    masks_optional = segmenter is not None or bool(settings.embedders_needed())
+    fieldnames, rows = read_pairs(csv_path, masks_optional=masks_optional, max_bytes=opts.max_pairs_bytes)
     base = csv_path.resolve().parent
     keys = [row_key(r, base) for r in rows]
     summary = Summary(duplicates=_duplicates(rows))
@@ -107,9 +108,11 @@ def choose_executor(scorer: Scorer, settings: RunSettings, opts: RunOptions, sto
     """The executor ``opts.executor`` names (jobs/executors.py): a :class:`LocalExecutor` over one
     :class:`PairsJob` on ``scorer``, ``store`` and ``segmenter``, or a :class:`RayExecutor` whose
     workers each build their own job (:func:`build_pairs_job`: the same settings, store folder and
-    resolved scorer and segmenter configs), on a GPU slot when the scorer's backend computes on one."""
+    resolved scorer and segmenter configs, the embedders' bundle folders and runner settings), on a GPU
+    slot when the scorer's backend computes on one."""
     if opts.executor == "ray":
-        factory = _ray_factory(scorer, settings, opts.io_workers, opts.cache_dir, opts.cache_size_limit, segmenter)
+        factory = _ray_factory(scorer, settings, opts.io_workers, opts.cache_dir, opts.cache_size_limit, segmenter,
+                               embedders)
         return RayExecutor(factory, gpu=get_backend(scorer.backend).is_gpu(scorer.provider), address=opts.ray_address,
                            workers=opts.ray_workers)
     return LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=opts.io_workers, segmenter=segmenter,
@@ -117,7 +120,7 @@ def choose_executor(scorer: Scorer, settings: RunSettings, opts: RunOptions, sto
 
 
 def check_embedders(settings: RunSettings, embedders: dict, executor: str = "local") -> None:
-    """Refuse, before any work, a metric whose embedder is not given (or embedders on Ray).
+    """Refuse, before any work, a metric whose embedder is not given (on either executor).
 
     Raises:
         ValueError: one line naming the metric and ``--embedder NAME=BUNDLE``.
@@ -126,8 +129,6 @@ def check_embedders(settings: RunSettings, embedders: dict, executor: str = "loc
         for name in dict.fromkeys(e.split(".")[0] for e in m.encoders if not e.startswith("siglip2.")):
             if name not in embedders:
                 raise ValueError(f"--metrics {m.name} reads the {name} embedder: give --embedder {name}=BUNDLE")
-    if executor == "ray" and settings.embedders_needed():
-        raise ValueError("--metrics with embedders runs on --executor local only")
 
 
 def _duplicates(rows: list[dict]) -> list[tuple[int, int]]:

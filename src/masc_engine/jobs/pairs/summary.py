@@ -12,6 +12,10 @@ from ...runtime.pair_metrics import headline_metrics
 from ..results import MASK_COUNTERS
 
 
+#: The embedders' counters a job reports (jobs/pairs/job.py ``PairsJob.stats``).
+EMBEDDING_COUNTERS = ("images_embedded", "texts_embedded", "embedding_cache_hits")
+
+
 def _method_stats() -> dict:
     return {"n": 0, **{m.name: [] for m in headline_metrics()}}
 
@@ -33,6 +37,9 @@ class Summary:
     journal_repaired: bool = False
     #: The segmenter's counters (jobs/mask_source.py), when the run had one.
     masks: dict = field(default_factory=dict)
+    #: The embedders' counters (``images_embedded``, ``texts_embedded``, ``embedding_cache_hits``),
+    #: when the run had embedders (the classic metrics).
+    embeddings: dict = field(default_factory=dict)
 
     def add(self, row: dict, method: str | None) -> None:
         """Count one output row (``method``: its method column's value, or None)."""
@@ -61,6 +68,10 @@ class Summary:
             m = self.masks
             out.append(f"  masks: {m.get('masks_segmented', 0)} segmented ({m.get('segmenter_images_encoded', 0)} images "
                        f"through the segmenter), {m.get('mask_cache_hits', 0)} from the cache")
+        if self.embeddings:
+            e = self.embeddings
+            out.append(f"  embeddings: {e.get('images_embedded', 0)} images and {e.get('texts_embedded', 0)} prompts "
+                       f"through the embedders, {e.get('embedding_cache_hits', 0)} from the cache")
         if self.journal_repaired:
             out.append("  a torn last line of the previous run's journal was repaired")
         if self.lost_workers:
@@ -84,9 +95,10 @@ class Summary:
         self.images_encoded, self.cache_hits = stats.get("images_encoded", 0), stats.get("cache_hits", 0)
         self.lost_workers = stats.get("lost_workers", 0)
         self.masks = {k: stats[k] for k in MASK_COUNTERS if k in stats}
+        self.embeddings = {k: stats[k] for k in EMBEDDING_COUNTERS if k in stats}
 
     def counts(self) -> dict:
         """The counts recorded in ``<out>.meta.json``."""
         return {"rows": self.rows, "ok": self.ok, "resumed": self.resumed, "statuses": dict(self.statuses),
                 "duplicate_rows": len(self.duplicates), "images_encoded": self.images_encoded,
-                "cache_hits": self.cache_hits}
+                "cache_hits": self.cache_hits, **({"embeddings": dict(self.embeddings)} if self.embeddings else {})}
