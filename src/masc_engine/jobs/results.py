@@ -379,11 +379,18 @@ class PriorWork:
     repaired: bool = False
 
 
+#: Settings whose change adds or drops metric columns only (masc-run ``--metrics``, ``--embedder``).
+_METRIC_SETTINGS = ("--metrics", "--embedder ", "result schema")
+
+
 def _changed(what: str, old: dict | None, new: dict) -> SettingsChangedError:
     diff = settings_diff(old, new) if old else []
     said = "; ".join(diff) if diff else "their settings fingerprint differs (written by another masc-engine version?)"
+    # Another metric set: with the same --cache-dir, --overwrite runs only the encoders of what is new.
+    reuse = (" (with the earlier run's --cache-dir only the added metrics' encoders run)"
+             if diff and all(d.startswith(_METRIC_SETTINGS) for d in diff) else "")
     return SettingsChangedError(f"{what} made with other settings ({said}): nothing was scored or erased; "
-                                "--overwrite replaces them, or choose another --out")
+                                f"--overwrite replaces them{reuse}, or choose another --out")
 
 
 def _matching(entries, keys: list[str]) -> dict[int, dict]:

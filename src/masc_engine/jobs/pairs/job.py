@@ -76,6 +76,7 @@ class PairsJob:
         self.io_workers = io_workers
         self.cache = cache if cache is not None else EncodingCache(scorer, cache_items, store)
         self.decode_budget = decode_budget
+        self._encoders = {e for m in settings.run_metrics() for e in m.encoders}
         #: Each embedder's embeddings by content (memory, then the persistent store).
         self.embeddings = {k: EmbeddingCache(e, store if store is not None else self.cache.store)
                            for k, e in self.embedders.items()}
@@ -448,7 +449,7 @@ class PairsJob:
         for name, cache in self.embeddings.items():
             batch.embeddings[name] = cache.images({k: d.embed_pixels[name] for k, d in images.items()
                                                    if name in d.embed_pixels})
-            if cache.embedder.has_text:
+            if f"{name}.text" in self._encoders:  # CLIP-T: the prompts as given
                 batch.text_embeddings[name] = cache.texts([it.prompt for it in items])
 
     def _mask_columns(self, it: DecodedPair) -> dict:
