@@ -261,3 +261,54 @@ def test_masc_run_cli_resumes_a_run_with_embedders_and_prints_their_counters(bun
     assert res.exit_code == 0 and "embeddings: 44 images and 0 prompts through the embedders" in res.output, res.output
     meta = json.loads(Path(f"{out}.meta.json").read_text())
     assert meta["counts"]["embeddings"]["images_embedded"] == 44
+
+
+def test_a_default_server_keeps_the_built_in_response_models():
+    pytest.importorskip("fastapi")
+    from masc_engine.jobs.pairs import RunSettings
+    from masc_engine.serve.schemas import BatchResult, ScoreResult, result_models
+
+    assert result_models(RunSettings().run_metrics()) == (ScoreResult, BatchResult)
+    record, batch = result_models(RunSettings(metrics=("dino",)).run_metrics())
+    assert record.__name__ == "ScoreResult" and {"dino", "dino_status"} <= set(record.model_fields)
+    assert "clip_i" not in record.model_fields and batch.model_fields["results"].annotation == list[record]
+
+
+@pytest.mark.slow
+def test_masc_serve_and_the_python_api_carry_the_classic_metrics_of_masc_run(bundles, naflex_bundle, tmp_path):
+    pytest.importorskip("fastapi")
+    import base64
+
+    from masc_engine.jobs.pairs import PairsJob, RunSettings
+    from masc_engine.runtime.embedder import Embedder
+    from masc_engine.runtime.scorer import Scorer
+    from masc_engine.serve.app import ServeConfig, create_app
+    from test_serve_openapi import _ready_client
+
+    _run(bundles, naflex_bundle, PAIRS, tmp_path / "run.csv")
+    want = _rows(tmp_path / "run.csv")[0]
+    files = {c: (PAIRS.parent / want[c]).read_bytes() for c in ("ref_image", "ref_mask", "out_image", "out_mask")}
+
+    # The Python API: PairsJob with embedders scores one in-memory pair as masc-run scores the row.
+    job = PairsJob(Scorer(naflex_bundle), RunSettings(metrics=CLASSIC),
+                   embedders={k: Embedder(bundles[k]) for k in ("clip", "dino")})
+    rec = job.score_item(**files, prompt=want["prompt"], object_name=want["object_name"])
+    assert [repr(rec[c]) for c in CLASSIC] == [want[c] for c in CLASSIC]
+    bare = job.score_item(files["ref_image"], None, files["out_image"], None, want["prompt"], want["object_name"])
+    assert [repr(bare[c]) for c in CLASSIC] == [want[c] for c in CLASSIC] and bare["cp_status"] == "no_mask_source"
+
+    app = create_app(ServeConfig(bundle=str(naflex_bundle), metrics=CLASSIC,
+                                 embedders={k: str(bundles[k]) for k in ("clip", "dino")}))
+    client = _ready_client(app)
+    try:
+        body = {**{k: base64.b64encode(v).decode() for k, v in files.items()}, "prompt": want["prompt"],
+                "object_name": want["object_name"]}
+        got = client.post("/v1/score", json=body).json()
+        batch = client.post("/v1/score_batch", json={"items": [body]}).json()["results"][0]
+        doc = client.get("/openapi.json").json()["components"]["schemas"]
+    finally:
+        client.__exit__(None, None, None)
+    for c in CLASSIC:
+        assert repr(got[c]) == want[c] and got[f"{c}_status"] == "ok" and batch[c] == got[c]
+        assert {"type": "number"} in doc["ScoreResult"]["properties"][c]["anyOf"]
+    assert (repr(got["cp"]), repr(got["pf"])) == (want["cp"], want["pf"])

@@ -249,3 +249,68 @@ def load_scorer(bundle: str, config: ScorerConfig):
     from ..runtime.scorer import Scorer
 
     return _one_line_warnings(lambda: Scorer(bundle, config))
+
+
+#: ``--embedder`` names: the embedders the classic metrics read (runtime/pair_metrics/classic.py).
+EMBEDDER_NAMES = ("clip", "dino", "dino_s8", "dinov2")
+
+
+def metric_options(f):
+    """``--metrics NAMES`` and ``--embedder NAME=BUNDLE`` (repeatable): masc-run's and masc-serve's."""
+    f = click.option("--embedder", "embedder_specs", multiple=True, metavar="NAME=BUNDLE",
+                     help="An embedder bundle from masc-export for the classic metrics (repeatable): clip, dino, "
+                          "dino_s8 or dinov2.")(f)
+    return click.option("--metrics", "metrics", default=None, metavar="NAMES",
+                        help="Comma-separated metrics to compute: cp and pf always; add the classic ones by name: "
+                             "clip_i, clip_t (--embedder clip=...), dino, dino_s8, dinov2 (--embedder dino=..., "
+                             "dino_s8=..., dinov2=...), 100 x cosine each (docs/metrics.md, \"Classic metrics in "
+                             "masc-run\").")(f)
+
+
+def opted_metrics(spec: str | None) -> tuple[str, ...] | None:
+    """The metrics ``--metrics`` asks for beyond those every run computes (None: none, the default
+    run, whose settings and fingerprint are those of a run without the option).
+
+    Raises:
+        click.ClickException: an unknown metric name (one line naming ``--metrics``).
+    """
+    from ..runtime.pair_metrics import registered
+
+    if spec is None:
+        return None
+    known = {m.name: m for m in registered()}
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise click.ClickException(f"--metrics: unknown metric(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    opted = tuple(n for n in names if known[n].option is not None)
+    return opted or None
+
+
+def embedder_paths(specs) -> dict[str, str]:
+    """``--embedder NAME=BUNDLE`` options as ``{name: bundle folder}``.
+
+    Raises:
+        click.ClickException: a spec without ``=``, an unknown name, a repeated name or a missing folder.
+    """
+    from pathlib import Path
+
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or name not in EMBEDDER_NAMES:
+            raise click.ClickException(f"--embedder {spec}: expected NAME=BUNDLE with NAME one of "
+                                       f"{', '.join(EMBEDDER_NAMES)}")
+        if name in out:
+            raise click.ClickException(f"--embedder {name} given twice")
+        if not Path(path).is_dir():
+            raise click.ClickException(f"--embedder {name}={path}: no such bundle folder")
+        out[name] = path
+    return out
+
+
+def load_embedders(paths: dict[str, str]) -> dict:
+    """The ``Embedder`` of each bundle folder (runtime/embedder.py), by name."""
+    from ..runtime.embedder import Embedder
+
+    return {k: Embedder(v) for k, v in paths.items()}

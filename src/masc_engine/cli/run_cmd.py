@@ -11,9 +11,9 @@ from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES
 from ..runtime.io import default_max_file_bytes
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .logs import show_library_log
-from .options import (STORE_SIZE_GB, cache_options, chunk_size_option, exif_option, io_workers_option, load_scorer,
-                      load_segmenter, mask_size_tolerance_option, scorer_config, scorer_options, segmenter_config,
-                      segmenter_options)
+from .options import (STORE_SIZE_GB, cache_options, chunk_size_option, embedder_paths, exif_option, io_workers_option,
+                      load_embedders, load_scorer, load_segmenter, mask_size_tolerance_option, metric_options,
+                      opted_metrics, scorer_config, scorer_options, segmenter_config, segmenter_options)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,13 +52,7 @@ from .options import (STORE_SIZE_GB, cache_options, chunk_size_option, exif_opti
 @click.option("--baselines", is_flag=True,
               help="Add the paper's same-forward-pass baselines: cp_global, cp_mnn, and PF with full / "
                    "background / foreground pooling x stripped / unstripped prompt.")
-@click.option("--metrics", "metrics", default=None, metavar="NAMES",
-              help="Comma-separated metrics to compute: cp and pf always; add the classic ones by name: clip_i, clip_t "
-                   "(--embedder clip=...), dino, dino_s8, dinov2 (--embedder dino=..., dino_s8=..., dinov2=...), "
-                   "100 x cosine each (docs/metrics.md, \"Classic metrics in masc-run\").")
-@click.option("--embedder", "embedder_specs", multiple=True, metavar="NAME=BUNDLE",
-              help="An embedder bundle from masc-export for the classic metrics (repeatable): clip, dino, dino_s8 "
-                   "or dinov2.")
+@metric_options
 @click.option("--save-maps", type=click.Path(file_okay=False), default=None,
               help="Write per-pair attribution PNGs here (CP: best cosine per reference patch; PF: the "
                    "pooling head's background attention) and add cp_map / pf_map columns. Slows the run: 2.6x the "
@@ -125,7 +119,7 @@ def _score(p: dict, config, seg_config, out_path: str):
     from ..jobs.pairs.run import check_embedders
 
     settings = _run_settings(p)
-    bundles = _embedder_paths(p["embedder_specs"])
+    bundles = embedder_paths(p["embedder_specs"])
     try:
         check_embedders(settings, bundles, p["executor"])
     except ValueError as e:
@@ -136,7 +130,7 @@ def _score(p: dict, config, seg_config, out_path: str):
         if scorer.certificate is not None:
             click.secho(f"NOTE: {scorer.certificate['claim']} (the gates are in the bundle's manifest and "
                         f"{out_path}.meta.json)", err=True)
-        embedders = _load_embedders({k: bundles[k] for k in settings.embedders_needed()})
+        embedders = load_embedders({k: bundles[k] for k in settings.embedders_needed()})
         return run_pairs(p["pairs_csv"], scorer, out_path, settings, _run_options(p), segmenter, embedders)
     except KeyboardInterrupt:
         from ..jobs.results import Journal
@@ -168,59 +162,9 @@ def _run_settings(p: dict):
                            save_masks=str(Path(p["save_masks"]).resolve()) if p["save_masks"] else None,
                            max_prompt_bytes=p["max_prompt_bytes"], max_prompt_tokens=p["max_prompt_tokens"],
                            max_file_bytes=None if p["max_file_mb"] is None else int(p["max_file_mb"] * 2**20),
-                           metrics=_opted_metrics(p["metrics"]))
+                           metrics=opted_metrics(p["metrics"]))
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-
-
-#: ``--embedder`` names: the embedders the classic metrics read (runtime/pair_metrics/classic.py).
-EMBEDDER_NAMES = ("clip", "dino", "dino_s8", "dinov2")
-
-
-def _opted_metrics(spec: str | None) -> tuple[str, ...] | None:
-    """The metrics ``--metrics`` asks for beyond those every run computes (None: none, the default
-    run, whose settings and fingerprint are those of a run without the option).
-
-    Raises:
-        click.ClickException: an unknown metric name (one line naming ``--metrics``).
-    """
-    from ..runtime.pair_metrics import registered
-
-    if spec is None:
-        return None
-    known = {m.name: m for m in registered()}
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise click.ClickException(f"--metrics: unknown metric(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    opted = tuple(n for n in names if known[n].option is not None)
-    return opted or None
-
-
-def _embedder_paths(specs) -> dict[str, str]:
-    """``--embedder NAME=BUNDLE`` options as ``{name: bundle folder}``.
-
-    Raises:
-        click.ClickException: a spec without ``=``, an unknown name, a repeated name or a missing folder.
-    """
-    out: dict[str, str] = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or name not in EMBEDDER_NAMES:
-            raise click.ClickException(f"--embedder {spec}: expected NAME=BUNDLE with NAME one of {', '.join(EMBEDDER_NAMES)}")
-        if name in out:
-            raise click.ClickException(f"--embedder {name} given twice")
-        if not Path(path).is_dir():
-            raise click.ClickException(f"--embedder {name}={path}: no such bundle folder")
-        out[name] = path
-    return out
-
-
-def _load_embedders(paths: dict[str, str]) -> dict:
-    """The ``Embedder`` of each bundle folder (runtime/embedder.py), by name."""
-    from ..runtime.embedder import Embedder
-
-    return {k: Embedder(v) for k, v in paths.items()}
 
 
 def _print_scores(out_path: str) -> None:

@@ -10,8 +10,8 @@ import sys
 import click
 
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
-from .options import (STORE_SIZE_GB, cache_options, exif_option, mask_size_tolerance_option, scorer_config,
-                      scorer_options, segmenter_config, segmenter_options)
+from .options import (STORE_SIZE_GB, cache_options, embedder_paths, exif_option, mask_size_tolerance_option,
+                      metric_options, opted_metrics, scorer_config, scorer_options, segmenter_config, segmenter_options)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,6 +24,7 @@ from .options import (STORE_SIZE_GB, cache_options, exif_option, mask_size_toler
 @segmenter_options
 @exif_option
 @mask_size_tolerance_option
+@metric_options
 @click.option("--max-batch", type=click.IntRange(1, 1024), default=8, show_default=True,
               help="Most requests coalesced into one scoring call (1: no micro-batching).")
 @click.option("--max-wait-ms", type=click.FloatRange(0, 10000), default=5.0, show_default=True,
@@ -76,7 +77,8 @@ def main(**params):
 
     The scorer options are masc-run's; --stripper is the default for requests that name none (a
     request may ask for regex or none, and for spacy only if this is spacy). With --segmenter the
-    mask fields are optional: a missing mask is computed from the item's object_name.
+    mask fields are optional: a missing mask is computed from the item's object_name. With
+    --metrics (and --embedder) every response also carries the classic metrics named there.
 
     GET /healthz, /readyz, /metrics; POST /v1/score (JSON with base64 files, or multipart uploads),
     /v1/score_batch. OpenAPI document at /openapi.json. Reference: docs/service.md.
@@ -94,7 +96,9 @@ def main(**params):
 
     config = scorer_config(params)
     seg_config = segmenter_config(params, config)
-    p = {k: v for k, v in params.items() if k not in ("host", "port", "graceful_timeout_s", "log_level", "api_key_file")}
+    p = {k: v for k, v in params.items() if k not in ("host", "port", "graceful_timeout_s", "log_level", "api_key_file",
+                                                      "embedder_specs")}
+    p["metrics"], p["embedders"] = _metrics(params)
     logging.basicConfig(level=params["log_level"].upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _check_cache_dir(params)
     cfg = ServeConfig(scorer=config, segmenter=seg_config, api_key=_read_api_key(params["api_key_file"]), **p)
@@ -110,6 +114,25 @@ def main(**params):
                                 linger_s=cfg.body_timeout_s, linger_bytes=int(cfg.max_body_mb * 2**20))
     uvicorn.run(app, host=params["host"], port=params["port"], log_level=params["log_level"], http=protocol,
                 timeout_graceful_shutdown=params["graceful_timeout_s"], access_log=params["log_level"] == "debug")
+
+
+def _metrics(params: dict) -> tuple[tuple[str, ...] | None, dict | None]:
+    """``(--metrics, --embedder)`` checked before serving: the opt-in metric names and the bundle
+    folder of each embedder they read.
+
+    Raises:
+        click.ClickException: an unknown metric, a bad ``--embedder`` or a metric whose embedder is
+            not given (one line).
+    """
+    from ..jobs.pairs import RunSettings
+    from ..jobs.pairs.run import check_embedders
+
+    metrics, bundles = opted_metrics(params["metrics"]), embedder_paths(params["embedder_specs"])
+    try:
+        check_embedders(RunSettings(metrics=metrics), bundles)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    return metrics, (bundles or None)
 
 
 def _read_api_key(path: str | None) -> bytes | None:

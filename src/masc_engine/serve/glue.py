@@ -160,6 +160,9 @@ class ServiceScorer:
             whose mask field is left out gets the segmenter's mask for its ``object_name``,
             computed in its decode thread (under the decoded-bytes budget) and cached as masc-run
             caches it; None: every mask is sent.
+        embedders (dict | None): name -> runtime/embedder.py ``Embedder`` for the opt-in metrics of
+            ``settings.metrics`` (``--metrics``, ``--embedder``); their embeddings are cached as
+            masc-run caches them (in ``store`` too).
 
     Attributes:
         hits, misses: reference lookups (once per distinct reference and batch) found, or not
@@ -169,7 +172,7 @@ class ServiceScorer:
     def __init__(self, scorer: Scorer, settings: RunSettings = RunSettings(), cache_bytes: int = 512 * 2**20,
                  store: EncodingStore | None = None, strippers: tuple[str, ...] = DEFAULT_REQUEST_STRIPPERS,
                  decoded_bytes: int | None = None, prompt_budget: PromptBudget = PromptBudget(),
-                 segmenter=None):
+                 segmenter=None, embedders: dict | None = None):
         self.scorer = scorer
         self.default_stripper = scorer.stripper
         self.strippers = tuple(dict.fromkeys((scorer.stripper, *strippers)))
@@ -178,7 +181,7 @@ class ServiceScorer:
         self.budget = ByteBudget(decoded_bytes) if decoded_bytes else None
         self.prompt_budget = prompt_budget
         self.job = PairsJob(scorer, settings, io_workers=1, cache=self.cache, decode_budget=self.budget,
-                            segmenter=segmenter)
+                            segmenter=segmenter, embedders=embedders)
         self.hits = 0
         self.misses = 0
         self._count_lock = threading.Lock()

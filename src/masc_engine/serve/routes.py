@@ -12,7 +12,7 @@ from .batcher import QueueFull
 from .errors import ApiError, error_response
 from .glue import BYTE_FIELDS, FieldError
 from .parsing import parse_json, parse_multipart
-from .schemas import ERRORS, BatchResult, ErrorBody, ScoreResult, multipart_schema, request_models
+from .schemas import ERRORS, ErrorBody, multipart_schema, request_models, result_models
 
 
 #: What ``/readyz`` and ``not_ready`` say about a failed load: the cause (with server paths) is in the log only.
@@ -161,6 +161,7 @@ def add_score_routes(app: FastAPI, cfg, state) -> None:
     generators (openapi-python-client) give one typed body per call. Their request bodies are
     documented by reference: the routes read the bodies themselves (schemas.py ``add_schemas``)."""
     scoring = _Scoring(cfg, state)
+    ScoreResult, BatchResult = result_models(cfg.run_settings().run_metrics())  # noqa: N806 - models
 
     def body(content_type: str, schema: dict) -> dict:
         return {"requestBody": {"required": True, "content": {content_type: {"schema": schema}}}}

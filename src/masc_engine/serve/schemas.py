@@ -134,6 +134,33 @@ class BatchResult(BaseModel):
     results: list[ScoreResult]  # type: ignore[valid-type]
 
 
+def _opted_fields(metrics) -> dict:
+    """Fields for the opt-in metrics a server computes (``masc-serve --metrics``): each value
+    column (null where undefined) and its status."""
+    fields: dict = {}
+    for m in metrics:
+        if m.option is None:
+            continue
+        fields.update({c: (float | None, Field(None, description=f"{m.name}: {m.description}")) for c in m.columns})
+        if m.status_column:
+            fields[m.status_column] = (str | None, Field(None, description=f"'ok' or why {m.name} is undefined "
+                                                                          f"({', '.join(m.statuses)})"))
+    return fields
+
+
+def result_models(metrics=()) -> tuple[type[BaseModel], type[BaseModel]]:
+    """``(record model, batch model)`` of a server computing ``metrics`` (the pair metrics of its
+    ``RunSettings.run_metrics()``): :class:`ScoreResult` and :class:`BatchResult` with each opt-in
+    metric's columns typed (the classic ones, ``--metrics clip_i,...``), named as the originals so
+    the OpenAPI document keeps its references; the originals themselves for a server without."""
+    extra = _opted_fields(metrics)
+    if not extra:
+        return ScoreResult, BatchResult
+    record = create_model("ScoreResult", __base__=ScoreResult, __doc__=ScoreResult.__doc__, **extra)
+    batch = create_model("BatchResult", __base__=BaseModel, results=(list[record], ...))
+    return record, batch
+
+
 class ErrorBody(BaseModel):
     error: str = Field(description="machine-readable reason, e.g. missing_field, bad_base64, unreadable_image")
     field: str | None = Field(description="the request field at fault, e.g. 'ref_image' or 'items[2].prompt'")

@@ -54,6 +54,21 @@ class ServeConfig:
     api_key: bytes | None = dataclasses.field(default=None, repr=False)
     #: Serve Swagger UI at ``/docs`` and ReDoc at ``/redoc`` (their assets load from a CDN).
     docs: bool = False
+    #: The opt-in metrics every response carries (``--metrics``: the classic ones), or None.
+    metrics: tuple[str, ...] | None = None
+    #: Embedder bundle folders by name (``--embedder NAME=BUNDLE``) for those metrics.
+    embedders: dict | None = None
+
+    def run_settings(self):
+        """masc-run's :class:`~masc_engine.jobs.pairs.RunSettings` of this server (EXIF policy,
+        mask size tolerance, metrics).
+
+        Raises:
+            ValueError: an unknown metric name (one line naming ``--metrics``).
+        """
+        from ..jobs.pairs import RunSettings
+
+        return RunSettings(exif=self.exif, mask_size_tolerance=self.mask_size_tolerance, metrics=self.metrics)
 
 
 def _logged_warnings(load):
@@ -86,7 +101,7 @@ class ServiceState:
         """Load the bundle (and the segmenter), run their graphs once, then mark ready (runs in a
         thread at startup)."""
         try:
-            from ..jobs.pairs import RunSettings
+            from ..runtime.embedder import Embedder
             from ..runtime.scorer import Scorer
             from ..runtime.text import PromptBudget
 
@@ -106,11 +121,13 @@ class ServiceState:
                 kw = {"size_limit": int(cfg.cache_size_gb * 2**30)} if cfg.cache_size_gb else {}
                 self.store = EncodingStore(cfg.cache_dir, encoding_namespace(scorer, cfg.exif), **kw)
                 scorer.attach_text_store(self.store)
-            settings = RunSettings(exif=cfg.exif, mask_size_tolerance=cfg.mask_size_tolerance)
+            settings = cfg.run_settings()
+            embedders = {k: _logged_warnings(lambda k=k: Embedder(cfg.embedders[k]))
+                         for k in settings.embedders_needed()}
             service = ServiceScorer(scorer, settings, cache_bytes=int(cfg.cache_mb * 2**20), store=self.store,
                                     strippers=cfg.extra_strippers, decoded_bytes=int(cfg.max_decoded_mb * 2**20),
                                     prompt_budget=PromptBudget(cfg.max_prompt_bytes, cfg.max_prompt_tokens),
-                                    segmenter=segmenter)
+                                    segmenter=segmenter, embedders=embedders)
             warm_up(service)
             self.service = service
             self.batcher = MicroBatcher(self._score_batch, cfg.max_batch, cfg.max_wait_ms, cfg.max_queue,
