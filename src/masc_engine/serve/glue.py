@@ -160,7 +160,7 @@ class ServiceScorer:
             whose mask field is left out gets the segmenter's mask for its ``object_name``,
             computed in its decode thread (under the decoded-bytes budget) and cached as masc-run
             caches it; None: every mask is sent.
-        embedders (dict | None): name -> runtime/embedder.py ``Embedder`` for the opt-in metrics of
+        embedders: name -> runtime/embedder.py ``Embedder`` for the opt-in metrics of
             ``settings.metrics`` (``--metrics``, ``--embedder``); their embeddings are cached as
             masc-run caches them (in ``store`` too).
 
