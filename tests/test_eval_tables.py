@@ -22,6 +22,7 @@ from masc_engine.jobs import evaluation as ev
 from masc_engine.jobs.evaluation import DataError
 from masc_engine.metrics.score_tables import MIN_CI_N, average_over, mean_ci, no_ci_note, paired_mean_diff
 from masc_engine.runtime.pair_metrics import PairMetric
+from masc_engine.tolerances import FLOAT64_SAME_FORMULA_TOL
 
 NAN = float("nan")
 
@@ -75,8 +76,8 @@ def test_mean_ci_equals_a_direct_numpy_bootstrap():
     x = np.array([0.8, 0.6, 0.5, NAN, 0.3, 0.9, 0.1])
     ci = mean_ci(x, n_resamples=500, confidence=0.9, seed=7)
     lo, hi = _numpy_bootstrap_mean(x[~np.isnan(x)], 500, 0.9, 7)
-    assert ci.n == 6 and ci.value == pytest.approx(np.nanmean(x), abs=1e-15)
-    assert (ci.low, ci.high) == (pytest.approx(lo, abs=1e-15), pytest.approx(hi, abs=1e-15))
+    assert ci.n == 6 and ci.value == pytest.approx(np.nanmean(x), abs=FLOAT64_SAME_FORMULA_TOL)
+    assert (ci.low, ci.high) == (pytest.approx(lo, abs=FLOAT64_SAME_FORMULA_TOL), pytest.approx(hi, abs=FLOAT64_SAME_FORMULA_TOL))
     assert ci.note is None
 
 
@@ -108,8 +109,8 @@ def test_paired_difference_sign_and_interval():
     ok = ~np.isnan(a2)
     d = a2[ok] - b[ok]
     lo, hi = _numpy_bootstrap_mean(d, 300, 0.95, 4)
-    assert ci2.n == 39 and ci2.value == pytest.approx(d.mean(), abs=1e-12)
-    assert ci2.low == pytest.approx(lo, abs=1e-12) and ci2.high == pytest.approx(hi, abs=1e-12)
+    assert ci2.n == 39 and ci2.value == pytest.approx(d.mean(), abs=FLOAT64_SAME_FORMULA_TOL)
+    assert ci2.low == pytest.approx(lo, abs=FLOAT64_SAME_FORMULA_TOL) and ci2.high == pytest.approx(hi, abs=FLOAT64_SAME_FORMULA_TOL)
     # an unpaired bootstrap would be wider: pairing matters
     assert paired_mean_diff([1.0], [0.5]).note == "n=1: no CI"
 

@@ -389,8 +389,8 @@ def _check_shapes(graphs: dict, where) -> None:
         for t in (entry.get("inputs") or []) + (entry.get("outputs") or []):
             field = f"graphs.{g}.{t.get('name') if isinstance(t, dict) else '?'}.shape"
             shape = t.get("shape") if isinstance(t, dict) else None
-            if isinstance(t, dict):
-                _choice(where, field[: -len(".shape")] + ".dtype", t.get("dtype"), TENSOR_DTYPES)
+            if isinstance(t, dict) and t.get("dtype") is not None:  # a declared element type is a known one
+                _choice(where, field[: -len(".shape")] + ".dtype", t["dtype"], TENSOR_DTYPES)
             if not isinstance(shape, list) or len(shape) > MAX_RANK:
                 raise BundleError(f"bundle {where}: manifest {field} is {_shown(shape)}; it must be a list of at "
                                   f"most {MAX_RANK} axes (re-export the bundle with masc-export)")
@@ -411,8 +411,8 @@ def check_ranges(manifest: dict, where: str) -> None:
     ``image_mean`` and positive ``image_std`` values), ``text`` (``max_length`` 1 to
     :data:`MAX_TEXT_LENGTH`, ``pad_token_id``, padding and truncation sides), ``architecture``
     widths (1 to :data:`MAX_WIDTH`), ``scoring.fg_threshold`` and ``recipe.threshold`` (0 to 1),
-    and every declared graph tensor (its ``dtype`` one of :data:`TENSOR_DTYPES`, each fixed dimension
-    1 to :data:`MAX_DIM`).
+    and every declared graph tensor (its ``dtype``, where declared, one of :data:`TENSOR_DTYPES`;
+    each fixed dimension 1 to :data:`MAX_DIM`).
 
     Raises:
         BundleError: naming the bundle, the field, its value and the accepted range.
