@@ -171,3 +171,121 @@ def test_a_bad_metric_or_embedder_is_refused_in_one_line_before_any_work(args, s
     assert code == 1 and text.strip().splitlines() == [f"Error: {text.strip().split('Error: ', 1)[1]}"], text
     assert says in text and not out.exists()
     shutil.rmtree(fake_bundle)
+
+
+# --------------------------------------------------------------------------- clip_score_tm (torchmetrics CLIPScore)
+
+#: Where torchmetrics' rules are read (not installed here: the reference below is written from it).
+TORCHMETRICS_SOURCE = ("Lightning-AI/torchmetrics 1.9.0 (master dab0333), src/torchmetrics/functional/multimodal/"
+                       "clip_score.py and src/torchmetrics/multimodal/clip_score.py")
+
+
+def _tm_batch(cosines: list[float]) -> MetricBatch:
+    """Rows whose output image and prompt embeddings have the given cosines (2-D unit vectors)."""
+
+    class Item:
+        def __init__(self, prompt):
+            self.prompt = prompt
+
+    items = [Item(f"p{i}") for i in range(len(cosines))]
+    images = {f"o{i}": np.array([1.0, 0.0], np.float32) * (i + 2) for i in range(len(cosines))}
+    texts = {f"p{i}": np.array([c, np.sqrt(1 - c * c)], np.float32) for i, c in enumerate(cosines)}
+    return MetricBatch(items, [], lambda e: e, 0.5, image_keys=[("r", f"o{i}") for i in range(len(cosines))],
+                       embeddings={"clip_l14": images}, text_embeddings={"clip_l14": texts})
+
+
+@pytest.mark.parametrize("cosines, aggregate", [
+    ([-0.6, 0.2, 0.1], 0.0),          # mean -10: clamped to 0 (a per-row clamp would give 10)
+    ([-0.2, 0.5], 15.0),              # mean 15 (a per-row clamp would give 25)
+    ([0.3, 0.1], 20.0),
+])
+def test_clip_score_tm_rows_are_unclamped_and_the_clamp_is_on_the_mean(cosines, aggregate):
+    """torchmetrics: per sample ``100 * cos`` (no clamp), then ``max(mean, 0)`` on the mean."""
+    from masc_engine.runtime.pair_metrics.classic import clip_score_tm_aggregate
+
+    got = [r["clip_score_tm"] for r in get_metric("clip_score_tm").compute(_tm_batch(cosines))]
+    np.testing.assert_allclose(got, 100 * np.array(cosines), atol=CLASSIC_METRIC_ATOL)
+    assert clip_score_tm_aggregate(got) == pytest.approx(aggregate, abs=CLASSIC_METRIC_ATOL)
+    assert clip_score_tm_aggregate(got + [float("nan")]) == clip_score_tm_aggregate(got)  # a NaN row is not a sample
+    assert np.isnan(clip_score_tm_aggregate([float("nan")]))
+
+
+def test_clip_score_tm_reads_the_l14_embedder_and_records_its_recipe():
+    from masc_engine.runtime.pair_metrics.classic import COLUMN_RECIPES, EMBEDDER_OF
+    from masc_engine.runtime.recipes import CLIP_B32_DREAMBENCH, NAMED_RECIPES
+
+    m = get_metric("clip_score_tm")
+    assert EMBEDDER_OF["clip_score_tm"] == "clip_l14" and m.encoders == ("clip_l14.image", "clip_l14.text")
+    assert m.option == "classic" and m.output_columns() == ("clip_score_tm", "clip_score_tm_status")
+    r = COLUMN_RECIPES["clip_score_tm"]
+    assert r["checkpoint"].startswith("openai/clip-vit-large-patch14") and "mean" in r["clamp"]
+    # Same pixels as DreamBench++'s CLIP recipe (L/14's preprocessor_config has B/32's values).
+    tm = NAMED_RECIPES[r["image_recipe"]].to_manifest()
+    b32 = CLIP_B32_DREAMBENCH.to_manifest()
+    assert {k: v for k, v in tm.items() if k != "follows"} == {k: v for k, v in b32.items() if k != "follows"}
+    from masc_engine.runtime.pair_metrics import registered
+
+    assert {m.name for m in registered() if m.option == "classic"} == set(COLUMN_RECIPES)
+
+
+def _torchmetrics_reference(path, images, prompts) -> np.ndarray:
+    """Per-sample CLIPScore as torchmetrics computes it (:data:`TORCHMETRICS_SOURCE`,
+    ``_get_features`` and ``_clip_score_update``), on random weights: ``CLIPProcessor`` on
+    ``[C, H, W]`` uint8 tensors; text ``padding=True``, ids and mask cut at
+    ``max_position_embeddings``; ``get_image_features`` / ``get_text_features`` with transformers
+    5's output object unwrapped (``pooler_output``); L2-normalised; ``100 * sum(a * b)``."""
+    import torch
+    from transformers import CLIPModel, CLIPProcessor
+
+    model, processor = CLIPModel.from_pretrained(path).eval(), CLIPProcessor.from_pretrained(path)
+    tensors = [torch.from_numpy(np.asarray(im)).permute(2, 0, 1).contiguous() for im in images]
+    with torch.no_grad():
+        processed = processor(images=[i.cpu() for i in tensors], return_tensors="pt", padding=True)
+        img = model.get_image_features(processed["pixel_values"])
+        img = getattr(img, "pooler_output", None) if not isinstance(img, torch.Tensor) else img
+        processed = processor(text=prompts, return_tensors="pt", padding=True)
+        n = model.config.text_config.max_position_embeddings
+        ids, mask = processed["input_ids"][..., :n], processed["attention_mask"][..., :n]
+        txt = model.get_text_features(ids, mask)
+        txt = getattr(txt, "pooler_output", None) if not isinstance(txt, torch.Tensor) else txt
+        img = img / img.norm(p=2, dim=-1, keepdim=True)
+        txt = txt / txt.norm(p=2, dim=-1, keepdim=True)
+        return (100 * (img * txt).sum(axis=-1)).numpy().astype(np.float64)
+
+
+@pytest.fixture(scope="module")
+def l14_bundle(tmp_path_factory, naflex_bundle):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from masc_engine.export.embedders import export_embedder_bundle
+
+    return export_embedder_bundle("random:clip-tiny-l14", tmp_path_factory.mktemp("clip-l14") / "b")
+
+
+@pytest.mark.slow
+def test_masc_run_clip_score_tm_equals_torchmetrics_rules(l14_bundle, naflex_bundle, tmp_path):
+    """The column equals the torchmetrics reference per row, and its aggregate torchmetrics' clamped
+    mean, on the 20 example pairs (the images as a torchmetrics user decodes them: EXIF-oriented
+    RGB, as the recipe loads them)."""
+    import csv
+
+    from PIL import Image, ImageOps
+
+    from masc_engine.export.checkpoint import random_checkpoint_dir
+    from masc_engine.runtime.pair_metrics.classic import clip_score_tm_aggregate
+
+    out = tmp_path / "scores.csv"
+    code, text = _invoke([PAIRS, "--bundle", naflex_bundle, "--out", out, "--metrics", "cp,pf,clip_score_tm",
+                          "--embedder", f"clip_l14={l14_bundle}", "--no-progress"])
+    assert code == 0, text
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0])[-2:] == ["clip_score_tm", "clip_score_tm_status"]
+    assert all(r["clip_score_tm_status"] == "ok" for r in rows)
+    got = np.array([float(r["clip_score_tm"]) for r in rows])
+    images = [ImageOps.exif_transpose(Image.open(PAIRS.parent / r["out_image"])).convert("RGB") for r in rows]
+    want = _torchmetrics_reference(random_checkpoint_dir("random:clip-tiny-l14"), images, [r["prompt"] for r in rows])
+    print(f"clip_score_tm max |delta| vs torchmetrics rules: {np.abs(got - want).max():.3g}")
+    assert np.abs(got - want).max() <= CLASSIC_METRIC_ATOL
+    assert clip_score_tm_aggregate(got) == pytest.approx(max(float(want.mean()), 0.0), abs=CLASSIC_METRIC_ATOL)
+    meta = json.loads(Path(f"{out}.meta.json").read_text())
+    assert set(meta["embedders"]) == {"clip_l14"} and meta["settings"]["metrics"] == ["clip_score_tm"]

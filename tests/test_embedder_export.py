@@ -22,7 +22,8 @@ from masc_engine.errors import BundleError
 from masc_engine.export.config_budget import estimate_parameters
 from masc_engine.export.embedders import RECIPES, RECIPE_FIELDS, SHORT_NAMES, is_embedder_model
 from masc_engine.export.plan import ExportPlan, ExportPlanError
-from masc_engine.export.random_models import EMBEDDER_PRESETS, preset_config, random_embedder_model
+from masc_engine.export.random_models import (EMBEDDER_BENCH_PRESETS, EMBEDDER_PRESETS, EMBEDDER_TEST_PRESETS,
+                                             preset_config, random_embedder_model)
 from masc_engine.tolerances import EMBEDDER_VALIDATION_BUDGETS, embedder_validation_budget
 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
@@ -50,7 +51,7 @@ def _budget(family: str, graph: str = "image") -> float:
 # --------------------------------------------------------------------------- fast: no export
 
 
-@pytest.mark.parametrize("key", sorted(EMBEDDER_PRESETS))
+@pytest.mark.parametrize("key", sorted(EMBEDDER_TEST_PRESETS))
 def test_config_budget_counts_the_preset_parameters(key):
     model = random_embedder_model(key)
     counted = sum(p.numel() for p in model.parameters())
@@ -58,6 +59,29 @@ def test_config_budget_counts_the_preset_parameters(key):
     if EMBEDDER_PRESETS[key].family == "clip":  # the test vocabulary's rows (preset_config counts its bound)
         counted += (1024 - model.config.text_config.vocab_size) * model.config.text_config.hidden_size
     assert abs(estimated - counted) <= 1  # CLIP's logit_scale is the one parameter not estimated
+
+
+#: The Hub config.json shapes of the benchmark presets' checkpoints (vision width, layers, heads, MLP,
+#: patch; text width, layers, heads, MLP; projection), written out from each checkpoint's config.
+HUB_SHAPES = {
+    "clip-b32": (768, 12, 12, 3072, 32, 512, 12, 8, 2048, 512),  # openai/clip-vit-base-patch32
+    "clip-l14": (1024, 24, 16, 4096, 14, 768, 12, 12, 3072, 768),  # openai/clip-vit-large-patch14
+    "dino-s16": (384, 12, 6, 1536, 16, 0, 0, 0, 0, 0),  # facebook/dino-vits16
+}
+
+
+@pytest.mark.parametrize("key", EMBEDDER_BENCH_PRESETS)
+def test_benchmark_presets_have_the_hub_checkpoints_shapes(key):
+    e = EMBEDDER_PRESETS[key]
+    assert (e.width, e.layers, e.heads, e.mlp, e.patch_size, e.text_width, e.text_layers, e.text_heads, e.text_mlp,
+            e.projection_dim) == HUB_SHAPES[key]
+    assert e.image_size == 224 and key not in EMBEDDER_TEST_PRESETS
+
+
+def test_clip_l14_short_name_and_tiny_preset_have_the_l14_layout():
+    assert SHORT_NAMES["clip-vit-l14"] == "openai/clip-vit-large-patch14"
+    e = EMBEDDER_PRESETS["clip-tiny-l14"]
+    assert (e.family, e.patch_size, e.image_size) == ("clip", 14, 224) and "clip-tiny-l14" in EMBEDDER_TEST_PRESETS
 
 
 def test_embedder_names_are_recognised_without_network():
@@ -136,7 +160,7 @@ def bundles(tmp_path_factory, cache_dir):
     from masc_engine.export.embedders import export_embedder_bundle
 
     root = tmp_path_factory.mktemp("embedders")
-    return {k: export_embedder_bundle(f"random:{k}", root / k) for k in EMBEDDER_PRESETS}
+    return {k: export_embedder_bundle(f"random:{k}", root / k) for k in EMBEDDER_TEST_PRESETS}
 
 
 def _load(path):
@@ -166,7 +190,7 @@ def _pixels(batch: int, seed: int = 11) -> np.ndarray:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", sorted(EMBEDDER_PRESETS))
+@pytest.mark.parametrize("key", sorted(EMBEDDER_TEST_PRESETS))
 def test_preset_exports_a_valid_bundle_with_its_recipe(bundles, key):
     b = _load(bundles[key])
     family = EMBEDDER_PRESETS[key].family

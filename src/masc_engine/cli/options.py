@@ -252,19 +252,19 @@ def load_scorer(bundle: str, config: ScorerConfig):
 
 
 #: ``--embedder`` names: the embedders the classic metrics read (runtime/pair_metrics/classic.py).
-EMBEDDER_NAMES = ("clip", "dino", "dino_s8", "dinov2")
+EMBEDDER_NAMES = ("clip", "dino", "dino_s8", "dinov2", "clip_l14")
 
 
 def metric_options(f):
     """``--metrics NAMES`` and ``--embedder NAME=BUNDLE`` (repeatable): masc-run's and masc-serve's."""
     f = click.option("--embedder", "embedder_specs", multiple=True, metavar="NAME=BUNDLE",
-                     help="An embedder bundle from masc-export for the classic metrics (repeatable): clip, dino, "
-                          "dino_s8 or dinov2.")(f)
+                     help="An embedder bundle from masc-export for the classic metrics (repeatable): "
+                          f"{', '.join(EMBEDDER_NAMES[:-1])} or {EMBEDDER_NAMES[-1]}.")(f)
     return click.option("--metrics", "metrics", default=None, metavar="NAMES",
                         help="Comma-separated metrics to compute: cp and pf always; add the classic ones by name: "
                              "clip_i, clip_t (--embedder clip=...), dino, dino_s8, dinov2 (--embedder dino=..., "
-                             "dino_s8=..., dinov2=...), 100 x cosine each (docs/metrics.md, \"Classic metrics in "
-                             "masc-run\").")(f)
+                             "dino_s8=..., dinov2=...), clip_score_tm (torchmetrics' CLIPScore, --embedder "
+                             "clip_l14=...), 100 x cosine each (docs/metrics.md, \"Classic metrics in masc-run\").")(f)
 
 
 def opted_metrics(spec: str | None) -> tuple[str, ...] | None:

@@ -13,6 +13,10 @@ Models (``--model`` short names; a Hub id or a local folder of the same ``model_
   ``text_embeds [B, 512] f32`` = ``text_projection`` of the end-of-text token's final state (no
   attention mask: the tower is causal, padding after end-of-text is inert); the tokenizer is saved
   as ``tokenizer.json`` (``tokenizers``), settings in the manifest's ``text`` section.
+- ``clip-vit-l14`` (openai/clip-vit-large-patch14, ``CLIPModel``, torchmetrics' ``CLIPScore``
+  default): the same two graphs at patch 14 (``image_embeds``/``text_embeds [B, 768]``); its
+  preprocessor_config.json has the B/32 values (shortest edge 224 bicubic, centre crop 224, CLIP
+  mean/std), so the bundle's recipe is the ``clip`` one.
 - ``dino-vits16`` / ``dino-vits8`` (facebook/dino-vits16 / -vits8, ``ViTModel`` without pooler):
   ``image_embeds [B, 384]`` = CLS of ``last_hidden_state`` after the final LayerNorm, with
   LayerNorm eps 1e-6 (DINO's code; the Hub config says 1e-12: the export sets 1e-6 and records both
@@ -49,7 +53,8 @@ KIND = "embedder"
 #: ``config.model_type`` -> family.
 EMBEDDER_MODEL_TYPES = {"clip": "clip", "vit": "dino", "dinov2": "dinov2"}
 #: Short names accepted by ``--model``.
-SHORT_NAMES = {"clip-vit-b32": "openai/clip-vit-base-patch32", "dino-vits16": "facebook/dino-vits16",
+SHORT_NAMES = {"clip-vit-b32": "openai/clip-vit-base-patch32", "clip-vit-l14": "openai/clip-vit-large-patch14",
+               "dino-vits16": "facebook/dino-vits16",
                "dino-vits8": "facebook/dino-vits8", "dinov2-small": "facebook/dinov2-small"}
 #: Graph precisions an embedder exports.
 PRECISIONS = ("fp32",)
@@ -172,8 +177,9 @@ def export_embedder_bundle(model: str, out_dir: str | Path, revision: str | None
 
     Args:
         model: Hugging Face id, short name (:data:`SHORT_NAMES`), local checkpoint directory, or
-            ``random:clip-tiny`` / ``random:dino-tiny-s16`` / ``random:dino-tiny-s8`` /
-            ``random:dinov2-tiny``.
+            ``random:clip-tiny`` / ``random:clip-tiny-l14`` / ``random:dino-tiny-s16`` /
+            ``random:dino-tiny-s8`` / ``random:dinov2-tiny`` (tests), or a preset of a real
+            checkpoint's shape (``random:clip-b32``, ``random:clip-l14``, ``random:dino-s16``).
         out_dir: the bundle directory (absent, empty, or a bundle, which is replaced).
         revision: Hub revision to pin.
         validate: the post-export validation (export/embedders_validate.py).

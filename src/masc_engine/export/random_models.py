@@ -33,6 +33,16 @@ the real checkpoints' image sizes and patch sizes with tiny widths and depth, fo
   (facebook/dino-vits16), which the export replaces with DINO's 1e-6.
 - ``random:dinov2-tiny``: Dinov2Model, patch 14, trained grid 518 / 14 = 37 (facebook/dinov2-small's),
   width 48, 2 layers.
+- ``random:clip-tiny-l14``: CLIPModel, patch 14, 224 x 224 (openai/clip-vit-large-patch14's layout,
+  torchmetrics' CLIPScore default: a 16 x 16 grid), vision width 64, text width 32, 2 layers each,
+  projection 48; for tests.
+
+Embedder presets of the real checkpoints' shapes (:data:`EMBEDDER_BENCH_PRESETS`; for benchmarks,
+never exported by the tests): ``random:clip-b32`` (openai/clip-vit-base-patch32: vision 768 x 12,
+text 512 x 12, projection 512), ``random:clip-l14`` (openai/clip-vit-large-patch14: vision 1024 x
+24, text 768 x 12, projection 768), ``random:dino-s16`` (facebook/dino-vits16: 384 x 12, 6 heads).
+Their text towers use the test tokenizer's vocabulary (a few hundred rows instead of 49,408: the
+text tower's cost does not depend on it beyond the embedding lookup).
 
 The tokenizer is a small byte-fallback BPE trained by `tokenizers` on a fixed built-in corpus,
 wrapped as transformers' ``Siglip2Tokenizer`` (Gemma-style pre-tokenization, lowercasing), so the
@@ -160,7 +170,19 @@ EMBEDDER_PRESETS: dict[str, EmbedderPreset] = {
     "dino-tiny-s16": EmbedderPreset("dino", 48, 2, 4, 96, 16, 224),
     "dino-tiny-s8": EmbedderPreset("dino", 48, 2, 4, 96, 8, 224),
     "dinov2-tiny": EmbedderPreset("dinov2", 48, 2, 4, 192, 14, 518, layer_norm_eps=1e-6),
+    "clip-tiny-l14": EmbedderPreset("clip", 64, 2, 4, 128, 14, 224, text_width=32, text_layers=2, text_heads=4,
+                                    text_mlp=64, projection_dim=48, layer_norm_eps=1e-5),
+    # The real checkpoints' shapes (config.json of each Hub id), for benchmarks.
+    "clip-b32": EmbedderPreset("clip", 768, 12, 12, 3072, 32, 224, text_width=512, text_layers=12, text_heads=8,
+                               text_mlp=2048, projection_dim=512, layer_norm_eps=1e-5),
+    "clip-l14": EmbedderPreset("clip", 1024, 24, 16, 4096, 14, 224, text_width=768, text_layers=12, text_heads=12,
+                               text_mlp=3072, projection_dim=768, layer_norm_eps=1e-5),
+    "dino-s16": EmbedderPreset("dino", 384, 12, 6, 1536, 16, 224),
 }
+#: The presets of real checkpoint shapes: for benchmarks, too large for the tests' exports.
+EMBEDDER_BENCH_PRESETS = ("clip-b32", "clip-l14", "dino-s16")
+#: The presets the tests export (tiny widths, the real image and patch sizes).
+EMBEDDER_TEST_PRESETS = tuple(k for k in EMBEDDER_PRESETS if k not in EMBEDDER_BENCH_PRESETS)
 
 
 def is_random_model_id(model: str) -> bool:

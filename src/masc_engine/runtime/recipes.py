@@ -215,9 +215,20 @@ DINO_V1_EVAL = ImageRecipe("shortest_edge", 256, "bicubic", (224, 224), "torchvi
 DINOV2_HF = ImageRecipe("shortest_edge", 256, "bicubic", (224, 224), "hf_floor", IMAGENET_MEAN, IMAGENET_STD,
                         follows="transformers BitImageProcessor (PIL), as DreamBench++ dino_score.py")
 
+#: torchmetrics' ``CLIPScore`` image side (Lightning-AI/torchmetrics 1.9.0
+#: ``functional/multimodal/clip_score.py`` ``_get_features``: ``CLIPProcessor.from_pretrained`` of
+#: openai/clip-vit-large-patch14, its images given as ``[C, H, W]`` 0-255 tensors): that
+#: checkpoint's preprocessor_config.json has B/32's values, so the pixels are
+#: :data:`CLIP_B32_DREAMBENCH`'s (transformers' PIL processor gives the same pixels from a uint8
+#: tensor as from the PIL image). Where transformers 5 loads the torchvision backend instead
+#: (torchvision installed), torchmetrics' pixels differ from these by up to ~0.0175.
+CLIP_L14_TORCHMETRICS = ImageRecipe("shortest_edge", 224, "bicubic", (224, 224), "hf_floor", CLIP_MEAN, CLIP_STD,
+                                    follows="transformers CLIPImageProcessor (PIL) of openai/clip-vit-large-patch14, "
+                                            "as torchmetrics CLIPScore")
+
 #: The named recipes, by the name a manifest or a report may give.
 NAMED_RECIPES = {"clip_b32_dreambench": CLIP_B32_DREAMBENCH, "dino_v1_eval": DINO_V1_EVAL,
-                 "dinov2_hf": DINOV2_HF}
+                 "dinov2_hf": DINOV2_HF, "clip_l14_torchmetrics": CLIP_L14_TORCHMETRICS}
 
 
 def has_transparency(image: Image.Image) -> bool:

@@ -12,9 +12,18 @@ CLIP-T the prompt's text embedding (``MetricBatch.text_embeddings``):
   final norm (facebookresearch/dino ``eval_knn.py``; DreamBench++ ``metrics/dino_score.py``).
 - ``dinov2``: 100 x cosine of DINOv2-small's CLS after its layer norm (DreamBench++
   ``metrics/dino_score.py``).
+- ``clip_score_tm``: torchmetrics' ``CLIPScore`` (Lightning-AI/torchmetrics 1.9.0
+  ``functional/multimodal/clip_score.py``, ``_clip_score_update`` and ``clip_score``;
+  ``multimodal/clip_score.py`` ``CLIPScore.compute``), with its default checkpoint
+  openai/clip-vit-large-patch14 (embedder ``clip_l14``): the per-sample score
+  ``100 * cos(E_image, E_text)`` of the output and the prompt as given, NOT clamped. torchmetrics
+  clamps the MEAN over the samples, ``max(mean, 0)``, never a sample: a per-row column can only
+  carry the unclamped per-sample score (clamping each row would raise the mean of a set with
+  negative rows). :func:`clip_score_tm_aggregate` is torchmetrics' number for a set of rows.
 
 A value is NaN only with a status saying why (``no_embedding``: the embedder gave no embedding of
-an image or the prompt). Which embedder each metric reads: :data:`EMBEDDER_OF`.
+an image or the prompt). Which embedder each metric reads: :data:`EMBEDDER_OF`; each column's
+recipe as data: :data:`COLUMN_RECIPES`.
 """
 
 from __future__ import annotations
@@ -25,12 +34,14 @@ import numpy as np
 
 from .base import MetricBatch, PairMetric, register
 
-__all__ = ["CLASSIC", "EMBEDDER_OF", "CLIP_I", "CLIP_T", "DINO", "DINO_S8", "DINOV2", "cosine100"]
+__all__ = ["CLASSIC", "EMBEDDER_OF", "COLUMN_RECIPES", "CLIP_I", "CLIP_T", "DINO", "DINO_S8", "DINOV2", "CLIP_SCORE_TM",
+           "cosine100", "clip_score_tm_aggregate"]
 
 #: The run option of these metrics: each is asked for by name (``RunSettings.metrics``).
 CLASSIC = "classic"
 #: Metric name -> the embedder (``masc-run --embedder NAME=BUNDLE``) it reads.
-EMBEDDER_OF = {"clip_i": "clip", "clip_t": "clip", "dino": "dino", "dino_s8": "dino_s8", "dinov2": "dinov2"}
+EMBEDDER_OF = {"clip_i": "clip", "clip_t": "clip", "dino": "dino", "dino_s8": "dino_s8", "dinov2": "dinov2",
+               "clip_score_tm": "clip_l14"}
 
 _DREAMBENCH = "yuangpeng/dreambench_plus dreambench_plus/metrics/"
 
@@ -62,16 +73,40 @@ def _image_pair(name: str) -> Callable[[MetricBatch], list[dict]]:
     return compute
 
 
-def _clip_t(batch: MetricBatch) -> list[dict]:
-    images = batch.embeddings.get("clip", {})
-    texts = batch.text_embeddings.get("clip", {})
-    out = []
-    for it, (_, img) in zip(batch.items, batch.image_keys):
-        if img not in images or it.prompt not in texts:
-            out.append(_missing("clip_t", "image or prompt"))
-        else:
-            out.append({"clip_t": cosine100(images[img], texts[it.prompt])})
-    return out
+def _image_text(name: str) -> Callable[[MetricBatch], list[dict]]:
+    """compute for an output <-> prompt metric reading embedder ``EMBEDDER_OF[name]``: the
+    per-row ``100 x cosine``, unclamped (CLIP-T; CLIPScore's per-sample score)."""
+
+    def compute(batch: MetricBatch) -> list[dict]:
+        images = batch.embeddings.get(EMBEDDER_OF[name], {})
+        texts = batch.text_embeddings.get(EMBEDDER_OF[name], {})
+        out = []
+        for it, (_, img) in zip(batch.items, batch.image_keys):
+            if img not in images or it.prompt not in texts:
+                out.append(_missing(name, "image or prompt"))
+            else:
+                out.append({name: cosine100(images[img], texts[it.prompt])})
+        return out
+
+    return compute
+
+
+def clip_score_tm_aggregate(values) -> float:
+    """torchmetrics' ``CLIPScore`` of a set of rows from their ``clip_score_tm`` values: the mean
+    of the per-sample scores, then ``max(mean, 0)`` (torchmetrics 1.9.0
+    ``functional/multimodal/clip_score.py`` ``clip_score``: ``score.mean(0)`` then
+    ``torch.max(score, zeros)``; ``CLIPScore.compute``: ``max(score_sum / n_samples, 0)``).
+
+    Args:
+        values: per-row ``clip_score_tm`` values in [-100, 100]; NaN rows (no embedding) are left
+            out, as rows torchmetrics was never given.
+
+    Returns:
+        A float in [0, 100]; NaN when no value is finite (torchmetrics divides by 0 samples).
+    """
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    return float("nan") if v.size == 0 else max(float(v.mean()), 0.0)
 
 
 def _classic(name: str, compute, encoders: tuple[str, ...], description: str, reference: str) -> PairMetric:
@@ -85,7 +120,7 @@ CLIP_I = _classic(
     "100 x cosine of the reference's and the output's CLIP image projections, [-100, 100], no clamp",
     _DREAMBENCH + "clip_score.py")
 CLIP_T = _classic(
-    "clip_t", _clip_t, ("clip.image", "clip.text"),
+    "clip_t", _image_text("clip_t"), ("clip.image", "clip.text"),
     "100 x cosine of the output's CLIP image projection and the prompt's text projection (prompt as given), "
     "[-100, 100], no clamp", _DREAMBENCH + "clip_score.py")
 DINO = _classic(
@@ -100,3 +135,44 @@ DINOV2 = _classic(
     "dinov2", _image_pair("dinov2"), ("dinov2.image",),
     "100 x cosine of the reference's and the output's DINOv2-small CLS embeddings, [-100, 100]",
     _DREAMBENCH + "dino_score.py (Dinov2Model)")
+CLIP_SCORE_TM = _classic(
+    "clip_score_tm", _image_text("clip_score_tm"), ("clip_l14.image", "clip_l14.text"),
+    "torchmetrics CLIPScore's per-sample score: 100 x cosine of the output's CLIP L/14 image projection and "
+    "the prompt's text projection, [-100, 100], unclamped (torchmetrics clamps the mean: clip_score_tm_aggregate)",
+    "Lightning-AI/torchmetrics 1.9.0 src/torchmetrics/functional/multimodal/clip_score.py")
+
+_CLIP_TEXT = ("CLIP BPE of the prompt as given (subject name kept), padded to 77, truncated at 77 keeping "
+              "end-of-text; embedding at end-of-text, text projection")
+#: Each classic column's recipe as data (the sidecar and docs/metrics.md give these): checkpoint,
+#: image recipe (runtime/recipes.py ``NAMED_RECIPES`` key), text, embedding, scale, clamp, pairing,
+#: the source it follows.
+COLUMN_RECIPES: dict[str, dict] = {
+    "clip_i": {"checkpoint": "openai/clip-vit-base-patch32", "image_recipe": "clip_b32_dreambench", "text": None,
+               "embedding": "visual_projection(post_layernorm(CLS)), L2-normalised", "scale": "100 x cosine",
+               "clamp": None, "pairing": "one reference <-> one output", "follows": CLIP_I.reference},
+    "clip_t": {"checkpoint": "openai/clip-vit-base-patch32", "image_recipe": "clip_b32_dreambench",
+               "text": _CLIP_TEXT, "embedding": "image and text projections, L2-normalised", "scale": "100 x cosine",
+               "clamp": None, "pairing": "output <-> its prompt", "follows": CLIP_T.reference},
+    "dino": {"checkpoint": "facebook/dino-vits16 (LayerNorm eps 1e-6)", "image_recipe": "dino_v1_eval", "text": None,
+             "embedding": "CLS after the final norm, L2-normalised", "scale": "100 x cosine", "clamp": None,
+             "pairing": "one reference <-> one output", "follows": DINO.reference},
+    "dino_s8": {"checkpoint": "facebook/dino-vits8 (LayerNorm eps 1e-6)", "image_recipe": "dino_v1_eval", "text": None,
+                "embedding": "CLS after the final norm, L2-normalised", "scale": "100 x cosine", "clamp": None,
+                "pairing": "one reference <-> one output", "follows": DINO_S8.reference},
+    "dinov2": {"checkpoint": "facebook/dinov2-small", "image_recipe": "dinov2_hf", "text": None,
+               "embedding": "CLS after the layer norm, L2-normalised", "scale": "100 x cosine", "clamp": None,
+               "pairing": "one reference <-> one output", "follows": DINOV2.reference},
+    "clip_score_tm": {
+        "checkpoint": "openai/clip-vit-large-patch14 (torchmetrics' default model_name_or_path)",
+        "image_recipe": "clip_l14_torchmetrics",
+        "text": "CLIP BPE of the prompt as given, padded to the longest in the batch (padding=True), attention "
+                "mask passed; equal to the engine's for prompts of at most 77 tokens. A longer prompt: torchmetrics "
+                "keeps its first 77 ids (end-of-text dropped, the pooled token is then the highest id among them), "
+                "the engine keeps end-of-text at position 77: such rows differ",
+        "embedding": "get_image_features / get_text_features (pooler_output unwrapped), L2-normalised",
+        "scale": "100 x cosine per sample",
+        "clamp": "max(mean, 0) on the mean over the rows (clip_score_tm_aggregate), never per row: the column "
+                 "holds the unclamped per-sample score",
+        "pairing": "output <-> its prompt", "follows": CLIP_SCORE_TM.reference + " (_clip_score_update, clip_score); "
+                                                     "src/torchmetrics/multimodal/clip_score.py (CLIPScore.compute)"},
+}
