@@ -252,6 +252,8 @@ def compare(rows: list[dict], ref: dict) -> dict:
     """Per column: max |masc-run - reference|, NaN mismatches and both means (side by side)."""
     import numpy as np
 
+    from masc_engine.tolerances import CLASSIC_METRIC_ATOL, ORACLE_SCORE_ATOL
+
     out = {}
     for c in COLUMNS:
         ours = np.array([float(r[c]) if r[c] not in ("", None) else np.nan for r in rows])
@@ -260,6 +262,11 @@ def compare(rows: list[dict], ref: dict) -> dict:
         out[c] = {"max_abs_diff": float(np.abs(ours[both] - theirs[both]).max()) if both.any() else None,
                   "nan_mismatch": int(np.sum(np.isfinite(ours) != np.isfinite(theirs))),
                   "mean_masc_run": float(np.nanmean(ours)), "mean_reference": float(np.nanmean(theirs))}
+        tol, name = ((ORACLE_SCORE_ATOL, "tolerances.ORACLE_SCORE_ATOL") if c in ("cp", "pf")
+                     else (CLASSIC_METRIC_ATOL, "tolerances.CLASSIC_METRIC_ATOL"))
+        out[c].update(tolerance=tol, tolerance_name=name,
+                      within=out[c]["max_abs_diff"] is not None and out[c]["max_abs_diff"] <= tol
+                      and out[c]["nan_mismatch"] == 0)
     return out
 
 
@@ -281,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    root = Path(a.photos) if a.photos else photo_root()
+    root = (Path(a.photos) if a.photos else photo_root()).resolve()
     pairs = dreambench_pairs(work, root, subjects_of(root)[:a.references], a.prompts, a.methods)
     t = time.perf_counter()
     b = bundles(work, a.siglip_preset, a.clip_preset, a.dino_preset, a.budget)

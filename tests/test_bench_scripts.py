@@ -1,4 +1,5 @@
-"""The GPU benchmark script runs (as a CPU dry run) and counts FLOPs as published figures do."""
+"""The benchmark scripts run on tiny shapes (the GPU one as a CPU dry run; the classic-metrics speed
+bench end to end) and count FLOPs as published figures do."""
 
 from __future__ import annotations
 
@@ -43,3 +44,24 @@ def test_gpu_throughput_dry_run(tmp_path):
     assert m["masc_metric"]["max_abs_dcp_vs_ours"] <= ORACLE_SCORE_ATOL
     assert m["fresh"]["mfu"] is None  # no GPU, no peak: no invented MFU
     assert m["pipeline"]["tokens_equal"] and m["pipeline"]["images"] == 8  # overlapped == serial, bit for bit
+
+
+@pytest.mark.slow
+def test_classic_speed_runs_on_tiny_shapes_with_scores_equal_to_the_reference(tmp_path):
+    """bench/classic_speed.py end to end on tiny presets: one masc-run with the five columns and the
+    reference process (masc-metric plus the transformers loop) agree within the tolerances."""
+    pytest.importorskip("masc")
+    pytest.importorskip("transformers")
+    bench = _load("classic_speed")
+    out = tmp_path / "classic.json"
+    assert bench.main(["--work", str(tmp_path / "work"), "--photos", str(REPO / "examples" / "dreambooth"),
+                       "--references", "2", "--prompts", "1", "--methods", "2", "--reps", "1", "--budget", "64",
+                       "--siglip-preset", "tiny-naflex", "--clip-preset", "clip-tiny",
+                       "--dino-preset", "dino-tiny-s16", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["workload"]["pairs"] == 4 and res["workload"]["distinct_images"] == 6
+    assert set(res["scores_vs_reference"]) == {"cp", "pf", "clip_i", "clip_t", "dino"}
+    for col, d in res["scores_vs_reference"].items():
+        assert d["within"] and d["nan_mismatch"] == 0, (col, d)
+    assert res["ratio_of_medians"] > 0 and len(res["repetitions"]) == 1
+    assert "avx512_bf16" in res["machine"]["isa_flags"] and "amx_bf16" in res["machine"]["isa_flags"]
