@@ -28,7 +28,7 @@ recipe as data: :data:`COLUMN_RECIPES`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -91,7 +91,7 @@ def _image_text(name: str) -> Callable[[MetricBatch], list[dict]]:
     return compute
 
 
-def clip_score_tm_aggregate(values) -> float:
+def clip_score_tm_aggregate(values: Sequence[float] | np.ndarray) -> float:
     """torchmetrics' ``CLIPScore`` of a set of rows from their ``clip_score_tm`` values: the mean
     of the per-sample scores, then ``max(mean, 0)`` (torchmetrics 1.9.0
     ``functional/multimodal/clip_score.py`` ``clip_score``: ``score.mean(0)`` then
