@@ -289,3 +289,7 @@ def test_masc_run_clip_score_tm_equals_torchmetrics_rules(l14_bundle, naflex_bun
     assert clip_score_tm_aggregate(got) == pytest.approx(max(float(want.mean()), 0.0), abs=CLASSIC_METRIC_ATOL)
     meta = json.loads(Path(f"{out}.meta.json").read_text())
     assert set(meta["embedders"]) == {"clip_l14"} and meta["settings"]["metrics"] == ["clip_score_tm"]
+    # the sidecar records the bundle's recipe: the torchmetrics pipeline, the clip_score_tm recipe's pixels
+    from masc_engine.runtime.recipes import CLIP_L14_TORCHMETRICS
+
+    assert meta["embedders"]["clip_l14"]["recipe"] == CLIP_L14_TORCHMETRICS.to_manifest()

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from ..engine.manifest import write_manifest
+from ..runtime.recipes import CLIP_L14_TORCHMETRICS
 from .checkpoint import OFFLINE_HINT, CheckpointError, checkpoint_source, pin_revision
 from .random_models import EMBEDDER_PRESETS
 
@@ -100,6 +101,12 @@ RECIPES = {
                 "follows": "transformers BitImageProcessor (PIL), as DreamBench++ dino_score.py"},
                "cls_layernorm"),
 }
+
+#: The ``follows`` of a CLIP bundle at patch 14 (openai/clip-vit-large-patch14's layout): the same
+#: pixels as the ``clip`` recipe (that checkpoint's preprocessor_config.json has B/32's values),
+#: the pipeline of torchmetrics' CLIPScore, whose default checkpoint it is (runtime/recipes.py
+#: ``CLIP_L14_TORCHMETRICS``).
+CLIP_L14_FOLLOWS = CLIP_L14_TORCHMETRICS.follows
 
 
 def is_embedder_model(model: str, revision: str | None = None) -> bool:
@@ -222,6 +229,8 @@ def export_embedder_into(out: Path, model: str, revision: str | None, validate: 
     t0 = time.time()
     m, processor, source, family, config_eps = load_embedder(model, revision)
     recipe, rule = RECIPES[family]
+    if family == "clip" and int(m.config.vision_config.patch_size) == 14:
+        recipe = {**recipe, "follows": CLIP_L14_FOLLOWS}
     text = None
     if family == "clip":
         text = text_settings_from_processor(m, processor)
