@@ -179,8 +179,8 @@ def child_reference(siglip: str, clip: str, dino: str, pairs: str, budget: int) 
 def masc_run_process(bundle: Path, clip: Path, dino: Path, pairs: Path, out: Path, batch_size: int) -> tuple[dict, float]:
     """One cold ``masc-run`` with the five columns; returns (its sidecar, wall seconds spawn -> exit)."""
     exe = Path(sys.executable).parent / "masc-run"
-    for p in (out, Path(f"{out}.meta.json")):
-        p.unlink(missing_ok=True)
+    for p in (out, Path(f"{out}.meta.json"), Path(f"{out}.journal.jsonl"), Path(f"{out}.lock")):
+        p.unlink(missing_ok=True)  # a fresh output each repetition: nothing to resume
     cmd = [str(exe), str(pairs), "--bundle", str(bundle), "--out", str(out), "--no-progress", "--metrics", METRICS,
            "--embedder", f"clip={clip}", "--embedder", f"dino={dino}", "--batch-size", str(batch_size)]
     t = time.perf_counter()
