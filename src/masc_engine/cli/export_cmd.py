@@ -20,9 +20,10 @@ from ..export.plan import PRECISION_OPTIONS
                    "siglip2-base, siglip2-base-512), local checkpoint directory, or a random-weight test "
                    "model: random:tiny-naflex, random:tiny-fixed, random:base-naflex, random:so400m-naflex. "
                    "A CLIPSeg checkpoint (CIDAS/clipseg-rd64-refined, short name clipseg; random:clipseg-tiny, "
-                   "random:clipseg-rd64) makes a segmenter bundle (docs/segmenter.md). clip-vit-b32, dino-vits16, dino-vits8, "
-                   "dinov2-small (random:clip-tiny, random:dino-tiny-s16, random:dino-tiny-s8, random:dinov2-tiny) "
-                   "make an embedder bundle, fp32 (docs/export.md).")
+                   "random:clipseg-rd64) makes a segmenter bundle (docs/segmenter.md). clip-vit-b32, clip-vit-l14, dino-vits16, "
+                   "dino-vits8, dinov2-small (random:clip-tiny, random:clip-tiny-l14, random:dino-tiny-s16, "
+                   "random:dino-tiny-s8, random:dinov2-tiny; real shapes: random:clip-b32, random:clip-l14, "
+                   "random:dino-s16) make an embedder bundle, fp32 (docs/export.md).")
 @click.option("--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Bundle directory to write.")
 @click.option("--max-num-patches", type=click.IntRange(1, 16384), default=None,
