@@ -105,6 +105,10 @@ def test_masc_run_writes_the_classic_columns_equal_to_the_reference(bundles, naf
         assert np.abs(got - np.array(values)).max() <= CLASSIC_METRIC_ATOL, col
     meta = json.loads(Path(f"{out}.meta.json").read_text())
     assert set(meta["embedders"]) == {"clip", "dino"} and meta["settings"]["metrics"] == ["clip_i", "clip_t", "dino"]
+    # each column's recipe (scale, clamp, pairing) beside its number
+    assert list(meta["column_recipes"]) == ["clip_i", "clip_t", "dino"]
+    assert meta["column_recipes"]["dino"]["checkpoint"].startswith("facebook/dino-vits16")
+    assert meta["column_recipes"]["clip_t"]["pairing"] == "output <-> its prompt"
 
     # The same command resumes: nothing is scored again.
     code, text = _invoke([PAIRS, "--bundle", naflex_bundle, "--out", out, *_classic_args(bundles)])
@@ -289,6 +293,7 @@ def test_masc_run_clip_score_tm_equals_torchmetrics_rules(l14_bundle, naflex_bun
     assert clip_score_tm_aggregate(got) == pytest.approx(max(float(want.mean()), 0.0), abs=CLASSIC_METRIC_ATOL)
     meta = json.loads(Path(f"{out}.meta.json").read_text())
     assert set(meta["embedders"]) == {"clip_l14"} and meta["settings"]["metrics"] == ["clip_score_tm"]
+    assert meta["column_recipes"]["clip_score_tm"]["clamp"].startswith("max(mean, 0) on the mean")
     # the sidecar records the bundle's recipe: the torchmetrics pipeline, the clip_score_tm recipe's pixels
     from masc_engine.runtime.recipes import CLIP_L14_TORCHMETRICS
 

@@ -6,6 +6,7 @@ import platform
 import time
 from pathlib import Path
 
+from ...runtime.pair_metrics.classic import COLUMN_RECIPES
 from ...runtime.scorer import Scorer
 from ...runtime.segmenter import Segmenter
 from ..results import MASK_COUNTERS, RunRecord, meta_path, output_errors, write_meta
@@ -49,7 +50,8 @@ def sidecar(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSetting
     resumed or repeated command adds its record to ``runs`` and never erases what the earlier
     ones measured). With a segmenter it is described under ``segmenter`` (its bundle, identity and
     the whole mask recipe) and its counters are summed under ``counts``; the embedders the metrics
-    read (``--embedder``) are described under ``embedders``."""
+    read (``--embedder``) are described under ``embedders``, and each classic column's recipe
+    (runtime/pair_metrics/classic.py ``COLUMN_RECIPES``) under ``column_recipes``."""
     total_s = sum(float(r.get("seconds") or 0.0) for r in all_runs)
     total_scored = sum(int(r.get("rows_scored") or 0) for r in all_runs)
     counts = summary.counts()
@@ -72,6 +74,9 @@ def sidecar(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSetting
     used = {k: embedders[k].describe() for k in settings.embedders_needed() if k in (embedders or {})}
     if used:
         meta["embedders"] = used
+    recipes = {m: COLUMN_RECIPES[m] for m in settings.metrics or () if m in COLUMN_RECIPES}
+    if recipes:  # each classic column's recipe (scale, clamp, pairing...): what its number means
+        meta["column_recipes"] = recipes
     return meta
 
 
