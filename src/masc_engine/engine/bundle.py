@@ -17,6 +17,7 @@ from __future__ import annotations
 import posixpath
 import warnings
 from pathlib import Path
+from typing import Any
 
 from ..errors import BackendUnavailableError, BundleError, MascEngineError
 from .backends.base import Runner
@@ -38,7 +39,7 @@ class RandomWeightsWarning(UserWarning):
     """Scores from a random-weight test bundle measure nothing; they only test the pipeline."""
 
 
-def random_weights_note(path: str | Path, manifest: dict) -> str | None:
+def random_weights_note(path: str | Path, manifest: dict[str, Any]) -> str | None:
     """The one line every command prints for a random-weight bundle (``WARNING: <this>``), or
     None when ``manifest["source"]`` does not say ``random_weights``."""
     source = manifest.get("source", {})
@@ -108,9 +109,9 @@ class Bundle:
                 if not (self.path / name).is_file():
                     raise BundleError(f"bundle {self.path}: file {name} listed in the manifest is missing")
         self.fingerprint = fingerprint(self.manifest)
-        if self.random_weights:
-            warnings.warn(random_weights_note(self.path, self.manifest), RandomWeightsWarning,
-                          stacklevel=_caller_stacklevel())
+        note = random_weights_note(self.path, self.manifest) if self.random_weights else None
+        if note is not None:
+            warnings.warn(note, RandomWeightsWarning, stacklevel=_caller_stacklevel())
 
     @property
     def kind(self) -> str:
@@ -190,11 +191,12 @@ class Bundle:
             self._check_hash(rel)
         self._graphs_checked.add(name)
 
-    def graph(self, name: str) -> dict:
+    def graph(self, name: str) -> dict[str, Any]:
         try:
-            return self.manifest["graphs"][name]
+            entry: dict[str, Any] = self.manifest["graphs"][name]
         except KeyError:
             raise BundleError(f"bundle {self.path} has no {name!r} graph") from None
+        return entry
 
     @property
     def variants(self) -> list[str]:
@@ -214,6 +216,7 @@ class Bundle:
         """
         provider = _short_provider(provider)
         if requested == AUTO:
+            name: str
             for name, entry in sorted((self.manifest.get("variants") or {}).items()):
                 want = entry.get("runtime", {})
                 if (want.get("backend"), want.get("provider")) == (backend, provider):
@@ -261,7 +264,7 @@ class Bundle:
 
     def runner(self, graph: str, backend: str = "onnxruntime", provider: str | None = None,
                intra_op_threads: int | None = None, precision: str | None = None, variant: str = PORTABLE,
-               options: dict | None = None) -> Runner:
+               options: dict[str, Any] | None = None) -> Runner:
         """A runner for one of the bundle's graphs (``vision``, ``pool``, ``text``, ``cp``), loaded by
         the backend registry (engine/backends/registry.py).
 

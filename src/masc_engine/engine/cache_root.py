@@ -15,6 +15,7 @@ import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from ..errors import MascEngineError
 
@@ -80,7 +81,7 @@ def tree_bytes(path: Path) -> int:
     if not stat.S_ISDIR(st.st_mode):
         return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
-    def fail(e: OSError):
+    def fail(e: OSError) -> NoReturn:
         raise e
 
     total = 0

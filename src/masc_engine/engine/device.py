@@ -32,14 +32,35 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, TypeVar
+from collections.abc import Sequence
+from typing import Any, Callable, Iterable, Protocol, TypeVar
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..errors import BackendUnavailableError
 
 T = TypeVar("T")
 R = TypeVar("R")
+#: A device array: ``numpy.ndarray`` on the host, ``cupy.ndarray`` on a GPU (CuPy ships no types).
+DeviceArray = Any
+#: An array shape: an int (1-D) or a sequence of ints.
+ShapeLike = int | Sequence[int]
+
+
+class Event(Protocol):
+    """Something to wait on: a stream or an event recorded on one."""
+
+    def synchronize(self) -> None:
+        """Wait until the work queued on it has finished."""
+
+
+class Stream(Event, Protocol):
+    """A device stream: ``ptr`` (the ``cudaStream_t`` as an int; 0 on the host) and ``synchronize()``."""
+
+    @property
+    def ptr(self) -> int:
+        """The stream's handle as an int."""
 
 
 class ArrayDevice:
@@ -49,62 +70,64 @@ class ArrayDevice:
     name: str
     ort_device_type: str
     device_id: int = 0
+    #: The array module: numpy, or cupy.
+    xp: Any
 
-    def is_device_array(self, x) -> bool:
+    def is_device_array(self, x: object) -> bool:
         raise NotImplementedError
 
-    def zeros(self, shape, dtype=np.float32):
+    def zeros(self, shape: ShapeLike, dtype: DTypeLike = np.float32) -> DeviceArray:
         """A zero-filled device array of ``shape`` and ``dtype``."""
         raise NotImplementedError
 
-    def empty(self, shape, dtype=np.float32):
+    def empty(self, shape: ShapeLike, dtype: DTypeLike = np.float32) -> DeviceArray:
         """An uninitialised device array (for a backend to write into)."""
         raise NotImplementedError
 
-    def from_host(self, x: np.ndarray):
+    def from_host(self, x: np.ndarray) -> DeviceArray:
         """Copy a host array to the device (no copy on :class:`HostDevice`)."""
         raise NotImplementedError
 
-    def to_host(self, x) -> np.ndarray:
+    def to_host(self, x: DeviceArray) -> np.ndarray:
         """Copy a device array to a host numpy array (the pipeline's only way back)."""
         raise NotImplementedError
 
-    def ptr(self, x) -> int:
+    def ptr(self, x: DeviceArray) -> int:
         """Address of a C-contiguous device array's first element."""
         raise NotImplementedError
 
-    def contiguous(self, x):
+    def contiguous(self, x: DeviceArray) -> DeviceArray:
         raise NotImplementedError
 
-    def copy(self, x):
+    def copy(self, x: DeviceArray) -> DeviceArray:
         """A C-contiguous copy of ``x`` in new device memory (owning its buffer)."""
         raise NotImplementedError
 
-    def concat(self, xs):
+    def concat(self, xs: Sequence[DeviceArray]) -> DeviceArray:
         """Device arrays joined along axis 0 (a run split into profile-sized batches)."""
         raise NotImplementedError
 
     def synchronize(self) -> None:
         """Wait until work queued on the device's current stream has finished."""
 
-    def new_stream(self):
+    def new_stream(self) -> Stream:
         """A stream for one engine: ``.ptr`` (the ``cudaStream_t`` as an int) and ``.synchronize()``."""
         raise NotImplementedError
 
-    def pinned_empty(self, shape, dtype=np.float32) -> np.ndarray:
+    def pinned_empty(self, shape: ShapeLike, dtype: DTypeLike = np.float32) -> np.ndarray:
         """An uninitialised host array in page-locked memory (asynchronous copies read it directly)."""
         raise NotImplementedError
 
-    def copy_to_device(self, host: np.ndarray, dst, stream) -> None:
+    def copy_to_device(self, host: np.ndarray, dst: DeviceArray, stream: Stream) -> None:
         """Queue a host-to-device copy of ``host`` into the device array ``dst`` on ``stream``."""
         raise NotImplementedError
 
-    def copy_to_host(self, src, out: np.ndarray, stream) -> None:
+    def copy_to_host(self, src: DeviceArray, out: np.ndarray, stream: Stream) -> None:
         """Queue a device-to-host copy of ``src`` into the host array ``out`` on ``stream``;
         ``out`` holds the data once ``stream.synchronize()`` returns."""
         raise NotImplementedError
 
-    def record_event(self, stream):
+    def record_event(self, stream: Stream) -> Event:
         """An event recorded on ``stream`` after the work queued so far: ``.synchronize()`` waits for
         that work only (not for what is queued after it)."""
         raise NotImplementedError
@@ -133,46 +156,46 @@ class HostDevice(ArrayDevice):
     ort_device_type = "cpu"
     xp = np
 
-    def is_device_array(self, x) -> bool:
+    def is_device_array(self, x: object) -> bool:
         return isinstance(x, np.ndarray)
 
-    def zeros(self, shape, dtype=np.float32):
+    def zeros(self, shape: ShapeLike, dtype: DTypeLike = np.float32) -> DeviceArray:
         return np.zeros(shape, dtype)
 
-    def empty(self, shape, dtype=np.float32):
+    def empty(self, shape: ShapeLike, dtype: DTypeLike = np.float32) -> DeviceArray:
         return np.empty(shape, dtype)
 
-    def from_host(self, x):
+    def from_host(self, x: np.ndarray) -> DeviceArray:
         return np.asarray(x)
 
-    def to_host(self, x) -> np.ndarray:
+    def to_host(self, x: DeviceArray) -> np.ndarray:
         return np.array(x)
 
-    def ptr(self, x) -> int:
+    def ptr(self, x: DeviceArray) -> int:
         return int(x.ctypes.data)
 
-    def contiguous(self, x):
+    def contiguous(self, x: DeviceArray) -> DeviceArray:
         return np.ascontiguousarray(x)
 
-    def copy(self, x):
+    def copy(self, x: DeviceArray) -> DeviceArray:
         return np.array(x, order="C")
 
-    def concat(self, xs):
+    def concat(self, xs: Sequence[DeviceArray]) -> DeviceArray:
         return np.concatenate(xs, axis=0)
 
-    def new_stream(self):
+    def new_stream(self) -> Stream:
         return _HostStream()
 
-    def pinned_empty(self, shape, dtype=np.float32) -> np.ndarray:
+    def pinned_empty(self, shape: ShapeLike, dtype: DTypeLike = np.float32) -> np.ndarray:
         return np.empty(shape, dtype)
 
-    def copy_to_device(self, host, dst, stream) -> None:
+    def copy_to_device(self, host: np.ndarray, dst: DeviceArray, stream: Stream) -> None:
         np.copyto(dst, host)
 
-    def copy_to_host(self, src, out, stream) -> None:
+    def copy_to_host(self, src: DeviceArray, out: np.ndarray, stream: Stream) -> None:
         np.copyto(out, src)
 
-    def record_event(self, stream):
+    def record_event(self, stream: Stream) -> Event:
         return _HostStream()  # host work is done when its call returns
 
     def mem_get_info(self) -> tuple[int, int]:
@@ -195,7 +218,7 @@ class CupyDevice(ArrayDevice):
 
     ort_device_type = "cuda"
 
-    def __init__(self, device_id: int = 0):
+    def __init__(self, device_id: int = 0) -> None:
         try:
             import cupy
         except ImportError as e:
@@ -212,43 +235,45 @@ class CupyDevice(ArrayDevice):
         self.device_id = int(device_id)
         self.name = f"cuda:{device_id}"
 
-    def is_device_array(self, x) -> bool:
+    def is_device_array(self, x: object) -> bool:
         return isinstance(x, self.xp.ndarray)
 
-    def zeros(self, shape, dtype=np.float32):
+    def zeros(self, shape: ShapeLike, dtype: DTypeLike = np.float32) -> DeviceArray:
         return self.xp.zeros(shape, dtype)
 
-    def empty(self, shape, dtype=np.float32):
+    def empty(self, shape: ShapeLike, dtype: DTypeLike = np.float32) -> DeviceArray:
         return self.xp.empty(shape, dtype)
 
-    def from_host(self, x):
+    def from_host(self, x: np.ndarray) -> DeviceArray:
         return self.xp.asarray(x)
 
-    def to_host(self, x) -> np.ndarray:
-        return self.xp.asnumpy(x)
+    def to_host(self, x: DeviceArray) -> np.ndarray:
+        host: np.ndarray = self.xp.asnumpy(x)
+        return host
 
-    def ptr(self, x) -> int:
+    def ptr(self, x: DeviceArray) -> int:
         return int(x.data.ptr)
 
-    def contiguous(self, x):
+    def contiguous(self, x: DeviceArray) -> DeviceArray:
         return self.xp.ascontiguousarray(x)
 
-    def copy(self, x):
+    def copy(self, x: DeviceArray) -> DeviceArray:
         return self.xp.array(x, order="C")
 
-    def concat(self, xs):
+    def concat(self, xs: Sequence[DeviceArray]) -> DeviceArray:
         return self.xp.concatenate(xs, axis=0)
 
-    def new_stream(self):
+    def new_stream(self) -> Stream:
         """A non-blocking CUDA stream (``.ptr``, ``.synchronize()``) for a TensorRT context."""
-        return self.xp.cuda.Stream(non_blocking=True)
+        stream: Stream = self.xp.cuda.Stream(non_blocking=True)
+        return stream
 
     def synchronize(self) -> None:
         # ORT and TensorRT run on their own streams; CuPy's work (packing) must be finished
         # before they read it, and theirs before CuPy reads their outputs.
         self.xp.cuda.get_current_stream().synchronize()
 
-    def pinned_empty(self, shape, dtype=np.float32) -> np.ndarray:
+    def pinned_empty(self, shape: ShapeLike, dtype: DTypeLike = np.float32) -> np.ndarray:
         """Page-locked host memory from CuPy's pinned pool (``cupy.cuda.alloc_pinned_memory``); the
         numpy array keeps the allocation alive. unverified on a GPU."""
         dtype = np.dtype(dtype)
@@ -256,20 +281,21 @@ class CupyDevice(ArrayDevice):
         mem = self.xp.cuda.alloc_pinned_memory(max(1, count * dtype.itemsize))
         return np.frombuffer(mem, dtype, count).reshape(shape)
 
-    def copy_to_device(self, host, dst, stream) -> None:
+    def copy_to_device(self, host: np.ndarray, dst: DeviceArray, stream: Stream) -> None:
         # ndarray.set(arr, stream): cudaMemcpyAsync on that stream; asynchronous with respect to
         # the host only from pinned memory. unverified on a GPU.
         dst.set(host, stream=stream)
 
-    def copy_to_host(self, src, out, stream) -> None:
+    def copy_to_host(self, src: DeviceArray, out: np.ndarray, stream: Stream) -> None:
         # into pinned memory: cudaMemcpyAsync, returns at once; wait on an event (record_event)
         src.get(stream=stream, out=out, blocking=False)  # unverified on a GPU
 
-    def record_event(self, stream):
+    def record_event(self, stream: Stream) -> Event:
         """``cupy.cuda.Event`` recorded on ``stream`` (``.synchronize()`` waits for it). unverified on a GPU."""
         event = self.xp.cuda.Event(block=False, disable_timing=True)
         event.record(stream)
-        return event
+        recorded: Event = event
+        return recorded
 
     def mem_get_info(self) -> tuple[int, int]:
         free, total = self.xp.cuda.runtime.memGetInfo()  # unverified on a GPU
@@ -331,13 +357,13 @@ class PinnedStaging:
     pin a buffer per shape. A buffer is refilled only after the stream that read it was
     synchronized, which the runner does before returning."""
 
-    def __init__(self, device: ArrayDevice):
+    def __init__(self, device: ArrayDevice) -> None:
         self.device = device
-        self._buffers: dict[tuple, np.ndarray] = {}
+        self._buffers: dict[tuple[str, int], np.ndarray] = {}
         self._lock = threading.Lock()
         self.slot = 0
 
-    def buffer(self, name: str, shape, dtype) -> np.ndarray:
+    def buffer(self, name: str, shape: ShapeLike, dtype: DTypeLike) -> np.ndarray:
         """This call's pinned buffer for ``name`` viewed as ``shape`` / ``dtype`` (contents undefined)."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

@@ -12,7 +12,9 @@ import json
 import math
 import os
 import posixpath
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from ..errors import BundleError
 from .backends.openvino import BF16_CPU_MODE
@@ -33,7 +35,7 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def write_manifest(bundle_dir: str | Path, manifest: dict) -> Path:
+def write_manifest(bundle_dir: str | Path, manifest: dict[str, Any]) -> Path:
     """Write ``manifest.json`` after recording the sha256 of every file it lists in ``files``."""
     bundle_dir = Path(bundle_dir)
     manifest = dict(manifest)
@@ -45,7 +47,7 @@ def write_manifest(bundle_dir: str | Path, manifest: dict) -> Path:
     return path
 
 
-def read_manifest(bundle_dir: str | Path) -> dict:
+def read_manifest(bundle_dir: str | Path) -> dict[str, Any]:
     """Read and check the format of ``manifest.json``.
 
     Raises:
@@ -94,7 +96,7 @@ def one_line(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def verify_files(bundle_dir: str | Path, manifest: dict) -> None:
+def verify_files(bundle_dir: str | Path, manifest: dict[str, Any]) -> None:
     """Check every listed file exists and matches its sha256.
 
     Raises:
@@ -113,7 +115,7 @@ def verify_files(bundle_dir: str | Path, manifest: dict) -> None:
             raise BundleError(f"bundle {bundle_dir}: {name} sha256 {actual[:12]}... != manifest {digest[:12]}...")
 
 
-def fingerprint(manifest: dict) -> str:
+def fingerprint(manifest: dict[str, Any]) -> str:
     """A short content fingerprint of a bundle: sha256 over the manifest's file digests and
     settings (what makes cached tokens and resumed results reusable), a bf16-cpu certificate's
     plan (export/cpu_precision.py) and an embedder bundle's recipe and embedding rule."""
@@ -126,7 +128,7 @@ def fingerprint(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _dims(manifest: dict, graph: str, tensor: str) -> list | None:
+def _dims(manifest: dict[str, Any], graph: str, tensor: str) -> list[Any] | None:
     """The declared shape of a graph's input or output, or None when the manifest lacks it."""
     entry = (manifest.get("graphs") or {}).get(graph) or {}
     for t in (entry.get("inputs") or []) + (entry.get("outputs") or []):
@@ -135,7 +137,7 @@ def _dims(manifest: dict, graph: str, tensor: str) -> list | None:
     return None
 
 
-def check_consistency(manifest: dict, where: str) -> None:
+def check_consistency(manifest: dict[str, Any], where: str) -> None:
     """Check the manifest's settings against the shapes it declares for its graphs, before any
     graph is loaded: a manifest edited (or copied from another bundle) so that it no longer
     describes its graphs fails here in one line, not in ONNX Runtime at the first batch.
@@ -183,7 +185,8 @@ def check_consistency(manifest: dict, where: str) -> None:
                               "re-export the bundle with masc-export")
 
 
-def check_graph_io(declared: dict, actual_inputs, actual_outputs, graph: str, where: str) -> None:
+def check_graph_io(declared: dict[str, Any], actual_inputs: Iterable[tuple[str, Sequence[Any]]],
+                   actual_outputs: Iterable[tuple[str, Sequence[Any]]], graph: str, where: str) -> None:
     """Check a loaded graph's inputs and outputs against the manifest's entry for it: each
     declared tensor exists, with as many axes and equal fixed dimensions.
 
@@ -210,7 +213,7 @@ def check_graph_io(declared: dict, actual_inputs, actual_outputs, graph: str, wh
 
 # --------------------------------------------------------------------------- confinement
 
-def _refuse_name(bundle_dir, field: str, name, why: str):
+def _refuse_name(bundle_dir: str | Path, field: str, name: object, why: str) -> NoReturn:
     shown = repr(name) if len(repr(name)) <= 120 else repr(name)[:117] + "..."
     raise BundleError(f"bundle {bundle_dir}: {field} names {shown}, which {why}; a bundle reads only "
                       "files inside its own folder (re-export it with masc-export)")
@@ -249,7 +252,7 @@ def confined(bundle_dir: str | Path, name: object, field: str) -> Path:
     return Path(bundle_dir) / name
 
 
-def named_files(manifest: dict) -> list[tuple[str, object]]:
+def named_files(manifest: dict[str, Any]) -> list[tuple[str, object]]:
     """``(field, name)`` of every file a manifest names: ``files``, each graph's ``file`` and
     ``external_data`` (its variants' too) and ``text.tokenizer_file``.
 
@@ -273,7 +276,7 @@ def named_files(manifest: dict) -> list[tuple[str, object]]:
     return out + [("files", n) for n in _table(manifest, "files", "")]
 
 
-def _table(d: dict, key: str, prefix: str, optional: bool = False) -> dict:
+def _table(d: dict[str, Any], key: str, prefix: str, optional: bool = False) -> dict[str, Any]:
     value = d.get(key)
     if value is None and optional:
         return {}
@@ -282,7 +285,7 @@ def _table(d: dict, key: str, prefix: str, optional: bool = False) -> dict:
     return value
 
 
-def check_confined(bundle_dir: str | Path, manifest: dict) -> None:
+def check_confined(bundle_dir: str | Path, manifest: dict[str, Any]) -> None:
     """Check that every file the manifest names (:func:`named_files`) lies inside the bundle
     folder (:func:`confined`); a graph's external data, named inside the graph, is checked when
     the graph is first used (engine/bundle.py).
@@ -317,7 +320,7 @@ MAX_DIM = 1 << 20
 MAX_RANK = 8
 
 
-def _int_in(where, field: str, value, lo: int, hi: int, required: bool = True) -> None:
+def _int_in(where: object, field: str, value: object, lo: int, hi: int, required: bool = True) -> None:
     if value is None and not required:
         return
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
@@ -325,7 +328,7 @@ def _int_in(where, field: str, value, lo: int, hi: int, required: bool = True) -
                           f"to {hi} (re-export the bundle with masc-export)")
 
 
-def _number_in(where, field: str, value, lo: float, hi: float, open_lo: bool = False) -> None:
+def _number_in(where: object, field: str, value: object, lo: float, hi: float, open_lo: bool = False) -> None:
     ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
           and (lo < value if open_lo else lo <= value) and value <= hi)
     if not ok:
@@ -334,13 +337,13 @@ def _number_in(where, field: str, value, lo: float, hi: float, open_lo: bool = F
                           "(re-export the bundle with masc-export)")
 
 
-def _choice(where, field: str, value, allowed: tuple) -> None:
+def _choice(where: object, field: str, value: object, allowed: tuple[object, ...]) -> None:
     if value not in allowed:
         raise BundleError(f"bundle {where}: manifest {field} is {_shown(value)}; it must be one of "
                           f"{', '.join(map(repr, allowed))} (re-export the bundle with masc-export)")
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     r = repr(value)
     return r if len(r) <= 60 else r[:57] + "..."
 
@@ -353,7 +356,7 @@ RESAMPLE_NAMES = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 TENSOR_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool", "uint8", "int8")
 
 
-def _check_image(image: dict, where) -> None:
+def _check_image(image: dict[str, Any], where: object) -> None:
     _choice(where, "image.mode", image.get("mode"), ("naflex", "fixed"))
     _choice(where, "image.resample", image.get("resample"), RESAMPLE_NAMES)
     _int_in(where, "image.patch_size", image.get("patch_size"), 1, MAX_PATCH_SIZE)
@@ -376,7 +379,7 @@ def _check_image(image: dict, where) -> None:
             _number_in(where, f"image.{key}", v, lo, 1e6, open_lo=key == "image_std")
 
 
-def _check_text(text: dict, where) -> None:
+def _check_text(text: dict[str, Any], where: object) -> None:
     _int_in(where, "text.max_length", text.get("max_length"), 1, MAX_TEXT_LENGTH)
     _int_in(where, "text.pad_token_id", text.get("pad_token_id"), 0, 2**31 - 1)
     _int_in(where, "text.vocab_size", text.get("vocab_size"), 1, 2**31 - 1, required=False)
@@ -384,7 +387,7 @@ def _check_text(text: dict, where) -> None:
         _choice(where, f"text.{key}", text.get(key), ("left", "right"))
 
 
-def _check_shapes(graphs: dict, where) -> None:
+def _check_shapes(graphs: dict[str, Any], where: object) -> None:
     for g, entry in graphs.items():
         for t in (entry.get("inputs") or []) + (entry.get("outputs") or []):
             field = f"graphs.{g}.{t.get('name') if isinstance(t, dict) else '?'}.shape"
@@ -399,7 +402,7 @@ def _check_shapes(graphs: dict, where) -> None:
                     _int_in(where, field, d, 1, MAX_DIM)
 
 
-def check_ranges(manifest: dict, where: str) -> None:
+def check_ranges(manifest: dict[str, Any], where: str) -> None:
     """Check the manifest's numbers and choices before anything is sized from them, so that a
     bad value is refused at load in one line (not a ``MemoryError`` or ``ZeroDivisionError`` at
     the first image).
@@ -447,7 +450,15 @@ EMBEDDER_IMAGE_RULES = ("clip_image_projection", "cls_final_norm", "cls_layernor
 EMBEDDER_TEXT_RULES = ("clip_text_projection",)
 
 
-def check_embedder(manifest: dict, where: str) -> None:
+def _embedder_table(manifest: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = manifest.get(key)
+    if not isinstance(value, dict):
+        raise BundleError(f"bundle {where}: an embedder manifest needs a {key} table, it has {_shown(value)} "
+                          "(re-export the bundle with masc-export)")
+    return value
+
+
+def check_embedder(manifest: dict[str, Any], where: str) -> None:
     """Check the sections only an ``embedder`` bundle has (export/embedders.py ``RECIPE_FIELDS``).
 
     Required: ``recipe`` (``resize_mode``, ``size``, ``interpolation``, ``crop_size`` [h, w] or
@@ -459,11 +470,7 @@ def check_embedder(manifest: dict, where: str) -> None:
     Raises:
         BundleError: naming the bundle, the field, its value and what it must be.
     """
-    recipe, emb = manifest.get("recipe"), manifest.get("embedding")
-    for key, value in (("recipe", recipe), ("embedding", emb)):
-        if not isinstance(value, dict):
-            raise BundleError(f"bundle {where}: an embedder manifest needs a {key} table, it has {_shown(value)} "
-                              "(re-export the bundle with masc-export)")
+    recipe, emb = _embedder_table(manifest, "recipe", where), _embedder_table(manifest, "embedding", where)
     _choice(where, "recipe.resize_mode", recipe.get("resize_mode"), EMBEDDER_RESIZE_MODES)
     _int_in(where, "recipe.size", recipe.get("size"), 1, MAX_IMAGE_SIDE)
     _choice(where, "recipe.interpolation", recipe.get("interpolation"), EMBEDDER_INTERPOLATIONS)

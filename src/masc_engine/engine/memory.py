@@ -12,10 +12,10 @@ import ctypes
 import platform
 import sys
 
-_LIBC = None
+_LIBC: ctypes.CDLL | None = None
 
 
-def glibc():
+def glibc() -> ctypes.CDLL | None:
     """The C library as a ``ctypes.CDLL`` when it is glibc (Linux), else None."""
     global _LIBC
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":

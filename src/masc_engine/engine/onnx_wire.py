@@ -12,7 +12,9 @@ without copying them (the file is memory-mapped).
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Union
 
 # Field numbers of onnx.proto3 (checked against onnx's descriptors in tests/test_bundle_confinement.py).
 _MODEL = {7: "graph", 25: "function", 20: "training"}
@@ -27,13 +29,16 @@ _SCHEMA = {"model": _MODEL, "training": _TRAINING, "graph": _GRAPH, "node": _NOD
            "function": _FUNCTION, "sparse": _SPARSE}
 #: Nesting deeper than this (subgraphs of subgraphs...) is refused rather than walked.
 MAX_DEPTH = 64
+#: The model's bytes: the memory-mapped file (or bytes, in the tests).
+_Buf = Union[mmap.mmap, bytes]
+_Span = tuple[int, int]
 
 
 class WireError(ValueError):
     """The bytes are not a well-formed ONNX model (protobuf wire format)."""
 
 
-def _varint(buf, i: int, end: int) -> tuple[int, int]:
+def _varint(buf: _Buf, i: int, end: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if i >= end or shift > 63:
@@ -46,7 +51,7 @@ def _varint(buf, i: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf, start: int, end: int):
+def _fields(buf: _Buf, start: int, end: int) -> Iterator[tuple[int, _Span]]:
     """``(field number, (start, end))`` of each length-delimited field of one message; other
     wire types are skipped."""
     i = start
@@ -71,7 +76,7 @@ def _fields(buf, start: int, end: int):
         raise WireError("a field runs past the end of its message")
 
 
-def _entry(buf, span) -> tuple[str, str]:
+def _entry(buf: _Buf, span: _Span) -> tuple[str, str]:
     kv = {f: buf[a:b] for f, (a, b) in _fields(buf, *span) if f in (1, 2)}
     try:
         return kv.get(1, b"").decode("utf-8"), kv.get(2, b"").decode("utf-8")
@@ -79,7 +84,7 @@ def _entry(buf, span) -> tuple[str, str]:
         raise WireError("an external_data entry is not UTF-8") from e
 
 
-def _walk(buf, kind: str, span, depth: int, out: list[str]) -> None:
+def _walk(buf: _Buf, kind: str, span: _Span, depth: int, out: list[str]) -> None:
     if depth > MAX_DEPTH:
         raise WireError(f"nested deeper than {MAX_DEPTH} levels")
     if kind == "tensor":

@@ -36,9 +36,9 @@ def decline_openvino_telemetry() -> None:
     if getattr(original, "masc_engine_declines_by_default", False):
         return
 
-    def check(self, *args, **kwargs):
+    def check(self: object, *args: object, **kwargs: object) -> object:
         result = original(self, *args, **kwargs)
         return ConsentCheckResult.DECLINED if result == ConsentCheckResult.NO_FILE else result
 
-    check.masc_engine_declines_by_default = True  # type: ignore[attr-defined]
-    OptInChecker.check = check  # type: ignore[method-assign]
+    check.masc_engine_declines_by_default = True  # type: ignore[attr-defined]  # a marker on the function object
+    OptInChecker.check = check

@@ -6,9 +6,12 @@ Polygraphy-style separation: loading (file, provider, threads) is distinct from 
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..device import ArrayDevice, DeviceArray
 
 
 class Runner(Protocol):
@@ -32,7 +35,7 @@ class Runner(Protocol):
         """Run the graph. ``feeds`` maps every input name to an array of the graph's dtype."""
         ...
 
-    def run_device(self, feeds: dict, device) -> dict:
+    def run_device(self, feeds: dict[str, DeviceArray], device: ArrayDevice) -> dict[str, DeviceArray]:
         """Run the graph on ``device`` memory; returns device arrays."""
         ...
 

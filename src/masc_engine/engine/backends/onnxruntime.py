@@ -12,10 +12,18 @@ equal :meth:`OrtRunner.run` exactly).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from ...errors import BackendUnavailableError
 from .registry import BACKENDS
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
+    from ..device import ArrayDevice, DeviceArray
 
 #: ONNX tensor type strings (``NodeArg.type``) -> numpy dtypes, for the graphs' inputs and outputs.
 ORT_DTYPES = {
@@ -55,7 +63,7 @@ def resolve_provider(provider: str) -> str:
     return name
 
 
-def provider_options(provider_name: str) -> dict:
+def provider_options(provider_name: str) -> dict[str, str]:
     """Options passed with the provider. CUDA: ``use_tf32`` off. ONNX Runtime's CUDA provider runs
     float32 GEMMs in TF32 by default (``use_tf32`` = 1, onnxruntime's CUDA provider options), which
     would make "fp32" on a GPU TF32 and the fp32 fidelity reference not fp32; an fp16/bf16 bundle's
@@ -75,8 +83,8 @@ def provider_options(provider_name: str) -> dict:
 ORT_MEMORY = BACKENDS["onnxruntime"].option("ort_memory").choices  # defined with the registry entry
 
 
-def session_options(ort, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
-                    memory: str = "lean"):
+def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
+                    memory: str = "lean") -> Any:
     """``onnxruntime.SessionOptions`` for one of our graphs (see :data:`ORT_MEMORY`).
 
     Raises:
@@ -106,7 +114,7 @@ def check_available(provider: str = "cpu", precision: str | None = None) -> None
     resolve_provider(provider)
 
 
-def check_graph_precision(bundle, provider: str, precision: str | None = None) -> None:
+def check_graph_precision(bundle: Bundle, provider: str, precision: str | None = None) -> None:
     """Refuse, before any session is made, a precision ONNX Runtime cannot give from ``bundle``'s
     graphs (the precision is in the graphs: ``masc-export --precision``) or bf16 graphs on its CPU
     provider.
@@ -126,8 +134,9 @@ def check_graph_precision(bundle, provider: str, precision: str | None = None) -
             "kernels); use --provider cuda or --backend tensorrt on a GPU, or an fp16/fp32 bundle on CPU")
 
 
-def load_runner(bundle, graph: str, *, provider: str = "cpu", precision: str | None = None,
-                intra_op_threads: int | None = None, variant: str = "portable", options=None) -> "OrtRunner":
+def load_runner(bundle: Bundle, graph: str, *, provider: str = "cpu", precision: str | None = None,
+                intra_op_threads: int | None = None, variant: str = "portable",
+                options: Mapping[str, Any] | None = None) -> OrtRunner:
     """An :class:`OrtRunner` for ``graph`` of ``bundle`` in graph ``variant`` (the registry's loader).
 
     Args:
@@ -160,8 +169,8 @@ class OrtRunner:
 
     backend = "onnxruntime"
 
-    def __init__(self, path: str, name: str, provider: str = "cpu", intra_op_threads: int | None = None,
-                 inter_op_threads: int | None = None, ort_memory: str = "lean", precision: str = "fp32"):
+    def __init__(self, path: str | Path, name: str, provider: str = "cpu", intra_op_threads: int | None = None,
+                 inter_op_threads: int | None = None, ort_memory: str = "lean", precision: str = "fp32") -> None:
         import onnxruntime as ort
 
         self.precision = precision
@@ -191,7 +200,7 @@ class OrtRunner:
         outs = self.session.run(self.output_names, {k: feeds[k] for k in self.input_names})
         return dict(zip(self.output_names, outs))
 
-    def output_shapes(self, input_shapes: dict[str, tuple]) -> dict[str, tuple]:
+    def output_shapes(self, input_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         """Concrete output shapes from the inputs' shapes, by the graph's symbolic dimension names
         (``batch``, ``num_patches``, ... : the exporter names every dynamic axis, export/graphs.py).
 
@@ -211,7 +220,7 @@ class OrtRunner:
                                          f"and {n} in {name}")
                 elif sym is not None and int(sym) != int(n):
                     raise ValueError(f"graph {self.name!r}: input {name} needs size {sym}, got shape {tuple(shape)}")
-        out = {}
+        out: dict[str, tuple[int, ...]] = {}
         for name, arg in self._out_args.items():
             missing = [d for d in arg.shape if isinstance(d, str) and d not in dims]
             if missing or any(d is None for d in arg.shape):
@@ -220,7 +229,7 @@ class OrtRunner:
             out[name] = tuple(dims[d] if isinstance(d, str) else int(d) for d in arg.shape)
         return out
 
-    def run_device(self, feeds: dict, device) -> dict:
+    def run_device(self, feeds: dict[str, DeviceArray], device: ArrayDevice) -> dict[str, DeviceArray]:
         """Run with inputs and outputs in ``device`` memory (an engine/device.py ``ArrayDevice``).
 
         Args:
@@ -241,7 +250,7 @@ class OrtRunner:
             raise BackendUnavailableError(f"graph {self.name!r} runs on {self.provider}; it cannot use "
                                           f"{device.name} memory")
         io = self.session.io_binding()
-        bound = {}
+        bound: dict[str, DeviceArray] = {}
         for name in self.input_names:
             x = feeds[name]
             dtype = ORT_DTYPES[self._in_args[name].type]
@@ -254,7 +263,7 @@ class OrtRunner:
                 x = np.ascontiguousarray(x, dtype=dtype)
                 io.bind_cpu_input(name, x)
             bound[name] = x  # keep every bound buffer alive until the run returns
-        outs = {}
+        outs: dict[str, DeviceArray] = {}
         for name, shape in self.output_shapes({k: tuple(v.shape) for k, v in bound.items()}).items():
             outs[name] = device.empty(shape, ORT_DTYPES[self._out_args[name].type])
             io.bind_output(name, device.ort_device_type, device.device_id,

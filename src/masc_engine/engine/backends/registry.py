@@ -19,9 +19,25 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, cast
 
 from ...errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
+    from .base import Runner
+
+
+class BackendModule(Protocol):
+    """What a backend's module provides (the two calls the registry makes into it)."""
+
+    def check_available(self, *, provider: str, precision: str | None = None) -> None:
+        """Raise :class:`~masc_engine.errors.BackendUnavailableError` unless the backend can run."""
+
+    def load_runner(self, bundle: Bundle, graph: str, *, provider: str, precision: str | None = None,
+                    intra_op_threads: int | None = None, variant: str = "portable",
+                    options: Mapping[str, Any] | None = None) -> Runner:
+        """A runner for ``graph`` of ``bundle``."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +51,7 @@ class BackendOption:
     """
 
     name: str
-    choices: tuple
+    choices: tuple[str, ...]
     help: str
 
 
@@ -60,8 +76,9 @@ class BackendSpec:
     options: tuple[BackendOption, ...] = ()
     variants: tuple[str, ...] = ()
 
-    def _module(self):
-        return importlib.import_module(self.module)
+    def _module(self) -> BackendModule:
+        # one of the backend modules of this package, each providing check_available and load_runner
+        return cast(BackendModule, importlib.import_module(self.module))
 
     def check_available(self, provider: str | None = None, precision: str | None = None) -> None:
         """Raise unless this backend can run on ``provider`` (default: its own) at ``precision``.
@@ -71,9 +88,9 @@ class BackendSpec:
         """
         self._module().check_available(provider=provider or self.default_provider, precision=precision)
 
-    def load_runner(self, bundle, graph: str, *, provider: str | None = None, precision: str | None = None,
+    def load_runner(self, bundle: Bundle, graph: str, *, provider: str | None = None, precision: str | None = None,
                     intra_op_threads: int | None = None, variant: str = "portable",
-                    options: Mapping[str, Any] | None = None):
+                    options: Mapping[str, Any] | None = None) -> Runner:
         """A runner for ``graph`` of ``bundle`` on this backend (see the module's ``load_runner``)."""
         return self._module().load_runner(bundle, graph, provider=provider or self.default_provider,
                                           precision=precision, intra_op_threads=intra_op_threads,
@@ -99,7 +116,7 @@ class BackendSpec:
         if unknown:
             takes = ", ".join(mine) or "none"
             raise ValueError(f"backend {self.name!r} takes no option {', '.join(unknown)} (its options: {takes})")
-        out = {}
+        out: dict[str, Any] = {}
         for name, opt in mine.items():
             value = options.get(name, opt.choices[0])
             if value not in opt.choices:
