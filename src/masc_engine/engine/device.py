@@ -42,6 +42,7 @@ from ..errors import BackendUnavailableError
 
 T = TypeVar("T")
 R = TypeVar("R")
+P = TypeVar("P")
 #: A device array: ``numpy.ndarray`` on the host, ``cupy.ndarray`` on a GPU (CuPy ships no types).
 DeviceArray = Any
 #: An array shape: an int (1-D) or a sequence of ints.
@@ -325,7 +326,7 @@ def device_for(backend: str, provider: str) -> ArrayDevice:
     return CupyDevice(0) if is_gpu(backend, provider) else HostDevice()
 
 
-def overlapped(batches: Iterable[T], prepare: Callable[[T], object], run: Callable[[object], R]) -> list[R]:
+def overlapped(batches: Iterable[T], prepare: Callable[[T], P], run: Callable[[P], R]) -> list[R]:
     """``[run(prepare(b)) for b in batches]`` with ``prepare`` of batch n+1 on a worker thread
     while ``run`` of batch n goes on in the caller's thread (double buffering: at most one
     prepared batch waits, so host memory holds two batches).

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 _LOCK = threading.Lock()
-_CONTROLLER = None
+_CONTROLLER: Any = None  # threadpoolctl.ThreadpoolController, made on first use
 
 
-def _controller():
+def _controller() -> Any:
     global _CONTROLLER
     if _CONTROLLER is None:
         from threadpoolctl import ThreadpoolController

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from .masks import DEFAULT_FG_THRESHOLD, MASK_SIZE_POLICIES
 from .stripping import STRIPPERS
+
+if TYPE_CHECKING:
+    from ..engine.bundle import Bundle
 
 #: ``Scorer(graph_variant=AUTO)``: the bundle's fused ``ort-cpu`` graphs for ONNX Runtime on CPU
 #: when it has them, else the portable graphs (engine/bundle.py).
@@ -32,7 +35,7 @@ AUTO = "auto"
 CP_HEADS = ("numpy", "graph")
 
 
-def _frozen(options) -> tuple[tuple[str, Any], ...]:
+def _frozen(options: Mapping[str, Any] | tuple[tuple[str, Any], ...] | None) -> tuple[tuple[str, Any], ...]:
     """Backend options as sorted ``(name, value)`` pairs: hashable and picklable (Ray workers
     receive the config), unlike a dict or a mapping proxy."""
     return tuple(sorted(dict(options or {}).items()))
@@ -81,14 +84,14 @@ class ScorerConfig:
     mask_size_policy: str = "refuse"
     backend_options: tuple[tuple[str, Any], ...] = ()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "backend_options", _frozen(self.backend_options))
         self._check()
 
     # ------------------------------------------------------------------ checks
 
     @property
-    def options(self) -> dict:
+    def options(self) -> dict[str, Any]:
         """:attr:`backend_options` as a dict."""
         return dict(self.backend_options)
 
@@ -126,7 +129,7 @@ class ScorerConfig:
         if self.device_resident and self.cp_head == "numpy":
             raise ValueError("device_resident=True needs cp_head='graph' (the numpy head reads host memory)")
 
-    def resolve(self, bundle) -> "ScorerConfig":
+    def resolve(self, bundle: Bundle) -> "ScorerConfig":
         """This config with every choice left to the bundle made (what ``Scorer.config`` holds),
         except ``precision``, which the loaded vision runner reports (TensorRT picks the only engine
         set present; ONNX Runtime reports the graphs' own).
@@ -159,15 +162,15 @@ class ScorerConfig:
                                else m["scoring"].get("fg_threshold", DEFAULT_FG_THRESHOLD)),
             naflex_max_patches=int(self.naflex_max_patches or m["image"]["max_num_patches"]),
             device_resident=resident, cp_head=self.cp_head or ("graph" if resident else "numpy"),
-            backend_options=spec.resolve_options(self.backend_options))
+            backend_options=spec.resolve_options(self.options))
 
-    def replace(self, **changes) -> "ScorerConfig":
+    def replace(self, **changes: Any) -> "ScorerConfig":
         """A copy with ``changes`` applied (checked like a new config)."""
         return dataclasses.replace(self, **changes)
 
     # ------------------------------------------------------------------ identity
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """The settings that can change a score, as plain JSON-able values.
 
         Meaningful on a resolved config (``Scorer.config``): masc-run's resume fingerprint and
@@ -184,18 +187,18 @@ class ScorerConfig:
                 "budget": self.naflex_max_patches, "provider": self.provider, "cp_head": self.cp_head,
                 "backend": self.backend, "precision": self.precision, "graph_variant": self.graph_variant}
 
-    def option_identity(self) -> dict:
+    def option_identity(self) -> dict[str, Any]:
         """:meth:`identity` keyed by the command-line option that sets each value (what a rerun
         with other settings names: ``--stripper: regex -> none``)."""
         return {IDENTITY_OPTIONS[k]: v for k, v in self.identity().items()}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON-able values (masc-run's sidecar records it)."""
         d = dataclasses.asdict(self)
         d["backend_options"] = self.options
         return d
 
-    def encoding_identity(self) -> dict:
+    def encoding_identity(self) -> dict[str, Any]:
         """The part of :meth:`identity` that changes a stored patch token or text embedding: the
         encoding store's namespace, with the bundle fingerprint and the EXIF policy
         (jobs/pairs.py ``encoding_namespace``). The stripper, threshold and CP head act after
@@ -211,13 +214,13 @@ IDENTITY_OPTIONS = {"stripper": "--stripper", "fg_threshold": "fg_threshold", "b
                     "precision": "--precision", "graph_variant": "--graph-variant"}
 
 
-def bundle_backend(bundle) -> str:
+def bundle_backend(bundle: Bundle) -> str:
     """The backend a bundle is for when none is chosen: the one its precision record names
     (``masc-export --precision bf16-cpu`` certifies the graphs on OpenVINO), else ONNX Runtime."""
     return str((bundle.manifest.get("precision") or {}).get("backend") or "onnxruntime")
 
 
-def _check_int(name: str, v, lo: int, optional: bool = False) -> None:
+def _check_int(name: str, v: object, lo: int, optional: bool = False) -> None:
     if v is None and optional:
         return
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):

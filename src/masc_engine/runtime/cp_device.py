@@ -18,11 +18,20 @@ the host. The masks are built on the host (a few bytes per patch) and copied by 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
 from .masks import DEFAULT_FG_THRESHOLD, cp_keep
+
+if TYPE_CHECKING:
+    from ..engine.backends.base import Runner
+    from ..engine.device import ArrayDevice
+
+#: A group of items sharing one reference: ``(id of its tokens, its kept-patch mask's bytes)``.
+_Key = tuple[int, bytes]
+#: One reference slot of a call: its key and the indices of its items.
+_Slot = tuple[_Key, list[int]]
 
 #: Default cap on one call's cosine tensor ``R * K * N * M`` (float32 elements): 2**26 = 256 MiB.
 #: It also bounds a TensorRT CP engine's context memory, which is sized per call for the shapes run
@@ -64,8 +73,9 @@ class GraphCP:
             ``None``: host numpy arrays through ``runner.run``.
     """
 
-    def __init__(self, runner, fg_threshold: float = DEFAULT_FG_THRESHOLD, max_outs_per_ref: int = 64,
-                 max_refs_per_call: int = 16, max_sims: int = DEFAULT_MAX_SIMS, device=None):
+    def __init__(self, runner: Runner, fg_threshold: float = DEFAULT_FG_THRESHOLD, max_outs_per_ref: int = 64,
+                 max_refs_per_call: int = 16, max_sims: int = DEFAULT_MAX_SIMS,
+                 device: ArrayDevice | None = None) -> None:
         self.runner = runner
         self.device = device
         self.fg_threshold = float(fg_threshold)
@@ -81,11 +91,11 @@ class GraphCP:
         self.max_sims = max(1, int(max_sims))
 
     def score(self, ref_tokens: np.ndarray, ref_weights: np.ndarray,
-              outputs: Sequence[np.ndarray]) -> list[tuple[float, dict]]:
+              outputs: Sequence[np.ndarray]) -> list[tuple[float, dict[str, Any]]]:
         """One reference against many outputs: ``[(cp, extras)]`` per output."""
         return self.score_items([CPItem(ref_tokens, ref_weights, o) for o in outputs])
 
-    def score_items(self, items: Sequence[CPItem], return_best: bool = False) -> list[tuple[float, dict]]:
+    def score_items(self, items: Sequence[CPItem], return_best: bool = False) -> list[tuple[float, dict[str, Any]]]:
         """``(cp, extras)`` per item, as ``heads.masked_maxcos`` returns them.
 
         ``extras`` are ``cp_n_ref_fg``, ``cp_n_ref_total``, ``cp_fg_frac_ref`` (and ``best``, the
@@ -96,9 +106,9 @@ class GraphCP:
             ValueError: an output without patches, or tokens of mismatched width.
         """
         items = list(items)
-        results: list = [None] * len(items)
-        groups: dict[tuple, list[int]] = {}
-        keeps: dict[tuple, np.ndarray] = {}
+        results: list[Any] = [None] * len(items)  # every slot filled by _run_call
+        groups: dict[_Key, list[int]] = {}
+        keeps: dict[_Key, np.ndarray] = {}
         for i, it in enumerate(items):
             if it.out_tokens.ndim != 2 or it.out_tokens.shape[0] == 0:
                 raise ValueError(f"item {i}: output tokens must be [M >= 1, D], got {it.out_tokens.shape}")
@@ -116,9 +126,10 @@ class GraphCP:
             self._run_call(call, items, keeps, results, return_best)
         return results
 
-    def _pack(self, slots, items):
+    def _pack(self, slots: list[_Slot], items: list[CPItem]) -> Iterator[list[_Slot]]:
         """Greedy packing of slots into calls within ``max_refs_per_call`` and ``max_sims``."""
-        call, n_max, m_max, k_max = [], 0, 0, 0
+        call: list[_Slot] = []
+        n_max, m_max, k_max = 0, 0, 0
         for key, idx in slots:
             n = items[idx[0]].ref_tokens.shape[0]
             m = max(items[i].out_tokens.shape[0] for i in idx)
@@ -131,7 +142,8 @@ class GraphCP:
         if call:
             yield call
 
-    def _run_call(self, call, items, keeps, results, return_best):
+    def _run_call(self, call: list[_Slot], items: list[CPItem], keeps: dict[_Key, np.ndarray], results: list[Any],
+                  return_best: bool) -> None:
         first = items[call[0][1][0]]
         d = first.ref_tokens.shape[1]
         r = len(call)
@@ -155,7 +167,8 @@ class GraphCP:
         feeds = {"ref_tokens": ref, "ref_keep": ref_keep, "out_tokens": out, "out_valid": valid}
         if dev is None:
             res = self.runner.run(feeds)
-            cp, best = res["cp"], res["best"]
+            cp = res["cp"]
+            best: np.ndarray | None = res["best"]
         else:
             res = self.runner.run_device(feeds, dev)
             cp = dev.to_host(res["cp"])
@@ -165,8 +178,8 @@ class GraphCP:
             n_fg = int(keep.sum())
             for b, i in enumerate(idx):
                 it = items[i]
-                extras = {"cp_n_ref_fg": n_fg, "cp_n_ref_total": int(it.ref_tokens.shape[0]),
+                extras: dict[str, Any] = {"cp_n_ref_fg": n_fg, "cp_n_ref_total": int(it.ref_tokens.shape[0]),
                           "cp_fg_frac_ref": float(np.mean(it.ref_weights, dtype=np.float32))}
-                if return_best:
+                if return_best and best is not None:  # (best is read back whenever return_best)
                     extras["best"] = np.array(best[a, b, :it.ref_tokens.shape[0]])
                 results[i] = (float("nan") if n_fg == 0 else float(cp[a, b]), extras)

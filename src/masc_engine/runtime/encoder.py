@@ -281,9 +281,20 @@ class Encoder:
 
     # ------------------------------------------------------------------ inputs and batches
 
+    @property
+    def image_recipe(self) -> ImageSettings:
+        """:attr:`image_settings`, for the code that encodes images.
+
+        Raises:
+            BundleError: the bundle has no ``image`` section.
+        """
+        if self.image_settings is None:
+            raise BundleError(f"bundle {self.bundle.path} has no image section: it encodes no images")
+        return self.image_settings
+
     def preprocess(self, image: Image.Image) -> PreprocessedImage:
         """One image by the manifest's image recipe (runtime/preprocess.py ``preprocess_image``)."""
-        return preprocess_image(image, self.image_settings)
+        return preprocess_image(image, self.image_recipe)
 
     def batches(self, keys: Sequence[Hashable]) -> list[list[int]]:
         """:func:`batches_by_shape` with this encoder's ``batch_size``."""

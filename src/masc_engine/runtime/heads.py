@@ -21,12 +21,16 @@ depend on the process's BLAS thread count. The CuPy path is unverified on a GPU
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import numpy as np
 
 from .blas import single_thread_blas
 from .masks import DEFAULT_FG_THRESHOLD, cp_keep, foreground
+
+#: An array of numpy or of CuPy (``xp``, the array module: CuPy ships no types).
+Array = Any
 
 #: ``torch.nn.functional.normalize``'s default eps: x / max(||x||, eps).
 NORMALIZE_EPS = 1e-12
@@ -35,19 +39,19 @@ NORMALIZE_EPS = 1e-12
 INVALID_FILL = -4.0
 
 
-def _product(xp):
+def _product(xp: Any) -> AbstractContextManager[object]:
     """The context a cosine product runs in: one BLAS thread on numpy, nothing on a GPU module."""
     return single_thread_blas() if xp is np else nullcontext()
 
 
-def l2_normalize(x, axis: int = -1, xp=np):
+def l2_normalize(x: Array, axis: int = -1, xp: Any = np) -> Array:
     """``[..., D]`` -> float32 unit vectors along ``axis``, as ``F.normalize`` (``x / max(||x||, eps)``)."""
     x = xp.asarray(x, dtype=xp.float32)
     n = xp.sqrt(xp.sum(x * x, axis=axis, keepdims=True, dtype=xp.float32))
     return x / xp.maximum(n, xp.float32(NORMALIZE_EPS))
 
 
-def cosine_matrix(a, b, xp=np):
+def cosine_matrix(a: Array, b: Array, xp: Any = np) -> Array:
     """``[N, D]``, ``[M, D]`` -> ``[N, M] float32`` cosines (rows L2-normalised as ``F.normalize``).
 
     On numpy the product runs on one BLAS thread (runtime/blas.py), so its bits do not depend on
@@ -58,7 +62,7 @@ def cosine_matrix(a, b, xp=np):
         return an @ bn.T
 
 
-def best_match_cosines(ref_tokens, out_tokens, xp=np):
+def best_match_cosines(ref_tokens: Array, out_tokens: Array, xp: Any = np) -> Array:
     """For each reference patch, the max cosine to any output patch.
 
     Args:
@@ -72,8 +76,8 @@ def best_match_cosines(ref_tokens, out_tokens, xp=np):
     return cosine_matrix(ref_tokens, out_tokens, xp).max(axis=1)  # [N, M] -> [N]
 
 
-def masked_maxcos(ref_tokens, out_tokens, ref_weights, fg_threshold: float = DEFAULT_FG_THRESHOLD,
-                  xp=np) -> tuple[float, dict]:
+def masked_maxcos(ref_tokens: Array, out_tokens: Array, ref_weights: Array,
+                  fg_threshold: float = DEFAULT_FG_THRESHOLD, xp: Any = np) -> tuple[float, dict[str, Any]]:
     """CP: mean over reference foreground patches of their best cosine to any output patch.
 
     Args:
@@ -98,7 +102,8 @@ def masked_maxcos(ref_tokens, out_tokens, ref_weights, fg_threshold: float = DEF
     return float(xp.mean(best, dtype=xp.float32)), extras
 
 
-def cp_forward(ref_tokens, ref_keep, out_tokens, out_valid, xp=np, gemm_dtype: str = "float32") -> dict:
+def cp_forward(ref_tokens: Array, ref_keep: Array, out_tokens: Array, out_valid: Array, xp: Any = np,
+               gemm_dtype: str = "float32") -> dict[str, Array]:
     """CP for packed pairs, in the layout and arithmetic of the bundle's ``cp`` graph.
 
     The same normalisation and cosine as :func:`masked_maxcos`; padding output patches get
@@ -135,12 +140,12 @@ def cp_forward(ref_tokens, ref_keep, out_tokens, out_valid, xp=np, gemm_dtype: s
     return {"cp": cp, "best": xp.ascontiguousarray(best), "n_keep": n_keep}
 
 
-def background_key_padding_mask(out_weights, fg_threshold: float = DEFAULT_FG_THRESHOLD):
+def background_key_padding_mask(out_weights: Array, fg_threshold: float = DEFAULT_FG_THRESHOLD) -> Array:
     """PF's key_padding_mask over the output's valid patches: True (hidden) where the weight is
     ``>= fg_threshold`` (runtime/masks.py ``foreground``)."""
     return foreground(out_weights, fg_threshold)
 
 
-def cosine(a, b, xp=np) -> float:
+def cosine(a: Array, b: Array, xp: Any = np) -> float:
     """Cosine of two ``[D]`` vectors, normalised as ``F.normalize`` does."""
     return float(xp.sum(l2_normalize(a, xp=xp) * l2_normalize(b, xp=xp), dtype=xp.float32))

@@ -49,6 +49,8 @@ import os
 import re
 import stat
 import warnings
+from types import TracebackType
+from typing import Literal
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -93,7 +95,8 @@ def _refused_path(e: Exception, path: str, kind: str) -> InputError:
     if isinstance(e, FileNotFoundError) or getattr(e, "errno", None) == errno.ENOTDIR:
         return InputError("missing_file", f"{kind} {path} does not exist")
     if getattr(e, "errno", None) == errno.ENAMETOOLONG:
-        return InputError("bad_path", f"{kind} path {path[:60]!r}... ({len(path)} characters): {e.strerror}")
+        return InputError("bad_path", f"{kind} path {path[:60]!r}... ({len(path)} characters): "
+                                      f"{getattr(e, 'strerror', None)}")
     return InputError(f"unreadable_{kind}", f"{path}: {getattr(e, 'strerror', None) or e}")
 
 
@@ -172,17 +175,17 @@ class _Guard:
     """Pillow's warnings as errors where they mean "refuse", silence where they are notices; any
     exception raised inside becomes the file's :class:`InputError`."""
 
-    def __init__(self, path: str, kind: str):
+    def __init__(self, path: str, kind: str) -> None:
         self.path, self.kind = path, kind
         self._w = warnings.catch_warnings()
 
-    def __enter__(self):
+    def __enter__(self) -> _Guard:
         self._w.__enter__()
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         warnings.simplefilter("ignore", UserWarning)  # palette-transparency and EXIF notices
         return self
 
-    def __exit__(self, tp, e, tb):
+    def __exit__(self, tp: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> Literal[False]:
         self._w.__exit__(tp, e, tb)
         if e is not None and isinstance(e, Exception) and not isinstance(e, InputError):
             raise _refuse(e, self.path, self.kind) from e

@@ -50,12 +50,12 @@ def overlay(image: Image.Image, grid: tuple[int, int], values: np.ndarray, paint
     return Image.fromarray(np.clip(out, 0, 255).astype(np.uint8), "RGB")
 
 
-def cp_map(ref_image: Image.Image, grid, best: np.ndarray, ref_weights: np.ndarray, threshold: float) -> Image.Image:
+def cp_map(ref_image: Image.Image, grid: tuple[int, int], best: np.ndarray, ref_weights: np.ndarray, threshold: float) -> Image.Image:
     """The CP overlay: best cosine per reference patch, on the reference foreground."""
     return overlay(ref_image, grid, best, cp_keep(ref_weights, threshold), 0.0, 1.0)
 
 
-def pf_map(out_image: Image.Image, grid, attention: np.ndarray, hidden: np.ndarray) -> Image.Image:
+def pf_map(out_image: Image.Image, grid: tuple[int, int], attention: np.ndarray, hidden: np.ndarray) -> Image.Image:
     """The PF overlay: the pooling head's background attention over the output."""
     att = np.asarray(attention, np.float64)
     top = att.max() if att.size and att.max() > 0 else 1.0

@@ -28,6 +28,7 @@ the same side of the 0.5 threshold as the reference's (tests/test_masks.py count
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -62,12 +63,12 @@ def normalize_mask(mask: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _weights(w):
+def _weights(w: Any) -> Any:
     """An array as given (numpy, or a device array of another array module), lists as numpy."""
     return w if hasattr(w, "dtype") else np.asarray(w)
 
 
-def cp_keep(ref_weights, threshold: float = DEFAULT_FG_THRESHOLD):
+def cp_keep(ref_weights: Any, threshold: float = DEFAULT_FG_THRESHOLD) -> Any:
     """The reference patches CP averages over: weight ``> threshold`` (strictly).
 
     Args:
@@ -81,7 +82,7 @@ def cp_keep(ref_weights, threshold: float = DEFAULT_FG_THRESHOLD):
     return _weights(ref_weights) > np.float32(threshold)
 
 
-def foreground(weights, threshold: float = DEFAULT_FG_THRESHOLD):
+def foreground(weights: Any, threshold: float = DEFAULT_FG_THRESHOLD) -> Any:
     """Foreground at ``>= threshold``: the output patches PF's pooling hides, and the pixels a
     mask's coverage counts.
 
@@ -139,7 +140,7 @@ class MaskPolicy:
     size_tolerance: int = 0
     stretch: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         t = self.size_tolerance
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
             raise TypeError(f"size_tolerance must be an int, got {type(t).__name__}")
@@ -159,7 +160,7 @@ class MaskPolicy:
             raise ValueError(f"mask_size_policy must be one of {MASK_SIZE_POLICIES}, got {mask_size_policy!r}")
         return cls(stretch=mask_size_policy == "stretch")
 
-    def check(self, image_hw: tuple[int, int], mask_shape: tuple, what: str, name: str = "", *,
+    def check(self, image_hw: tuple[int, int], mask_shape: tuple[int, ...], what: str, name: str = "", *,
               exif: str | None = None, remedy: str = "") -> str | None:
         """Whether a mask of shape ``mask_shape`` may be scored with an image of ``image_hw``.
 
@@ -237,5 +238,6 @@ def mask_to_patch_grid(mask: np.ndarray, spatial_shape: tuple[int, int]) -> np.n
     t0 = rows0[:, xi0] * xl0 + rows0[:, xi1] * xl1
     t1 = rows1[:, xi0] * xl0 + rows1[:, xi1] * xl1
     out = t0 * yl0[:, None] + t1 * yl1[:, None]
-    return np.clip(out, 0.0, 1.0).astype(np.float32).reshape(-1)
+    weights: np.ndarray = np.clip(out, 0.0, 1.0).astype(np.float32).reshape(-1)
+    return weights
 

@@ -6,6 +6,7 @@ of a pair's arguments (:func:`check_pair_arguments`). runtime/scorer.py exports 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
@@ -13,6 +14,9 @@ from PIL import Image
 from ..errors import InputError
 from .masks import MaskPolicy
 from .text import PreparedPrompt
+
+if TYPE_CHECKING:
+    from .segmenter import Segmenter
 
 
 @dataclass
@@ -30,14 +34,14 @@ class MaSCResult:
 
     cp: float
     pf: float
-    extras: dict = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
     #: Per-patch arrays behind the scores, filled when asked for (``with_arrays=True``):
     #: ``cp_best [Hp_r*Wp_r] float32`` (each reference patch's best cosine), ``pf_attention
     #: [Hp_o*Wp_o] float32`` (pooling-head attention with the foreground hidden), ``pf_hidden``.
-    arrays: dict = field(default_factory=dict, repr=False)
+    arrays: dict[str, Any] = field(default_factory=dict, repr=False)
     #: The masks the scorer's segmenter computed for this pair (``ref_mask`` / ``out_mask``:
     #: ``[H, W] uint8`` 0/255), for the masks that were not given.
-    masks: dict = field(default_factory=dict, repr=False)
+    masks: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -67,7 +71,8 @@ class Pair:
     object_name: str | None = None
 
 
-def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPolicy(), segmenter=None) -> None:
+def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPolicy(),
+                         segmenter: Segmenter | None = None) -> None:
     """Check one pair's arguments before any inference (the API boundary).
 
     Args:
@@ -112,7 +117,7 @@ def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPoli
         raise TypeError(f"{where}object_name must be a str or None, got {type(p.object_name).__name__}")
 
 
-def _check_subject(segmenter, object_name, name: str) -> None:
+def _check_subject(segmenter: Segmenter, object_name: object, name: str) -> None:
     """A mask left to the segmenter needs a subject name that makes a valid prompt.
 
     Raises:

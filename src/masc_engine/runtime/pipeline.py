@@ -11,24 +11,27 @@ planned before any pixel is decoded: an image's patch grid follows from its size
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from PIL import Image
 
 from ..engine.device import overlapped
-from .preprocess import naflex_target_size
+from .preprocess import PreprocessedImage, naflex_target_size
+
+if TYPE_CHECKING:
+    from .scorer import ImageEncoding, Scorer
 
 
-def patch_count(image: Image.Image, scorer) -> int:
+def patch_count(image: Image.Image, scorer: Scorer) -> int:
     """Real patches ``Hp * Wp`` of an image under the scorer's settings, without decoding it."""
-    s = scorer.image_settings
+    s = scorer.image_recipe
     if s.mode == "fixed":
-        return (s.image_size[0] // s.patch_size) * (s.image_size[1] // s.patch_size)
+        return (s.fixed_size[0] // s.patch_size) * (s.fixed_size[1] // s.patch_size)
     h, w = naflex_target_size(image.height, image.width, s.patch_size, s.max_num_patches)
     return (h // s.patch_size) * (w // s.patch_size)
 
 
-def plan_batches(images: Sequence[Image.Image], scorer) -> list[tuple[int, list[int]]]:
+def plan_batches(images: Sequence[Image.Image], scorer: Scorer) -> list[tuple[int, list[int]]]:
     """``(patch count, image indices)`` per vision call, as :meth:`Scorer.encode_preprocessed`
     forms them: grouped by patch count in order of first appearance, ``batch_size`` each."""
     groups: dict[int, list[int]] = {}
@@ -38,7 +41,7 @@ def plan_batches(images: Sequence[Image.Image], scorer) -> list[tuple[int, list[
             for s in range(0, len(members), scorer.batch_size)]
 
 
-def encode_images_overlapped(scorer, images: Sequence[Image.Image]) -> list:
+def encode_images_overlapped(scorer: Scorer, images: Sequence[Image.Image]) -> list[ImageEncoding]:
     """:meth:`Scorer.encode_images` with preprocessing of the next batch overlapped with the
     current batch's vision call. Returns one ``ImageEncoding`` per image, in order.
 
@@ -50,13 +53,13 @@ def encode_images_overlapped(scorer, images: Sequence[Image.Image]) -> list:
         if not isinstance(im, Image.Image):
             raise TypeError(f"images[{i}] must be a PIL.Image.Image, got {type(im).__name__}")
     batches = plan_batches(images, scorer)
-    out: list = [None] * len(images)
+    out: list[Any] = [None] * len(images)  # every slot filled below
 
-    def prepare(batch):
+    def prepare(batch: tuple[int, list[int]]) -> tuple[int, list[int], list[PreprocessedImage]]:
         n, idx = batch
         return n, idx, [scorer.preprocess(images[i]) for i in idx]
 
-    def run(prepared):
+    def run(prepared: tuple[int, list[int], list[PreprocessedImage]]) -> None:
         n, idx, items = prepared
         for i, enc in zip(idx, scorer._encode_batch(items, n)):
             out[i] = enc

@@ -29,7 +29,8 @@ def _axis_weights(grid_size: int, out_size: int) -> np.ndarray:
     source = np.arange(grid_size, dtype=np.float32)
     w = np.clip(np.float32(1.0) - np.abs(source[None, :] - center[:, None]) / support, 0.0, None)
     w = w.astype(np.float32)
-    return (w / w.sum(-1, keepdims=True)).astype(np.float32)
+    weights: np.ndarray = (w / w.sum(-1, keepdims=True)).astype(np.float32)
+    return weights
 
 
 @lru_cache(maxsize=1024)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -54,7 +55,7 @@ class ImageSettings:
     image_std: tuple[float, float, float]
 
     @classmethod
-    def from_manifest(cls, d: dict) -> "ImageSettings":
+    def from_manifest(cls, d: dict[str, Any]) -> "ImageSettings":
         size = d.get("image_size")
         return cls(
             mode=d["mode"], patch_size=int(d["patch_size"]), max_num_patches=int(d["max_num_patches"]),
@@ -62,6 +63,17 @@ class ImageSettings:
             rescale_factor=float(d["rescale_factor"]), image_mean=tuple(d["image_mean"]),
             image_std=tuple(d["image_std"]),
         )
+
+    @property
+    def fixed_size(self) -> tuple[int, int]:
+        """``image_size`` of a fixed-size model.
+
+        Raises:
+            ValueError: these settings have no ``image_size`` (a NaFlex model's).
+        """
+        if self.image_size is None:
+            raise ValueError(f"image mode {self.mode!r} has no fixed image_size")
+        return self.image_size
 
     def with_budget(self, max_num_patches: int) -> "ImageSettings":
         """The same settings with another NaFlex patch budget (``--max-num-patches``)."""
@@ -135,7 +147,7 @@ def patch_grid(height: int, width: int, s: ImageSettings) -> tuple[int, int]:
     image's pixels)."""
     p = s.patch_size
     if s.mode == "fixed":
-        h, w = s.image_size
+        h, w = s.fixed_size
         return h // p, w // p
     if s.mode != "naflex":
         raise ValueError(f"unknown image mode {s.mode!r}")
@@ -156,7 +168,7 @@ def preprocess_image(image: Image.Image, s: ImageSettings) -> PreprocessedImage:
     image = to_rgb(image)
     p = s.patch_size
     if s.mode == "fixed":
-        h, w = s.image_size
+        h, w = s.fixed_size
         x = _resize_normalize(image, h, w, s)
         n = (h // p) * (w // p)
         return PreprocessedImage(x, np.ones(n, dtype=np.int32), (h // p, w // p))

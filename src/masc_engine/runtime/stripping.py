@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 import threading
 import warnings
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from spacy.language import Language
@@ -115,7 +115,7 @@ def strip_subject_from_prompt(
     return SpacySubjectStripper.load(spacy_model).strip(prompt, object_name)
 
 
-def pf_prompt(prompt: str, object_name: Optional[str], stripper: str) -> tuple[str, dict]:
+def pf_prompt(prompt: str, object_name: Optional[str], stripper: str) -> tuple[str, dict[str, Any]]:
     """The text the PF head encodes, and how it was obtained.
 
     Port of ``masc.metric.MaSC._pf_prompt`` (masc-metric 0.3.0,

@@ -15,6 +15,7 @@ the text tower: we score the truncated prompt instead and say so.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class TextSettings:
     vocab_size: int | None = None
 
     @classmethod
-    def from_manifest(cls, d: dict) -> "TextSettings":
+    def from_manifest(cls, d: dict[str, Any]) -> "TextSettings":
         vocab = d.get("vocab_size")
         return cls(d["tokenizer_file"], int(d["max_length"]), d["padding_side"], d["truncation_side"],
                    int(d["pad_token_id"]), d["pad_token"], int(vocab) if vocab is not None else None)
@@ -101,7 +102,7 @@ class PreparedPrompt:
     """
 
     text: str
-    extras: dict
+    extras: dict[str, Any]
     encoded: EncodedPrompt
 
 

@@ -45,12 +45,16 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from ...errors import BackendUnavailableError, BundleError
 from ..vendor_telemetry import decline_openvino_telemetry
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
+    from ..device import ArrayDevice, DeviceArray
 
 #: ``manifest["precision"]["mode"]`` of a bundle certified for bf16 on OpenVINO's CPU plugin
 #: (export/cpu_precision.py writes it; its graphs are the fp32 export's, unchanged).
@@ -62,11 +66,11 @@ PRECISION_HINTS = {"fp32": "f32", "f32": "f32", "bf16": "bf16"}
 #: Runtime-model layer types that do the matrix multiplications (what bf16 is for).
 MATMUL_LAYER_TYPES = ("FullyConnected", "MatMul", "Subgraph", "ScaledDotProductAttention", "MHA")
 
-_CORE = None
+_CORE: Any = None  # the openvino.Core, made on first use
 _CORE_LOCK = threading.Lock()
 
 
-def import_openvino():
+def import_openvino() -> Any:
     """``import openvino`` or raise :class:`BackendUnavailableError` with the install command.
 
     Raises:
@@ -83,7 +87,7 @@ def import_openvino():
     return openvino
 
 
-def core():
+def core() -> Any:
     """The process's one ``openvino.Core`` (created on first use)."""
     global _CORE
     with _CORE_LOCK:
@@ -130,9 +134,9 @@ def check_available(provider: str = "cpu", precision: str | None = None) -> None
             "Run fp32 (the default backend, ONNX Runtime) instead")
 
 
-def compile_config(precision: str, threads: int | None = None) -> dict:
+def compile_config(precision: str, threads: int | None = None) -> dict[str, str | int]:
     """The CPU plugin properties of one compiled graph (see the module docstring for each)."""
-    cfg = {"INFERENCE_PRECISION_HINT": hint_for(precision), "PERFORMANCE_HINT": "LATENCY",
+    cfg: dict[str, str | int] = {"INFERENCE_PRECISION_HINT": hint_for(precision), "PERFORMANCE_HINT": "LATENCY",
            "EXECUTION_MODE_HINT": "PERFORMANCE", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
     if threads:
         cfg["INFERENCE_NUM_THREADS"] = int(threads)
@@ -156,7 +160,7 @@ class Segment:
     units: tuple[str, ...] = ()
 
 
-def plan_segments(units: dict, precision: str, keep_fp32: Sequence[str] = ()) -> list[Segment]:
+def plan_segments(units: dict[str, Any], precision: str, keep_fp32: Sequence[str] = ()) -> list[Segment]:
     """Cut a graph into segments: ``precision`` everywhere except the units in ``keep_fp32``.
 
     Args:
@@ -191,7 +195,7 @@ def plan_segments(units: dict, precision: str, keep_fp32: Sequence[str] = ()) ->
     return segs
 
 
-def _submodel(model, seg: Segment):
+def _submodel(model: Any, seg: Segment) -> Any:
     """The part of ``model`` (an ``openvino.Model``, cloned) from ``seg.start`` to ``seg.end``."""
     ov = import_openvino()
     import openvino.opset13 as ops
@@ -213,30 +217,33 @@ def _submodel(model, seg: Segment):
     return ov.Model(results, params, f"{model.get_friendly_name()}[{seg.start}:{seg.end}]")
 
 
-def _matmul_count(model) -> int:
+def _matmul_count(model: Any) -> int:
     return sum(op.get_type_name() == "MatMul" for op in model.get_ops())
 
 
-def runtime_layers(compiled) -> list[dict]:
+def runtime_layers(compiled: Any) -> list[dict[str, str]]:
     """What the CPU plugin compiled: per runtime-model node its ``layerType``,
     ``runtimePrecision``, ``outputPrecisions`` and ``originalLayersNames`` (rt_info of
     ``compiled.get_runtime_model()``)."""
-    out = []
+    out: list[dict[str, str]] = []
     for node in compiled.get_runtime_model().get_ordered_ops():
         rt = node.get_rt_info()
-        get = lambda k: str(rt[k].astype(str)) if k in rt else ""  # noqa: E731
+
+        def get(k: str) -> str:
+            return str(rt[k].astype(str)) if k in rt else ""
+
         out.append({"type": get("layerType"), "precision": get("runtimePrecision"),
                     "outputs": get("outputPrecisions"), "names": get("originalLayersNames")})
     return out
 
 
-def precision_counts(layers: list[dict]) -> dict[str, int]:
+def precision_counts(layers: list[dict[str, str]]) -> dict[str, int]:
     """``{"FullyConnected:bf16": 14, ...}`` over runtime layers (constants and reorders left out)."""
     c = Counter(f"{x['type']}:{x['precision']}" for x in layers if x["type"] not in ("Const", "Input", "Output"))
     return dict(sorted(c.items()))
 
 
-def check_runtime_precision(layers: list[dict], hint: str, what: str) -> None:
+def check_runtime_precision(layers: list[dict[str, str]], hint: str, what: str) -> None:
     """Refuse a compiled model whose runtime precision is not the one asked for.
 
     ``f32``: no node computes or outputs bf16. ``bf16``: at least one matrix multiplication node
@@ -260,7 +267,7 @@ def check_runtime_precision(layers: list[dict], hint: str, what: str) -> None:
 
 
 class _CompiledSegment:
-    def __init__(self, seg: Segment, compiled, what: str):
+    def __init__(self, seg: Segment, compiled: Any, what: str) -> None:
         self.segment = seg
         self.compiled = compiled
         self.input_names = [i.get_any_name() for i in compiled.inputs]
@@ -302,7 +309,8 @@ class OpenVINORunner:
     backend = "openvino"
 
     def __init__(self, path: str | Path, name: str, precision: str = "f32", threads: int | None = None,
-                 units: dict | None = None, keep_fp32: Sequence[str] = (), segments: Sequence[Segment] | None = None):
+                 units: dict[str, Any] | None = None, keep_fp32: Sequence[str] = (),
+                 segments: Sequence[Segment] | None = None) -> None:
         hint = hint_for(precision)
         if keep_fp32 and units is None:
             raise ValueError("keep_fp32 needs the graph's unit table (units=)")
@@ -325,7 +333,7 @@ class OpenVINORunner:
             if sum(_matmul_count(p) for p in parts) != _matmul_count(model):
                 raise BundleError(f"graph {name!r}: segment boundaries {[s.end for s in self.segments[:-1]]} do not "
                                   "cut it into disjoint parts (a layer's residual stream is not its only link)")
-        self._compiled = []
+        self._compiled: list[_CompiledSegment] = []
         for s, part in zip(self.segments, parts):
             compiled = c.compile_model(part, "CPU", compile_config(s.precision, threads))
             self._compiled.append(_CompiledSegment(s, compiled, f"graph {name!r} {list(s.units) or ''}"))
@@ -333,13 +341,13 @@ class OpenVINORunner:
         self.precision = "bf16" if any(s.precision == "bf16" for s in self.segments) else "fp32"
         self._local = threading.local()
 
-    def runtime_summary(self) -> list[dict]:
+    def runtime_summary(self) -> list[dict[str, Any]]:
         """Per segment: precision asked, ``INFERENCE_PRECISION_HINT`` in effect, boundaries, units and
         the runtime model's ``{"<layerType>:<runtimePrecision>": count}``."""
         return [{"precision": cs.segment.precision, "hint": cs.hint, "start": cs.segment.start, "end": cs.segment.end,
                  "units": list(cs.segment.units), "runtime": precision_counts(cs.layers)} for cs in self._compiled]
 
-    def _requests(self):
+    def _requests(self) -> list[Any]:
         reqs = getattr(self._local, "requests", None)
         if reqs is None:
             reqs = self._local.requests = [cs.compiled.create_infer_request() for cs in self._compiled]
@@ -360,7 +368,7 @@ class OpenVINORunner:
                 return {n: res[j] for j, n in enumerate(cs.output_names)}
         raise AssertionError("unreachable")
 
-    def run_device(self, feeds: dict, device) -> dict:
+    def run_device(self, feeds: dict[str, DeviceArray], device: ArrayDevice) -> dict[str, DeviceArray]:
         """Host memory only (the CPU plugin's): ``device`` must be engine/device.py ``HostDevice``.
 
         Raises:
@@ -373,14 +381,15 @@ class OpenVINORunner:
         return {k: device.from_host(v) for k, v in out.items()}
 
 
-def certificate(manifest: dict) -> dict | None:
+def certificate(manifest: dict[str, Any]) -> dict[str, Any] | None:
     """The bundle's bf16-cpu record (``manifest["precision"]`` when its mode is ``bf16-cpu``)."""
-    rec = manifest.get("precision") or {}
+    rec: dict[str, Any] = manifest.get("precision") or {}
     return rec if rec.get("mode") == BF16_CPU_MODE else None
 
 
-def load_runner(bundle, graph: str, *, provider: str = "cpu", precision: str | None = None,
-                intra_op_threads: int | None = None, variant: str = "portable", options=None) -> OpenVINORunner:
+def load_runner(bundle: Bundle, graph: str, *, provider: str = "cpu", precision: str | None = None,
+                intra_op_threads: int | None = None, variant: str = "portable",
+                options: Mapping[str, Any] | None = None) -> OpenVINORunner:
     """An :class:`OpenVINORunner` for one of a bundle's graphs.
 
     Precision: ``None`` is the bundle's own: bf16 for a ``bf16-cpu`` bundle (its certified graphs in
@@ -405,8 +414,10 @@ def load_runner(bundle, graph: str, *, provider: str = "cpu", precision: str | N
         raise BackendUnavailableError(
             f"bundle {bundle.path} is not certified for bf16 on the CPU: export it with masc-export --precision "
             "bf16-cpu (scores the gates against fp32 and keeps in fp32 the layers that need it), or run fp32")
-    units, keep, hint = None, (), "f32"
-    if want == "bf16":
+    units: dict[str, Any] | None = None
+    keep: Sequence[str] = ()
+    hint = "f32"
+    if want == "bf16" and cert is not None:  # (refused above without a certificate)
         openvino = import_openvino()
 
         if cert.get("openvino") and cert["openvino"] != openvino.__version__:

@@ -66,12 +66,12 @@ from __future__ import annotations
 import threading
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 
 from ...errors import BackendUnavailableError, DeviceMemoryError, EngineCompatibilityError
-from ..device import CupyDevice, PinnedStaging
+from ..device import ArrayDevice, CupyDevice, DeviceArray, Event, PinnedStaging, Stream
 from . import trt_profiles as tp
 # trt_build's and trt_device's public names, re-exported (importable from the backend's module).
 from .trt_build import (EngineBuildError, build_engine, build_engines, enable_activation_resize,  # noqa: F401
@@ -82,22 +82,29 @@ from .trt_device import (INSTALL_HINT, TensorRTCallError, current_device_info, d
 if TYPE_CHECKING:  # the annotations name TensorRT's classes; the module itself imports it lazily
     import tensorrt as trt
 
+    from ..bundle import Bundle
+
 
 # --------------------------------------------------------------------------- runner
 
 
+#: Arrays by tensor name (device arrays, or host numpy arrays where the docstring says so).
+Arrays = dict[str, DeviceArray]
+
 class _Slot:
     """One execution in flight: its execution context, stream, context memory and pinned buffers."""
 
-    def __init__(self, context, stream, staging: PinnedStaging):
-        self.context, self.stream, self.staging, self.scratch = context, stream, staging, None
+    def __init__(self, context: Any, stream: Stream, staging: PinnedStaging) -> None:
+        self.context, self.stream, self.staging = context, stream, staging
+        self.scratch: DeviceArray | None = None
 
 
 class _InFlight:
     """A queued execution: its slot, device outputs, pinned host outputs (or None), the event
     recorded after its last copy, and its inputs (kept alive until it is done)."""
 
-    def __init__(self, slot: _Slot, outs: dict, pinned: dict | None, event, inputs):
+    def __init__(self, slot: _Slot, outs: Arrays, pinned: dict[str, np.ndarray] | None, event: Event,
+                 inputs: object) -> None:
         self.slot, self.outs, self.pinned, self.event, self.inputs = slot, outs, pinned, event, inputs
 
 
@@ -116,8 +123,9 @@ class TrtRunner:
 
     backend = "tensorrt"
 
-    def __init__(self, engine_path: str | Path, name: str, graph_entry: dict, profile: dict, device: int = 0,
-                 need_bytes: int | None = None, bundle_dir: str | Path | None = None, precision: str | None = None):
+    def __init__(self, engine_path: str | Path, name: str, graph_entry: dict[str, Any], profile: tp.Profile,
+                 device: int = 0, need_bytes: int | None = None, bundle_dir: str | Path | None = None,
+                 precision: str | None = None) -> None:
         trt = import_tensorrt()
         self._trt = trt
         self.name = name
@@ -148,7 +156,7 @@ class TrtRunner:
         self._dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
         self._lock = threading.Lock()  # calls are serialised; run_pipelined keeps two in flight within one
         self._slots = [_Slot(self.context, self._stream, PinnedStaging(self._dev))]
-        self.bundle_key = None  # (bundle path, precision), set by load_runner
+        self.bundle_key: tuple[str, str] | None = None  # (bundle path, precision), set by load_runner
 
     def axis_limit(self, axis: str) -> int | None:
         """The engine profile's largest size for a named axis (``outs_per_ref`` for the CP head:
@@ -179,7 +187,7 @@ class TrtRunner:
         """Host inputs in, host outputs out: copies on the engine's stream through pinned buffers."""
         return self._split(feeds, to_host=True)
 
-    def run_device(self, feeds: dict, device=None) -> dict:
+    def run_device(self, feeds: Arrays, device: ArrayDevice | None = None) -> Arrays:
         """Inputs as numpy or device arrays; outputs as device arrays (CuPy).
 
         ``device``: the runtime's token device; it must be CUDA memory (engine/device.py
@@ -188,7 +196,8 @@ class TrtRunner:
             raise BackendUnavailableError(f"TensorRT engines cannot use {device.name} memory")
         return self._split(feeds, to_host=False)
 
-    def run_pipelined(self, batches, prepare: Callable | None = None, in_flight: int = 2) -> list[dict]:
+    def run_pipelined(self, batches: Iterable[Any], prepare: Callable[[Any], Mapping[str, Any]] | None = None,
+                      in_flight: int = 2) -> list[Arrays]:
         """``[run(prepare(b)) for b in batches]`` with up to ``in_flight`` batches on the device at
         once, each on its own execution context, stream, context memory and pinned buffers.
 
@@ -205,7 +214,8 @@ class TrtRunner:
         """
         if self.context is None:
             raise TensorRTCallError(f"TensorRT engine {self.name!r} was closed")
-        results, pending = [], []
+        results: list[Arrays] = []
+        pending: list[_InFlight] = []
         with self._lock:
             for i, item in enumerate(batches):
                 feeds = prepare(item) if prepare is not None else item
@@ -222,7 +232,7 @@ class TrtRunner:
                 results.append(self._finish(pending.pop(0)))
         return results
 
-    def _slot(self, i: int) -> "_Slot":
+    def _slot(self, i: int) -> _Slot:
         """Execution slot ``i``, made on first use: a user-managed context of its own (TensorRT runs
         one execution per context at a time) and a stream of its own."""
         while len(self._slots) <= i:
@@ -233,7 +243,7 @@ class TrtRunner:
             self._slots.append(_Slot(ctx, self._dev.new_stream(), PinnedStaging(self._dev)))
         return self._slots[i]
 
-    def _split(self, feeds: dict, to_host: bool) -> dict:
+    def _split(self, feeds: Mapping[str, DeviceArray], to_host: bool) -> Arrays:
         shapes = {k: tuple(v.shape) for k, v in feeds.items()}
         runs = tp.plan_batches(self.name, self.graph_entry, shapes, self.profile)  # refuses before inference
         if not runs:
@@ -244,10 +254,12 @@ class TrtRunner:
         join = (lambda xs: np.concatenate(xs, axis=0)) if to_host else self._dev.concat
         return {k: join([p[k] for p in parts]) for k in self.output_names}
 
-    def _inputs(self, slot: "_Slot", feeds: dict) -> tuple[dict, dict]:
+    def _inputs(self, slot: _Slot, feeds: Mapping[str, DeviceArray]) -> tuple[Arrays, dict[str, np.ndarray]]:
         """Device inputs as given (dtype checked); host inputs staged in the slot's pinned memory,
         with the device buffers they will be copied into."""
-        dev, bufs, host = self._dev, {}, {}
+        dev = self._dev
+        bufs: Arrays = {}
+        host: dict[str, np.ndarray] = {}
         for k in self.input_names:
             x = feeds[k]
             if dev.is_device_array(x):
@@ -259,14 +271,14 @@ class TrtRunner:
                 bufs[k] = dev.empty(host[k].shape, self._dtypes[k])
         return bufs, host
 
-    def _run_once(self, feeds: dict, to_host: bool) -> dict:
+    def _run_once(self, feeds: Mapping[str, DeviceArray], to_host: bool) -> Arrays:
         """One execution on slot 0, waited for before it returns (:meth:`_submit`, :meth:`_finish`)."""
         if self.context is None:
             raise TensorRTCallError(f"TensorRT engine {self.name!r} was closed")
         with self._lock:
             return self._finish(self._submit(self._slots[0], feeds, to_host))
 
-    def _submit(self, slot: "_Slot", feeds: dict, to_host: bool) -> "_InFlight":
+    def _submit(self, slot: _Slot, feeds: Mapping[str, DeviceArray], to_host: bool) -> _InFlight:
         """Queue one execution on a slot. Order: inputs staged; input shapes set and checked;
         output shapes read and checked; context memory sized for these shapes; outputs allocated;
         *then* CuPy's current stream synchronised (packing done, and no block CuPy's pool hands out
@@ -288,7 +300,7 @@ class TrtRunner:
                 dev.copy_to_host(outs[k], pinned[k], stream)
         return _InFlight(slot, outs, pinned, dev.record_event(stream), (bufs, host))
 
-    def _execute(self, ctx: "trt.IExecutionContext", stream, bufs: dict, outs: dict) -> None:
+    def _execute(self, ctx: "trt.IExecutionContext", stream: Stream, bufs: Arrays, outs: Arrays) -> None:
         """Bind every input and output by address and queue the engine on ``stream``."""
         for k, x in [*bufs.items(), *outs.items()]:
             if not ctx.set_tensor_address(k, self._dev.ptr(x)):
@@ -298,7 +310,7 @@ class TrtRunner:
             raise TensorRTCallError(f"TensorRT execution of {self.name!r} failed (input shapes "
                                     f"{ {k: tuple(v.shape) for k, v in bufs.items()} })")
 
-    def _finish(self, job: "_InFlight") -> dict:
+    def _finish(self, job: _InFlight) -> Arrays:
         """Wait for a queued execution's event, then hand its outputs over (host copies out of the
         pinned buffers, which the slot's next call refills; or the device outputs)."""
         job.event.synchronize()  # the engine and the copies back are done
@@ -307,15 +319,15 @@ class TrtRunner:
             return {k: np.array(v) for k, v in job.pinned.items()}
         return job.outs
 
-    def _set_shapes(self, ctx: "trt.IExecutionContext", bufs: dict) -> None:
+    def _set_shapes(self, ctx: "trt.IExecutionContext", bufs: Arrays) -> None:
         for k in self.input_names:
             shape = tuple(int(n) for n in bufs[k].shape)
             if not ctx.set_input_shape(k, shape):
                 raise TensorRTCallError(f"TensorRT engine {self.name!r}: set_input_shape({k!r}, {shape}) failed "
                                         "(shape outside the engine's optimization profile?)")
 
-    def _output_shapes(self, ctx: "trt.IExecutionContext") -> dict:
-        shapes = {}
+    def _output_shapes(self, ctx: "trt.IExecutionContext") -> dict[str, tuple[int, ...]]:
+        shapes: dict[str, tuple[int, ...]] = {}
         for k in self.output_names:
             shape = tuple(int(n) for n in ctx.get_tensor_shape(k))
             if any(n < 0 for n in shape):
@@ -325,7 +337,7 @@ class TrtRunner:
             shapes[k] = shape
         return shapes
 
-    def _context_memory(self, slot: "_Slot", ctx: "trt.IExecutionContext", bufs: dict) -> None:
+    def _context_memory(self, slot: _Slot, ctx: "trt.IExecutionContext", bufs: Arrays) -> None:
         """Give the context memory for the shapes just set: ``update_device_memory_size_for_shapes``
         says how much; the buffer grows when a call needs more (never shrinks: a smaller call
         reuses it). unverified on a GPU."""
@@ -362,8 +374,9 @@ def _check_provider(provider: str) -> None:
                                       "is not possible (use provider='cuda', or backend='onnxruntime')")
 
 
-def load_runner(bundle, graph: str, *, provider: str = "cuda", precision: str | None = None,
-                intra_op_threads: int | None = None, variant: str = "portable", options=None) -> TrtRunner:
+def load_runner(bundle: Bundle, graph: str, *, provider: str = "cuda", precision: str | None = None,
+                intra_op_threads: int | None = None, variant: str = "portable",
+                options: Mapping[str, Any] | None = None) -> TrtRunner:
     """A :class:`TrtRunner` for one graph of a bundle's engine set, after every check.
 
     Order: TensorRT importable (else :class:`BackendUnavailableError` naming what to install);
@@ -414,7 +427,7 @@ def load_runner(bundle, graph: str, *, provider: str = "cuda", precision: str | 
 _LIVE: "weakref.WeakSet[TrtRunner]" = weakref.WeakSet()
 
 
-def check_bundle_fits(bundle_dir: Path, precision: str, sidecar: dict, live: list, free_bytes: int,
+def check_bundle_fits(bundle_dir: Path, precision: str, sidecar: dict[str, Any], live: list[TrtRunner], free_bytes: int,
                       device_name: str) -> None:
     """Refuse a load when the engines of the set still to come would not fit the free memory.
 

@@ -21,10 +21,11 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailableError
 from . import trt_profiles as tp
+from .trt_profiles import Profile
 from .trt_device import (TensorRTCallError, current_device_info, default_timing_cache, device_memory_info,
                          import_tensorrt, trt_logger)
 
@@ -40,7 +41,7 @@ class EngineBuildError(TensorRTCallError):
     profile was refused (index and shapes named), or the build returned no plan."""
 
 
-def network_flags(trt) -> int:
+def network_flags(trt: Any) -> int:
     """Creation flags for a strongly typed network: ``1 << STRONGLY_TYPED`` where the flag exists
     (TensorRT 10.x and the 11.4 bindings both bind ``NetworkDefinitionCreationFlag.STRONGLY_TYPED``;
     on 11.x strong typing is the only mode), else 0."""
@@ -48,7 +49,7 @@ def network_flags(trt) -> int:
     return 0 if flag is None else 1 << int(flag)
 
 
-def _parse(trt, builder: "trt.Builder", onnx_path: Path,
+def _parse(trt: Any, builder: "trt.Builder", onnx_path: Path,
            graph: str) -> "tuple[trt.INetworkDefinition, trt.OnnxParser]":
     """``(network, parser)``: the network TensorRT's ONNX parser makes of a graph (the parser is
     returned so that it outlives the network it filled, as TensorRT requires). unverified on a GPU.
@@ -74,7 +75,7 @@ def _parser_error(err: "trt.ParserError") -> str:
         return str(err)
 
 
-def _add_profiles(trt, builder: "trt.Builder", config: "trt.IBuilderConfig", profiles: list, graph: str) -> None:
+def _add_profiles(trt: Any, builder: "trt.Builder", config: "trt.IBuilderConfig", profiles: list[Profile], graph: str) -> None:
     """One optimization profile per entry of ``profiles``, each checked where TensorRT reports a
     refusal: ``set_shape`` raises on min > opt or opt > max, ``add_optimization_profile`` returns
     -1 for a profile the network does not accept. unverified on a GPU.
@@ -98,7 +99,7 @@ def _add_profiles(trt, builder: "trt.Builder", config: "trt.IBuilderConfig", pro
                                    "min <= opt <= max within its fixed dimensions)")
 
 
-def _builder_config(trt, builder: "trt.Builder", graph: str, workspace_gib: float) -> "trt.IBuilderConfig":
+def _builder_config(trt: Any, builder: "trt.Builder", graph: str, workspace_gib: float) -> "trt.IBuilderConfig":
     config = builder.create_builder_config()
     if config is None:
         raise EngineBuildError(f"TensorRT could not create a builder config for engine {graph!r}")
@@ -109,7 +110,7 @@ def _builder_config(trt, builder: "trt.Builder", graph: str, workspace_gib: floa
     return config
 
 
-def enable_activation_resize(trt, config: "trt.IBuilderConfig") -> bool:
+def enable_activation_resize(trt: Any, config: "trt.IBuilderConfig") -> bool:
     """Build with ``PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10`` where the bindings have it (the
     11.4 bindings do): what lets a user-managed context's memory follow the shapes run instead of
     the profile maximum. Returns whether it was set. unverified on a GPU."""
@@ -131,7 +132,7 @@ def _use_timing_cache(config: "trt.IBuilderConfig", timing_cache: Path | None) -
     return cache
 
 
-def _measured_device_memory(trt, data: bytes, graph: str, profiles: list) -> dict:
+def _measured_device_memory(trt: Any, data: bytes, graph: str, profiles: list[Profile]) -> dict[str, Any]:
     """TensorRT's own activation-memory figures for a just-built plan (read by deserializing it
     once): ``device_memory_bytes``, per profile at its maximum, and ``shape_following_bytes``, what a
     user-managed context on profile 0 asks for at the profile's ``min`` and ``opt`` shapes (equal to
@@ -149,7 +150,7 @@ def _measured_device_memory(trt, data: bytes, graph: str, profiles: list) -> dic
     ctx = engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
     if ctx is None:
         raise EngineBuildError(f"TensorRT could not create a user-managed context for engine {graph!r}")
-    following = {}
+    following: dict[str, int] = {}
     for point in ("min", "opt"):
         for name, s in profiles[0].items():
             if not ctx.set_input_shape(name, tuple(s[point])):
@@ -164,8 +165,8 @@ def _measured_device_memory(trt, data: bytes, graph: str, profiles: list) -> dic
 
 
 def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
-                 profiles: list[dict[str, dict[str, list[int]]]], timing_cache: str | Path | None = None,
-                 workspace_gib: float = 8.0, graph: str | None = None) -> dict:
+                 profiles: list[Profile], timing_cache: str | Path | None = None,
+                 workspace_gib: float = 8.0, graph: str | None = None) -> dict[str, Any]:
     """Build one serialized engine from an ONNX graph, as a strongly typed network.
 
     unverified on a GPU: never run with TensorRT.
@@ -218,7 +219,7 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
     engine_path.parent.mkdir(parents=True, exist_ok=True)
     data = bytes(plan)
     engine_path.write_bytes(data)
-    if cache is not None:
+    if cache is not None and timing_cache is not None:  # a cache is used only with a path
         timing_cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = timing_cache.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
@@ -230,7 +231,7 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
             **_measured_device_memory(trt, data, graph, profiles)}
 
 
-def graph_weight_bytes(bundle_dir: Path, manifest: dict, graph: str) -> int:
+def graph_weight_bytes(bundle_dir: Path, manifest: dict[str, Any], graph: str) -> int:
     """Bytes of a graph's weights, as its ONNX file plus external data (weights dominate them)."""
     f = bundle_dir / manifest["graphs"][graph]["file"]
     return sum(p.stat().st_size for p in (f, f.with_name(f.name + ".data")) if p.is_file())
@@ -305,7 +306,7 @@ def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batc
     return out
 
 
-def _engine_precision(bundle_dir: Path, manifest: dict, precision: str | None) -> str:
+def _engine_precision(bundle_dir: Path, manifest: dict[str, Any], precision: str | None) -> str:
     from ...errors import BundleError
 
     graph_precision = str(manifest.get("precision", {}).get("mode", "fp32"))

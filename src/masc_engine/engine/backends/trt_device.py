@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailableError, MascEngineError
 from ..device import CupyDevice
@@ -33,11 +33,11 @@ class TensorRTCallError(MascEngineError):
     ``-1`` (the message names the call, the engine, the tensor or profile and the shapes)."""
 
 
-_LOGGER: tuple | None = None
+_LOGGER: tuple[Any, Any] | None = None  # (the tensorrt module, its Logger)
 _LOGGER_LOCK = threading.Lock()
 
 
-def trt_logger(trt) -> "trt.Logger":
+def trt_logger(trt: Any) -> "trt.Logger":
     """The process's one ``trt.Logger`` (severity WARNING), made on first use. TensorRT requires
     the logger passed to ``Builder``, ``Runtime`` and ``OnnxParser`` to outlive every object they
     make; one module-level logger does, and creating one per build or runner does not help
@@ -55,7 +55,7 @@ INSTALL_HINT = ("the TensorRT backend needs NVIDIA TensorRT's Python package and
                 "or use --backend onnxruntime")
 
 
-def import_tensorrt():
+def import_tensorrt() -> Any:
     """``import tensorrt`` or raise :class:`BackendUnavailableError` naming what to install."""
     try:
         import tensorrt as trt  # noqa: F401  (unverified: never run with TensorRT installed)
@@ -75,7 +75,7 @@ def tensorrt_available() -> bool:
 # --------------------------------------------------------------------------- device info
 
 
-def current_device_info(device: int = 0) -> dict:
+def current_device_info(device: int = 0) -> dict[str, str]:
     """TensorRT version, GPU name and compute capability of this machine.
 
     unverified on a GPU (never run with TensorRT). Tries cuda-python, CuPy, PyTorch,
@@ -153,7 +153,7 @@ def device_memory_info(device: int = 0) -> tuple[int, int]:
                                       f"(cuda-python, cupy): {e}") from e
 
 
-def default_timing_cache(info: dict) -> Path:
+def default_timing_cache(info: dict[str, str]) -> Path:
     """``$MASC_ENGINE_CACHE/tensorrt/timing-<trt>-sm<cc>.cache``: shared by every build on this
     machine (all bundles and precisions), since a timing cache is specific to the GPU and the
     TensorRT version."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ...errors import BundleError, DeviceMemoryError, EngineCompatibilityError, ProfileError
 from ..manifest import confined, one_line
@@ -36,6 +36,9 @@ BATCH_AXES = ("batch", "refs")
 #: Axes that must fit the profile: patch and token counts (bounded by the bundle's budget) and
 #: outputs per reference (the CP head's packer, runtime/cp_device.py, keeps under it).
 BOUNDED_AXES = ("num_patches", "num_tokens", "ref_patches", "out_patches", "outs_per_ref")
+
+#: One optimization profile: ``{input: {"min"|"opt"|"max": shape}}`` (:func:`profile_shapes`).
+Profile = dict[str, dict[str, list[int]]]
 
 
 def engine_dir_name(precision: str) -> str:
@@ -53,7 +56,7 @@ class AxisRange:
     opt: int
     max: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (1 <= self.min <= self.opt <= self.max):
             raise ValueError(f"profile range needs 1 <= min <= opt <= max, got {self}")
 
@@ -61,7 +64,7 @@ class AxisRange:
         return [self.min, self.opt, self.max]
 
 
-def default_axis_ranges(manifest: Mapping, max_batch: int = 16, max_outs_per_ref: int = 16) -> dict[str, AxisRange]:
+def default_axis_ranges(manifest: Mapping[str, Any], max_batch: int = 16, max_outs_per_ref: int = 16) -> dict[str, AxisRange]:
     """Profile ranges per axis name for a bundle: patch axes up to the manifest's patch budget
     (``image.max_num_patches``), optimised for the full budget (the scorer pads a NaFlex batch to
     its longest image, usually near the budget); batch axes up to ``max_batch``."""
@@ -72,7 +75,7 @@ def default_axis_ranges(manifest: Mapping, max_batch: int = 16, max_outs_per_ref
             "num_patches": patches, "num_tokens": patches, "ref_patches": patches, "out_patches": patches}
 
 
-def profile_shapes(graph_entry: Mapping, ranges: Mapping[str, AxisRange]) -> dict[str, dict[str, list[int]]]:
+def profile_shapes(graph_entry: Mapping[str, Any], ranges: Mapping[str, AxisRange]) -> Profile:
     """``{input: {"min": shape, "opt": shape, "max": shape}}`` for one graph of the manifest.
 
     Raises:
@@ -86,14 +89,18 @@ def profile_shapes(graph_entry: Mapping, ranges: Mapping[str, AxisRange]) -> dic
                 if ax not in ranges:
                     raise BundleError(f"input {inp['name']!r}: no profile range for dynamic axis {ax!r}")
                 r = ranges[ax]
-                lo.append(r.min), opt.append(r.opt), hi.append(r.max)
+                lo.append(r.min)
+                opt.append(r.opt)
+                hi.append(r.max)
             else:
-                lo.append(int(ax)), opt.append(int(ax)), hi.append(int(ax))
+                lo.append(int(ax))
+                opt.append(int(ax))
+                hi.append(int(ax))
         shapes[inp["name"]] = {"min": lo, "opt": opt, "max": hi}
     return shapes
 
 
-def plan_batches(graph: str, graph_entry: Mapping, feed_shapes: Mapping[str, Sequence[int]],
+def plan_batches(graph: str, graph_entry: Mapping[str, Any], feed_shapes: Mapping[str, Sequence[int]],
                  profile: Mapping[str, Mapping[str, Sequence[int]]]) -> list[slice]:
     """Split a call into runs that fit an engine profile, or refuse it before inference.
 
@@ -111,7 +118,8 @@ def plan_batches(graph: str, graph_entry: Mapping, feed_shapes: Mapping[str, Seq
         ProfileError: a non-batch dimension lies outside ``[min, max]`` of the profile, or the
             inputs disagree on the batch size.
     """
-    batch, max_batch = None, None
+    batch: int | None = None
+    max_batch: int | None = None
     for inp in graph_entry["inputs"]:
         name = inp["name"]
         if name not in feed_shapes:
@@ -137,12 +145,12 @@ def plan_batches(graph: str, graph_entry: Mapping, feed_shapes: Mapping[str, Seq
                         "--max-outs-per-ref)" if ax == "outs_per_ref" else "")
                 raise ProfileError(f"graph {graph!r}: input {name!r} {what} is {n}, outside the engine "
                                    f"profile's allowed range [{lo}, {hi}]{hint}")
-    if batch is None:  # no batch-like axis: one run
+    if batch is None or max_batch is None:  # no batch-like axis: one run (max_batch is set with batch)
         return [slice(None)]
     return [slice(s, min(s + max_batch, batch)) for s in range(0, batch, max_batch)]
 
 
-def axis_max(graph_entry: Mapping, profile: Mapping[str, Mapping[str, Sequence[int]]], axis: str) -> int | None:
+def axis_max(graph_entry: Mapping[str, Any], profile: Mapping[str, Mapping[str, Sequence[int]]], axis: str) -> int | None:
     """The profile's largest size for a named dynamic axis (``outs_per_ref``, ``num_patches``...),
     from the first input that has it; None when no input has that axis."""
     for inp in graph_entry["inputs"]:
@@ -164,7 +172,7 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 
 BUDGET_HEADROOM = 0.9
 
 
-def _tower(manifest: Mapping, graph: str) -> tuple[int, int, int]:
+def _tower(manifest: Mapping[str, Any], graph: str) -> tuple[int, int, int]:
     """(width, heads, MLP width) of the tower a graph runs. The manifest records the width and
     the pooling head's heads (SigLIP2's ``num_attention_heads``, shared by the towers); the MLP
     width is taken as 4 x width (so400m has 4304 = 3.74 x 1152: the estimate errs high by 7%)."""
@@ -173,7 +181,7 @@ def _tower(manifest: Mapping, graph: str) -> tuple[int, int, int]:
     return width, int(a.get("pool_heads", max(1, width // 64))), 4 * width
 
 
-def activation_bytes(graph: str, manifest: Mapping, shapes: Mapping[str, Sequence[int]], precision: str) -> int:
+def activation_bytes(graph: str, manifest: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], precision: str) -> int:
     """On-paper estimate of the activation memory one execution of ``graph`` needs at these input
     shapes (what TensorRT's execution context reserves; inputs and outputs are bound separately,
     :func:`io_bytes`).
@@ -219,7 +227,7 @@ def activation_bytes(graph: str, manifest: Mapping, shapes: Mapping[str, Sequenc
     return int(resid + max(attention, mlp_bytes))
 
 
-def resolve_shapes(graph_entry: Mapping, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+def resolve_shapes(graph_entry: Mapping[str, Any], input_shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
     """Output shapes from input shapes, through the manifest's axis names."""
     axes = {}
     for inp in graph_entry["inputs"]:
@@ -230,7 +238,7 @@ def resolve_shapes(graph_entry: Mapping, input_shapes: Mapping[str, Sequence[int
             for o in graph_entry["outputs"]}
 
 
-def io_bytes(graph_entry: Mapping, input_shapes: Mapping[str, Sequence[int]]) -> int:
+def io_bytes(graph_entry: Mapping[str, Any], input_shapes: Mapping[str, Sequence[int]]) -> int:
     """Bytes of a call's input and output bindings (allocated by the runner, not by TensorRT)."""
     total = 0
     outs = resolve_shapes(graph_entry, input_shapes)
@@ -241,15 +249,15 @@ def io_bytes(graph_entry: Mapping, input_shapes: Mapping[str, Sequence[int]]) ->
     return int(total)
 
 
-def _prod(xs) -> int:
+def _prod(xs: Iterable[int]) -> int:
     out = 1
     for x in xs:
         out *= int(x)
     return out
 
 
-def memory_plan(manifest: Mapping, precision: str, ranges: Mapping[str, AxisRange], weights: Mapping[str, int],
-                graphs: Sequence[str] | None = None) -> dict:
+def memory_plan(manifest: Mapping[str, Any], precision: str, ranges: Mapping[str, AxisRange], weights: Mapping[str, int],
+                graphs: Sequence[str] | None = None) -> dict[str, Any]:
     """The device-memory plan of an engine set at its profile maxima (on paper).
 
     Args:
@@ -272,9 +280,9 @@ def memory_plan(manifest: Mapping, precision: str, ranges: Mapping[str, AxisRang
     return {"engines": engines, "total_bytes": int(total)}
 
 
-def choose_ranges(manifest: Mapping, precision: str, weights: Mapping[str, int], budget_bytes: int,
+def choose_ranges(manifest: Mapping[str, Any], precision: str, weights: Mapping[str, int], budget_bytes: int,
                   max_batch: int = 16, max_outs_per_ref: int = 16,
-                  graphs: Sequence[str] | None = None) -> tuple[dict[str, AxisRange], dict]:
+                  graphs: Sequence[str] | None = None) -> tuple[dict[str, AxisRange], dict[str, Any]]:
     """Profile maxima that fit a device-memory budget: the requested ``max_batch`` and
     ``max_outs_per_ref``, halved (batch first, then outputs per reference) until the plan's total
     fits ``BUDGET_HEADROOM`` x ``budget_bytes``.
@@ -309,7 +317,7 @@ def choose_ranges(manifest: Mapping, precision: str, weights: Mapping[str, int],
     return ranges, plan
 
 
-def engine_need_bytes(sidecar_engine: Mapping, engine_file_bytes: int) -> int:
+def engine_need_bytes(sidecar_engine: Mapping[str, Any], engine_file_bytes: int) -> int:
     """Device memory one loaded engine may hold: its deserialized plan (about the engine file's
     size) plus, at its largest profile, TensorRT's activation figure recorded at build
     (``device_memory_bytes``; the on-paper estimate when the build could not read it) and the
@@ -338,7 +346,7 @@ def check_fits(graph: str, precision: str, need_bytes: int, free_bytes: int, dev
 # --------------------------------------------------------------------------- sidecar
 
 
-def write_sidecar(engine_dir: str | Path, info: dict) -> Path:
+def write_sidecar(engine_dir: str | Path, info: dict[str, Any]) -> Path:
     """Write ``engines.json`` (adds format and version)."""
     path = Path(engine_dir) / SIDECAR_NAME
     data = {"format": SIDECAR_FORMAT, "format_version": SIDECAR_VERSION, **info}
@@ -346,7 +354,7 @@ def write_sidecar(engine_dir: str | Path, info: dict) -> Path:
     return path
 
 
-def read_sidecar(bundle_dir: str | Path, precision: str) -> dict:
+def read_sidecar(bundle_dir: str | Path, precision: str) -> dict[str, Any]:
     """Read ``<bundle>/tensorrt-<precision>/engines.json``.
 
     Raises:
@@ -365,8 +373,9 @@ def read_sidecar(bundle_dir: str | Path, precision: str) -> dict:
         raise BundleError(f"{path}: format {data.get('format')!r} v{data.get('format_version')!r}, expected "
                           f"{SIDECAR_FORMAT!r} v{SIDECAR_VERSION}; rebuild: {rebuild_command(bundle_dir, precision)}")
     engines = data.get("engines", {})
-    for graph, e in (engines.items() if isinstance(engines, dict) else [("?", None)]):
-        name, field = e.get("file") if isinstance(e, dict) else None, f"{path.name} engines.{graph}.file"
+    entries: Iterable[tuple[str, object]] = engines.items() if isinstance(engines, dict) else [("?", None)]
+    for graph, entry in entries:
+        name, field = entry.get("file") if isinstance(entry, dict) else None, f"{path.name} engines.{graph}.file"
         confined(bundle_dir, f"{engine_dir_name(precision)}/{name}" if isinstance(name, str) else name, field)
     return data
 
@@ -380,7 +389,7 @@ COMPAT_KEYS = (("tensorrt_version", "TensorRT"), ("compute_capability", "compute
                ("gpu_name", "GPU"))
 
 
-def check_compatible(recorded: Mapping, current: Mapping, bundle_dir: str | Path, precision: str) -> None:
+def check_compatible(recorded: Mapping[str, Any], current: Mapping[str, Any], bundle_dir: str | Path, precision: str) -> None:
     """Refuse engines built for another TensorRT version, compute capability or GPU model.
 
     TensorRT plans are specific to the TensorRT version and the GPU they were built on (a plan
@@ -400,7 +409,7 @@ def check_compatible(recorded: Mapping, current: Mapping, bundle_dir: str | Path
         )
 
 
-def check_onnx_unchanged(sidecar: Mapping, manifest: Mapping, bundle_dir: str | Path, precision: str) -> None:
+def check_onnx_unchanged(sidecar: Mapping[str, Any], manifest: Mapping[str, Any], bundle_dir: str | Path, precision: str) -> None:
     """Refuse engines built from other ONNX graphs than the bundle's (a re-export).
 
     Raises:

@@ -55,10 +55,10 @@ class MetricBatch:
     ref_any_foreground: Sequence[bool] = ()
     ref_mask_names: Sequence[str] = ()
     scorer: Any = None
-    memo: dict = field(default_factory=dict)
+    memo: dict[str, Any] = field(default_factory=dict)
     image_keys: Sequence[tuple[str, str]] = ()
-    embeddings: dict = field(default_factory=dict)
-    text_embeddings: dict = field(default_factory=dict)
+    embeddings: dict[str, Any] = field(default_factory=dict)
+    text_embeddings: dict[str, Any] = field(default_factory=dict)
 
     def shared(self, key: str, make: Callable[["MetricBatch"], Any]) -> Any:
         """``make(self)``, computed once per batch under ``key``: what two metrics both need (a
@@ -87,7 +87,7 @@ class HostTokens:
 
 #: ``compute(batch) -> one dict per item``: column -> value, and optionally ``"status"`` (why the
 #: value is undefined; ``"ok"`` when defined) and ``"note"`` (a ``status_detail`` part).
-Compute = Callable[[MetricBatch], list[dict]]
+Compute = Callable[[MetricBatch], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -129,14 +129,14 @@ class PairMetric:
     reference: str = ""
     label: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.columns:
             raise ValueError(f"metric {self.name!r} declares no column")
         # masc-eval and masc-report find a score's status by this name (jobs/evaluation.py).
         if self.status_column is not None and self.status_column != f"{self.columns[0]}_status":
             raise ValueError(f"metric {self.name!r}: its status column must be {self.columns[0]}_status")
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """What a stored result of this metric depends on besides the inputs and the bundle:
         ``{"name", "version", "columns"}`` (part of the resume fingerprint when the registry is
         not the built-in one)."""
@@ -211,11 +211,11 @@ def metrics_for(options: set[str] | frozenset[str] = frozenset()) -> tuple[PairM
     return tuple(m for m in registered() if m.option is None or m.option in options)
 
 
-def compute_all(metrics: Sequence[PairMetric], batch: MetricBatch) -> list[dict]:
+def compute_all(metrics: Sequence[PairMetric], batch: MetricBatch) -> list[dict[str, Any]]:
     """Every metric's values for each item of ``batch``, merged into one dict per item: the value
     columns and, for a metric with a status column, its status there (notes left out). What the
     pairs job does column by column, for the Python API and tests."""
-    rows: list[dict] = [{} for _ in batch.items]
+    rows: list[dict[str, Any]] = [{} for _ in batch.items]
     for m in metrics:
         for row, got in zip(rows, m.compute(batch)):
             row.update({c: got[c] for c in m.columns})

@@ -20,11 +20,14 @@ batch (:meth:`MetricBatch.shared`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import heads
 from ..masks import cp_keep
-from .base import MetricBatch, PairMetric, register
+from ..pair import ImageEncoding
+from .base import Compute, MetricBatch, PairMetric, register
 
 __all__ = ["CP_GLOBAL", "CP_MNN", "PF_POOLING"]
 
@@ -34,22 +37,22 @@ BASELINES = "baselines"
 def _global_pool(batch: MetricBatch) -> dict[int, np.ndarray]:
     """Each distinct image's pooled embedding with nothing hidden, by ``id(encoding)`` (in item
     order, reference then output, as one pooling call)."""
-    encs: dict[int, object] = {}
+    encs: dict[int, ImageEncoding] = {}
     for it in batch.items:
         encs.setdefault(id(it.ref_enc), it.ref_enc)
         encs.setdefault(id(it.out_enc), it.out_enc)
     keys = list(encs)
     full, _ = batch.scorer.pool_background([encs[k] for k in keys],
-                                           [np.zeros(encs[k].tokens.shape[0], bool) for k in keys])
+                                           [np.zeros(encs[k].tokens.shape[0], np.bool_) for k in keys])
     return {k: full[j] for j, k in enumerate(keys)}
 
 
-def _cp_global(batch: MetricBatch) -> list[dict]:
+def _cp_global(batch: MetricBatch) -> list[dict[str, Any]]:
     full = batch.shared("global_pool", _global_pool)
     return [{"cp_global": heads.cosine(full[id(it.ref_enc)], full[id(it.out_enc)])} for it in batch.items]
 
 
-def _cp_mnn(batch: MetricBatch) -> list[dict]:
+def _cp_mnn(batch: MetricBatch) -> list[dict[str, Any]]:
     out = []
     for it in batch.items:
         keep = cp_keep(it.ref_weights, batch.fg_threshold)
@@ -64,7 +67,7 @@ def _cp_mnn(batch: MetricBatch) -> list[dict]:
     return out
 
 
-def _pf_pooling(batch: MetricBatch) -> list[dict]:
+def _pf_pooling(batch: MetricBatch) -> list[dict[str, Any]]:
     s, items = batch.scorer, batch.items
     full = batch.shared("global_pool", _global_pool)
     bg_kpm = [heads.background_key_padding_mask(it.out_weights, batch.fg_threshold) for it in items]
@@ -85,7 +88,7 @@ def _pf_pooling(batch: MetricBatch) -> list[dict]:
     return out
 
 
-def _baseline(name: str, columns: tuple[str, ...], compute, description: str, reference: str,
+def _baseline(name: str, columns: tuple[str, ...], compute: Compute, description: str, reference: str,
               encoders: tuple[str, ...] = ("siglip2.vision", "siglip2.pool")) -> PairMetric:
     return register(PairMetric(name=name, columns=columns, compute=compute, option=BASELINES,
                                encoders=encoders, description=description, reference=reference))

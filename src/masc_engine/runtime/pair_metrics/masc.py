@@ -9,13 +9,14 @@ why a value is undefined.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from .base import MetricBatch, PairMetric, register
 
 __all__ = ["CP", "PF"]
 
 
-def _cp(batch: MetricBatch) -> list[dict]:
+def _cp(batch: MetricBatch) -> list[dict[str, Any]]:
     out = []
     for i, (it, res) in enumerate(zip(batch.items, batch.results)):
         row = {"cp": res.cp, "status": "ok"}
@@ -33,7 +34,7 @@ def _cp(batch: MetricBatch) -> list[dict]:
     return out
 
 
-def _pf(batch: MetricBatch) -> list[dict]:
+def _pf(batch: MetricBatch) -> list[dict[str, Any]]:
     out = []
     for res in batch.results:
         row = {"pf": res.pf, "status": "ok"}
