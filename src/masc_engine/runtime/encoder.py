@@ -28,12 +28,13 @@ import functools
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence, TypeVar
 
 import cachetools
 import numpy as np
 from PIL import Image
 
+from ..engine.backends.base import Runner
 from ..engine.backends.registry import get_backend
 from ..engine.bundle import PORTABLE, Bundle
 from ..errors import BackendUnavailableError, BundleError
@@ -41,7 +42,9 @@ from .preprocess import ImageSettings, PreprocessedImage, preprocess_image
 from .text import PromptTokenizer, TextSettings
 
 
-class LRU(cachetools.LRUCache):
+_E = TypeVar("_E", bound="Encoder")
+
+class LRU(cachetools.LRUCache[Any, Any]):
     """``cachetools.LRUCache`` that drops a value larger than the whole cache instead of raising.
 
     Eviction is least-recently-used: a lookup (``[key]``, ``get``) makes an entry the most recent,
@@ -56,12 +59,12 @@ class LRU(cachetools.LRUCache):
         ValueError: ``maxsize`` is negative.
     """
 
-    def __init__(self, maxsize: int, getsizeof: Callable[[Any], int] | None = None):
+    def __init__(self, maxsize: int, getsizeof: Callable[[Any], int] | None = None) -> None:
         if int(maxsize) < 0:
             raise ValueError(f"an LRU's maxsize must be >= 0, got {maxsize!r}")
         super().__init__(int(maxsize), getsizeof)
 
-    def __setitem__(self, key, value) -> None:
+    def __setitem__(self, key: Any, value: Any) -> None:
         if self.getsizeof(value) > self.maxsize:
             self.pop(key, None)
             return
@@ -117,7 +120,7 @@ class RunnerSettings:
         return functools.partial(_load_runner, bundle, self)
 
 
-def _load_runner(bundle: Bundle, settings: RunnerSettings, graph: str):
+def _load_runner(bundle: Bundle, settings: RunnerSettings, graph: str) -> Runner:
     """``bundle.runner(graph)`` with ``settings``."""
     return bundle.runner(graph, backend=settings.backend, provider=settings.provider,
                          intra_op_threads=settings.intra_op_threads, precision=settings.precision,
@@ -128,10 +131,10 @@ def runner_property(graph: str) -> property:
     """A property for the runner of ``graph`` (:meth:`Encoder.runner`: made on first use). Assigning
     it replaces that runner (a calibration wraps the vision runner in a recording one)."""
 
-    def get(self):
+    def get(self: Encoder) -> Runner:
         return self.runner(graph)
 
-    def put(self, runner) -> None:
+    def put(self: Encoder, runner: Runner) -> None:
         self.replace_runner(graph, runner)
 
     return property(get, put, doc=f"The ``{graph}`` graph's runner (made on first use; thread-safe).")
@@ -187,7 +190,7 @@ class Encoder:
                           PromptTokenizer(self.bundle.checked_file(self.text_settings.tokenizer_file),
                                           self.text_settings))
         self._make_runner: Callable[[str], Any] | None = runners.factory(self.bundle)
-        self._runners: dict[str, Any] = {}
+        self._runners: dict[str, Runner] = {}
         self._runner_lock = threading.Lock()
 
     @classmethod
@@ -239,7 +242,7 @@ class Encoder:
                                           f"{' or '.join(self.BACKENDS)}{self.BACKENDS_HINT}")
         get_backend(s.backend).check_available(s.provider)
 
-    def runner(self, graph: str):
+    def runner(self, graph: str) -> Runner:
         """The runner of ``graph``, made through the backend registry on first use. Made once:
         threads asking at the same time wait for the first one's runner.
 
@@ -258,7 +261,7 @@ class Encoder:
                 r = self._runners[graph] = self._make_runner(graph)
             return r
 
-    def replace_runner(self, graph: str, runner) -> None:
+    def replace_runner(self, graph: str, runner: Runner) -> None:
         """Use ``runner`` for ``graph`` from now on (a calibration wraps the vision runner).
 
         Raises:
@@ -292,6 +295,28 @@ class Encoder:
             raise BundleError(f"bundle {self.bundle.path} has no image section: it encodes no images")
         return self.image_settings
 
+    @property
+    def prompt_tokenizer(self) -> PromptTokenizer:
+        """:attr:`tokenizer`, for the code that encodes prompts.
+
+        Raises:
+            BundleError: the bundle has no ``text`` section.
+        """
+        if self.tokenizer is None:
+            raise BundleError(f"bundle {self.bundle.path} has no text section: it encodes no prompts")
+        return self.tokenizer
+
+    @property
+    def text_recipe(self) -> TextSettings:
+        """:attr:`text_settings`, for the code that encodes prompts.
+
+        Raises:
+            BundleError: the bundle has no ``text`` section.
+        """
+        if self.text_settings is None:
+            raise BundleError(f"bundle {self.bundle.path} has no text section: it encodes no prompts")
+        return self.text_settings
+
     def preprocess(self, image: Image.Image) -> PreprocessedImage:
         """One image by the manifest's image recipe (runtime/preprocess.py ``preprocess_image``)."""
         return preprocess_image(image, self.image_recipe)
@@ -302,14 +327,14 @@ class Encoder:
 
     # ------------------------------------------------------------------ identity and lifetime
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """What decides this encoder's outputs, as plain JSON-able values: the bundle's fingerprint
         (its graphs and settings), the backend and provider (float32 kernels differ in the last
         bits) and the graphs' precision."""
         return {"fingerprint": self.bundle.fingerprint, "backend": self.backend, "provider": self.provider,
                 "precision": self.precision}
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The encoder for a run's sidecar: its bundle folder, source model and :meth:`identity`."""
         return {"bundle": str(self.bundle.path), "source_model": self.bundle.manifest.get("source"),
                 **self.identity()}
@@ -321,11 +346,12 @@ class Encoder:
         with self._runner_lock:
             runners, self._runners, self._make_runner = list(self._runners.values()), {}, None
         for r in runners:
-            if callable(getattr(r, "close", None)):
-                r.close()
+            close = getattr(r, "close", None)  # TensorRT's runners hold device memory; others have none
+            if callable(close):
+                close()
 
-    def __enter__(self):
+    def __enter__(self: _E) -> _E:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -36,7 +36,7 @@ import os
 import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image
@@ -45,6 +45,7 @@ from ..engine.bundle import Bundle
 from ..errors import InputError
 from .masks import mask_coverage
 from .encoder import LRU, Encoder, RunnerSettings, runner_property
+from .text import EncodedPrompt
 
 #: ``manifest["kind"]`` of a segmenter bundle (a scorer bundle has no ``kind``, or ``"scorer"``).
 KIND = "segmenter"
@@ -86,7 +87,7 @@ class MaskRecipe:
     threshold: float = DEFAULT_THRESHOLD
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         t = self.threshold
         if isinstance(t, bool) or not isinstance(t, (int, float, np.floating, np.integer)):
             raise TypeError(f"mask threshold must be a number, got {type(t).__name__}")
@@ -103,7 +104,8 @@ class MaskRecipe:
 
     def with_options(self, threshold: float | None = None, prompt_template: str | None = None) -> "MaskRecipe":
         """This recipe with the options that are given (not None) replaced."""
-        changes = {k: v for k, v in (("threshold", threshold), ("prompt_template", prompt_template)) if v is not None}
+        changes: dict[str, Any] = {k: v for k, v in (("threshold", threshold), ("prompt_template", prompt_template))
+                                   if v is not None}
         return replace(self, **changes) if changes else self
 
     def prompt(self, subject_name: str) -> str:
@@ -121,7 +123,7 @@ class MaskRecipe:
                                                 f"(budget {MAX_PROMPT_CHARS}): {text[:60]!r}...")
         return text
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """Every parameter of the rule, the fixed steps included (JSON-serialisable)."""
         return {"version": RECIPE_VERSION, **asdict(self), **FIXED_STEPS}
 
@@ -129,12 +131,12 @@ class MaskRecipe:
         """A stable 16-hex-digit identity of the rule (cache keys): sha256 of :meth:`describe`."""
         return hashlib.sha256(json.dumps(self.describe(), sort_keys=True).encode()).hexdigest()[:16]
 
-    def to_manifest(self) -> dict:
+    def to_manifest(self) -> dict[str, Any]:
         """The manifest's ``recipe`` section: :meth:`describe` plus the identity."""
         return {**self.describe(), "identity": self.identity()}
 
     @classmethod
-    def from_manifest(cls, d: dict) -> "MaskRecipe":
+    def from_manifest(cls, d: dict[str, Any]) -> "MaskRecipe":
         """The recipe a bundle was exported with (its defaults).
 
         Raises:
@@ -153,7 +155,8 @@ def sigmoid(logits: np.ndarray) -> np.ndarray:
     """Logistic sigmoid in float32, without overflow warnings for large ``|logits|``."""
     x = np.asarray(logits, np.float32)
     e = np.exp(-np.abs(x))
-    return np.where(x >= 0, np.float32(1) / (np.float32(1) + e), e / (np.float32(1) + e)).astype(np.float32)
+    prob: np.ndarray = np.where(x >= 0, np.float32(1) / (np.float32(1) + e), e / (np.float32(1) + e)).astype(np.float32)
+    return prob
 
 
 def probability_map(logits: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -165,7 +168,7 @@ def probability_map(logits: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """
     prob = Image.fromarray(sigmoid(logits))  # mode "F"
     if prob.size != tuple(size):
-        prob = prob.resize(tuple(size), resample=Image.Resampling.BILINEAR)
+        prob = prob.resize((size[0], size[1]), resample=Image.Resampling.BILINEAR)
     return np.asarray(prob, dtype=np.float32)
 
 
@@ -279,7 +282,7 @@ class SegmenterConfig:
     intra_op_threads: int | None = None
     batch_size: int = 8
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "bundle", str(self.bundle))
         MaskRecipe().with_options(self.threshold, self.prompt_template)  # the recipe's own checks, now
 
@@ -373,20 +376,20 @@ class Segmenter(Encoder):
                 graph runs.
         """
         text = self.recipe.prompt(subject_name)
-        self._check_tokens(text, self.tokenizer.encode([text])[0])
+        self._check_tokens(text, self.prompt_tokenizer.encode([text])[0])
         return text
 
-    def _check_tokens(self, prompt: str, encoded) -> None:
+    def _check_tokens(self, prompt: str, encoded: EncodedPrompt) -> None:
         if encoded.truncated:
             raise InputError("prompt_too_long", f"segmenter prompt of {encoded.n_tokens} tokens "
-                                                f"(budget {self.text_settings.max_length}): {prompt[:60]!r}")
+                                                f"(budget {self.text_recipe.max_length}): {prompt[:60]!r}")
 
     def cache_key(self, image_digest: str, subject_name: str, exif: str = "apply") -> str:
         """:func:`mask_cache_key` for an image (content hash) and subject name under this
         segmenter and recipe."""
         return mask_cache_key(image_digest, self.prompt(subject_name), self.fingerprint, self.recipe.identity(), exif)
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """What decides this segmenter's masks, as plain JSON-able values: the base's (the bundle's
         fingerprint, backend, provider and the graphs' precision: float32 kernels differ in the last
         bits, which can move a pixel at the threshold) and the recipe (its identity and both
@@ -396,14 +399,14 @@ class Segmenter(Encoder):
         return {"fingerprint": base.pop("fingerprint"), "recipe": self.recipe.identity(),
                 "threshold": self.recipe.threshold, "prompt_template": self.recipe.prompt_template, **base}
 
-    def option_identity(self) -> dict:
+    def option_identity(self) -> dict[str, Any]:
         """:meth:`identity` keyed by the command-line option that sets each value (what a rerun with
         other settings names: ``--mask-threshold: 0.5 -> 0.4``)."""
         i = self.identity()
         return {"--segmenter": i["fingerprint"], "--mask-threshold": i["threshold"],
                 "--mask-prompt-template": i["prompt_template"], "--segmenter-provider": i["provider"]}
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The segmenter for a run's sidecar: its folder, source model, identity and the whole recipe."""
         return {**super().describe(), "recipe": self.recipe.describe()}
 
@@ -413,7 +416,7 @@ class Segmenter(Encoder):
         vision activations, one logit map per prompt, the probability map at the image's size in
         float32 (twice, during the resize) and the uint8 mask (a decoded-bytes budget reserves it,
         jobs/items.py)."""
-        s0, s1 = self.image_settings.image_size
+        s0, s1 = self.image_recipe.fixed_size
         acts = int(np.prod([int(d) for d in self.bundle.graph("vision")["outputs"][0]["shape"][1:]]))
         w, h = size
         return 17 * 3 * s0 * s1 + 4 * acts + 4 * s0 * s1 + 9 * int(w) * int(h)
@@ -461,7 +464,7 @@ class Segmenter(Encoder):
     def _encode_texts(self, todo: Sequence[str], found: dict[str, np.ndarray]) -> None:
         """Run the text graph on ``todo`` (token budget checked first), into ``found`` and the LRU."""
         if todo:
-            enc = self.tokenizer.encode(todo)
+            enc = self.prompt_tokenizer.encode(todo)
             for p, e in zip(todo, enc):
                 self._check_tokens(p, e)
             ids = np.stack([e.input_ids for e in enc])
@@ -495,7 +498,7 @@ class Segmenter(Encoder):
         if len(images) != len(subject_names):
             raise ValueError(f"{len(images)} images but {len(subject_names)} subject names")
         if not len(images):
-            return np.zeros((0,) + tuple(self.image_settings.image_size), np.float32)
+            return np.zeros((0, *self.image_recipe.fixed_size), np.float32)
         prompts = []
         for i, name in enumerate(subject_names):
             try:
@@ -505,7 +508,7 @@ class Segmenter(Encoder):
         distinct_prompts = list(dict.fromkeys(prompts))
         cond = self.encode_prompts(distinct_prompts)
         slot: dict[int, int] = {}
-        distinct = []
+        distinct: list[Image.Image] = []
         for im in images:
             if id(im) not in slot:
                 slot[id(im)] = len(distinct)

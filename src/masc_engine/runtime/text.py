@@ -15,6 +15,8 @@ the text tower: we score the truncated prompt instead and say so.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
 from typing import Any
 
 import numpy as np
@@ -55,7 +57,7 @@ class EncodedPrompt:
 class PromptTokenizer:
     """Tokenize prompts for the text tower. Thread-safe: configured once, then read-only."""
 
-    def __init__(self, tokenizer_path: str, settings: TextSettings):
+    def __init__(self, tokenizer_path: str | Path, settings: TextSettings) -> None:
         from tokenizers import Tokenizer
 
         self.settings = settings
@@ -77,7 +79,7 @@ class PromptTokenizer:
                             pad_token=settings.pad_token, length=settings.max_length)
         self._tok = tok2
 
-    def encode(self, texts: list[str]) -> list[EncodedPrompt]:
+    def encode(self, texts: Sequence[str]) -> list[EncodedPrompt]:
         """Encode prompts to ``max_length`` ids each, with truncation flags."""
         full = self._full.encode_batch(list(texts))
         padded = self._tok.encode_batch(list(texts))
