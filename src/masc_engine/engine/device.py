@@ -203,8 +203,7 @@ class HostDevice(ArrayDevice):
         """Available and total host memory (``/proc/meminfo``; ``(0, 0)`` where it cannot be read)."""
         try:
             info = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines() if ":" in line)
-            kib = lambda k: int(info[k].split()[0]) * 1024  # noqa: E731
-            return kib("MemAvailable"), kib("MemTotal")
+            return int(info["MemAvailable"].split()[0]) * 1024, int(info["MemTotal"].split()[0]) * 1024
         except (OSError, KeyError, ValueError):
             return 0, 0
 

@@ -119,7 +119,7 @@ def fingerprint(manifest: dict[str, Any]) -> str:
     """A short content fingerprint of a bundle: sha256 over the manifest's file digests and
     settings (what makes cached tokens and resumed results reusable), a bf16-cpu certificate's
     plan (export/cpu_precision.py) and an embedder bundle's recipe and embedding rule."""
-    keyed = {k: manifest[k] for k in ("files", "image", "text", "scoring") if k in manifest}
+    keyed: dict[str, Any] = {k: manifest[k] for k in ("files", "image", "text", "scoring") if k in manifest}
     cert = manifest.get("precision") or {}
     if cert.get("mode") == BF16_CPU_MODE:  # the certified plan changes bf16 tokens: re-certifying is a new bundle
         keyed["bf16_cpu"] = {k: cert.get(k) for k in ("graphs", "keep_fp32", "openvino")}

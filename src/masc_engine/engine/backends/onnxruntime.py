@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..device import ArrayDevice, DeviceArray
 
 #: ONNX tensor type strings (``NodeArg.type``) -> numpy dtypes, for the graphs' inputs and outputs.
-ORT_DTYPES = {
+ORT_DTYPES: dict[str, np.dtype[Any]] = {
     "tensor(float)": np.dtype(np.float32), "tensor(float16)": np.dtype(np.float16),
     "tensor(int32)": np.dtype(np.int32), "tensor(int64)": np.dtype(np.int64),
     "tensor(bool)": np.dtype(np.bool_),
