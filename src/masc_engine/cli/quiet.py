@@ -111,9 +111,9 @@ def libraries_to_log(log_path: str | Path):
             text = f.read()
         if _ANSI.search(text):
             text = _ANSI.sub(b"", text)
-            with open(path, "r+b") as f:
-                f.seek(start)
-                f.write(text)
+            with open(path, "r+b") as g:
+                g.seek(start)
+                g.write(text)
                 f.truncate()
         info.lines = text.count(b"\n")
         info.warnings = len(_WARNING_LINE.findall(text))  # every process's, counted in the log itself

@@ -76,6 +76,7 @@ def main(queries_csv, gallery_csv, bundle, similarity, oracle, encoder_manifest,
     for p in (out_path, summary_path):  # --out out/rank.csv on a fresh checkout
         Path(p).parent.mkdir(parents=True, exist_ok=True)
     try:
+        encoder: OnnxEmbeddingEncoder | EngineEncoder
         if encoder_manifest:
             encoder = OnnxEmbeddingEncoder(encoder_manifest, provider=config.provider or "cpu",
                                            intra_op_threads=config.intra_op_threads, batch_size=config.batch_size)

@@ -399,7 +399,7 @@ def _fp32_pair_scores(job: _Job, manifest: dict) -> dict:
     return scores
 
 
-def _pair_gate_stage(job: _Job, manifest: dict, transform, fp32_scores: dict) -> dict:
+def _pair_gate_stage(job: _Job, manifest: dict, transform, fp32_scores: dict | None) -> dict:
     """The reduced-precision bundle scored on the same pairs; bf16 emulated (no bf16 kernels on CPU)."""
     import tempfile
 

@@ -158,7 +158,8 @@ class _AmaxSpy:
     extra outputs and keeps each one's largest |x|."""
 
     def __init__(self, runner, session, acts: list[str]):
-        self._runner, self._session, self._acts, self.amax = runner, session, acts, {}
+        self._runner, self._session, self._acts = runner, session, acts
+        self.amax: dict[str, float] = {}
 
     def __getattr__(self, k):
         return getattr(self._runner, k)

@@ -13,6 +13,7 @@ Runtime session exists, so no stage holds the PyTorch model and a session at onc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,8 @@ def score_references_vision(vision_model, processor, image: dict) -> dict:
         feeds = {"pixel_values": np.stack([p.pixel_values for p in pre])}
     tokens = [ref[i, :c] for i, c in enumerate(counts)]
     weights = [mask_to_patch_grid(m, p.spatial_shape) for m, p in zip(masks, pre)]
-    head, pooled = vision_model.head, []
+    head = vision_model.head
+    pooled: list[Any] = []
     for w_out, rt in zip(weights, tokens):
         kpm = heads.background_key_padding_mask(w_out)
         if kpm.all():

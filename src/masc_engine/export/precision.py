@@ -183,7 +183,7 @@ def topological_sort(graph) -> int:
     known = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
     known |= {t.name for t in graph.sparse_initializer}
     producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
-    waits = [set() for _ in nodes]
+    waits: list[set[int]] = [set() for _ in nodes]
     users: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
         for name in _node_reads(n):

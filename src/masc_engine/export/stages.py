@@ -240,6 +240,7 @@ def check_memory_plan(plan: MemoryPlan, max_memory_gb: float | None, model: str)
         ExportMemoryError: one line with the estimate, the stage that peaks and the limit.
     """
     stage, peak = plan.peak
+    limit: int | None
     if max_memory_gb is not None:
         limit, source = int(max_memory_gb * GB), f"--max-memory-gb {max_memory_gb:g}"
     else:

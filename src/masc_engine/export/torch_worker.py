@@ -22,6 +22,7 @@ import os
 import pickle
 import subprocess
 import sys
+from typing import Any, Callable
 import time
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def export(graph: str, out: str, opset: int) -> dict:
     return spec.manifest_entry()
 
 
-_TASKS = {"open_checkpoint": open_checkpoint, "vision_references": vision_references,
+_TASKS: dict[str, Callable[..., Any]] = {"open_checkpoint": open_checkpoint, "vision_references": vision_references,
           "text_references": text_references, "export": export}
 
 

@@ -82,7 +82,8 @@ class ScorerConfig:
     cp_head: str | None = None
     device_resident: bool | None = None
     mask_size_policy: str = "refuse"
-    backend_options: tuple[tuple[str, Any], ...] = ()
+    #: Given as a mapping or as pairs; held as sorted ``(name, value)`` pairs (``__post_init__``).
+    backend_options: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backend_options", _frozen(self.backend_options))

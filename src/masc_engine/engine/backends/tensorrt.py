@@ -74,10 +74,20 @@ from ...errors import BackendUnavailableError, DeviceMemoryError, EngineCompatib
 from ..device import ArrayDevice, CupyDevice, DeviceArray, Event, PinnedStaging, Stream
 from . import trt_profiles as tp
 # trt_build's and trt_device's public names, re-exported (importable from the backend's module).
-from .trt_build import (EngineBuildError, build_engine, build_engines, enable_activation_resize,  # noqa: F401
-                        graph_weight_bytes, network_flags)
-from .trt_device import (INSTALL_HINT, TensorRTCallError, current_device_info, default_timing_cache,  # noqa: F401
-                         device_memory_info, import_tensorrt, tensorrt_available, trt_logger)
+from .trt_build import EngineBuildError as EngineBuildError
+from .trt_build import build_engine as build_engine
+from .trt_build import build_engines as build_engines
+from .trt_build import enable_activation_resize as enable_activation_resize
+from .trt_build import graph_weight_bytes as graph_weight_bytes
+from .trt_build import network_flags as network_flags
+from .trt_device import INSTALL_HINT as INSTALL_HINT
+from .trt_device import TensorRTCallError as TensorRTCallError
+from .trt_device import current_device_info as current_device_info
+from .trt_device import default_timing_cache as default_timing_cache
+from .trt_device import device_memory_info as device_memory_info
+from .trt_device import import_tensorrt as import_tensorrt
+from .trt_device import tensorrt_available as tensorrt_available
+from .trt_device import trt_logger as trt_logger
 
 if TYPE_CHECKING:  # the annotations name TensorRT's classes; the module itself imports it lazily
     import tensorrt as trt
@@ -90,6 +100,7 @@ if TYPE_CHECKING:  # the annotations name TensorRT's classes; the module itself 
 
 #: Arrays by tensor name (device arrays, or host numpy arrays where the docstring says so).
 Arrays = dict[str, DeviceArray]
+
 
 class _Slot:
     """One execution in flight: its execution context, stream, context memory and pinned buffers."""
