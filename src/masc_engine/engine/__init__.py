@@ -1,0 +1,1 @@
+"""The engine: bundles, their manifests and the backends that run their graphs (torch-free)."""

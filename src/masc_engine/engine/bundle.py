@@ -73,6 +73,7 @@ class Bundle:
         """Load a bundle.
 
         Args:
+            path: the bundle folder (``manifest.json`` and the files it lists).
             verify: ``True`` (default): every listed file must exist now, and each file's sha256
                 is checked before its first use (a runner's graph and weights, the tokenizer), so
                 a run hashes only what it loads (start-up time: the fused and portable
@@ -120,6 +121,7 @@ class Bundle:
 
     @property
     def random_weights(self) -> bool:
+        """Whether the bundle was exported from random weights (``manifest["source"]``)."""
         return bool((self.manifest.get("source") or {}).get("random_weights"))
 
     @property
@@ -192,6 +194,7 @@ class Bundle:
         self._graphs_checked.add(name)
 
     def graph(self, name: str) -> dict[str, Any]:
+        """The manifest's entry for graph ``name`` (BundleError when the bundle has none)."""
         try:
             entry: dict[str, Any] = self.manifest["graphs"][name]
         except KeyError:
@@ -269,12 +272,14 @@ class Bundle:
         the backend registry (engine/backends/registry.py).
 
         Args:
+            graph: the graph's name.
             backend: a registry name: ``onnxruntime`` (the ONNX graphs; ``provider`` ``cpu`` or
                 ``cuda``), ``tensorrt`` (the engine set ``tensorrt-<precision>/`` built by
                 ``masc-export --backend tensorrt``; ``provider`` ``cuda``) or ``openvino`` (the
                 portable graphs on OpenVINO's CPU plugin; ``precision`` ``fp32``, or ``bf16`` on a
                 ``bf16-cpu`` bundle, its default there).
             provider: the backend's provider; ``None``: the backend's default.
+            intra_op_threads: the backend's intra-op threads (None: its default).
             precision: TensorRT: ``fp32``, ``fp16`` or ``bf16`` (default: the only engine set
                 present). ONNX Runtime: ``None`` or the bundle's own precision (:attr:`precision`;
                 the graphs carry it, their inputs and outputs stay float32).

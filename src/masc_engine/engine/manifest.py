@@ -192,8 +192,11 @@ def check_graph_io(declared: dict[str, Any], actual_inputs: Iterable[tuple[str, 
 
     Args:
         declared: ``manifest["graphs"][graph]``.
-        actual_inputs, actual_outputs (iterable of (str, sequence)): ``(name, shape)`` pairs from the loaded graph (ONNX
-            Runtime's ``session.get_inputs()``; a symbolic axis is a string or None).
+        actual_inputs: ``(name, shape)`` pairs of the loaded graph's inputs (ONNX Runtime's
+            ``session.get_inputs()``; a symbolic axis is a string or None).
+        actual_outputs: the same for its outputs.
+        graph: the graph's name (for messages).
+        where: the bundle (for messages).
 
     Raises:
         BundleError: naming the graph, the tensor and both shapes.

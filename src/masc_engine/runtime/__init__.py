@@ -1,0 +1,1 @@
+"""Scoring on an engine: preprocessing, the encoders, the heads and the pair metrics."""

@@ -60,7 +60,7 @@ class GraphCP:
     """Masked max-cosine (CP) for many pairs through a ``cp`` graph runner.
 
     Args:
-        runner (Runner): a :class:`~masc_engine.engine.backends.base.Runner` for the bundle's ``cp`` graph.
+        runner: a :class:`~masc_engine.engine.backends.base.Runner` for the bundle's ``cp`` graph.
         fg_threshold: a reference patch is kept when its weight is ``> fg_threshold``.
         max_outs_per_ref: outputs per reference slot in one call (``K``); larger groups are split
             into several slots, so any number of outputs per reference is scored. Capped by the
@@ -69,7 +69,7 @@ class GraphCP:
         max_refs_per_call: reference slots per call (``R``); capped by the runner's
             ``axis_limit("refs")`` when it has one (a larger call would be split into several runs).
         max_sims: cap on ``R * K * N * M`` per call (the cosine tensor's size).
-        device (ArrayDevice | None): the token device (engine/device.py) when tokens are device arrays;
+        device: the token device (engine/device.py) when tokens are device arrays;
             ``None``: host numpy arrays through ``runner.run``.
     """
 

@@ -66,9 +66,9 @@ def best_match_cosines(ref_tokens: Array, out_tokens: Array, xp: Any = np) -> Ar
     """For each reference patch, the max cosine to any output patch.
 
     Args:
-        ref_tokens (array): ``[N, D] float32`` reference patch tokens (valid patches only).
-        out_tokens (array): ``[M, D] float32`` output patch tokens (valid patches only), ``M >= 1``.
-        xp (module): the array module of the tokens (numpy or CuPy).
+        ref_tokens: ``[N, D] float32`` reference patch tokens (valid patches only).
+        out_tokens: ``[M, D] float32`` output patch tokens (valid patches only), ``M >= 1``.
+        xp: the array module of the tokens (numpy or CuPy).
 
     Returns:
         ``[N] float32`` in ``[-1, 1]``.
@@ -81,12 +81,12 @@ def masked_maxcos(ref_tokens: Array, out_tokens: Array, ref_weights: Array,
     """CP: mean over reference foreground patches of their best cosine to any output patch.
 
     Args:
-        ref_tokens (array): ``[N, D] float32`` reference patch tokens.
-        out_tokens (array): ``[M, D] float32`` output patch tokens.
-        ref_weights (array): ``[N] float32`` reference mask on the patch grid, in ``[0, 1]``.
+        ref_tokens: ``[N, D] float32`` reference patch tokens.
+        out_tokens: ``[M, D] float32`` output patch tokens.
+        ref_weights: ``[N] float32`` reference mask on the patch grid, in ``[0, 1]``.
         fg_threshold: a reference patch counts as foreground when its weight is ``> fg_threshold``
             (runtime/masks.py ``cp_keep``).
-        xp (module): the array module of the tokens and weights (numpy or CuPy).
+        xp: the array module of the tokens and weights (numpy or CuPy).
 
     Returns:
         ``(cp, extras)``: cp in ``[-1, 1]``, NaN when no reference patch is foreground (the
@@ -111,11 +111,11 @@ def cp_forward(ref_tokens: Array, ref_keep: Array, out_tokens: Array, out_valid:
     (another summation order than numpy's pairwise mean: equal within ``tolerances.CP_HEAD_ATOL``).
 
     Args:
-        ref_tokens (array): ``[R, N, D] float32`` references (padding rows anything).
-        ref_keep (array): ``[R, N] bool`` kept reference patches (runtime/masks.py ``cp_keep``).
-        out_tokens (array): ``[R, K, M, D] float32`` K outputs per reference (padding rows anything).
-        out_valid (array): ``[R, K, M] bool`` real output patches.
-        xp (module): the array module of the arrays (numpy or CuPy).
+        ref_tokens: ``[R, N, D] float32`` references (padding rows anything).
+        ref_keep: ``[R, N] bool`` kept reference patches (runtime/masks.py ``cp_keep``).
+        out_tokens: ``[R, K, M, D] float32`` K outputs per reference (padding rows anything).
+        out_valid: ``[R, K, M] bool`` real output patches.
+        xp: the array module of the arrays (numpy or CuPy).
         gemm_dtype: ``"float16"`` emulates a reduced-precision engine: the cosine product in fp16,
             norms, max and mean in fp32 (the TensorRT precision policy,
             engine/backends/trt_profiles.py).

@@ -72,7 +72,7 @@ def cp_keep(ref_weights: Any, threshold: float = DEFAULT_FG_THRESHOLD) -> Any:
     """The reference patches CP averages over: weight ``> threshold`` (strictly).
 
     Args:
-        ref_weights (array): ``[N] float32`` reference mask on the patch grid, in ``[0, 1]`` (numpy, or
+        ref_weights: ``[N] float32`` reference mask on the patch grid, in ``[0, 1]`` (numpy, or
             an array of another array module such as CuPy).
         threshold: the foreground threshold (:data:`DEFAULT_FG_THRESHOLD`).
 
@@ -87,7 +87,7 @@ def foreground(weights: Any, threshold: float = DEFAULT_FG_THRESHOLD) -> Any:
     mask's coverage counts.
 
     Args:
-        weights (array): mask values in ``[0, 1]`` (patch weights, or a normalised mask), any shape.
+        weights: mask values in ``[0, 1]`` (patch weights, or a normalised mask), any shape.
         threshold: the foreground threshold (:data:`DEFAULT_FG_THRESHOLD`).
 
     Returns:

@@ -80,7 +80,7 @@ def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPoli
         where: prefix naming the pair in messages (``"pairs[3]."``; ``""`` for :meth:`Scorer.score`).
         policy: the mask size rule (runtime/masks.py :class:`MaskPolicy`; the scorer's
             ``mask_size_policy``).
-        segmenter (Segmenter | None): the scorer's :class:`~masc_engine.runtime.segmenter.Segmenter`: a mask may then
+        segmenter: the scorer's :class:`~masc_engine.runtime.segmenter.Segmenter`: a mask may then
             be None (computed from ``object_name``).
 
     Raises:

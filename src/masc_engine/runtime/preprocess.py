@@ -56,6 +56,7 @@ class ImageSettings:
 
     @classmethod
     def from_manifest(cls, d: dict[str, Any]) -> "ImageSettings":
+        """The settings of a manifest's ``image`` section."""
         size = d.get("image_size")
         return cls(
             mode=d["mode"], patch_size=int(d["patch_size"]), max_num_patches=int(d["max_num_patches"]),

@@ -277,6 +277,8 @@ class Scorer(Encoder):
         """Strip and tokenize a PF prompt ahead of scoring (:class:`EncodedPair` ``prepared``).
 
         Args:
+            prompt: the generation prompt.
+            object_name: the subject name stripped from it (None: keep the prompt).
             stripper: ``regex``, ``spacy`` or ``none``; default: the scorer's.
         """
         text, extras = pf_prompt(prompt, object_name, stripper or self.stripper)
@@ -373,8 +375,10 @@ class Scorer(Encoder):
         """Score one (reference, output, prompt) sample, as ``masc.MaSC.score``.
 
         Args:
-            ref_image, out_image: PIL images (converted to RGB).
-            ref_mask, out_mask: ``[H, W]`` masks of their image's size, uint8 0..255 or float
+            ref_image: the reference PIL image (converted to RGB).
+            ref_mask: ``[H, W]`` mask of the reference's size (as ``out_mask``).
+            out_image: the output PIL image (converted to RGB).
+            out_mask: ``[H, W]`` mask of its image's size, uint8 0..255 or float
                 0..1, foreground non-zero; None (or left out: ``score(ref_image=..., out_image=...,
                 prompt=..., object_name=...)``) when the scorer has a segmenter, which computes
                 it from ``object_name`` (``result.masks`` holds it).
@@ -456,6 +460,7 @@ class Scorer(Encoder):
         runtime/pair_metrics.
 
         Args:
+            items: the encoded pairs (:class:`EncodedPair`).
             with_arrays: fill ``MaSCResult.arrays`` (per-patch maxima and PF attention, for maps).
             stripper: PF prompt stripper for the items without a ``prepared`` prompt (default:
                 the scorer's).

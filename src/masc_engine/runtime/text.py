@@ -40,6 +40,7 @@ class TextSettings:
 
     @classmethod
     def from_manifest(cls, d: dict[str, Any]) -> "TextSettings":
+        """The settings of a manifest's ``text`` section."""
         vocab = d.get("vocab_size")
         return cls(d["tokenizer_file"], int(d["max_length"]), d["padding_side"], d["truncation_side"],
                    int(d["pad_token_id"]), d["pad_token"], int(vocab) if vocab is not None else None)

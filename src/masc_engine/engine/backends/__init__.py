@@ -1,0 +1,1 @@
+"""Inference backends (ONNX Runtime, TensorRT, OpenVINO) behind one runner interface and a registry."""

@@ -64,7 +64,9 @@ def resolve_provider(provider: str) -> str:
 
 
 def provider_options(provider_name: str) -> dict[str, str]:
-    """Options passed with the provider. CUDA: ``use_tf32`` off. ONNX Runtime's CUDA provider runs
+    """Options passed with the provider.
+
+    CUDA: ``use_tf32`` off. ONNX Runtime's CUDA provider runs
     float32 GEMMs in TF32 by default (``use_tf32`` = 1, onnxruntime's CUDA provider options), which
     would make "fp32" on a GPU TF32 and the fp32 fidelity reference not fp32; an fp16/bf16 bundle's
     float32 islands stay fp32 too. (unverified on a GPU: no onnxruntime-gpu run in this project.)"""
@@ -140,7 +142,13 @@ def load_runner(bundle: Bundle, graph: str, *, provider: str = "cpu", precision:
     """An :class:`OrtRunner` for ``graph`` of ``bundle`` in graph ``variant`` (the registry's loader).
 
     Args:
-        options (dict | None): this backend's options (engine/backends/registry.py): ``ort_memory``.
+        bundle: the bundle holding the graph.
+        graph: the graph's name (``vision``, ``pool``, ``text``, ``cp``).
+        provider: ``cpu``, ``cuda`` or a full ONNX Runtime provider name.
+        precision: None or the bundle's own graph precision (checked: the graphs carry it).
+        intra_op_threads: ONNX Runtime's intra-op threads (None: its default).
+        variant: ``portable`` or a variant the bundle holds (``ort-cpu``).
+        options: this backend's options (engine/backends/registry.py): ``ort_memory``.
 
     Raises:
         BackendUnavailableError: the provider is missing, or a precision the graphs do not hold.
@@ -197,6 +205,7 @@ class OrtRunner:
         self._out_args = {a.name: a for a in self.session.get_outputs()}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the graph on host arrays: every input name -> an array of the graph's dtype."""
         outs = self.session.run(self.output_names, {k: feeds[k] for k in self.input_names})
         return dict(zip(self.output_names, outs))
 
@@ -235,7 +244,7 @@ class OrtRunner:
         Args:
             feeds: every input name -> a device array of the graph's dtype (bound by pointer, no
                 copy) or a host numpy array (copied to the device by ONNX Runtime: masks, ids).
-            device (ArrayDevice): where the outputs are allocated; must match the provider (host memory for
+            device: where the outputs are allocated; must match the provider (host memory for
                 the CPU provider, CUDA memory for the CUDA provider).
 
         Returns:

@@ -180,6 +180,7 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
     Args:
         onnx_path: the graph (external weights beside it are found by the parser).
         engine_path: where to write the serialized engine.
+        workspace_gib: TensorRT's builder workspace limit, GiB.
         precision: ``fp32``, ``fp16``, ``bf16`` or ``fp8`` (explicit E4M3 Q/DQ, export/fp8.py): the
             graph's precision (checked by the caller).
         profiles: one or more ``{input: {"min", "opt", "max"}}`` (:func:`trt_profiles.profile_shapes`).

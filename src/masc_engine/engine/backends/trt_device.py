@@ -65,6 +65,7 @@ def import_tensorrt() -> Any:
 
 
 def tensorrt_available() -> bool:
+    """Whether ``import tensorrt`` works here."""
     try:
         import_tensorrt()
         return True

@@ -42,6 +42,7 @@ Profile = dict[str, dict[str, list[int]]]
 
 
 def engine_dir_name(precision: str) -> str:
+    """The engine set's folder inside the bundle: ``tensorrt-<precision>``."""
     return f"tensorrt-{precision}"
 
 
@@ -52,6 +53,8 @@ def rebuild_command(bundle_dir: str | Path, precision: str) -> str:
 
 @dataclass(frozen=True)
 class AxisRange:
+    """One dynamic axis's optimization-profile range: ``1 <= min <= opt <= max``."""
+
     min: int
     opt: int
     max: int
@@ -61,6 +64,7 @@ class AxisRange:
             raise ValueError(f"profile range needs 1 <= min <= opt <= max, got {self}")
 
     def to_list(self) -> list[int]:
+        """``[min, opt, max]``."""
         return [self.min, self.opt, self.max]
 
 
@@ -195,6 +199,8 @@ def activation_bytes(graph: str, manifest: Mapping[str, Any], shapes: Mapping[st
     the build records TensorRT's own figure per profile (``device_memory_bytes``) beside this.
 
     Args:
+        graph: the graph's name (``vision``, ``pool``, ``text``, ``cp``).
+        manifest: the bundle's manifest (the towers' widths and depths).
         shapes: ``{input: shape}`` with every dynamic axis resolved.
         precision: the engine set's precision (``fp32``, ``fp16``, ``bf16``).
 
@@ -261,7 +267,11 @@ def memory_plan(manifest: Mapping[str, Any], precision: str, ranges: Mapping[str
     """The device-memory plan of an engine set at its profile maxima (on paper).
 
     Args:
+        manifest: the bundle's manifest.
+        precision: the engine set's precision (``fp32``, ``fp16``, ``bf16``).
+        ranges: each dynamic axis's profile range (:func:`default_axis_ranges`).
         weights: bytes of each graph's weights (its ONNX files' size: weights dominate them).
+        graphs: the graphs planned (default: every graph of the manifest).
 
     Returns:
         ``{"engines": {graph: {"weights_bytes", "profile_max": {"shapes", "activation_bytes",
@@ -381,6 +391,7 @@ def read_sidecar(bundle_dir: str | Path, precision: str) -> dict[str, Any]:
 
 
 def available_precisions(bundle_dir: str | Path) -> list[str]:
+    """The precisions whose engine set (its sidecar) the bundle holds."""
     return [p for p in PRECISIONS if (Path(bundle_dir) / engine_dir_name(p) / SIDECAR_NAME).is_file()]
 
 

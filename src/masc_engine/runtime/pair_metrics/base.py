@@ -80,6 +80,7 @@ class HostTokens:
         self._memo: dict[int, np.ndarray] = {}
 
     def __call__(self, enc: Any) -> np.ndarray:
+        """The encoding's patch tokens as a host array (converted once per encoding)."""
         if id(enc) not in self._memo:
             self._memo[id(enc)] = self._to_host(enc).tokens
         return self._memo[id(enc)]
@@ -178,7 +179,6 @@ def register(metric: PairMetric) -> PairMetric:
 
 def registered() -> tuple[PairMetric, ...]:
     """Every registered metric, in registration order."""
-
     return tuple(_REGISTRY.values())
 
 
