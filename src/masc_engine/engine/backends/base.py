@@ -6,12 +6,31 @@ Polygraphy-style separation: loading (file, provider, threads) is distinct from 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from ..device import ArrayDevice, DeviceArray
+
+class BundleView(Protocol):
+    """What a backend's ``load_runner`` reads of an engine/bundle.py ``Bundle`` (not imported by
+    the backends: bundle.py reaches them)."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def graph_precision(self) -> str:
+        """The precision the ONNX graphs hold."""
+        ...
+
+    def graph(self, name: str) -> dict[str, Any]:
+        """The manifest's entry for graph ``name``."""
+        ...
+
+    def graph_file(self, graph: str, variant: str = ...) -> Path:
+        """Path of ``graph``'s ONNX file (of ``variant``), its sha256 checked."""
+        ...
 
 
 class Runner(Protocol):
@@ -35,7 +54,9 @@ class Runner(Protocol):
         """Run the graph. ``feeds`` maps every input name to an array of the graph's dtype."""
         ...
 
-    def run_device(self, feeds: dict[str, DeviceArray], device: ArrayDevice) -> dict[str, DeviceArray]:
+    # feeds and outputs: arrays of ``device``, an engine/device.py ArrayDevice (not imported here:
+    # device.py reaches the backend registry, which names this protocol).
+    def run_device(self, feeds: dict[str, Any], device: Any) -> dict[str, Any]:
         """Run the graph on ``device`` memory; returns device arrays."""
         ...
 

@@ -22,7 +22,7 @@ from ...errors import BackendUnavailableError
 from .registry import BACKENDS
 
 if TYPE_CHECKING:
-    from ..bundle import Bundle
+    from .base import BundleView
     from ..device import ArrayDevice, DeviceArray
 
 #: ONNX tensor type strings (``NodeArg.type``) -> numpy dtypes, for the graphs' inputs and outputs.
@@ -116,7 +116,7 @@ def check_available(provider: str = "cpu", precision: str | None = None) -> None
     resolve_provider(provider)
 
 
-def check_graph_precision(bundle: Bundle, provider: str, precision: str | None = None) -> None:
+def check_graph_precision(bundle: BundleView, provider: str, precision: str | None = None) -> None:
     """Refuse, before any session is made, a precision ONNX Runtime cannot give from ``bundle``'s
     graphs (the precision is in the graphs: ``masc-export --precision``) or bf16 graphs on its CPU
     provider.
@@ -136,7 +136,7 @@ def check_graph_precision(bundle: Bundle, provider: str, precision: str | None =
             "kernels); use --provider cuda or --backend tensorrt on a GPU, or an fp16/fp32 bundle on CPU")
 
 
-def load_runner(bundle: Bundle, graph: str, *, provider: str = "cpu", precision: str | None = None,
+def load_runner(bundle: BundleView, graph: str, *, provider: str = "cpu", precision: str | None = None,
                 intra_op_threads: int | None = None, variant: str = "portable",
                 options: Mapping[str, Any] | None = None) -> OrtRunner:
     """An :class:`OrtRunner` for ``graph`` of ``bundle`` in graph ``variant`` (the registry's loader).

@@ -53,8 +53,8 @@ from ...errors import BackendUnavailableError, BundleError
 from ..vendor_telemetry import decline_openvino_telemetry
 
 if TYPE_CHECKING:
-    from ..bundle import Bundle
     from ..device import ArrayDevice, DeviceArray
+    from .base import BundleView
 
 #: ``manifest["precision"]["mode"]`` of a bundle certified for bf16 on OpenVINO's CPU plugin
 #: (export/cpu_precision.py writes it; its graphs are the fp32 export's, unchanged).
@@ -387,7 +387,7 @@ def certificate(manifest: dict[str, Any]) -> dict[str, Any] | None:
     return rec if rec.get("mode") == BF16_CPU_MODE else None
 
 
-def load_runner(bundle: Bundle, graph: str, *, provider: str = "cpu", precision: str | None = None,
+def load_runner(bundle: BundleView, graph: str, *, provider: str = "cpu", precision: str | None = None,
                 intra_op_threads: int | None = None, variant: str = "portable",
                 options: Mapping[str, Any] | None = None) -> OpenVINORunner:
     """An :class:`OpenVINORunner` for one of a bundle's graphs.

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol, cast
 from ...errors import BackendUnavailableError
 
 if TYPE_CHECKING:
-    from ..bundle import Bundle
     from .base import Runner
 
 
@@ -34,7 +33,8 @@ class BackendModule(Protocol):
     def check_available(self, *, provider: str, precision: str | None = None) -> None:
         """Raise :class:`~masc_engine.errors.BackendUnavailableError` unless the backend can run."""
 
-    def load_runner(self, bundle: Bundle, graph: str, *, provider: str, precision: str | None = None,
+    # bundle: an engine/bundle.py Bundle (not imported here: bundle.py imports this registry).
+    def load_runner(self, bundle: Any, graph: str, *, provider: str, precision: str | None = None,
                     intra_op_threads: int | None = None, variant: str = "portable",
                     options: Mapping[str, Any] | None = None) -> Runner:
         """A runner for ``graph`` of ``bundle``."""
@@ -88,7 +88,7 @@ class BackendSpec:
         """
         self._module().check_available(provider=provider or self.default_provider, precision=precision)
 
-    def load_runner(self, bundle: Bundle, graph: str, *, provider: str | None = None, precision: str | None = None,
+    def load_runner(self, bundle: Any, graph: str, *, provider: str | None = None, precision: str | None = None,
                     intra_op_threads: int | None = None, variant: str = "portable",
                     options: Mapping[str, Any] | None = None) -> Runner:
         """A runner for ``graph`` of ``bundle`` on this backend (see the module's ``load_runner``)."""

@@ -92,7 +92,7 @@ from .trt_device import trt_logger as trt_logger
 if TYPE_CHECKING:  # the annotations name TensorRT's classes; the module itself imports it lazily
     import tensorrt as trt
 
-    from ..bundle import Bundle
+    from .base import BundleView
 
 
 # --------------------------------------------------------------------------- runner
@@ -385,7 +385,7 @@ def _check_provider(provider: str) -> None:
                                       "is not possible (use provider='cuda', or backend='onnxruntime')")
 
 
-def load_runner(bundle: Bundle, graph: str, *, provider: str = "cuda", precision: str | None = None,
+def load_runner(bundle: BundleView, graph: str, *, provider: str = "cuda", precision: str | None = None,
                 intra_op_threads: int | None = None, variant: str = "portable",
                 options: Mapping[str, Any] | None = None) -> TrtRunner:
     """A :class:`TrtRunner` for one graph of a bundle's engine set, after every check.
