@@ -27,7 +27,8 @@ def resolve_kind(plan: ExportPlan, out_dir: str | Path) -> ExportPlan:
     if plan.kind is not None:
         return plan
     if plan.engines_only:
-        from ..engine.manifest import BundleError, read_manifest
+        from ..engine.manifest import read_manifest
+        from ..errors import BundleError
 
         try:  # read_manifest caps the read: a huge or sparse manifest.json costs one stat
             kind = read_manifest(out_dir).get("kind")

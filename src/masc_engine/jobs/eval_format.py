@@ -1,8 +1,8 @@
-"""The score tables as text: Markdown, LaTeX (booktabs) and CSV, one cell rule for all.
+r"""The score tables as text: Markdown, LaTeX (booktabs) and CSV, one cell rule for all.
 
 A mean (or difference) with its interval is one cell, ``0.812 [0.700, 0.900]``; a group too small
 for an interval shows its note instead of brackets, ``0.500 (n=1: no CI)``; an undefined value is
-``n/a``. Markdown escapes ``|`` and ``\\``; LaTeX escapes its ten special characters (a method
+``n/a``. Markdown escapes ``|`` and ``\``; LaTeX escapes its ten special characters (a method
 named ``a_b & c%`` prints as those characters). CSV keeps the numbers (one column each: value,
 low, high, note), with the job layer's missing-value convention (:func:`~masc_engine.jobs.tables.csv_cell`).
 """
@@ -30,12 +30,12 @@ _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"
 
 
 def latex_escape(text: Any) -> str:
-    """``text`` as LaTeX prints it literally: ``\\ & % $ # _ { } ~ ^`` escaped (text mode)."""
+    r"""``text`` as LaTeX prints it literally: ``\ & % $ # _ { } ~ ^`` escaped (text mode)."""
     return "".join(_LATEX.get(ch, ch) for ch in str(text))
 
 
 def markdown_escape(text: Any) -> str:
-    """``text`` for a Markdown table cell: ``\\`` and ``|`` escaped, line breaks as spaces."""
+    r"""``text`` for a Markdown table cell: ``\`` and ``|`` escaped, line breaks as spaces."""
     return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
@@ -53,7 +53,9 @@ def ci_cell(value: float, low: float, high: float, note: str = "", digits: int =
     note says ``n=1: no CI``); ``n/a`` when the value is undefined.
 
     Args:
-        value, low, high: floats, NaN for undefined.
+        value: the mean or difference, NaN for undefined.
+        low: the interval's lower end, NaN without an interval.
+        high: the interval's upper end, NaN without an interval.
         note: shown in parentheses when there is no interval.
         digits: decimals.
     """
@@ -112,14 +114,16 @@ def csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
 
 def render(fmt: str, headers: Sequence[str], body: Sequence[Sequence[str]], *, notes: Sequence[str] = (),
            caption: str = "", rows: Sequence[dict] = (), columns: Sequence[str] = ()) -> str:
-    """A table as Markdown (``md``), LaTeX (``latex``, a booktabs ``table``) or CSV (``csv``).
+    r"""A table as Markdown (``md``), LaTeX (``latex``, a booktabs ``table``) or CSV (``csv``).
 
     Args:
         fmt: one of :data:`FORMATS`.
-        headers, body: the cells as shown (``md`` and ``latex``), escaped here.
+        headers: the column titles as shown (``md`` and ``latex``), escaped here.
+        body: the cells as shown, one sequence a row, escaped here.
         notes: lines under the table (``md``: a list; ``latex``: footnote-size paragraphs).
-        caption: the table's title (``md``: bold line; ``latex``: ``\\caption``).
-        rows, columns: ``csv``: the numbers themselves (:func:`csv_text`).
+        caption: the table's title (``md``: bold line; ``latex``: ``\caption``).
+        rows: ``csv``: the numbers themselves, one dict a row (:func:`csv_text`).
+        columns: ``csv``: the keys of ``rows`` written, in order.
 
     Raises:
         ValueError: an unknown ``fmt``.

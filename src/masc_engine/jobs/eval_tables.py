@@ -327,7 +327,8 @@ def compare_table(units: ScoreUnits, a: str | None = None, b: str | None = None)
     Args:
         units: from :func:`score_units` (with ``average_references`` when a method has several
             rows per key).
-        a, b: the methods; both None: the file's two methods, in order of appearance.
+        a: the first method (the minuend); with ``b`` None: the file's first method.
+        b: the second method; both None: the file's two methods, in order of appearance.
 
     Raises:
         DataError: no method or key column, unknown methods, a key repeated within a method, or

@@ -48,7 +48,9 @@ def mean_ci(x: Any, *, n_resamples: int = 1000, confidence: float = 0.95, seed: 
 
     Args:
         x: float array_like, shape ``(n,)``; NaN entries (missing scores) are left out first.
-        n_resamples, confidence, seed: as :func:`~masc_engine.metrics.agreement.bootstrap_ci`.
+        n_resamples: bootstrap resamples (as :func:`~masc_engine.metrics.agreement.bootstrap_ci`).
+        confidence: the interval's coverage in (0, 1).
+        seed: the resampling seed (None: fresh entropy).
 
     Returns:
         CI: ``value`` the mean of the defined values, ``n`` their count; ``low``/``high`` the
@@ -71,9 +73,12 @@ def paired_mean_diff(a: Any, b: Any, *, n_resamples: int = 1000, confidence: flo
     indices once and applies them to both sides (the pairing is kept; Efron & Tibshirani 1993).
 
     Args:
-        a, b: float array_likes, shape ``(n,)``: unit ``i`` of ``a`` is paired with unit ``i`` of
+        a: float array_like, shape ``(n,)``: unit ``i`` of ``a`` is paired with unit ``i`` of
             ``b`` (same subject, prompt, ...). A pair with NaN on either side is left out.
-        n_resamples, confidence, seed: as :func:`~masc_engine.metrics.agreement.bootstrap_diff_ci`.
+        b: float array_like, shape ``(n,)``, the other side of each pair.
+        n_resamples: bootstrap resamples (as :func:`~masc_engine.metrics.agreement.bootstrap_diff_ci`).
+        confidence: the interval's coverage in (0, 1).
+        seed: the resampling seed (None: fresh entropy).
 
     Returns:
         CI: positive when ``a`` scores higher; ``n`` the complete pairs. An interval excluding 0

@@ -493,6 +493,7 @@ def extremes_tables(rows: Sequence[Mapping[str, Any]], opts: ReportOptions,
         opts: ``top_k``, and the method and within columns (shown per row).
         figures: ``figures(row, metric)`` gives a row's images (``metric`` None when the file
             has no maps of that score); default: none.
+        metrics: the metric columns with a table each (masc-report: the file's own).
     """
     cols = ident_columns(rows, opts)
     out = []
