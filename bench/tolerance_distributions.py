@@ -111,8 +111,63 @@ def build(shape: str, seed: int, family: str, work: Path) -> Path:
     return out
 
 
+#: Accepts every figure: an initialisation past today's budget is measured, not refused.
+ACCEPT_ALL = 1e30
+
+
+def _figures(report: dict) -> dict:
+    """The figures of one check's report: max |error|, max relative error, the budget it was held
+    to and, where the check has one, transformers' own float32 relative error (``noise_rel``)."""
+    out = {"max_abs": report["max_abs"], "max_rel": max(k["max_rel"] for k in report["cases"]),
+           "rtol": report.get("rtol"), "past_budget": "override" in report}
+    if "noise_rel" in report:
+        out.update(noise_rel=report["noise_rel"], error_over_noise=report["error_over_noise"])
+    return out
+
+
+def perturbed(shape: str, ckpt: Path, bundle: Path, accept: float | None = ACCEPT_ALL) -> dict:
+    """The validation figures of the exported graphs against a checkpoint with one weight
+    perturbed (what a wrong graph looks like to the validation): CLIPSeg's FiLM bias + 0.5 (as
+    tests/test_segmenter.py), SigLIP2's output LayerNorm bias + 0.5 in one channel (vision
+    ``post_layernorm``, pooling head ``layernorm``, text ``final_layer_norm``). ``accept``: the
+    override the checks run under (None: none, the first check past its budget raises
+    ExportValidationError)."""
+    import torch
+
+    from masc_engine.export.validate import accept_validation_error
+
+    man = json.loads((bundle / "manifest.json").read_text())
+    out = {}
+    with torch.no_grad(), accept_validation_error(accept):
+        if shape.startswith("clipseg"):
+            from masc_engine.export import segmenter_validate as sv
+            from masc_engine.export.segmenter import load_segmenter
+
+            m, processor, _ = load_segmenter(str(ckpt))
+            m.decoder.film_add.bias += 0.5
+            out["decoder"] = _figures(sv.validate_graph("decoder", bundle / man["graphs"]["decoder"]["file"], bundle,
+                                                        m, processor, man["image"], man["text"]))
+            out["end_to_end"] = _figures(sv.validate_end_to_end(bundle, m, processor))
+        else:
+            import transformers
+
+            from masc_engine.export import validate as val
+
+            model = transformers.AutoModel.from_pretrained(ckpt, attn_implementation="eager").eval()
+            processor = transformers.AutoProcessor.from_pretrained(ckpt)
+            vm = model.vision_model
+            for graph, ln in (("vision", vm.post_layernorm), ("pool", vm.head.layernorm),
+                              ("text", model.text_model.final_layer_norm)):
+                ln.bias[0] += 0.5
+                refs = val.torch_references(model, processor, man["image"], man["text"], bundle, graphs=(graph,))
+                out[graph] = _figures(val.check_graph(graph, bundle / man["graphs"][graph]["file"], refs))
+                ln.bias[0] -= 0.5
+    return out
+
+
 def measure(shape: str, seed: int, family: str, work: Path) -> dict:
-    """Export one initialisation and return its validation figures."""
+    """Export one initialisation and return its validation figures, and those of the same graphs
+    against the checkpoint with one weight perturbed (:func:`perturbed`)."""
     from masc_engine.export.exporter import export_bundle
     from masc_engine.export.segmenter import export_segmenter_bundle
     from masc_engine.export.validate import accept_validation_error
@@ -121,16 +176,20 @@ def measure(shape: str, seed: int, family: str, work: Path) -> dict:
     out = work / (ckpt.name + ".bundle")
     t0 = time.time()
     seg = shape.startswith("clipseg")
-    with accept_validation_error(1.0):
+    with accept_validation_error(ACCEPT_ALL):
         if seg:
             export_segmenter_bundle(str(ckpt), out)
         else:
             export_bundle(str(ckpt), out, ort_cpu_variant=False)
+    seconds = round(time.time() - t0, 1)
     v = json.loads((out / "manifest.json").read_text())["validation"]
     checks = SEGMENTER_CHECKS if seg else SIGLIP_CHECKS
-    row = {"shape": shape, "seed": seed, "family": family, "seconds": round(time.time() - t0, 1),
-           "checks": {c: {"max_abs": v[c]["max_abs"], "max_rel": max(k["max_rel"] for k in v[c]["cases"]),
-                          "past_budget": "override" in v[c]} for c in checks}}
+    row = {"shape": shape, "seed": seed, "family": family, "seconds": seconds,
+           "checks": {c: _figures(v[c]) for c in checks}}
+    try:
+        row["perturbed"] = perturbed(shape, ckpt, out)
+    except Exception as e:  # noqa: BLE001 - the export's figures are kept; the failure is recorded
+        row["perturbed"], row["perturbed_error"] = {}, f"{type(e).__name__}: {e}"
     import shutil
 
     shutil.rmtree(out, ignore_errors=True)
@@ -149,10 +208,16 @@ def summarise(rows: list[dict]) -> dict:
             out[shape][family] = {}
             for c in fam[0]["checks"]:
                 s = {"n": len(fam)}
-                for fig in ("max_abs", "max_rel"):
-                    vals = [r["checks"][c][fig] for r in fam]
+                for fig in ("max_abs", "max_rel", "noise_rel", "error_over_noise"):
+                    vals = [r["checks"][c][fig] for r in fam if fig in r["checks"][c]]
+                    if not vals:
+                        continue
                     s[f"median_{fig}"], s[f"max_{fig}"] = statistics.median(vals), max(vals)
                     s[f"max_over_median_{fig}"] = round(max(vals) / statistics.median(vals), 2)
+                wrong = [r["perturbed"][c] for r in fam if c in r.get("perturbed", {})]
+                if wrong:  # a wrong graph's figures: the least of them, and its least ratio to the budget
+                    s["perturbed_min_max_rel"] = min(w["max_rel"] for w in wrong)
+                    s["perturbed_min_over_budget"] = min(w["max_rel"] / w["rtol"] for w in wrong)
                 out[shape][family][c] = s
     return out
 
@@ -160,10 +225,11 @@ def summarise(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10, help="initialisations per shape, split between the families")
-    ap.add_argument("--jobs", type=int, default=2, help="exports at once (each in its own process)")
+    ap.add_argument("--jobs", type=int, default=1, help="exports at once (each in its own process)")
     ap.add_argument("--shapes", default="tiny-naflex,clipseg-tiny,clipseg-tiny-3")
     ap.add_argument("--families", default="default,trained-like")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "tolerance_distributions.json"))
+    ap.add_argument("--resume", action="store_true", help="keep the runs already in --out, measure the others")
     a = ap.parse_args()
     import onnxruntime
     import torch
@@ -171,11 +237,27 @@ def main() -> None:
 
     families = a.families.split(",")
     seeds = range(FIRST_SEED, FIRST_SEED + a.seeds)
-    # per shape, the seeds split between the families (first half default, second trained-like)
-    tasks = [(shape, seed, families[(seed - FIRST_SEED) * len(families) // a.seeds])
+    # per shape, the families alternate seed by seed (a run cut short still holds both)
+    tasks = [(shape, seed, families[(seed - FIRST_SEED) % len(families)])
              for shape in a.shapes.split(",") for seed in seeds]
-    rows = []
+    out = Path(a.out)
+    rows = json.loads(out.read_text())["runs"] if a.resume and out.exists() else []
+    done = {(r["shape"], r["seed"], r["family"]) for r in rows}
+    tasks = [t for t in tasks if t not in done]
     t0 = time.time()
+
+    def write() -> None:
+        result = {"script": "bench/tolerance_distributions.py",
+                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.machine()},
+                  "command": "python bench/tolerance_distributions.py " + " ".join(sys.argv[1:]),
+                  "environment": {"python": platform.python_version(), "torch": torch.__version__,
+                                  "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__,
+                                  "machine": platform.machine()},
+                  "seeds": sorted({r["seed"] for r in rows}), "seconds": round(time.time() - t0),
+                  "summary": summarise(rows), "runs": rows}
+        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
     with tempfile.TemporaryDirectory(prefix="masc-tol-") as tmp, \
             ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(measure, *t, Path(tmp)) for t in tasks]
@@ -183,18 +265,11 @@ def main() -> None:
             rows.append(f.result())
             r = rows[-1]
             print(f"{r['shape']} {r['family']} seed {r['seed']}: " + ", ".join(
-                f"{c} {x['max_abs']:.2e} abs / {x['max_rel']:.2e} rel" for c, x in r["checks"].items())
-                + f" ({r['seconds']:.0f} s)", flush=True)
-    result = {"script": "bench/tolerance_distributions.py", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.machine()},
-              "command": "python bench/tolerance_distributions.py " + " ".join(sys.argv[1:]),
-              "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                              "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__,
-                              "machine": platform.machine()},
-              "seeds": list(range(FIRST_SEED, FIRST_SEED + a.seeds)), "seconds": round(time.time() - t0),
-              "summary": summarise(rows), "runs": rows}
-    Path(a.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {a.out}")
+                f"{c} {x['max_rel']:.2e} rel" + (f" ({x['error_over_noise']:.2g} x noise)" if "noise_rel" in x else "")
+                + (f", wrong {r['perturbed'][c]['max_rel']:.2e}" if c in r["perturbed"] else "")
+                for c, x in r["checks"].items()) + f" ({r['seconds']:.0f} s)", flush=True)
+            write()  # after every initialisation: a run stopped early keeps what it measured
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

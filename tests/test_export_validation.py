@@ -74,3 +74,83 @@ def test_one_element_off_by_ten_budgets_is_refused(graph, naflex_bundle, referen
     assert check(runner, references[graph])["max_abs"] <= atol
     with pytest.raises(ExportValidationError, match=f"graph '{graph}' differs from PyTorch"):
         check(Altered(runner, output, bump), references[graph])
+
+
+# --------------------------------------------------------------------------- segmenter: the noise floor
+
+
+def _seg_cases(max_rel: float, noise_rel: float | None) -> list[dict]:
+    cases = [{"max_abs": max_rel * 100, "max_rel": max_rel, "shape": [1, 352, 352]},
+             {"max_abs": max_rel * 50, "max_rel": max_rel / 2, "shape": [3, 352, 352]}]
+    if noise_rel is not None:
+        cases[0]["noise_rel"], cases[1]["noise_rel"] = noise_rel / 4, noise_rel
+    return cases
+
+
+@pytest.mark.parametrize("check", ["decoder", "end_to_end"])
+def test_an_ill_conditioned_segmenter_is_held_to_its_own_float32_error(check):
+    """Logits in the thousands: transformers' own float32 error is 1e-4 relative; the budget is
+    SEGMENTER_NOISE_FACTOR x that, not the floor, and a figure past it is still refused."""
+    from masc_engine import tolerances as tol
+    from masc_engine.export import segmenter_validate as sv
+
+    floor = tol.segmenter_validation_budget(check, 64)[0]
+    noise = 1e-4
+    assert tol.SEGMENTER_NOISE_FACTOR * noise > 10 * floor  # the case this test is about
+    budget = tol.SEGMENTER_NOISE_FACTOR * noise
+    report = sv._check(check, _seg_cases(0.9 * budget, noise), 64)
+    assert report["rtol"] == budget and report["rtol_floor"] == floor and report["noise_rel"] == noise
+    assert report["error_over_noise"] == pytest.approx(0.9 * tol.SEGMENTER_NOISE_FACTOR)
+    assert "override" not in report and "SEGMENTER_NOISE_FACTOR" in report["budget_from"]
+    with pytest.raises(ExportValidationError, match=r"SEGMENTER_NOISE_FACTOR .* own float32 relative error") as e:
+        sv._check(check, _seg_cases(1.1 * budget, noise), 64)
+    assert e.value.report["max_rel"] == 1.1 * budget
+
+
+@pytest.mark.parametrize("check", ["decoder", "end_to_end"])
+def test_a_well_conditioned_segmenter_keeps_the_floor(check):
+    """A float32 error below floor / factor (or none reported, or below float32's epsilon) leaves
+    the floor in place: refused just above it."""
+    from masc_engine import tolerances as tol
+    from masc_engine.export import segmenter_validate as sv
+
+    floor, source = tol.segmenter_validation_budget(check, 64)
+    for noise in (floor / tol.SEGMENTER_NOISE_FACTOR / 2, None, 0.0):
+        assert sv._check(check, _seg_cases(floor, noise), 64)["rtol"] == floor
+        with pytest.raises(ExportValidationError) as e:
+            sv._check(check, _seg_cases(floor * 1.01, noise), 64)
+        assert e.value.report["budget_from"] == source
+    assert sv._check(check, _seg_cases(floor, 0.0), 64)["noise_rel"] == tol.FLOAT32_EPS
+
+
+def test_the_segmenter_towers_keep_their_own_budgets():
+    """vision and text are not held to the noise floor (their spread is narrow): a large reported
+    float32 error does not widen them."""
+    from masc_engine import tolerances as tol
+    from masc_engine.export import segmenter_validate as sv
+
+    for check in ("vision", "text"):
+        budget = tol.segmenter_validation_budget(check, 64)[0]
+        with pytest.raises(ExportValidationError):
+            sv._check(check, _seg_cases(budget * 1.5, 1e-3), 64)
+
+
+def test_float64_references_restore_the_model_exactly():
+    """The float64 pass leaves the model in float32 with its exact weights, and measures a float32
+    error that is real (> 0) and small (float32 rounding of a 2-layer MLP)."""
+    import torch
+
+    from masc_engine.export.segmenter_validate import _float64
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8)).eval()
+    before = [p.detach().clone() for p in m.parameters()]
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        y32 = m(x)
+        with _float64(m):
+            assert next(m.parameters()).dtype == torch.float64
+            y64 = m(x.double())
+    assert all(p.dtype == torch.float32 and torch.equal(p, b) for p, b in zip(m.parameters(), before))
+    err = float((y32.double() - y64).abs().max() / y64.abs().max())
+    assert 0 < err < 1e-5

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,8 @@ from ..errors import ExportValidationError
 from ..runtime.preprocess import ImageSettings, preprocess_image
 from ..runtime.segmenter import MaskRecipe, Segmenter, sigmoid, threshold_mask
 from ..runtime.text import PromptTokenizer, TextSettings
-from ..tolerances import PIXEL_VALUES_ATOL, SEGMENTER_REDUCED_MIN_MASK_IOU, segmenter_validation_budget
+from ..tolerances import (FLOAT32_EPS, PIXEL_VALUES_ATOL, SEGMENTER_NOISE_FACTOR, SEGMENTER_REDUCED_MIN_MASK_IOU,
+                          segmenter_validation_budget)
 from .validate import (REDUCED_GATES, VALIDATION_SIZES, _check_reduced, cosine_stats, error_stats, refuse_or_accept,
                        synthetic_image)
 
@@ -63,14 +65,61 @@ def _case_references(m, processor) -> list[tuple[list, list, dict]]:
     return _REFERENCES[m]
 
 
+#: The checks whose budget follows transformers' own float32 error on the checkpoint (their error
+#: spread is wide across initialisations: tolerances.SEGMENTER_NOISE_FACTOR).
+NOISE_CHECKS = ("decoder", "end_to_end")
+
+
 def _check(name: str, cases: list[dict], width: int) -> dict:
-    """Raise unless every case's relative error (max |error| / max |reference|) is in budget."""
+    """Raise unless every case's relative error (max |error| / max |reference|) is in budget.
+
+    The budget of ``vision`` and ``text`` is their per-shape constant. For ``decoder`` and
+    ``end_to_end`` it is the larger of that constant (a floor) and ``SEGMENTER_NOISE_FACTOR`` x
+    transformers' own float32 relative error on this checkpoint (the cases' ``noise_rel``: max
+    |float32 - float64| / max |reference|, at least float32's epsilon), so an ill-conditioned
+    checkpoint (logits in the thousands, where float32 rounding alone moves them by 1e-4) is held
+    to its own arithmetic's precision. Cases without ``noise_rel`` get the floor alone.
+    """
     budget, source = segmenter_validation_budget(name, width)
     worst = max(c["max_rel"] for c in cases)
     report = {"max_rel": worst, "rtol": budget, "budget_from": source, "max_abs": max(c["max_abs"] for c in cases),
               "cases": cases}
+    noise = [c["noise_rel"] for c in cases if "noise_rel" in c]
+    if name in NOISE_CHECKS and noise:
+        noise_rel = max(max(noise), FLOAT32_EPS)
+        report.update(noise_rel=noise_rel, rtol_floor=budget, error_over_noise=worst / noise_rel)
+        if SEGMENTER_NOISE_FACTOR * noise_rel > budget:
+            budget = report["rtol"] = SEGMENTER_NOISE_FACTOR * noise_rel
+            source = report["budget_from"] = (
+                f"tolerances.SEGMENTER_NOISE_FACTOR {SEGMENTER_NOISE_FACTOR:g} x transformers' own float32 relative "
+                f"error on this checkpoint {noise_rel:.3g}; floor {report['rtol_floor']:g} from {source}")
     return refuse_or_accept(f"segmenter graph {name!r} differs from transformers", "max relative error", worst,
                             budget, source, report)
+
+
+@contextmanager
+def _float64(m):
+    """``m`` in float64 within the block, back in its own dtype after (float32 -> float64 ->
+    float32 is exact). Transiently holds the weights at twice their float32 size."""
+    dtype = next(m.parameters()).dtype
+    m.double()
+    try:
+        yield m
+    finally:
+        m.to(dtype)
+
+
+def _noise(m, inp, acts, cond, dec32: np.ndarray, full32: np.ndarray) -> dict:
+    """transformers' own float32 error on these inputs: max |float32 - float64| of the decoder's
+    logits (on the same float32 activations and conditional embeddings) and of the full model's."""
+    import torch
+
+    with torch.no_grad(), _float64(m):
+        dec64 = m.decoder(tuple(acts[:, i].double() for i in range(acts.shape[1])), cond.double()).logits
+        full64 = m(input_ids=inp["input_ids"], pixel_values=inp["pixel_values"].double(),
+                   attention_mask=inp["attention_mask"]).logits
+    return {"decoder_noise": float(np.abs(dec64.numpy() - dec32).max()),
+            "logits_noise": float(np.abs(full64.numpy() - full32).max())}
 
 
 def _reference(m, processor, images, prompts) -> dict:
@@ -87,7 +136,8 @@ def _reference(m, processor, images, prompts) -> dict:
                  attention_mask=inp["attention_mask"]).logits
     return {"pixel_values": inp["pixel_values"].numpy(), "input_ids": inp["input_ids"].numpy(),
             "attention_mask": inp["attention_mask"].numpy(), "activations": acts.numpy(),
-            "conditional_embeddings": cond.numpy(), "decoder_logits": dec.numpy(), "logits": full.numpy()}
+            "conditional_embeddings": cond.numpy(), "decoder_logits": dec.numpy(), "logits": full.numpy(),
+            **_noise(m, inp, acts, cond, dec.numpy(), full.numpy())}
 
 
 def check_inputs(bundle_dir: Path, processor, image: dict, text: dict) -> dict:
@@ -139,11 +189,18 @@ def validate_graph(graph: str, path: Path, bundle_dir: Path, m, processor, image
                               "conditional_embeddings": ref["conditional_embeddings"]})["logits"]
             want = ref["decoder_logits"]
         cases.append(cosine_stats(got, want) if gates in REDUCED_GATES else error_stats(got, want))
+        if graph == "decoder" and gates not in REDUCED_GATES:
+            cases[-1]["noise_rel"] = _relative(ref["decoder_noise"], want)
     if gates in REDUCED_GATES:
         # vision: per-token cosines (median and 0.1st percentile gates); text: per-prompt cosine;
         # decoder: per row of the [S, S] logit map (S values each), every row >= the gate.
         return _check_reduced(graph, cases, gates, "tokens" if graph == "vision" else "embedding")
     return _check(graph, cases, int(m.config.vision_config.hidden_size))
+
+
+def _relative(noise: float, ref: np.ndarray) -> float:
+    """``noise`` over max |``ref``| (as error_stats' ``max_rel``)."""
+    return noise / (float(np.abs(ref).max()) or 1.0)
 
 
 def _pad(ids: np.ndarray, length: int, pad_id: int) -> np.ndarray:
@@ -161,6 +218,7 @@ def validate_end_to_end(bundle_dir: Path, m, processor) -> dict:
         seg = Segmenter(bundle_dir, verify=False)
     for images, prompts, ref in _case_references(m, processor):
         cases.append(error_stats(seg.logits(images, prompts), ref["logits"]))
+        cases[-1]["noise_rel"] = _relative(ref["logits_noise"], ref["logits"])
     return _check("end_to_end", cases, int(m.config.vision_config.hidden_size))
 
 
