@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -97,16 +96,11 @@ def _check(name: str, cases: list[dict], width: int) -> dict:
                             budget, source, report)
 
 
-@contextmanager
 def _float64(m):
-    """``m`` in float64 within the block, back in its own dtype after (float32 -> float64 ->
-    float32 is exact). Transiently holds the weights at twice their float32 size."""
-    dtype = next(m.parameters()).dtype
-    m.double()
-    try:
-        yield m
-    finally:
-        m.to(dtype)
+    """A float64 copy of ``m`` (``m`` itself untouched): transiently twice its float32 size more."""
+    import copy
+
+    return copy.deepcopy(m).double()
 
 
 def _noise(m, inp, acts, cond, dec32: np.ndarray, full32: np.ndarray) -> dict:
@@ -114,10 +108,12 @@ def _noise(m, inp, acts, cond, dec32: np.ndarray, full32: np.ndarray) -> dict:
     logits (on the same float32 activations and conditional embeddings) and of the full model's."""
     import torch
 
-    with torch.no_grad(), _float64(m):
-        dec64 = m.decoder(tuple(acts[:, i].double() for i in range(acts.shape[1])), cond.double()).logits
-        full64 = m(input_ids=inp["input_ids"], pixel_values=inp["pixel_values"].double(),
-                   attention_mask=inp["attention_mask"]).logits
+    m64 = _float64(m)
+    with torch.no_grad():
+        dec64 = m64.decoder(tuple(acts[:, i].double() for i in range(acts.shape[1])), cond.double()).logits
+        full64 = m64(input_ids=inp["input_ids"], pixel_values=inp["pixel_values"].double(),
+                     attention_mask=inp["attention_mask"]).logits
+    del m64
     return {"decoder_noise": float(np.abs(dec64.numpy() - dec32).max()),
             "logits_noise": float(np.abs(full64.numpy() - full32).max())}
 
