@@ -1,10 +1,14 @@
-"""The export-validation budgets come from distributions over initialisations, and hold on
-initialisations that were not measured.
+"""The export-validation budgets come from distributions over initialisations, hold on
+initialisations that were not measured, and still refuse a wrong graph.
 
-bench/tolerance_distributions.py measured the validation errors of 10 random initialisations per
-shape (default and trained-like scales; bench/results/tolerance_distributions.json); each budget
-of tolerances.py must cover that maximum with its stated margin and not drift far above it. The
-slow test exports initialisations of other seeds (not in the measurement) and expects no refusal.
+bench/tolerance_distributions.py measured the validation errors of random initialisations per
+shape (default and trained-like scales; bench/results/tolerance_distributions*.json), and for each
+the figures of the same graphs against the checkpoint with one weight perturbed. Every measured
+initialisation must pass its budget with the stated margin (tolerances.VALIDATION_BUDGET_MARGIN),
+no budget may drift far above what it covers, and every perturbed checkpoint must be refused far
+above its budget. The slow tests export initialisations of other seeds (not in the measurement),
+in both families, and expect no refusal, then the same graphs against the perturbed checkpoint and
+expect a refusal.
 """
 
 from __future__ import annotations
@@ -16,44 +20,102 @@ import pytest
 
 from support import REPO
 from masc_engine import tolerances as tol
+from masc_engine.errors import ExportValidationError
 
-RESULTS = REPO / "bench" / "results" / "tolerance_distributions.json"
-#: Which budget holds each measured shape: (table, its key).
-BUDGET_OF = {"tiny-naflex": (tol.EXPORT_VALIDATION_RTOL_BUDGETS, "tiny"),
-             "clipseg-tiny": (tol.SEGMENTER_VALIDATION_BUDGETS, "clipseg-tiny"),
-             "clipseg-tiny-3": (tol.SEGMENTER_VALIDATION_BUDGETS, "clipseg-tiny")}
-
-
-#: The family each budget covers: all initialisations, except the segmenter's decoder and end to
-#: end, whose trained-like tail (logits in the thousands) overlaps a wrong graph's error
-#: (tolerances.py SEGMENTER_VALIDATION_BUDGETS): those cover the default family.
-FAMILY = {("clipseg-tiny", "decoder"): "default", ("clipseg-tiny", "end_to_end"): "default"}
-
-
-def _summary() -> dict:
-    return json.loads(RESULTS.read_text())["summary"]
-
-
-def test_every_shape_was_measured_over_ten_initialisations_of_both_scales():
-    runs = json.loads(RESULTS.read_text())["runs"]
-    for shape in BUDGET_OF:
-        mine = [r for r in runs if r["shape"] == shape]
-        assert len({r["seed"] for r in mine}) >= 10, shape
-        assert {r["family"] for r in mine} == {"default", "trained-like"}, shape
+RESULTS = REPO / "bench" / "results"
+OLD = "tolerance_distributions.json"  # relative errors only (before the float64 references)
+#: Per measured shape: its budget table and the table's key, its results files (with the checks
+#: each is read for; None: every check), and the fewest initialisations of the full measurement
+#: (the real shapes ran for as long as the 2 shared cores allowed, see tolerances.py).
+SHAPES = {
+    "tiny-naflex": (tol.EXPORT_VALIDATION_RTOL_BUDGETS, "tiny", [(OLD, None)], 10),
+    "clipseg-tiny": (tol.SEGMENTER_VALIDATION_BUDGETS, "clipseg-tiny",
+                     [(OLD, ("vision", "text")), ("tolerance_distributions_clipseg-tiny.json", None)], 4),
+    "clipseg-tiny-3": (tol.SEGMENTER_VALIDATION_BUDGETS, "clipseg-tiny",
+                       [(OLD, ("vision", "text")), ("tolerance_distributions_clipseg-tiny.json", None)], 4),
+}
+#: The clipseg-tiny-3-shaped checkpoint refused before these budgets (relative error; tolerances.py
+#: SEGMENTER_VALIDATION_BUDGETS): the floors of the decoder and end to end cover it.
+ONCE_REFUSED = {"decoder": 6.02e-6, "end_to_end": 1.55e-5}
+#: A wrong graph (one weight perturbed) must give at least this many times its budget.
+MIN_SEPARATION = 10
 
 
-@pytest.mark.parametrize("key", sorted({k for _, k in BUDGET_OF.values()}))
-def test_budgets_cover_the_measured_maximum_with_their_margin(key):
-    """Each budget >= margin x the largest error of the shapes it holds, and within 10x of it."""
-    shapes = [s for s, (_, k) in BUDGET_OF.items() if k == key]
-    table = BUDGET_OF[shapes[0]][0]
-    summary = _summary()
-    for check in summary[shapes[0]]["all"]:
-        family = FAMILY.get((key, check), "all")
-        worst = max(summary[s][family][check]["max_max_rel"] for s in shapes)
-        budget = table[key][check]
-        assert worst * tol.VALIDATION_BUDGET_MARGIN <= budget, (key, check, worst, budget)
-        assert budget <= worst * tol.VALIDATION_BUDGET_MARGIN * 10, (key, check, worst, budget)  # not drifting
+def _runs(shape: str, full_only: bool = False) -> list[dict]:
+    """The shape's runs over its results files, each with only the checks read from its file."""
+    out = []
+    for name, checks in SHAPES[shape][2]:
+        if full_only and checks is not None:
+            continue
+        for r in json.loads((RESULTS / name).read_text())["runs"]:
+            if r["shape"] == shape:
+                keep = checks or tuple(r["checks"])
+                out.append({**r, "checks": {c: f for c, f in r["checks"].items() if c in keep},
+                            "perturbed": {c: f for c, f in r.get("perturbed", {}).items() if c in keep}})
+    return out
+
+
+def budget_of(shape: str, check: str, figures: dict) -> float:
+    """The budget a run's check is held to by today's tolerances: the per-shape constant, or for the
+    segmenter's decoder and end to end the larger of it and SEGMENTER_NOISE_FACTOR x the run's
+    float32 error (export/segmenter_validate.py ``_check``)."""
+    table, key = SHAPES[shape][:2]
+    budget = table[key][check]
+    if "noise_rel" in figures:
+        budget = max(budget, tol.SEGMENTER_NOISE_FACTOR * max(figures["noise_rel"], tol.FLOAT32_EPS))
+    return budget
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_shape_was_measured_over_initialisations_of_both_scales(shape):
+    runs = _runs(shape, full_only=True)
+    assert len({r["seed"] for r in runs}) >= SHAPES[shape][3], shape
+    assert {r["family"] for r in runs} == {"default", "trained-like"}, shape
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_measured_initialisation_passes_with_the_margin(shape):
+    """margin x each run's figure <= the budget it is held to, for every run of both families."""
+    for r in _runs(shape):
+        for check, f in r["checks"].items():
+            budget = budget_of(shape, check, f)
+            assert f["max_rel"] * tol.VALIDATION_BUDGET_MARGIN <= budget, (shape, r["seed"], r["family"], check)
+
+
+def test_budgets_do_not_drift_far_above_what_they_cover():
+    """Each per-shape constant within 10 x margin x the largest figure it covers (the floor of the
+    decoder and end to end: of the default family and of the checkpoint once refused, which it
+    holds); the noise factor within 10 x margin x the largest error / float32-error ratio measured."""
+    worst: dict = {(id(tol.SEGMENTER_VALIDATION_BUDGETS), "clipseg-tiny", c): v for c, v in ONCE_REFUSED.items()}
+    ratios = []
+    for shape in SHAPES:
+        key = SHAPES[shape][:2]
+        for r in _runs(shape):
+            for check, f in r["checks"].items():
+                if "noise_rel" in f:
+                    ratios.append(f["max_rel"] / max(f["noise_rel"], tol.FLOAT32_EPS))
+                    if r["family"] != "default":
+                        continue
+                k = (id(key[0]), key[1], check)
+                worst[k] = max(worst.get(k, 0.0), f["max_rel"])
+    tables = {id(t): t for t, _, _, _ in SHAPES.values()}
+    for (tid, key, check), w in worst.items():
+        assert tables[tid][key][check] <= w * tol.VALIDATION_BUDGET_MARGIN * 10, (key, check, w)
+    assert ratios and tol.SEGMENTER_NOISE_FACTOR >= max(ratios) * tol.VALIDATION_BUDGET_MARGIN
+    assert tol.SEGMENTER_NOISE_FACTOR <= max(ratios) * tol.VALIDATION_BUDGET_MARGIN * 10
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_perturbed_weight_stays_far_above_the_budget(shape):
+    """Over every measured initialisation with a perturbed-weight record: the wrong graph's figure
+    >= MIN_SEPARATION x the budget it is held to (its own float32 error counted)."""
+    seen = 0
+    for r in _runs(shape):
+        for check, f in r.get("perturbed", {}).items():
+            seen += 1
+            assert f["max_rel"] >= MIN_SEPARATION * budget_of(shape, check, f), (shape, r["seed"], check, f)
+    if shape.startswith("clipseg"):
+        assert seen >= 2 * SHAPES[shape][3]  # decoder and end to end of every run
 
 
 def _bench():
@@ -64,26 +126,36 @@ def _bench():
     return mod
 
 
-#: Initialisations the measurement did not use (it uses seeds FIRST_SEED .. FIRST_SEED + 9), per
-#: shape, in the families their budgets cover.
-UNSEEN = [(shape, 9001, "default") for shape in BUDGET_OF] + [("tiny-naflex", 9002, "trained-like"),
-          ("tiny-naflex", 9003, "trained-like"), ("clipseg-tiny", 9002, "default"), ("clipseg-tiny-3", 9002, "default")]
+#: Initialisations no measurement used (they use seeds FIRST_SEED ..), both families, per tiny
+#: preset (clipseg-tiny-3: a checkpoint of this shape was once refused).
+UNSEEN = [("tiny-naflex", 9001, "default"), ("tiny-naflex", 9002, "trained-like"),
+          ("clipseg-tiny", 9001, "default"), ("clipseg-tiny", 9002, "trained-like"),
+          ("clipseg-tiny-3", 9001, "default"), ("clipseg-tiny-3", 9002, "trained-like"),
+          ("clipseg-tiny-3", 9003, "trained-like")]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape, seed, family", UNSEEN)
-def test_unseen_initialisations_export_without_refusal(shape, seed, family, tmp_path):
+def test_unseen_initialisations_export_and_a_perturbed_weight_is_refused(shape, seed, family, tmp_path):
     pytest.importorskip("torch", reason="exporting needs the export extra (torch)")
     from masc_engine.export.exporter import export_bundle
     from masc_engine.export.segmenter import export_segmenter_bundle
 
     bench = _bench()
-    assert seed not in json.loads(RESULTS.read_text())["seeds"]
+    for f in {name for s in SHAPES.values() for name, _ in s[2]}:
+        assert seed not in json.loads((RESULTS / f).read_text())["seeds"]
     ckpt = bench.build(shape, seed, family, tmp_path)
     out = tmp_path / "bundle"
     if shape.startswith("clipseg"):
-        export_segmenter_bundle(str(ckpt), out)
+        export_segmenter_bundle(str(ckpt), out)  # no override: a refusal raises here
     else:
         export_bundle(str(ckpt), out, ort_cpu_variant=False)
     v = json.loads((out / "manifest.json").read_text())["validation"]
     assert not [c for c, r in v.items() if isinstance(r, dict) and "override" in r]
+    # the same graphs against the checkpoint with one weight perturbed: every check past its budget
+    wrong = bench.perturbed(shape, ckpt, out)
+    assert set(wrong) == ({"decoder", "end_to_end"} if shape.startswith("clipseg") else {"vision", "pool", "text"})
+    for check, f in wrong.items():
+        assert f["past_budget"] and f["max_rel"] >= MIN_SEPARATION * f["rtol"], (check, f)
+    with pytest.raises(ExportValidationError, match="differs from"):
+        bench.perturbed(shape, ckpt, out, accept=None)

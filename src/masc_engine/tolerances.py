@@ -110,38 +110,50 @@ def export_validation_rtol(graph: str, width: int) -> tuple[float, str]:
 #: tokenizer, the three graphs -> logits), on batch 1 and 3 (traced at 2), images of 224 x 288,
 #: 480 x 160, 37 x 41 and 512 x 512. Relative, because random weights give activations and logits
 #: (hundreds) of another scale than the real checkpoint's, and a scale-free bound carries over.
-#: Measured by bench/tolerance_distributions.py (bench/results/tolerance_distributions.json) over
-#: 20 initialisations of two widths <= 64 (clipseg-tiny: vision 64 x 4 layers; clipseg-tiny-3:
+#: vision and text: VALIDATION_BUDGET_MARGIN x the max, rounded up, measured by
+#: bench/tolerance_distributions.py over 20 initialisations of two widths <= 64
+#: (bench/results/tolerance_distributions.json; clipseg-tiny: vision 64 x 4 layers; clipseg-tiny-3:
 #: text 32 x 2, vision 32 x 3, projection 32, reduce_dim 16, extract layers [1, 2], a shape once
 #: refused at 6.0e-6 on the decoder), each 5 default and 5 trained-like, relative error:
 #:   vision     median 1.0e-6 / 1.1e-6, max 1.3e-6 / 2.0e-6  -> budget 7e-6
-#:   text       median 3.9e-7 / 4.4e-7, max 5.2e-7 / 7.7e-7  -> budget 3e-6
-#:   decoder    default median 4.1e-7 / 5.0e-7, max 5.9e-7 / 8.4e-7 (clipseg-tiny / clipseg-tiny-3);
-#:              trained-like median 2.7e-6 / 5.7e-6, max 1.2e-5 / 1.2e-4
-#:   end_to_end default median 1.0e-6 / 1.7e-6, max 1.3e-6 / 2.4e-6;
-#:              trained-like median 2.8e-5 / 3.4e-5, max 7.8e-5 / 1.3e-4
-#: vision and text: VALIDATION_BUDGET_MARGIN x the max over all 20, rounded up. decoder and end to
-#: end: the trained-like family (logits in the thousands, beyond the hundreds random weights give
-#: and the order 10 of the real checkpoint) is heavy-tailed: an unseen trained-like seed gave 1.9e-3
-#: end to end, as large as a wrong graph's error (a FiLM bias off by 0.5: 2.7e-3,
-#: tests/test_segmenter.py), so no budget covers it and still refuses wrong graphs: such a
-#: checkpoint is refused with the way out (masc-export --accept-validation-error). Their budgets
-#: are VALIDATION_BUDGET_MARGIN x the max of the default family together with the one checkpoint
-#: of the clipseg-tiny-3 shape refused before these budgets (decoder 6.02e-6, end to end 1.55e-5),
-#: rounded up: decoder 2e-5, end to end 5e-5.
-#: clipseg-rd64 (width 768, 12 layers; CIDAS/clipseg-rd64-refined's shapes) has one default-init
-#: measurement (vision 1.14e-6, text 1.03e-6, decoder 9.4e-7, end to end 2.27e-6); its budgets are
-#: the larger of 10x that and the tiny budgets: EXTRAPOLATED, not measured over initialisations.
+#:   text       median 3.9e-7 / 4.4e-7, max 5.2e-7 / 7.7e-7
+#: and over the initialisations of the same shapes measured again with the float64 references
+#: (bench/results/tolerance_distributions_clipseg-tiny.json, seeds alternating default /
+#: trained-like): vision median 1.0e-6, max 1.1e-6; text median 4.2e-7, max 1.2e-6 (clipseg-tiny-3,
+#: default seed 102: 1.5x the earlier max). Budgets over all of them: vision 7e-6, text 4e-6.
+#: decoder and end to end: the relative error of a trained-like initialisation (logits in the
+#: thousands) spreads over two decades (1.7e-6 .. 1.3e-4 over 5 seeds, 1.9e-3 on another) because
+#: float32 itself does: transformers' own float32 logits differ from the same model's float64
+#: logits by as much (measured 0.22 on logits of 1950, where ONNX Runtime's differ by 0.26). Their
+#: budget is therefore the LARGER of the floor below and SEGMENTER_NOISE_FACTOR x that float32
+#: error measured on the checkpoint at export (``noise_rel``: max |float32 - float64| /
+#: max |reference|, at least FLOAT32_EPS). The floors (decoder 2e-5, end to end 5e-5) are
+#: VALIDATION_BUDGET_MARGIN x the max of the default family together with the one checkpoint of
+#: the clipseg-tiny-3 shape refused before these budgets (decoder 6.02e-6, end to end 1.55e-5),
+#: rounded up; default family median / max (tolerance_distributions.json, 5 each):
+#:   decoder    4.1e-7 / 5.9e-7 (clipseg-tiny), 5.0e-7 / 8.4e-7 (clipseg-tiny-3)
+#:   end_to_end 1.0e-6 / 1.3e-6 (clipseg-tiny), 1.7e-6 / 2.4e-6 (clipseg-tiny-3)
+#: A wrong graph stays far above: the FiLM bias off by 0.5 (tests/test_segmenter.py) gives 1.7e-3 ..
+#: 9.0e-2 over the measured initialisations, >= 33x its budget (the least: clipseg-tiny, default
+#: seed 100, end to end 1.7e-3 against the 5e-5 floor; trained-like: >= 64x).
+#: clipseg-rd64 (width 768, 12 layers; CIDAS/clipseg-rd64-refined's shapes): CLIPSEG_RD64_MEASURED.
 #: Real weights unmeasured (none could be downloaded).
 SEGMENTER_VALIDATION_BUDGETS: dict[str, dict] = {
-    "clipseg-tiny": {"width": 64, "layers": 4, "vision": 7e-6, "text": 3e-6, "decoder": 2e-5, "end_to_end": 5e-5},
+    "clipseg-tiny": {"width": 64, "layers": 4, "vision": 7e-6, "text": 4e-6, "decoder": 2e-5, "end_to_end": 5e-5},
     "clipseg-rd64": {"width": 768, "layers": 12, "vision": 2e-5, "text": 2e-5, "decoder": 2e-5, "end_to_end": 5e-5},
 }
 #: The decoder's and end-to-end budget of a checkpoint is the larger of its floor above and this
-#: factor x transformers' own float32 relative error on the checkpoint (max |float32 - float64| /
-#: max |reference| of the same transformers model on the same inputs; export/segmenter_validate.py
-#: ``_check``). PROVISIONAL: set from bench/tolerance_distributions.py's ratio distribution below.
-SEGMENTER_NOISE_FACTOR = 10.0
+#: factor x transformers' own float32 relative error on the checkpoint (export/segmenter_validate.py
+#: ``_check``). Measured by bench/tolerance_distributions.py: max relative error / that float32
+#: error, both families (bench/results/tolerance_distributions_clipseg-tiny.json, clipseg-tiny and
+#: clipseg-tiny-3, 4 initialisations each, seeds 100-103 alternating default / trained-like),
+#: median / max per family (clipseg-tiny; clipseg-tiny-3):
+#:   decoder    default 0.84 / 0.84; 0.93 / 1.0     trained-like 0.19 / 0.19; 0.44 / 0.47
+#:   end_to_end default 0.98 / 1.0;  0.90 / 0.94    trained-like 1.4 / 1.8;   1.4 / 1.4
+#: (the export's error is of the order of transformers' own float32 error, in both families, while
+#: the relative error itself spans 4.1e-7 .. 4.9e-5 over the same initialisations).
+#: Budget: VALIDATION_BUDGET_MARGIN x the max over every initialisation and shape, rounded up.
+SEGMENTER_NOISE_FACTOR = 6.0
 #: float32's machine epsilon (2^-23): the least relative float32 error a reference is credited with.
 FLOAT32_EPS = 2.0**-23
 #: A segmenter wider than every measured shape: no measurement, a generic bound (an export bug
