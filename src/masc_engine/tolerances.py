@@ -142,11 +142,22 @@ def export_validation_rtol(graph: str, width: int) -> tuple[float, str]:
 #: A wrong graph stays far above: the FiLM bias off by 0.5 (tests/test_segmenter.py) gives 1.7e-3 ..
 #: 9.0e-2 over the measured initialisations, >= 33x its budget (the least: clipseg-tiny, default
 #: seed 100, end to end 1.7e-3 against the 5e-5 floor; trained-like: >= 64x).
-#: clipseg-rd64 (width 768, 12 layers; CIDAS/clipseg-rd64-refined's shapes): CLIPSEG_RD64_MEASURED.
+#: clipseg-rd64 (width 768, 12 layers; CIDAS/clipseg-rd64-refined's shapes):
+#: bench/results/tolerance_distributions_clipseg-rd64.json, 2 initialisations (seed 100 default, 101 trained-like) (about 6 minutes per export
+#: on the 2 shared cores, so no more fitted): relative error / float32 error (ratio)
+#:   default seed 100:       vision 1.2e-6, text 1.0e-6, decoder 1.0e-6 (1.08), end to end 1.7e-6 (1.06)
+#:   trained-like seed 101:  vision 9.9e-7, text 1.3e-6, decoder 1.5e-4 (10),   end to end 1.0e-4 (1.0)
+#: vision and text keep their earlier budgets (2e-5, 10x one measurement: >= 16x the measured);
+#: the decoder and end-to-end floors are VALIDATION_BUDGET_MARGIN x the default measurement,
+#: rounded up (4e-6, 6e-6): at this width the FiLM bias off by 0.5 moves the logits by only 1.1e-4
+#: relative, so the floors carried over from the tiny shape (2e-5, 5e-5) let it within 2.2x; at
+#: these floors and SEGMENTER_NOISE_FACTORS['clipseg-rd64'] it is refused at 2.7x / 1.8x its budget
+#: (default draw); at the trained-like draw it is within float32's own error and not refused. Two
+#: initialisations, not a distribution.
 #: Real weights unmeasured (none could be downloaded).
 SEGMENTER_VALIDATION_BUDGETS: dict[str, dict] = {
     "clipseg-tiny": {"width": 64, "layers": 4, "vision": 7e-6, "text": 4e-6, "decoder": 2e-5, "end_to_end": 5e-5},
-    "clipseg-rd64": {"width": 768, "layers": 12, "vision": 2e-5, "text": 2e-5, "decoder": 2e-5, "end_to_end": 5e-5},
+    "clipseg-rd64": {"width": 768, "layers": 12, "vision": 2e-5, "text": 2e-5, "decoder": 4e-6, "end_to_end": 6e-6},
 }
 #: The decoder's and end-to-end budget of a checkpoint is the larger of its floor above and this
 #: factor x transformers' own float32 relative error on the checkpoint (export/segmenter_validate.py
@@ -160,6 +171,23 @@ SEGMENTER_VALIDATION_BUDGETS: dict[str, dict] = {
 #: the relative error itself spans 4.1e-7 .. 4.9e-5 over the same initialisations).
 #: Budget: VALIDATION_BUDGET_MARGIN x the max over every initialisation and shape, rounded up.
 SEGMENTER_NOISE_FACTOR = 6.0
+#: The factor per measured segmenter shape (a model takes the smallest measured shape at least as
+#: wide as its vision tower, as SEGMENTER_VALIDATION_BUDGETS). clipseg-rd64: 2 initialisations
+#: (tolerance_distributions_clipseg-rd64.json): decoder ratio 1.08 (default) and 10 (trained-like:
+#: ONNX Runtime's decoder error 1.5e-4 relative where transformers' own float32 error is 1.5e-5),
+#: end to end 1.06 and 1.0 -> 3 x 10.1, rounded up: 40. At that trained-like draw the FiLM bias off by 0.5 moves
+#: the logits by LESS than the correct export's own error (1.3e-4 against 1.5e-4): no budget there
+#: can refuse that perturbation and accept the checkpoint.
+SEGMENTER_NOISE_FACTORS: dict[str, float] = {"clipseg-tiny": SEGMENTER_NOISE_FACTOR, "clipseg-rd64": 40.0}
+
+
+def segmenter_noise_factor(width: int) -> tuple[float, str]:
+    """The noise factor (``SEGMENTER_NOISE_FACTORS``) of a segmenter whose vision tower is
+    ``width`` wide: ``(factor, where it comes from)``; wider than every measured shape: the largest."""
+    for name, b in sorted(SEGMENTER_VALIDATION_BUDGETS.items(), key=lambda kv: kv[1]["width"]):
+        if width <= b["width"]:
+            return SEGMENTER_NOISE_FACTORS[name], f"tolerances.SEGMENTER_NOISE_FACTORS[{name!r}]"
+    return max(SEGMENTER_NOISE_FACTORS.values()), "tolerances.SEGMENTER_NOISE_FACTORS, unmeasured shape: the largest"
 #: float32's machine epsilon (2^-23): the least relative float32 error a reference is credited with.
 FLOAT32_EPS = 2.0**-23
 #: A segmenter wider than every measured shape: no measurement, a generic bound (an export bug

@@ -35,7 +35,7 @@ from ..errors import ExportValidationError
 from ..runtime.preprocess import ImageSettings, preprocess_image
 from ..runtime.segmenter import MaskRecipe, Segmenter, sigmoid, threshold_mask
 from ..runtime.text import PromptTokenizer, TextSettings
-from ..tolerances import (FLOAT32_EPS, PIXEL_VALUES_ATOL, SEGMENTER_NOISE_FACTOR, SEGMENTER_REDUCED_MIN_MASK_IOU,
+from ..tolerances import (FLOAT32_EPS, PIXEL_VALUES_ATOL, SEGMENTER_REDUCED_MIN_MASK_IOU, segmenter_noise_factor,
                           segmenter_validation_budget)
 from .validate import (REDUCED_GATES, VALIDATION_SIZES, _check_reduced, cosine_stats, error_stats, refuse_or_accept,
                        synthetic_image)
@@ -73,7 +73,7 @@ def _check(name: str, cases: list[dict], width: int) -> dict:
     """Raise unless every case's relative error (max |error| / max |reference|) is in budget.
 
     The budget of ``vision`` and ``text`` is their per-shape constant. For ``decoder`` and
-    ``end_to_end`` it is the larger of that constant (a floor) and ``SEGMENTER_NOISE_FACTOR`` x
+    ``end_to_end`` it is the larger of that constant (a floor) and ``SEGMENTER_NOISE_FACTORS`` x
     transformers' own float32 relative error on this checkpoint (the cases' ``noise_rel``: max
     |float32 - float64| / max |reference|, at least float32's epsilon), so an ill-conditioned
     checkpoint (logits in the thousands, where float32 rounding alone moves them by 1e-4) is held
@@ -87,10 +87,11 @@ def _check(name: str, cases: list[dict], width: int) -> dict:
     if name in NOISE_CHECKS and noise:
         noise_rel = max(max(noise), FLOAT32_EPS)
         report.update(noise_rel=noise_rel, rtol_floor=budget, error_over_noise=worst / noise_rel)
-        if SEGMENTER_NOISE_FACTOR * noise_rel > budget:
-            budget = report["rtol"] = SEGMENTER_NOISE_FACTOR * noise_rel
+        factor, factor_from = segmenter_noise_factor(width)
+        if factor * noise_rel > budget:
+            budget = report["rtol"] = factor * noise_rel
             source = report["budget_from"] = (
-                f"tolerances.SEGMENTER_NOISE_FACTOR {SEGMENTER_NOISE_FACTOR:g} x transformers' own float32 relative "
+                f"{factor_from} {factor:g} x transformers' own float32 relative "
                 f"error on this checkpoint {noise_rel:.3g}; floor {report['rtol_floor']:g} from {source}")
     return refuse_or_accept(f"segmenter graph {name!r} differs from transformers", "max relative error", worst,
                             budget, source, report)
