@@ -7,7 +7,10 @@ when those are missing (a runtime-only install); CI installs them (see .ci/run).
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
+import socket
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -25,6 +28,40 @@ def pytest_configure(config):
 def photo_dir(request) -> Path:
     """A real-photo set folder (``pairs.csv``, ``gallery.csv``, ``images/``, ``masks/``)."""
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _what_starts_processes_is_marked(request, monkeypatch):
+    """A test that starts a process (a command, a worker, a Ray cluster, a browser) or a server
+    listening on a socket carries ``@pytest.mark.slow``, so that ``-m "not slow"`` stays the inner
+    loop and the slow inventory stays complete. What the test itself starts is seen (fixtures of a
+    wider scope start before this one and are not counted)."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    started: list[str] = []
+    popen_init, process_start, listen = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start, \
+        socket.socket.listen
+
+    def on_popen(self, args, *a, **k):
+        if not (isinstance(args, (list, tuple)) and args[:1] == ["uname"]):  # platform.processor()'s own query
+            started.append(f"the command {str(args)[:80]}")
+        return popen_init(self, args, *a, **k)
+
+    def on_start(self):
+        started.append("a multiprocessing worker")
+        return process_start(self)
+
+    def on_listen(self, *a):
+        started.append("a server listening on a socket")
+        return listen(self, *a)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", on_popen)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", on_start)
+    monkeypatch.setattr(socket.socket, "listen", on_listen)
+    yield
+    if started:
+        pytest.fail(f"{request.node.nodeid} started {started[0]} without @pytest.mark.slow", pytrace=False)
 
 
 _PILLOW_MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS

@@ -99,6 +99,7 @@ def _refused_by_masc_run(b: Path, tmp_path: Path, *parts: str, pairs: Path = EXA
 
 # ------------------------------------------------------------------ names that leave the folder
 
+@pytest.mark.slow
 def test_graph_named_through_dotdot_with_its_hash_is_refused(bundle, tmp_path):
     """The fused vision graph at ``../outside/`` (its sha256 listed), reading halved weights
     beside it: refused before anything is read from there."""
@@ -117,6 +118,7 @@ def test_graph_named_through_dotdot_with_its_hash_is_refused(bundle, tmp_path):
     assert line.startswith(f"Error: bundle {bundle}: manifest ")
 
 
+@pytest.mark.slow
 def test_absolute_graph_name_is_refused(bundle, tmp_path):
     target = tmp_path / "outside" / "pool.onnx"
     shutil.copy(bundle / "pool.onnx", target)
@@ -131,6 +133,7 @@ def test_absolute_graph_name_is_refused(bundle, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["pool.onnx", "vision.onnx.data", "tokenizer.json"])
+@pytest.mark.slow
 def test_symlink_leading_out_is_refused(bundle, tmp_path, name):
     """Same bytes, same hash, but a symlink to a file outside the folder: refused."""
     target = tmp_path / "outside" / name
@@ -157,6 +160,7 @@ def test_symlinks_inside_the_folder_are_followed_and_what_the_graph_reads_is_has
     assert b._graphs_checked == {"vision.ort-cpu.onnx", "vision.onnx", "text.ort-cpu.onnx", "text.onnx"}
 
 
+@pytest.mark.slow
 def test_tokenizer_named_etc_passwd_is_refused(bundle, tmp_path):
     passwd = Path("/etc/passwd")
     if not passwd.is_file():
@@ -173,6 +177,7 @@ def test_tokenizer_named_etc_passwd_is_refused(bundle, tmp_path):
 
 # ------------------------------------------------------------------ external data named inside a graph
 
+@pytest.mark.slow
 def test_external_data_location_outside_is_refused(bundle, tmp_path):
     """The fused graph itself points its weights at ``../outside/`` (halved weights there), its
     own hash updated; the manifest still lists the bundle's intact weight file."""
@@ -186,6 +191,7 @@ def test_external_data_location_outside_is_refused(bundle, tmp_path):
     _refused_by_masc_run(bundle, tmp_path, "external data location", "'../outside/vision.onnx.data'")
 
 
+@pytest.mark.slow
 def test_external_data_not_hashed_is_refused(bundle, tmp_path):
     """The graph reads ``extra.data`` (halved weights, inside the folder) while the manifest
     hashes ``vision.onnx.data``: the bytes the runtime would read are not checked, so refused."""
@@ -212,6 +218,7 @@ def test_external_data_modified_is_refused_even_when_the_manifest_omits_it(bundl
 
 # ------------------------------------------------------------------ files that do not load
 
+@pytest.mark.slow
 def test_tokenizer_that_does_not_parse_is_one_line(bundle, tmp_path):
     (bundle / "tokenizer.json").write_text('{"not": "a tokenizer"}')
     _rehash(bundle, "tokenizer.json")
@@ -223,6 +230,7 @@ def test_tokenizer_that_does_not_parse_is_one_line(bundle, tmp_path):
     _refused_by_masc_run(bundle, tmp_path, "tokenizer.json could not be parsed")
 
 
+@pytest.mark.slow
 def test_graph_onnxruntime_cannot_load_is_one_line(bundle, tmp_path):
     """A well-formed ONNX file, hash listed, with an operator ONNX Runtime does not have."""
     onnx = pytest.importorskip("onnx", reason="writing a graph needs onnx (export extra)")
@@ -240,6 +248,7 @@ def test_graph_onnxruntime_cannot_load_is_one_line(bundle, tmp_path):
     _refused_by_masc_run(bundle, tmp_path, "could not load its pool graph")
 
 
+@pytest.mark.slow
 def test_graph_that_is_not_onnx_is_one_line(bundle, tmp_path):
     (bundle / "pool.onnx").write_bytes(b"\xff" * 64)
     _rehash(bundle, "pool.onnx")
@@ -272,6 +281,7 @@ BAD_NUMBERS = [
 
 
 @pytest.mark.parametrize("field,value,expect", BAD_NUMBERS, ids=[b[0] for b in BAD_NUMBERS])
+@pytest.mark.slow
 def test_manifest_numbers_are_range_checked_at_load(bundle, tmp_path, field, value, expect):
     """Refused by ``Bundle`` before any row (not a MemoryError or ZeroDivisionError at the first
     image); masc-run on rows whose images are missing (nothing to preprocess) still refuses."""
@@ -294,6 +304,7 @@ def test_manifest_that_is_not_an_object_is_one_line(bundle):
 
 # ------------------------------------------------------------------ the other commands
 
+@pytest.mark.slow
 def test_masc_rank_refuses_a_bad_bundle_in_one_line(bundle, tmp_path):
     _edit(bundle, lambda m: _set(m, "image.patch_size", 0))
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -304,6 +315,7 @@ def test_masc_rank_refuses_a_bad_bundle_in_one_line(bundle, tmp_path):
     assert "manifest image.patch_size is 0" in line, line
 
 
+@pytest.mark.slow
 def test_masc_rank_refuses_a_tokenizer_outside_in_one_line(bundle, tmp_path):
     target = tmp_path / "outside" / "tokenizer.json"
     shutil.copy(bundle / "tokenizer.json", target)
@@ -336,6 +348,7 @@ def test_masc_serve_reports_a_bad_bundle_as_one_load_failed_line(bundle):
     assert "\n" not in state.load_error
 
 
+@pytest.mark.slow
 def test_segmenter_bundle_files_are_confined_too(seg_bundle, bundle, tmp_path):
     """The segmenter bundle's decoder graph behind a symlink out of its folder: refused by the
     API and by masc-run --segmenter, in one line."""

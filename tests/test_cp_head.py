@@ -142,6 +142,7 @@ def test_so400m_shapes(tmp_path):
     _assert_same(GraphCP(runner).score(ref, w, outs), [masked_maxcos(ref, o, w) for o in outs])
 
 
+@pytest.mark.slow
 def test_cp_device_is_torch_free():
     code = ("import sys; sys.modules['torch'] = None; import masc_engine.runtime.cp_device; "
             "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]; print('ok')")

@@ -158,6 +158,7 @@ def test_check_pair_names_the_field_at_fault(naflex_bundle):
     assert (e.value.reason, e.value.field) == ("unreadable_image", "ref_image")
 
 
+@pytest.mark.slow
 def test_measured_decoding_peaks_stay_within_decode_cost():
     """bench/decode_memory.py on 1500- and 300-pixel files: for every mode and kind, the RSS peak of
     decoding and reducing one file (a fresh process each) is at most what decode_cost reserves."""

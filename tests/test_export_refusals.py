@@ -201,6 +201,7 @@ def test_short_names_are_expanded_before_any_hub_call(tmp_path, monkeypatch, no_
     assert asked and set(asked) == {"google/siglip2-so400m-patch16-naflex"}  # never "siglip2-so400m"
 
 
+@pytest.mark.slow
 def test_a_library_error_in_the_worker_is_one_line_with_its_traceback_in_the_log(tmp_path, monkeypatch):
     """transformers fails on the config (an unknown activation) inside the PyTorch worker: one
     ``Error:`` line naming the cause; the worker's traceback is in the export log."""

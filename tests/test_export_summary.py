@@ -8,9 +8,12 @@ import subprocess
 import sys
 import warnings
 
+import pytest
+
 from masc_engine.cli.quiet import libraries_to_log
 
 
+@pytest.mark.slow
 def test_warnings_are_counted_from_the_log_whoever_wrote_them(tmp_path):
     log = tmp_path / "x.export.log"
     with libraries_to_log(log) as (say, info):
@@ -22,6 +25,7 @@ def test_warnings_are_counted_from_the_log_whoever_wrote_them(tmp_path):
     assert "(2 Python warnings)" in info.summary()
 
 
+@pytest.mark.slow
 def test_the_summary_gives_the_commands_wall_time(naflex_bundle, tmp_path):
     from click.testing import CliRunner
 

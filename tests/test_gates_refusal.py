@@ -147,6 +147,7 @@ def _export_cli(tmp_path, monkeypatch, *extra):
     return out, CliRunner().invoke(main, ["--model", "random:tiny-naflex", "--out", str(out), *extra])
 
 
+@pytest.mark.slow
 def test_masc_export_accepts_past_budget_with_the_override_and_records_it(tmp_path, monkeypatch):
     import json
 

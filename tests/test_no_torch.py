@@ -6,11 +6,14 @@ import csv
 import subprocess
 import sys
 
+import pytest
+
 from support import EXAMPLES, REPO
 
 BLOCK = "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "
 
 
+@pytest.mark.slow
 def test_runtime_imports_without_torch():
     code = BLOCK + ("import masc_engine, masc_engine.runtime.scorer, masc_engine.jobs.pairs, "
                     "masc_engine.cli.run_cmd; "
@@ -20,6 +23,7 @@ def test_runtime_imports_without_torch():
     assert out.stdout.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_masc_run_scores_examples_without_torch(naflex_bundle, tmp_path):
     out_csv = tmp_path / "scores.csv"
     code = BLOCK + "from masc_engine.cli.run_cmd import main; main()"

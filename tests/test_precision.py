@@ -199,6 +199,7 @@ def test_transform_pipeline_order_variants_and_validation(naflex_bundle, tmp_pat
         run_transforms(stage, graphs, [_Copy("d", None, ("no_such_graph",))], validate)
 
 
+@pytest.mark.slow
 def test_checkpoint_failing_fp16_gates_is_refused_and_leaves_nothing(naflex_bundle, tmp_path):
     """One MLP's up-projection scaled by 1e6: fp32 is fine (LayerNorm renormalises), fp16 overflows
     (activations past 65504) -> refused with the figures and the suggestion to use fp32."""

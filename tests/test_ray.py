@@ -12,6 +12,7 @@ from test_resume_and_cache import _big_pairs
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'masc-engine[ray]')")
 
 
+@pytest.mark.slow
 def test_ray_executor_equals_local(naflex_bundle, tmp_path):
     pairs = _big_pairs(tmp_path, copies=2)
     local, remote = tmp_path / "local.csv", tmp_path / "ray.csv"
@@ -27,6 +28,7 @@ def test_ray_executor_equals_local(naflex_bundle, tmp_path):
         assert (x["cp"], x["pf"]) == (y["cp"], y["pf"])
 
 
+@pytest.mark.slow
 def test_ray_workers_share_the_persistent_cache(naflex_bundle, tmp_path):
     """--cache-dir under --executor ray: the workers write the same store the driver names, so a
     later local run with that cache encodes nothing."""

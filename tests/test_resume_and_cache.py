@@ -48,6 +48,7 @@ def _run(bundle, pairs, out, **kw):
     return run_pairs(pairs, Scorer(bundle), out, options=RunOptions(progress=False, **kw))
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_exactly_once_with_equal_scores(naflex_bundle, tmp_path):
     pairs = _big_pairs(tmp_path, copies=5)
     clean = tmp_path / "clean.csv"

@@ -93,6 +93,7 @@ def test_csv_cell_over_pythons_field_limit_is_its_rows_status(naflex_bundle, dat
     assert len(rows["huge"]["prompt"]) == 200_000
 
 
+@pytest.mark.slow
 def test_fifty_megabyte_prompt_in_jsonl_is_one_row_status(naflex_bundle, data, tmp_path):
     """A 50 MB prompt cell never reaches the tokenizer (which aborted the process on it): run in a
     child process, so that an abort is a failed assertion here."""

@@ -353,6 +353,7 @@ def test_a_missing_provider_is_refused_not_replaced(seg_bundle):
 # --------------------------------------------------------------------------- torch-free, fp16, bench
 
 
+@pytest.mark.slow
 def test_masks_without_torch(seg_bundle, seg):
     """The runtime computes the same masks with torch and transformers unimportable."""
     img = EXAMPLES / "images" / "cat" / "00.jpg"

@@ -397,6 +397,7 @@ def test_api_masks_optional(seg_run, naflex_bundle, seg_bundle):
 # ------------------------------------------------------------------ masc-serve, masc-rank, the report
 
 
+@pytest.mark.slow
 def test_serve_with_a_segmenter(seg_run, naflex_bundle, seg_bundle, tmp_path):
     """Mask fields optional, the OpenAPI document says so; a request without masks gets masc-run's
     record for the row (the segmenter's masks, their source); no subject: 422 naming the mask."""

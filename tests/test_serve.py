@@ -307,6 +307,7 @@ def test_batch_records_equal_masc_run(server, naflex_bundle, odd_items, tmp_path
     assert "not stripped" in got[5]["status_detail"]
 
 
+@pytest.mark.slow
 def test_schemathesis_finds_no_5xx_or_schema_violation(server, tmp_path):
     """schemathesis (coverage + fuzzing phases) against /openapi.json, bounded in time.
 
@@ -325,6 +326,7 @@ def test_schemathesis_finds_no_5xx_or_schema_violation(server, tmp_path):
     assert httpx.get(server.url + "/readyz").status_code == 200
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_in_flight_requests(naflex_bundle, odd_items, tmp_path):
     srv = Server(naflex_bundle, "--max-batch", "1", "--max-wait-ms", "0", log=tmp_path / "server.log")
     items = [it for it, _ in odd_items]  # 5 pairs per request, one pair per batch: seconds in flight

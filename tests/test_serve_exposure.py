@@ -103,6 +103,7 @@ def test_both_length_headers_are_refused(server):
     assert head.split()[1] == b"400" and json.loads(body)["error"] == "bad_http", reply
 
 
+@pytest.mark.slow
 def test_failed_load_names_no_path(naflex_bundle, tmp_path):
     """A bundle that fails to load: /readyz and /v1/score say load_failed / not_ready without the
     server's paths or the exception text; the log has the cause."""
@@ -137,6 +138,7 @@ def test_failed_load_names_no_path(naflex_bundle, tmp_path):
 
 
 @pytest.mark.parametrize("content", ["", "  \n", "two words"])
+@pytest.mark.slow
 def test_bad_api_key_file_is_one_line(naflex_bundle, tmp_path, content):
     key = tmp_path / "key"
     key.write_text(content)

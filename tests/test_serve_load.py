@@ -67,6 +67,7 @@ def _busy() -> None:
         pass
 
 
+@pytest.mark.slow
 def test_first_request_on_a_loaded_machine_gets_an_answer(naflex_bundle, tmp_path):
     """With busy processes on every core, the first ``POST /v1/score`` (a ~1 MiB JSON body) is
     sent as soon as ``/healthz`` answers, its body delayed as a starved client's would be: it

@@ -143,6 +143,7 @@ def _document(bundle, seed: int) -> str:
     return r.stdout
 
 
+@pytest.mark.slow
 def test_the_document_is_the_same_in_every_process(naflex_bundle):
     """Every operation has its own id (a probe answering HEAD too is documented once, as GET), so
     the document does not depend on the process's hash seed, and FastAPI warns of no duplicate."""

@@ -91,6 +91,7 @@ def _one_error_line(proc: subprocess.CompletedProcess, folder) -> str:
     return err[0]
 
 
+@pytest.mark.slow
 def test_unusable_cache_dir_is_one_line(naflex_bundle, tmp_path):
     """masc-run and masc-serve on a --cache-dir SQLite cannot open: exit 1, one Error: line."""
     bad = tmp_path / "cache"
@@ -104,6 +105,7 @@ def test_unusable_cache_dir_is_one_line(naflex_bundle, tmp_path):
     _one_error_line(serve, bad)
 
 
+@pytest.mark.slow
 def test_service_scores_through_a_failed_cache(naflex_bundle, tmp_path):
     """The cache's database turns to garbage under a running service: the next requests are
     still scored (200), /readyz stays 200 and says the cache is degraded, the metric counts the

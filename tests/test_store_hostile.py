@@ -138,6 +138,7 @@ def _masc_run(bundle, out, *extra):
                            "--no-progress", *extra], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_masc_run_scores_every_row_through_a_planted_cache(naflex_bundle, tmp_path):
     cache, marker = tmp_path / "cache", tmp_path / "PWNED"
     cold = _masc_run(naflex_bundle, tmp_path / "cold.csv", "--cache-dir", str(cache))
@@ -158,6 +159,7 @@ def test_masc_run_scores_every_row_through_a_planted_cache(naflex_bundle, tmp_pa
 
 
 @pytest.mark.parametrize("sidecar", [".journal.jsonl", ".meta.json"])
+@pytest.mark.slow
 def test_a_symlinked_journal_or_sidecar_is_refused_and_its_target_kept(naflex_bundle, tmp_path, sidecar):
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b'{"type": "header"}\nprecious bytes, no newline')  # a torn last line to "repair"
@@ -172,6 +174,7 @@ def test_a_symlinked_journal_or_sidecar_is_refused_and_its_target_kept(naflex_bu
     assert link.is_symlink() and not out.exists()
 
 
+@pytest.mark.slow
 def test_a_symlinked_temporary_sidecar_is_not_written_through(naflex_bundle, tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"precious")

@@ -183,6 +183,7 @@ def test_pf_prompt_known_values():
             )
 
 
+@pytest.mark.slow
 def test_module_is_torch_and_masc_free():
     code = (
         "import sys\n"

@@ -78,6 +78,7 @@ def fp16_copy(fp16_bundle, tmp_path):
 # ------------------------------------------------------------------ without TensorRT
 
 
+@pytest.mark.slow
 def test_importing_masc_engine_does_not_need_tensorrt():
     code = ("import sys; sys.modules['tensorrt'] = None; import masc_engine, masc_engine.engine.bundle, "
             "masc_engine.engine.backends.tensorrt, masc_engine.cli.export_cmd; print('ok')")

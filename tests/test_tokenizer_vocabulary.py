@@ -42,6 +42,7 @@ def test_manifest_records_the_text_vocabulary(naflex_bundle):
 
 
 @pytest.mark.parametrize("record_vocab", [True, False])
+@pytest.mark.slow
 def test_tokenizer_past_the_vocabulary_is_one_line(naflex_bundle, tmp_path, record_vocab):
     b = _hostile_copy(naflex_bundle, tmp_path, record_vocab)
     r = subprocess.run([sys.executable, "-m", "masc_engine.cli.run_cmd", str(EX / "pairs.csv"), "--bundle", str(b),

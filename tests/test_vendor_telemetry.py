@@ -44,6 +44,7 @@ def _files_under(root) -> list[str]:
     return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
 
 
+@pytest.mark.slow
 def test_scoring_libraries_write_nothing_under_home(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
