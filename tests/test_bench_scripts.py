@@ -28,6 +28,7 @@ def test_vision_flops_match_published_vit_b16():
     assert math.isclose(macs, 17.6e9, rel_tol=0.015), macs
 
 
+@pytest.mark.slow  # exports a bundle (a torch worker process)
 def test_gpu_throughput_dry_run(tmp_path):
     pytest.importorskip("masc")
     bench = _load("gpu_throughput")
