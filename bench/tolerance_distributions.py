@@ -266,6 +266,9 @@ def main() -> None:
                   "environment": {"python": platform.python_version(), "torch": torch.__version__,
                                   "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__,
                                   "machine": platform.machine()},
+                  # the versions the measurements were made with (the results files' common field)
+                  "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                               "onnxruntime": onnxruntime.__version__},
                   "seeds": sorted({r["seed"] for r in rows}), "seconds": round(time.time() - t0),
                   "summary": summarise(rows), "runs": rows}
         out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
