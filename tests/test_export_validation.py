@@ -14,7 +14,7 @@ from support import checkpoint_dir
 from masc_engine.engine.backends.onnxruntime import OrtRunner
 from masc_engine.errors import ExportValidationError
 from masc_engine.export import validate as val
-from masc_engine.tolerances import export_validation_atol
+from masc_engine.tolerances import FLOAT32_SAME_ARITHMETIC_ATOL, export_validation_atol
 
 pytest.importorskip("torch", reason="the references come from the PyTorch model")
 
@@ -168,4 +168,4 @@ def test_float64_references_leave_the_model_untouched():
         y64 = m64(x.double())
     assert all(p.dtype == torch.float32 and torch.equal(p, b) for p, b in zip(m.parameters(), before))
     err = float((y32.double() - y64).abs().max() / y64.abs().max())
-    assert 0 < err < 1e-5
+    assert 0 < err < FLOAT32_SAME_ARITHMETIC_ATOL  # a few float32 ulps of an order-1 output

@@ -34,7 +34,7 @@ def test_the_builtin_registry_is_result_schema_one():
     """Outputs written before the schema was recorded keep their fingerprint: the built-in metrics
     are schema 1 exactly, which adds nothing to the fingerprint."""
     assert [m.name for m in pm.registered()] == ["cp", "pf", "cp_global", "cp_mnn", "pf_pooling", "clip_i", "clip_t",
-                                                 "dino", "dino_s8", "dinov2"]
+                                                 "dino", "dino_s8", "dinov2", "clip_score_tm"]
     assert result_schema() == {"version": 1, "metrics": list(BUILTIN_METRICS)}
     assert schema_identity() == {}
     assert schema_identity(pm.metrics_for({"baselines"})) == {}

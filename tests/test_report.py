@@ -419,6 +419,7 @@ def require_chromium() -> None:
         pytest.skip(why)
 
 
+@pytest.mark.slow  # starts Chromium
 def test_chromium_renders_report_with_plots(synthetic, tmp_path):
     require_chromium()
     page = synthetic["out_dir"] / "report.html"
@@ -440,6 +441,7 @@ def test_chromium_renders_report_with_plots(synthetic, tmp_path):
 # ------------------------------------------------------------------ end to end
 
 
+@pytest.mark.slow  # starts Chromium
 def test_end_to_end_from_masc_run(naflex_bundle, tmp_path):
     from masc_engine.jobs.pairs import RunOptions, RunSettings, run_pairs
     from masc_engine.runtime.scorer import Scorer

@@ -114,6 +114,6 @@ def libraries_to_log(log_path: str | Path):
             with open(path, "r+b") as g:
                 g.seek(start)
                 g.write(text)
-                f.truncate()
+                g.truncate()
         info.lines = text.count(b"\n")
         info.warnings = len(_WARNING_LINE.findall(text))  # every process's, counted in the log itself
