@@ -53,8 +53,20 @@ from workloads import dreambench_pairs  # noqa: E402
 METRICS = "cp,pf,clip_i,clip_t,dino"
 COLUMNS = ("cp", "pf", "clip_i", "clip_t", "dino")
 #: CPU flags worth knowing for the figure (AVX-512 bf16, AMX: what a bf16 bundle could use).
-ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni",
-             "amx_tile", "amx_bf16", "amx_int8")
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 def photo_root() -> Path:
@@ -73,6 +85,7 @@ def subjects_of(root: Path) -> list[tuple[str, str]]:
 
 # ----------------------------------------------------------------------------- the reference process
 
+
 def _load_image(path: str):
     """DreamBench++ ``load_image``: EXIF transpose, RGBA composited on white, RGB."""
     from PIL import Image, ImageOps
@@ -90,8 +103,14 @@ def _dino_transform():
     try:
         from torchvision import transforms as T
 
-        return T.Compose([T.Resize(256, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(224), T.ToTensor(),
-                          T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]), "torchvision"
+        return T.Compose(
+            [
+                T.Resize(256, interpolation=T.InterpolationMode.BICUBIC),
+                T.CenterCrop(224),
+                T.ToTensor(),
+                T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+            ]
+        ), "torchvision"
     except ImportError:
         import numpy as np
         import torch
@@ -155,34 +174,66 @@ def child_reference(siglip: str, clip: str, dino: str, pairs: str, budget: int) 
     t = time.perf_counter()
     with torch.no_grad():
         for r in rows:
-            res = m.score(Image.open(r["ref_image"]), np.array(Image.open(r["ref_mask"]).convert("L")),
-                          Image.open(r["out_image"]), np.array(Image.open(r["out_mask"]).convert("L")),
-                          r["prompt"], r["object_name"])
+            res = m.score(
+                Image.open(r["ref_image"]),
+                np.array(Image.open(r["ref_mask"]).convert("L")),
+                Image.open(r["out_image"]),
+                np.array(Image.open(r["out_mask"]).convert("L")),
+                r["prompt"],
+                r["object_name"],
+            )
             out["cp"].append(res.cp)
             out["pf"].append(res.pf)
             ref, gen = _load_image(r["ref_image"]), _load_image(r["out_image"])
             pv = clip_pixels(images=[ref, gen], return_tensors="pt")["pixel_values"]
             img = _unwrap(clip_model.get_image_features(pixel_values=pv))
             ids = tokenizer([r["prompt"]], padding=True, return_tensors="pt")
-            txt = _unwrap(clip_model.get_text_features(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"]))
+            txt = _unwrap(
+                clip_model.get_text_features(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
+            )
             out["clip_i"].append(cos100(img[0], img[1]))
             out["clip_t"].append(cos100(img[1], txt[0]))
             cls = dino_model(pixel_values=torch.stack([dino_tf(ref), dino_tf(gen)])).last_hidden_state[:, 0]
             out["dino"].append(cos100(cls[0], cls[1]))
-    return {"import_s": t_import, "models_load_s": t_load, "loop_s": time.perf_counter() - t, "pairs": len(rows),
-            "torch_threads": torch.get_num_threads(), "dino_transform": dino_tf_kind,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "scores": out}
+    return {
+        "import_s": t_import,
+        "models_load_s": t_load,
+        "loop_s": time.perf_counter() - t,
+        "pairs": len(rows),
+        "torch_threads": torch.get_num_threads(),
+        "dino_transform": dino_tf_kind,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "scores": out,
+    }
 
 
 # ----------------------------------------------------------------------------- the masc-run process
 
-def masc_run_process(bundle: Path, clip: Path, dino: Path, pairs: Path, out: Path, batch_size: int) -> tuple[dict, float]:
+
+def masc_run_process(
+    bundle: Path, clip: Path, dino: Path, pairs: Path, out: Path, batch_size: int
+) -> tuple[dict, float]:
     """One cold ``masc-run`` with the five columns; returns (its sidecar, wall seconds spawn -> exit)."""
     exe = Path(sys.executable).parent / "masc-run"
     for p in (out, Path(f"{out}.meta.json"), Path(f"{out}.journal.jsonl"), Path(f"{out}.lock")):
         p.unlink(missing_ok=True)  # a fresh output each repetition: nothing to resume
-    cmd = [str(exe), str(pairs), "--bundle", str(bundle), "--out", str(out), "--no-progress", "--metrics", METRICS,
-           "--embedder", f"clip={clip}", "--embedder", f"dino={dino}", "--batch-size", str(batch_size)]
+    cmd = [
+        str(exe),
+        str(pairs),
+        "--bundle",
+        str(bundle),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--metrics",
+        METRICS,
+        "--embedder",
+        f"clip={clip}",
+        "--embedder",
+        f"dino={dino}",
+        "--batch-size",
+        str(batch_size),
+    ]
     t = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -192,6 +243,7 @@ def masc_run_process(bundle: Path, clip: Path, dino: Path, pairs: Path, out: Pat
 
 
 # ----------------------------------------------------------------------------- machine and bundles
+
 
 def machine() -> dict:
     """CPU model, cores, memory, ISA flags of :data:`ISA_FLAGS` present, library versions."""
@@ -217,9 +269,17 @@ def machine() -> dict:
         masc_metric = version("masc-metric")
     except Exception:  # noqa: BLE001 - recorded as unknown
         masc_metric = "unknown"
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory": mem, "python": platform.python_version(),
-            "isa_flags": {f: f in flags for f in ISA_FLAGS}, "onnxruntime": onnxruntime.__version__,
-            "torch": torch.__version__, "transformers": transformers.__version__, "masc_metric": masc_metric}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory": mem,
+        "python": platform.python_version(),
+        "isa_flags": {f: f in flags for f in ISA_FLAGS},
+        "onnxruntime": onnxruntime.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "masc_metric": masc_metric,
+    }
 
 
 def bundles(work: Path, siglip: str, clip: str, dino: str, budget: int) -> dict[str, Path]:
@@ -259,14 +319,22 @@ def compare(rows: list[dict], ref: dict) -> dict:
         ours = np.array([float(r[c]) if r[c] not in ("", None) else np.nan for r in rows])
         theirs = np.array(ref["scores"][c], dtype=float)
         both = np.isfinite(ours) & np.isfinite(theirs)
-        out[c] = {"max_abs_diff": float(np.abs(ours[both] - theirs[both]).max()) if both.any() else None,
-                  "nan_mismatch": int(np.sum(np.isfinite(ours) != np.isfinite(theirs))),
-                  "mean_masc_run": float(np.nanmean(ours)), "mean_reference": float(np.nanmean(theirs))}
-        tol, name = ((ORACLE_SCORE_ATOL, "tolerances.ORACLE_SCORE_ATOL") if c in ("cp", "pf")
-                     else (CLASSIC_METRIC_ATOL, "tolerances.CLASSIC_METRIC_ATOL"))
-        out[c].update(tolerance=tol, tolerance_name=name,
-                      within=out[c]["max_abs_diff"] is not None and out[c]["max_abs_diff"] <= tol
-                      and out[c]["nan_mismatch"] == 0)
+        out[c] = {
+            "max_abs_diff": float(np.abs(ours[both] - theirs[both]).max()) if both.any() else None,
+            "nan_mismatch": int(np.sum(np.isfinite(ours) != np.isfinite(theirs))),
+            "mean_masc_run": float(np.nanmean(ours)),
+            "mean_reference": float(np.nanmean(theirs)),
+        }
+        tol, name = (
+            (ORACLE_SCORE_ATOL, "tolerances.ORACLE_SCORE_ATOL")
+            if c in ("cp", "pf")
+            else (CLASSIC_METRIC_ATOL, "tolerances.CLASSIC_METRIC_ATOL")
+        )
+        out[c].update(
+            tolerance=tol,
+            tolerance_name=name,
+            within=out[c]["max_abs_diff"] is not None and out[c]["max_abs_diff"] <= tol and out[c]["nan_mismatch"] == 0,
+        )
     return out
 
 
@@ -289,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     root = (Path(a.photos) if a.photos else photo_root()).resolve()
-    pairs = dreambench_pairs(work, root, subjects_of(root)[:a.references], a.prompts, a.methods)
+    pairs = dreambench_pairs(work, root, subjects_of(root)[: a.references], a.prompts, a.methods)
     t = time.perf_counter()
     b = bundles(work, a.siglip_preset, a.clip_preset, a.dino_preset, a.budget)
     export_s = time.perf_counter() - t
@@ -299,39 +367,67 @@ def main(argv: list[str] | None = None) -> int:
     reps, rows, ref = [], None, None
     for i in range(a.reps):
         before, timed = _load(), {}
-        for side in (("masc_run", "reference") if i % 2 == 0 else ("reference", "masc_run")):
+        for side in ("masc_run", "reference") if i % 2 == 0 else ("reference", "masc_run"):
             if side == "masc_run":
-                meta, timed["masc_run"] = masc_run_process(b["siglip"], b["clip"], b["dino"], pairs,
-                                                           work / "scores.csv", a.batch_size)
+                meta, timed["masc_run"] = masc_run_process(
+                    b["siglip"], b["clip"], b["dino"], pairs, work / "scores.csv", a.batch_size
+                )
                 rows = read_output(work / "scores.csv")
             else:
-                ref, timed["reference"] = workloads.run_child("classic_speed", "child_reference", ckpt["siglip"],
-                                                              ckpt["clip"], ckpt["dino"], str(pairs), a.budget)
-        reps.append({"order": "masc_run first" if i % 2 == 0 else "reference first",
-                     "masc_run_s": timed["masc_run"], "reference_s": timed["reference"],
-                     "ratio": timed["reference"] / timed["masc_run"], "masc_run_in_run_s": meta["seconds"],
-                     "reference_loop_s": ref["loop_s"], "reference_import_s": ref["import_s"],
-                     "reference_models_load_s": ref["models_load_s"], "loadavg_before": before, "loadavg_after": _load()})
+                ref, timed["reference"] = workloads.run_child(
+                    "classic_speed", "child_reference", ckpt["siglip"], ckpt["clip"], ckpt["dino"], str(pairs), a.budget
+                )
+        reps.append(
+            {
+                "order": "masc_run first" if i % 2 == 0 else "reference first",
+                "masc_run_s": timed["masc_run"],
+                "reference_s": timed["reference"],
+                "ratio": timed["reference"] / timed["masc_run"],
+                "masc_run_in_run_s": meta["seconds"],
+                "reference_loop_s": ref["loop_s"],
+                "reference_import_s": ref["import_s"],
+                "reference_models_load_s": ref["models_load_s"],
+                "loadavg_before": before,
+                "loadavg_after": _load(),
+            }
+        )
         print(json.dumps(reps[-1]), flush=True)
     n_imgs = len({r["ref_image"] for r in rows} | {r["out_image"] for r in rows})
     med = {k: statistics.median(r[k] for r in reps) for k in ("masc_run_s", "reference_s")}
     result = {
-        "script": "bench/classic_speed.py", "command": " ".join([sys.executable, *sys.argv]),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
+        "script": "bench/classic_speed.py",
+        "command": " ".join([sys.executable, *sys.argv]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
         "load_note": a.load_note or "not stated",
-        "settings": {"precision": "fp32", "runtime": "ONNX Runtime CPU (masc-run defaults)", "metrics": METRICS,
-                     "siglip": f"random:{a.siglip_preset} (NaFlex budget {a.budget})",
-                     "clip": f"random:{a.clip_preset}", "dino": f"random:{a.dino_preset}",
-                     "batch_size": a.batch_size, "threads": "defaults of both sides (all cores)",
-                     "reference_torch_threads": ref["torch_threads"], "dino_transform": ref["dino_transform"],
-                     "processes": "cold: each side one fresh process per repetition, timed spawn -> exit",
-                     "bundle_export_s (not timed in the ratio)": round(export_s, 1)},
-        "workload": {"pairs": len(rows), "references": a.references, "prompts": a.prompts, "methods": a.methods,
-                     "distinct_images": n_imgs, "reference_image_encodes_per_model": 2 * len(rows),
-                     "photos": str(root)},
+        "settings": {
+            "precision": "fp32",
+            "runtime": "ONNX Runtime CPU (masc-run defaults)",
+            "metrics": METRICS,
+            "siglip": f"random:{a.siglip_preset} (NaFlex budget {a.budget})",
+            "clip": f"random:{a.clip_preset}",
+            "dino": f"random:{a.dino_preset}",
+            "batch_size": a.batch_size,
+            "threads": "defaults of both sides (all cores)",
+            "reference_torch_threads": ref["torch_threads"],
+            "dino_transform": ref["dino_transform"],
+            "processes": "cold: each side one fresh process per repetition, timed spawn -> exit",
+            "bundle_export_s (not timed in the ratio)": round(export_s, 1),
+        },
+        "workload": {
+            "pairs": len(rows),
+            "references": a.references,
+            "prompts": a.prompts,
+            "methods": a.methods,
+            "distinct_images": n_imgs,
+            "reference_image_encodes_per_model": 2 * len(rows),
+            "photos": str(root),
+        },
         "repetitions": reps,
-        "median_s": med, "ratio_of_medians": med["reference_s"] / med["masc_run_s"],
-        "ratio_per_repetition": [r["ratio"] for r in reps], "goal": ">= 4x with fp32",
+        "median_s": med,
+        "ratio_of_medians": med["reference_s"] / med["masc_run_s"],
+        "ratio_per_repetition": [r["ratio"] for r in reps],
+        "goal": ">= 4x with fp32",
         "scores_vs_reference": compare(rows, ref),
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -75,7 +75,12 @@ def child_prepare(preset: str, budget: int, work: str) -> dict:
     cert = Path(work) / f"{preset}-{budget}-bf16cpu"
     info_path = Path(work) / f"{preset}-{budget}-certificate.json"
     if not (fp32 / "manifest.json").is_file():
-        export_bundle(f"random:{preset}-naflex", fp32, max_num_patches=budget, validate=preset == "tiny",)
+        export_bundle(
+            f"random:{preset}-naflex",
+            fp32,
+            max_num_patches=budget,
+            validate=preset == "tiny",
+        )
     if not info_path.is_file():
         shutil.rmtree(cert, ignore_errors=True)
         shutil.copytree(fp32, cert)
@@ -100,7 +105,9 @@ def _units_and_order(info: dict) -> tuple[dict, list[str], list[str]]:
 
     rec = info.get("record") or {}
     search = rec.get("search") or (info.get("report") or {})
-    units = (rec.get("units") or {}).get("vision") or graph_units(Bundle(info["fp32_bundle"]).graph_file("vision"), "vision")
+    units = (rec.get("units") or {}).get("vision") or graph_units(
+        Bundle(info["fp32_bundle"]).graph_file("vision"), "vision"
+    )
     return units, list(search.get("order") or []), list(rec.get("keep_fp32") or [])
 
 
@@ -133,10 +140,13 @@ def _square_feeds(bundle, batch: int) -> tuple[dict, list]:
     side = int(round(im["max_num_patches"] ** 0.5)) * im["patch_size"]
     imgs = [synthetic_image(side, side, seed=i) for i in range(batch)]
     pre = [preprocess_image(x, ImageSettings.from_manifest(im)) for x in imgs]
-    feeds = {"pixel_values": np.stack([p.pixel_values for p in pre]),
-             "pixel_attention_mask": np.stack([p.pixel_attention_mask for p in pre]),
-             "position_weights": np.stack([position_weights(im["position_grid"], p.spatial_shape, im["max_num_patches"])
-                                           for p in pre])}
+    feeds = {
+        "pixel_values": np.stack([p.pixel_values for p in pre]),
+        "pixel_attention_mask": np.stack([p.pixel_attention_mask for p in pre]),
+        "position_weights": np.stack(
+            [position_weights(im["position_grid"], p.spatial_shape, im["max_num_patches"]) for p in pre]
+        ),
+    }
     return feeds, imgs
 
 
@@ -150,9 +160,13 @@ def _torch_side(bundle, imgs, threads: int):
     torch.set_grad_enabled(False)
     vm = AutoModel.from_pretrained(ckpt).vision_model.eval()
     x = AutoProcessor.from_pretrained(ckpt).image_processor(
-        images=imgs, max_num_patches=bundle.manifest["image"]["max_num_patches"], return_tensors="pt")
-    return lambda: vm(pixel_values=x["pixel_values"], pixel_attention_mask=x["pixel_attention_mask"],
-                      spatial_shapes=x["spatial_shapes"]).last_hidden_state.numpy()
+        images=imgs, max_num_patches=bundle.manifest["image"]["max_num_patches"], return_tensors="pt"
+    )
+    return lambda: vm(
+        pixel_values=x["pixel_values"],
+        pixel_attention_mask=x["pixel_attention_mask"],
+        spatial_shapes=x["spatial_shapes"],
+    ).last_hidden_state.numpy()
 
 
 def _interleaved(run: dict, reps: int, batch: int) -> dict:
@@ -167,12 +181,19 @@ def _interleaved(run: dict, reps: int, batch: int) -> dict:
             t = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t)
-    return {k: {"images_per_s_median": batch / float(np.median(ts)), "images_per_s_best": batch / min(ts),
-                "seconds_per_batch": [round(t, 4) for t in ts]} for k, ts in times.items()}
+    return {
+        k: {
+            "images_per_s_median": batch / float(np.median(ts)),
+            "images_per_s_best": batch / min(ts),
+            "seconds_per_batch": [round(t, 4) for t in ts],
+        }
+        for k, ts in times.items()
+    }
 
 
-def child_per_image(info: dict, order: list[str], ks: list[int], batch: int, reps: int, threads: int,
-                    with_torch: bool) -> dict:
+def child_per_image(
+    info: dict, order: list[str], ks: list[int], batch: int, reps: int, threads: int, with_torch: bool
+) -> dict:
     """Vision graph images/s: ONNX Runtime fp32 (fused), OpenVINO f32, certified bf16, torch eager,
     and OpenVINO bf16 with the first k units of ``order`` in fp32 for each k (the frontier)."""
     _quiet()
@@ -185,10 +206,13 @@ def child_per_image(info: dict, order: list[str], ks: list[int], batch: int, rep
     units, _, keep = _units_and_order(info)
     feeds, imgs = _square_feeds(b, batch)
     path = b.graph_file("vision")
-    runners = {"ort_fp32_fused": b.runner("vision", variant="ort-cpu", intra_op_threads=threads),
-               "openvino_f32": OpenVINORunner(path, "vision", "f32", threads=threads),
-               ("openvino_bf16_certified" if info["certified"] else "openvino_bf16_uncertified"):
-                   OpenVINORunner(path, "vision", "bf16", threads, units, keep)}
+    runners = {
+        "ort_fp32_fused": b.runner("vision", variant="ort-cpu", intra_op_threads=threads),
+        "openvino_f32": OpenVINORunner(path, "vision", "f32", threads=threads),
+        ("openvino_bf16_certified" if info["certified"] else "openvino_bf16_uncertified"): OpenVINORunner(
+            path, "vision", "bf16", threads, units, keep
+        ),
+    }
     for k in ks:
         runners[f"openvino_bf16_k{k}"] = OpenVINORunner(path, "vision", "bf16", threads, units, order[:k])
     run = {name: (lambda r=r: r.run(feeds)["last_hidden_state"]) for name, r in runners.items()}
@@ -201,8 +225,14 @@ def child_per_image(info: dict, order: list[str], ks: list[int], batch: int, rep
         r["speedup_vs_ort_fp32"] = r["images_per_s_median"] / base
         r["max_abs_dtoken_vs_ort_fp32"] = float(np.abs(run[name]() - ref).max())
     res["segments_bf16"] = [r for k, r in runners.items() if k.startswith("openvino_bf16_")][0].runtime_summary()
-    res["settings"] = {"batch": batch, "reps": reps, "threads": threads, "openvino_threads": runners["openvino_f32"].threads,
-                       "budget": b.manifest["image"]["max_num_patches"], "keep_fp32_certified": keep}
+    res["settings"] = {
+        "batch": batch,
+        "reps": reps,
+        "threads": threads,
+        "openvino_threads": runners["openvino_f32"].threads,
+        "budget": b.manifest["image"]["max_num_patches"],
+        "keep_fp32_certified": keep,
+    }
     return res
 
 
@@ -221,24 +251,39 @@ def child_frontier_fidelity(info: dict, order: list[str], ks: list[int]) -> dict
     for k in ks:
         f = ev.figures(order[:k], held, FIDELITY_MIN_PAIRS)
         g = f["gates"]
-        out["k"][str(k)] = {"keep_fp32": order[:k], "pass": f["pass"], "max_abs_dcp": g["max_abs_dcp"]["value"],
-                            "max_abs_dpf": g["max_abs_dpf"]["value"], "spearman_cp": g["spearman_cp"]["value"],
-                            "spearman_pf": g["spearman_pf"]["value"], "mean_abs_dpf": f["mean_abs_dpf"]}
+        out["k"][str(k)] = {
+            "keep_fp32": order[:k],
+            "pass": f["pass"],
+            "max_abs_dcp": g["max_abs_dcp"]["value"],
+            "max_abs_dpf": g["max_abs_dpf"]["value"],
+            "spearman_cp": g["spearman_cp"]["value"],
+            "spearman_pf": g["spearman_pf"]["value"],
+            "mean_abs_dpf": f["mean_abs_dpf"],
+        }
         print(f"k={k}: {out['k'][str(k)]}", flush=True)
     return out
 
 
 def frontier_rows(per_image: dict, fidelity: dict, ks: list[int]) -> list[dict]:
-    return [{"k": k, "speedup": per_image[f"openvino_bf16_k{k}"]["speedup_vs_ort_fp32"], **fidelity["k"][str(k)]}
-            for k in ks]
+    return [
+        {"k": k, "speedup": per_image[f"openvino_bf16_k{k}"]["speedup_vs_ort_fp32"], **fidelity["k"][str(k)]}
+        for k in ks
+    ]
 
 
 def frontier_table(shape: str, rows: list[dict]) -> str:
-    lines = [f"### {shape}", "", "| layers kept in fp32 | speed-up vs ORT fp32 (vision, per image) | max abs dCP | "
-             "max abs dPF | Spearman CP | Spearman PF | gates (held-out) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### {shape}",
+        "",
+        "| layers kept in fp32 | speed-up vs ORT fp32 (vision, per image) | max abs dCP | "
+        "max abs dPF | Spearman CP | Spearman PF | gates (held-out) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['k']} | {r['speedup']:.2f}x | {r['max_abs_dcp']:.2e} | {r['max_abs_dpf']:.2e} | "
-                     f"{r['spearman_cp']:.6f} | {r['spearman_pf']:.6f} | {'pass' if r['pass'] else 'fail'} |")
+        lines.append(
+            f"| {r['k']} | {r['speedup']:.2f}x | {r['max_abs_dcp']:.2e} | {r['max_abs_dpf']:.2e} | "
+            f"{r['spearman_cp']:.6f} | {r['spearman_pf']:.6f} | {'pass' if r['pass'] else 'fail'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -258,8 +303,10 @@ def frontier_plot(frontiers: dict[str, list[dict]], path: Path) -> None:
             ax.plot(xs, ys, "o-", label=shape)
             for r, x, y in zip(rows, xs, ys):
                 ax.annotate(str(r["k"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    for ax, bound, label in ((axes[0], FIDELITY_MAX_ABS_DELTA, "max |dPF| (held-out pairs)"),
-                             (axes[1], 1 - FIDELITY_MIN_SPEARMAN, "1 - Spearman PF")):
+    for ax, bound, label in (
+        (axes[0], FIDELITY_MAX_ABS_DELTA, "max |dPF| (held-out pairs)"),
+        (axes[1], 1 - FIDELITY_MIN_SPEARMAN, "1 - Spearman PF"),
+    ):
         ax.axhline(bound, color="grey", ls="--", lw=1, label="gate")
         ax.set_yscale("log")
         ax.set_xlabel("vision speed-up vs ONNX Runtime fp32 (per image)")
@@ -288,8 +335,13 @@ def child_pairs_job(bundle: str, pairs: str, out: str, backend: str, precision: 
         p.unlink()
     t = time.perf_counter()
     run_pairs(pairs, scorer, out, options=RunOptions(progress=False))
-    return {"import_s": t_import, "scorer_s": t_load, "run_s": time.perf_counter() - t,
-            "precision": scorer.precision, "graph_variant": scorer.graph_variant}
+    return {
+        "import_s": t_import,
+        "scorer_s": t_load,
+        "run_s": time.perf_counter() - t,
+        "precision": scorer.precision,
+        "graph_variant": scorer.graph_variant,
+    }
 
 
 def child_masc_metric(checkpoint: str, pairs: str, budget: int) -> dict:
@@ -306,9 +358,14 @@ def child_masc_metric(checkpoint: str, pairs: str, budget: int) -> dict:
     cps, pfs = [], []
     t = time.perf_counter()
     for r in csv.DictReader(open(pairs)):
-        res = m.score(Image.open(base / r["ref_image"]), np.array(Image.open(base / r["ref_mask"]).convert("L")),
-                      Image.open(base / r["out_image"]), np.array(Image.open(base / r["out_mask"]).convert("L")),
-                      r["prompt"], r["object_name"])
+        res = m.score(
+            Image.open(base / r["ref_image"]),
+            np.array(Image.open(base / r["ref_mask"]).convert("L")),
+            Image.open(base / r["out_image"]),
+            np.array(Image.open(base / r["out_mask"]).convert("L")),
+            r["prompt"],
+            r["object_name"],
+        )
         cps.append(res.cp)
         pfs.append(res.pf)
     return {"import_s": t_import, "loop_s": time.perf_counter() - t, "cp": cps, "pf": pfs}
@@ -323,8 +380,21 @@ def _masc_run(bundle: str, pairs: Path, out: Path, batch: int) -> float:
     for p in out.parent.glob(out.name + "*"):
         p.unlink()
     t = time.perf_counter()
-    res = subprocess.run([str(Path(sys.executable).parent / "masc-run"), str(pairs), "--bundle", bundle, "--out",
-                          str(out), "--no-progress", "--batch-size", str(batch)], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "masc-run"),
+            str(pairs),
+            "--bundle",
+            bundle,
+            "--out",
+            str(out),
+            "--no-progress",
+            "--batch-size",
+            str(batch),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode:
         raise RuntimeError(f"masc-run failed:\n{res.stderr[-4000:]}")
     return time.perf_counter() - t
@@ -345,7 +415,7 @@ def _workload(a, work: Path) -> Path:
         subjects = [(r["subject"], r["class"]) for r in csv.DictReader(open(SHARED / "subjects.csv"))]
     else:
         subjects = [(d.name, d.name.rstrip("0123456789")) for d in sorted((EXAMPLES / "images").iterdir())]
-    return dreambench_pairs(work, root, subjects[:a.references], a.prompts, a.methods)
+    return dreambench_pairs(work, root, subjects[: a.references], a.prompts, a.methods)
 
 
 def part_job(a, info: dict, work: Path) -> dict:
@@ -362,20 +432,28 @@ def part_job(a, info: dict, work: Path) -> dict:
     if info["certified"]:  # the scorer never runs an uncertified bundle in bf16 (per_image/frontier time it)
         engines.append(("openvino_bf16_certified", bf16, "openvino", None))
     for name, bundle, backend, prec in engines:
-        sides[name] = run_child("child_pairs_job", bundle, str(pairs), str(work / "job" / f"{name}.csv"), backend, prec,
-                                a.batch_size)
-    ref, wall_ref = run_child("child_masc_metric", manifest["source"]["checkpoint_dir"], str(pairs),
-                              manifest["image"]["max_num_patches"])
-    out = {"workload": {"pairs": len(ref["cp"]), "references": a.references, "prompts": a.prompts, "methods": a.methods},
-           "masc_metric": {"whole_process_s": wall_ref, "loop_s": ref["loop_s"], "import_s": ref["import_s"]},
-           "loadavg_before": before}
+        sides[name] = run_child(
+            "child_pairs_job", bundle, str(pairs), str(work / "job" / f"{name}.csv"), backend, prec, a.batch_size
+        )
+    ref, wall_ref = run_child(
+        "child_masc_metric", manifest["source"]["checkpoint_dir"], str(pairs), manifest["image"]["max_num_patches"]
+    )
+    out = {
+        "workload": {"pairs": len(ref["cp"]), "references": a.references, "prompts": a.prompts, "methods": a.methods},
+        "masc_metric": {"whole_process_s": wall_ref, "loop_s": ref["loop_s"], "import_s": ref["import_s"]},
+        "loadavg_before": before,
+    }
     cp_ref, pf_ref = np.array(ref["cp"]), np.array(ref["pf"])
     ort = _scores(work / "job" / "ort_fp32.csv")
     for name, (meta, wall) in sides.items():
         cp, pf = _scores(work / "job" / ("cli.csv" if meta is None else f"{name}.csv"))
-        entry = {"whole_process_s": wall, "ratio_vs_masc_metric": wall_ref / wall, **(meta or {}),
-                 "max_abs_dcp_vs_masc_metric": float(np.nanmax(np.abs(cp - cp_ref))),
-                 "max_abs_dpf_vs_masc_metric": float(np.nanmax(np.abs(pf - pf_ref)))}
+        entry = {
+            "whole_process_s": wall,
+            "ratio_vs_masc_metric": wall_ref / wall,
+            **(meta or {}),
+            "max_abs_dcp_vs_masc_metric": float(np.nanmax(np.abs(cp - cp_ref))),
+            "max_abs_dpf_vs_masc_metric": float(np.nanmax(np.abs(pf - pf_ref))),
+        }
         if "bf16" in name:
             g = gate_figures({"cp": ort[0], "pf": ort[1]}, {"cp": cp, "pf": pf})
             entry["vs_ort_fp32"] = {k: v["value"] for k, v in g["gates"].items()}
@@ -398,10 +476,15 @@ def machine() -> dict:
         flags = {f for ln in open("/proc/cpuinfo") if ln.startswith("flags") for f in ln.split()}
     except OSError:
         pass
-    return {"cpu": str(core().get_property("CPU", "FULL_DEVICE_NAME")), "cores": os.cpu_count(),
-            "cpu_flags": sorted(flags & {"avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "amx_tile"}),
-            "openvino_capabilities": list(core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")),
-            "python": platform.python_version(), "onnxruntime": onnxruntime.__version__, "openvino": openvino.__version__}
+    return {
+        "cpu": str(core().get_property("CPU", "FULL_DEVICE_NAME")),
+        "cores": os.cpu_count(),
+        "cpu_flags": sorted(flags & {"avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "amx_tile"}),
+        "openvino_capabilities": list(core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")),
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "openvino": openvino.__version__,
+    }
 
 
 def _ks(spec: str, n_units: int) -> list[int]:
@@ -419,8 +502,16 @@ def run_shape(a, shape: str, work: Path) -> tuple[dict, list[dict] | None]:
     ks = _ks(a.frontier_ks, n_units)
     parts, rows = a.parts.split(","), None
     if "per_image" in parts or "frontier" in parts:
-        res["per_image"], _ = run_child("child_per_image", info, order, ks if "frontier" in parts else [], a.batch,
-                                        a.reps, a.threads, not a.no_torch)
+        res["per_image"], _ = run_child(
+            "child_per_image",
+            info,
+            order,
+            ks if "frontier" in parts else [],
+            a.batch,
+            a.reps,
+            a.threads,
+            not a.no_torch,
+        )
     if "frontier" in parts:
         res["frontier_fidelity"], _ = run_child("child_frontier_fidelity", info, order, ks)
         rows = frontier_rows(res["per_image"], res["frontier_fidelity"], ks)
@@ -451,9 +542,14 @@ def main() -> None:
     work, out_dir = Path(a.work), Path(a.out_dir)
     work.mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"script": "bench/cpu_precision.py", "command": " ".join([sys.executable, *sys.argv]), "machine": machine(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shapes": {},
-              "note": "ratios are side by side in one run; load averages recorded per part"}
+    result = {
+        "script": "bench/cpu_precision.py",
+        "command": " ".join([sys.executable, *sys.argv]),
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "shapes": {},
+        "note": "ratios are side by side in one run; load averages recorded per part",
+    }
     frontiers, tables = {}, []
     for shape in a.shapes.split(","):
         result["shapes"][shape], rows = run_shape(a, shape, work)
@@ -462,11 +558,17 @@ def main() -> None:
             frontiers[shape] = rows
             tables.append(frontier_table(shape, rows))
     if frontiers:
-        (out_dir / "cpu_precision_frontier.json").write_text(json.dumps(
-            {k: result[k] for k in ("script", "command", "machine", "date", "note")} | {"frontier": frontiers},
-            indent=2, default=float) + "\n")
+        (out_dir / "cpu_precision_frontier.json").write_text(
+            json.dumps(
+                {k: result[k] for k in ("script", "command", "machine", "date", "note")} | {"frontier": frontiers},
+                indent=2,
+                default=float,
+            )
+            + "\n"
+        )
         (out_dir / "cpu_precision_frontier.md").write_text(
-            "# OpenVINO bf16 speed/fidelity frontier (bench/cpu_precision.py)\n\n" + "\n".join(tables))
+            "# OpenVINO bf16 speed/fidelity frontier (bench/cpu_precision.py)\n\n" + "\n".join(tables)
+        )
         frontier_plot(frontiers, out_dir / "cpu_precision_frontier.svg")
     print(json.dumps(result, indent=1, default=float)[:6000])
 

@@ -51,6 +51,7 @@ LAYOUT = "vision_per_image+job"
 
 # ----------------------------------------------------------------------------- vision per image
 
+
 def child_export_vision(preset: str, budget: int, work: str) -> dict:
     """Export the vision graph of ``random:<preset>`` and fuse it (cached in ``work``)."""
     import torch
@@ -68,17 +69,22 @@ def child_export_vision(preset: str, budget: int, work: str) -> dict:
     vm = AutoModel.from_pretrained(ckpt, attn_implementation="eager").vision_model.eval()
     torch.set_grad_enabled(False)
     t = time.perf_counter()
-    spec = graphs.vision_spec_naflex(vm, int(vm.config.patch_size), int(round(vm.config.num_patches ** 0.5)), 64)
+    spec = graphs.vision_spec_naflex(vm, int(vm.config.patch_size), int(round(vm.config.num_patches**0.5)), 64)
     graphs.export_graph(spec, d / "vision.onnx")
     t_export = time.perf_counter() - t
     t = time.perf_counter()
-    rec = fusion.fuse_graph(d / "vision.onnx", d / "vision.fused.onnx", int(vm.config.num_attention_heads),
-                            int(vm.config.hidden_size))
+    rec = fusion.fuse_graph(
+        d / "vision.onnx", d / "vision.fused.onnx", int(vm.config.num_attention_heads), int(vm.config.hidden_size)
+    )
     from masc_engine.export.transforms import op_counts
 
     before, after = op_counts(d / "vision.onnx"), op_counts(d / "vision.fused.onnx")
-    rec["node_counts"] = {"before": before, "after": after, "total_before": sum(before.values()),
-                          "total_after": sum(after.values())}
+    rec["node_counts"] = {
+        "before": before,
+        "after": after,
+        "total_before": sum(before.values()),
+        "total_after": sum(after.values()),
+    }
     rec.update(export_seconds=t_export, fuse_seconds=time.perf_counter() - t, checkpoint=str(ckpt))
     rec_path.write_text(json.dumps(rec, indent=2))
     return rec
@@ -87,7 +93,7 @@ def child_export_vision(preset: str, budget: int, work: str) -> dict:
 def _square_images(budget: int, patch: int, n: int):
     from masc_engine.export.validate import synthetic_image
 
-    side = int(round(budget ** 0.5)) * patch  # a square image whose grid fills the budget exactly
+    side = int(round(budget**0.5)) * patch  # a square image whose grid fills the budget exactly
     return [synthetic_image(side, side, seed=i) for i in range(n)]
 
 
@@ -114,13 +120,15 @@ def _profile_by_op(path: str, feeds: dict, threads: int) -> dict:
             op = e["args"].get("op_name", "?")
             by_op[op] = by_op.get(op, 0.0) + e["dur"] / 1000
     total = sum(by_op.values())
-    return {"run_ms": last["dur"] / 1000, "node_ms": total,
-            "by_op_ms": {k: round(v, 2) for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])},
-            "by_op_share": {k: round(v / total, 4) for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])}}
+    return {
+        "run_ms": last["dur"] / 1000,
+        "node_ms": total,
+        "by_op_ms": {k: round(v, 2) for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])},
+        "by_op_share": {k: round(v / total, 4) for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])},
+    }
 
 
-def child_vision_bench(preset: str, budget: int, batch: int, reps: int, threads: int, work: str,
-                       profile: bool) -> dict:
+def child_vision_bench(preset: str, budget: int, batch: int, reps: int, threads: int, work: str, profile: bool) -> dict:
     """images/s of torch eager vs the fused and portable graphs, interleaved, one process."""
     import numpy as np
     import onnxruntime as ort
@@ -140,27 +148,46 @@ def child_vision_bench(preset: str, budget: int, batch: int, reps: int, threads:
     del model.text_model
     processor = AutoProcessor.from_pretrained(rec["checkpoint"])
     patch = int(vm.config.patch_size)
-    grid = int(round(vm.config.num_patches ** 0.5))
+    grid = int(round(vm.config.num_patches**0.5))
     imgs = _square_images(budget, patch, batch)
     ref_in = processor.image_processor(images=imgs, max_num_patches=budget, return_tensors="pt")
     ip = processor.image_processor
-    s = ImageSettings.from_manifest(dict(
-        mode="naflex", patch_size=patch, max_num_patches=budget, image_size=None, position_grid=grid,
-        resample="bilinear", rescale_factor=float(ip.rescale_factor), image_mean=list(ip.image_mean),
-        image_std=list(ip.image_std), do_rescale=True, do_normalize=True, image_processor=type(ip).__name__))
+    s = ImageSettings.from_manifest(
+        dict(
+            mode="naflex",
+            patch_size=patch,
+            max_num_patches=budget,
+            image_size=None,
+            position_grid=grid,
+            resample="bilinear",
+            rescale_factor=float(ip.rescale_factor),
+            image_mean=list(ip.image_mean),
+            image_std=list(ip.image_std),
+            do_rescale=True,
+            do_normalize=True,
+            image_processor=type(ip).__name__,
+        )
+    )
     pre = [preprocess_image(im, s) for im in imgs]
-    feeds = {"pixel_values": np.stack([p.pixel_values for p in pre]),
-             "pixel_attention_mask": np.stack([p.pixel_attention_mask for p in pre]),
-             "position_weights": np.stack([position_weights(grid, p.spatial_shape, budget) for p in pre])}
+    feeds = {
+        "pixel_values": np.stack([p.pixel_values for p in pre]),
+        "pixel_attention_mask": np.stack([p.pixel_attention_mask for p in pre]),
+        "position_weights": np.stack([position_weights(grid, p.spatial_shape, budget) for p in pre]),
+    }
     assert int(feeds["pixel_attention_mask"].sum()) == batch * budget, "images must fill the budget"
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sessions = {k: ort.InferenceSession(str(d / f), opts, providers=["CPUExecutionProvider"])
-                for k, f in (("ort_fused", "vision.fused.onnx"), ("ort_portable", "vision.onnx"))}
+    sessions = {
+        k: ort.InferenceSession(str(d / f), opts, providers=["CPUExecutionProvider"])
+        for k, f in (("ort_fused", "vision.fused.onnx"), ("ort_portable", "vision.onnx"))
+    }
     run = {
-        "torch_eager": lambda: vm(pixel_values=ref_in["pixel_values"], pixel_attention_mask=ref_in["pixel_attention_mask"],
-                                  spatial_shapes=ref_in["spatial_shapes"]).last_hidden_state.numpy(),
+        "torch_eager": lambda: vm(
+            pixel_values=ref_in["pixel_values"],
+            pixel_attention_mask=ref_in["pixel_attention_mask"],
+            spatial_shapes=ref_in["spatial_shapes"],
+        ).last_hidden_state.numpy(),
         **{k: (lambda s=s: s.run(None, feeds)[0]) for k, s in sessions.items()},
     }
     outs = {k: f() for k, f in run.items()}  # warm-up, and the outputs to compare
@@ -170,20 +197,35 @@ def child_vision_bench(preset: str, budget: int, batch: int, reps: int, threads:
             t = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t)
-    res = {"preset": preset, "budget": budget, "batch": batch, "threads": threads, "reps": reps,
-           "torch_attn_implementation": attn_impl,
-           "vision": {"width": int(vm.config.hidden_size), "layers": int(vm.config.num_hidden_layers),
-                      "heads": int(vm.config.num_attention_heads)},
-           "fusions": rec["fusions"], "nodes": [rec["node_counts"]["total_before"], rec["node_counts"]["total_after"]]}
+    res = {
+        "preset": preset,
+        "budget": budget,
+        "batch": batch,
+        "threads": threads,
+        "reps": reps,
+        "torch_attn_implementation": attn_impl,
+        "vision": {
+            "width": int(vm.config.hidden_size),
+            "layers": int(vm.config.num_hidden_layers),
+            "heads": int(vm.config.num_attention_heads),
+        },
+        "fusions": rec["fusions"],
+        "nodes": [rec["node_counts"]["total_before"], rec["node_counts"]["total_after"]],
+    }
     for k, ts in times.items():
-        res[k] = {"images_per_s_median": batch / float(np.median(ts)), "images_per_s_best": batch / min(ts),
-                  "seconds_per_batch": [round(t, 4) for t in ts]}
+        res[k] = {
+            "images_per_s_median": batch / float(np.median(ts)),
+            "images_per_s_best": batch / min(ts),
+            "seconds_per_batch": [round(t, 4) for t in ts],
+        }
     res["fused_vs_torch"] = res["ort_fused"]["images_per_s_median"] / res["torch_eager"]["images_per_s_median"]
     res["portable_vs_torch"] = res["ort_portable"]["images_per_s_median"] / res["torch_eager"]["images_per_s_median"]
     res["fused_vs_portable"] = res["ort_fused"]["images_per_s_median"] / res["ort_portable"]["images_per_s_median"]
-    res["max_abs_dtoken"] = {"fused_vs_torch": float(np.abs(outs["ort_fused"] - outs["torch_eager"]).max()),
-                             "portable_vs_torch": float(np.abs(outs["ort_portable"] - outs["torch_eager"]).max()),
-                             "fused_vs_portable": float(np.abs(outs["ort_fused"] - outs["ort_portable"]).max())}
+    res["max_abs_dtoken"] = {
+        "fused_vs_torch": float(np.abs(outs["ort_fused"] - outs["torch_eager"]).max()),
+        "portable_vs_torch": float(np.abs(outs["ort_portable"] - outs["torch_eager"]).max()),
+        "fused_vs_portable": float(np.abs(outs["ort_fused"] - outs["ort_portable"]).max()),
+    }
     if profile:
         res["profile_fused"] = _profile_by_op(str(d / "vision.fused.onnx"), feeds, threads)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -194,6 +236,7 @@ def child_vision_bench(preset: str, budget: int, batch: int, reps: int, threads:
 
 
 # ----------------------------------------------------------------------------- start-up
+
 
 def child_startup(bundle: str, batch: int) -> dict:
     """What a fresh masc-run process pays before and around its first batch (seconds)."""
@@ -250,6 +293,7 @@ def child_startup(bundle: str, batch: int) -> dict:
 
 # ----------------------------------------------------------------------------- whole job
 
+
 def child_masc_metric(checkpoint: str, pairs: str, budget: int) -> dict:
     """A masc-metric 0.3.0 loop over ``MaSC.score`` (the whole process is timed by the parent)."""
     t = time.perf_counter()
@@ -270,14 +314,26 @@ def child_masc_metric(checkpoint: str, pairs: str, budget: int) -> dict:
     cps, pfs = [], []
     t = time.perf_counter()
     for r in rows:
-        res = m.score(Image.open(r["ref_image"]), np.array(Image.open(r["ref_mask"]).convert("L")),
-                      Image.open(r["out_image"]), np.array(Image.open(r["out_mask"]).convert("L")),
-                      r["prompt"], r["object_name"])
+        res = m.score(
+            Image.open(r["ref_image"]),
+            np.array(Image.open(r["ref_mask"]).convert("L")),
+            Image.open(r["out_image"]),
+            np.array(Image.open(r["out_mask"]).convert("L")),
+            r["prompt"],
+            r["object_name"],
+        )
         cps.append(res.cp)
         pfs.append(res.pf)
-    return {"import_s": t_import, "model_load_s": t_load, "loop_s": time.perf_counter() - t, "pairs": len(rows),
-            "torch_threads": torch.get_num_threads(),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cp": cps, "pf": pfs}
+    return {
+        "import_s": t_import,
+        "model_load_s": t_load,
+        "loop_s": time.perf_counter() - t,
+        "pairs": len(rows),
+        "torch_threads": torch.get_num_threads(),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "cp": cps,
+        "pf": pfs,
+    }
 
 
 def run_child(fn: str, *args) -> tuple[dict, float]:
@@ -293,8 +349,11 @@ def masc_run_process(bundle: Path, pairs: Path, out: Path, extra: list[str]) -> 
     for p in (out, Path(str(out) + ".meta.json")):
         p.unlink(missing_ok=True)
     t = time.perf_counter()
-    res = subprocess.run([str(exe), str(pairs), "--bundle", str(bundle), "--out", str(out), "--no-progress", *extra],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [str(exe), str(pairs), "--bundle", str(bundle), "--out", str(out), "--no-progress", *extra],
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t
     if res.returncode:
         raise RuntimeError(f"masc-run failed:\n{res.stderr[-4000:]}")
@@ -318,9 +377,15 @@ def machine() -> dict:
         mem = f"{int(open('/proc/meminfo').readline().split()[1]) / 2**20:.0f} GiB"
     except (OSError, ValueError, IndexError):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory": mem, "python": platform.python_version(),
-            "onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory": mem,
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def _load() -> list[float]:
@@ -333,8 +398,9 @@ def part_vision(a, work: Path) -> list[dict]:
         preset, budget, batch = shape.split(":")
         before = _load()
         run_child("child_export_vision", f"{preset}-naflex", int(budget), str(work))
-        res, _ = run_child("child_vision_bench", f"{preset}-naflex", int(budget), int(batch), a.reps, a.threads,
-                           str(work), a.profile)
+        res, _ = run_child(
+            "child_vision_bench", f"{preset}-naflex", int(budget), int(batch), a.reps, a.threads, str(work), a.profile
+        )
         res["loadavg_before"], res["loadavg_after"] = before, _load()
         results.append(res)
         print(json.dumps({k: v for k, v in res.items() if not k.startswith("profile")}, indent=1), flush=True)
@@ -347,7 +413,7 @@ def part_job(a, work: Path) -> dict:
     from masc_engine.export.exporter import export_bundle
     from masc_engine.jobs.results import read_output
 
-    subjects = [(r["subject"], r["class"]) for r in csv.DictReader(open(SHARED / "subjects.csv"))][:a.references]
+    subjects = [(r["subject"], r["class"]) for r in csv.DictReader(open(SHARED / "subjects.csv"))][: a.references]
     pairs = dreambench_pairs(work, SHARED, subjects, a.prompts, a.methods)
     bundle = work / f"base-naflex-{a.budget}"
     if not (bundle / "manifest.json").is_file() or "variants" not in json.loads((bundle / "manifest.json").read_text()):
@@ -364,21 +430,43 @@ def part_job(a, work: Path) -> dict:
     d_pf = np.abs(np.array([float(r["pf"]) for r in rows]) - np.array(ref["pf"]))
     n_imgs = len({r["ref_image"] for r in rows} | {r["out_image"] for r in rows})
     return {
-        "model": "random:base-naflex (width 768, 12 layers)", "budget": a.budget,
-        "workload": {"pairs": len(rows), "references": a.references, "prompts": a.prompts, "methods": a.methods,
-                     "distinct_images": n_imgs, "masc_metric_image_encodes": 2 * len(rows)},
-        "masc_run": {"whole_process_s": wall_ours, "in_run_s": meta["seconds"], "graph_variant": meta["settings"]["graph_variant"],
-                     "batch_size": a.batch_size, "onnxruntime_threads": "default (all cores)",
-                     "pairs_per_s_whole_process": len(rows) / wall_ours},
-        "masc_metric": {"whole_process_s": wall_ref, "import_s": ref["import_s"], "model_load_s": ref["model_load_s"],
-                        "loop_s": ref["loop_s"], "torch_threads": ref["torch_threads"], "peak_rss_mb": ref["peak_rss_mb"],
-                        "pairs_per_s_whole_process": len(rows) / wall_ref},
+        "model": "random:base-naflex (width 768, 12 layers)",
+        "budget": a.budget,
+        "workload": {
+            "pairs": len(rows),
+            "references": a.references,
+            "prompts": a.prompts,
+            "methods": a.methods,
+            "distinct_images": n_imgs,
+            "masc_metric_image_encodes": 2 * len(rows),
+        },
+        "masc_run": {
+            "whole_process_s": wall_ours,
+            "in_run_s": meta["seconds"],
+            "graph_variant": meta["settings"]["graph_variant"],
+            "batch_size": a.batch_size,
+            "onnxruntime_threads": "default (all cores)",
+            "pairs_per_s_whole_process": len(rows) / wall_ours,
+        },
+        "masc_metric": {
+            "whole_process_s": wall_ref,
+            "import_s": ref["import_s"],
+            "model_load_s": ref["model_load_s"],
+            "loop_s": ref["loop_s"],
+            "torch_threads": ref["torch_threads"],
+            "peak_rss_mb": ref["peak_rss_mb"],
+            "pairs_per_s_whole_process": len(rows) / wall_ref,
+        },
         "ratio_whole_process": wall_ref / wall_ours,
         "ratio_in_run": ref["loop_s"] / meta["seconds"],
-        "scores": {"max_abs_dcp": float(np.nanmax(d_cp)), "max_abs_dpf": float(np.nanmax(d_pf)),
-                   "nan_mismatch": int(np.sum(np.isnan([float(r["cp"]) for r in rows]) != np.isnan(ref["cp"])))},
+        "scores": {
+            "max_abs_dcp": float(np.nanmax(d_cp)),
+            "max_abs_dpf": float(np.nanmax(d_pf)),
+            "nan_mismatch": int(np.sum(np.isnan([float(r["cp"]) for r in rows]) != np.isnan(ref["cp"]))),
+        },
         "masc_run_startup": startup,
-        "loadavg_before": before, "loadavg_after": after,
+        "loadavg_before": before,
+        "loadavg_after": after,
     }
 
 
@@ -389,8 +477,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default=str(REPO / "out" / "bench-cpu"))
     ap.add_argument("--parts", default="vision,job", help="comma list of: vision, job (job includes start-up)")
-    ap.add_argument("--vision-shapes", default="base:256:8,so400m:1024:2",
-                    help="preset:budget:batch list for the per-image part")
+    ap.add_argument(
+        "--vision-shapes", default="base:256:8,so400m:1024:2", help="preset:budget:batch list for the per-image part"
+    )
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per side (per-image part)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for torch and ONNX Runtime")
     ap.add_argument("--profile", action="store_true", help="per-image part: profile by op type")
@@ -408,9 +497,13 @@ def main() -> None:
     result = json.loads(out.read_text()) if out.is_file() else {}
     if result.get("layout") != LAYOUT or {"vision", "job"} <= set(a.parts.split(",")):
         result = {"layout": LAYOUT}  # a full run (or an old layout) starts a fresh file; one part updates its key
-    result.update(script="bench/cpu_throughput.py", command=" ".join([sys.executable, *sys.argv]),
-                  machine=machine(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  load_note="load averages are recorded per part; ratios are side by side in one run")
+    result.update(
+        script="bench/cpu_throughput.py",
+        command=" ".join([sys.executable, *sys.argv]),
+        machine=machine(),
+        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        load_note="load averages are recorded per part; ratios are side by side in one run",
+    )
     parts = a.parts.split(",")
     if "vision" in parts:
         result["vision_per_image"] = part_vision(a, work)
@@ -431,12 +524,15 @@ def _int8(a, work: Path) -> dict:
     bundle = work / f"base-naflex-{a.budget}"
     int8, refused = work / f"base-naflex-{a.budget}-int8", work / f"base-naflex-{a.budget}-int8-refused"
     try:
-        gate = quantize_bundle(bundle, int8, SHARED / "pairs.csv",
-                               keep_refused_at=refused)
+        gate = quantize_bundle(bundle, int8, SHARED / "pairs.csv", keep_refused_at=refused)
         entry, timed = {"gates": gate, "accepted": True}, int8
     except Int8GateError as e:
-        entry = {"accepted": False, "refused": str(e), "gates": e.report,
-                 "note": "refused by its gates on these random weights; timed for reference only"}
+        entry = {
+            "accepted": False,
+            "refused": str(e),
+            "gates": e.report,
+            "note": "refused by its gates on these random weights; timed for reference only",
+        }
         timed = refused
     pairs = work / "pairs.csv"
     _, wall = masc_run_process(timed, pairs, work / "scores-int8.csv", ["--batch-size", str(a.batch_size)])

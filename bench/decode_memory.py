@@ -60,22 +60,48 @@ def main(argv=None) -> int:
     rows = []
     for kind, mode in CASES:
         n = args.size if mode != "I;16" else int(args.size * 2 / 3)
-        out = subprocess.run([sys.executable, "-c", CHILD, kind, mode, str(n)], capture_output=True, text=True,
-                             check=True, env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, kind, mode, str(n)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+        ).stdout
         peak, cost = map(int, out.split())
-        rows.append({"kind": kind, "mode": mode, "side": n, "peak_mb": round(peak / 2**20, 1),
-                     "reserved_mb": round(cost / 2**20, 1), "peak_bytes_per_pixel": round(peak / n / n, 2),
-                     "within_bound": peak <= cost})
+        rows.append(
+            {
+                "kind": kind,
+                "mode": mode,
+                "side": n,
+                "peak_mb": round(peak / 2**20, 1),
+                "reserved_mb": round(cost / 2**20, 1),
+                "peak_bytes_per_pixel": round(peak / n / n, 2),
+                "within_bound": peak <= cost,
+            }
+        )
         print(rows[-1])
     if args.out:
         from importlib.metadata import version
 
-        Path(args.out).write_text(json.dumps({
-            "script": "bench/decode_memory.py", "command": shlex.join([sys.executable, *sys.argv]),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                        "platform": platform.platform(), "python": platform.python_version()},
-            "versions": {p: version(p) for p in ("masc-engine", "pillow", "numpy")}, "cases": rows}, indent=2) + "\n")
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "script": "bench/decode_memory.py",
+                    "command": shlex.join([sys.executable, *sys.argv]),
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "machine": {
+                        "cpu": platform.processor() or platform.machine(),
+                        "cores": os.cpu_count(),
+                        "platform": platform.platform(),
+                        "python": platform.python_version(),
+                    },
+                    "versions": {p: version(p) for p in ("masc-engine", "pillow", "numpy")},
+                    "cases": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0 if all(r["within_bound"] for r in rows) else 1
 
 

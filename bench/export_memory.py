@@ -43,8 +43,10 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "dreambooth"
 GB = 1e9
 #: The end of a stage line (export/stages.py StageClock.record).
-STAGE_LINE = re.compile(r"\[(?P<stage>[^:\[\]]+): (?P<seconds>[\d.]+) s, peak (?P<peak>[\d.]+) GB, "
-                        r"now (?P<now>[\d.]+) GB(?: \((?P<where>[^)]*)\))?\]$")
+STAGE_LINE = re.compile(
+    r"\[(?P<stage>[^:\[\]]+): (?P<seconds>[\d.]+) s, peak (?P<peak>[\d.]+) GB, "
+    r"now (?P<now>[\d.]+) GB(?: \((?P<where>[^)]*)\))?\]$"
+)
 
 
 def _children() -> dict[int, list[int]]:
@@ -122,16 +124,26 @@ def _time_max_rss_kb(path: Path) -> int | None:
 def export_once(model: str, precision: str, out: Path, args) -> dict:
     """One ``masc-export`` run under the sampler; returns its record."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "masc_engine.cli.export_cmd", "--model", model, "--out", str(out),
-           "--precision", precision] + (["--max-num-patches", str(args.max_num_patches)] if args.max_num_patches else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "masc_engine.cli.export_cmd",
+        "--model",
+        model,
+        "--out",
+        str(out),
+        "--precision",
+        precision,
+    ] + (["--max-num-patches", str(args.max_num_patches)] if args.max_num_patches else [])
     time_file = out.with_name(out.name + ".time.txt")
     if shutil.which("time") or Path("/usr/bin/time").is_file():
         cmd = ["/usr/bin/time", "-v", "-o", str(time_file)] + cmd
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src")] + [os.environ.get("PYTHONPATH", "")]))
     load_before = os.getloadavg()
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, start_new_session=True
+    )
     sampler = Sampler(proc.pid, args.interval, args.kill_above_gb * GB if args.kill_above_gb else None)
     sampler.start()
     stages, lines = [], []
@@ -142,17 +154,32 @@ def export_once(model: str, precision: str, out: Path, args) -> dict:
         m = STAGE_LINE.search(line)
         if m:
             tree_peak, procs = sampler.next_stage()
-            stages.append({"stage": m["stage"], "seconds": float(m["seconds"]), "process": m["where"] or "exporter",
-                           "stage_peak_rss_gb": float(m["peak"]),
-                           "rss_gb_after": float(m["now"]), "tree_peak_rss_gb": round(tree_peak / GB, 3),
-                           "tree_processes_at_peak": procs})
+            stages.append(
+                {
+                    "stage": m["stage"],
+                    "seconds": float(m["seconds"]),
+                    "process": m["where"] or "exporter",
+                    "stage_peak_rss_gb": float(m["peak"]),
+                    "rss_gb_after": float(m["now"]),
+                    "tree_peak_rss_gb": round(tree_peak / GB, 3),
+                    "tree_processes_at_peak": procs,
+                }
+            )
     code = proc.wait()
     sampler.done.set()
     sampler.join()
-    rec = {"model": model, "precision": precision, "exit_code": code, "wall_s": round(time.time() - t0, 1),
-           "tree_peak_rss_gb": round(sampler.peak / GB, 3), "killed_by_watchdog": sampler.killed,
-           "time_v_max_rss_gb": None, "load_average_before": [round(x, 2) for x in load_before],
-           "load_average_after": [round(x, 2) for x in os.getloadavg()], "stages": stages}
+    rec = {
+        "model": model,
+        "precision": precision,
+        "exit_code": code,
+        "wall_s": round(time.time() - t0, 1),
+        "tree_peak_rss_gb": round(sampler.peak / GB, 3),
+        "killed_by_watchdog": sampler.killed,
+        "time_v_max_rss_gb": None,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "stages": stages,
+    }
     kb = _time_max_rss_kb(time_file)
     if kb is not None:
         rec["time_v_max_rss_gb"] = round(kb * 1024 / GB, 3)
@@ -181,8 +208,11 @@ def bundle_sizes(bundle: Path) -> dict:
     total = lambda names: sum(sizes.get(n, 0) for n in names) + (bundle / "manifest.json").stat().st_size  # noqa: E731
     fused = "ort-cpu" if m.get("variants", {}).get("ort-cpu") else None  # CPU runs the fused graphs when present
     targets = {"all": total(set(sizes)), "cpu": total(files_of(fused)), "gpu": total(files_of(None))}
-    return {"bytes_by_target": targets, "gb_by_target": {k: round(v / GB, 3) for k, v in targets.items()},
-            "files": sizes}
+    return {
+        "bytes_by_target": targets,
+        "gb_by_target": {k: round(v / GB, 3) for k, v in targets.items()},
+        "files": sizes,
+    }
 
 
 def compare_scores(bundle: Path, work: Path) -> dict:
@@ -199,8 +229,20 @@ def compare_scores(bundle: Path, work: Path) -> dict:
             f.unlink()
         env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
         t0 = time.time()
-        proc = subprocess.Popen([sys.executable, "-m", "masc_engine.cli.run_cmd", str(EXAMPLES / "pairs.csv"),
-                                 "--bundle", str(b), "--out", str(out), "--no-progress"], env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "masc_engine.cli.run_cmd",
+                str(EXAMPLES / "pairs.csv"),
+                "--bundle",
+                str(b),
+                "--out",
+                str(out),
+                "--no-progress",
+            ],
+            env=env,
+        )
         _, status, usage = os.wait4(proc.pid, 0)  # ru_maxrss of this masc-run alone (kB)
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode:
@@ -208,15 +250,24 @@ def compare_scores(bundle: Path, work: Path) -> dict:
         import csv
 
         rows = list(csv.DictReader(open(out, newline="", encoding="utf-8")))
-        got[name] = {"cp": [float(r["cp"]) for r in rows], "pf": [float(r["pf"]) for r in rows],
-                     "seconds": round(time.time() - t0, 1), "peak_rss_gb": round(usage.ru_maxrss * 1024 / GB, 3)}
+        got[name] = {
+            "cp": [float(r["cp"]) for r in rows],
+            "pf": [float(r["pf"]) for r in rows],
+            "seconds": round(time.time() - t0, 1),
+            "peak_rss_gb": round(usage.ru_maxrss * 1024 / GB, 3),
+        }
     a, b = got["shared"], got["one_copy_per_graph"]
     d = lambda k: max(abs(x - y) for x, y in zip(a[k], b[k], strict=True))  # noqa: E731
     sizes = {"shared": bundle_sizes(bundle)["gb_by_target"], "one_copy_per_graph": bundle_sizes(old)["gb_by_target"]}
     shutil.rmtree(old, ignore_errors=True)
-    return {"pairs": len(a["cp"]), "max_abs_dcp": d("cp"), "max_abs_dpf": d("pf"), "gb_by_target": sizes,
-            "masc_run_seconds": {k: v["seconds"] for k, v in got.items()},
-            "masc_run_peak_rss_gb": {k: v["peak_rss_gb"] for k, v in got.items()}}
+    return {
+        "pairs": len(a["cp"]),
+        "max_abs_dcp": d("cp"),
+        "max_abs_dpf": d("pf"),
+        "gb_by_target": sizes,
+        "masc_run_seconds": {k: v["seconds"] for k, v in got.items()},
+        "masc_run_peak_rss_gb": {k: v["peak_rss_gb"] for k, v in got.items()},
+    }
 
 
 def _one_copy_per_graph(bundle: Path, dst: Path) -> None:
@@ -257,8 +308,13 @@ def _machine() -> dict:
             versions[dist.replace("-", "_")] = version(dist)
         except PackageNotFoundError:
             pass
-    return {"platform": platform.platform(), "cpus": os.cpu_count(), "mem_total_gb": round(mem / GB, 1) if mem else None,
-            "python": platform.python_version(), "versions": versions}
+    return {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "mem_total_gb": round(mem / GB, 1) if mem else None,
+        "python": platform.python_version(),
+        "versions": versions,
+    }
 
 
 def main(argv=None) -> int:
@@ -268,21 +324,37 @@ def main(argv=None) -> int:
     ap.add_argument("--max-num-patches", type=int, default=None)
     ap.add_argument("--work", default="/tmp/masc-export-memory")
     ap.add_argument("--interval", type=float, default=0.25, help="RSS sampling period, seconds")
-    ap.add_argument("--kill-above-gb", type=float, default=12.0,
-                    help="watchdog: kill the export's process tree past this RSS (0: off)")
-    ap.add_argument("--compare-scores", action="store_true",
-                    help="score the shipped pairs with the fp32 bundle and with a one-copy-per-graph layout of it")
+    ap.add_argument(
+        "--kill-above-gb",
+        type=float,
+        default=12.0,
+        help="watchdog: kill the export's process tree past this RSS (0: off)",
+    )
+    ap.add_argument(
+        "--compare-scores",
+        action="store_true",
+        help="score the shipped pairs with the fp32 bundle and with a one-copy-per-graph layout of it",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the bundles under --work")
-    ap.add_argument("--compare-bundle", default=None,
-                    help="only --compare-scores on this existing bundle (no export); added to --out's runs")
+    ap.add_argument(
+        "--compare-bundle",
+        default=None,
+        help="only --compare-scores on this existing bundle (no export); added to --out's runs",
+    )
     ap.add_argument("--note", default="", help="free text recorded in the results (e.g. the machine's state)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    res = {"script": "bench/export_memory.py", "argv": sys.argv[1:] if argv is None else list(argv),
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": _machine(), "note": args.note,
-           "kill_above_gb": args.kill_above_gb or None, "runs": []}
+    res = {
+        "script": "bench/export_memory.py",
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": _machine(),
+        "note": args.note,
+        "kill_above_gb": args.kill_above_gb or None,
+        "runs": [],
+    }
     if args.compare_bundle:
         prev = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else res
         fp32 = next((r for r in prev["runs"] if r["precision"] == "fp32"), None)
@@ -302,8 +374,15 @@ def main(argv=None) -> int:
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")  # after each run: a killed bench keeps it
-    print(json.dumps([{k: r.get(k) for k in ("precision", "exit_code", "wall_s", "tree_peak_rss_gb",
-                                             "time_v_max_rss_gb")} for r in res["runs"]], indent=1))
+    print(
+        json.dumps(
+            [
+                {k: r.get(k) for k in ("precision", "exit_code", "wall_s", "tree_peak_rss_gb", "time_v_max_rss_gb")}
+                for r in res["runs"]
+            ],
+            indent=1,
+        )
+    )
     return 0 if all(r["exit_code"] == 0 for r in res["runs"]) else 1
 
 

@@ -49,10 +49,15 @@ def measure(preset: str, work: Path) -> dict:
         "pool": lambda: val.validate_pool(OrtRunner(out / "pool.onnx", "pool"), m),
         "text": lambda: val.validate_text(OrtRunner(out / "text.onnx", "text"), m, processor, text, out),
     }
-    res = {"preset": preset, "vision_layers": int(m.vision_model.config.num_hidden_layers),
-           "vision_width": int(m.vision_model.config.hidden_size),
-           "text_layers": int(m.text_model.config.num_hidden_layers),
-           "max_num_patches": image.get("max_num_patches"), "export_seconds": round(export_s, 1), "graphs": {}}
+    res = {
+        "preset": preset,
+        "vision_layers": int(m.vision_model.config.num_hidden_layers),
+        "vision_width": int(m.vision_model.config.hidden_size),
+        "text_layers": int(m.text_model.config.num_hidden_layers),
+        "max_num_patches": image.get("max_num_patches"),
+        "export_seconds": round(export_s, 1),
+        "graphs": {},
+    }
     for name, fn in checks.items():
         try:
             rep = fn()
@@ -60,9 +65,12 @@ def measure(preset: str, work: Path) -> dict:
             rep = dict(e.report, exceeded_budget=True)
         cases = rep["cases"]
         res["graphs"][name] = {
-            "max_abs": max(c["max_abs"] for c in cases), "mean_abs": max(c["mean_abs"] for c in cases),
-            "p99_abs": max(c["p99_abs"] for c in cases), "max_rel": max(c["max_rel"] for c in cases),
-            "budget_at_run": rep.get("atol"), "cases": len(cases),
+            "max_abs": max(c["max_abs"] for c in cases),
+            "mean_abs": max(c["mean_abs"] for c in cases),
+            "p99_abs": max(c["p99_abs"] for c in cases),
+            "max_rel": max(c["max_rel"] for c in cases),
+            "budget_at_run": rep.get("atol"),
+            "cases": len(cases),
             "exceeded_budget": bool(rep.get("exceeded_budget", False)),
         }
     return res
@@ -92,20 +100,31 @@ def main() -> None:
     results = []
     for preset in args.presets.split(","):
         print(f"== {preset}", file=sys.stderr, flush=True)
-        proc = subprocess.run([sys.executable, __file__, "--work", str(work), "--child", preset],
-                              stdout=subprocess.PIPE, text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--work", str(work), "--child", preset],
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        )
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         print(json.dumps(results[-1]["graphs"]), file=sys.stderr, flush=True)
     record = {
         "what": "export validation max |error|, ONNX Runtime CPU fp32 vs PyTorch fp32, random weights",
         "script": "bench/export_validation.py",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "loadavg_1_5_15": list(os.getloadavg()),
-                    "note": "shared 2-core machine: other jobs ran at the same time"},
-        "versions": {"python": platform.python_version(), "masc_engine": masc_engine.__version__,
-                     "torch": torch.__version__, "transformers": transformers.__version__,
-                     "onnxruntime": onnxruntime.__version__},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "loadavg_1_5_15": list(os.getloadavg()),
+            "note": "shared 2-core machine: other jobs ran at the same time",
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "masc_engine": masc_engine.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
         "presets": results,
     }
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")

@@ -53,7 +53,7 @@ def rankdata(x: np.ndarray) -> np.ndarray:
         j = i
         while j + 1 < len(x) and xs[j + 1] == xs[i]:
             j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
         i = j + 1
     return ranks
 
@@ -75,9 +75,11 @@ def _gate(value, threshold, ok) -> dict:
 
 def _nonfinite(ref: np.ndarray, test: np.ndarray) -> dict:
     """Counts of bad values: Inf anywhere, NaN in test where ref is finite, finite where ref is NaN."""
-    return {"inf": int(np.isinf(ref).sum() + np.isinf(test).sum()),
-            "nan_where_ref_finite": int((np.isnan(test) & np.isfinite(ref)).sum()),
-            "finite_where_ref_nan": int((np.isfinite(test) & np.isnan(ref)).sum())}
+    return {
+        "inf": int(np.isinf(ref).sum() + np.isinf(test).sum()),
+        "nan_where_ref_finite": int((np.isnan(test) & np.isfinite(ref)).sum()),
+        "finite_where_ref_nan": int((np.isfinite(test) & np.isnan(ref)).sum()),
+    }
 
 
 def fidelity_gates(ref: dict, test: dict, tol=None) -> dict:
@@ -104,14 +106,20 @@ def fidelity_gates(ref: dict, test: dict, tol=None) -> dict:
         both = np.isfinite(r) & np.isfinite(t)
         d = np.abs(r[both] - t[both])
         max_d = float(d.max()) if d.size else float("nan")
-        gates[f"max_abs_delta_{name}"] = _gate(max_d, tol.FIDELITY_MAX_ABS_DELTA,
-                                               d.size > 0 and max_d <= tol.FIDELITY_MAX_ABS_DELTA)
+        gates[f"max_abs_delta_{name}"] = _gate(
+            max_d, tol.FIDELITY_MAX_ABS_DELTA, d.size > 0 and max_d <= tol.FIDELITY_MAX_ABS_DELTA
+        )
         rho = spearman(r[both], t[both])
-        gates[f"spearman_{name}"] = _gate(rho, tol.FIDELITY_MIN_SPEARMAN,
-                                          np.isfinite(rho) and rho >= tol.FIDELITY_MIN_SPEARMAN)
-        detail[name] = {"n_finite": int(both.sum()), "mean_abs_delta": float(d.mean()) if d.size else float("nan"),
-                        "p99_abs_delta": float(np.quantile(d, 0.99)) if d.size else float("nan"),
-                        "ref_std": float(np.std(r[both])) if d.size else float("nan"), **nf}
+        gates[f"spearman_{name}"] = _gate(
+            rho, tol.FIDELITY_MIN_SPEARMAN, np.isfinite(rho) and rho >= tol.FIDELITY_MIN_SPEARMAN
+        )
+        detail[name] = {
+            "n_finite": int(both.sum()),
+            "mean_abs_delta": float(d.mean()) if d.size else float("nan"),
+            "p99_abs_delta": float(np.quantile(d, 0.99)) if d.size else float("nan"),
+            "ref_std": float(np.std(r[both])) if d.size else float("nan"),
+            **nf,
+        }
     if "embeddings" in ref and "embeddings" in test:
         er, et = np.asarray(ref["embeddings"], np.float64), np.asarray(test["embeddings"], np.float64)
         if er.shape != et.shape:
@@ -123,10 +131,14 @@ def fidelity_gates(ref: dict, test: dict, tol=None) -> dict:
         den = np.linalg.norm(er[rows], axis=1) * np.linalg.norm(et[rows], axis=1)
         cos = num / np.maximum(den, 1e-30)
         worst = float(cos.min()) if cos.size else float("nan")
-        gates["min_embedding_cosine"] = _gate(worst, tol.FIDELITY_MIN_EMBEDDING_COSINE,
-                                              cos.size > 0 and worst >= tol.FIDELITY_MIN_EMBEDDING_COSINE)
-        detail["embeddings"] = {"n": int(rows.sum()), "mean_cosine": float(cos.mean()) if cos.size else float("nan"),
-                                **nf}
+        gates["min_embedding_cosine"] = _gate(
+            worst, tol.FIDELITY_MIN_EMBEDDING_COSINE, cos.size > 0 and worst >= tol.FIDELITY_MIN_EMBEDDING_COSINE
+        )
+        detail["embeddings"] = {
+            "n": int(rows.sum()),
+            "mean_cosine": float(cos.mean()) if cos.size else float("nan"),
+            **nf,
+        }
     total_bad = sum(v for nf in bad.values() for v in nf.values())
     gates["no_nan_inf"] = _gate(total_bad, 0, total_bad == 0)
     return {"pass": all(g["pass"] for g in gates.values()), "n_pairs": n, "gates": gates, "detail": detail}

@@ -25,10 +25,17 @@ def _machine() -> dict:
     import onnx
     import onnxruntime
 
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "loadavg_1_5_15": list(os.getloadavg()),
-            "versions": {"python": platform.python_version(), "numpy": numpy.__version__, "onnx": onnx.__version__,
-                         "onnxruntime": onnxruntime.__version__}}
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "loadavg_1_5_15": list(os.getloadavg()),
+        "versions": {
+            "python": platform.python_version(),
+            "numpy": numpy.__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
+    }
 
 
 def main(argv=None) -> int:
@@ -58,9 +65,15 @@ def main(argv=None) -> int:
             result = {"certified": False, "refusal": str(e)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result.update(script="bench/fp8_certify.py", date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  machine=_machine(), model=args.model, max_num_patches=args.max_num_patches,
-                  seconds=round(time.time() - t0, 1), log=lines)
+    result.update(
+        script="bench/fp8_certify.py",
+        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        machine=_machine(),
+        model=args.model,
+        max_num_patches=args.max_num_patches,
+        seconds=round(time.time() - t0, 1),
+        log=lines,
+    )
     args.out.write_text(json.dumps(result, indent=1, default=float) + "\n")
     print(f"written {args.out}")
     return 0

@@ -85,6 +85,7 @@ def _import_masc():
     sys.path.insert(0, str(REPO / "src"))
     try:
         import masc_engine  # noqa: F401
+
         return "full"
     except Exception as e:  # noqa: BLE001
         for k in [k for k in sys.modules if k == "masc_engine" or k.startswith("masc_engine.")]:
@@ -123,8 +124,9 @@ class ArrayCPRunner:
     def run_device(self, feeds: dict, device=None) -> dict:
         from masc_engine.runtime.heads import cp_forward
 
-        return cp_forward(*(self.xp.asarray(feeds[k]) for k in self.input_names), xp=self.xp,
-                          gemm_dtype=self.gemm_dtype)
+        return cp_forward(
+            *(self.xp.asarray(feeds[k]) for k in self.input_names), xp=self.xp, gemm_dtype=self.gemm_dtype
+        )
 
     def run(self, feeds: dict) -> dict:
         to_host = getattr(self.xp, "asnumpy", np.asarray)
@@ -164,8 +166,10 @@ class Config:
             self.cp_bench = dict(k=4, n=64, m=64, d=64)
             self.tp_batch, self.tp_iters = 2, 1
         else:
-            self.models = {"base": dict(width=768, layers=12, heads=12, mlp=3072),
-                           "so400m": dict(width=1152, layers=27, heads=16, mlp=4304)}
+            self.models = {
+                "base": dict(width=768, layers=12, heads=12, mlp=3072),
+                "so400m": dict(width=1152, layers=27, heads=16, mlp=4304),
+            }
             self.budget, self.n_images = 1024, 40  # 40 x 39 = 1,560 pairs
             self.grid_choices = [(32, 32), (24, 42), (42, 24), (40, 25), (16, 16), (28, 36), (12, 20), (7, 9)]
             self.cp_bench = dict(k=64, n=1024, m=1024, d=1152)
@@ -178,8 +182,13 @@ class Config:
 
 
 def section_env(cfg, ctx):
-    out = {"python": platform.python_version(), "platform": platform.platform(), "numpy": np.__version__,
-           "masc_engine_import": ctx["masc_import"], "dry_run": cfg.dry_run}
+    out = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "numpy": np.__version__,
+        "masc_engine_import": ctx["masc_import"],
+        "dry_run": cfg.dry_run,
+    }
     torch = _try_import("torch")
     if torch is not None:
         out["torch"] = torch.__version__
@@ -207,8 +216,12 @@ def section_env(cfg, ctx):
         mod = _try_import(name)
         out[name] = getattr(mod, "__version__", "present") if mod is not None else None
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,compute_cap,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         out["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
     except Exception as e:  # noqa: BLE001
         out["nvidia_smi"] = f"unavailable: {e}"
@@ -221,8 +234,13 @@ def _cp_cases(rng, width):
     base = rng.normal(size=(1, width)).astype(np.float32) * 1.5
     tok = lambda n: (rng.normal(size=(n, width)) + base).astype(np.float32)  # noqa: E731
     groups = []
-    for n_ref, outs, empty in [(37, [37, 20, 51, 3, 37, 64], False), (24, [30, 30], False),
-                               (40, [12, 40, 5], False), (16, [16, 9], True), (64, [64] * 9, False)]:
+    for n_ref, outs, empty in [
+        (37, [37, 20, 51, 3, 37, 64], False),
+        (24, [30, 30], False),
+        (40, [12, 40, 5], False),
+        (16, [16, 9], True),
+        (64, [64] * 9, False),
+    ]:
         w = rng.random(n_ref).astype(np.float32) * (0.5 if empty else 1.0)
         groups.append((tok(n_ref), w, [tok(m) for m in outs]))
     return groups
@@ -263,11 +281,19 @@ def _cp_device_tokens(xp, width, seed=2):
         for o in outs:
             items.append(CPItem(ref_dev, w, device.from_host(o)))
             expected.append(masked_maxcos(ref, o, w)[0])
-    got = [c for c, _ in GraphCP(ArrayCPRunner(xp), max_outs_per_ref=4, max_refs_per_call=3,
-                                 device=device).score_items(items)]
+    got = [
+        c
+        for c, _ in GraphCP(ArrayCPRunner(xp), max_outs_per_ref=4, max_refs_per_call=3, device=device).score_items(
+            items
+        )
+    ]
     d = [abs(g - e) for g, e in zip(got, expected) if not np.isnan(e)]
-    return {"device": device.name, "pairs": len(items), "max_abs_delta_cp": max(d),
-            "nan_where_expected": all(np.isnan(g) == np.isnan(e) for g, e in zip(got, expected))}
+    return {
+        "device": device.name,
+        "pairs": len(items),
+        "max_abs_delta_cp": max(d),
+        "nan_where_expected": all(np.isnan(g) == np.isnan(e) for g, e in zip(got, expected)),
+    }
 
 
 def section_cp_head_cupy(cfg, ctx):
@@ -290,8 +316,9 @@ def section_cp_head_cupy(cfg, ctx):
     out = {"xp": xp.__name__, "atol_fp32": CP_HEAD_ATOL}
     for width in sorted({64, cfg.cp_bench["d"]}):
         out[f"accuracy_d{width}"] = _cp_accuracy(lambda g: ArrayCPRunner(xp, g), width)
-    out["fp32_within_atol"] = all(out[k]["float32"]["max_abs_delta_cp"] <= CP_HEAD_ATOL
-                                  for k in out if k.startswith("accuracy_d"))
+    out["fp32_within_atol"] = all(
+        out[k]["float32"]["max_abs_delta_cp"] <= CP_HEAD_ATOL for k in out if k.startswith("accuracy_d")
+    )
     out["device_tokens"] = _cp_device_tokens(xp, cfg.cp_bench["d"])
     # Timing at so400m shapes, tokens already on the device (the cached-reference case).
     b = cfg.cp_bench
@@ -349,8 +376,9 @@ def section_cp_head_torch(cfg, ctx):
             out[f"accuracy_d{width}"] = _cp_accuracy(TorchRunner, width)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
-    out["fp32_within_atol"] = all(out[k]["float32"]["max_abs_delta_cp"] <= CP_HEAD_ATOL
-                                  for k in out if k.startswith("accuracy_d"))
+    out["fp32_within_atol"] = all(
+        out[k]["float32"]["max_abs_delta_cp"] <= CP_HEAD_ATOL for k in out if k.startswith("accuracy_d")
+    )
     if not dev.startswith("cuda"):
         out["note"] = "CPU dry run: the float16 rows ran in fp32 (autocast fp16 is CUDA-only here)"
     return out
@@ -428,7 +456,7 @@ def _build_tower(torch, spec, cfg, seed):
             q = (self.probe @ wq.T + bq).view(1, 1, h, hd).transpose(1, 2)
             k = (x @ wk.T + bk).view(b, n, h, hd).transpose(1, 2)
             v = (x @ wv.T + bv).view(b, n, h, hd).transpose(1, 2)
-            logits = (q @ k.transpose(-1, -2)).float() * hd ** -0.5 + kpm[:, None, None, :].float() * mask_value
+            logits = (q @ k.transpose(-1, -2)).float() * hd**-0.5 + kpm[:, None, None, :].float() * mask_value
             w = torch.softmax(logits, dim=-1).to(dt)
             o = self.pool_o((w @ v).transpose(1, 2).reshape(b, 1, d))
             y = F.gelu(self.pool_fc1(ln(self.pool_ln, o)).float(), approximate="tanh").to(dt)
@@ -469,9 +497,17 @@ def _synthetic_images(cfg, rng):
             img = np.repeat((((yy // s + xx // s) % 2) * 2.0 - 1.0)[..., None], 3, axis=2)
         else:
             yy, xx = np.mgrid[0:hh, 0:ww] / max(hh, ww)
-            img = np.stack([np.sin(xx * rng.uniform(1, 9) + rng.uniform(0, 6)),
-                            np.cos(yy * rng.uniform(1, 9) + rng.uniform(0, 6)),
-                            np.sin((xx + yy) * rng.uniform(1, 9))], axis=-1) * 0.6
+            img = (
+                np.stack(
+                    [
+                        np.sin(xx * rng.uniform(1, 9) + rng.uniform(0, 6)),
+                        np.cos(yy * rng.uniform(1, 9) + rng.uniform(0, 6)),
+                        np.sin((xx + yy) * rng.uniform(1, 9)),
+                    ],
+                    axis=-1,
+                )
+                * 0.6
+            )
             for _ in range(int(rng.integers(2, 6))):
                 cy, cx, r = rng.uniform(0, hh), rng.uniform(0, ww), rng.uniform(0.1, 0.4) * min(hh, ww)
                 m = ((np.mgrid[0:hh, 0:ww][0] - cy) ** 2 + (np.mgrid[0:hh, 0:ww][1] - cx) ** 2) < r * r
@@ -487,7 +523,7 @@ def _masks(cfg, images, rng):
     leave 1-3 background patches; one hides everything) on each image's patch grid."""
     ref_w, out_w = [], []
     for i, (_, grid, _) in enumerate(images):
-        gy, gx = np.mgrid[0:grid[0], 0:grid[1]]
+        gy, gx = np.mgrid[0 : grid[0], 0 : grid[1]]
         cy, cx = rng.uniform(0.3, 0.7) * grid[0], rng.uniform(0.3, 0.7) * grid[1]
         ry, rx = rng.uniform(0.2, 0.45) * grid[0] + 0.5, rng.uniform(0.2, 0.45) * grid[1] + 0.5
         dist = np.sqrt(((gy - cy) / ry) ** 2 + ((gx - cx) / rx) ** 2)
@@ -506,17 +542,17 @@ def _masks(cfg, images, rng):
 def _encode_all(torch, tower, images, cfg, dev, batch):
     toks = []
     for s in range(0, len(images), batch):
-        chunk = images[s:s + batch]
+        chunk = images[s : s + batch]
         n = max(x[0].shape[0] for x in chunk)
         px = np.zeros((len(chunk), n, chunk[0][0].shape[1]), np.float32)
         valid = np.zeros((len(chunk), n), bool)
         for j, (p, _, _) in enumerate(chunk):
-            px[j, :p.shape[0]] = p
-            valid[j, :p.shape[0]] = True
+            px[j, : p.shape[0]] = p
+            valid[j, : p.shape[0]] = True
         with torch.no_grad():
             t = tower.encode(torch.from_numpy(px).to(dev), torch.from_numpy(valid).to(dev), [c[1] for c in chunk])
         for j, (p, _, _) in enumerate(chunk):
-            toks.append(t[j, :p.shape[0]])
+            toks.append(t[j, : p.shape[0]])
     return toks
 
 
@@ -548,8 +584,8 @@ def _cp_matrix(torch, toks, ref_w, gemm_dtype):
     outs = torch.zeros(n_img, m, d, device=dev)
     valid = torch.zeros(n_img, m, dtype=torch.bool, device=dev)
     for j, t in enumerate(toks):
-        outs[j, :t.shape[0]] = t
-        valid[j, :t.shape[0]] = True
+        outs[j, : t.shape[0]] = t
+        valid[j, : t.shape[0]] = True
     outs_n = outs / outs.norm(dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
     res = np.full((n_img, n_img), np.nan)
     for i, t in enumerate(toks):
@@ -577,9 +613,12 @@ def _fidelity_for_model(torch, cfg, ctx, name, spec):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     batch = 4 if cfg.dry_run else 8
-    results = {"pairs": len(pairs), "images": len(images),
-               "image_kinds": sorted({k for _, _, k in images}),
-               "grids": sorted({tuple(g) for _, g, _ in images})}
+    results = {
+        "pairs": len(pairs),
+        "images": len(images),
+        "image_kinds": sorted({k for _, _, k in images}),
+        "grids": sorted({tuple(g) for _, g, _ in images}),
+    }
 
     def scores(tower, gemm_dtype):
         t0 = time.perf_counter()
@@ -604,23 +643,35 @@ def _fidelity_for_model(torch, cfg, ctx, name, spec):
         return np.array([sims[j, (i + j) % 10] for i, j in pairs])
 
     def pack(pooled, cpm):
-        return {"cp": np.array([cpm[i, j] for i, j in pairs]), "pf": pf_of(pooled),
-                "embeddings": pooled.double().cpu().numpy()}
+        return {
+            "cp": np.array([cpm[i, j] for i, j in pairs]),
+            "pf": pf_of(pooled),
+            "embeddings": pooled.double().cpu().numpy(),
+        }
 
     ref = pack(pooled32, cp32)
-    results["fp32_score_spread"] = {"cp_std": float(np.nanstd(ref["cp"])), "pf_std": float(np.nanstd(ref["pf"])),
-                                    "cp_range": [float(np.nanmin(ref["cp"])), float(np.nanmax(ref["cp"]))],
-                                    "pf_range": [float(np.nanmin(ref["pf"])), float(np.nanmax(ref["pf"]))],
-                                    "nan_cp": int(np.isnan(ref["cp"]).sum()), "nan_pf": int(np.isnan(ref["pf"]).sum())}
+    results["fp32_score_spread"] = {
+        "cp_std": float(np.nanstd(ref["cp"])),
+        "pf_std": float(np.nanstd(ref["pf"])),
+        "cp_range": [float(np.nanmin(ref["cp"])), float(np.nanmax(ref["cp"]))],
+        "pf_range": [float(np.nanmin(ref["pf"])), float(np.nanmax(ref["pf"]))],
+        "nan_cp": int(np.isnan(ref["cp"]).sum()),
+        "nan_pf": int(np.isnan(ref["pf"]).sum()),
+    }
     precisions = [("fp16", torch.float16)]
     if not dev.startswith("cuda") or torch.cuda.is_bf16_supported():
         precisions.append(("bf16", torch.bfloat16))
     for pname, pdt in precisions:
         try:  # one precision's failure keeps the other's results (recorded next to them)
-            results[pname] = _fidelity_one_precision(torch, spec, cfg, dev, pdt, pname, scores, toks32, ref_w, images,
-                                                     ref, pack, fg)
+            results[pname] = _fidelity_one_precision(
+                torch, spec, cfg, dev, pdt, pname, scores, toks32, ref_w, images, ref, pack, fg
+            )
         except Exception as e:  # noqa: BLE001
-            results[pname] = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            results[pname] = {
+                "status": "error",
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc(),
+            }
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()
     return results
@@ -641,7 +692,8 @@ def _fidelity_one_precision(torch, spec, cfg, dev, pdt, pname, scores, toks32, r
     out = {
         "seconds": secs,
         "nonfinite_tokens": nonfinite_tokens,
-        "token_cosine_min": float(token_cos.min()), "token_cosine_mean": float(token_cos.mean()),
+        "token_cosine_min": float(token_cos.min()),
+        "token_cosine_mean": float(token_cos.mean()),
         "token_cosine_min_by_image_kind": per_kind,
         "gates_cp_gemm_fp32": fg.fidelity_gates(ref, pack(pooled, cp_f32gemm)),
         f"gates_cp_gemm_{pname}": fg.fidelity_gates(ref, pack(pooled, cp_lowgemm)),
@@ -658,8 +710,13 @@ def section_throughput(cfg, ctx):
     name, spec = list(cfg.models.items())[-1]
     b, n = cfg.tp_batch, cfg.budget
     side = int(math.isqrt(n))
-    out = {"model": name, "batch": b, "patches": n, "device": dev,
-           "what": "PyTorch eager, random weights, SigLIP2-shaped vision tower (not a TensorRT engine)"}
+    out = {
+        "model": name,
+        "batch": b,
+        "patches": n,
+        "device": dev,
+        "what": "PyTorch eager, random weights, SigLIP2-shaped vision tower (not a TensorRT engine)",
+    }
     px = torch.randn(b, n, 3 * cfg.patch * cfg.patch, device=dev).clamp(-1, 1)
     valid = torch.ones(b, n, dtype=torch.bool, device=dev)
     grids = [(side, n // side)] * b
@@ -668,8 +725,11 @@ def section_throughput(cfg, ctx):
         if dev.startswith("cuda"):
             torch.cuda.synchronize()
 
-    for label, dt, tf32 in [("fp32", torch.float32, False), ("tf32", torch.float32, True),
-                            ("fp16_policy", torch.float16, False)]:
+    for label, dt, tf32 in [
+        ("fp32", torch.float32, False),
+        ("tf32", torch.float32, True),
+        ("fp16_policy", torch.float16, False),
+    ]:
         if not dev.startswith("cuda") and label != "fp32":
             continue
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -696,8 +756,10 @@ def section_ort_cuda(cfg, ctx):
     if ort is None:
         raise Skip("onnxruntime is not importable (onnxruntime-gpu is needed for the CUDA EP)")
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise Skip(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider "
-                   f"(providers: {ort.get_available_providers()}); install onnxruntime-gpu")
+        raise Skip(
+            f"onnxruntime {ort.__version__} has no CUDAExecutionProvider "
+            f"(providers: {ort.get_available_providers()}); install onnxruntime-gpu"
+        )
     if _try_import("onnxscript") is None or _try_import("torch") is None:
         raise Skip("exporting cp.onnx here needs torch + onnxscript")
     import tempfile
@@ -711,8 +773,11 @@ def section_ort_cuda(cfg, ctx):
     with tempfile.TemporaryDirectory() as d:
         export_graph(cp_spec(width), Path(d) / "cp.onnx")
         acc = _cp_accuracy(lambda g: OrtRunner(Path(d) / "cp.onnx", "cp", provider="cuda"), width)
-    out = {"provider": "CUDAExecutionProvider", "accuracy": acc["float32"],
-           "within_atol": acc["float32"]["max_abs_delta_cp"] <= CP_HEAD_ATOL}
+    out = {
+        "provider": "CUDAExecutionProvider",
+        "accuracy": acc["float32"],
+        "within_atol": acc["float32"]["max_abs_delta_cp"] <= CP_HEAD_ATOL,
+    }
     for key, step in (("device_resident_scorer", _ort_cuda_device_resident), ("fp16_bundle", _ort_cuda_fp16_bundle)):
         try:  # each step's result (or error) is kept next to the others
             out[key] = step()
@@ -745,10 +810,12 @@ def _ort_cuda_fp16_bundle():
         cpu16 = Scorer(b16).score_batch(pairs)
         cuda32 = Scorer(b32, provider="cuda").score_batch(pairs)
     d = lambda a, b, k: max(abs(getattr(x, k) - getattr(y, k)) for x, y in zip(a, b))  # noqa: E731
-    res = {"pairs": len(pairs), "cuda_fp16_vs_cpu_fp16": {"max_abs_dcp": d(cuda16, cpu16, "cp"),
-                                                         "max_abs_dpf": d(cuda16, cpu16, "pf")},
-           "cuda_fp16_vs_cuda_fp32": {"max_abs_dcp": d(cuda16, cuda32, "cp"), "max_abs_dpf": d(cuda16, cuda32, "pf")},
-           "gate": FIDELITY_MAX_ABS_DELTA}
+    res = {
+        "pairs": len(pairs),
+        "cuda_fp16_vs_cpu_fp16": {"max_abs_dcp": d(cuda16, cpu16, "cp"), "max_abs_dpf": d(cuda16, cpu16, "pf")},
+        "cuda_fp16_vs_cuda_fp32": {"max_abs_dcp": d(cuda16, cuda32, "cp"), "max_abs_dpf": d(cuda16, cuda32, "pf")},
+        "gate": FIDELITY_MAX_ABS_DELTA,
+    }
     res["passes"] = max(res["cuda_fp16_vs_cuda_fp32"].values()) <= FIDELITY_MAX_ABS_DELTA
     return res
 
@@ -766,23 +833,32 @@ def _ort_cuda_device_resident():
     from PIL import Image
 
     rng = np.random.default_rng(3)
-    imgs = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
-            for h, w in [(256, 256), (192, 320), (320, 192), (128, 128), (256, 256), (96, 400)]]
+    imgs = [
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+        for h, w in [(256, 256), (192, 320), (320, 192), (128, 128), (256, 256), (96, 400)]
+    ]
     masks = []
     for im in imgs:
         m = np.zeros((im.height, im.width), np.uint8)
-        m[im.height // 4: 3 * im.height // 4, im.width // 4: 3 * im.width // 4] = 255
+        m[im.height // 4 : 3 * im.height // 4, im.width // 4 : 3 * im.width // 4] = 255
         masks.append(m)
-    pairs = [Pair(imgs[r], masks[r], imgs[o], masks[o], "a photo of a dog on the beach", "dog")
-             for r in (0, 1) for o in range(2, 6)]
+    pairs = [
+        Pair(imgs[r], masks[r], imgs[o], masks[o], "a photo of a dog on the beach", "dog")
+        for r in (0, 1)
+        for o in range(2, 6)
+    ]
     with tempfile.TemporaryDirectory() as d:
         bundle = export_bundle("random:tiny-naflex", Path(d) / "b")
         gpu = Scorer(bundle, provider="cuda", device_resident=True, batch_size=3).score_batch(pairs)
         cpu = Scorer(bundle, cp_head="graph", batch_size=3).score_batch(pairs)
     d_cp = max(abs(g.cp - c.cp) for g, c in zip(gpu, cpu))
     d_pf = max(abs(g.pf - c.pf) for g, c in zip(gpu, cpu))
-    return {"pairs": len(pairs), "max_abs_delta_cp_vs_cpu": d_cp, "max_abs_delta_pf_vs_cpu": d_pf,
-            "what": "tiny random NaFlex bundle; CUDA EP with tokens in CuPy memory vs ORT CPU"}
+    return {
+        "pairs": len(pairs),
+        "max_abs_delta_cp_vs_cpu": d_cp,
+        "max_abs_delta_pf_vs_cpu": d_pf,
+        "what": "tiny random NaFlex bundle; CUDA EP with tokens in CuPy memory vs ORT CPU",
+    }
 
 
 def section_tensorrt(cfg, ctx):
@@ -810,19 +886,33 @@ def section_tensorrt(cfg, ctx):
         PrecisionTransform("fp16").apply("cp", Path(d) / "cp.onnx", Path(d) / "cp.fp16.onnx")
         for prec, graph in (("fp32", "cp.onnx"), ("fp16", "cp.fp16.onnx")):
             try:  # one precision's failure keeps the other's results
-                facts = build_engine(Path(d) / graph, Path(d) / f"cp.{prec}.engine", prec, [shapes],
-                                     timing_cache=Path(d) / "timing.cache", graph="cp")
+                facts = build_engine(
+                    Path(d) / graph,
+                    Path(d) / f"cp.{prec}.engine",
+                    prec,
+                    [shapes],
+                    timing_cache=Path(d) / "timing.cache",
+                    graph="cp",
+                )
                 acc = _cp_accuracy(lambda g: TrtRunner(Path(d) / f"cp.{prec}.engine", "cp", entry, shapes), width)
                 stub = {"precision": {"graphs": ["cp"] if prec == "fp16" else []}}
                 paper = tp.activation_bytes("cp", stub, {k: v["max"] for k, v in shapes.items()}, prec)
-                out[prec] = {"status": "ok", "build": facts, "accuracy": acc["float32"],
-                             "activation_bytes_on_paper": paper,
-                             "measured_over_paper": facts["device_memory_bytes"][0] / paper,
-                             "context_memory": _context_memory_follows(TrtRunner, Path(d) / f"cp.{prec}.engine",
-                                                                       entry, shapes, facts)}
+                out[prec] = {
+                    "status": "ok",
+                    "build": facts,
+                    "accuracy": acc["float32"],
+                    "activation_bytes_on_paper": paper,
+                    "measured_over_paper": facts["device_memory_bytes"][0] / paper,
+                    "context_memory": _context_memory_follows(
+                        TrtRunner, Path(d) / f"cp.{prec}.engine", entry, shapes, facts
+                    ),
+                }
             except Exception as e:  # noqa: BLE001 - recorded next to the other precision's results
-                out[prec] = {"status": "error", "error": f"{type(e).__name__}: {e}",
-                             "traceback": traceback.format_exc()}
+                out[prec] = {
+                    "status": "error",
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc(),
+                }
     return out
 
 
@@ -834,9 +924,13 @@ def _context_memory_follows(runner_cls, engine, entry, shapes, facts) -> dict:
     r.run(feeds)
     held, top = r.device_memory_bytes, facts["device_memory_bytes"][0]
     r.close()
-    return {"activation_resize": facts.get("activation_resize"), "held_at_min_shapes": held,
-            "profile_max": top, "shape_following_at_build": facts.get("shape_following_bytes"),
-            "follows_shapes": held < top}
+    return {
+        "activation_resize": facts.get("activation_resize"),
+        "held_at_min_shapes": held,
+        "profile_max": top,
+        "shape_following_at_build": facts.get("shape_following_bytes"),
+        "follows_shapes": held < top,
+    }
 
 
 def section_fp8_qdq(cfg, ctx):
@@ -854,9 +948,13 @@ def section_fp8_qdq(cfg, ctx):
 
     rng = np.random.default_rng(0)
     w = rng.normal(size=(256, 512)).astype(np.float32) / 16
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="linear")], "fp8",
-                          [helper.make_tensor_value_info("x", 1, ["batch", 256])],
-                          [helper.make_tensor_value_info("y", 1, ["batch", 512])], [numpy_helper.from_array(w, "w")])
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="linear")],
+        "fp8",
+        [helper.make_tensor_value_info("x", 1, ["batch", 256])],
+        [helper.make_tensor_value_info("y", 1, ["batch", 512])],
+        [numpy_helper.from_array(w, "w")],
+    )
     model = fp8.qdq_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), {"x": 4.0}, graph="g")
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "fp8.onnx"
@@ -867,15 +965,26 @@ def section_fp8_qdq(cfg, ctx):
         facts = build_engine(path, Path(d) / "fp8.engine", "fp8", [shapes], graph="fp8")
         x = rng.uniform(-4, 4, (64, 256)).astype(np.float32)
         ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    return {"build": facts, "ort_cpu_output_norm": float(np.linalg.norm(ref)),
-            "note": "engine output against ONNX Runtime: run it through TrtRunner once a GPU is at hand"}
+    return {
+        "build": facts,
+        "ort_cpu_output_norm": float(np.linalg.norm(ref)),
+        "note": "engine output against ONNX Runtime: run it through TrtRunner once a GPU is at hand",
+    }
 
 
 #: Weights of the SigLIP2 so400m towers (patch16, NaFlex), from the architecture: 27 layers of width
 #: 1152 with MLP 4304 per tower, the vision patch and position embeddings, the text tower's 256k x
 #: 1152 token embedding (Gemma tokenizer), the pooling head (one attention block and its MLP).
-SO400M = {"width": 1152, "layers": 27, "heads": 16, "mlp": 4304, "vocab": 256_000, "patch": 16, "pos": 256,
-          "text_len": 64}
+SO400M = {
+    "width": 1152,
+    "layers": 27,
+    "heads": 16,
+    "mlp": 4304,
+    "vocab": 256_000,
+    "patch": 16,
+    "pos": 256,
+    "text_len": 64,
+}
 
 
 def _so400m_params() -> dict:
@@ -892,30 +1001,47 @@ def so400m_manifest(precision: str, budget: int = 1024) -> dict:
     a = SO400M
     reduced = {"fp16": ["vision", "pool", "text", "cp"], "bf16": ["vision", "pool", "text"]}.get(precision, [])
     d = a["width"]
-    return {"architecture": {"vision_width": d, "text_projection": d, "pool_heads": a["heads"], "vision_layers": 27},
-            "image": {"max_num_patches": budget, "patch_size": 16},
-            "precision": {"mode": precision, "graphs": reduced},
-            "graphs": {
-                "vision": {"inputs": [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", "num_patches", 768]},
-                                      {"name": "pixel_attention_mask", "dtype": "int32", "shape": ["batch", "num_patches"]},
-                                      {"name": "position_weights", "dtype": "float32",
-                                       "shape": ["batch", "num_patches", 256]}],
-                           "outputs": [{"name": "last_hidden_state", "dtype": "float32",
-                                        "shape": ["batch", "num_patches", d]}]},
-                "pool": {"inputs": [{"name": "hidden", "dtype": "float32", "shape": ["batch", "num_tokens", d]},
-                                    {"name": "key_padding_mask", "dtype": "bool", "shape": ["batch", "num_tokens"]}],
-                         "outputs": [{"name": "pooled", "dtype": "float32", "shape": ["batch", d]},
-                                     {"name": "attention", "dtype": "float32", "shape": ["batch", "num_tokens"]}]},
-                "text": {"inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", 64]}],
-                         "outputs": [{"name": "text_embeds", "dtype": "float32", "shape": ["batch", d]}]},
-                "cp": {"inputs": [{"name": "ref_tokens", "dtype": "float32", "shape": ["refs", "ref_patches", d]},
-                                  {"name": "ref_keep", "dtype": "bool", "shape": ["refs", "ref_patches"]},
-                                  {"name": "out_tokens", "dtype": "float32",
-                                   "shape": ["refs", "outs_per_ref", "out_patches", d]},
-                                  {"name": "out_valid", "dtype": "bool", "shape": ["refs", "outs_per_ref", "out_patches"]}],
-                       "outputs": [{"name": "cp", "dtype": "float32", "shape": ["refs", "outs_per_ref"]},
-                                   {"name": "best", "dtype": "float32",
-                                    "shape": ["refs", "outs_per_ref", "ref_patches"]}]}}}
+    return {
+        "architecture": {"vision_width": d, "text_projection": d, "pool_heads": a["heads"], "vision_layers": 27},
+        "image": {"max_num_patches": budget, "patch_size": 16},
+        "precision": {"mode": precision, "graphs": reduced},
+        "graphs": {
+            "vision": {
+                "inputs": [
+                    {"name": "pixel_values", "dtype": "float32", "shape": ["batch", "num_patches", 768]},
+                    {"name": "pixel_attention_mask", "dtype": "int32", "shape": ["batch", "num_patches"]},
+                    {"name": "position_weights", "dtype": "float32", "shape": ["batch", "num_patches", 256]},
+                ],
+                "outputs": [{"name": "last_hidden_state", "dtype": "float32", "shape": ["batch", "num_patches", d]}],
+            },
+            "pool": {
+                "inputs": [
+                    {"name": "hidden", "dtype": "float32", "shape": ["batch", "num_tokens", d]},
+                    {"name": "key_padding_mask", "dtype": "bool", "shape": ["batch", "num_tokens"]},
+                ],
+                "outputs": [
+                    {"name": "pooled", "dtype": "float32", "shape": ["batch", d]},
+                    {"name": "attention", "dtype": "float32", "shape": ["batch", "num_tokens"]},
+                ],
+            },
+            "text": {
+                "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", 64]}],
+                "outputs": [{"name": "text_embeds", "dtype": "float32", "shape": ["batch", d]}],
+            },
+            "cp": {
+                "inputs": [
+                    {"name": "ref_tokens", "dtype": "float32", "shape": ["refs", "ref_patches", d]},
+                    {"name": "ref_keep", "dtype": "bool", "shape": ["refs", "ref_patches"]},
+                    {"name": "out_tokens", "dtype": "float32", "shape": ["refs", "outs_per_ref", "out_patches", d]},
+                    {"name": "out_valid", "dtype": "bool", "shape": ["refs", "outs_per_ref", "out_patches"]},
+                ],
+                "outputs": [
+                    {"name": "cp", "dtype": "float32", "shape": ["refs", "outs_per_ref"]},
+                    {"name": "best", "dtype": "float32", "shape": ["refs", "outs_per_ref", "ref_patches"]},
+                ],
+            },
+        },
+    }
 
 
 def _gpu_free_bytes():
@@ -932,16 +1058,28 @@ def section_memory_plan(cfg, ctx):
 
     gib = float(tp.GIB)
     params = _so400m_params()
-    run_shapes = {"vision": {"pixel_values": [8, 1024, 768], "pixel_attention_mask": [8, 1024],
-                             "position_weights": [8, 1024, 256]},
-                  "pool": {"hidden": [8, 1024, 1152], "key_padding_mask": [8, 1024]},
-                  "text": {"input_ids": [8, 64]},
-                  # runtime/cp_device.py DEFAULT_MAX_SIMS: R * K * N * M <= 2**26 per call
-                  "cp": {"ref_tokens": [4, 1024, 1152], "ref_keep": [4, 1024], "out_tokens": [4, 16, 1024, 1152],
-                         "out_valid": [4, 16, 1024]}}
-    out = {"what": "on paper: trt_profiles.memory_plan (weights from the so400m architecture, activations from "
-                   "the layer model in trt_profiles.activation_bytes); unverified on a GPU",
-           "gpus": {"RTX 3090 (the paper's)": 24.0, "H200": 141.0}, "params": params}
+    run_shapes = {
+        "vision": {
+            "pixel_values": [8, 1024, 768],
+            "pixel_attention_mask": [8, 1024],
+            "position_weights": [8, 1024, 256],
+        },
+        "pool": {"hidden": [8, 1024, 1152], "key_padding_mask": [8, 1024]},
+        "text": {"input_ids": [8, 64]},
+        # runtime/cp_device.py DEFAULT_MAX_SIMS: R * K * N * M <= 2**26 per call
+        "cp": {
+            "ref_tokens": [4, 1024, 1152],
+            "ref_keep": [4, 1024],
+            "out_tokens": [4, 16, 1024, 1152],
+            "out_valid": [4, 16, 1024],
+        },
+    }
+    out = {
+        "what": "on paper: trt_profiles.memory_plan (weights from the so400m architecture, activations from "
+        "the layer model in trt_profiles.activation_bytes); unverified on a GPU",
+        "gpus": {"RTX 3090 (the paper's)": 24.0, "H200": 141.0},
+        "params": params,
+    }
     free = _gpu_free_bytes()
     if free:
         out["this_gpu_free_gib"], out["this_gpu_total_gib"] = round(free[0] / gib, 2), round(free[1] / gib, 2)
@@ -951,19 +1089,36 @@ def section_memory_plan(cfg, ctx):
         weights = {g: n * (e if g in m["precision"]["graphs"] or precision == "fp32" else 4) for g, n in params.items()}
         ranges = tp.default_axis_ranges(m, max_batch=16, max_outs_per_ref=16)
         plan = tp.memory_plan(m, precision, ranges, weights)
-        run = {g: {"activation_gib": round(tp.activation_bytes(g, m, s, precision) / gib, 3),
-                   "io_gib": round(tp.io_bytes(m["graphs"][g], s) / gib, 3)} for g, s in run_shapes.items()}
-        run_total = sum(weights.values()) + sum(tp.activation_bytes(g, m, s, precision) + tp.io_bytes(m["graphs"][g], s)
-                                                for g, s in run_shapes.items())
+        run = {
+            g: {
+                "activation_gib": round(tp.activation_bytes(g, m, s, precision) / gib, 3),
+                "io_gib": round(tp.io_bytes(m["graphs"][g], s) / gib, 3),
+            }
+            for g, s in run_shapes.items()
+        }
+        run_total = sum(weights.values()) + sum(
+            tp.activation_bytes(g, m, s, precision) + tp.io_bytes(m["graphs"][g], s) for g, s in run_shapes.items()
+        )
         out[precision] = {
             "weights_gib": {g: round(w / gib, 3) for g, w in weights.items()},
-            "profile_max": {g: {"activation_gib": round(v["profile_max"]["activation_bytes"] / gib, 3),
-                                "io_gib": round(v["profile_max"]["io_bytes"] / gib, 3)} for g, v in plan["engines"].items()},
+            "profile_max": {
+                g: {
+                    "activation_gib": round(v["profile_max"]["activation_bytes"] / gib, 3),
+                    "io_gib": round(v["profile_max"]["io_bytes"] / gib, 3),
+                }
+                for g, v in plan["engines"].items()
+            },
             "static_contexts_total_gib": round(plan["total_bytes"] / gib, 2),
-            "scorer_defaults": run, "user_managed_total_gib": round(run_total / gib, 2),
-            "fits": {name: {"static": plan["total_bytes"] / gib <= size * tp.BUDGET_HEADROOM,
-                            "user_managed": run_total / gib <= size * tp.BUDGET_HEADROOM}
-                     for name, size in out["gpus"].items()}}
+            "scorer_defaults": run,
+            "user_managed_total_gib": round(run_total / gib, 2),
+            "fits": {
+                name: {
+                    "static": plan["total_bytes"] / gib <= size * tp.BUDGET_HEADROOM,
+                    "user_managed": run_total / gib <= size * tp.BUDGET_HEADROOM,
+                }
+                for name, size in out["gpus"].items()
+            },
+        }
         # bench/gpu_throughput.py before: vision profiles to batch 64, a Scorer per batch size (1, 8, 16,
         # 32, 64), each with static contexts, freed only by a cycle-collector pass
         plan64 = tp.memory_plan(m, precision, tp.default_axis_ranges(m, max_batch=64, max_outs_per_ref=16), weights)
@@ -986,8 +1141,12 @@ def section_pipeline(cfg, ctx):
     t_serial = time.perf_counter() - t
     t = time.perf_counter()
     over = overlapped(range(n), lambda i: (time.sleep(prep_s), i)[1], lambda b: (time.sleep(run_s), b)[1])
-    out["loop"] = {"serial_s": t_serial, "overlapped_s": time.perf_counter() - t, "same_results": serial == over,
-                   "what": "sleep-based host and device work"}
+    out["loop"] = {
+        "serial_s": t_serial,
+        "overlapped_s": time.perf_counter() - t,
+        "same_results": serial == over,
+        "what": "sleep-based host and device work",
+    }
     out["loop"]["ratio"] = out["loop"]["overlapped_s"] / t_serial
     cupy = _try_import("cupy")
     if cupy is None or cfg.dry_run or _gpu_free_bytes() is None:
@@ -1038,8 +1197,13 @@ def _copy_overlap(cupy):
     wall(gemms)  # warm-up (cuBLAS handles, kernels)
     copy = lambda: dev.copy_to_device(pinned, dst, s_copy)  # noqa: E731
     gemm_s, copy_s, both_s = wall(gemms), wall(copy), wall(gemms, copy)
-    res.update(gemm_s=gemm_s, copy_s=copy_s, both_s=both_s, overlap_saved_s=gemm_s + copy_s - both_s,
-               overlaps=both_s < 0.9 * (gemm_s + copy_s))
+    res.update(
+        gemm_s=gemm_s,
+        copy_s=copy_s,
+        both_s=both_s,
+        overlap_saved_s=gemm_s + copy_s - both_s,
+        overlaps=both_s < 0.9 * (gemm_s + copy_s),
+    )
     return res
 
 
@@ -1051,8 +1215,12 @@ def section_cupy_fp16_kernel(cfg, ctx):
     y = (x * cupy.float16(0.5) + cupy.float16(1)).sum(dtype=cupy.float32)  # NVRTC compiles with cuda_fp16.h
     ker = cupy.ElementwiseKernel("float16 x", "float16 y", "y = __hmul(x, __float2half(2.0f))", "masc_fp16_check")
     z = ker(x)
-    return {"sum": float(y), "hmul_ok": bool(cupy.allclose(z.astype(cupy.float32), x.astype(cupy.float32) * 2)),
-            "cupy": cupy.__version__, "cuda_path": getattr(cupy.cuda, "get_cuda_path", lambda: None)()}
+    return {
+        "sum": float(y),
+        "hmul_ok": bool(cupy.allclose(z.astype(cupy.float32), x.astype(cupy.float32) * 2)),
+        "cupy": cupy.__version__,
+        "cuda_path": getattr(cupy.cuda, "get_cuda_path", lambda: None)(),
+    }
 
 
 def section_masc_metric_gpu(cfg, ctx):
@@ -1083,8 +1251,12 @@ def section_masc_metric_gpu(cfg, ctx):
         masc.score(imgs[i % 9], mask, imgs[(i + 1) % 9], mask, prompt="a dog on the beach", object_name="dog")
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t) / n
-    return {"model": "random:so400m-naflex", "pairs_per_s": 1 / dt, "ms_per_pair": dt * 1e3,
-            "note": "masc-metric 0.3.0 MaSC.score, one pair per call, 512x512 images"}
+    return {
+        "model": "random:so400m-naflex",
+        "pairs_per_s": 1 / dt,
+        "ms_per_pair": dt * 1e3,
+        "note": "masc-metric 0.3.0 MaSC.score, one pair per call, 512x512 images",
+    }
 
 
 # --------------------------------------------------------------------------- driver
@@ -1096,8 +1268,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="results JSON (default bench/results/gpu_check[.dryrun].json)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip remaining sections past this many seconds")
     ap.add_argument("--only", default=None, help="comma-separated section names")
-    ap.add_argument("--copy-to", default=None, help="also write the results JSON into this directory "
-                                                     "(the device machine's $OUT)")
+    ap.add_argument(
+        "--copy-to", default=None, help="also write the results JSON into this directory (the device machine's $OUT)"
+    )
     args = ap.parse_args(argv)
     cfg = Config(args.dry_run)
     out_path = Path(args.out) if args.out else RESULTS / ("gpu_check.dryrun.json" if args.dry_run else "gpu_check.json")
@@ -1115,27 +1288,44 @@ def main(argv=None) -> int:
     ctx["device"] = "cuda" if (torch is not None and torch.cuda.is_available() and not args.dry_run) else "cpu"
     if not args.dry_run and ctx["device"] != "cuda":
         print("warning: no CUDA device visible to torch; GPU sections will be skipped or run on CPU", file=sys.stderr)
-    report = {"script": "bench/gpu_check.py", "dry_run": args.dry_run,
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                          "python": platform.python_version(), "loadavg_1_5_15": list(os.getloadavg())},
-              "versions": {"python": platform.python_version(), "numpy": np.__version__,
-                           **{m: getattr(_try_import(m), "__version__", None)
-                              for m in ("torch", "cupy", "onnxruntime", "tensorrt")}},
-              "sections": {}}
+    report = {
+        "script": "bench/gpu_check.py",
+        "dry_run": args.dry_run,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_1_5_15": list(os.getloadavg()),
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            **{m: getattr(_try_import(m), "__version__", None) for m in ("torch", "cupy", "onnxruntime", "tensorrt")},
+        },
+        "sections": {},
+    }
 
     sections = [("env", section_env), ("cp_head_cupy", section_cp_head_cupy), ("cp_head_torch", section_cp_head_torch)]
     for name, spec in cfg.models.items():
+
         def fidelity(cfg, ctx, name=name, spec=spec):
             if torch is None:
                 raise Skip("torch is not importable")
             return _fidelity_for_model(torch, cfg, ctx, name, spec)
+
         sections.append((f"fidelity_{name}", fidelity))
-    sections += [("throughput", section_throughput), ("memory_plan", section_memory_plan),
-                 ("pipeline", section_pipeline), ("cupy_fp16_kernel", section_cupy_fp16_kernel),
-                 ("ort_cuda", section_ort_cuda), ("tensorrt", section_tensorrt), ("fp8_qdq", section_fp8_qdq),
-                 ("masc_metric_gpu", section_masc_metric_gpu)]
+    sections += [
+        ("throughput", section_throughput),
+        ("memory_plan", section_memory_plan),
+        ("pipeline", section_pipeline),
+        ("cupy_fp16_kernel", section_cupy_fp16_kernel),
+        ("ort_cuda", section_ort_cuda),
+        ("tensorrt", section_tensorrt),
+        ("fp8_qdq", section_fp8_qdq),
+        ("masc_metric_gpu", section_masc_metric_gpu),
+    ]
     only = set(args.only.split(",")) if args.only else None
     for name, fn in sections:
         if only and name not in only:
@@ -1155,8 +1345,11 @@ def main(argv=None) -> int:
         report["sections"][name] = res
         report["total_seconds"] = round(time.perf_counter() - t_start, 1)
         write(report)
-        print(f"[{report['total_seconds']:7.1f}s] {name}: {res['status']}"
-              + (f" ({res.get('reason') or res.get('error')})" if res["status"] != "ok" else ""), flush=True)
+        print(
+            f"[{report['total_seconds']:7.1f}s] {name}: {res['status']}"
+            + (f" ({res.get('reason') or res.get('error')})" if res["status"] != "ok" else ""),
+            flush=True,
+        )
     write(report)
     print("wrote " + ", ".join(map(str, copies)))
     errors = [k for k, v in report["sections"].items() if v["status"] == "error"]

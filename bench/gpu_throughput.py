@@ -67,11 +67,21 @@ PEAK_TFLOPS = {
     "RTX 3090": {"fp32": 35.6, "tf32": 35.6, "fp16": 71.0, "bf16": 71.0},
 }
 
-TARGETS = {"fresh_pairs_per_s": 300.0, "cached_pairs_per_s": 550.0, "batch1_ms_per_pair": 10.0,
-           "speedup_vs_masc_metric": 20.0}
+TARGETS = {
+    "fresh_pairs_per_s": 300.0,
+    "cached_pairs_per_s": 550.0,
+    "batch1_ms_per_pair": 10.0,
+    "speedup_vs_masc_metric": 20.0,
+}
 
-PROMPTS = ["a {} in the jungle", "a {} on the beach", "a {} with a city in the background",
-           "a {} floating on top of water", "a red {}", "a {} in the snow"]
+PROMPTS = [
+    "a {} in the jungle",
+    "a {} on the beach",
+    "a {} with a city in the background",
+    "a {} floating on top of water",
+    "a red {}",
+    "a {} in the snow",
+]
 
 
 def flops_per_image(width: int, layers: int, mlp: int, patches: int, patch: int = 16) -> float:
@@ -168,14 +178,25 @@ def time_ours(scorer, refs, pairs, batch: int, cached: bool, repeats: int) -> di
     def one_pass(lo, hi):
         chunk = pairs[lo:hi]
         idx = sorted({p[0] for p in chunk})
-        ref_enc = (dict(zip(idx, [ref_cache[i] for i in idx])) if cached
-                   else dict(zip(idx, scorer.encode_preprocessed([ref_pre[i] for i in idx]))))
+        ref_enc = (
+            dict(zip(idx, [ref_cache[i] for i in idx]))
+            if cached
+            else dict(zip(idx, scorer.encode_preprocessed([ref_pre[i] for i in idx])))
+        )
         out_enc = scorer.encode_preprocessed(out_pre[lo:hi])
         items = []
         for (r, out_im, out_mask, prompt, name), oe in zip(chunk, out_enc):
             re = ref_enc[r]
-            items.append(EncodedPair(re, scorer.mask_weights(refs[r][0], refs[r][1], re.grid, "reference"),
-                                     oe, scorer.mask_weights(out_im, out_mask, oe.grid, "output"), prompt, name))
+            items.append(
+                EncodedPair(
+                    re,
+                    scorer.mask_weights(refs[r][0], refs[r][1], re.grid, "reference"),
+                    oe,
+                    scorer.mask_weights(out_im, out_mask, oe.grid, "output"),
+                    prompt,
+                    name,
+                )
+            )
         return scorer.score_encoded(items)
 
     one_pass(0, min(batch, len(pairs)))  # warm-up: allocations, text embeddings, engine tactics
@@ -195,7 +216,7 @@ def time_pipeline(scorer, images) -> dict:
     """Images/s of decode + preprocess + vision, serial and overlapped, and whether the tokens agree."""
     from masc_engine.runtime.pipeline import encode_images_overlapped
 
-    scorer.encode_images(images[:scorer.batch_size])  # warm-up
+    scorer.encode_images(images[: scorer.batch_size])  # warm-up
     _sync(scorer)
     t = time.perf_counter()
     serial = scorer.encode_images(images)
@@ -207,9 +228,14 @@ def time_pipeline(scorer, images) -> dict:
     t_over = time.perf_counter() - t
     host = scorer.device.to_host if scorer.device is not None else np.asarray
     same = all(np.array_equal(host(x.tokens), host(y.tokens)) for x, y in zip(serial, over))
-    return {"images": len(images), "batch": scorer.batch_size, "serial_images_per_s": len(images) / t_serial,
-            "overlapped_images_per_s": len(images) / t_over, "overlapped_over_serial_time": t_over / t_serial,
-            "tokens_equal": same}
+    return {
+        "images": len(images),
+        "batch": scorer.batch_size,
+        "serial_images_per_s": len(images) / t_serial,
+        "overlapped_images_per_s": len(images) / t_over,
+        "overlapped_over_serial_time": t_over / t_serial,
+        "tokens_equal": same,
+    }
 
 
 def time_masc_metric(checkpoint: str, device: str, budget: int, refs, pairs, n: int) -> dict:
@@ -233,8 +259,13 @@ def time_masc_metric(checkpoint: str, device: str, budget: int, refs, pairs, n: 
         scores.append((res.cp, res.pf))
     sync()
     dt = time.perf_counter() - t
-    return {"pairs": len(sel), "seconds": dt, "pairs_per_s": len(sel) / dt, "ms_per_pair": 1e3 * dt / len(sel),
-            "scores": scores}
+    return {
+        "pairs": len(sel),
+        "seconds": dt,
+        "pairs_per_s": len(sel) / dt,
+        "ms_per_pair": 1e3 * dt / len(sel),
+        "scores": scores,
+    }
 
 
 def bench_model(a, preset: str, log) -> dict:
@@ -249,23 +280,36 @@ def bench_model(a, preset: str, log) -> dict:
     if a.backend == "tensorrt" and not (bundle / f"tensorrt-{a.precision}").is_dir():
         from masc_engine.engine.backends.tensorrt import build_engines
 
-        build_engines(bundle, precision=a.precision, max_batch=max(a.batches),
-                      gpu_memory_budget=a.gpu_memory_budget)
+        build_engines(bundle, precision=a.precision, max_batch=max(a.batches), gpu_memory_budget=a.gpu_memory_budget)
     manifest = json.loads((bundle / "manifest.json").read_text())
     side = int(np.sqrt(a.budget)) * 16
     refs, pairs = workload(a.refs, a.outs_per_ref, side)
-    out = {"model": preset, "shape": {"width": p.vision_width, "layers": p.vision_layers, "mlp": p.vision_mlp},
-           "patches": a.budget, "image": f"{side}x{side}", "pairs": len(pairs)}
+    out = {
+        "model": preset,
+        "shape": {"width": p.vision_width, "layers": p.vision_layers, "mlp": p.vision_mlp},
+        "patches": a.budget,
+        "image": f"{side}x{side}",
+        "pairs": len(pairs),
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mk = lambda b: Scorer(bundle, backend=a.backend, provider=a.provider, batch_size=b,  # noqa: E731
-                              device_resident=True, precision=a.precision)
+
+        def mk(b):
+            return Scorer(
+                bundle,
+                backend=a.backend,
+                provider=a.provider,
+                batch_size=b,
+                device_resident=True,
+                precision=a.precision,
+            )
+
         with mk(1) as s1:
             t = time.perf_counter()
             for im, _ in refs[:8]:
                 s1.preprocess(im)
             out["host_preprocess_images_per_s_one_thread"] = min(8, len(refs)) / (time.perf_counter() - t)
-            out["batch1"] = time_ours(s1, refs, pairs[:a.batch1_pairs], 1, cached=False, repeats=1)
+            out["batch1"] = time_ours(s1, refs, pairs[: a.batch1_pairs], 1, cached=False, repeats=1)
         for mode in ("fresh", "cached"):
             per_batch = {}
             for b in a.batches:
@@ -287,11 +331,18 @@ def bench_model(a, preset: str, log) -> dict:
     out["peak_precision"] = prec
     if not a.no_masc_metric:
         try:
-            ref = time_masc_metric(manifest["source"]["checkpoint_dir"], "cpu" if a.dry_run else "cuda", a.budget,
-                                   refs, pairs, a.masc_metric_pairs)
-            with Scorer(bundle, backend=a.backend, provider=a.provider, device_resident=True,
-                        precision=a.precision) as s:
-                ours = s.score_batch([_pair(refs, q) for q in pairs[:a.masc_metric_pairs]])
+            ref = time_masc_metric(
+                manifest["source"]["checkpoint_dir"],
+                "cpu" if a.dry_run else "cuda",
+                a.budget,
+                refs,
+                pairs,
+                a.masc_metric_pairs,
+            )
+            with Scorer(
+                bundle, backend=a.backend, provider=a.provider, device_resident=True, precision=a.precision
+            ) as s:
+                ours = s.score_batch([_pair(refs, q) for q in pairs[: a.masc_metric_pairs]])
             d_cp = max(abs(o.cp - c) for o, (c, _) in zip(ours, ref.pop("scores")))
             out["masc_metric"] = {**ref, "max_abs_dcp_vs_ours": d_cp}
             out["speedup_fresh_vs_masc_metric"] = out["fresh"]["pairs_per_s"] / ref["pairs_per_s"]
@@ -334,9 +385,13 @@ def main(argv=None) -> int:
     show_library_log()  # the export's stage lines on stderr
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default="onnxruntime")
-    ap.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16",
-                    help="precision of the bundle's graphs (masc-export --precision), run by ONNX Runtime "
-                         "or built into strongly typed TensorRT engines; MFU is against this precision's peak")
+    ap.add_argument(
+        "--precision",
+        choices=["fp32", "fp16", "bf16"],
+        default="fp16",
+        help="precision of the bundle's graphs (masc-export --precision), run by ONNX Runtime "
+        "or built into strongly typed TensorRT engines; MFU is against this precision's peak",
+    )
     ap.add_argument("--models", default="random:base-naflex,random:so400m-naflex")
     ap.add_argument("--budget", type=int, default=1024)
     ap.add_argument("--batches", default="1,8,16,32,64")
@@ -347,12 +402,20 @@ def main(argv=None) -> int:
     ap.add_argument("--masc-metric-pairs", type=int, default=32)
     ap.add_argument("--no-masc-metric", action="store_true")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the GPU's peak at the precision (for MFU)")
-    ap.add_argument("--gpu-memory-budget", type=float, default=None, metavar="GIB",
-                    help="TensorRT: device memory the engine set may use (default: the free memory at build)")
+    ap.add_argument(
+        "--gpu-memory-budget",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="TensorRT: device memory the engine set may use (default: the free memory at build)",
+    )
     ap.add_argument("--work", default=str(REPO / "out" / "bench-gpu"))
     ap.add_argument("--out", default=None)
-    ap.add_argument("--dry-run", action="store_true",
-                    help="tiny model, 64 patches, ONNX Runtime CPU with host-memory IO binding: checks the script")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="tiny model, 64 patches, ONNX Runtime CPU with host-memory IO binding: checks the script",
+    )
     a = ap.parse_args(argv)
     a.provider = "cuda"
     if a.dry_run:
@@ -362,23 +425,41 @@ def main(argv=None) -> int:
     if not a.dry_run:
         missing = _missing_gpu_stack(a.backend)
         if missing:  # before any export: GPU time is not spent on a run that cannot finish
-            print(f"gpu_throughput: cannot run here: {missing}. Use --dry-run to check the script on CPU.",
-                  file=sys.stderr)
+            print(
+                f"gpu_throughput: cannot run here: {missing}. Use --dry-run to check the script on CPU.",
+                file=sys.stderr,
+            )
             return 2
-    out_path = Path(a.out) if a.out else RESULTS / ("gpu_throughput.dryrun.json" if a.dry_run else
-                                                    f"gpu_throughput.{a.backend}.json")
+    out_path = (
+        Path(a.out)
+        if a.out
+        else RESULTS / ("gpu_throughput.dryrun.json" if a.dry_run else f"gpu_throughput.{a.backend}.json")
+    )
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     import onnxruntime
 
-    result = {"script": "bench/gpu_throughput.py", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                          "python": platform.python_version(), "loadavg_1_5_15": list(os.getloadavg())},
-              "versions": {"python": platform.python_version(), "onnxruntime": onnxruntime.__version__},
-              "dry_run": a.dry_run, "gpu": gpu_name(),
-              "backend": a.backend, "precision": a.precision,
-              "provider": a.provider, "python": platform.python_version(), "onnxruntime": onnxruntime.__version__,
-              "onnxruntime_providers": onnxruntime.get_available_providers(), "cpu_cores": os.cpu_count(),
-              "targets": TARGETS, "models": {}}
+    result = {
+        "script": "bench/gpu_throughput.py",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_1_5_15": list(os.getloadavg()),
+        },
+        "versions": {"python": platform.python_version(), "onnxruntime": onnxruntime.__version__},
+        "dry_run": a.dry_run,
+        "gpu": gpu_name(),
+        "backend": a.backend,
+        "precision": a.precision,
+        "provider": a.provider,
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "onnxruntime_providers": onnxruntime.get_available_providers(),
+        "cpu_cores": os.cpu_count(),
+        "targets": TARGETS,
+        "models": {},
+    }
     for preset in a.models.split(","):
         result["models"][preset] = bench_model(a, preset, log)
         out_path.parent.mkdir(parents=True, exist_ok=True)

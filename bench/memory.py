@@ -99,20 +99,30 @@ def main() -> None:
     b = Bundle(args.bundle, verify=False)
     variant = b.resolve_variant("auto", "onnxruntime", "cpu")  # what masc-run loads on CPU
     loaded = [b.graph_file(g, variant) for g in ("vision", "pool", "text", "cp")]
-    weights_mb = sum(f.stat().st_size + (Path(str(f) + ".data").stat().st_size if Path(str(f) + ".data").is_file()
-                                         else 0) for f in loaded) / 2**20
+    weights_mb = (
+        sum(
+            f.stat().st_size + (Path(str(f) + ".data").stat().st_size if Path(str(f) + ".data").is_file() else 0)
+            for f in loaded
+        )
+        / 2**20
+    )
     record = {
         "what": "peak RSS (ru_maxrss of each child process) of masc-run vs a masc-metric MaSC.score loop, "
-                "same 48 pairs, one run, same machine",
-        "script": "bench/memory.py", "command": shlex.join([sys.executable, *sys.argv]),
+        "same 48 pairs, one run, same machine",
+        "script": "bench/memory.py",
+        "command": shlex.join([sys.executable, *sys.argv]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "python": platform.python_version(), "loadavg_1_5_15_start": list(os.getloadavg()),
-                    "note": "RSS is per process and not affected by other load; times are (see the "
-                            "load averages)"},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_1_5_15_start": list(os.getloadavg()),
+            "note": "RSS is per process and not affected by other load; times are (see the load averages)",
+        },
         "versions": {"masc_engine": masc_engine.__version__, "onnxruntime": onnxruntime.__version__},
         "model": f"{manifest['source'].get('model')} (width {arch['vision_width']}, {arch['vision_layers']} layers)",
-        "budget": args.budget, "graph_variant": variant,
+        "budget": args.budget,
+        "graph_variant": variant,
         "bundle_graph_mb": round(weights_mb, 1),  # the four graphs (and weights) a CPU run loads
         "workload": {"pairs": 48, "references": 4, "distinct_images": 52, "source": "examples/dreambooth"},
         "masc_run": {},
@@ -122,10 +132,14 @@ def main() -> None:
         import torch
         import transformers
 
-        record["versions"].update(masc_metric=getattr(masc, "__version__", "0.3.0"), torch=torch.__version__,
-                                  transformers=transformers.__version__)
-        rss, sec = peak_rss_mb([sys.executable, "-c", METRIC_LOOP, str(pairs), ckpt, str(args.budget),
-                                str(work / "metric.json")])
+        record["versions"].update(
+            masc_metric=getattr(masc, "__version__", "0.3.0"),
+            torch=torch.__version__,
+            transformers=transformers.__version__,
+        )
+        rss, sec = peak_rss_mb(
+            [sys.executable, "-c", METRIC_LOOP, str(pairs), ckpt, str(args.budget), str(work / "metric.json")]
+        )
         record["masc_metric"] = {"peak_rss_mb": round(rss, 1), "seconds": round(sec, 1)}
         print(f"masc-metric loop: {rss:.0f} MB", file=sys.stderr, flush=True)
         ref = json.loads((work / "metric.json").read_text())
@@ -133,8 +147,20 @@ def main() -> None:
         out = work / f"run-{name}.csv"
         for p in work.glob(f"run-{name}.csv*"):
             p.unlink()
-        cmd = [sys.executable, "-m", "masc_engine.cli.run_cmd", str(pairs), "--bundle", args.bundle,
-               "--max-num-patches", str(args.budget), "--out", str(out), "--no-progress", *VARIANTS[name]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.run_cmd",
+            str(pairs),
+            "--bundle",
+            args.bundle,
+            "--max-num-patches",
+            str(args.budget),
+            "--out",
+            str(out),
+            "--no-progress",
+            *VARIANTS[name],
+        ]
         rss, sec = peak_rss_mb(cmd)
         entry = {"options": VARIANTS[name], "peak_rss_mb": round(rss, 1), "seconds": round(sec, 1)}
         if not args.no_metric:

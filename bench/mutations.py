@@ -35,76 +35,221 @@ FAST = ["-k", "not fg_threshold and not masc_export"]
 #: (name, file under src/masc_engine, old fragment, new fragment, test files or node ids)
 MUTATIONS = [
     # the survivors of the earlier mutation run
-    ("gate delta without abs", "metrics/certification.py", "d = np.abs(r[both] - t[both])", "d = r[both] - t[both]",
-     [GATES, CERT, *FAST]),
-    ("held-out set not gating", "export/cpu_precision.py", 'if held is not None and held["pass"]:',
-     'if held is not None:', [GATES, *FAST]),
-    ("default max_keep: every unit", "export/cpu_precision.py", "len(names) // 2 if max_keep is None",
-     "len(names) if max_keep is None", [GATES, *FAST]),
-    ("FIDELITY_MIN_SPEARMAN 0.99", "tolerances.py", "FIDELITY_MIN_SPEARMAN = 0.999", "FIDELITY_MIN_SPEARMAN = 0.99",
-     [VALUES]),
+    (
+        "gate delta without abs",
+        "metrics/certification.py",
+        "d = np.abs(r[both] - t[both])",
+        "d = r[both] - t[both]",
+        [GATES, CERT, *FAST],
+    ),
+    (
+        "held-out set not gating",
+        "export/cpu_precision.py",
+        'if held is not None and held["pass"]:',
+        "if held is not None:",
+        [GATES, *FAST],
+    ),
+    (
+        "default max_keep: every unit",
+        "export/cpu_precision.py",
+        "len(names) // 2 if max_keep is None",
+        "len(names) if max_keep is None",
+        [GATES, *FAST],
+    ),
+    (
+        "FIDELITY_MIN_SPEARMAN 0.99",
+        "tolerances.py",
+        "FIDELITY_MIN_SPEARMAN = 0.999",
+        "FIDELITY_MIN_SPEARMAN = 0.99",
+        [VALUES],
+    ),
     ("INT8_MIN_SPEARMAN 0.95", "tolerances.py", "INT8_MIN_SPEARMAN = 0.995", "INT8_MIN_SPEARMAN = 0.95", [VALUES]),
-    ("OpenVINO f32 check or -> and", "engine/backends/openvino.py",
-     'x["precision"] == "bf16" or "bf16" in x["outputs"]', 'x["precision"] == "bf16" and "bf16" in x["outputs"]',
-     [GATES, *FAST]),
-    ("bf16 planned like fp32", "export/stages.py", '([] if precision == "fp32" else',
-     '([] if precision in ("fp32", "bf16") else', [GATES, *FAST]),
-    ("peak stage by name", "export/stages.py", "max(self.stages.items(), key=lambda kv: kv[1])",
-     "max(self.stages.items())", [GATES, *FAST]),
-    ("cgroup limit: max", "export/stages.py", "return min(limits) if limits else None",
-     "return max(limits) if limits else None", [GATES, *FAST]),
-    ("sampled peak drops VmHWM", "export/stages.py", "return max(peak, hwm) if rose else peak", "return peak",
-     [GATES, *FAST]),
-    ("fg_threshold truthiness", "runtime/config.py", "float(self.fg_threshold if self.fg_threshold is not None",
-     "float(self.fg_threshold if self.fg_threshold", [GATES + "::test_fg_threshold_zero_scores_at_zero"]),
-    ("segmenter reservation overwritten", "jobs/items.py", "cost += masks.reserve_bytes(opened.size)",
-     "cost = masks.reserve_bytes(opened.size)", [GATES, *FAST]),
-    ("DecompressionBombWarning ignored", "runtime/io.py",
-     'warnings.simplefilter("error", Image.DecompressionBombWarning)',
-     'warnings.simplefilter("ignore", Image.DecompressionBombWarning)', [GATES, *FAST]),
+    (
+        "OpenVINO f32 check or -> and",
+        "engine/backends/openvino.py",
+        'x["precision"] == "bf16" or "bf16" in x["outputs"]',
+        'x["precision"] == "bf16" and "bf16" in x["outputs"]',
+        [GATES, *FAST],
+    ),
+    (
+        "bf16 planned like fp32",
+        "export/stages.py",
+        '([] if precision == "fp32" else',
+        '([] if precision in ("fp32", "bf16") else',
+        [GATES, *FAST],
+    ),
+    (
+        "peak stage by name",
+        "export/stages.py",
+        "max(self.stages.items(), key=lambda kv: kv[1])",
+        "max(self.stages.items())",
+        [GATES, *FAST],
+    ),
+    (
+        "cgroup limit: max",
+        "export/stages.py",
+        "return min(limits) if limits else None",
+        "return max(limits) if limits else None",
+        [GATES, *FAST],
+    ),
+    (
+        "sampled peak drops VmHWM",
+        "export/stages.py",
+        "return max(peak, hwm) if rose else peak",
+        "return peak",
+        [GATES, *FAST],
+    ),
+    (
+        "fg_threshold truthiness",
+        "runtime/config.py",
+        "float(self.fg_threshold if self.fg_threshold is not None",
+        "float(self.fg_threshold if self.fg_threshold",
+        [GATES + "::test_fg_threshold_zero_scores_at_zero"],
+    ),
+    (
+        "segmenter reservation overwritten",
+        "jobs/items.py",
+        "cost += masks.reserve_bytes(opened.size)",
+        "cost = masks.reserve_bytes(opened.size)",
+        [GATES, *FAST],
+    ),
+    (
+        "DecompressionBombWarning ignored",
+        "runtime/io.py",
+        'warnings.simplefilter("error", Image.DecompressionBombWarning)',
+        'warnings.simplefilter("ignore", Image.DecompressionBombWarning)',
+        [GATES, *FAST],
+    ),
     # fresh mutations of the same modules
-    ("gate Spearman > instead of >=", "metrics/certification.py", "rho >= gates.min_spearman,",
-     "rho > gates.min_spearman + 1e-4,", [GATES, CERT, *FAST]),
-    ("gate max delta loosened", "metrics/certification.py",
-     "worst <= bound)", "worst <= 10 * bound)", [GATES, CERT, *FAST]),
-    ("min_pairs not gating", "metrics/certification.py", "_gate(n, min_pairs, n >= min_pairs, upper=False)",
-     "_gate(n, min_pairs, True, upper=False)", [GATES, CERT, *FAST]),
-    ("bf16 non-finite pairs dropped", "metrics/certification.py", 'FIDELITY_MIN_SPEARMAN, "gate")',
-     'FIDELITY_MIN_SPEARMAN, "drop")', [CERT]),
-    ("bf16 |dPF| not gated", "metrics/certification.py", "GateSet(FIDELITY_MAX_ABS_DELTA, FIDELITY_MAX_ABS_DELTA,",
-     "GateSet(FIDELITY_MAX_ABS_DELTA, None,", [CERT]),
-    ("gate margins from values", "metrics/certification.py", '"margins": {k: records[k]["margin"]',
-     '"margins": {k: records[k]["value"]', [CERT, REFUSAL, *FAST]),
+    (
+        "gate Spearman > instead of >=",
+        "metrics/certification.py",
+        "rho >= gates.min_spearman,",
+        "rho > gates.min_spearman + 1e-4,",
+        [GATES, CERT, *FAST],
+    ),
+    (
+        "gate max delta loosened",
+        "metrics/certification.py",
+        "worst <= bound)",
+        "worst <= 10 * bound)",
+        [GATES, CERT, *FAST],
+    ),
+    (
+        "min_pairs not gating",
+        "metrics/certification.py",
+        "_gate(n, min_pairs, n >= min_pairs, upper=False)",
+        "_gate(n, min_pairs, True, upper=False)",
+        [GATES, CERT, *FAST],
+    ),
+    (
+        "bf16 non-finite pairs dropped",
+        "metrics/certification.py",
+        'FIDELITY_MIN_SPEARMAN, "gate")',
+        'FIDELITY_MIN_SPEARMAN, "drop")',
+        [CERT],
+    ),
+    (
+        "bf16 |dPF| not gated",
+        "metrics/certification.py",
+        "GateSet(FIDELITY_MAX_ABS_DELTA, FIDELITY_MAX_ABS_DELTA,",
+        "GateSet(FIDELITY_MAX_ABS_DELTA, None,",
+        [CERT],
+    ),
+    (
+        "gate margins from values",
+        "metrics/certification.py",
+        '"margins": {k: records[k]["margin"]',
+        '"margins": {k: records[k]["value"]',
+        [CERT, REFUSAL, *FAST],
+    ),
     ("max_keep off by one", "export/cpu_precision.py", "if k > max_keep:", "if k > max_keep + 1:", [GATES, *FAST]),
-    ("int8 delta gate dropped", "metrics/certification.py", "INT8_GATES = GateSet(INT8_MAX_ABS_DCP,",
-     "INT8_GATES = GateSet(None,", [GATES, *FAST]),
-    ("int8 Spearman gate dropped", "metrics/certification.py", 'None, INT8_MIN_SPEARMAN, "drop")',
-     'None, -1.0, "drop")', [REFUSAL, *FAST]),
-    ("fp16 planned without the pairs stage", "export/stages.py", '["precision", "pairs"])', '["precision"])',
-     [GATES, *FAST]),
-    ("cgroup 'max' read as a limit", "export/stages.py", "if text.isdigit() and int(text) < 1 << 60:",
-     "if text.isdigit():", [GATES, *FAST]),
-    ("validation override ignored", "export/validate.py", "if accepted is not None and error <= accepted:",
-     "if accepted is not None:", [REFUSAL, *FAST]),
-    ("validation refusal without the way out", "export/validate.py",
-     '" to export anyway (recorded in the manifest)"', '""', [REFUSAL, *FAST]),
-    ("SigLIP gate on the absolute error", "export/validate.py", 'worst = max(c["max_rel"] for c in cases)',
-     'worst = max(c["max_abs"] for c in cases)', [REFUSAL, *FAST]),
-    ("gate margin sign flipped", "metrics/certification.py", "margin = threshold - value if upper else value - threshold",
-     "margin = value - threshold if upper else threshold - value", [REFUSAL, *FAST]),
-    ("override bound rounded down", "export/validate.py", "return float(np.ceil(x / e) * e)",
-     "return float(np.floor(x / e) * e)", [REFUSAL, *FAST]),
-    ("override outlives its block", "export/validate.py", "        _ACCEPTED[0] = before", "        pass",
-     [REFUSAL, *FAST]),
-    ("non-finite error accepted by the override", "export/validate.py",
-     "if accepted is not None and error <= accepted:", "if accepted is not None and not error > accepted:",
-     [REFUSAL, *FAST]),
-    ("int8 thresholds not from the report", "jobs/int8_gate.py", "m, t = report[\"margins\"], gate_thresholds(report)",
-     "m, t = report[\"margins\"], {\"max_abs_dcp\": 1.0, \"spearman_cp\": 0.0}", [REFUSAL, *FAST]),
-    ("RAM figure ignored", "export/stages.py", "limits.append(int(line.split()[1]) * 1024)", "pass",
-     [GATES, *FAST]),
+    (
+        "int8 delta gate dropped",
+        "metrics/certification.py",
+        "INT8_GATES = GateSet(INT8_MAX_ABS_DCP,",
+        "INT8_GATES = GateSet(None,",
+        [GATES, *FAST],
+    ),
+    (
+        "int8 Spearman gate dropped",
+        "metrics/certification.py",
+        'None, INT8_MIN_SPEARMAN, "drop")',
+        'None, -1.0, "drop")',
+        [REFUSAL, *FAST],
+    ),
+    (
+        "fp16 planned without the pairs stage",
+        "export/stages.py",
+        '["precision", "pairs"])',
+        '["precision"])',
+        [GATES, *FAST],
+    ),
+    (
+        "cgroup 'max' read as a limit",
+        "export/stages.py",
+        "if text.isdigit() and int(text) < 1 << 60:",
+        "if text.isdigit():",
+        [GATES, *FAST],
+    ),
+    (
+        "validation override ignored",
+        "export/validate.py",
+        "if accepted is not None and error <= accepted:",
+        "if accepted is not None:",
+        [REFUSAL, *FAST],
+    ),
+    (
+        "validation refusal without the way out",
+        "export/validate.py",
+        '" to export anyway (recorded in the manifest)"',
+        '""',
+        [REFUSAL, *FAST],
+    ),
+    (
+        "SigLIP gate on the absolute error",
+        "export/validate.py",
+        'worst = max(c["max_rel"] for c in cases)',
+        'worst = max(c["max_abs"] for c in cases)',
+        [REFUSAL, *FAST],
+    ),
+    (
+        "gate margin sign flipped",
+        "metrics/certification.py",
+        "margin = threshold - value if upper else value - threshold",
+        "margin = value - threshold if upper else threshold - value",
+        [REFUSAL, *FAST],
+    ),
+    (
+        "override bound rounded down",
+        "export/validate.py",
+        "return float(np.ceil(x / e) * e)",
+        "return float(np.floor(x / e) * e)",
+        [REFUSAL, *FAST],
+    ),
+    (
+        "override outlives its block",
+        "export/validate.py",
+        "        _ACCEPTED[0] = before",
+        "        pass",
+        [REFUSAL, *FAST],
+    ),
+    (
+        "non-finite error accepted by the override",
+        "export/validate.py",
+        "if accepted is not None and error <= accepted:",
+        "if accepted is not None and not error > accepted:",
+        [REFUSAL, *FAST],
+    ),
+    (
+        "int8 thresholds not from the report",
+        "jobs/int8_gate.py",
+        'm, t = report["margins"], gate_thresholds(report)',
+        'm, t = report["margins"], {"max_abs_dcp": 1.0, "spearman_cp": 0.0}',
+        [REFUSAL, *FAST],
+    ),
+    ("RAM figure ignored", "export/stages.py", "limits.append(int(line.split()[1]) * 1024)", "pass", [GATES, *FAST]),
 ]
-
 
 
 def _cpu_model() -> str:
@@ -120,6 +265,7 @@ def _version() -> str:
 
     return version("masc-engine")
 
+
 def run_one(m, env) -> dict:
     name, rel, old, new, tests = m
     path = SRC / rel
@@ -129,14 +275,27 @@ def run_one(m, env) -> dict:
     t0 = time.time()
     try:
         path.write_text(text.replace(old, new), encoding="utf-8")
-        p = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        p = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     finally:
         path.write_text(text, encoding="utf-8")
     tail = [ln for ln in p.stdout.splitlines() if ln.startswith("FAILED")][:1]
-    return {"name": name, "file": rel, "old": old, "new": new, "tests": tests,
-            "result": "caught" if p.returncode != 0 else "survived", "failed": tail,
-            "seconds": round(time.time() - t0, 1)}
+    return {
+        "name": name,
+        "file": rel,
+        "old": old,
+        "new": new,
+        "tests": tests,
+        "result": "caught" if p.returncode != 0 else "survived",
+        "failed": tail,
+        "seconds": round(time.time() - t0, 1),
+    }
 
 
 def main() -> None:
@@ -153,11 +312,21 @@ def main() -> None:
         print(f"{rows[-1]['result']:>11}  {m[0]}", flush=True)
     applied = [r for r in rows if r["result"] != "not applied"]
     caught = sum(r["result"] == "caught" for r in applied)
-    out = {"script": "bench/mutations.py", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-                       "versions": {"masc_engine": _version()}},
-           "mutations": len(rows), "applied": len(applied), "caught": caught,
-           "caught_fraction": round(caught / max(1, len(applied)), 3), "rows": rows}
+    out = {
+        "script": "bench/mutations.py",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": _cpu_model(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "versions": {"masc_engine": _version()},
+        },
+        "mutations": len(rows),
+        "applied": len(applied),
+        "caught": caught,
+        "caught_fraction": round(caught / max(1, len(applied)), 3),
+        "rows": rows,
+    }
     print(f"{caught} of {len(applied)} applied mutations caught")
     if not a.only:
         Path(a.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")

@@ -54,15 +54,26 @@ def main() -> None:
     sets = {"examples_pairs": EXAMPLES}
     if (SHARED / "pairs.csv").is_file():
         sets["shared_pairs"] = SHARED
-    result = {"reference": "masc-metric 0.3.0", "script": "bench/oracle_fidelity.py",
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                          "loadavg_1_5_15": list(os.getloadavg()),
-                          "note": "shared machine; the figures are score differences, not timings"},
-              "versions": {"python": platform.python_version(), "masc_engine": masc_engine.__version__,
-                           "masc_metric": getattr(masc, "__version__", "0.3.0"), "torch": torch.__version__,
-                           "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__},
-              "pairs": {k: len(read_rows(v)) for k, v in sets.items()}}
+    result = {
+        "reference": "masc-metric 0.3.0",
+        "script": "bench/oracle_fidelity.py",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "loadavg_1_5_15": list(os.getloadavg()),
+            "note": "shared machine; the figures are score differences, not timings",
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "masc_engine": masc_engine.__version__,
+            "masc_metric": getattr(masc, "__version__", "0.3.0"),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
+        "pairs": {k: len(read_rows(v)) for k, v in sets.items()},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("naflex", "fixed"):
             bundle = export_bundle(f"random:tiny-{kind}", Path(tmp) / kind)
@@ -81,14 +92,22 @@ def main() -> None:
             if kind == "naflex":
                 g_cp = g_pf = 0.0
                 for _grid, budget, size in GRID_CASES:
-                    args = (synthetic_image(size[0], size[1], 1), blob_mask(size[0], size[1], 3),
-                            synthetic_image(size[1], size[0], 2), blob_mask(size[1], size[0], 4, frac=0.2),
-                            "a photo of a toy on a wooden floor", "toy")
+                    args = (
+                        synthetic_image(size[0], size[1], 1),
+                        blob_mask(size[0], size[1], 3),
+                        synthetic_image(size[1], size[0], 2),
+                        blob_mask(size[1], size[0], 4, frac=0.2),
+                        "a photo of a toy on a wooden floor",
+                        "toy",
+                    )
                     o = Scorer(bundle, naflex_max_patches=budget).score(*args)
                     x = Oracle(model_id=ckpt, device="cpu", naflex_max_patches=budget).score(*args)
                     g_cp, g_pf = max(g_cp, delta(o.cp, x.cp)), max(g_pf, delta(o.pf, x.pf))
-                entry["grid_suite"] = {"grids": [list(g) for g, _, _ in GRID_CASES], "max_abs_dcp": g_cp,
-                                       "max_abs_dpf": g_pf}
+                entry["grid_suite"] = {
+                    "grids": [list(g) for g, _, _ in GRID_CASES],
+                    "max_abs_dcp": g_cp,
+                    "max_abs_dpf": g_pf,
+                }
             result[f"tiny-{kind}"] = entry
             print(kind, json.dumps(entry), flush=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")

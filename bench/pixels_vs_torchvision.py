@@ -47,8 +47,7 @@ from PIL import Image
 # Sizes the resized copies are made at (width, height), photo i gets SIZES[i % len(SIZES)]:
 # generator outputs (SDXL / FLUX 1024^2, SD 768^2, SDXL aspect buckets), camera-like 4:3, an odd
 # aspect ratio, and a small image that NaFlex upscales.
-SIZES = [(1024, 1024), (768, 768), (1216, 832), (832, 1216), (640, 480), (480, 640), (700, 433),
-         (300, 300)]
+SIZES = [(1024, 1024), (768, 768), (1216, 832), (832, 1216), (640, 480), (480, 640), (700, 433), (300, 300)]
 LEVEL = 127.5  # one uint8 level in normalized units (mean = std = 0.5): 1 / (255 * 0.5)
 
 
@@ -56,6 +55,7 @@ def log_factory(lines: list[str]):
     def log(s: str = "") -> None:
         print(s, flush=True)
         lines.append(s)
+
     return log
 
 
@@ -83,29 +83,45 @@ def machine_info() -> dict:
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
-        "versions": {k: v(k) for k in ("torch", "torchvision", "transformers", "pillow", "numpy",
-                                        "masc-metric", "masc-engine")},
+        "versions": {
+            k: v(k) for k in ("torch", "torchvision", "transformers", "pillow", "numpy", "masc-metric", "masc-engine")
+        },
     }
 
 
 def naflex_settings(budget: int):
     from masc_engine.runtime.preprocess import ImageSettings
 
-    return ImageSettings(mode="naflex", patch_size=16, max_num_patches=budget, image_size=None,
-                         resample="bilinear", rescale_factor=1 / 255, image_mean=(0.5,) * 3,
-                         image_std=(0.5,) * 3)
+    return ImageSettings(
+        mode="naflex",
+        patch_size=16,
+        max_num_patches=budget,
+        image_size=None,
+        resample="bilinear",
+        rescale_factor=1 / 255,
+        image_mean=(0.5,) * 3,
+        image_std=(0.5,) * 3,
+    )
 
 
 def fixed_settings(size: int):
     from masc_engine.runtime.preprocess import ImageSettings
 
-    return ImageSettings(mode="fixed", patch_size=16, max_num_patches=(size // 16) ** 2,
-                         image_size=(size, size), resample="bilinear", rescale_factor=1 / 255,
-                         image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
+    return ImageSettings(
+        mode="fixed",
+        patch_size=16,
+        max_num_patches=(size // 16) ** 2,
+        image_size=(size, size),
+        resample="bilinear",
+        rescale_factor=1 / 255,
+        image_mean=(0.5,) * 3,
+        image_std=(0.5,) * 3,
+    )
 
 
-def summarize(diffs: list[np.ndarray], per_image_flip: list[int], shapes_equal: list[bool],
-              resized: list[bool]) -> dict:
+def summarize(
+    diffs: list[np.ndarray], per_image_flip: list[int], shapes_equal: list[bool], resized: list[bool]
+) -> dict:
     """|Δ pixel_values| over every value of every valid patch, pooled over images."""
     d = np.concatenate([x.ravel() for x in diffs]).astype(np.float64)
     flips = d * LEVEL >= 0.5  # a different uint8 value after the resize
@@ -134,9 +150,12 @@ def by_source_size(diffs: list[np.ndarray], src_sizes: list[tuple[int, int]]) ->
     for wh in sorted(set(src_sizes), key=lambda t: (-t[0] * t[1], t)):
         ds = [d for d, s in zip(diffs, src_sizes) if s == wh]
         lv = np.concatenate([d.ravel() for d in ds]) * LEVEL
-        out[f"{wh[0]}x{wh[1]}"] = {"images": len(ds), "max_levels": float(lv.max()),
-                                   "frac_values_off_by_ge_1_level": float((lv >= 0.5).mean()),
-                                   "images_with_any_level_diff": int(sum((d * LEVEL >= 0.5).any() for d in ds))}
+        out[f"{wh[0]}x{wh[1]}"] = {
+            "images": len(ds),
+            "max_levels": float(lv.max()),
+            "frac_values_off_by_ge_1_level": float((lv >= 0.5).mean()),
+            "images_with_any_level_diff": int(sum((d * LEVEL >= 0.5).any() for d in ds)),
+        }
     return out
 
 
@@ -153,7 +172,8 @@ def compare_naflex(images: list[Image.Image], budget: int, tv_proc, pil_proc) ->
             r = proc(images=[im], max_num_patches=budget, return_tensors="np")
             shape = tuple(int(x) for x in r["spatial_shapes"][0])
             same = shape == ours.spatial_shape and np.array_equal(
-                np.asarray(r["pixel_attention_mask"][0]).astype(np.int32), ours.pixel_attention_mask)
+                np.asarray(r["pixel_attention_mask"][0]).astype(np.int32), ours.pixel_attention_mask
+            )
             diffs, flips, shapes, res = acc[name]
             shapes.append(same)
             res.append(was_resized)
@@ -194,17 +214,20 @@ def compare_fixed(images: list[Image.Image], size: int, tv_proc, pil_proc) -> di
 
 
 def fmt_row(label: str, r: dict) -> str:
-    return (f"  {label:<34} grids {r['spatial_shapes_equal']:>7}  "
-            f"max {r['max_levels']:.3g} lv ({r['max_norm']:.2e})  "
-            f"mean {r['mean_levels']:.2e} lv ({r['mean_norm']:.2e})  "
-            f"p99 {r['p99_levels']:.2e} lv ({r['p99_norm']:.2e})  "
-            f"values >=1 lv off {100 * r['frac_values_off_by_ge_1_level']:.4f}%  "
-            f"images with any {r['images_with_any_level_diff']}/{r['images']}")
+    return (
+        f"  {label:<34} grids {r['spatial_shapes_equal']:>7}  "
+        f"max {r['max_levels']:.3g} lv ({r['max_norm']:.2e})  "
+        f"mean {r['mean_levels']:.2e} lv ({r['mean_norm']:.2e})  "
+        f"p99 {r['p99_levels']:.2e} lv ({r['p99_norm']:.2e})  "
+        f"values >=1 lv off {100 * r['frac_values_off_by_ge_1_level']:.4f}%  "
+        f"images with any {r['images_with_any_level_diff']}/{r['images']}"
+    )
 
 
 def fmt_sizes(by_size: dict) -> str:
     return "    vs torchvision by input size (max lv, % values >=1 lv off): " + "; ".join(
-        f"{k} {v['max_levels']:.0f}, {100 * v['frac_values_off_by_ge_1_level']:.2f}%" for k, v in by_size.items())
+        f"{k} {v['max_levels']:.0f}, {100 * v['frac_values_off_by_ge_1_level']:.2f}%" for k, v in by_size.items()
+    )
 
 
 # ------------------------------------------------------------------ scores
@@ -244,8 +267,13 @@ def score_diff(cp_a, pf_a, cp_b, pf_b) -> dict:
         nan_same = bool(np.array_equal(np.isnan(a), np.isnan(b)))
         ok = ~(np.isnan(a) | np.isnan(b))
         d = np.abs(a[ok] - b[ok])
-        return {"n": int(ok.sum()), "nan_pattern_equal": nan_same, "max": float(d.max()) if d.size else 0.0,
-                "mean": float(d.mean()) if d.size else 0.0, "spread_of_scores": float(np.std(b[ok]))}
+        return {
+            "n": int(ok.sum()),
+            "nan_pattern_equal": nan_same,
+            "max": float(d.max()) if d.size else 0.0,
+            "mean": float(d.mean()) if d.size else 0.0,
+            "spread_of_scores": float(np.std(b[ok])),
+        }
 
     return {"cp": stats(cp_a, cp_b), "pf": stats(pf_a, pf_b)}
 
@@ -254,8 +282,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=Path("/work/shared/data/dreambooth"))
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads (1 is fastest for the tiny models: ~0.15 s a pair)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (1 is fastest for the tiny models: ~0.15 s a pair)",
+    )
     args = ap.parse_args()
 
     import torch  # (fails early outside the torchvision venv)
@@ -270,11 +302,16 @@ def main() -> int:
     log = log_factory(lines)
     t0 = time.time()
     info = machine_info()
-    result: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "script": "bench/pixels_vs_torchvision.py", "machine": dict(info, loadavg_1_5_15=list(os.getloadavg()))}
+    result: dict = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "script": "bench/pixels_vs_torchvision.py",
+        "machine": dict(info, loadavg_1_5_15=list(os.getloadavg())),
+    }
     log("# Our pixels vs transformers' torchvision-backed SigLIP2 image processor")
-    log(f"machine: {info['cpu']}, {info['cores_usable']} usable cores ({info['cores_visible']} visible), "
-        f"torch threads {info['torch_threads']}, {info['platform']}, Python {info['python']}")
+    log(
+        f"machine: {info['cpu']}, {info['cores_usable']} usable cores ({info['cores_visible']} visible), "
+        f"torch threads {info['torch_threads']}, {info['platform']}, Python {info['python']}"
+    )
     log("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
     log()
 
@@ -284,12 +321,18 @@ def main() -> int:
     sizes = {r: SIZES[i % len(SIZES)] for i, r in enumerate(rel)}
     resized = [im.resize(sizes[r], Image.Resampling.LANCZOS) for im, r in zip(photos, rel)]
     native = sorted({im.size for im in photos})
-    log(f"images: {len(photos)} DreamBooth photos, sizes {native}; and the same photos resized "
-        f"(Pillow LANCZOS) to {', '.join(f'{w}x{h}' for w, h in SIZES)} in turn")
-    log("|Δ| over every value of every valid (non-padding) patch, pooled over images; "
-        "'lv' = uint8 levels = |Δ| * 127.5, normalized units in parentheses")
-    result["image_sets"] = {"photos": {"n": len(photos), "sizes": [list(s) for s in native]},
-                            "resized": {"sizes": [list(s) for s in SIZES], "resample": "LANCZOS"}}
+    log(
+        f"images: {len(photos)} DreamBooth photos, sizes {native}; and the same photos resized "
+        f"(Pillow LANCZOS) to {', '.join(f'{w}x{h}' for w, h in SIZES)} in turn"
+    )
+    log(
+        "|Δ| over every value of every valid (non-padding) patch, pooled over images; "
+        "'lv' = uint8 levels = |Δ| * 127.5, normalized units in parentheses"
+    )
+    result["image_sets"] = {
+        "photos": {"n": len(photos), "sizes": [list(s) for s in native]},
+        "resized": {"sizes": [list(s) for s in SIZES], "resample": "LANCZOS"},
+    }
 
     # ---------------------------------------------------------------- pixels: NaFlex
     result["pixels"] = {}
@@ -297,8 +340,10 @@ def main() -> int:
         tv = Siglip2ImageProcessor(patch_size=16, max_num_patches=budget)
         pil = Siglip2ImageProcessorPil(patch_size=16, max_num_patches=budget)
         log()
-        log(f"NaFlex, patch 16, budget {budget} (ours vs Siglip2ImageProcessor [{type(tv).__mro__[1].__name__}] "
-            f"and vs Siglip2ImageProcessorPil [control])")
+        log(
+            f"NaFlex, patch 16, budget {budget} (ours vs Siglip2ImageProcessor [{type(tv).__mro__[1].__name__}] "
+            f"and vs Siglip2ImageProcessorPil [control])"
+        )
         for set_name, ims in (("photos", photos), ("resized", resized)):
             r = compare_naflex(ims, budget, tv, pil)
             result["pixels"][f"naflex{budget}/{set_name}"] = r
@@ -312,8 +357,10 @@ def main() -> int:
     kw = dict(size={"height": 512, "width": 512}, resample=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
     tv, pil = SiglipImageProcessor(**kw), SiglipImageProcessorPil(**kw)
     log()
-    log("fixed 512x512, bilinear, mean/std 0.5 (ours vs SiglipImageProcessor [torchvision] and "
-        "vs SiglipImageProcessorPil [control])")
+    log(
+        "fixed 512x512, bilinear, mean/std 0.5 (ours vs SiglipImageProcessor [torchvision] and "
+        "vs SiglipImageProcessorPil [control])"
+    )
     for set_name, ims in (("photos", photos), ("resized", resized)):
         r = compare_fixed(ims, 512, tv, pil)
         result["pixels"][f"fixed512/{set_name}"] = r
@@ -329,11 +376,15 @@ def main() -> int:
 
     rows = load_rows(args.data)
     log()
-    log(f"# Scores: masc-metric {info['versions']['masc-metric']} on {len(rows)} pairs of pairs.csv, "
-        "random-weight tiny models (CPU)")
-    log("Each setting is scored twice: the processor masc loads (torchvision-backed here) vs the "
+    log(
+        f"# Scores: masc-metric {info['versions']['masc-metric']} on {len(rows)} pairs of pairs.csv, "
+        "random-weight tiny models (CPU)"
+    )
+    log(
+        "Each setting is scored twice: the processor masc loads (torchvision-backed here) vs the "
         "PIL-backed one swapped into m.processor.image_processor (what our engine reproduces; "
-        "tests/test_oracle.py holds our engine to that run).")
+        "tests/test_oracle.py holds our engine to that run)."
+    )
     result["scores"] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ckpts = {k: str(build_random_checkpoint(k, Path(tmp) / k)) for k in ("tiny-naflex", "tiny-fixed")}
@@ -360,17 +411,22 @@ def main() -> int:
                 m.processor.image_processor = Siglip2ImageProcessorPil(patch_size=16, max_num_patches=1024)
             else:
                 m.processor.image_processor = SiglipImageProcessorPil(
-                    size={"height": 128, "width": 128}, resample=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+                    size={"height": 128, "width": 128}, resample=2, image_mean=[0.5] * 3, image_std=[0.5] * 3
+                )
             cp_pil, pf_pil = score_all(m, pairs)
             d = score_diff(cp_tv, pf_tv, cp_pil, pf_pil)
             d["processor_loaded"] = loaded_name
             result["scores"][label] = d
-            log(f"  {label:<46} max |ΔCP| {d['cp']['max']:.2e}  mean |ΔCP| {d['cp']['mean']:.2e}  "
+            log(
+                f"  {label:<46} max |ΔCP| {d['cp']['max']:.2e}  mean |ΔCP| {d['cp']['mean']:.2e}  "
                 f"max |ΔPF| {d['pf']['max']:.2e}  mean |ΔPF| {d['pf']['mean']:.2e}  "
                 f"(CP n={d['cp']['n']}, NaN pattern equal: {d['cp']['nan_pattern_equal'] and d['pf']['nan_pattern_equal']}; "
-                f"std of CP {d['cp']['spread_of_scores']:.3f}, PF {d['pf']['spread_of_scores']:.3f})")
-    log("Random weights: these score differences are a rough indication only; a trained model's "
-        "sensitivity to a 1-level pixel change differs.")
+                f"std of CP {d['cp']['spread_of_scores']:.3f}, PF {d['pf']['spread_of_scores']:.3f})"
+            )
+    log(
+        "Random weights: these score differences are a rough indication only; a trained model's "
+        "sensitivity to a 1-level pixel change differs."
+    )
     result["elapsed_s"] = round(time.time() - t0, 1)
     log(f"elapsed {result['elapsed_s']} s")
 

@@ -57,21 +57,30 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         with open(SHARED / "pairs.csv", newline="", encoding="utf-8-sig") as f:
-            shared_rows = list(csv.DictReader(f))[:a.pairs]
+            shared_rows = list(csv.DictReader(f))[: a.pairs]
         pairs_csv, rows = odd_size_pairs(shared_rows, SHARED, tmp)
         t = time.time()
-        subprocess.run(["masc-run", str(pairs_csv), "--bundle", str(bundle), "--out", str(tmp / "scores.csv"),
-                        "--no-progress"], check=True)
+        subprocess.run(
+            ["masc-run", str(pairs_csv), "--bundle", str(bundle), "--out", str(tmp / "scores.csv"), "--no-progress"],
+            check=True,
+        )
         run_s = time.time() - t
         with open(tmp / "scores.csv", newline="", encoding="utf-8") as f:
             ours = list(csv.DictReader(f))
         ckpt = m["source"].get("checkpoint_dir") or m["source"]["model"]  # random preset, or the local dir
-        oracle = MaSC(model_id=ckpt, device="cpu",
-                      naflex_max_patches=int(m["image"]["max_num_patches"]))
+        oracle = MaSC(model_id=ckpt, device="cpu", naflex_max_patches=int(m["image"]["max_num_patches"]))
         t = time.time()
-        ref = [oracle.score(Image.open(tmp / r["ref_image"]), np.array(Image.open(tmp / r["ref_mask"])),
-                            Image.open(tmp / r["out_image"]), np.array(Image.open(tmp / r["out_mask"])),
-                            r["prompt"], r["object_name"]) for r in rows]
+        ref = [
+            oracle.score(
+                Image.open(tmp / r["ref_image"]),
+                np.array(Image.open(tmp / r["ref_mask"])),
+                Image.open(tmp / r["out_image"]),
+                np.array(Image.open(tmp / r["out_mask"])),
+                r["prompt"],
+                r["object_name"],
+            )
+            for r in rows
+        ]
         oracle_s = time.time() - t
     cp = np.array([float(o["cp"]) if o["cp"] not in ("", "nan") else np.nan for o in ours])
     pf = np.array([float(o["pf"]) if o["pf"] not in ("", "nan") else np.nan for o in ours])
@@ -80,21 +89,36 @@ def main() -> None:
     dt = initializer_dtypes(bundle / "vision.onnx")
     total = sum(c["elements"] for c in dt.values())
     res = {
-        "script": "bench/precision_cli_check.py", "note": a.note,
+        "script": "bench/precision_cli_check.py",
+        "note": a.note,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "bundle": {"model": m["source"]["model"], "precision": m["precision"]["mode"],
-                   "max_num_patches": m["image"]["max_num_patches"], "export_seconds": m.get("export_seconds"),
-                   "vision_fp16_weight_fraction": dt.get("float16", {}).get("elements", 0) / total,
-                   "export_pair_gates": m["precision"].get("pair_gates")},
-        "pairs": len(rows), "undefined_cp_both": int((~np.isfinite(cp) & ~np.isfinite(cp_r)).sum()),
-        "nan_mismatch": int((np.isfinite(cp) != np.isfinite(cp_r)).sum() + (np.isfinite(pf) != np.isfinite(pf_r)).sum()),
-        "max_abs_dcp": float(np.abs(cp - cp_r)[ok_cp].max()), "max_abs_dpf": float(np.abs(pf - pf_r)[ok_pf].max()),
+        "bundle": {
+            "model": m["source"]["model"],
+            "precision": m["precision"]["mode"],
+            "max_num_patches": m["image"]["max_num_patches"],
+            "export_seconds": m.get("export_seconds"),
+            "vision_fp16_weight_fraction": dt.get("float16", {}).get("elements", 0) / total,
+            "export_pair_gates": m["precision"].get("pair_gates"),
+        },
+        "pairs": len(rows),
+        "undefined_cp_both": int((~np.isfinite(cp) & ~np.isfinite(cp_r)).sum()),
+        "nan_mismatch": int(
+            (np.isfinite(cp) != np.isfinite(cp_r)).sum() + (np.isfinite(pf) != np.isfinite(pf_r)).sum()
+        ),
+        "max_abs_dcp": float(np.abs(cp - cp_r)[ok_cp].max()),
+        "max_abs_dpf": float(np.abs(pf - pf_r)[ok_pf].max()),
         "spearman_cp": float(spearmanr(cp[ok_cp], cp_r[ok_cp]).statistic),
         "spearman_pf": float(spearmanr(pf[ok_pf], pf_r[ok_pf]).statistic),
-        "gate": FIDELITY_MAX_ABS_DELTA, "masc_run_seconds": round(run_s, 1), "oracle_seconds": round(oracle_s, 1),
+        "gate": FIDELITY_MAX_ABS_DELTA,
+        "masc_run_seconds": round(run_s, 1),
+        "oracle_seconds": round(oracle_s, 1),
         "versions": {"python": platform.python_version()},
-        "machine": {"cores": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg(),
-                    "shared": "2-core machine shared with other jobs"},
+        "machine": {
+            "cores": os.cpu_count(),
+            "loadavg_start": load0,
+            "loadavg_end": os.getloadavg(),
+            "shared": "2-core machine shared with other jobs",
+        },
     }
     res["within_gate"] = res["max_abs_dcp"] <= FIDELITY_MAX_ABS_DELTA and res["max_abs_dpf"] <= FIDELITY_MAX_ABS_DELTA
     Path(a.out).write_text(json.dumps(res, indent=2) + "\n")

@@ -68,8 +68,12 @@ def derive_bundle(fp32_dir: Path, precision: str, out: Path, emulate: bool = Fal
             tmp.replace(f)
     for p in out.glob("*.data"):  # external fp32 weights of replaced graphs (so400m)
         p.unlink()
-    m["precision"] = {"mode": precision if not emulate else "fp32", "derived_for_bench": precision,
-                      "emulated": emulate, "policy": policy()}
+    m["precision"] = {
+        "mode": precision if not emulate else "fp32",
+        "derived_for_bench": precision,
+        "emulated": emulate,
+        "policy": policy(),
+    }
     m["files"] = [f for f in m["files"] if (out / f).exists()]
     write_manifest(out, m)
     return out
@@ -88,26 +92,43 @@ def compare(ref: dict, got: dict) -> dict:
     cp_r, cp_g, pf_r, pf_g = (np.asarray(x, np.float64) for x in (ref["cp"], got["cp"], ref["pf"], got["pf"]))
     ok_cp, ok_pf = np.isfinite(cp_r) & np.isfinite(cp_g), np.isfinite(pf_r) & np.isfinite(pf_g)
     d_cp, d_pf = np.abs(cp_g - cp_r)[ok_cp], np.abs(pf_g - pf_r)[ok_pf]
-    out = {"pairs": int(len(cp_r)), "pairs_cp_defined": int(ok_cp.sum()), "pairs_pf_defined": int(ok_pf.sum()),
-           "max_abs_dcp": float(d_cp.max()), "mean_abs_dcp": float(d_cp.mean()),
-           "max_abs_dpf": float(d_pf.max()), "mean_abs_dpf": float(d_pf.mean()),
-           "spearman_cp": spearman(cp_r[ok_cp], cp_g[ok_cp]), "spearman_pf": spearman(pf_r[ok_pf], pf_g[ok_pf]),
-           "nan_where_ref_finite": int((np.isnan(cp_g) & np.isfinite(cp_r)).sum() + (np.isnan(pf_g) & np.isfinite(pf_r)).sum()),
-           "inf": int(np.isinf(cp_g).sum() + np.isinf(pf_g).sum())}
-    gates = {"max_abs_delta": (max(out["max_abs_dcp"], out["max_abs_dpf"]), tol.FIDELITY_MAX_ABS_DELTA, "<="),
-             "spearman": (min(out["spearman_cp"], out["spearman_pf"]), tol.FIDELITY_MIN_SPEARMAN, ">=")}
+    out = {
+        "pairs": int(len(cp_r)),
+        "pairs_cp_defined": int(ok_cp.sum()),
+        "pairs_pf_defined": int(ok_pf.sum()),
+        "max_abs_dcp": float(d_cp.max()),
+        "mean_abs_dcp": float(d_cp.mean()),
+        "max_abs_dpf": float(d_pf.max()),
+        "mean_abs_dpf": float(d_pf.mean()),
+        "spearman_cp": spearman(cp_r[ok_cp], cp_g[ok_cp]),
+        "spearman_pf": spearman(pf_r[ok_pf], pf_g[ok_pf]),
+        "nan_where_ref_finite": int(
+            (np.isnan(cp_g) & np.isfinite(cp_r)).sum() + (np.isnan(pf_g) & np.isfinite(pf_r)).sum()
+        ),
+        "inf": int(np.isinf(cp_g).sum() + np.isinf(pf_g).sum()),
+    }
+    gates = {
+        "max_abs_delta": (max(out["max_abs_dcp"], out["max_abs_dpf"]), tol.FIDELITY_MAX_ABS_DELTA, "<="),
+        "spearman": (min(out["spearman_cp"], out["spearman_pf"]), tol.FIDELITY_MIN_SPEARMAN, ">="),
+    }
     if "pooled" in ref and "pooled" in got:
         a, b = np.asarray(ref["pooled"], np.float64), np.asarray(got["pooled"], np.float64)
         cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
         out["pooled_cos_min"] = float(cos.min())
         gates["pooled_cosine"] = (out["pooled_cos_min"], tol.FIDELITY_MIN_EMBEDDING_COSINE, ">=")
-        tc = np.concatenate([(x * y).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(y, axis=1)
-                             for x, y in zip(ref["tokens"], got["tokens"])])
+        tc = np.concatenate(
+            [
+                (x * y).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(y, axis=1)
+                for x, y in zip(ref["tokens"], got["tokens"])
+            ]
+        )
         out["token_cos_median"], out["token_cos_p001"] = float(np.median(tc)), float(np.quantile(tc, 0.001))
         gates["token_cosine_median"] = (out["token_cos_median"], tol.REDUCED_TOKEN_COSINE_MEDIAN, ">=")
         gates["token_cosine_p001"] = (out["token_cos_p001"], tol.REDUCED_TOKEN_COSINE_P001, ">=")
-    out["gates"] = {k: {"value": v, "threshold": t, "pass": bool(v <= t if op == "<=" else v >= t)}
-                    for k, (v, t, op) in gates.items()}
+    out["gates"] = {
+        k: {"value": v, "threshold": t, "pass": bool(v <= t if op == "<=" else v >= t)}
+        for k, (v, t, op) in gates.items()
+    }
     out["gates"]["finite"] = {"pass": out["nan_where_ref_finite"] == 0 and out["inf"] == 0}
     out["all_gates_pass"] = all(g["pass"] for g in out["gates"].values())
     return out
@@ -120,10 +141,11 @@ def measure(bundle: Path, pairs, images, budget: int) -> dict:
     sc = Scorer(bundle, naflex_max_patches=budget, batch_size=4)
     res = sc.score_batch(pairs)
     encs = sc.encode_images(images)
-    pooled = [sc.pool.run({"hidden": e.tokens[None], "key_padding_mask": np.zeros((1, len(e.tokens)), bool)})["pooled"][0]
-              for e in encs]
-    return {"cp": [r.cp for r in res], "pf": [r.pf for r in res], "tokens": [e.tokens for e in encs],
-            "pooled": pooled}
+    pooled = [
+        sc.pool.run({"hidden": e.tokens[None], "key_padding_mask": np.zeros((1, len(e.tokens)), bool)})["pooled"][0]
+        for e in encs
+    ]
+    return {"cp": [r.cp for r in res], "pf": [r.pf for r in res], "tokens": [e.tokens for e in encs], "pooled": pooled}
 
 
 def oracle_scores(ckpt: str, pairs, budget: int) -> dict:
@@ -165,9 +187,16 @@ def grid_pairs(n_per_grid: int = 2):
     for gi, (_grid, _, size) in enumerate(GRID_CASES):
         for j in range(n_per_grid):
             s = 10 * gi + j
-            pairs.append(Pair(synthetic_image(size[0], size[1], s), blob_mask(size[0], size[1], s + 1),
-                              synthetic_image(size[1], size[0], s + 2), blob_mask(size[1], size[0], s + 3, frac=0.2),
-                              "a photo of a toy on a wooden floor", "toy"))
+            pairs.append(
+                Pair(
+                    synthetic_image(size[0], size[1], s),
+                    blob_mask(size[0], size[1], s + 1),
+                    synthetic_image(size[1], size[0], s + 2),
+                    blob_mask(size[1], size[0], s + 3, frac=0.2),
+                    "a photo of a toy on a wooden floor",
+                    "toy",
+                )
+            )
     return pairs
 
 
@@ -214,16 +243,20 @@ def main() -> None:
         t = time.time()
         # Portable graphs only: precision is compared on the graphs TensorRT builds (fp32 vs fp16 on the
         # same ops), not against the fused ONNX Runtime CPU variant (export/fusion.py).
-        b32 = export_bundle(a.model, tmp / "fp32", max_num_patches=a.budget,
-                            ort_cpu_variant=False)
+        b32 = export_bundle(a.model, tmp / "fp32", max_num_patches=a.budget, ort_cpu_variant=False)
         export_s = time.time() - t
         ckpt = json.loads((b32 / "manifest.json").read_text())["source"]["checkpoint_dir"]
-        bundles = {"fp32": b32, "fp16": derive_bundle(b32, "fp16", tmp / "fp16"),
-                   "bf16-emulated": derive_bundle(b32, "bf16", tmp / "bf16emu", emulate=True)}
+        bundles = {
+            "fp32": b32,
+            "fp16": derive_bundle(b32, "fp16", tmp / "fp16"),
+            "bf16-emulated": derive_bundle(b32, "bf16", tmp / "bf16emu", emulate=True),
+        }
         meas = {}
         for name, b in bundles.items():
             t = time.time()
-            meas[name] = {s: measure(b, pairs, images if s == "shared" else [], a.budget) for s, pairs in suites.items()}
+            meas[name] = {
+                s: measure(b, pairs, images if s == "shared" else [], a.budget) for s, pairs in suites.items()
+            }
             print(f"{name}: scored in {time.time() - t:.0f}s", flush=True)
         oracle = {}
         if not a.no_oracle:
@@ -231,18 +264,34 @@ def main() -> None:
             oracle = {s: oracle_scores(ckpt, pairs, a.budget) for s, pairs in suites.items()}
             print(f"oracle: scored in {time.time() - t:.0f}s", flush=True)
         timing = time_vision({"fp32": b32, "fp16": bundles["fp16"]}, images[: a.timing_images], a.budget, a.timing_reps)
-    entry = {"model": a.model, "budget": a.budget, "note": a.note,
-             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "versions": {"onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
-                          "transformers": transformers.__version__, "python": platform.python_version()},
-             "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                         "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
-                         "shared": "this machine is shared with other jobs; timings are noisy"},
-             "inputs": {"shared_pairs": len(shared), "distinct_images": len(images),
-                        "grid_pairs": len(suites.get("grid", []))},
-             "bf16": "emulated on ORT CPU (no bf16 kernels): float32 ops, every bf16 tensor of the real bf16 graph "
-                     "rounded to bf16 where produced (export/precision.py emulate_bf16); the CP head stays fp32",
-             "export_fp32_seconds": round(export_s, 1), "comparisons": {}}
+    entry = {
+        "model": a.model,
+        "budget": a.budget,
+        "note": a.note,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": {
+            "onnxruntime": onnxruntime.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "loadavg_start": load_start,
+            "loadavg_end": os.getloadavg(),
+            "shared": "this machine is shared with other jobs; timings are noisy",
+        },
+        "inputs": {
+            "shared_pairs": len(shared),
+            "distinct_images": len(images),
+            "grid_pairs": len(suites.get("grid", [])),
+        },
+        "bf16": "emulated on ORT CPU (no bf16 kernels): float32 ops, every bf16 tensor of the real bf16 graph "
+        "rounded to bf16 where produced (export/precision.py emulate_bf16); the CP head stays fp32",
+        "export_fp32_seconds": round(export_s, 1),
+        "comparisons": {},
+    }
     for prec in ("fp16", "bf16-emulated"):
         for s in suites:
             ref, got = meas["fp32"][s], meas[prec][s]
@@ -253,19 +302,33 @@ def main() -> None:
                 entry["comparisons"][f"{prec}_vs_oracle/{s}"] = compare(oracle[s], {k: got[k] for k in ("cp", "pf")})
     if oracle:
         for s in suites:
-            entry["comparisons"][f"fp32_vs_oracle/{s}"] = compare(oracle[s], {k: meas["fp32"][s][k] for k in ("cp", "pf")})
-    entry["ort_cpu_speed"] = {**timing, "what": f"vision graph, {a.timing_images} shared images, batch 4, "
-                                                f"median of {a.timing_reps} alternating runs"}
+            entry["comparisons"][f"fp32_vs_oracle/{s}"] = compare(
+                oracle[s], {k: meas["fp32"][s][k] for k in ("cp", "pf")}
+            )
+    entry["ort_cpu_speed"] = {
+        **timing,
+        "what": f"vision graph, {a.timing_images} shared images, batch 4, median of {a.timing_reps} alternating runs",
+    }
     entry["seconds"] = round(time.time() - t_start, 1)
     out = Path(a.out)
     allr = json.loads(out.read_text()) if out.is_file() else {"script": "bench/precision_fidelity.py", "runs": {}}
     allr["runs"][f"{a.model}@{a.budget}"] = entry
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(allr, indent=2, default=float) + "\n")
-    summary = {k: {m: v.get(m) for m in ("max_abs_dcp", "max_abs_dpf", "spearman_cp", "spearman_pf",
-                                        "pooled_cos_min", "all_gates_pass")} for k, v in entry["comparisons"].items()}
-    print(json.dumps({"summary": summary, "speed": {k: v for k, v in timing.items() if not isinstance(v, dict)}},
-                     indent=1, default=float))
+    summary = {
+        k: {
+            m: v.get(m)
+            for m in ("max_abs_dcp", "max_abs_dpf", "spearman_cp", "spearman_pf", "pooled_cos_min", "all_gates_pass")
+        }
+        for k, v in entry["comparisons"].items()
+    }
+    print(
+        json.dumps(
+            {"summary": summary, "speed": {k: v for k, v in timing.items() if not isinstance(v, dict)}},
+            indent=1,
+            default=float,
+        )
+    )
 
 
 if __name__ == "__main__":

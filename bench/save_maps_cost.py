@@ -44,16 +44,31 @@ def machine() -> dict:
                 flags = set(value.split())
     except OSError:
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "isa": [f for f in ISA_FLAGS if f in flags],
-            "platform": platform.platform(), "python": platform.python_version()}
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def one_run(bundle: Path, pairs: Path, work: Path, maps: bool, extra: list[str]) -> dict:
     """One ``masc-run`` process; returns its wall seconds and the job's own seconds."""
     shutil.rmtree(work, ignore_errors=True)
     out = work / "scores.csv"
-    cmd = [sys.executable, "-m", "masc_engine.cli.run_cmd", str(pairs), "--bundle", str(bundle), "--out", str(out),
-           *extra, *(["--save-maps", str(work / "maps")] if maps else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "masc_engine.cli.run_cmd",
+        str(pairs),
+        "--bundle",
+        str(bundle),
+        "--out",
+        str(out),
+        *extra,
+        *(["--save-maps", str(work / "maps")] if maps else []),
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True, cwd=pairs.parent)
     wall = time.perf_counter() - t0
@@ -64,8 +79,11 @@ def one_run(bundle: Path, pairs: Path, work: Path, maps: bool, extra: list[str])
 def export_tiny(folder: Path) -> Path:
     """A random-weight tiny NaFlex bundle in ``folder/tiny`` (``masc-export``, about a minute)."""
     out = folder / "tiny"
-    subprocess.run([sys.executable, "-m", "masc_engine.cli.export_cmd", "--model", "random:tiny-naflex",
-                    "--out", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "masc_engine.cli.export_cmd", "--model", "random:tiny-naflex", "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
@@ -76,7 +94,9 @@ def summary(runs: list[dict], n_pairs: int) -> dict:
     med = statistics.median
     return {
         "pairs": n_pairs,
-        "per_pair_ms_without": {k[:-2]: round(1000 * med(r[k] for r in plain) / n_pairs, 1) for k in ("wall_s", "job_s")},
+        "per_pair_ms_without": {
+            k[:-2]: round(1000 * med(r[k] for r in plain) / n_pairs, 1) for k in ("wall_s", "job_s")
+        },
         "per_pair_ms_with": {k[:-2]: round(1000 * med(r[k] for r in maps) / n_pairs, 1) for k in ("wall_s", "job_s")},
         "median_ratio_wall": round(med(m["wall_s"] / p["wall_s"] for p, m in zip(plain, maps)), 2),
         "median_ratio_job": round(med(m["job_s"] / p["job_s"] for p, m in zip(plain, maps)), 2),
@@ -100,7 +120,7 @@ def main(argv=None) -> int:
         bundle = (args.bundle or export_tiny(tmp)).resolve()
         runs = []
         for rep in range(args.reps):
-            for maps in ((False, True) if rep % 2 == 0 else (True, False)):
+            for maps in (False, True) if rep % 2 == 0 else (True, False):
                 runs.append({"rep": rep, **one_run(bundle, pairs, tmp / "run", maps, extra)})
                 print(runs[-1], flush=True)
         manifest = json.loads((bundle / "manifest.json").read_text())
@@ -109,15 +129,29 @@ def main(argv=None) -> int:
     if args.out:
         from importlib.metadata import version
 
-        Path(args.out).write_text(json.dumps({
-            "script": "bench/save_maps_cost.py", "command": shlex.join([sys.executable, *sys.argv]),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
-            "versions": {p: version(p) for p in ("masc-engine", "onnxruntime", "numpy", "pillow")},
-            "settings": {"pairs_file": str(pairs.relative_to(REPO)) if pairs.is_relative_to(REPO) else str(pairs),
-                         "bundle": str(args.bundle or "random:tiny-naflex (exported into a temporary folder)"),
-                         "bundle_source": manifest.get("source"), "reps": args.reps, "extra_args": extra,
-                         "order": "alternating: even repetitions without maps first, odd with maps first"},
-            "result": res, "runs": runs}, indent=2) + "\n")
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "script": "bench/save_maps_cost.py",
+                    "command": shlex.join([sys.executable, *sys.argv]),
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "machine": machine(),
+                    "versions": {p: version(p) for p in ("masc-engine", "onnxruntime", "numpy", "pillow")},
+                    "settings": {
+                        "pairs_file": str(pairs.relative_to(REPO)) if pairs.is_relative_to(REPO) else str(pairs),
+                        "bundle": str(args.bundle or "random:tiny-naflex (exported into a temporary folder)"),
+                        "bundle_source": manifest.get("source"),
+                        "reps": args.reps,
+                        "extra_args": extra,
+                        "order": "alternating: even repetitions without maps first, odd with maps first",
+                    },
+                    "result": res,
+                    "runs": runs,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -108,8 +108,11 @@ def time_ours(seg, items, repeats: int) -> dict:
         logits = seg.decoder.run(feeds)["logits"][0]
         stages["decoder"].append(_median_s(lambda: seg.decoder.run(feeds), repeats))
         stages["postprocess"].append(_median_s(lambda: mask_from_logits(logits, im.size, seg.recipe), repeats))
-    return {"cold_s_per_image": statistics.median(cold), "cached_s_per_image": statistics.median(cached),
-            "stages_s_per_image": {k: statistics.median(v) for k, v in stages.items()}}
+    return {
+        "cold_s_per_image": statistics.median(cold),
+        "cached_s_per_image": statistics.median(cached),
+        "stages_s_per_image": {k: statistics.median(v) for k, v in stages.items()},
+    }
 
 
 def time_reference(model, processor, items, recipe, repeats: int) -> dict:
@@ -135,8 +138,12 @@ def agreement(seg, model, processor, items, recipe) -> dict:
         ious.append(mask_iou(ma, mb))
         differ += int(np.count_nonzero(ma != mb))
         dprob = max(dprob, float(np.abs(a - b).max()))
-    return {"min_iou": min(ious), "pixels_differing": differ, "pixels": int(sum(a.size for a in ours)),
-            "max_abs_dprob": dprob}
+    return {
+        "min_iou": min(ious),
+        "pixels_differing": differ,
+        "pixels": int(sum(a.size for a in ours)),
+        "max_abs_dprob": dprob,
+    }
 
 
 # ----------------------------------------------------------------------------- the whole job
@@ -173,18 +180,33 @@ def masc_run(pairs: Path, out: Path, args: list[str]) -> dict:
     log, peak = out.with_suffix(".log"), out.with_suffix(".peak")
     with open(log, "w") as f:
         t = time.perf_counter()
-        res = subprocess.run([sys.executable, "-c", MASC_RUN, str(pairs), "--out", str(out), "--no-progress", *args],
-                             stdout=f, stderr=f, env={**os.environ, "MASC_BENCH_PEAK": str(peak)})
+        res = subprocess.run(
+            [sys.executable, "-c", MASC_RUN, str(pairs), "--out", str(out), "--no-progress", *args],
+            stdout=f,
+            stderr=f,
+            env={**os.environ, "MASC_BENCH_PEAK": str(peak)},
+        )
         wall = time.perf_counter() - t
     if res.returncode:
         raise RuntimeError(f"masc-run failed:\n{log.read_text()[-4000:]}")
     meta = json.loads(Path(f"{out}.meta.json").read_text())
-    return {"whole_process_s": wall, "in_run_s": meta["seconds"], "peak_rss_mb": int(peak.read_text()) / 1024,
-            "counts": {k: v for k, v in meta["counts"].items() if k in _COUNTS}}
+    return {
+        "whole_process_s": wall,
+        "in_run_s": meta["seconds"],
+        "peak_rss_mb": int(peak.read_text()) / 1024,
+        "counts": {k: v for k, v in meta["counts"].items() if k in _COUNTS},
+    }
 
 
-_COUNTS = ("rows", "ok", "images_encoded", "cache_hits", "masks_segmented", "mask_cache_hits",
-           "segmenter_images_encoded")
+_COUNTS = (
+    "rows",
+    "ok",
+    "images_encoded",
+    "cache_hits",
+    "masks_segmented",
+    "mask_cache_hits",
+    "segmenter_images_encoded",
+)
 
 
 def _scores(path: Path) -> list[tuple]:
@@ -200,8 +222,11 @@ def job_once(work: Path, scorer: Path, segmenter: Path, pairs: Path, no_masks: P
         cache = work / f"cache-{side}"
         shutil.rmtree(cache, ignore_errors=True)
         for state in ("cold", "warm"):
-            runs[f"{side}_{state}"] = masc_run(csv_path, work / f"{side}-{state}.csv",
-                                               ["--bundle", str(scorer), "--cache-dir", str(cache), *common, *extra])
+            runs[f"{side}_{state}"] = masc_run(
+                csv_path,
+                work / f"{side}-{state}.csv",
+                ["--bundle", str(scorer), "--cache-dir", str(cache), *common, *extra],
+            )
         same[side] = _scores(work / f"{side}-cold.csv") == _scores(work / f"{side}-warm.csv")
         shutil.rmtree(cache, ignore_errors=True)
     return {"runs": runs, "warm_scores_identical_to_cold": same}
@@ -215,35 +240,47 @@ def part_job(a, work: Path, segmenter: Path) -> dict:
 
     photo_set = next(d for d in PHOTO_SETS if (d / "pairs.csv").is_file())
     work.mkdir(parents=True, exist_ok=True)
-    pairs = dreambench_pairs(work, photo_set, subjects(photo_set)[:a.references], a.prompts, a.methods)
+    pairs = dreambench_pairs(work, photo_set, subjects(photo_set)[: a.references], a.prompts, a.methods)
     with open(pairs, newline="") as f:
         rows = list(csv.DictReader(f))
-    no_masks = write_pairs_csv(work / "pairs_no_masks.csv",
-                               [{k: v for k, v in r.items() if k not in ("ref_mask", "out_mask")} for r in rows])
+    no_masks = write_pairs_csv(
+        work / "pairs_no_masks.csv", [{k: v for k, v in r.items() if k not in ("ref_mask", "out_mask")} for r in rows]
+    )
     scorer = Path(a.scorer_bundle) if a.scorer_bundle else work / f"{a.scorer.replace(':', '_')}-{a.budget}"
     if not (scorer / "manifest.json").is_file():
         export_bundle(a.scorer, scorer, max_num_patches=a.budget)
     common = ["--batch-size", str(a.batch_size)] + (["--threads", str(a.threads)] if a.threads else [])
     reps = [job_once(work, scorer, segmenter, pairs, no_masks, common) for _ in range(a.job_repeats)]
-    med = {k: {m: float(np.median([r["runs"][k][m] for r in reps])) for m in ("whole_process_s", "in_run_s",
-                                                                          "peak_rss_mb")}
-           for k in reps[0]["runs"]}
+    med = {
+        k: {
+            m: float(np.median([r["runs"][k][m] for r in reps])) for m in ("whole_process_s", "in_run_s", "peak_rss_mb")
+        }
+        for k in reps[0]["runs"]
+    }
     for k in med:
         med[k]["counts"] = reps[-1]["runs"][k]["counts"]
         med[k]["pairs_per_s_whole_process"] = len(rows) / med[k]["whole_process_s"]
     images = {r["ref_image"] for r in rows} | {r["out_image"] for r in rows}
     return {
         "scorer": {"model": json.loads((scorer / "manifest.json").read_text())["source"]["model"], "budget": a.budget},
-        "workload": {"photos": os.path.relpath(photo_set, REPO), "pairs": len(rows),
-                     "references": len({r["ref_image"] for r in rows}), "prompts": a.prompts, "methods": a.methods,
-                     "distinct_images": len(images), "masks_a_pairwise_run_would_segment": 2 * len(rows)},
+        "workload": {
+            "photos": os.path.relpath(photo_set, REPO),
+            "pairs": len(rows),
+            "references": len({r["ref_image"] for r in rows}),
+            "prompts": a.prompts,
+            "methods": a.methods,
+            "distinct_images": len(images),
+            "masks_a_pairwise_run_would_segment": 2 * len(rows),
+        },
         "settings": {"masc_run": common, "repeats": a.job_repeats, "statistic": "median over repeats"},
         "runs": med,
         "ratio_segmenter_over_file_masks": {
             s: {m: med[f"segmenter_{s}"][m] / med[f"file_masks_{s}"][m] for m in ("whole_process_s", "in_run_s")}
-            for s in ("cold", "warm")},
-        "warm_scores_identical_to_cold": {k: all(r["warm_scores_identical_to_cold"][k] for r in reps)
-                                          for k in ("file_masks", "segmenter")},
+            for s in ("cold", "warm")
+        },
+        "warm_scores_identical_to_cold": {
+            k: all(r["warm_scores_identical_to_cold"][k] for r in reps) for k in ("file_masks", "segmenter")
+        },
     }
 
 
@@ -256,10 +293,17 @@ def machine() -> dict:
         cpu = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")][0]
     except (OSError, IndexError):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
-            "versions": {p: version(p) for p in ("masc-engine", "onnxruntime", "numpy", "pillow", "tokenizers",
-                                                 "torch", "transformers")}}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "versions": {
+            p: version(p)
+            for p in ("masc-engine", "onnxruntime", "numpy", "pillow", "tokenizers", "torch", "transformers")
+        },
+    }
 
 
 def part_image(args, bundle: Path) -> dict:
@@ -276,9 +320,15 @@ def part_image(args, bundle: Path) -> dict:
     model, processor, _ = load_segmenter(manifest["source"]["model"])
     items = photos(args.images)
     res = {
-        "settings": {"precision": seg.bundle.precision, "images": len(items), "repeats": args.repeats,
-                     "threads": args.threads, "batch": 1, "image_sizes": sorted({im.size for im, _ in items}),
-                     "recipe": seg.recipe.describe()},
+        "settings": {
+            "precision": seg.bundle.precision,
+            "images": len(items),
+            "repeats": args.repeats,
+            "threads": args.threads,
+            "batch": 1,
+            "image_sizes": sorted({im.size for im, _ in items}),
+            "recipe": seg.recipe.describe(),
+        },
         "ours": time_ours(seg, items, args.repeats),
         "reference": time_reference(model, processor, items, seg.recipe, args.repeats),
         "agreement": agreement(seg, model, processor, items, seg.recipe),
@@ -322,10 +372,17 @@ def main(argv: list[str] | None = None) -> int:
     bundle = Path(args.bundle) if args.bundle else work / f"{args.model.replace(':', '_')}-{args.precision}"
     if not (bundle / "manifest.json").is_file():
         export_segmenter_bundle(args.model, bundle, precision=args.precision)
-    res = {"script": "bench/segmenter.py", "command": shlex.join([sys.executable, *sys.argv]),
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
-           "settings": {"model": json.loads((bundle / "manifest.json").read_text())["source"]["model"],
-                        "precision": args.precision, "threads": args.threads}}
+    res = {
+        "script": "bench/segmenter.py",
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "settings": {
+            "model": json.loads((bundle / "manifest.json").read_text())["source"]["model"],
+            "precision": args.precision,
+            "threads": args.threads,
+        },
+    }
     res["versions"] = res["machine"].pop("versions")
     if "image" in parts:
         res["image"] = part_image(args, bundle)
@@ -334,11 +391,16 @@ def main(argv: list[str] | None = None) -> int:
     res["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
-    shown = {k: res["image"][k] for k in ("ours", "reference", "agreement", "ratio_reference_over_cached")
-             } if "image" in res else {}
+    shown = (
+        {k: res["image"][k] for k in ("ours", "reference", "agreement", "ratio_reference_over_cached")}
+        if "image" in res
+        else {}
+    )
     if "job" in res:
-        shown["job"] = {k: res["job"][k] for k in ("workload", "runs", "ratio_segmenter_over_file_masks",
-                                                  "warm_scores_identical_to_cold")}
+        shown["job"] = {
+            k: res["job"][k]
+            for k in ("workload", "runs", "ratio_segmenter_over_file_masks", "warm_scores_identical_to_cold")
+        }
     print(json.dumps(shown, indent=2))
     return 0
 

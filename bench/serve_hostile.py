@@ -35,8 +35,13 @@ EXAMPLES = REPO / "examples" / "dreambooth"
 
 def machine() -> dict:
     """Where it ran: RSS is per process and not affected by other load; times are."""
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "loadavg_1_5_15": list(os.getloadavg())}
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_1_5_15": list(os.getloadavg()),
+    }
 
 
 def versions() -> dict:
@@ -69,9 +74,23 @@ def _serve(src: str, bundle: str, extra: list[str], log: Path):
 
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
-    proc = subprocess.Popen([sys.executable, "-m", "masc_engine.cli.serve_cmd", "--bundle", bundle, "--port",
-                             str(port), "--log-level", "warning", *extra], env=env,
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.serve_cmd",
+            "--bundle",
+            bundle,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *extra,
+        ],
+        env=env,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -95,8 +114,14 @@ def _attack(proc, send) -> dict:
     time.sleep(2)
     after = _status(proc.pid, "VmRSS")
     mb = lambda b: round(b / 2**20, 1)  # noqa: E731
-    return {"status": status, "seconds": round(seconds, 3), "idle_rss_mb": mb(idle), "peak_growth_mb": mb(peak - idle),
-            "rss_after_mb": mb(after), "after_growth_mb": mb(after - idle)}
+    return {
+        "status": status,
+        "seconds": round(seconds, 3),
+        "idle_rss_mb": mb(idle),
+        "peak_growth_mb": mb(peak - idle),
+        "rss_after_mb": mb(after),
+        "after_growth_mb": mb(after - idle),
+    }
 
 
 def _attacks(url: str, size: int) -> dict:
@@ -105,19 +130,40 @@ def _attacks(url: str, size: int) -> dict:
     b64 = lambda d: base64.b64encode(d).decode()  # noqa: E731
     img, zero = _png(np.zeros((size, size, 3), np.uint8)), _png(np.zeros((size, size), np.uint8))
     sq = np.zeros((size, size), np.uint8)
-    sq[size // 3: 2 * size // 3, size // 3: 2 * size // 3] = 255
-    big = {"ref_image": b64(img), "ref_mask": b64(_png(sq)), "out_image": b64(img), "out_mask": b64(zero),
-           "prompt": "a black square", "object_name": "square"}
-    files = {k: (EXAMPLES / v).read_bytes() for k, v in (("ref_image", "images/cat/00.jpg"), ("ref_mask",
-             "masks/cat/00.png"), ("out_image", "images/cat/01.jpg"), ("out_mask", "masks/cat/01.png"))}
+    sq[size // 3 : 2 * size // 3, size // 3 : 2 * size // 3] = 255
+    big = {
+        "ref_image": b64(img),
+        "ref_mask": b64(_png(sq)),
+        "out_image": b64(img),
+        "out_mask": b64(zero),
+        "prompt": "a black square",
+        "object_name": "square",
+    }
+    files = {
+        k: (EXAMPLES / v).read_bytes()
+        for k, v in (
+            ("ref_image", "images/cat/00.jpg"),
+            ("ref_mask", "masks/cat/00.png"),
+            ("out_image", "images/cat/01.jpg"),
+            ("out_mask", "masks/cat/01.png"),
+        )
+    }
     good = {k: b64(v) for k, v in files.items()} | {"prompt": "a cat", "object_name": "cat"}
     return {
-        f"eight_{size}px_pairs": lambda: httpx.post(url + "/v1/score_batch", json={"items": [big] * 8},
-                                                    timeout=600).status_code,
-        "json_prompt_4mb": lambda: httpx.post(url + "/v1/score", json={**good, "prompt": "a " * 2 * 2**20},
-                                              timeout=600).status_code,
-        "multipart_prompt_60mb": lambda: httpx.post(url + "/v1/score", files={k: (k, v) for k, v in files.items()},
-                                                    data={"prompt": "a " * 30 * 2**20}, timeout=600).status_code,
+        f"eight_{size}px_pairs": lambda: (
+            httpx.post(url + "/v1/score_batch", json={"items": [big] * 8}, timeout=600).status_code
+        ),
+        "json_prompt_4mb": lambda: (
+            httpx.post(url + "/v1/score", json={**good, "prompt": "a " * 2 * 2**20}, timeout=600).status_code
+        ),
+        "multipart_prompt_60mb": lambda: (
+            httpx.post(
+                url + "/v1/score",
+                files={k: (k, v) for k, v in files.items()},
+                data={"prompt": "a " * 30 * 2**20},
+                timeout=600,
+            ).status_code
+        ),
     }
 
 
@@ -127,30 +173,50 @@ def main(argv=None) -> int:
     ap.add_argument("--src", action="append", default=None, help="NAME=PATH of a source tree's src folder")
     ap.add_argument("--max-decoded-mb", type=float, default=None, help="passed to trees that have the option")
     ap.add_argument("--size", type=int, default=6000, help="side of the big images, pixels")
-    ap.add_argument("--attacks", default=None, help="comma-separated subset of the attacks (default: all; the "
-                    "prompt attacks took 17.7 s / 1.4 GB and an OOM kill on the tree before the budgets)")
+    ap.add_argument(
+        "--attacks",
+        default=None,
+        help="comma-separated subset of the attacks (default: all; the "
+        "prompt attacks took 17.7 s / 1.4 GB and an OOM kill on the tree before the budgets)",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     trees = dict(s.split("=", 1) for s in (args.src or [f"this={REPO / 'src'}"]))
     results = {}
     for name, src in trees.items():
-        help_text = subprocess.run([sys.executable, "-m", "masc_engine.cli.serve_cmd", "--help"], capture_output=True,
-                                   text=True, env={**os.environ, "PYTHONPATH": str(Path(src).resolve())}).stdout
-        extra = (["--max-decoded-mb", str(args.max_decoded_mb)]
-                 if args.max_decoded_mb and "--max-decoded-mb" in help_text else [])
+        help_text = subprocess.run(
+            [sys.executable, "-m", "masc_engine.cli.serve_cmd", "--help"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(src).resolve())},
+        ).stdout
+        extra = (
+            ["--max-decoded-mb", str(args.max_decoded_mb)]
+            if args.max_decoded_mb and "--max-decoded-mb" in help_text
+            else []
+        )
         log = Path(f"/tmp/serve_hostile_{name}.log")
         proc, url = _serve(src, args.bundle, extra, log)
         try:
-            chosen = {k: f for k, f in _attacks(url, args.size).items()
-                      if args.attacks is None or k in args.attacks.split(",")}
+            chosen = {
+                k: f
+                for k, f in _attacks(url, args.size).items()
+                if args.attacks is None or k in args.attacks.split(",")
+            }
             results[name] = {"options": extra, **{k: _attack(proc, f) for k, f in chosen.items()}}
         finally:
             proc.terminate()
             proc.wait(60)
         print(name, json.dumps(results[name], indent=1))
-    out = {"script": "bench/serve_hostile.py", "command": shlex.join([sys.executable, *sys.argv]),
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(), "versions": versions(),
-           "bundle": args.bundle, "results": results}
+    out = {
+        "script": "bench/serve_hostile.py",
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "versions": versions(),
+        "bundle": args.bundle,
+        "results": results,
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -48,8 +48,10 @@ def build_bodies(path: Path, n: int | None) -> tuple[int, int]:
     rows = list(csv.DictReader(open(SHARED / "pairs.csv", newline="", encoding="utf-8-sig")))[:n]
     with open(path, "w") as f:
         for r in rows:
-            body = {k: base64.b64encode((SHARED / r[k]).read_bytes()).decode()
-                    for k in ("ref_image", "ref_mask", "out_image", "out_mask")}
+            body = {
+                k: base64.b64encode((SHARED / r[k]).read_bytes()).decode()
+                for k in ("ref_image", "ref_mask", "out_image", "out_mask")
+            }
             body.update(prompt=r["prompt"], object_name=r["object_name"])
             f.write(json.dumps(body) + "\n")
     return len(rows), len({r["ref_image"] for r in rows})
@@ -65,16 +67,40 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return vals["VmRSS"], vals["VmHWM"]
 
 
-def start_server(bundle: Path, max_batch: int, max_wait_ms: float, budget: int, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(
+    bundle: Path, max_batch: int, max_wait_ms: float, budget: int, log: Path
+) -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "masc_engine.cli.serve_cmd", "--bundle", str(bundle),
-                             "--host", "127.0.0.1", "--port", str(port), "--max-batch", str(max_batch),
-                             "--max-wait-ms", str(max_wait_ms), "--max-num-patches", str(budget), "--log-level", "warning",
-                             "--request-timeout-s", "600", "--max-queue", "4096"],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.serve_cmd",
+            "--bundle",
+            str(bundle),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-batch",
+            str(max_batch),
+            "--max-wait-ms",
+            str(max_wait_ms),
+            "--max-num-patches",
+            str(budget),
+            "--log-level",
+            "warning",
+            "--request-timeout-s",
+            "600",
+            "--max-queue",
+            "4096",
+        ],
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.time() + 300
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -91,16 +117,42 @@ def start_server(bundle: Path, max_batch: int, max_wait_ms: float, budget: int, 
 
 def run_locust(url: str, users: int, seconds: int, bodies: Path, prefix: Path) -> dict:
     env = {**os.environ, "MASC_BENCH_BODIES": str(bodies)}
-    cmd = [str(Path(sys.executable).with_name("locust")), "-f", str(REPO / "bench" / "serve_locustfile.py"),
-           "--headless", "-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--host", url,
-           "--csv", str(prefix), "--only-summary", "--stop-timeout", "300", "--loglevel", "WARNING"]
+    cmd = [
+        str(Path(sys.executable).with_name("locust")),
+        "-f",
+        str(REPO / "bench" / "serve_locustfile.py"),
+        "--headless",
+        "-u",
+        str(users),
+        "-r",
+        str(users),
+        "-t",
+        f"{seconds}s",
+        "--host",
+        url,
+        "--csv",
+        str(prefix),
+        "--only-summary",
+        "--stop-timeout",
+        "300",
+        "--loglevel",
+        "WARNING",
+    ]
     subprocess.run(cmd, env=env, check=False, capture_output=True, timeout=seconds + 400)
     stats = list(csv.DictReader(open(f"{prefix}_stats.csv")))
     agg = next(r for r in stats if r["Name"] == "Aggregated")
     n, fails = int(agg["Request Count"]), int(agg["Failure Count"])
-    return {"clients": users, "seconds": seconds, "requests": n, "failures": fails,
-            "error_rate": fails / n if n else None, "requests_per_s": float(agg["Requests/s"]),
-            "p50_ms": float(agg["50%"]), "p99_ms": float(agg["99%"]), "mean_ms": float(agg["Average Response Time"])}
+    return {
+        "clients": users,
+        "seconds": seconds,
+        "requests": n,
+        "failures": fails,
+        "error_rate": fails / n if n else None,
+        "requests_per_s": float(agg["Requests/s"]),
+        "p50_ms": float(agg["50%"]),
+        "p99_ms": float(agg["99%"]),
+        "mean_ms": float(agg["Average Response Time"]),
+    }
 
 
 def check_bit_identity(url: str, bodies: Path, n: int, clients: int) -> dict:
@@ -111,16 +163,26 @@ def check_bit_identity(url: str, bodies: Path, n: int, clients: int) -> dict:
     import httpx
 
     lines = open(bodies, "rb").read().splitlines()[:n]
-    post = lambda b: httpx.post(url + "/v1/score", content=b, timeout=600,  # noqa: E731
-                                headers={"content-type": "application/json"}).json()
+
+    def post(b):
+        return httpx.post(
+            url + "/v1/score", content=b, timeout=600, headers={"content-type": "application/json"}
+        ).json()
+
     alone = [post(b) for b in lines]
     before = scrape(url)
     with ThreadPoolExecutor(clients) as ex:
         together = list(ex.map(post, lines))
     after = scrape(url)
     batches = after["masc_batch_size_count"] - before["masc_batch_size_count"]
-    return {"pairs": len(lines), "clients": clients, "batches": batches, "mean_batch_size": len(lines) / batches,
-            "bit_identical": alone == together, "max_abs_dcp": max(abs(a["cp"] - b["cp"]) for a, b in zip(alone, together))}
+    return {
+        "pairs": len(lines),
+        "clients": clients,
+        "batches": batches,
+        "mean_batch_size": len(lines) / batches,
+        "bit_identical": alone == together,
+        "max_abs_dcp": max(abs(a["cp"] - b["cp"]) for a, b in zip(alone, together)),
+    }
 
 
 def scrape(url: str) -> dict:
@@ -129,8 +191,14 @@ def scrape(url: str) -> dict:
     text = httpx.get(url + "/metrics", timeout=10).text
     out = {}
     for line in text.splitlines():
-        if line.startswith(("masc_batch_size_sum", "masc_batch_size_count", "masc_reference_cache_hits_total",
-                            "masc_reference_cache_misses_total")):
+        if line.startswith(
+            (
+                "masc_batch_size_sum",
+                "masc_batch_size_count",
+                "masc_reference_cache_hits_total",
+                "masc_reference_cache_misses_total",
+            )
+        ):
             k, v = line.rsplit(" ", 1)
             out[k] = float(v)
     return out
@@ -169,17 +237,28 @@ def main() -> None:
 
     from masc_engine import __version__
 
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                                       if ln.startswith("model name")), "unknown"), "cores": os.cpu_count(),
-                          "python": platform.python_version()},
-              "versions": {"masc_engine": __version__, "onnxruntime": onnxruntime.__version__,
-                           "fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__,
-                           "locust": locust.__version__},
-              "model": f"{manifest['source'].get('model')}, NaFlex budget {a.budget} (--max-num-patches)",
-              "traffic": f"{n_pairs} DreamBooth pairs ({n_refs} references), JSON base64, round-robin per client",
-              "note": "loopback; locust runs on the same cores as the server (see loadavg per run)",
-              "loadavg_start": os.getloadavg(), "runs": []}
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": next(
+                (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "unknown"
+            ),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "versions": {
+            "masc_engine": __version__,
+            "onnxruntime": onnxruntime.__version__,
+            "fastapi": fastapi.__version__,
+            "uvicorn": uvicorn.__version__,
+            "locust": locust.__version__,
+        },
+        "model": f"{manifest['source'].get('model')}, NaFlex budget {a.budget} (--max-num-patches)",
+        "traffic": f"{n_pairs} DreamBooth pairs ({n_refs} references), JSON base64, round-robin per client",
+        "note": "loopback; locust runs on the same cores as the server (see loadavg per run)",
+        "loadavg_start": os.getloadavg(),
+        "runs": [],
+    }
     for max_batch in (a.max_batch, 1):
         proc, url = start_server(bundle, max_batch, a.max_wait_ms, a.budget, work / f"server-b{max_batch}.log")
         try:
@@ -193,8 +272,12 @@ def main() -> None:
                 after = scrape(url)
                 batches = after.get("masc_batch_size_count", 0) - before.get("masc_batch_size_count", 0)
                 items = after.get("masc_batch_size_sum", 0) - before.get("masc_batch_size_sum", 0)
-                r.update(max_batch=max_batch, max_wait_ms=a.max_wait_ms, loadavg_before=load,
-                         mean_batch_size=items / batches if batches else None)
+                r.update(
+                    max_batch=max_batch,
+                    max_wait_ms=a.max_wait_ms,
+                    loadavg_before=load,
+                    mean_batch_size=items / batches if batches else None,
+                )
                 r["server_rss_mb"], r["server_peak_rss_mb"] = rss_mb(proc.pid)
                 print(json.dumps(r), flush=True)
                 result["runs"].append(r)
@@ -206,7 +289,9 @@ def main() -> None:
     by = {(r["max_batch"], r["clients"]): r for r in result["runs"]}
     result["gain_over_max_batch_1"] = {
         str(u): round(by[(a.max_batch, u)]["requests_per_s"] / by[(1, u)]["requests_per_s"], 3)
-        for u in levels if by[(1, u)]["requests_per_s"]}
+        for u in levels
+        if by[(1, u)]["requests_per_s"]
+    }
     result["loadavg_end"] = os.getloadavg()
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
     write_markdown(result, Path(a.out).with_suffix(".md"))
@@ -216,30 +301,43 @@ def main() -> None:
 def write_markdown(res: dict, path: Path) -> None:
     m = res["machine"]
     lines = [
-        "# masc-serve under load (bench/serve_load.py)", "",
+        "# masc-serve under load (bench/serve_load.py)",
+        "",
         f"Measured {res['date']} on {m['cpu']}, {m['cores']} cores, Python {m['python']}; "
-        + ", ".join(f"{k} {v}" for k, v in res["versions"].items()) + ".",
+        + ", ".join(f"{k} {v}" for k, v in res["versions"].items())
+        + ".",
         f"Model: {res['model']}. Traffic: {res['traffic']}. Locust closed loop (no think time), "
         "one level after another on the same server process.",
         f"Note: {res['note']}. Load average at start {tuple(round(x, 2) for x in res['loadavg_start'])}, "
-        f"at end {tuple(round(x, 2) for x in res['loadavg_end'])}. Raw figures: `serve_load.json`.", "",
+        f"at end {tuple(round(x, 2) for x in res['loadavg_end'])}. Raw figures: `serve_load.json`.",
+        "",
         "| --max-batch | clients | requests | errors | req/s | p50 ms | p99 ms | mean batch | server peak RSS MiB | load avg before |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in res["runs"]:
         mb = f"{r['mean_batch_size']:.2f}" if r["mean_batch_size"] else "-"
-        lines.append(f"| {r['max_batch']} | {r['clients']} | {r['requests']} | {r['failures']} | "
-                     f"{r['requests_per_s']:.2f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {mb} | "
-                     f"{r['server_peak_rss_mb']:.0f} | {r['loadavg_before'][0]:.2f} |")
+        lines.append(
+            f"| {r['max_batch']} | {r['clients']} | {r['requests']} | {r['failures']} | "
+            f"{r['requests_per_s']:.2f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {mb} | "
+            f"{r['server_peak_rss_mb']:.0f} | {r['loadavg_before'][0]:.2f} |"
+        )
     bi = res.get("bit_identity")
     if bi:
-        lines += ["", f"Bit identity: {bi['pairs']} pairs scored one at a time, then all at once from {bi['clients']} "
-                  f"clients ({bi['batches']:.0f} micro-batches, mean size {bi['mean_batch_size']:.2f}): "
-                  f"{'every response equal, field for field' if bi['bit_identical'] else 'DIFFERENT'} "
-                  f"(max |dCP| {bi['max_abs_dcp']:.1e})."]
-    lines += ["", "Throughput gain of micro-batching over `--max-batch 1`, by clients: "
-              + ", ".join(f"{k}: {v}x" for k, v in res["gain_over_max_batch_1"].items()) + ".",
-              f"Server exit status after SIGTERM: {res['exit_status']}.", ""]
+        lines += [
+            "",
+            f"Bit identity: {bi['pairs']} pairs scored one at a time, then all at once from {bi['clients']} "
+            f"clients ({bi['batches']:.0f} micro-batches, mean size {bi['mean_batch_size']:.2f}): "
+            f"{'every response equal, field for field' if bi['bit_identical'] else 'DIFFERENT'} "
+            f"(max |dCP| {bi['max_abs_dcp']:.1e}).",
+        ]
+    lines += [
+        "",
+        "Throughput gain of micro-batching over `--max-batch 1`, by clients: "
+        + ", ".join(f"{k}: {v}x" for k, v in res["gain_over_max_batch_1"].items())
+        + ".",
+        f"Server exit status after SIGTERM: {res['exit_status']}.",
+        "",
+    ]
     path.write_text("\n".join(lines))
 
 

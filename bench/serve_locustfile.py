@@ -28,8 +28,13 @@ class ScoreClient(HttpUser):
 
     @task
     def score(self):
-        with self.client.post("/v1/score", data=next(self._bodies), headers={"content-type": "application/json"},
-                              catch_response=True, timeout=300) as r:
+        with self.client.post(
+            "/v1/score",
+            data=next(self._bodies),
+            headers={"content-type": "application/json"},
+            catch_response=True,
+            timeout=300,
+        ) as r:
             if r.status_code != 200:
                 r.failure(f"HTTP {r.status_code}: {r.text[:200]}")
             elif not isinstance(r.json().get("cp"), float):

@@ -65,7 +65,6 @@ SEGMENTER_CHECKS = ("vision", "text", "decoder", "end_to_end")
 FIRST_SEED = 100
 
 
-
 def _cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), for the results file."""
     try:
@@ -73,12 +72,16 @@ def _cpu_model() -> str:
     except (OSError, StopIteration):
         return platform.processor() or "unknown"
 
+
 def _extra_segmenter_presets():
     from masc_engine.export import random_models as rm
 
     tiny = rm.SEGMENTER_PRESETS["clipseg-tiny"]
-    return {"clipseg-tiny-3": dataclasses.replace(tiny, vision_width=32, vision_layers=3, vision_mlp=64,
-                                                  text_width=32, text_layers=2, extract_layers=(1, 2))}
+    return {
+        "clipseg-tiny-3": dataclasses.replace(
+            tiny, vision_width=32, vision_layers=3, vision_mlp=64, text_width=32, text_layers=2, extract_layers=(1, 2)
+        )
+    }
 
 
 def trained_like(model, seed: int) -> None:
@@ -130,8 +133,12 @@ ACCEPT_ALL = 1e30
 def _figures(report: dict) -> dict:
     """The figures of one check's report: max |error|, max relative error, the budget it was held
     to and, where the check has one, transformers' own float32 relative error (``noise_rel``)."""
-    out = {"max_abs": report["max_abs"], "max_rel": max(k["max_rel"] for k in report["cases"]),
-           "rtol": report.get("rtol"), "past_budget": "override" in report}
+    out = {
+        "max_abs": report["max_abs"],
+        "max_rel": max(k["max_rel"] for k in report["cases"]),
+        "rtol": report.get("rtol"),
+        "past_budget": "override" in report,
+    }
     if "noise_rel" in report:
         out.update(noise_rel=report["noise_rel"], error_over_noise=report["error_over_noise"])
     return out
@@ -157,8 +164,17 @@ def perturbed(shape: str, ckpt: Path, bundle: Path, accept: float | None = ACCEP
 
             m, processor, _ = load_segmenter(str(ckpt))
             m.decoder.film_add.bias += 0.5
-            out["decoder"] = _figures(sv.validate_graph("decoder", bundle / man["graphs"]["decoder"]["file"], bundle,
-                                                        m, processor, man["image"], man["text"]))
+            out["decoder"] = _figures(
+                sv.validate_graph(
+                    "decoder",
+                    bundle / man["graphs"]["decoder"]["file"],
+                    bundle,
+                    m,
+                    processor,
+                    man["image"],
+                    man["text"],
+                )
+            )
             out["end_to_end"] = _figures(sv.validate_end_to_end(bundle, m, processor))
         else:
             import transformers
@@ -168,8 +184,11 @@ def perturbed(shape: str, ckpt: Path, bundle: Path, accept: float | None = ACCEP
             model = transformers.AutoModel.from_pretrained(ckpt, attn_implementation="eager").eval()
             processor = transformers.AutoProcessor.from_pretrained(ckpt)
             vm = model.vision_model
-            for graph, ln in (("vision", vm.post_layernorm), ("pool", vm.head.layernorm),
-                              ("text", model.text_model.final_layer_norm)):
+            for graph, ln in (
+                ("vision", vm.post_layernorm),
+                ("pool", vm.head.layernorm),
+                ("text", model.text_model.final_layer_norm),
+            ):
                 ln.bias[0] += 0.5
                 refs = val.torch_references(model, processor, man["image"], man["text"], bundle, graphs=(graph,))
                 out[graph] = _figures(val.check_graph(graph, bundle / man["graphs"][graph]["file"], refs))
@@ -196,8 +215,13 @@ def measure(shape: str, seed: int, family: str, work: Path) -> dict:
     seconds = round(time.time() - t0, 1)
     v = json.loads((out / "manifest.json").read_text())["validation"]
     checks = SEGMENTER_CHECKS if seg else SIGLIP_CHECKS
-    row = {"shape": shape, "seed": seed, "family": family, "seconds": seconds,
-           "checks": {c: _figures(v[c]) for c in checks}}
+    row = {
+        "shape": shape,
+        "seed": seed,
+        "family": family,
+        "seconds": seconds,
+        "checks": {c: _figures(v[c]) for c in checks},
+    }
     try:
         row["perturbed"] = perturbed(shape, ckpt, out)
     except Exception as e:  # noqa: BLE001 - the export's figures are kept; the failure is recorded
@@ -250,8 +274,9 @@ def main() -> None:
     families = a.families.split(",")
     seeds = range(FIRST_SEED, FIRST_SEED + a.seeds)
     # per shape, the families alternate seed by seed (a run cut short still holds both)
-    tasks = [(shape, seed, families[(seed - FIRST_SEED) % len(families)])
-             for shape in a.shapes.split(",") for seed in seeds]
+    tasks = [
+        (shape, seed, families[(seed - FIRST_SEED) % len(families)]) for shape in a.shapes.split(",") for seed in seeds
+    ]
     out = Path(a.out)
     rows = json.loads(out.read_text())["runs"] if a.resume and out.exists() else []
     done = {(r["shape"], r["seed"], r["family"]) for r in rows}
@@ -259,30 +284,50 @@ def main() -> None:
     t0 = time.time()
 
     def write() -> None:
-        result = {"script": "bench/tolerance_distributions.py",
-                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.machine()},
-                  "command": "python bench/tolerance_distributions.py " + " ".join(sys.argv[1:]),
-                  "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                                  "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__,
-                                  "machine": platform.machine()},
-                  # the versions the measurements were made with (the results files' common field)
-                  "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                               "onnxruntime": onnxruntime.__version__},
-                  "seeds": sorted({r["seed"] for r in rows}), "seconds": round(time.time() - t0),
-                  "summary": summarise(rows), "runs": rows}
+        result = {
+            "script": "bench/tolerance_distributions.py",
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.machine()},
+            "command": "python bench/tolerance_distributions.py " + " ".join(sys.argv[1:]),
+            "environment": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "onnxruntime": onnxruntime.__version__,
+                "machine": platform.machine(),
+            },
+            # the versions the measurements were made with (the results files' common field)
+            "versions": {
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "onnxruntime": onnxruntime.__version__,
+            },
+            "seeds": sorted({r["seed"] for r in rows}),
+            "seconds": round(time.time() - t0),
+            "summary": summarise(rows),
+            "runs": rows,
+        }
         out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
-    with tempfile.TemporaryDirectory(prefix="masc-tol-") as tmp, \
-            ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with (
+        tempfile.TemporaryDirectory(prefix="masc-tol-") as tmp,
+        ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool,
+    ):
         futures = [pool.submit(measure, *t, Path(tmp)) for t in tasks]
         for f in futures:
             rows.append(f.result())
             r = rows[-1]
-            print(f"{r['shape']} {r['family']} seed {r['seed']}: " + ", ".join(
-                f"{c} {x['max_rel']:.2e} rel" + (f" ({x['error_over_noise']:.2g} x noise)" if "noise_rel" in x else "")
-                + (f", wrong {r['perturbed'][c]['max_rel']:.2e}" if c in r["perturbed"] else "")
-                for c, x in r["checks"].items()) + f" ({r['seconds']:.0f} s)", flush=True)
+            print(
+                f"{r['shape']} {r['family']} seed {r['seed']}: "
+                + ", ".join(
+                    f"{c} {x['max_rel']:.2e} rel"
+                    + (f" ({x['error_over_noise']:.2g} x noise)" if "noise_rel" in x else "")
+                    + (f", wrong {r['perturbed'][c]['max_rel']:.2e}" if c in r["perturbed"] else "")
+                    for c, x in r["checks"].items()
+                )
+                + f" ({r['seconds']:.0f} s)",
+                flush=True,
+            )
             write()  # after every initialisation: a run stopped early keeps what it measured
     print(f"wrote {out}")
 

@@ -19,8 +19,14 @@ import time
 from pathlib import Path
 
 #: The prompts of the DreamBench-shaped workloads (``{}`` is the subject's class).
-PROMPTS = ["a {} in the jungle", "a {} on the beach", "a {} with a city in the background",
-           "a {} floating on top of water", "a red {}", "a {} in the snow"]
+PROMPTS = [
+    "a {} in the jungle",
+    "a {} on the beach",
+    "a {} with a city in the background",
+    "a {} floating on top of water",
+    "a red {}",
+    "a {} in the snow",
+]
 
 #: ``(width, height)`` of the odd-sized copies, cycled over pairs and over reference/output.
 ODD_SIZES = [(333, 517), (517, 333), (401, 299), (257, 263), (480, 271), (199, 601)]
@@ -34,8 +40,14 @@ def write_pairs_csv(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def dreambench_pairs(work: Path, photo_root: Path, subjects: list[tuple[str, str]], prompts: int = len(PROMPTS),
-                     methods: int = 2, relative_outputs: bool = False) -> Path:
+def dreambench_pairs(
+    work: Path,
+    photo_root: Path,
+    subjects: list[tuple[str, str]],
+    prompts: int = len(PROMPTS),
+    methods: int = 2,
+    relative_outputs: bool = False,
+) -> Path:
     """``work/pairs.csv``: ``len(subjects) * prompts * methods`` pairs, outputs in ``work/outputs``.
 
     Args:
@@ -68,12 +80,20 @@ def dreambench_pairs(work: Path, photo_root: Path, subjects: list[tuple[str, str
                 stem = f"{name}_p{p}_m{m}"
                 im.save(out_dir / f"{stem}.jpg", quality=92)
                 mask.save(out_dir / f"{stem}.png")
-                out = (f"outputs/{stem}" if relative_outputs else str(out_dir / stem))
-                rows.append({"key": stem, "subject": name, "method": f"method{m}",
-                             "ref_image": str(photo_root / "images" / name / "00.jpg"),
-                             "ref_mask": str(photo_root / "masks" / name / "00.png"),
-                             "out_image": out + ".jpg", "out_mask": out + ".png",
-                             "prompt": PROMPTS[p % len(PROMPTS)].format(cls), "object_name": cls})
+                out = f"outputs/{stem}" if relative_outputs else str(out_dir / stem)
+                rows.append(
+                    {
+                        "key": stem,
+                        "subject": name,
+                        "method": f"method{m}",
+                        "ref_image": str(photo_root / "images" / name / "00.jpg"),
+                        "ref_mask": str(photo_root / "masks" / name / "00.png"),
+                        "out_image": out + ".jpg",
+                        "out_mask": out + ".png",
+                        "prompt": PROMPTS[p % len(PROMPTS)].format(cls),
+                        "object_name": cls,
+                    }
+                )
     return write_pairs_csv(work / "pairs.csv", rows)
 
 
@@ -102,12 +122,14 @@ def run_child(module: str, fn: str, *args) -> tuple[object, float]:
     """``fn(*args)`` of the bench script ``module`` in a fresh Python process (cold: imports, model
     loads and first calls all counted); returns (its JSON result, wall seconds spawn -> exit)."""
     bench = str(Path(__file__).resolve().parent)
-    code = (f"import json, sys; sys.path.insert(0, {bench!r}); import {module} as b; "
-            f"print('RESULT' + json.dumps(b.{fn}(*{args!r}), default=float))")
+    code = (
+        f"import json, sys; sys.path.insert(0, {bench!r}); import {module} as b; "
+        f"print('RESULT' + json.dumps(b.{fn}(*{args!r}), default=float))"
+    )
     t = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     wall = time.perf_counter() - t
     if out.returncode:
         raise RuntimeError(f"{module}.{fn} failed:\n{out.stderr[-4000:]}")
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    return json.loads(line[len("RESULT"):]), wall
+    return json.loads(line[len("RESULT") :]), wall

@@ -38,14 +38,28 @@ def main(argv=None) -> int:
     ap.add_argument("--ref", default="10.1-GA", help="branch, tag or commit of the parser release")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
-    git = ["git", "--git-dir", str(args.repo)] if args.repo.name.endswith(".git") or (args.repo / "HEAD").is_file() \
+    git = (
+        ["git", "--git-dir", str(args.repo)]
+        if args.repo.name.endswith(".git") or (args.repo / "HEAD").is_file()
         else ["git", "-C", str(args.repo)]
+    )
     commit = subprocess.run([*git, "rev-parse", args.ref], capture_output=True, text=True, check=True).stdout.strip()
-    source = subprocess.run([*git, "show", f"{commit}:onnxOpImporters.cpp"], capture_output=True, text=True,
-                            check=True).stdout
+    source = subprocess.run(
+        [*git, "show", f"{commit}:onnxOpImporters.cpp"], capture_output=True, text=True, check=True
+    ).stdout
     ops = importer_ops(source)
-    args.out.write_text(json.dumps({"source": "github.com/onnx/onnx-tensorrt onnxOpImporters.cpp",
-                                    "ref": args.ref, "commit": commit, "ops": ops}, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "source": "github.com/onnx/onnx-tensorrt onnxOpImporters.cpp",
+                "ref": args.ref,
+                "commit": commit,
+                "ops": ops,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"{len(ops)} ops from onnx-tensorrt {args.ref} ({commit[:12]}) -> {args.out}")
     return 0
 

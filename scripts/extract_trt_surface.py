@@ -57,10 +57,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WHEEL_SPEC = "tensorrt-cu13-bindings==11.4.0.106"
 DEFAULT_OUT = REPO / "tests" / "data" / "tensorrt_11_surface.json"
-BIND_FUNCTIONS = ("_ZN8tensorrt8bindCoreERN8pybind117module_E", "_ZN8tensorrt8bindOnnxERN8pybind117module_E",
-                  "_ZN8tensorrt9bindGraphERN8pybind117module_E",
-                  "_ZN8tensorrt21bindFoundationalTypesERN8pybind117module_E",
-                  "_ZN8tensorrt10bindPluginERN8pybind117module_E")
+BIND_FUNCTIONS = (
+    "_ZN8tensorrt8bindCoreERN8pybind117module_E",
+    "_ZN8tensorrt8bindOnnxERN8pybind117module_E",
+    "_ZN8tensorrt9bindGraphERN8pybind117module_E",
+    "_ZN8tensorrt21bindFoundationalTypesERN8pybind117module_E",
+    "_ZN8tensorrt10bindPluginERN8pybind117module_E",
+)
 #: Facts from TensorRT's Python API documentation the extraction must reproduce.
 SELF_CHECKS = {
     ("IExecutionContext", "execute_async_v3"): "(self, stream_handle: int) -> bool",
@@ -114,7 +117,7 @@ class Elf:
                 self.relocs[off] = value + addend if value else name
 
     def _cstr_at(self, off: int) -> str:
-        return self.data[off:self.data.index(b"\0", off)].decode("latin-1")
+        return self.data[off : self.data.index(b"\0", off)].decode("latin-1")
 
     def _symbols(self, table, secs):
         strtab = secs[table["link"]]["off"]
@@ -135,9 +138,16 @@ class Elf:
 # --------------------------------------------------------------------------- symbolic pass
 
 _REG64 = {}
-for _full, _parts in [("rax", "eax ax al"), ("rbx", "ebx bx bl"), ("rcx", "ecx cx cl"), ("rdx", "edx dx dl"),
-                      ("rsi", "esi si sil"), ("rdi", "edi di dil"), ("rbp", "ebp bpl"), ("rsp", "esp spl")] + \
-                     [(f"r{i}", f"r{i}d r{i}w r{i}b") for i in range(8, 16)]:
+for _full, _parts in [
+    ("rax", "eax ax al"),
+    ("rbx", "ebx bx bl"),
+    ("rcx", "ecx cx cl"),
+    ("rdx", "edx dx dl"),
+    ("rsi", "esi si sil"),
+    ("rdi", "edi di dil"),
+    ("rbp", "ebp bpl"),
+    ("rsp", "esp spl"),
+] + [(f"r{i}", f"r{i}d r{i}w r{i}b") for i in range(8, 16)]:
     _REG64[_full] = _full
     for _p in _parts.split():
         _REG64[_p] = _full
@@ -145,12 +155,28 @@ CALLER_SAVED = ("rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11")
 ARG_REGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
 MEM = re.compile(r"^(-?0x[0-9a-f]+)?\(%(\w+)\)$")
 #: pybind11 out-of-line functions whose bodies are followed (their events appear at the call site).
-FOLLOW = ("_ZN8pybind116class_", "_ZN8pybind115enum_", "_ZN8pybind1112cpp_functionC", "_ZN8pybind116module_",
-          "_ZN8pybind116detail18process_attributes", "_ZN8pybind115arg_v", "_ZN8pybind116detail9enum_base")
+FOLLOW = (
+    "_ZN8pybind116class_",
+    "_ZN8pybind115enum_",
+    "_ZN8pybind1112cpp_functionC",
+    "_ZN8pybind116module_",
+    "_ZN8pybind116detail18process_attributes",
+    "_ZN8pybind115arg_v",
+    "_ZN8pybind116detail9enum_base",
+)
 #: pybind11 calls recorded as events, with their argument registers and the stack memory they point to.
-EVENTS = ("initialize_generic", "12generic_type10initialize", "add_class_method", "def_property_static_impl",
-          "process_attributeINS_3argEvE4init", "process_attributeINS_5arg_vEvE4init", "enum_base5value",
-          "make_function_record", "accessor_policies8str_attrEEaS", "7setattrENS_6handle")
+EVENTS = (
+    "initialize_generic",
+    "12generic_type10initialize",
+    "add_class_method",
+    "def_property_static_impl",
+    "process_attributeINS_3argEvE4init",
+    "process_attributeINS_5arg_vEvE4init",
+    "enum_base5value",
+    "make_function_record",
+    "accessor_policies8str_attrEEaS",
+    "7setattrENS_6handle",
+)
 
 
 class Tracer:
@@ -165,9 +191,19 @@ class Tracer:
     @functools.lru_cache(None)  # noqa: B019 - one Disassembler per run; the cache lives as long as it
     def disasm(self, addr: int) -> list[tuple]:
         name, size = self.elf.funcs[addr]
-        out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={addr}",
-                              f"--stop-address={addr + size}", self.elf.path],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [
+                "objdump",
+                "-d",
+                "--no-show-raw-insn",
+                f"--start-address={addr}",
+                f"--stop-address={addr + size}",
+                self.elf.path,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         ins = []
         for line in out.splitlines():
             m = re.match(r"\s+([0-9a-f]+):\t(\S+)\s*([^#<]*)(?:#\s*([0-9a-f]+))?", line)
@@ -184,8 +220,9 @@ class Tracer:
         s = self.elf.rodata_string(addr)
         return ("str", s, addr) if s is not None else ("sym", self.elf.symbol_at(addr) or hex(addr), addr)
 
-    def run(self, addr: int, init: dict | None = None, depth: int = 0, events: list | None = None,
-            slots: dict | None = None) -> list:
+    def run(
+        self, addr: int, init: dict | None = None, depth: int = 0, events: list | None = None, slots: dict | None = None
+    ) -> list:
         """Events of the function at ``addr``: ``("call", name, args, memory)``, ``("store",
         offset, value)`` (a string stored through an unknown pointer: a function record's name
         at 0, its doc at 8), ``("enter", name)`` / ``("leave", name)`` around followed functions."""
@@ -246,8 +283,11 @@ class _State:
         for r, v in args.items():
             if v and v[0] == "stack":
                 f, b, off = v[1]
-                mem[r] = {k: self.slots[(f, b, off + k)] for k in range(0, 0x100, 8)
-                          if self.slots.get((f, b, off + k)) is not None}
+                mem[r] = {
+                    k: self.slots[(f, b, off + k)]
+                    for k in range(0, 0x100, 8)
+                    if self.slots.get((f, b, off + k)) is not None
+                }
         return mem
 
     def step(self, mn, o, target, events):
@@ -276,8 +316,13 @@ class _State:
     def _mov(self, src, dst, target, events):
         if src.startswith("$"):
             t = src[1:]
-            val = ("imm", int(t, 16)) if re.fullmatch(r"0x[0-9a-f]+", t) else \
-                ("imm", int(t)) if re.fullmatch(r"-?\d+", t) else None
+            val = (
+                ("imm", int(t, 16))
+                if re.fullmatch(r"0x[0-9a-f]+", t)
+                else ("imm", int(t))
+                if re.fullmatch(r"-?\d+", t)
+                else None
+            )
         elif "(%rip)" in src and target is not None:
             p = self.t.elf.relocs.get(target)
             val = self.t.value_at(p) if isinstance(p, int) else (("sym", p, None) if p else None)
@@ -354,10 +399,20 @@ def _event(e, stack, cur, pending, made, classes, bound, attrs):
     if "generic_type10initialize" in name:
         rec = mem.get("rsi", {})
         ti = rec.get(16)
-        owner = next((s for s in reversed(stack) if s.startswith(("_ZN8pybind116class_", "_ZN8pybind115enum_"))
-                      and re.search(r"EEC[12]I", s)), None)
-        cur = {"py": _s(rec.get(8)), "typeinfo": ti[1] if ti and ti[0] == "sym" else None, "owner": owner,
-               "kind": "enum" if owner and owner.startswith("_ZN8pybind115enum_") else "class"}
+        owner = next(
+            (
+                s
+                for s in reversed(stack)
+                if s.startswith(("_ZN8pybind116class_", "_ZN8pybind115enum_")) and re.search(r"EEC[12]I", s)
+            ),
+            None,
+        )
+        cur = {
+            "py": _s(rec.get(8)),
+            "typeinfo": ti[1] if ti and ti[0] == "sym" else None,
+            "owner": owner,
+            "kind": "enum" if owner and owner.startswith("_ZN8pybind115enum_") else "class",
+        }
         classes.append(cur)
     elif "make_function_record" in name:
         pending = {"args": [], "defaults": [], "name": None, "doc": None}
@@ -385,8 +440,9 @@ def _event(e, stack, cur, pending, made, classes, bound, attrs):
             bound.append({"how": "enum_value", "bound": _s(args.get("rsi")), "enum": enum, "cls": cur})
     elif "accessor_policies8str_attrEEaS" in name:
         acc = mem.get("rdi", {})
-        key = next((_s(acc.get(k)) for k in (16, 8) if _s(acc.get(k)) and _s(acc.get(k)) != "_pybind11_conduit_v1_"),
-                   None)
+        key = next(
+            (_s(acc.get(k)) for k in (16, 8) if _s(acc.get(k)) and _s(acc.get(k)) != "_pybind11_conduit_v1_"), None
+        )
         m = re.search(r"EEaSI(.+?)EEvOT_", name)
         if key:
             attrs[key] = m.group(1) if m else None
@@ -437,8 +493,9 @@ class Namer:
             if c["typeinfo"]:
                 cpp = _cpp_of_typeinfo(self.dm[c["typeinfo"]]).replace(" [clone .lto_priv.0]", "")
             elif c["owner"]:
-                cpp = _first_template_arg(self.dm[c["owner"]], "pybind11::class_" if c["kind"] == "class"
-                                          else "pybind11::enum_")
+                cpp = _first_template_arg(
+                    self.dm[c["owner"]], "pybind11::class_" if c["kind"] == "class" else "pybind11::enum_"
+                )
             c["cpp"] = cpp
             if c["py"] is None and cpp:
                 c["py"] = re.split(r"::", cpp)[-1]
@@ -453,8 +510,12 @@ class Namer:
             p = self.elf.relocs.get(addr + 8 * i) if addr else None
             out.append(self.elf.symbol_at(p) if isinstance(p, int) else p)
         dm = demangle(out)
-        return [self.py_of_cpp.get(_cpp_of_typeinfo(dm[t]).replace(" [clone .lto_priv.0]", ""),
-                                   _cpp_of_typeinfo(dm[t])) if t else None for t in out]
+        return [
+            self.py_of_cpp.get(_cpp_of_typeinfo(dm[t]).replace(" [clone .lto_priv.0]", ""), _cpp_of_typeinfo(dm[t]))
+            if t
+            else None
+            for t in out
+        ]
 
 
 def _io_name(tok: str, output: bool) -> str:
@@ -499,8 +560,10 @@ def render(namer: Namer, bound: list, attrs: dict, init_py: str) -> dict:
     classes_out, enums_out, unrecovered = {}, {}, []
     for c in namer.classes:
         target = enums_out if c["kind"] == "enum" else classes_out
-        target.setdefault(c["py"], {"cpp": c["cpp"], **({"members": []} if c["kind"] == "enum" else
-                                                         {"methods": {}, "properties": {}})})
+        target.setdefault(
+            c["py"],
+            {"cpp": c["cpp"], **({"members": []} if c["kind"] == "enum" else {"methods": {}, "properties": {}})},
+        )
     dm_enum = demangle([f["enum"] for f in bound if f["how"] == "enum_value"])
     for f in bound:
         if f["how"] == "enum_value":
@@ -512,11 +575,19 @@ def render(namer: Namer, bound: list, attrs: dict, init_py: str) -> dict:
         if not f.get("sig"):
             continue
         _render_function(namer, f, classes_out, enums_out, unrecovered)
-    module = {"attributes": {k: namer.py_of_cpp.get(demangle([f"_ZTI{v}"]).get(f"_ZTI{v}", "").replace(
-        "typeinfo for ", ""), v) for k, v in sorted(attrs.items())}}
+    module = {
+        "attributes": {
+            k: namer.py_of_cpp.get(demangle([f"_ZTI{v}"]).get(f"_ZTI{v}", "").replace("typeinfo for ", ""), v)
+            for k, v in sorted(attrs.items())
+        }
+    }
     python_side(init_py, module, classes_out, enums_out)
-    return {"module": module, "classes": _sorted(classes_out), "enums": _sorted(enums_out),
-            "notes": {"names_unrecovered": sorted(set(unrecovered))}}
+    return {
+        "module": module,
+        "classes": _sorted(classes_out),
+        "enums": _sorted(enums_out),
+        "notes": {"names_unrecovered": sorted(set(unrecovered))},
+    }
 
 
 def _render_function(namer, f, classes_out, enums_out, unrecovered):
@@ -543,8 +614,9 @@ def _render_function(namer, f, classes_out, enums_out, unrecovered):
         if rest:
             unrecovered.append(f"{owner}.{f['bound']}")
         names, defaults = [f"arg{i}" for i in range(len(rest))], [False] * len(rest)
-    parts = (["self"] if is_method else []) + [f"{a}: {t}" + (" = ..." if d else "")
-                                               for a, t, d in zip(names, rest, defaults)]
+    parts = (["self"] if is_method else []) + [
+        f"{a}: {t}" + (" = ..." if d else "") for a, t, d in zip(names, rest, defaults)
+    ]
     sig = f"({', '.join(parts)}) -> {ret}"
     overloads = entry["methods"].setdefault(f["bound"], [])
     if sig not in overloads:
@@ -561,8 +633,12 @@ def python_side(init_py: str, module: dict, classes: dict, enums: dict) -> None:
     tree = ast.parse(init_py)
     python = set()
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") or \
-                isinstance(node, ast.FunctionDef) and node.name == "__version__":
+        if (
+            isinstance(node, ast.FunctionDef)
+            and not node.name.startswith("_")
+            or isinstance(node, ast.FunctionDef)
+            and node.name == "__version__"
+        ):
             python.add(node.name)
         elif isinstance(node, ast.Assign):
             for t in node.targets:
@@ -594,9 +670,24 @@ def _setattr_loop(node, classes, enums):
 
 
 def fetch_wheel(dest: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                    "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", WHEEL_SPEC,
-                    "-d", str(dest)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            WHEEL_SPEC,
+            "-d",
+            str(dest),
+        ],
+        check=True,
+    )
     return sorted(dest.glob("tensorrt_cu13_bindings-*.whl"))[0]
 
 
@@ -614,12 +705,19 @@ def extract(wheel: Path) -> dict:
         namer = Namer(elf, classes)
         surface = render(namer, bound, attrs, init_py)
     version = re.search(r'__version__\s*=\s*"([^"]+)"', init_py).group(1)
-    return {"format": "masc-tensorrt-surface", "format_version": 1,
-            "source": {"wheel": wheel.name, "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
-                       "tensorrt_version": version, "extractor": "scripts/extract_trt_surface.py",
-                       "method": "pybind11 registrations read from tensorrt.so (objdump, symbolic pass) and "
-                                 "__init__.py (ast); no TensorRT import"},
-            **surface}
+    return {
+        "format": "masc-tensorrt-surface",
+        "format_version": 1,
+        "source": {
+            "wheel": wheel.name,
+            "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+            "tensorrt_version": version,
+            "extractor": "scripts/extract_trt_surface.py",
+            "method": "pybind11 registrations read from tensorrt.so (objdump, symbolic pass) and "
+            "__init__.py (ast); no TensorRT import",
+        },
+        **surface,
+    }
 
 
 def self_check(surface: dict) -> list[str]:
@@ -653,8 +751,10 @@ def main(argv=None) -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(surface, indent=1, sort_keys=False) + "\n")
     n_methods = sum(len(c.get("methods", {})) for c in surface["classes"].values())
-    print(f"{a.out}: {len(surface['classes'])} classes, {n_methods} methods, {len(surface['enums'])} enums "
-          f"({len(surface['notes']['names_unrecovered'])} methods without recovered argument names)")
+    print(
+        f"{a.out}: {len(surface['classes'])} classes, {n_methods} methods, {len(surface['enums'])} enums "
+        f"({len(surface['notes']['names_unrecovered'])} methods without recovered argument names)"
+    )
     return 0
 
 

@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "commands.md"
 BEGIN = "<!-- BEGIN generated: {name} (scripts/gen_cli_docs.py; edit the click command, then rerun it) -->"
 END = "<!-- END generated: {name} -->"
-_BLOCK = re.compile(r"<!-- BEGIN generated: (?P<name>[\w -]+?) \(.*?-->\n(?P<body>.*?)<!-- END generated: (?P=name) -->",
-                    re.S)
+_BLOCK = re.compile(
+    r"<!-- BEGIN generated: (?P<name>[\w -]+?) \(.*?-->\n(?P<body>.*?)<!-- END generated: (?P=name) -->", re.S
+)
 
 
 def scripts(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
@@ -148,8 +149,10 @@ def render(text: str) -> str:
     out = _BLOCK.sub(fill, text)
     missing = [c for c in cmds if c not in seen]
     if missing:
-        raise ValueError(f"{DOC.name}: no generated block for {', '.join(missing)}; add "
-                         + " ".join(f"'{BEGIN.format(name=c)}' '{END.format(name=c)}'" for c in missing))
+        raise ValueError(
+            f"{DOC.name}: no generated block for {', '.join(missing)}; add "
+            + " ".join(f"'{BEGIN.format(name=c)}' '{END.format(name=c)}'" for c in missing)
+        )
     return out
 
 
@@ -165,8 +168,11 @@ def main(argv: list[str]) -> int:
         print(f"{DOC.relative_to(ROOT)}: up to date")
         return 0
     if check:
-        print(f"{DOC.relative_to(ROOT)} is stale: its option tables differ from the click commands; "
-              "run: python scripts/gen_cli_docs.py", file=sys.stderr)
+        print(
+            f"{DOC.relative_to(ROOT)} is stale: its option tables differ from the click commands; "
+            "run: python scripts/gen_cli_docs.py",
+            file=sys.stderr,
+        )
         return 1
     DOC.write_text(new, encoding="utf-8")
     print(f"{DOC.relative_to(ROOT)}: rewritten")

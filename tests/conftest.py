@@ -40,8 +40,11 @@ def _what_starts_processes_is_marked(request, monkeypatch):
         yield
         return
     started: list[str] = []
-    popen_init, process_start, listen = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start, \
-        socket.socket.listen
+    popen_init, process_start, listen = (
+        subprocess.Popen.__init__,
+        multiprocessing.process.BaseProcess.start,
+        socket.socket.listen,
+    )
 
     def on_popen(self, args, *a, **k):
         if not (isinstance(args, (list, tuple)) and args[:1] == ["uname"]):  # platform.processor()'s own query
@@ -142,5 +145,3 @@ def reference_model(seg_bundle):
 @pytest.fixture(scope="session", params=["naflex", "fixed"])
 def any_bundle(request) -> Path:
     return request.getfixturevalue(f"{request.param}_bundle")
-
-

@@ -38,7 +38,9 @@ KRIPP_2011 = [
 # ---------------------------------------------------------------- alpha
 
 
-@pytest.mark.parametrize(("level", "expected"), [("nominal", 0.743), ("ordinal", 0.815), ("interval", 0.849), ("ratio", 0.797)])
+@pytest.mark.parametrize(
+    ("level", "expected"), [("nominal", 0.743), ("ordinal", 0.815), ("interval", 0.849), ("ratio", 0.797)]
+)
 def test_krippendorff_canonical_example(level, expected):
     est = ag.krippendorff_alpha(KRIPP_2011, level)
     assert round(est.value, 3) == expected
@@ -139,7 +141,9 @@ def test_metric_human_alpha_per_rater_is_mean_of_single_raters():
     singles = [ag.krippendorff_alpha([h[i], mapped], "interval").value for i in range(2)]
     assert per.value == pytest.approx(np.mean(singles), abs=FLOAT64_SAME_FORMULA_TOL)
     joint = ag.metric_human_alpha(metric, h, "interval", categories=range(5), human_agg="joint")
-    assert joint.value == pytest.approx(ag.krippendorff_alpha(np.vstack([h, mapped]), "interval").value, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert joint.value == pytest.approx(
+        ag.krippendorff_alpha(np.vstack([h, mapped]), "interval").value, abs=FLOAT64_SAME_FORMULA_TOL
+    )
 
 
 # ---------------------------------------------------------------- Spearman
@@ -204,7 +208,10 @@ def test_bootstrap_ci_percentiles_of_resampled_means():
     rng = np.random.default_rng(5)
     means = [x[rng.integers(0, 10, size=10)].mean() for _ in range(200)]
     lo, hi = np.quantile(means, [0.025, 0.975])
-    assert (ci.low, ci.high) == (pytest.approx(lo, abs=FLOAT64_SAME_FORMULA_TOL), pytest.approx(hi, abs=FLOAT64_SAME_FORMULA_TOL))
+    assert (ci.low, ci.high) == (
+        pytest.approx(lo, abs=FLOAT64_SAME_FORMULA_TOL),
+        pytest.approx(hi, abs=FLOAT64_SAME_FORMULA_TOL),
+    )
     assert ci.value == 4.5
 
 
@@ -278,7 +285,9 @@ def test_within_vs_cross_auc_ci():
     assert ag.within_vs_cross_auc(s, lab, n_resamples=300, seed=9) == ci
     # the rank-sum fast path equals sklearn's roc_auc_score on every resample
     ref = ag.bootstrap_ci(ag.roc_auc, s, lab, n_resamples=300, seed=9, strata=lab)
-    assert ci.low == pytest.approx(ref.low, abs=FLOAT64_SAME_FORMULA_TOL) and ci.high == pytest.approx(ref.high, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert ci.low == pytest.approx(ref.low, abs=FLOAT64_SAME_FORMULA_TOL) and ci.high == pytest.approx(
+        ref.high, abs=FLOAT64_SAME_FORMULA_TOL
+    )
 
 
 # ---------------------------------------------------------------- table builder
@@ -299,7 +308,10 @@ SCORE_ROWS = [
     {"key": "b6", "method": "B", "cp": "", "status": "mask_missing"},
     {"key": "b7", "method": "B", "cp": "0.99", "status": "ok"},  # no rating row
 ]
-RATING_ROWS = [{"key": k, "human_cp": v} for k, v in zip(["a1", "a2", "a3", "a4", "a5", "b1", "b2", "b3", "b4", "b5"], "0123401234")]
+RATING_ROWS = [
+    {"key": k, "human_cp": v}
+    for k, v in zip(["a1", "a2", "a3", "a4", "a5", "b1", "b2", "b3", "b4", "b5"], "0123401234")
+]
 RATING_ROWS.append({"key": "zz", "human_cp": "2"})  # rated, never scored
 RATING_ROWS.append({"key": "b6", "human_cp": "1"})  # rated, score not ok
 
@@ -319,7 +331,15 @@ RHO_POOLED = 76 / math.sqrt(82.5 * 80)
 
 def test_join_counts():
     j = ev.join_scores_ratings(SCORE_ROWS, RATING_ROWS, ev.AgreementOptions(rating_columns=["human_cp"]))
-    assert j.counts == {"score_rows": 12, "not_ok": 1, "missing_score": 0, "rating_rows": 12, "unrated": 1, "unscored": 2, "units": 10}
+    assert j.counts == {
+        "score_rows": 12,
+        "not_ok": 1,
+        "missing_score": 0,
+        "rating_rows": 12,
+        "unrated": 1,
+        "unscored": 2,
+        "units": 10,
+    }
     assert j.methods == ["A"] * 5 + ["B"] * 5
     assert j.human.shape == (1, 10)
     assert j.metric.tolist() == [0.10, 0.20, 0.30, 0.40, 0.50, 0.15, 0.25, 0.35, 0.55, 0.45]
@@ -328,7 +348,11 @@ def test_join_counts():
 def test_agreement_table_values():
     opts = ev.AgreementOptions(rating_columns=["human_cp"], scale=range(5), n_resamples=300, seed=0)
     rows = ev.agreement_table(SCORE_ROWS, RATING_ROWS, opts).rows
-    assert [(r["scope"], r["method"], r["n"]) for r in rows] == [("method", "A", 5), ("method", "B", 5), ("pooled", "pooled", 10)]
+    assert [(r["scope"], r["method"], r["n"]) for r in rows] == [
+        ("method", "A", 5),
+        ("method", "B", 5),
+        ("pooled", "pooled", 10),
+    ]
     a, b, pooled = rows
     assert a["alpha_interval"] == pytest.approx(1.0, abs=FLOAT64_SAME_FORMULA_TOL)
     assert a["alpha_ordinal"] == pytest.approx(1.0, abs=FLOAT64_SAME_FORMULA_TOL)
@@ -341,7 +365,9 @@ def test_agreement_table_values():
     assert pooled["spearman"] == pytest.approx(RHO_POOLED, abs=FLOAT64_SAME_FORMULA_TOL)
     for r in rows:
         for p in ("alpha_interval", "alpha_ordinal", "spearman"):
-            assert r[f"{p}_low"] <= r[p] + FLOAT64_SAME_FORMULA_TOL and r[p] <= r[f"{p}_high"] + FLOAT64_SAME_FORMULA_TOL
+            assert (
+                r[f"{p}_low"] <= r[p] + FLOAT64_SAME_FORMULA_TOL and r[p] <= r[f"{p}_high"] + FLOAT64_SAME_FORMULA_TOL
+            )
     assert pooled["alpha_interval_low"] < pooled["alpha_interval_high"] <= 1.0
     assert a["note"] == "" and pooled["note"] == ""
 
@@ -350,7 +376,10 @@ def test_agreement_rows_fast_paths_equal_generic_bootstrap():
     rng = np.random.default_rng(8)
     n = 60
     q = rng.normal(size=n)
-    scores = [{"key": f"k{i}", "method": "AB"[i % 2], "cp": float(0.5 + 0.1 * q[i] + 0.05 * rng.normal()), "status": "ok"} for i in range(n)]
+    scores = [
+        {"key": f"k{i}", "method": "AB"[i % 2], "cp": float(0.5 + 0.1 * q[i] + 0.05 * rng.normal()), "status": "ok"}
+        for i in range(n)
+    ]
     h = np.clip(np.round(2 + q + rng.normal(0, 0.8, (2, n))), 0, 4)
     h[1, ::7] = np.nan
     ratings = [{"key": f"k{i}", "g1": h[0, i], "g2": h[1, i]} for i in range(n)]
@@ -363,7 +392,9 @@ def test_agreement_rows_fast_paths_equal_generic_bootstrap():
             for lv in ag.LEVELS:
                 mapped = ag.quantile_bin(j.metric, j.human, cats)[idx]
                 ref = ag.bootstrap_ci(
-                    lambda mm, hh, lv=lv: ag.metric_human_alpha(mm, hh, lv, mapping="none", categories=cats, human_agg=agg),
+                    lambda mm, hh, lv=lv: ag.metric_human_alpha(
+                        mm, hh, lv, mapping="none", categories=cats, human_agg=agg
+                    ),
                     mapped,
                     j.human[:, idx],
                     n_resamples=60,
@@ -372,7 +403,11 @@ def test_agreement_rows_fast_paths_equal_generic_bootstrap():
                 got = (r[f"alpha_{lv}"], r[f"alpha_{lv}_low"], r[f"alpha_{lv}_high"])
                 assert got == pytest.approx((ref.value, ref.low, ref.high), abs=FLOAT64_SAME_FORMULA_TOL)
             ref = ag.bootstrap_ci(
-                lambda mm, hh: ag.metric_human_spearman(mm, hh, human_agg=agg), j.metric[idx], j.human[:, idx], n_resamples=60, seed=3
+                lambda mm, hh: ag.metric_human_spearman(mm, hh, human_agg=agg),
+                j.metric[idx],
+                j.human[:, idx],
+                n_resamples=60,
+                seed=3,
             )
             got = (r["spearman"], r["spearman_low"], r["spearman_high"])
             assert got == pytest.approx((ref.value, ref.low, ref.high), abs=FLOAT64_SAME_FORMULA_TOL)
@@ -386,7 +421,9 @@ def test_join_errors_name_row_and_reason():
     bad = [dict(r) for r in RATING_ROWS]
     bad[2]["human_cp"] = "three"
     table = Table(Path("human.csv"), ["key", "human_cp"], bad, list(range(2, 2 + len(bad))))
-    with pytest.raises(ev.DataError, match=r"human\.csv, line 4 \(key 'a3'\): rating column 'human_cp' value 'three' is not a number"):
+    with pytest.raises(
+        ev.DataError, match=r"human\.csv, line 4 \(key 'a3'\): rating column 'human_cp' value 'three' is not a number"
+    ):
         ev.join_scores_ratings(SCORE_ROWS, table, human)
     off = [dict(r) for r in RATING_ROWS]
     off[0]["human_cp"] = "7"
@@ -394,7 +431,9 @@ def test_join_errors_name_row_and_reason():
         ev.join_scores_ratings(SCORE_ROWS, off, ev.AgreementOptions(rating_columns=["human_cp"], scale=range(5)))
     empty_ok = [dict(r) for r in SCORE_ROWS]
     empty_ok[0]["cp"] = ""
-    with pytest.raises(ev.DataError, match=r"scores, row 1 \(key 'a1'\): status is 'ok' but score column 'cp' is empty"):
+    with pytest.raises(
+        ev.DataError, match=r"scores, row 1 \(key 'a1'\): status is 'ok' but score column 'cp' is empty"
+    ):
         ev.join_scores_ratings(empty_ok, RATING_ROWS, human)
     with pytest.raises(ev.DataError, match="no key column 'id'"):
         ev.join_scores_ratings(SCORE_ROWS, RATING_ROWS, ev.AgreementOptions(key="id", rating_columns=["human_cp"]))
@@ -410,8 +449,9 @@ def test_ok_status_collection():
     rows[10] = {"key": "b6", "method": "B", "cp": "0.05", "status": "no_background"}
     strict = ev.join_scores_ratings(rows, RATING_ROWS, ev.AgreementOptions(rating_columns=["human_cp"]))
     assert (strict.counts["not_ok"], strict.counts["units"]) == (1, 10)
-    loose = ev.join_scores_ratings(rows, RATING_ROWS, ev.AgreementOptions(rating_columns=["human_cp"],
-                                                                         ok_statuses=("ok", "no_background")))
+    loose = ev.join_scores_ratings(
+        rows, RATING_ROWS, ev.AgreementOptions(rating_columns=["human_cp"], ok_statuses=("ok", "no_background"))
+    )
     assert (loose.counts["not_ok"], loose.counts["units"]) == (0, 11)
     assert loose.keys[-1] == ("b6",) and loose.metric[-1] == 0.05
 
@@ -440,7 +480,11 @@ def test_groups_in_order_is_the_one_grouping():
     labels = ["b", None, "a", " b ", "", float("nan"), "a", "c"]
     got = ag.groups_in_order(labels, len(labels), "group")
     assert [(s, n, i.tolist()) for s, n, i in got] == [
-        ("group", "b", [0, 3]), ("group", "a", [2, 6]), ("group", "c", [7]), ("pooled", ag.POOLED, list(range(8)))]
+        ("group", "b", [0, 3]),
+        ("group", "a", [2, 6]),
+        ("group", "c", [7]),
+        ("pooled", ag.POOLED, list(range(8))),
+    ]
     assert [(s, n) for s, n, _ in ag.groups_in_order(None, 3)] == [("pooled", "pooled")]
     assert ev.POOLED == ag.POOLED == "pooled"
     with pytest.raises(ValueError, match="3 labels for 4 units"):
@@ -470,7 +514,20 @@ def files(tmp_path):
 def test_cli_agreement(files, prefix):
     tmp, scores, ratings = files
     out = tmp / "table.json"
-    args = [*prefix, str(scores), "--ratings", str(ratings), "--rating-column", "human_cp", "--scale", "0-4", "--n-resamples", "200", "--out", str(out)]
+    args = [
+        *prefix,
+        str(scores),
+        "--ratings",
+        str(ratings),
+        "--rating-column",
+        "human_cp",
+        "--scale",
+        "0-4",
+        "--n-resamples",
+        "200",
+        "--out",
+        str(out),
+    ]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "units: 10 joined; skipped 1 not ok, 0 without score, 1 unrated, 2 rating rows without score" in res.output
@@ -491,7 +548,20 @@ def test_cli_writes_csv_and_is_deterministic(files):
     tmp, scores, ratings = files
     outs = []
     for name in ("t1.csv", "t2.csv"):
-        res = CliRunner().invoke(main, [str(scores), "--ratings", str(ratings), "--rating-column", "human_cp", "--n-resamples", "100", "--out", str(tmp / name)])
+        res = CliRunner().invoke(
+            main,
+            [
+                str(scores),
+                "--ratings",
+                str(ratings),
+                "--rating-column",
+                "human_cp",
+                "--n-resamples",
+                "100",
+                "--out",
+                str(tmp / name),
+            ],
+        )
         assert res.exit_code == 0, res.output
         outs.append((tmp / name).read_text())
     assert outs[0] == outs[1]
@@ -515,11 +585,16 @@ def test_cli_error_names_file_line_reason(files):
 
 def test_cli_auc(tmp_path):
     path = tmp_path / "orida.jsonl"
-    recs = [{"key": f"p{i}", "cp": s, "same": w, "status": "ok"} for i, (s, w) in enumerate([(0.9, "yes"), (0.5, "yes"), (0.5, "no"), (0.1, "no")])]
+    recs = [
+        {"key": f"p{i}", "cp": s, "same": w, "status": "ok"}
+        for i, (s, w) in enumerate([(0.9, "yes"), (0.5, "yes"), (0.5, "no"), (0.1, "no")])
+    ]
     recs.append({"key": "x", "cp": None, "same": "no", "status": "mask_missing"})
     path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     out = tmp_path / "auc.json"
-    res = CliRunner().invoke(main, ["auc", str(path), "--within-column", "same", "--n-resamples", "100", "--out", str(out)])
+    res = CliRunner().invoke(
+        main, ["auc", str(path), "--within-column", "same", "--n-resamples", "100", "--out", str(out)]
+    )
     assert res.exit_code == 0, res.output
     assert "skipped 1 rows by status" in res.output
     row = json.loads(out.read_text())["rows"][0]

@@ -21,15 +21,17 @@ def _enc(tokens, grid=(1, 3)):
 
 
 def _batch(items, results=(), scorer=None, **kw):
-    return pm.MetricBatch(items=items, results=results, host_tokens=lambda e: e.tokens, fg_threshold=0.5,
-                          scorer=scorer, **kw)
+    return pm.MetricBatch(
+        items=items, results=results, host_tokens=lambda e: e.tokens, fg_threshold=0.5, scorer=scorer, **kw
+    )
 
 
 def test_cp_status_and_note_say_why_cp_is_undefined():
     it = NS(ref_enc=_enc([[1, 0]] * 6, grid=(2, 3)))
     res = [NS(cp=0.5), NS(cp=NAN), NS(cp=NAN)]
-    got = pm.get_metric("cp").compute(_batch([it] * 3, res, ref_any_foreground=(True, False, True),
-                                             ref_mask_names=("a.png", "b.png", "c.png")))
+    got = pm.get_metric("cp").compute(
+        _batch([it] * 3, res, ref_any_foreground=(True, False, True), ref_mask_names=("a.png", "b.png", "c.png"))
+    )
     assert got[0] == {"cp": 0.5, "status": "ok"}
     assert got[1]["status"] == "empty_reference_mask"
     assert got[1]["note"] == "b.png has no foreground pixel: CP undefined, PF scored"
@@ -85,15 +87,22 @@ class _Scorer:
 def test_cp_global_and_pf_pooling_follow_their_definitions_and_share_the_global_pooling():
     ref = _enc([[1, 0], [0, 1], [1, 1]])
     out = _enc([[2, 1], [0, 3], [1, 0]])
-    it = NS(ref_enc=ref, out_enc=out, ref_weights=np.array([1, 0, 0], np.float32),
-            out_weights=np.array([1, 1, 0], np.float32), prompt="a red toy")
+    it = NS(
+        ref_enc=ref,
+        out_enc=out,
+        ref_weights=np.array([1, 0, 0], np.float32),
+        out_weights=np.array([1, 1, 0], np.float32),
+        prompt="a red toy",
+    )
     res = NS(extras={"prompt_text": "a red"})
     s = _Scorer()
     b = _batch([it], [res], scorer=s)
     cg = pm.get_metric("cp_global").compute(b)[0]
     pf = pm.get_metric("pf_pooling").compute(b)[0]
     assert s.pool_calls == 3  # one global pooling for both metrics, then background and foreground
-    assert cg["cp_global"] == pytest.approx(heads.cosine(ref.tokens.mean(0), out.tokens.mean(0)), abs=FLOAT32_SAME_ARITHMETIC_ATOL)
+    assert cg["cp_global"] == pytest.approx(
+        heads.cosine(ref.tokens.mean(0), out.tokens.mean(0)), abs=FLOAT32_SAME_ARITHMETIC_ATOL
+    )
     regions = {"full": out.tokens.mean(0), "bg": out.tokens[2], "fg": out.tokens[:2].mean(0)}
     texts = {"stripped": np.array([1.0, 5.0]), "unstripped": np.array([1.0, 9.0])}
     for r, v in regions.items():
@@ -104,8 +113,9 @@ def test_cp_global_and_pf_pooling_follow_their_definitions_and_share_the_global_
 
 def test_pf_pooling_is_nan_for_an_empty_region():
     out = _enc([[2, 1], [0, 3]], grid=(1, 2))
-    it = NS(ref_enc=out, out_enc=out, ref_weights=np.ones(2, np.float32), out_weights=np.ones(2, np.float32),
-            prompt="toy")
+    it = NS(
+        ref_enc=out, out_enc=out, ref_weights=np.ones(2, np.float32), out_weights=np.ones(2, np.float32), prompt="toy"
+    )
     pf = pm.get_metric("pf_pooling").compute(_batch([it], [NS(extras={"prompt_text": ""})], scorer=_Scorer()))[0]
     assert math.isnan(pf["pf_bg_stripped"]) and math.isnan(pf["pf_bg_unstripped"])
     assert not math.isnan(pf["pf_fg_stripped"]) and not math.isnan(pf["pf_full_unstripped"])

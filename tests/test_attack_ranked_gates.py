@@ -21,8 +21,14 @@ def test_total_weight_below_two_is_nan():
 def test_a_constant_side_is_nan_under_any_weights():
     # Fractional weights: the constant side's centred ranks are not exactly 0 in float64.
     x = [0.0, 0.0, 0.0, 2.0, 2.0, 2.0]
-    w = [1.8461553344437616, 1.1510326627856502, 2.991629807367633, 2.9425060163286902, 2.056625953442084,
-         1.951377828803449]
+    w = [
+        1.8461553344437616,
+        1.1510326627856502,
+        2.991629807367633,
+        2.9425060163286902,
+        2.056625953442084,
+        1.951377828803449,
+    ]
     assert math.isnan(RankedPairs(x, [1.0] * 6).rho(np.asarray(w)))
     assert math.isnan(RankedPairs([1.0] * 6, x).rho(np.asarray(w)))
 

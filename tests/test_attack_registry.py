@@ -13,14 +13,18 @@ from masc_engine.errors import InputError
 from masc_engine.jobs.items import DecodedPair
 from masc_engine.jobs.pairs import RowOutcome
 from masc_engine.jobs.pairs.columns import (
-    BUILTIN_METRICS, option_columns, result_columns, schema_label,
+    BUILTIN_METRICS,
+    option_columns,
+    result_columns,
+    schema_label,
 )
 from masc_engine.runtime import pair_metrics as pm
 
 
 def _metric(name="m", columns=("m",), status_column=None, compute=None, **kw):
-    return pm.PairMetric(name=name, columns=columns, description="", compute=compute or (lambda b: []),
-                         status_column=status_column, **kw)
+    return pm.PairMetric(
+        name=name, columns=columns, description="", compute=compute or (lambda b: []), status_column=status_column, **kw
+    )
 
 
 def test_the_status_column_is_named_after_the_first_column_only():
@@ -71,12 +75,18 @@ def test_host_tokens_copies_each_encoding_once():
 
 
 def test_compute_all_writes_each_status_and_leaves_notes_out():
-    m = _metric(name="zz", columns=("zz", "zz_n"), status_column="zz_status",
-                compute=lambda b: [{"zz": 1.0, "zz_n": 2.0, "status": "bad", "note": "why"}, {"zz": 3.0, "zz_n": 4.0}])
+    m = _metric(
+        name="zz",
+        columns=("zz", "zz_n"),
+        status_column="zz_status",
+        compute=lambda b: [{"zz": 1.0, "zz_n": 2.0, "status": "bad", "note": "why"}, {"zz": 3.0, "zz_n": 4.0}],
+    )
     plain = _metric(name="yy", columns=("yy",), compute=lambda b: [{"yy": 5.0, "status": "x"}, {"yy": 6.0}])
     b = pm.MetricBatch(items=(0, 1), results=(), host_tokens=lambda e: e, fg_threshold=0.5)
-    assert pm.compute_all([m, plain], b) == [{"zz": 1.0, "zz_n": 2.0, "zz_status": "bad", "yy": 5.0},
-                                             {"zz": 3.0, "zz_n": 4.0, "zz_status": "ok", "yy": 6.0}]
+    assert pm.compute_all([m, plain], b) == [
+        {"zz": 1.0, "zz_n": 2.0, "zz_status": "bad", "yy": 5.0},
+        {"zz": 3.0, "zz_n": 4.0, "zz_status": "ok", "yy": 6.0},
+    ]
 
 
 def test_axis_labels():
@@ -120,7 +130,11 @@ def test_outcome_fail_gives_every_status_the_reason_and_the_detail():
     o.fail(InputError("missing_file", "ref_image: gone"))
     rec = o.record()
     assert (rec["status"], rec["cp_status"], rec["pf_status"], rec["status_detail"]) == (
-        "missing_file", "missing_file", "missing_file", "ref_image: gone")
+        "missing_file",
+        "missing_file",
+        "missing_file",
+        "ref_image: gone",
+    )
 
 
 def test_outcome_status_is_the_first_in_metric_order():

@@ -33,16 +33,20 @@ def _scorer():
 
 @pytest.fixture
 def extra_metric():
-    m = pm.register(pm.PairMetric(name="zz_extra", columns=("zz_extra",), description="d",
-                                  compute=lambda b: [], version=2))
+    m = pm.register(
+        pm.PairMetric(name="zz_extra", columns=("zz_extra",), description="d", compute=lambda b: [], version=2)
+    )
     yield m
     pm.base._REGISTRY.pop("zz_extra", None)
 
 
 def test_a_registered_metric_changes_the_fingerprint_and_names_the_schema(extra_metric):
     s = RunSettings()
-    assert schema_identity()["result_schema"]["metrics"][-1] == {"name": "zz_extra", "version": 2,
-                                                                  "columns": ["zz_extra"]}
+    assert schema_identity()["result_schema"]["metrics"][-1] == {
+        "name": "zz_extra",
+        "version": 2,
+        "columns": ["zz_extra"],
+    }
     ident = s.identity(_scorer())
     assert ident["result schema"] == "v1: cp, pf, cp_global, cp_mnn, pf_pooling, zz_extra v2"
     with_extra = s.fingerprint(_scorer())
@@ -64,8 +68,8 @@ def test_result_columns_put_the_opt_in_columns_after_the_base_and_mask_sources()
     cols = RunSettings(baselines=True, save_maps="m").result_columns(segmenter=True)
     base = len(RESULT_COLUMNS)
     assert cols[:base] == RESULT_COLUMNS
-    assert cols[base:base + 2] == ("ref_mask_source", "out_mask_source")
-    assert cols[base + 2:-2] == ("cp_global", "cp_mnn", "cp_mnn_frac", *BUILTIN_METRICS[4]["columns"])
+    assert cols[base : base + 2] == ("ref_mask_source", "out_mask_source")
+    assert cols[base + 2 : -2] == ("cp_global", "cp_mnn", "cp_mnn_frac", *BUILTIN_METRICS[4]["columns"])
     assert cols[-2:] == ("cp_map", "pf_map")
 
 

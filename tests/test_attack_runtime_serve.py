@@ -74,21 +74,38 @@ def test_the_probe_is_documented_for_get_only_and_answers_both():
 
 
 def test_undeclared_record_fields_are_dropped():
-    rec = schemas.ScoreResult.model_validate({"cp": 0.5, "pf": None, "status": "ok", "status_detail": "",
-                                              "row_index": 3, "row_key": "k", "secret_path": "/x"})
+    rec = schemas.ScoreResult.model_validate(
+        {
+            "cp": 0.5,
+            "pf": None,
+            "status": "ok",
+            "status_detail": "",
+            "row_index": 3,
+            "row_key": "k",
+            "secret_path": "/x",
+        }
+    )
     dumped = rec.model_dump()
     assert "row_index" not in dumped and "secret_path" not in dumped and dumped["cp"] == 0.5
 
 
 def test_a_registered_metric_adds_typed_fields_and_its_status():
     assert schemas._metric_fields() == {} and schemas._score_result() is schemas._BuiltinScoreResult
-    pm.register(pm.PairMetric(name="zz_field", columns=("zz_field", "zz_field_n"), description="d",
-                              compute=lambda b: [], status_column="zz_field_status"))
+    pm.register(
+        pm.PairMetric(
+            name="zz_field",
+            columns=("zz_field", "zz_field_n"),
+            description="d",
+            compute=lambda b: [],
+            status_column="zz_field_status",
+        )
+    )
     try:
         assert set(schemas._metric_fields()) == {"zz_field", "zz_field_n", "zz_field_status"}
         model = schemas._score_result()
-        r = model.model_validate({"cp": 0.1, "pf": 0.2, "status": "ok", "status_detail": "", "zz_field": 0.5,
-                                  "zz_field_status": "ok"}).model_dump()
+        r = model.model_validate(
+            {"cp": 0.1, "pf": 0.2, "status": "ok", "status_detail": "", "zz_field": 0.5, "zz_field_status": "ok"}
+        ).model_dump()
         assert (r["zz_field"], r["zz_field_n"], r["zz_field_status"]) == (0.5, None, "ok")
         with pytest.raises(ValueError):
             model.model_validate({"cp": 0.1, "pf": 0.2, "status": "ok", "status_detail": "", "zz_field": "high"})

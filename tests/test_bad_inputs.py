@@ -110,14 +110,19 @@ def test_every_bad_input_kind_gets_its_status(naflex_bundle, zoo):
     assert abs(float(rows["exif_both"]["cp"]) - plain) < 0.05
     assert "16-bit" in rows["grey16"]["status_detail"] and "alpha" in rows["rgba"]["status_detail"]
     # JPEG and palette masks read as the PNG mask: same coverage (to JPEG noise), same patches.
-    assert abs(float(rows["jpeg_mask"]["out_mask_coverage"]) - float(rows["plain"]["out_mask_coverage"])) < JPEG_MASK_COVERAGE_ATOL
+    assert (
+        abs(float(rows["jpeg_mask"]["out_mask_coverage"]) - float(rows["plain"]["out_mask_coverage"]))
+        < JPEG_MASK_COVERAGE_ATOL
+    )
     assert rows["palette_mask"]["pf_n_bg_pooled"] == rows["plain"]["pf_n_bg_pooled"]
     assert "bomb.png" in rows["bomb"]["status_detail"]
 
 
 def test_mask_tolerance_stretches_small_offsets(naflex_bundle, zoo):
     out = zoo / "tol.csv"
-    run_pairs(_pairs(zoo), Scorer(naflex_bundle), out, RunSettings(mask_size_tolerance=2), options=RunOptions(progress=False))
+    run_pairs(
+        _pairs(zoo), Scorer(naflex_bundle), out, RunSettings(mask_size_tolerance=2), options=RunOptions(progress=False)
+    )
     row = {r["key"]: r for r in read_output(out)}["mask_2px_off"]
     assert row["status"] == "ok" and "stretched" in row["status_detail"]
 
@@ -146,15 +151,25 @@ def test_paper_filter_keeps_rows_with_reason(naflex_bundle, zoo, tmp_path):
         w.writerow(["small_out", "plain.png", "mask.png", "plain.png", "tiny_mask.png", "a cat", "cat"])
         w.writerow(["small_ref", "plain.png", "tiny_mask.png", "plain.png", "mask.png", "a cat", "cat"])
     out = tmp_path / "f.csv"
-    s = run_pairs(path, Scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=0.05,
-                                                                min_reference_mask_frac=0.05), options=RunOptions(progress=False))
+    s = run_pairs(
+        path,
+        Scorer(naflex_bundle),
+        out,
+        RunSettings(min_output_mask_frac=0.05, min_reference_mask_frac=0.05),
+        options=RunOptions(progress=False),
+    )
     status = {r["key"]: r["status"] for r in read_output(out)}
     assert status == {"ok": "ok", "small_out": "filtered_output_mask", "small_ref": "filtered_reference_mask"}
     assert s.statuses["filtered_output_mask"] == 1 and s.statuses["filtered_reference_mask"] == 1
     # The threshold is a parameter: at 0.05% (below the 20x20 square's 0.2%) nothing is dropped
     # (other settings on the same output: replaced only when asked).
-    s = run_pairs(path, Scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=0.0005,
-                                                                min_reference_mask_frac=0.0005), options=RunOptions(progress=False, overwrite=True))
+    s = run_pairs(
+        path,
+        Scorer(naflex_bundle),
+        out,
+        RunSettings(min_output_mask_frac=0.0005, min_reference_mask_frac=0.0005),
+        options=RunOptions(progress=False, overwrite=True),
+    )
     assert s.statuses["ok"] == 3
 
 
@@ -168,7 +183,7 @@ def _fake_gs(tmp_path, monkeypatch):
     record = tmp_path / "gs-calls.txt"
     (tmp_path / "bin").mkdir()
     gs = tmp_path / "bin" / "gs"
-    gs.write_text(f"#!/bin/sh\necho \"gs $*\" >> {record}\nexit 1\n")
+    gs.write_text(f'#!/bin/sh\necho "gs $*" >> {record}\nexit 1\n')
     gs.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ.get('PATH', '')}")
     monkeypatch.setattr(EpsImagePlugin, "gs_binary", None)
@@ -197,9 +212,17 @@ def test_formats_outside_the_allowlist_are_refused_before_any_decoder(tmp_path, 
     assert not record.exists()  # Ghostscript never ran
 
 
-@pytest.mark.parametrize("exc", [NotImplementedError("unimplemented pixel format"), __import__("struct").error("bad"),
-                                 IndexError("tile out of range"), KeyError("mode"), ZeroDivisionError("stride"),
-                                 MemoryError()])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        NotImplementedError("unimplemented pixel format"),
+        __import__("struct").error("bad"),
+        IndexError("tile out of range"),
+        KeyError("mode"),
+        ZeroDivisionError("stride"),
+        MemoryError(),
+    ],
+)
 def test_any_decoder_exception_is_the_files_status(exc, monkeypatch):
     """Pillow decoders raise more than OSError on hostile bytes: each kind becomes the file's
     InputError (a status in masc-run, 422 in masc-serve), never an exception past the reader."""
@@ -252,6 +275,11 @@ def test_hostile_files_cost_their_row_only(naflex_bundle, tmp_path, monkeypatch)
     out = tmp_path / "o.csv"
     run_pairs(path, Scorer(naflex_bundle), out, options=RunOptions(progress=False))
     status = {r["key"]: r["status"] for r in read_output(out)}
-    assert status == {"ok1": "ok", "ps": "unreadable_image", "pdf": "unreadable_mask", "dds": "unreadable_image",
-                      "ok2": "ok"}
+    assert status == {
+        "ok1": "ok",
+        "ps": "unreadable_image",
+        "pdf": "unreadable_mask",
+        "dds": "unreadable_image",
+        "ok2": "ok",
+    }
     assert not record.exists()

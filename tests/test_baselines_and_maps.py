@@ -33,20 +33,32 @@ def test_baselines_agree_with_their_definitions(naflex_bundle, scored):
     n = len(pairs)
     for i, p in enumerate(pairs):
         r, o = encs[i], encs[n + i]
-        items.append(EncodedPair(r, mask_to_patch_grid(p.ref_mask, r.grid), o,
-                                 mask_to_patch_grid(p.out_mask, o.grid), p.prompt, p.object_name))
+        items.append(
+            EncodedPair(
+                r,
+                mask_to_patch_grid(p.ref_mask, r.grid),
+                o,
+                mask_to_patch_grid(p.out_mask, o.grid),
+                p.prompt,
+                p.object_name,
+            )
+        )
     res = with_baselines(s, items)
     for r, base, it in zip(res, plain, items, strict=True):
         ex = r.extras
         assert set(BASELINE_COLUMNS) <= set(ex)
         assert r.cp == pytest.approx(base.cp, abs=FLOAT32_SAME_ARITHMETIC_ATOL)
         assert r.pf == pytest.approx(base.pf, abs=FLOAT32_SAME_ARITHMETIC_ATOL)
-        assert ex["pf_bg_stripped"] == pytest.approx(r.pf, abs=FLOAT32_SAME_ARITHMETIC_ATOL)  # PF is the bg/stripped cell
+        assert ex["pf_bg_stripped"] == pytest.approx(
+            r.pf, abs=FLOAT32_SAME_ARITHMETIC_ATOL
+        )  # PF is the bg/stripped cell
         assert -1 <= ex["cp_global"] <= 1 and 0 <= ex["cp_mnn_frac"] <= 1
         assert ex["cp_mnn"] <= r.cp + FLOAT32_SAME_ARITHMETIC_ATOL  # non-mutual patches count 0: never above CP
         # Global embedding = pooling head with nothing hidden.
-        g = s.pool_background([it.ref_enc, it.out_enc], [np.zeros(it.ref_enc.tokens.shape[0], bool),
-                                                         np.zeros(it.out_enc.tokens.shape[0], bool)])[0]
+        g = s.pool_background(
+            [it.ref_enc, it.out_enc],
+            [np.zeros(it.ref_enc.tokens.shape[0], bool), np.zeros(it.out_enc.tokens.shape[0], bool)],
+        )[0]
         assert ex["cp_global"] == pytest.approx(heads.cosine(g[0], g[1]), abs=FLOAT32_SAME_ARITHMETIC_ATOL)
     # Identical reference and output: every patch is its own mutual nearest neighbour.
     it = items[0]
@@ -58,7 +70,13 @@ def test_baselines_agree_with_their_definitions(naflex_bundle, scored):
 def test_maps_written_for_real_pairs(naflex_bundle, tmp_path):
     out = tmp_path / "scores.csv"
     maps = tmp_path / "maps"
-    run_pairs(EXAMPLES / "pairs.csv", Scorer(naflex_bundle), out, RunSettings(baselines=True, save_maps=str(maps)), options=RunOptions(progress=False))
+    run_pairs(
+        EXAMPLES / "pairs.csv",
+        Scorer(naflex_bundle),
+        out,
+        RunSettings(baselines=True, save_maps=str(maps)),
+        options=RunOptions(progress=False),
+    )
     rows = read_output(out)
     assert len(rows) == 20
     for r in rows[:5]:

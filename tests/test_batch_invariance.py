@@ -45,8 +45,9 @@ def test_masc_run_batch_size_1_equals_default(base_bundle, table, tmp_path):  # 
     run_pairs(table["csv"], Scorer(base_bundle, batch_size=1), one, options=RunOptions(progress=False))
     run_pairs(table["csv"], Scorer(base_bundle), default, options=RunOptions(progress=False))
     a, b = read_output(one), read_output(default)
-    assert [(r["key"], r["cp"], r["pf"], r["status"]) for r in a] == [(r["key"], r["cp"], r["pf"], r["status"])
-                                                                      for r in b]
+    assert [(r["key"], r["cp"], r["pf"], r["status"]) for r in a] == [
+        (r["key"], r["cp"], r["pf"], r["status"]) for r in b
+    ]
 
 
 def test_scores_do_not_depend_on_the_blas_thread_count(naflex_bundle, tmp_path):
@@ -64,9 +65,24 @@ def test_scores_do_not_depend_on_the_blas_thread_count(naflex_bundle, tmp_path):
     here, there = tmp_path / "here.csv", tmp_path / "there.csv"
     run_pairs(pairs, Scorer(naflex_bundle), here, options=RunOptions(progress=False))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "masc_engine.cli.run_cmd", str(pairs), "--bundle", str(naflex_bundle),
-                    "--out", str(there), "--no-progress"], env=env, capture_output=True, text=True, timeout=300,
-                   check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.run_cmd",
+            str(pairs),
+            "--bundle",
+            str(naflex_bundle),
+            "--out",
+            str(there),
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     a, b = read_output(here), read_output(there)
     assert len(a) == 20
     assert [(r["cp"], r["pf"]) for r in a] == [(r["cp"], r["pf"]) for r in b]  # equality, not closeness

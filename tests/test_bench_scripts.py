@@ -55,10 +55,35 @@ def test_classic_speed_runs_on_tiny_shapes_with_scores_equal_to_the_reference(tm
     pytest.importorskip("transformers")
     bench = _load("classic_speed")
     out = tmp_path / "classic.json"
-    assert bench.main(["--work", str(tmp_path / "work"), "--photos", str(REPO / "examples" / "dreambooth"),
-                       "--references", "2", "--prompts", "1", "--methods", "2", "--reps", "1", "--budget", "64",
-                       "--siglip-preset", "tiny-naflex", "--clip-preset", "clip-tiny",
-                       "--dino-preset", "dino-tiny-s16", "--out", str(out)]) == 0
+    assert (
+        bench.main(
+            [
+                "--work",
+                str(tmp_path / "work"),
+                "--photos",
+                str(REPO / "examples" / "dreambooth"),
+                "--references",
+                "2",
+                "--prompts",
+                "1",
+                "--methods",
+                "2",
+                "--reps",
+                "1",
+                "--budget",
+                "64",
+                "--siglip-preset",
+                "tiny-naflex",
+                "--clip-preset",
+                "clip-tiny",
+                "--dino-preset",
+                "dino-tiny-s16",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     assert res["workload"]["pairs"] == 4 and res["workload"]["distinct_images"] == 6
     assert set(res["scores_vs_reference"]) == {"cp", "pf", "clip_i", "clip_t", "dino"}

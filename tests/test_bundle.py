@@ -22,9 +22,17 @@ def test_manifest_is_the_single_source_of_truth(naflex_bundle):
     txt = m["text"]
     assert txt["max_length"] == 64 and txt["lowercase"] is True and txt["text_tower_attention_mask"] is False
     assert set(m["graphs"]) == {"vision", "pool", "text", "cp"}
-    assert set(m["files"]) == {"tokenizer.json", "vision.onnx", "vision.onnx.data", "pool.onnx", "text.onnx",
-                               "text.onnx.data", "cp.onnx", "vision.ort-cpu.onnx",
-                               "text.ort-cpu.onnx"}  # + the fused variant, sharing the towers' weights (test_fusion.py)
+    assert set(m["files"]) == {
+        "tokenizer.json",
+        "vision.onnx",
+        "vision.onnx.data",
+        "pool.onnx",
+        "text.onnx",
+        "text.onnx.data",
+        "cp.onnx",
+        "vision.ort-cpu.onnx",
+        "text.ort-cpu.onnx",
+    }  # + the fused variant, sharing the towers' weights (test_fusion.py)
     assert all(len(v) == 64 for v in m["files"].values())
     for k in ("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "masc_engine"):
         assert m["versions"][k]
@@ -91,7 +99,10 @@ def test_validator_fails_hard_on_a_wrong_graph(naflex_bundle):
         def run(self, feeds):
             return real.run({**feeds, "key_padding_mask": np.zeros_like(feeds["key_padding_mask"])})
 
-    assert validate_pool(real, model)["max_abs"] < export_validation_atol("pool", model.config.vision_config.hidden_size)[0]
+    assert (
+        validate_pool(real, model)["max_abs"]
+        < export_validation_atol("pool", model.config.vision_config.hidden_size)[0]
+    )
     with pytest.raises(ExportValidationError) as e:
         validate_pool(OffByALittle(), model)
     assert e.value.report["max_abs"] > EXPORT_VALIDATION_ATOL and "cases" in e.value.report

@@ -28,6 +28,7 @@ from masc_engine.errors import BundleError
 
 # ------------------------------------------------------------------ tampered copies
 
+
 @pytest.fixture
 def bundle(naflex_bundle, tmp_path) -> Path:
     """A private copy of the tiny NaFlex bundle at ``tmp_path/bundle``; ``tmp_path/outside``
@@ -53,6 +54,7 @@ def _rehash(b: Path, *names: str) -> None:
     def change(m):
         for n in names:
             m["files"][n] = _sha(b / n)
+
     _edit(b, change)
 
 
@@ -75,9 +77,24 @@ def _relocate_external_data(graph: Path, location: str) -> None:
 
 def _masc_run(b: Path, tmp_path: Path, pairs: Path = EXAMPLES / "pairs.csv") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "masc_engine.cli.run_cmd", str(pairs), "--bundle", str(b),
-                           "--out", str(tmp_path / "scores.csv"), "--no-progress"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.run_cmd",
+            str(pairs),
+            "--bundle",
+            str(b),
+            "--out",
+            str(tmp_path / "scores.csv"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
 
 
 def _one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -99,6 +116,7 @@ def _refused_by_masc_run(b: Path, tmp_path: Path, *parts: str, pairs: Path = EXA
 
 # ------------------------------------------------------------------ names that leave the folder
 
+
 @pytest.mark.slow
 def test_graph_named_through_dotdot_with_its_hash_is_refused(bundle, tmp_path):
     """The fused vision graph at ``../outside/`` (its sha256 listed), reading halved weights
@@ -111,6 +129,7 @@ def test_graph_named_through_dotdot_with_its_hash_is_refused(bundle, tmp_path):
     def change(m):
         m["graphs"]["vision"]["variants"]["ort-cpu"]["file"] = name
         m["files"][name] = _sha(out / "vision.ort-cpu.onnx")
+
     _edit(bundle, change)
     with pytest.raises(BundleError, match=r"graphs\.vision\.variants\.ort-cpu\.file names '\.\./outside/"):
         Bundle(bundle)
@@ -126,6 +145,7 @@ def test_absolute_graph_name_is_refused(bundle, tmp_path):
     def change(m):
         m["graphs"]["pool"]["file"] = str(target)
         m["files"][str(target)] = _sha(target)
+
     _edit(bundle, change)
     with pytest.raises(BundleError, match="is an absolute path"):
         Bundle(bundle, verify=False)
@@ -169,6 +189,7 @@ def test_tokenizer_named_etc_passwd_is_refused(bundle, tmp_path):
     def change(m):
         m["text"]["tokenizer_file"] = str(passwd)
         m["files"][str(passwd)] = _sha(passwd)
+
     _edit(bundle, change)
     with pytest.raises(BundleError, match=r"text\.tokenizer_file names '/etc/passwd', which is an absolute path"):
         Bundle(bundle)
@@ -176,6 +197,7 @@ def test_tokenizer_named_etc_passwd_is_refused(bundle, tmp_path):
 
 
 # ------------------------------------------------------------------ external data named inside a graph
+
 
 @pytest.mark.slow
 def test_external_data_location_outside_is_refused(bundle, tmp_path):
@@ -185,8 +207,10 @@ def test_external_data_location_outside_is_refused(bundle, tmp_path):
     _relocate_external_data(bundle / "vision.ort-cpu.onnx", "../outside/vision.onnx.data")
     _rehash(bundle, "vision.ort-cpu.onnx")
     for verify in (True, False):  # confinement holds without hash checks too
-        with pytest.raises(BundleError, match="vision graph vision.ort-cpu.onnx's external data location names "
-                                              "'../outside/vision.onnx.data'"):
+        with pytest.raises(
+            BundleError,
+            match="vision graph vision.ort-cpu.onnx's external data location names '../outside/vision.onnx.data'",
+        ):
             Bundle(bundle, verify=verify).graph_file("vision", "ort-cpu")
     _refused_by_masc_run(bundle, tmp_path, "external data location", "'../outside/vision.onnx.data'")
 
@@ -211,12 +235,14 @@ def test_external_data_modified_is_refused_even_when_the_manifest_omits_it(bundl
     def change(m):
         for e in (m["graphs"]["vision"], m["graphs"]["vision"]["variants"]["ort-cpu"]):
             e.pop("external_data")
+
     _edit(bundle, change)
     with pytest.raises(BundleError, match=r"vision.onnx.data sha256 .* != manifest"):
         Bundle(bundle).graph_file("vision", "ort-cpu")
 
 
 # ------------------------------------------------------------------ files that do not load
+
 
 @pytest.mark.slow
 def test_tokenizer_that_does_not_parse_is_one_line(bundle, tmp_path):
@@ -236,10 +262,15 @@ def test_graph_onnxruntime_cannot_load_is_one_line(bundle, tmp_path):
     onnx = pytest.importorskip("onnx", reason="writing a graph needs onnx (export extra)")
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("NoSuchOp", ["hidden"], ["pooled"], domain="masc.nowhere")], "g",
-                              [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["b", "n", 64])],
-                              [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["b", 64])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("masc.nowhere", 1)])
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["hidden"], ["pooled"], domain="masc.nowhere")],
+        "g",
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["b", "n", 64])],
+        [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["b", 64])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("masc.nowhere", 1)]
+    )
     onnx.save(model, str(bundle / "pool.onnx"))
     _rehash(bundle, "pool.onnx")
     with pytest.raises(BundleError, match="onnxruntime could not load its pool graph") as e:
@@ -258,6 +289,7 @@ def test_graph_that_is_not_onnx_is_one_line(bundle, tmp_path):
 
 
 # ------------------------------------------------------------------ numbers
+
 
 def _set(m: dict, dotted: str, value) -> None:
     *path, last = dotted.split(".")
@@ -286,13 +318,18 @@ def test_manifest_numbers_are_range_checked_at_load(bundle, tmp_path, field, val
     """Refused by ``Bundle`` before any row (not a MemoryError or ZeroDivisionError at the first
     image); masc-run on rows whose images are missing (nothing to preprocess) still refuses."""
     _edit(bundle, lambda m: _set(m, field, value))
-    shown = field if not field.startswith("graphs.") else \
-        "graphs.vision.pixel_values." + ("dtype" if field.endswith("dtype") else "shape")
+    shown = (
+        field
+        if not field.startswith("graphs.")
+        else "graphs.vision.pixel_values." + ("dtype" if field.endswith("dtype") else "shape")
+    )
     with pytest.raises(BundleError, match=rf"manifest {shown} is .*{expect}"):
         Bundle(bundle, verify=False)
     pairs = tmp_path / "pairs.csv"
-    pairs.write_text("ref_image,ref_mask,out_image,out_mask,prompt,object_name\n"
-                     "no/ref.png,no/ref_mask.png,no/out.png,no/out_mask.png,a photo of a dog,dog\n")
+    pairs.write_text(
+        "ref_image,ref_mask,out_image,out_mask,prompt,object_name\n"
+        "no/ref.png,no/ref_mask.png,no/out.png,no/out_mask.png,a photo of a dog,dog\n"
+    )
     _refused_by_masc_run(bundle, tmp_path, f"manifest {shown} is ", expect, pairs=pairs)
 
 
@@ -304,13 +341,31 @@ def test_manifest_that_is_not_an_object_is_one_line(bundle):
 
 # ------------------------------------------------------------------ the other commands
 
+
 @pytest.mark.slow
 def test_masc_rank_refuses_a_bad_bundle_in_one_line(bundle, tmp_path):
     _edit(bundle, lambda m: _set(m, "image.patch_size", 0))
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "masc_engine.cli.rank_cmd", "--oracle", "--gallery",
-                           str(EXAMPLES / "gallery.csv"), "--bundle", str(bundle), "--out", str(tmp_path / "r.csv"),
-                           "--no-progress"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.rank_cmd",
+            "--oracle",
+            "--gallery",
+            str(EXAMPLES / "gallery.csv"),
+            "--bundle",
+            str(bundle),
+            "--out",
+            str(tmp_path / "r.csv"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
     line = _one_error_line(proc)
     assert "manifest image.patch_size is 0" in line, line
 
@@ -324,11 +379,29 @@ def test_masc_rank_refuses_a_tokenizer_outside_in_one_line(bundle, tmp_path):
     def change(m):
         m["text"]["tokenizer_file"] = name
         m["files"][name] = _sha(target)
+
     _edit(bundle, change)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "masc_engine.cli.rank_cmd", "--oracle", "--gallery",
-                           str(EXAMPLES / "gallery.csv"), "--bundle", str(bundle), "--out", str(tmp_path / "r.csv"),
-                           "--no-progress"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.rank_cmd",
+            "--oracle",
+            "--gallery",
+            str(EXAMPLES / "gallery.csv"),
+            "--bundle",
+            str(bundle),
+            "--out",
+            str(tmp_path / "r.csv"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
     assert "text.tokenizer_file names '../outside/tokenizer.json'" in _one_error_line(proc)
 
 
@@ -362,29 +435,61 @@ def test_segmenter_bundle_files_are_confined_too(seg_bundle, bundle, tmp_path):
         Segmenter(seg)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     pairs = tmp_path / "pairs.csv"
-    pairs.write_text("ref_image,out_image,prompt,object_name\n"
-                     f"{EXAMPLES / 'images/backpack/00.jpg'},{EXAMPLES / 'images/backpack/01.jpg'},a backpack,backpack\n")
-    proc = subprocess.run([sys.executable, "-m", "masc_engine.cli.run_cmd", str(pairs), "--bundle", str(bundle),
-                           "--segmenter", str(seg), "--out", str(tmp_path / "scores.csv"), "--no-progress"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    pairs.write_text(
+        "ref_image,out_image,prompt,object_name\n"
+        f"{EXAMPLES / 'images/backpack/00.jpg'},{EXAMPLES / 'images/backpack/01.jpg'},a backpack,backpack\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.run_cmd",
+            str(pairs),
+            "--bundle",
+            str(bundle),
+            "--segmenter",
+            str(seg),
+            "--out",
+            str(tmp_path / "scores.csv"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
     assert "graphs.decoder.file names 'decoder.onnx', which is a symlink" in _one_error_line(proc)
 
 
 # ------------------------------------------------------------------ the wire reader
 
+
 def test_wire_reader_field_numbers_match_onnx():
     onnx = pytest.importorskip("onnx", reason="onnx (export extra) holds the schema")
     from masc_engine.engine import onnx_wire as w
 
-    d = {cls: cls.DESCRIPTOR.fields_by_name for cls in (onnx.ModelProto, onnx.GraphProto, onnx.NodeProto,
-                                                         onnx.AttributeProto, onnx.FunctionProto,
-                                                         onnx.SparseTensorProto, onnx.TensorProto,
-                                                         onnx.TrainingInfoProto)}
-    assert w._MODEL == {d[onnx.ModelProto][n].number: k for n, k in
-                        (("graph", "graph"), ("functions", "function"), ("training_info", "training"))}
+    d = {
+        cls: cls.DESCRIPTOR.fields_by_name
+        for cls in (
+            onnx.ModelProto,
+            onnx.GraphProto,
+            onnx.NodeProto,
+            onnx.AttributeProto,
+            onnx.FunctionProto,
+            onnx.SparseTensorProto,
+            onnx.TensorProto,
+            onnx.TrainingInfoProto,
+        )
+    }
+    assert w._MODEL == {
+        d[onnx.ModelProto][n].number: k
+        for n, k in (("graph", "graph"), ("functions", "function"), ("training_info", "training"))
+    }
     assert set(w._GRAPH) == {d[onnx.GraphProto][n].number for n in ("node", "initializer", "sparse_initializer")}
-    assert set(w._ATTRIBUTE) == {d[onnx.AttributeProto][n].number
-                                 for n in ("t", "g", "tensors", "graphs", "sparse_tensor", "sparse_tensors")}
+    assert set(w._ATTRIBUTE) == {
+        d[onnx.AttributeProto][n].number for n in ("t", "g", "tensors", "graphs", "sparse_tensor", "sparse_tensors")
+    }
     assert set(w._FUNCTION) == {d[onnx.FunctionProto][n].number for n in ("node", "attribute_proto")}
     assert set(w._SPARSE) == {d[onnx.SparseTensorProto][n].number for n in ("values", "indices")}
     assert set(w._TRAINING) == {d[onnx.TrainingInfoProto][n].number for n in ("initialization", "algorithm")}
@@ -413,18 +518,29 @@ def test_wire_reader_finds_every_location_onnx_finds(naflex_bundle, tmp_path):
     w.data_location = TensorProto.EXTERNAL
     w.ClearField("raw_data")
     w.external_data.add(key="location", value="../branch.data")
-    branch = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "then", [],
-                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], initializer=[w])
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["y"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        initializer=[w],
+    )
     node = helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)
-    main = helper.make_graph([node], "main", [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
-                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    main = helper.make_graph(
+        [node],
+        "main",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
     path = tmp_path / "if.onnx"
     path.write_bytes(helper.make_model(main).SerializeToString())
     assert external_data_locations(path) == ["../branch.data"] and onnx_locations(path) == ["../branch.data"]
 
 
-@pytest.mark.parametrize("name,why", [("../../outside.engine", "'..' part"), ("/tmp/x.engine", "'..' part"),
-                                      ("link.engine", "symlink leading out")])
+@pytest.mark.parametrize(
+    "name,why",
+    [("../../outside.engine", "'..' part"), ("/tmp/x.engine", "'..' part"), ("link.engine", "symlink leading out")],
+)
 def test_tensorrt_engine_files_stay_inside_the_bundle(tmp_path, name, why):
     """An engine set's ``engines.json`` names its engine files; each resolves inside the bundle
     (an absolute name joined to the engine folder keeps its ``..``-free form, and is refused as

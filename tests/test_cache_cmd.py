@@ -76,7 +76,12 @@ def test_info_absent_root(tmp_path, monkeypatch):
 
 def test_human_bytes():
     assert [human_bytes(n) for n in (0, 1023, 1024, 3_650_722_201, 5 * 2**40)] == [
-        "0 B", "1023 B", "1.0 KiB", "3.4 GiB", "5.0 TiB"]
+        "0 B",
+        "1023 B",
+        "1.0 KiB",
+        "3.4 GiB",
+        "5.0 TiB",
+    ]
 
 
 def test_human_bytes_never_prints_1024_of_a_unit():
@@ -131,8 +136,13 @@ def test_a_linked_subfolder_is_unlinked_not_emptied(root, tmp_path):
 def test_refusals(case, tmp_path, monkeypatch):
     real = tmp_path / "real"
     _write(real / "random-models" / "m.bin", 10)
-    target = {"symlink": tmp_path / "link", "slash": Path("/"), "home": Path.home(),
-              "foreign": real, "file": tmp_path / "afile"}[case]
+    target = {
+        "symlink": tmp_path / "link",
+        "slash": Path("/"),
+        "home": Path.home(),
+        "foreign": real,
+        "file": tmp_path / "afile",
+    }[case]
     if case == "symlink":
         os.symlink(real, target)
     elif case == "foreign":

@@ -37,8 +37,9 @@ def test_gate_sets_are_the_documented_thresholds():
 
 
 @pytest.mark.parametrize("sign", [1, -1])
-@pytest.mark.parametrize(("gates", "score"), [(cert.FIDELITY_GATES, "cp"), (cert.FIDELITY_GATES, "pf"),
-                                               (cert.INT8_GATES, "cp")])
+@pytest.mark.parametrize(
+    ("gates", "score"), [(cert.FIDELITY_GATES, "cp"), (cert.FIDELITY_GATES, "pf"), (cert.INT8_GATES, "cp")]
+)
 def test_delta_gate_holds_inside_and_refuses_past_either_sign(gates, score, sign):
     ref = _pairs()
     bound = gates.max_abs_dcp if score == "cp" else gates.max_abs_dpf
@@ -72,8 +73,11 @@ def test_spearman_gate_refuses_reordered_scores(gates, score):
     assert r["margins"][g] == pytest.approx(r[g] - gates.min_spearman, abs=tol.FLOAT64_SAME_FORMULA_TOL)
     assert r["margins"][g] < 0
     same = cert.certify(ref, ref, gates)
-    assert same["pass"] and same[g] == 1.0 and same["margins"][g] == pytest.approx(1 - gates.min_spearman,
-                                                                                   abs=tol.FLOAT64_SAME_FORMULA_TOL)
+    assert (
+        same["pass"]
+        and same[g] == 1.0
+        and same["margins"][g] == pytest.approx(1 - gates.min_spearman, abs=tol.FLOAT64_SAME_FORMULA_TOL)
+    )
 
 
 def test_a_constant_candidate_fails_the_spearman_gate():
@@ -115,17 +119,35 @@ def test_one_schema_holds_both_old_schemas():
     ref = _pairs()
     r = cert.certify(ref, _shift(ref, cp=1e-3), cert.INT8_GATES)
     old_bf16 = {"pass", "pairs", "gates", "mean_abs_dcp", "mean_abs_dpf"}
-    old_int8 = {"margins", "pairs", "max_abs_dcp", "mean_abs_dcp", "max_abs_dpf", "mean_abs_dpf", "spearman_cp",
-                "spearman_pf", "gates", "passed"}
+    old_int8 = {
+        "margins",
+        "pairs",
+        "max_abs_dcp",
+        "mean_abs_dcp",
+        "max_abs_dpf",
+        "mean_abs_dpf",
+        "spearman_cp",
+        "spearman_pf",
+        "gates",
+        "passed",
+    }
     assert old_bf16 | old_int8 <= set(r) and r["passed"] == r["pass"]
     assert set(r["margins"]) == {"max_abs_dcp", "spearman_cp", "spearman_pf"}  # int8's margins, as before
-    assert cert.gate_thresholds(r) == {"max_abs_dcp": cert.INT8_GATES.max_abs_dcp,
-                                       "spearman_cp": cert.INT8_GATES.min_spearman,
-                                       "spearman_pf": cert.INT8_GATES.min_spearman, "min_pairs": 0}
-    written_before = {"passed": False, "gates": {"max_abs_dcp": tol.INT8_MAX_ABS_DCP, "min_spearman": tol.INT8_MIN_SPEARMAN}}
-    assert cert.gate_thresholds(written_before) == {"max_abs_dcp": tol.INT8_MAX_ABS_DCP,
-                                                    "spearman_cp": tol.INT8_MIN_SPEARMAN,
-                                                    "spearman_pf": tol.INT8_MIN_SPEARMAN}
+    assert cert.gate_thresholds(r) == {
+        "max_abs_dcp": cert.INT8_GATES.max_abs_dcp,
+        "spearman_cp": cert.INT8_GATES.min_spearman,
+        "spearman_pf": cert.INT8_GATES.min_spearman,
+        "min_pairs": 0,
+    }
+    written_before = {
+        "passed": False,
+        "gates": {"max_abs_dcp": tol.INT8_MAX_ABS_DCP, "min_spearman": tol.INT8_MIN_SPEARMAN},
+    }
+    assert cert.gate_thresholds(written_before) == {
+        "max_abs_dcp": tol.INT8_MAX_ABS_DCP,
+        "spearman_cp": tol.INT8_MIN_SPEARMAN,
+        "spearman_pf": tol.INT8_MIN_SPEARMAN,
+    }
     assert cert.passed(written_before) is False and cert.passed(r) is True
 
 

@@ -25,15 +25,18 @@ KEYS = {"clip": "clip-tiny", "dino": "dino-tiny-s16"}
 def test_cosine100_is_100_times_the_cosine_without_clamp():
     a, b = np.array([1.0, 0.0], np.float32), np.array([-3.0, 0.0], np.float32)
     assert cosine100(a, b) == -100.0
-    assert cosine100(np.array([1.0, 1.0]), np.array([2.0, 0.0])) == pytest.approx(100 / np.sqrt(2), rel=FLOAT64_SAME_FORMULA_TOL)
+    assert cosine100(np.array([1.0, 1.0]), np.array([2.0, 0.0])) == pytest.approx(
+        100 / np.sqrt(2), rel=FLOAT64_SAME_FORMULA_TOL
+    )
 
 
 def test_a_missing_embedding_is_nan_with_a_status():
     class Item:
         prompt = "a dog"
 
-    batch = MetricBatch([Item()], [], lambda e: e, 0.5, image_keys=[("r", "o")],
-                        embeddings={"clip": {"r": np.ones(3, np.float32)}})
+    batch = MetricBatch(
+        [Item()], [], lambda e: e, 0.5, image_keys=[("r", "o")], embeddings={"clip": {"r": np.ones(3, np.float32)}}
+    )
     got = get_metric("clip_i").compute(batch)[0]
     assert np.isnan(got["clip_i"]) and got["status"] == "no_embedding"
     got = get_metric("clip_t").compute(batch)[0]
@@ -58,8 +61,15 @@ def bundles(tmp_path_factory, naflex_bundle):
 
 
 def _classic_args(bundles) -> list:
-    return ["--metrics", "cp,pf,clip_i,clip_t,dino", "--embedder", f"clip={bundles['clip']}",
-            "--embedder", f"dino={bundles['dino']}", "--no-progress"]
+    return [
+        "--metrics",
+        "cp,pf,clip_i,clip_t,dino",
+        "--embedder",
+        f"clip={bundles['clip']}",
+        "--embedder",
+        f"dino={bundles['dino']}",
+        "--no-progress",
+    ]
 
 
 def _reference_scores(rows: list[dict]) -> dict[str, list[float]]:
@@ -114,8 +124,20 @@ def test_masc_run_writes_the_classic_columns_equal_to_the_reference(bundles, naf
     code, text = _invoke([PAIRS, "--bundle", naflex_bundle, "--out", out, *_classic_args(bundles)])
     assert code == 0 and "resumed: 20" in text and "0 images encoded" in text, text
     # Another --metrics on the same output refuses in one line, naming what changed.
-    code, text = _invoke([PAIRS, "--bundle", naflex_bundle, "--out", out, "--metrics", "cp,pf,clip_i",
-                          "--embedder", f"clip={bundles['clip']}", "--no-progress"])
+    code, text = _invoke(
+        [
+            PAIRS,
+            "--bundle",
+            naflex_bundle,
+            "--out",
+            out,
+            "--metrics",
+            "cp,pf,clip_i",
+            "--embedder",
+            f"clip={bundles['clip']}",
+            "--no-progress",
+        ]
+    )
     err = [ln for ln in text.splitlines() if ln.startswith("Error:")]
     assert code == 1 and len(err) == 1 and "--metrics: clip_i,clip_t,dino -> clip_i" in err[0], text
 
@@ -137,7 +159,8 @@ def test_a_run_without_metrics_is_byte_identical_to_the_default_run(bundles, naf
         fp = [json.loads(Path(f"{p}.meta.json").read_text())["fingerprint"] for p in (plain, out)]
         assert fp[0] == fp[1]
     assert json.loads(Path(f"{plain}.meta.json").read_text())["fingerprint"] == RunSettings().fingerprint(
-        Scorer(naflex_bundle))
+        Scorer(naflex_bundle)
+    )
 
 
 @pytest.mark.slow
@@ -162,11 +185,14 @@ def test_each_embedder_preprocesses_the_file_as_opened(bundles, naflex_bundle):
     assert not np.array_equal(d.embed_pixels["clip"], emb.preprocess_image(rgba.convert("RGB")))
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--metrics", "cp,clip_x"], "--metrics: unknown metric(s) clip_x"),
-    (["--metrics", "cp,pf,dino"], "--metrics dino reads the dino embedder: give --embedder dino=BUNDLE"),
-    (["--metrics", "clip_i", "--embedder", "siglip=x"], "--embedder siglip=x: expected NAME=BUNDLE"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--metrics", "cp,clip_x"], "--metrics: unknown metric(s) clip_x"),
+        (["--metrics", "cp,pf,dino"], "--metrics dino reads the dino embedder: give --embedder dino=BUNDLE"),
+        (["--metrics", "clip_i", "--embedder", "siglip=x"], "--embedder siglip=x: expected NAME=BUNDLE"),
+    ],
+)
 def test_a_bad_metric_or_embedder_is_refused_in_one_line_before_any_work(args, says, tmp_path):
     fake_bundle = tmp_path / "bundle"
     fake_bundle.mkdir()
@@ -180,8 +206,10 @@ def test_a_bad_metric_or_embedder_is_refused_in_one_line_before_any_work(args, s
 # --------------------------------------------------------------------------- clip_score_tm (torchmetrics CLIPScore)
 
 #: Where torchmetrics' rules are read (not installed here: the reference below is written from it).
-TORCHMETRICS_SOURCE = ("Lightning-AI/torchmetrics 1.9.0 (master dab0333), src/torchmetrics/functional/multimodal/"
-                       "clip_score.py and src/torchmetrics/multimodal/clip_score.py")
+TORCHMETRICS_SOURCE = (
+    "Lightning-AI/torchmetrics 1.9.0 (master dab0333), src/torchmetrics/functional/multimodal/"
+    "clip_score.py and src/torchmetrics/multimodal/clip_score.py"
+)
 
 
 def _tm_batch(cosines: list[float]) -> MetricBatch:
@@ -194,15 +222,25 @@ def _tm_batch(cosines: list[float]) -> MetricBatch:
     items = [Item(f"p{i}") for i in range(len(cosines))]
     images = {f"o{i}": np.array([1.0, 0.0], np.float32) * (i + 2) for i in range(len(cosines))}
     texts = {f"p{i}": np.array([c, np.sqrt(1 - c * c)], np.float32) for i, c in enumerate(cosines)}
-    return MetricBatch(items, [], lambda e: e, 0.5, image_keys=[("r", f"o{i}") for i in range(len(cosines))],
-                       embeddings={"clip_l14": images}, text_embeddings={"clip_l14": texts})
+    return MetricBatch(
+        items,
+        [],
+        lambda e: e,
+        0.5,
+        image_keys=[("r", f"o{i}") for i in range(len(cosines))],
+        embeddings={"clip_l14": images},
+        text_embeddings={"clip_l14": texts},
+    )
 
 
-@pytest.mark.parametrize("cosines, aggregate", [
-    ([-0.6, 0.2, 0.1], 0.0),          # mean -10: clamped to 0 (a per-row clamp would give 10)
-    ([-0.2, 0.5], 15.0),              # mean 15 (a per-row clamp would give 25)
-    ([0.3, 0.1], 20.0),
-])
+@pytest.mark.parametrize(
+    "cosines, aggregate",
+    [
+        ([-0.6, 0.2, 0.1], 0.0),  # mean -10: clamped to 0 (a per-row clamp would give 10)
+        ([-0.2, 0.5], 15.0),  # mean 15 (a per-row clamp would give 25)
+        ([0.3, 0.1], 20.0),
+    ],
+)
 def test_clip_score_tm_rows_are_unclamped_and_the_clamp_is_on_the_mean(cosines, aggregate):
     """torchmetrics: per sample ``100 * cos`` (no clamp), then ``max(mean, 0)`` on the mean."""
     from masc_engine.runtime.pair_metrics.classic import clip_score_tm_aggregate
@@ -279,8 +317,20 @@ def test_masc_run_clip_score_tm_equals_torchmetrics_rules(l14_bundle, naflex_bun
     from masc_engine.runtime.pair_metrics.classic import clip_score_tm_aggregate
 
     out = tmp_path / "scores.csv"
-    code, text = _invoke([PAIRS, "--bundle", naflex_bundle, "--out", out, "--metrics", "cp,pf,clip_score_tm",
-                          "--embedder", f"clip_l14={l14_bundle}", "--no-progress"])
+    code, text = _invoke(
+        [
+            PAIRS,
+            "--bundle",
+            naflex_bundle,
+            "--out",
+            out,
+            "--metrics",
+            "cp,pf,clip_score_tm",
+            "--embedder",
+            f"clip_l14={l14_bundle}",
+            "--no-progress",
+        ]
+    )
     assert code == 0, text
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0])[-2:] == ["clip_score_tm", "clip_score_tm_status"]

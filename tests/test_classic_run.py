@@ -57,8 +57,11 @@ def test_embeddings_round_trip_and_a_forged_entry_is_a_refused_miss(tmp_path):
     assert store.get_embedding(embedding_scope({"fingerprint": "g"}, "image"), "k") is None  # another embedder
     import pickle
 
-    for forged in (pickle.dumps(v), b"masc-store/1\nemb\x01" + b"\x03" + b"\0" * 7 + b"\0" * 11,
-                   b"masc-store/1\ntxt\x01" + b"\x03" + b"\0" * 7 + v.tobytes()):
+    for forged in (
+        pickle.dumps(v),
+        b"masc-store/1\nemb\x01" + b"\x03" + b"\0" * 7 + b"\0" * 11,
+        b"masc-store/1\ntxt\x01" + b"\x03" + b"\0" * 7 + v.tobytes(),
+    ):
         store.cache.set(f"emb:{scope}:k", forged)
         before = store.refused
         assert store.get_embedding(scope, "k", 3) is None and store.refused == before + 1
@@ -130,9 +133,14 @@ def _run(bundles, naflex_bundle, pairs, out, cache=None, metrics=CLASSIC, names=
     from masc_engine.runtime.scorer import Scorer
 
     embs, counters = _embedders(bundles, names)
-    summary = run_pairs(pairs, Scorer(naflex_bundle), out, RunSettings(metrics=metrics),
-                        RunOptions(progress=False, cache_dir=None if cache is None else str(cache), **opts),
-                        embedders=embs)
+    summary = run_pairs(
+        pairs,
+        Scorer(naflex_bundle),
+        out,
+        RunSettings(metrics=metrics),
+        RunOptions(progress=False, cache_dir=None if cache is None else str(cache), **opts),
+        embedders=embs,
+    )
     return summary, {k: c.calls for k, c in counters.items()}
 
 
@@ -240,8 +248,16 @@ def test_adding_dino_to_a_finished_output_refuses_then_overwrite_runs_only_dino(
 def test_ray_with_embedders_writes_the_local_bytes(bundles, naflex_bundle, tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'masc-engine[ray]')")
     _run(bundles, naflex_bundle, PAIRS, tmp_path / "local.csv", chunk_size=8)
-    s, _ = _run(bundles, naflex_bundle, PAIRS, tmp_path / "ray.csv", tmp_path / "cache", chunk_size=8,
-                executor="ray", ray_workers=2)
+    s, _ = _run(
+        bundles,
+        naflex_bundle,
+        PAIRS,
+        tmp_path / "ray.csv",
+        tmp_path / "cache",
+        chunk_size=8,
+        executor="ray",
+        ray_workers=2,
+    )
     assert s.rows == 20 and s.embeddings["images_embedded"] >= 22
     assert (tmp_path / "ray.csv").read_bytes() == (tmp_path / "local.csv").read_bytes()
     # The workers wrote the driver's store: a local run on it embeds nothing.
@@ -254,9 +270,22 @@ def test_masc_run_cli_resumes_a_run_with_embedders_and_prints_their_counters(bun
     from masc_engine.cli.run_cmd import main
 
     out = tmp_path / "o.csv"
-    args = [str(PAIRS), "--bundle", str(naflex_bundle), "--out", str(out), "--metrics", "cp,pf,clip_i,dino",
-            "--embedder", f"clip={bundles['clip']}", "--embedder", f"dino={bundles['dino']}", "--no-progress",
-            "--cache-dir", str(tmp_path / "cache")]
+    args = [
+        str(PAIRS),
+        "--bundle",
+        str(naflex_bundle),
+        "--out",
+        str(out),
+        "--metrics",
+        "cp,pf,clip_i,dino",
+        "--embedder",
+        f"clip={bundles['clip']}",
+        "--embedder",
+        f"dino={bundles['dino']}",
+        "--no-progress",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0 and "embeddings: 44 images and 0 prompts through the embedders" in res.output, res.output
     meta = json.loads(Path(f"{out}.meta.json").read_text())
@@ -290,19 +319,28 @@ def test_masc_serve_and_the_python_api_carry_the_classic_metrics_of_masc_run(bun
     files = {c: (PAIRS.parent / want[c]).read_bytes() for c in ("ref_image", "ref_mask", "out_image", "out_mask")}
 
     # The Python API: PairsJob with embedders scores one in-memory pair as masc-run scores the row.
-    job = PairsJob(Scorer(naflex_bundle), RunSettings(metrics=CLASSIC),
-                   embedders={k: Embedder(bundles[k]) for k in ("clip", "dino")})
+    job = PairsJob(
+        Scorer(naflex_bundle),
+        RunSettings(metrics=CLASSIC),
+        embedders={k: Embedder(bundles[k]) for k in ("clip", "dino")},
+    )
     rec = job.score_item(**files, prompt=want["prompt"], object_name=want["object_name"])
     assert [repr(rec[c]) for c in CLASSIC] == [want[c] for c in CLASSIC]
     bare = job.score_item(files["ref_image"], None, files["out_image"], None, want["prompt"], want["object_name"])
     assert [repr(bare[c]) for c in CLASSIC] == [want[c] for c in CLASSIC] and bare["cp_status"] == "no_mask_source"
 
-    app = create_app(ServeConfig(bundle=str(naflex_bundle), metrics=CLASSIC,
-                                 embedders={k: str(bundles[k]) for k in ("clip", "dino")}))
+    app = create_app(
+        ServeConfig(
+            bundle=str(naflex_bundle), metrics=CLASSIC, embedders={k: str(bundles[k]) for k in ("clip", "dino")}
+        )
+    )
     client = _ready_client(app)
     try:
-        body = {**{k: base64.b64encode(v).decode() for k, v in files.items()}, "prompt": want["prompt"],
-                "object_name": want["object_name"]}
+        body = {
+            **{k: base64.b64encode(v).decode() for k, v in files.items()},
+            "prompt": want["prompt"],
+            "object_name": want["object_name"],
+        }
         got = client.post("/v1/score", json=body).json()
         batch = client.post("/v1/score_batch", json={"items": [body]}).json()["results"][0]
         doc = client.get("/openapi.json").json()["components"]["schemas"]

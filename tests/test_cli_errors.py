@@ -29,8 +29,9 @@ def _one_line_error(res) -> str:
 def test_extra_packages_come_from_the_project_metadata():
     assert extras.extra_packages("parquet") == ["pyarrow>=14"]
     assert set(extras.extra_packages("eval")) >= {"scipy>=1.11", "krippendorff>=0.8", "scikit-learn>=1.4"}
-    assert extras.install_hint("parquet") == ("pip install 'pyarrow>=14' (masc-engine's [parquet] extra; "
-                                              "in a checkout: pip install -e '.[parquet]')")
+    assert extras.install_hint("parquet") == (
+        "pip install 'pyarrow>=14' (masc-engine's [parquet] extra; in a checkout: pip install -e '.[parquet]')"
+    )
 
 
 def test_parquet_without_pyarrow_fails_before_scoring(naflex_bundle, tmp_path, monkeypatch):
@@ -38,8 +39,9 @@ def test_parquet_without_pyarrow_fails_before_scoring(naflex_bundle, tmp_path, m
     # (and its submodule too: an earlier test in the process may have imported it)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     out = tmp_path / "s.parquet"
-    res = CliRunner().invoke(run_main, [str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle),
-                                        "--out", str(out), "--no-progress"])
+    res = CliRunner().invoke(
+        run_main, [str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle), "--out", str(out), "--no-progress"]
+    )
     line = _one_line_error(res)
     assert "Parquet needs pyarrow" in line and "pip install 'pyarrow>=14'" in line and "[parquet]" in line
     assert not out.exists() and not (tmp_path / "s.parquet.journal.jsonl").exists()
@@ -62,17 +64,31 @@ def test_report_and_eval_on_parquet_without_pyarrow(tmp_path, monkeypatch):
 
 def test_spacy_stripper_without_its_model(naflex_bundle, tmp_path, monkeypatch):
     """spacy.load raises OSError [E050] for a pipeline that is not installed: one line, the command."""
-    spacy = pytest.importorskip("spacy", reason="spaCy is not installed (the missing-package path is tested in "
-                                "test_stripping.py)")
+    spacy = pytest.importorskip(
+        "spacy", reason="spaCy is not installed (the missing-package path is tested in test_stripping.py)"
+    )
 
     def not_installed(name, **kw):
-        raise OSError(f"[E050] Can't find model '{name}'. It doesn't seem to be a Python package or a valid "
-                      "path to a data directory.")
+        raise OSError(
+            f"[E050] Can't find model '{name}'. It doesn't seem to be a Python package or a valid "
+            "path to a data directory."
+        )
 
     monkeypatch.setattr(spacy, "load", not_installed)
     monkeypatch.setattr(stripping, "_PIPELINES", {})
-    res = CliRunner().invoke(run_main, [str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle),
-                                        "--out", str(tmp_path / "s.csv"), "--stripper", "spacy", "--no-progress"])
+    res = CliRunner().invoke(
+        run_main,
+        [
+            str(EXAMPLES / "pairs.csv"),
+            "--bundle",
+            str(naflex_bundle),
+            "--out",
+            str(tmp_path / "s.csv"),
+            "--stripper",
+            "spacy",
+            "--no-progress",
+        ],
+    )
     line = _one_line_error(res)
     assert line == "Error: spaCy model 'en_core_web_sm' is not installed: python -m spacy download en_core_web_sm"
 
@@ -80,16 +96,38 @@ def test_spacy_stripper_without_its_model(naflex_bundle, tmp_path, monkeypatch):
 def test_spacy_stripper_without_spacy(naflex_bundle, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "spacy", None)
     monkeypatch.setattr(stripping, "_PIPELINES", {})
-    res = CliRunner().invoke(run_main, [str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle),
-                                        "--out", str(tmp_path / "s.csv"), "--stripper", "spacy", "--no-progress"])
+    res = CliRunner().invoke(
+        run_main,
+        [
+            str(EXAMPLES / "pairs.csv"),
+            "--bundle",
+            str(naflex_bundle),
+            "--out",
+            str(tmp_path / "s.csv"),
+            "--stripper",
+            "spacy",
+            "--no-progress",
+        ],
+    )
     line = _one_line_error(res)
     assert "pip install 'spacy<4,>=3.8'" in line and "python -m spacy download en_core_web_sm" in line
 
 
 def test_ray_executor_without_ray(naflex_bundle, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
-    res = CliRunner().invoke(run_main, [str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle),
-                                        "--out", str(tmp_path / "s.csv"), "--executor", "ray", "--no-progress"])
+    res = CliRunner().invoke(
+        run_main,
+        [
+            str(EXAMPLES / "pairs.csv"),
+            "--bundle",
+            str(naflex_bundle),
+            "--out",
+            str(tmp_path / "s.csv"),
+            "--executor",
+            "ray",
+            "--no-progress",
+        ],
+    )
     line = _one_line_error(res)
     assert "needs Ray" in line and "pip install 'ray>=2.9'" in line and "[ray]" in line
 
@@ -97,8 +135,9 @@ def test_ray_executor_without_ray(naflex_bundle, tmp_path, monkeypatch):
 def test_outputs_go_to_a_folder_that_does_not_exist_yet(naflex_bundle, tmp_path):
     """The README's commands write under out/, which a fresh checkout does not have."""
     out = tmp_path / "out" / "sub" / "scores.csv"
-    res = CliRunner().invoke(run_main, [str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle),
-                                        "--out", str(out), "--no-progress"])
+    res = CliRunner().invoke(
+        run_main, [str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle), "--out", str(out), "--no-progress"]
+    )
     assert res.exit_code == 0, res.output
     assert len(out.read_text(encoding="utf-8").splitlines()) == 21
     page = tmp_path / "out2" / "report.html"

@@ -38,21 +38,47 @@ def test_journal_fingerprint_and_cache_namespace_are_the_ones_masc_run_always_wr
     s = Scorer(naflex_bundle, stripper="none", naflex_max_patches=64)
     settings = RunSettings(exif="ignore")
     # The run settings as journals have always hashed them (fields added later enter only when set).
-    run = {"exif": "ignore", "min_reference_mask_frac": None, "min_output_mask_frac": None, "mask_size_tolerance": 0,
-           "baselines": False, "save_maps": None}
-    old = {"run": run, "bundle": s.bundle.fingerprint, "stripper": "none", "fg_threshold": 0.5,
-           "budget": 64, "provider": "cpu", "cp_head": "numpy", "backend": "onnxruntime", "precision": "fp32",
-           "graph_variant": "ort-cpu"}
+    run = {
+        "exif": "ignore",
+        "min_reference_mask_frac": None,
+        "min_output_mask_frac": None,
+        "mask_size_tolerance": 0,
+        "baselines": False,
+        "save_maps": None,
+    }
+    old = {
+        "run": run,
+        "bundle": s.bundle.fingerprint,
+        "stripper": "none",
+        "fg_threshold": 0.5,
+        "budget": 64,
+        "provider": "cpu",
+        "cp_head": "numpy",
+        "backend": "onnxruntime",
+        "precision": "fp32",
+        "graph_variant": "ort-cpu",
+    }
     assert settings.fingerprint(s) == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
-    assert encoding_namespace(s, "ignore") == {"bundle": s.bundle.fingerprint, "budget": 64, "exif": "ignore",
-                                               "provider": "cpu", "backend": "onnxruntime", "precision": "fp32",
-                                               "graph_variant": "ort-cpu"}
+    assert encoding_namespace(s, "ignore") == {
+        "bundle": s.bundle.fingerprint,
+        "budget": 64,
+        "exif": "ignore",
+        "provider": "cpu",
+        "backend": "onnxruntime",
+        "precision": "fp32",
+        "graph_variant": "ort-cpu",
+    }
 
 
 def test_identity_changes_with_every_setting_that_changes_a_score(naflex_bundle):
     base = Scorer(naflex_bundle).config
-    for change in ({"stripper": "none"}, {"fg_threshold": 0.4}, {"naflex_max_patches": 32},
-                   {"graph_variant": "portable"}, {"cp_head": "graph"}):
+    for change in (
+        {"stripper": "none"},
+        {"fg_threshold": 0.4},
+        {"naflex_max_patches": 32},
+        {"graph_variant": "portable"},
+        {"cp_head": "graph"},
+    ):
         assert base.replace(**change).identity() != base.identity(), change
     for same in ({"batch_size": 3}, {"intra_op_threads": 1}, {"backend_options": {"ort_memory": "arena"}}):
         assert base.replace(**same).identity() == base.identity(), same  # results do not depend on these
@@ -66,11 +92,18 @@ def test_config_is_frozen_hashable_and_picklable():
     assert c.options == {"ort_memory": "arena"}
 
 
-@pytest.mark.parametrize("kwargs, err", [
-    ({"stripper": "spacey"}, ValueError), ({"batch_size": 0}, ValueError), ({"batch_size": 2.0}, TypeError),
-    ({"fg_threshold": 1.5}, ValueError), ({"cp_head": "torch"}, ValueError),
-    ({"device_resident": True, "cp_head": "numpy"}, ValueError), ({"provider": 3}, TypeError),
-])
+@pytest.mark.parametrize(
+    "kwargs, err",
+    [
+        ({"stripper": "spacey"}, ValueError),
+        ({"batch_size": 0}, ValueError),
+        ({"batch_size": 2.0}, TypeError),
+        ({"fg_threshold": 1.5}, ValueError),
+        ({"cp_head": "torch"}, ValueError),
+        ({"device_resident": True, "cp_head": "numpy"}, ValueError),
+        ({"provider": 3}, TypeError),
+    ],
+)
 def test_bad_settings_are_refused_before_any_bundle_is_read(kwargs, err):
     with pytest.raises(err):
         ScorerConfig(**kwargs)
@@ -113,7 +146,8 @@ def test_nothing_above_the_engine_branches_on_a_backend_name():
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Compare) and any(
-                        isinstance(c, ast.Constant) and c.value in names for c in [node.left, *node.comparators]):
+                    isinstance(c, ast.Constant) and c.value in names for c in [node.left, *node.comparators]
+                ):
                     offenders.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert not offenders, offenders
 
@@ -132,13 +166,24 @@ def test_masc_run_rank_and_serve_take_the_same_scorer_options():
         assert set(SCORER_PARAMS) <= set(params), cmd.name
         for name in SCORER_PARAMS:  # the very same definition: type, default and help
             mine, theirs = params[name], _params(run)[name]
-            assert (mine.opts, mine.default, mine.help, str(mine.type)) == \
-                   (theirs.opts, theirs.default, theirs.help, str(theirs.type)), (cmd.name, name)
+            assert (mine.opts, mine.default, mine.help, str(mine.type)) == (
+                theirs.opts,
+                theirs.default,
+                theirs.help,
+                str(theirs.type),
+            ), (cmd.name, name)
 
 
 def test_the_option_group_builds_the_config():
-    params = {k: None for k in SCORER_PARAMS} | {"backend": "auto", "graph_variant": "auto", "stripper": "none",
-                                                  "batch_size": 4, "threads": 0, "ort_memory": "arena", "other": 1}
+    params = {k: None for k in SCORER_PARAMS} | {
+        "backend": "auto",
+        "graph_variant": "auto",
+        "stripper": "none",
+        "batch_size": 4,
+        "threads": 0,
+        "ort_memory": "arena",
+        "other": 1,
+    }
     c = scorer_config(params)
     assert c == ScorerConfig(stripper="none", batch_size=4, backend_options={"ort_memory": "arena"})
     assert params == {"other": 1}  # the group's keys are taken out, the command's own stay

@@ -42,7 +42,11 @@ def test_manifest_lists_the_validated_cp_graph(naflex_bundle):
     m = json.loads((naflex_bundle / "manifest.json").read_text())
     g = m["graphs"]["cp"]
     assert g["file"] == "cp.onnx" and [i["name"] for i in g["inputs"]] == [
-        "ref_tokens", "ref_keep", "out_tokens", "out_valid"]
+        "ref_tokens",
+        "ref_keep",
+        "out_tokens",
+        "out_valid",
+    ]
     assert [o["name"] for o in g["outputs"]] == ["cp", "best", "n_keep"]
     v = m["validation"]["cp"]
     assert v["atol"] == CP_HEAD_ATOL and v["max_abs"] <= CP_HEAD_ATOL and len(v["cases"]) == 3
@@ -82,8 +86,10 @@ def test_real_tokens_one_reference_many_outputs(naflex_bundle, cp_runner):
     grids = [(12, 16), (16, 12), (7, 9), (20, 20), (14, 18), (9, 31)]
     images = [grid_image(g, seed=i) for i, g in enumerate(grids)]
     encs = scorer.encode_images(images)
-    weights = [mask_to_patch_grid(blob_mask(im.height, im.width, seed=i), e.grid)
-               for i, (im, e) in enumerate(zip(images, encs, strict=True))]
+    weights = [
+        mask_to_patch_grid(blob_mask(im.height, im.width, seed=i), e.grid)
+        for i, (im, e) in enumerate(zip(images, encs, strict=True))
+    ]
     empty = np.zeros_like(weights[2])
     items = []
     for r in (0, 1, 2):
@@ -96,8 +102,9 @@ def test_real_tokens_one_reference_many_outputs(naflex_bundle, cp_runner):
     assert one_call.calls == 1 and one_call.shapes[0][:2] == (3, 6)  # 3 references x 6 outputs
     assert sum(np.isnan(cp) for cp, _ in GraphCP(cp_runner).score_items(items)) == 6
     small = CountingRunner(cp_runner, shape_of="out_tokens")
-    _assert_same(GraphCP(small, max_outs_per_ref=4, max_refs_per_call=2, max_sims=4 * 400 * 400).score_items(items),
-                 expected)
+    _assert_same(
+        GraphCP(small, max_outs_per_ref=4, max_refs_per_call=2, max_sims=4 * 400 * 400).score_items(items), expected
+    )
     assert small.calls > 2
     # Self-pairs: CP = 1.
     for (cp, _), it in zip(GraphCP(cp_runner).score_items(items), items, strict=True):
@@ -144,8 +151,10 @@ def test_so400m_shapes(tmp_path):
 
 @pytest.mark.slow
 def test_cp_device_is_torch_free():
-    code = ("import sys; sys.modules['torch'] = None; import masc_engine.runtime.cp_device; "
-            "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]; print('ok')")
+    code = (
+        "import sys; sys.modules['torch'] = None; import masc_engine.runtime.cp_device; "
+        "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
@@ -189,5 +198,6 @@ def test_cp_cosines_run_on_one_blas_thread():
     numpy_blas = [i for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"]]
     assert numpy_blas, "threadpoolctl finds no numpy BLAS"
     with single_thread_blas():
-        assert {i["num_threads"] for i in threadpool_info()
-                if i["user_api"] == "blas" and "numpy" in i["filepath"]} == {1}
+        assert {
+            i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"]
+        } == {1}

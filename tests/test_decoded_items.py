@@ -77,8 +77,10 @@ def test_decoding_under_a_budget_reserves_each_file(naflex_bundle):
     job = PairsJob(Scorer(naflex_bundle), decode_budget=ByteBudget(2**30))
     rows = _rows(4)
     pairs = []
-    threads = [threading.Thread(target=lambda r=r: pairs.append(job.decode_pair(_files(r), r["prompt"],
-                                                                               r["object_name"]))) for r in rows]
+    threads = [
+        threading.Thread(target=lambda r=r: pairs.append(job.decode_pair(_files(r), r["prompt"], r["object_name"])))
+        for r in rows
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -135,8 +137,9 @@ def test_the_stripper_is_a_per_call_argument(naflex_bundle):
     none = job.decode_pair(_files(row), row["prompt"], row["object_name"], stripper="none")
     a, b = job.score_decoded([regex, none])
     assert a["prompt_text"] != row["prompt"] and b["prompt_text"] == row["prompt"]
-    other = PairsJob(Scorer(naflex_bundle, stripper="none")).score_item(*_files(row).values(), row["prompt"],
-                                                                        row["object_name"])
+    other = PairsJob(Scorer(naflex_bundle, stripper="none")).score_item(
+        *_files(row).values(), row["prompt"], row["object_name"]
+    )
     assert (b["cp"], b["pf"], b["prompt_text"]) == (other["cp"], other["pf"], other["prompt_text"])
 
 
@@ -146,8 +149,9 @@ def test_check_pair_names_the_field_at_fault(naflex_bundle):
     files = _files(row)
     b = io.BytesIO()
     Image.fromarray(np.zeros((40, 50), np.uint8)).save(b, "PNG")
-    bad = job.decode_pair({**files, "out_mask": b.getvalue()}, row["prompt"], row["object_name"],
-                          names={"out_mask": "items[4].out_mask"})
+    bad = job.decode_pair(
+        {**files, "out_mask": b.getvalue()}, row["prompt"], row["object_name"], names={"out_mask": "items[4].out_mask"}
+    )
     with pytest.raises(PairError) as e:
         job.check_pair(bad)
     assert (e.value.reason, e.value.field) == ("mask_size_mismatch", "out_mask")

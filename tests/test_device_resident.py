@@ -52,11 +52,13 @@ def test_run_device_equals_run_on_every_graph(naflex_bundle, device_cls):
     rng = np.random.default_rng(0)
     d = b.manifest["architecture"]["vision_width"]
     feeds_by_graph = {
-        "pool": {"hidden": rng.standard_normal((3, 11, d), np.float32),
-                 "key_padding_mask": rng.random((3, 11)) < 0.4},
-        "cp": {"ref_tokens": rng.standard_normal((2, 7, d), np.float32), "ref_keep": rng.random((2, 7)) < 0.6,
-               "out_tokens": rng.standard_normal((2, 3, 9, d), np.float32),
-               "out_valid": rng.random((2, 3, 9)) < 0.8},
+        "pool": {"hidden": rng.standard_normal((3, 11, d), np.float32), "key_padding_mask": rng.random((3, 11)) < 0.4},
+        "cp": {
+            "ref_tokens": rng.standard_normal((2, 7, d), np.float32),
+            "ref_keep": rng.random((2, 7)) < 0.6,
+            "out_tokens": rng.standard_normal((2, 3, 9, d), np.float32),
+            "out_valid": rng.random((2, 3, 9)) < 0.8,
+        },
         "text": {"input_ids": rng.integers(0, 300, (2, 64), dtype=np.int64)},
     }
     for graph, feeds in feeds_by_graph.items():
@@ -82,11 +84,13 @@ def test_run_device_refuses_mismatches(naflex_bundle):
     with pytest.raises(BackendUnavailableError, match="CPUExecutionProvider.*cuda:0"):
         pool.run_device(feeds, CudaMemory())
     with pytest.raises(ValueError, match="num_tokens"):
-        pool.run_device({"hidden": np.zeros((1, 4, d), np.float32),
-                         "key_padding_mask": np.zeros((1, 5), bool)}, HostDevice())
+        pool.run_device(
+            {"hidden": np.zeros((1, 4, d), np.float32), "key_padding_mask": np.zeros((1, 5), bool)}, HostDevice()
+        )
     with pytest.raises(TypeError, match="float32"):
-        pool.run_device({"hidden": np.zeros((1, 4, d), np.float64),
-                         "key_padding_mask": np.zeros((1, 4), bool)}, HostDevice())
+        pool.run_device(
+            {"hidden": np.zeros((1, 4, d), np.float64), "key_padding_mask": np.zeros((1, 4), bool)}, HostDevice()
+        )
 
 
 def test_device_resident_scores_equal_host_path(naflex_bundle):
@@ -145,9 +149,16 @@ def test_device_resident_maps_and_baselines_copy_only_when_asked(naflex_bundle):
         items = []
         for p in pairs:
             r, o = scorer.encode_images([p.ref_image, p.out_image])
-            items.append(EncodedPair(r, scorer.mask_weights(p.ref_image, p.ref_mask, r.grid, "reference"),
-                                     o, scorer.mask_weights(p.out_image, p.out_mask, o.grid, "output"),
-                                     p.prompt, p.object_name))
+            items.append(
+                EncodedPair(
+                    r,
+                    scorer.mask_weights(p.ref_image, p.ref_mask, r.grid, "reference"),
+                    o,
+                    scorer.mask_weights(p.out_image, p.out_mask, o.grid, "output"),
+                    p.prompt,
+                    p.object_name,
+                )
+            )
         return items
 
     got = with_baselines(s, encoded(s), with_arrays=True)
@@ -157,8 +168,10 @@ def test_device_resident_maps_and_baselines_copy_only_when_asked(naflex_bundle):
             assert g.extras[k] == v or (np.isnan(v) and np.isnan(g.extras[k])), k
         np.testing.assert_array_equal(g.arrays["cp_best"], w.arrays["cp_best"])
         np.testing.assert_array_equal(g.arrays["pf_attention"], w.arrays["pf_attention"])
-    assert any(len(shape) == 2 and shape[1] == s.bundle.manifest["architecture"]["vision_width"]
-               and shape[0] > 8 for shape in dev.to_host_log), "maps need the tokens: they are copied then"
+    assert any(
+        len(shape) == 2 and shape[1] == s.bundle.manifest["architecture"]["vision_width"] and shape[0] > 8
+        for shape in dev.to_host_log
+    ), "maps need the tokens: they are copied then"
 
 
 def test_device_resident_needs_graph_head(naflex_bundle):
@@ -194,15 +207,27 @@ def test_masc_run_device_resident_with_cache_equals_host(naflex_bundle, tmp_path
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         for r in rows:
-            w.writerow({k: (str(EXAMPLES / v) if k in ("ref_image", "ref_mask", "out_image", "out_mask") else v)
-                        for k, v in r.items()})
+            w.writerow(
+                {
+                    k: (str(EXAMPLES / v) if k in ("ref_image", "ref_mask", "out_image", "out_mask") else v)
+                    for k, v in r.items()
+                }
+            )
     host_out = tmp_path / "host.csv"
-    run_pairs(csv_path, Scorer(naflex_bundle, cp_head="graph"), host_out, RunSettings(), options=RunOptions(progress=False))
+    run_pairs(
+        csv_path, Scorer(naflex_bundle, cp_head="graph"), host_out, RunSettings(), options=RunOptions(progress=False)
+    )
     want = read_output(host_out)
     for run in ("cold", "warm"):
         dev = StrictFakeDevice()
         out = tmp_path / f"dev-{run}.csv"
-        summary = run_pairs(csv_path, Scorer(naflex_bundle, device_resident=True, array_device=dev), out, RunSettings(), options=RunOptions(cache_dir=tmp_path / "cache", progress=False))
+        summary = run_pairs(
+            csv_path,
+            Scorer(naflex_bundle, device_resident=True, array_device=dev),
+            out,
+            RunSettings(),
+            options=RunOptions(cache_dir=tmp_path / "cache", progress=False),
+        )
         got = read_output(out)
         assert [(r["cp"], r["pf"], r["status"]) for r in got] == [(r["cp"], r["pf"], r["status"]) for r in want]
         if run == "warm":

@@ -81,8 +81,10 @@ def _problems() -> list[str]:
                     continue
                 for name in (n.lstrip("*") for n in names.split(", ")):
                     if name not in params:
-                        found.append(f"{where}: Args names {name!r}, which is not a parameter "
-                                     f"(parameters: {', '.join(params) or 'none'})")
+                        found.append(
+                            f"{where}: Args names {name!r}, which is not a parameter "
+                            f"(parameters: {', '.join(params) or 'none'})"
+                        )
                     elif params[name] and typ is not None:
                         found.append(f"{where}: {name} is annotated in the signature: drop '({typ})'")
                     elif not params[name] and typ is None:
@@ -96,8 +98,10 @@ def test_args_entries_name_parameters_and_are_typed_exactly_where_the_signature_
 
 
 def test_the_scan_reads_google_args_blocks():
-    doc = ("Summary.\n\nArgs:\n    path: where.\n    n (int): how many,\n        on two lines.\n"
-           "    *rest: more.\n\nReturns:\n    x (not an arg): the result.\n")
+    doc = (
+        "Summary.\n\nArgs:\n    path: where.\n    n (int): how many,\n        on two lines.\n"
+        "    *rest: more.\n\nReturns:\n    x (not an arg): the result.\n"
+    )
     assert _args_entries(doc) == [(3, "path", None), (4, "n", "int"), (6, "*rest", None)]
     fn = ast.parse("def f(path: str, n, *rest: int): pass").body[0]
     assert _params(fn) == {"path": True, "n": False, "rest": True}
@@ -105,8 +109,9 @@ def test_the_scan_reads_google_args_blocks():
 
 def test_no_other_dialect():
     """No numpydoc section underlines and no Sphinx field lists in src/'s docstrings."""
-    other = re.compile(r"^\s*(Parameters|Returns|Raises|Yields)\s*\n\s*-{3,}\s*$|^\s*:(param|type|returns?|raises|rtype)\b",
-                       re.M)
+    other = re.compile(
+        r"^\s*(Parameters|Returns|Raises|Yields)\s*\n\s*-{3,}\s*$|^\s*:(param|type|returns?|raises|rtype)\b", re.M
+    )
     found = []
     for path in sorted(SRC.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

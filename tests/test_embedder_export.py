@@ -22,20 +22,46 @@ from masc_engine.errors import BundleError
 from masc_engine.export.config_budget import estimate_parameters
 from masc_engine.export.embedders import RECIPES, RECIPE_FIELDS, SHORT_NAMES, is_embedder_model
 from masc_engine.export.plan import ExportPlan, ExportPlanError
-from masc_engine.export.random_models import (EMBEDDER_BENCH_PRESETS, EMBEDDER_PRESETS, EMBEDDER_TEST_PRESETS,
-                                             preset_config, random_embedder_model)
+from masc_engine.export.random_models import (
+    EMBEDDER_BENCH_PRESETS,
+    EMBEDDER_PRESETS,
+    EMBEDDER_TEST_PRESETS,
+    preset_config,
+    random_embedder_model,
+)
 from masc_engine.tolerances import EMBEDDER_VALIDATION_BUDGETS, embedder_validation_budget
 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 #: The reference pipelines, written out (DreamBench++ clip_score.py / dino_score.py; DINO eval_knn.py).
 EXPECTED = {
-    "clip": dict(resize_mode="shortest_edge", size=224, interpolation="bicubic", crop_size=[224, 224],
-                 crop_rounding="hf_floor", image_mean=CLIP_MEAN, image_std=CLIP_STD),
-    "dino": dict(resize_mode="shortest_edge", size=256, interpolation="bicubic", crop_size=[224, 224],
-                 crop_rounding="torchvision_round", image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD),
-    "dinov2": dict(resize_mode="shortest_edge", size=256, interpolation="bicubic", crop_size=[224, 224],
-                   crop_rounding="hf_floor", image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD),
+    "clip": dict(
+        resize_mode="shortest_edge",
+        size=224,
+        interpolation="bicubic",
+        crop_size=[224, 224],
+        crop_rounding="hf_floor",
+        image_mean=CLIP_MEAN,
+        image_std=CLIP_STD,
+    ),
+    "dino": dict(
+        resize_mode="shortest_edge",
+        size=256,
+        interpolation="bicubic",
+        crop_size=[224, 224],
+        crop_rounding="torchvision_round",
+        image_mean=IMAGENET_MEAN,
+        image_std=IMAGENET_STD,
+    ),
+    "dinov2": dict(
+        resize_mode="shortest_edge",
+        size=256,
+        interpolation="bicubic",
+        crop_size=[224, 224],
+        crop_rounding="hf_floor",
+        image_mean=IMAGENET_MEAN,
+        image_std=IMAGENET_STD,
+    ),
 }
 RULES = {"clip": "clip_image_projection", "dino": "cls_final_norm", "dinov2": "cls_layernorm"}
 
@@ -73,8 +99,18 @@ HUB_SHAPES = {
 @pytest.mark.parametrize("key", EMBEDDER_BENCH_PRESETS)
 def test_benchmark_presets_have_the_hub_checkpoints_shapes(key):
     e = EMBEDDER_PRESETS[key]
-    assert (e.width, e.layers, e.heads, e.mlp, e.patch_size, e.text_width, e.text_layers, e.text_heads, e.text_mlp,
-            e.projection_dim) == HUB_SHAPES[key]
+    assert (
+        e.width,
+        e.layers,
+        e.heads,
+        e.mlp,
+        e.patch_size,
+        e.text_width,
+        e.text_layers,
+        e.text_heads,
+        e.text_mlp,
+        e.projection_dim,
+    ) == HUB_SHAPES[key]
     assert e.image_size == 224 and key not in EMBEDDER_TEST_PRESETS
 
 
@@ -90,8 +126,16 @@ def test_embedder_names_are_recognised_without_network():
     assert not is_embedder_model("random:tiny-naflex") and not is_embedder_model("siglip2-so400m")
 
 
-@pytest.mark.parametrize("options", [dict(precision="fp16"), dict(precision="bf16"), dict(backend="tensorrt"),
-                                     dict(max_num_patches=256), dict(certify="bf16-cpu")])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(precision="fp16"),
+        dict(precision="bf16"),
+        dict(backend="tensorrt"),
+        dict(max_num_patches=256),
+        dict(certify="bf16-cpu"),
+    ],
+)
 def test_plan_refuses_other_than_fp32_onnx(options):
     with pytest.raises(ExportPlanError, match="embedder bundle"):
         ExportPlan(model="dino-vits16", kind="embedder", **options)
@@ -103,18 +147,22 @@ def test_cli_refuses_fp16_in_one_line(tmp_path):
 
     from masc_engine.cli.export_cmd import main
 
-    res = CliRunner().invoke(main, ["--model", "random:dino-tiny-s16", "--out", str(tmp_path / "b"),
-                                    "--precision", "fp16"])
+    res = CliRunner().invoke(
+        main, ["--model", "random:dino-tiny-s16", "--out", str(tmp_path / "b"), "--precision", "fp16"]
+    )
     assert res.exit_code == 2 and "embedder bundle" in res.output
     assert not (tmp_path / "b").exists()
 
 
 def _manifest(family: str = "clip") -> dict:
     graph = {"file": "image.onnx", "inputs": [], "outputs": []}
-    return {"kind": "embedder", "recipe": copy.deepcopy(RECIPES[family][0]), "source": {"model": "m"},
-            "embedding": {"image": RULES[family], "text": "clip_text_projection" if family == "clip" else None,
-                          "dim": 512},
-            "graphs": {"image": graph, **({"text": dict(graph, file="text.onnx")} if family == "clip" else {})}}
+    return {
+        "kind": "embedder",
+        "recipe": copy.deepcopy(RECIPES[family][0]),
+        "source": {"model": "m"},
+        "embedding": {"image": RULES[family], "text": "clip_text_projection" if family == "clip" else None, "dim": 512},
+        "graphs": {"image": graph, **({"text": dict(graph, file="text.onnx")} if family == "clip" else {})},
+    }
 
 
 def test_recipe_schema_is_documented_field_by_field():
@@ -122,23 +170,26 @@ def test_recipe_schema_is_documented_field_by_field():
         assert set(recipe) == set(RECIPE_FIELDS)
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda m: m["recipe"].update(crop_rounding="round"), "recipe.crop_rounding"),
-    (lambda m: m["recipe"].update(resize_mode="longest_edge"), "recipe.resize_mode"),
-    (lambda m: m["recipe"].update(interpolation="lanczos"), "recipe.interpolation"),
-    (lambda m: m["recipe"].update(size=0), "recipe.size"),
-    (lambda m: m["recipe"].update(crop_size=[224]), "recipe.crop_size"),
-    (lambda m: m["recipe"].update(image_std=[0.2, 0.0, 0.2]), "recipe.image_std"),
-    (lambda m: m["recipe"].update(image_mean=[0.5, 0.5]), "recipe.image_mean"),
-    (lambda m: m["recipe"].update(rescale_factor=0), "recipe.rescale_factor"),
-    (lambda m: m["embedding"].update(dim=0), "embedding.dim"),
-    (lambda m: m["source"].pop("model"), "source.model"),
-    (lambda m: m["recipe"].update(alpha="drop"), "recipe.alpha"),
-    (lambda m: m["recipe"].update(exif_transpose="yes"), "recipe.exif_transpose"),
-    (lambda m: m["embedding"].update(image="mean_pool"), "embedding.image"),
-    (lambda m: m["graphs"].pop("text"), "text graph"),
-    (lambda m: m.pop("recipe"), "recipe table"),
-])
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda m: m["recipe"].update(crop_rounding="round"), "recipe.crop_rounding"),
+        (lambda m: m["recipe"].update(resize_mode="longest_edge"), "recipe.resize_mode"),
+        (lambda m: m["recipe"].update(interpolation="lanczos"), "recipe.interpolation"),
+        (lambda m: m["recipe"].update(size=0), "recipe.size"),
+        (lambda m: m["recipe"].update(crop_size=[224]), "recipe.crop_size"),
+        (lambda m: m["recipe"].update(image_std=[0.2, 0.0, 0.2]), "recipe.image_std"),
+        (lambda m: m["recipe"].update(image_mean=[0.5, 0.5]), "recipe.image_mean"),
+        (lambda m: m["recipe"].update(rescale_factor=0), "recipe.rescale_factor"),
+        (lambda m: m["embedding"].update(dim=0), "embedding.dim"),
+        (lambda m: m["source"].pop("model"), "source.model"),
+        (lambda m: m["recipe"].update(alpha="drop"), "recipe.alpha"),
+        (lambda m: m["recipe"].update(exif_transpose="yes"), "recipe.exif_transpose"),
+        (lambda m: m["embedding"].update(image="mean_pool"), "embedding.image"),
+        (lambda m: m["graphs"].pop("text"), "text graph"),
+        (lambda m: m.pop("recipe"), "recipe table"),
+    ],
+)
 def test_manifest_reader_refuses_a_bad_embedder_manifest(edit, field):
     m = _manifest()
     check_ranges(m, "b")
@@ -217,8 +268,9 @@ def test_clip_graphs_equal_get_features_unwrapped(bundles):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(m.name_or_path)
-    enc = tok(["a dog", "a red backpack in the snow", "A CAT"], padding="max_length", max_length=77,
-              return_tensors="np")
+    enc = tok(
+        ["a dog", "a red backpack in the snow", "A CAT"], padding="max_length", max_length=77, return_tensors="np"
+    )
     ids, mask = enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)
     pv = _pixels(3)
     with torch.no_grad():
@@ -227,8 +279,9 @@ def test_clip_graphs_equal_get_features_unwrapped(bundles):
         # transformers 5: an output object whose pooler_output is the projection, not a tensor
         text_feat = text_out if isinstance(text_out, torch.Tensor) else text_out.pooler_output
         image_feat = image_out if isinstance(image_out, torch.Tensor) else image_out.pooler_output
-        text_explicit = m.text_projection(m.text_model(input_ids=torch.from_numpy(ids),
-                                                       attention_mask=torch.from_numpy(mask)).pooler_output)
+        text_explicit = m.text_projection(
+            m.text_model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).pooler_output
+        )
         image_explicit = m.visual_projection(m.vision_model(pixel_values=torch.from_numpy(pv)).pooler_output)
     assert text_feat.shape == (3, m.config.projection_dim) and torch.equal(text_feat, text_explicit)
     assert torch.equal(image_feat, image_explicit)
@@ -279,8 +332,12 @@ def test_dino_export_uses_eps_1e6_not_the_configs_1e12(tmp_path, cache_dir):
     model = random_embedder_model("dino-tiny-s16")
     with torch.no_grad():
         emb = model.embeddings
-        for t in (emb.patch_embeddings.projection.weight, emb.patch_embeddings.projection.bias, emb.cls_token,
-                  emb.position_embeddings):
+        for t in (
+            emb.patch_embeddings.projection.weight,
+            emb.patch_embeddings.projection.bias,
+            emb.cls_token,
+            emb.position_embeddings,
+        ):
             t.mul_(2e-3)
     model.save_pretrained(tmp_path / "ckpt")
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["layer_norm_eps"] == 1e-12

@@ -55,14 +55,19 @@ def _image_graph(w: np.ndarray, name: str = "pixel_values"):
     from onnx import TensorProto, helper, numpy_helper
 
     consts = {"starts": [0, 0], "ends": [PATCH, PATCH], "axes": [2, 3], "flat": [0, 3 * PATCH * PATCH]}
-    nodes = [helper.make_node("Slice", [name, "starts", "ends", "axes"], ["corner"]),
-             helper.make_node("Reshape", ["corner", "flat"], ["row"]),
-             helper.make_node("MatMul", ["row", "W"], ["image_embeds"])]
+    nodes = [
+        helper.make_node("Slice", [name, "starts", "ends", "axes"], ["corner"]),
+        helper.make_node("Reshape", ["corner", "flat"], ["row"]),
+        helper.make_node("MatMul", ["row", "W"], ["image_embeds"]),
+    ]
     graph = helper.make_graph(
-        nodes, "image", [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 3, "h", "w"])],
+        nodes,
+        "image",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 3, "h", "w"])],
         [helper.make_tensor_value_info("image_embeds", TensorProto.FLOAT, ["batch", DIM])],
-        initializer=[numpy_helper.from_array(w, "W")] + [numpy_helper.from_array(np.array(v, np.int64), k)
-                                                          for k, v in consts.items()])
+        initializer=[numpy_helper.from_array(w, "W")]
+        + [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in consts.items()],
+    )
     return graph
 
 
@@ -72,15 +77,24 @@ def _text_graph(table: np.ndarray, names: tuple[str, ...]):
 
     nodes = [helper.make_node("Gather", ["table", "input_ids"], ["rows"])]
     if "attention_mask" in names:
-        nodes += [helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
-                  helper.make_node("Unsqueeze", ["maskf", "last"], ["mask3"]),
-                  helper.make_node("Mul", ["rows", "mask3"], ["kept"])]
+        nodes += [
+            helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["maskf", "last"], ["mask3"]),
+            helper.make_node("Mul", ["rows", "mask3"], ["kept"]),
+        ]
     nodes.append(helper.make_node("ReduceSum", [nodes[-1].output[0], "tokens"], ["text_embeds"], keepdims=0))
     ids = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", CONTEXT]) for n in names]
     graph = helper.make_graph(
-        nodes, "text", ids, [helper.make_tensor_value_info("text_embeds", TensorProto.FLOAT, ["batch", DIM])],
-        initializer=[numpy_helper.from_array(table, "table"), numpy_helper.from_array(np.array([-1], np.int64), "last"),
-                     numpy_helper.from_array(np.array([1], np.int64), "tokens")])
+        nodes,
+        "text",
+        ids,
+        [helper.make_tensor_value_info("text_embeds", TensorProto.FLOAT, ["batch", DIM])],
+        initializer=[
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(np.array([-1], np.int64), "last"),
+            numpy_helper.from_array(np.array([1], np.int64), "tokens"),
+        ],
+    )
     return graph
 
 
@@ -93,8 +107,14 @@ def _save(graph, path: Path) -> None:
     onnx.save(model, str(path))
 
 
-def make_fake_embedder(out: Path, recipe=CLIP_B32_DREAMBENCH, text: bool = True, seed: int = 0,
-                       text_inputs: tuple[str, ...] = ("input_ids",), image_input: str = "pixel_values") -> dict:
+def make_fake_embedder(
+    out: Path,
+    recipe=CLIP_B32_DREAMBENCH,
+    text: bool = True,
+    seed: int = 0,
+    text_inputs: tuple[str, ...] = ("input_ids",),
+    image_input: str = "pixel_values",
+) -> dict:
     """Write a fake embedder bundle into ``out`` (the manifest layout of export/embedders.py: ``recipe``,
     ``embedding``, ``source.model``, the ``text`` section); returns the weights (``W``, ``table``,
     ``vocab``). ``text_inputs``: the text graph's inputs (the CLIP export's is ``input_ids`` alone)."""
@@ -102,22 +122,46 @@ def make_fake_embedder(out: Path, recipe=CLIP_B32_DREAMBENCH, text: bool = True,
     out.mkdir(parents=True, exist_ok=True)
     w = rng.standard_normal((3 * PATCH * PATCH, DIM)).astype(np.float32)
     _save(_image_graph(w, image_input), out / "image.onnx")
-    graphs = {"image": {"file": "image.onnx", "inputs": [{"name": image_input, "shape": ["batch", 3, "h", "w"]}],
-                        "outputs": [{"name": "image_embeds", "shape": ["batch", DIM]}]}}
+    graphs = {
+        "image": {
+            "file": "image.onnx",
+            "inputs": [{"name": image_input, "shape": ["batch", 3, "h", "w"]}],
+            "outputs": [{"name": "image_embeds", "shape": ["batch", DIM]}],
+        }
+    }
     weights = {"W": w}
-    manifest = {"kind": "embedder", "source": {"model": "fake", "random_weights": False}, RECIPE_KEY: recipe.to_manifest(),
-                "embedding": {"image": "cls_layernorm", "text": "clip_text_projection" if text else None, "dim": DIM,
-                              "normalized": False},
-                "graphs": graphs, "precision": {"mode": "fp32"}, "files": ["image.onnx"]}
+    manifest = {
+        "kind": "embedder",
+        "source": {"model": "fake", "random_weights": False},
+        RECIPE_KEY: recipe.to_manifest(),
+        "embedding": {
+            "image": "cls_layernorm",
+            "text": "clip_text_projection" if text else None,
+            "dim": DIM,
+            "normalized": False,
+        },
+        "graphs": graphs,
+        "precision": {"mode": "fp32"},
+        "files": ["image.onnx"],
+    }
     if text:
         weights["vocab"] = _tokenizer_json(out / "tokenizer.json")
         weights["table"] = table = rng.standard_normal((len(weights["vocab"]), DIM)).astype(np.float32)
         _save(_text_graph(table, text_inputs), out / "text.onnx")
-        graphs["text"] = {"file": "text.onnx", "inputs": [{"name": n, "shape": ["batch", CONTEXT]} for n in text_inputs],
-                          "outputs": [{"name": "text_embeds", "shape": ["batch", DIM]}]}
-        manifest["text"] = {"tokenizer_file": "tokenizer.json", "max_length": CONTEXT, "padding_side": "right",
-                            "truncation_side": "right", "pad_token": EOS, "pad_token_id": 1,
-                            "vocab_size": len(weights["vocab"])}
+        graphs["text"] = {
+            "file": "text.onnx",
+            "inputs": [{"name": n, "shape": ["batch", CONTEXT]} for n in text_inputs],
+            "outputs": [{"name": "text_embeds", "shape": ["batch", DIM]}],
+        }
+        manifest["text"] = {
+            "tokenizer_file": "tokenizer.json",
+            "max_length": CONTEXT,
+            "padding_side": "right",
+            "truncation_side": "right",
+            "pad_token": EOS,
+            "pad_token_id": 1,
+            "vocab_size": len(weights["vocab"]),
+        }
         manifest["files"] += ["text.onnx", "tokenizer.json"]
     write_manifest(out, manifest)
     return weights
@@ -131,7 +175,10 @@ def fake(tmp_path_factory):
 
 def _images() -> list[Image.Image]:
     rng = np.random.default_rng(5)
-    ims = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(333, 517), (640, 427), (224, 224)]]
+    ims = [
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        for h, w in [(333, 517), (640, 427), (224, 224)]
+    ]
     rgba = rng.integers(0, 256, (300, 200, 4), dtype=np.uint8)
     return ims + [Image.fromarray(rgba, "RGBA")]
 
@@ -214,7 +261,7 @@ def test_text_ids_padded_and_truncated_at_77(fake):
     assert ids[0].tolist() == short + [vocab[EOS]] * (CONTEXT - len(short))
     assert mask[0].tolist() == [1] * len(short) + [0] * (CONTEXT - len(short))
     # truncated to the context with the end-of-text token kept last (75 words between BOS and EOS)
-    assert ids[1].tolist() == _ids(vocab, long_words[:CONTEXT - 2]) and mask[1].all()
+    assert ids[1].tolist() == _ids(vocab, long_words[: CONTEXT - 2]) and mask[1].all()
 
 
 @pytest.mark.parametrize("inputs", [("input_ids",), ("input_ids", "attention_mask")], ids=["ids", "ids+mask"])
@@ -363,8 +410,9 @@ def test_exported_bundle_equals_reference_pipeline(exported, key):
         from transformers import AutoTokenizer
 
         texts = ["a photo of a dog", "A RED backpack on the beach", "dog " * 100]
-        ids = AutoTokenizer.from_pretrained(path)(texts, padding="max_length", max_length=77, truncation=True,
-                                                  return_tensors="pt")["input_ids"]
+        ids = AutoTokenizer.from_pretrained(path)(
+            texts, padding="max_length", max_length=77, truncation=True, return_tensors="pt"
+        )["input_ids"]
         np.testing.assert_array_equal(e.tokenize(texts)[0], ids.numpy())
         want_t = model.text_projection(model.text_model(input_ids=ids).pooler_output).numpy()
         assert _rel(e.embed_texts(texts), want_t) <= embedder_validation_budget("clip", "text", width)[0]
@@ -376,8 +424,12 @@ def test_the_bundle_fingerprint_covers_the_recipe_and_the_embedding_rule():
     the other kinds keep the fingerprint they had (a segmenter's own ``recipe`` does not enter)."""
     from masc_engine.engine.manifest import fingerprint
 
-    base = {"kind": "embedder", "files": {"image.onnx": "ab"}, "recipe": {"size": 224},
-            "embedding": {"image": "cls_final_norm"}}
+    base = {
+        "kind": "embedder",
+        "files": {"image.onnx": "ab"},
+        "recipe": {"size": 224},
+        "embedding": {"image": "cls_final_norm"},
+    }
     assert fingerprint({**base, "recipe": {"size": 256}}) != fingerprint(base)
     assert fingerprint({**base, "embedding": {"image": "cls_layernorm"}}) != fingerprint(base)
     seg = {"kind": "segmenter", "files": {"vision.onnx": "ab"}, "recipe": {"threshold": 0.5}}

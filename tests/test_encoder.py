@@ -104,8 +104,12 @@ def test_the_manifest_recipe_and_identity(naflex_bundle):
     assert enc.image_settings.max_num_patches == m["image"]["max_num_patches"]
     assert enc.text_settings.max_length == m["text"]["max_length"]
     assert enc.tokenizer.encode(["a cat"])[0].input_ids.shape == (m["text"]["max_length"],)
-    assert enc.identity() == {"fingerprint": enc.bundle.fingerprint, "backend": "onnxruntime", "provider": None,
-                              "precision": "fp32"}
+    assert enc.identity() == {
+        "fingerprint": enc.bundle.fingerprint,
+        "backend": "onnxruntime",
+        "provider": None,
+        "precision": "fp32",
+    }
     assert enc.describe()["bundle"] == str(naflex_bundle)
 
 
@@ -127,8 +131,11 @@ def test_the_declared_backends_are_enforced(naflex_bundle):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         enc = OrtOnly(naflex_bundle, RunnerSettings(backend="openvino"), batch_size=1, verify=False)
-    with pytest.raises(BackendUnavailableError, match=r"'openvino' does not run scorer bundles; use onnxruntime "
-                                                      r"\(provider cpu\)"):
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"'openvino' does not run scorer bundles; use onnxruntime "
+        r"\(provider cpu\)",
+    ):
         enc.check_backend()
     ok = OrtOnly(enc.bundle, RunnerSettings(backend="onnxruntime", provider="cpu"), batch_size=1)
     ok.check_backend()  # ONNX Runtime on CPU is installed with the package

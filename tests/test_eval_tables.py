@@ -38,16 +38,43 @@ _ROWS = [
     ("dog", "base_1", "p3", "r1", 0.40, 0.50, "ok", "ok", 55.0, "ok", "false"),
     ("fox", "solo", "p9", "r1", 0.90, 0.10, "ok", "ok", 40.0, "ok", "true"),
 ]
-COLUMNS = ["key", "subject", "method", "prompt", "ref_image", "cp", "cp_status", "pf", "pf_status", "status",
-           "clip_i", "clip_i_status", "same_subject"]
+COLUMNS = [
+    "key",
+    "subject",
+    "method",
+    "prompt",
+    "ref_image",
+    "cp",
+    "cp_status",
+    "pf",
+    "pf_status",
+    "status",
+    "clip_i",
+    "clip_i_status",
+    "same_subject",
+]
 
 
 def _rows(rows=_ROWS) -> list[dict]:
     out = []
     for i, (s, m, p, r, cp, pf, pfs, st, ci, cis, within) in enumerate(rows):
-        out.append({"key": f"k{i}", "subject": s, "method": m, "prompt": p, "ref_image": r, "cp": cp, "cp_status": "ok",
-                    "pf": pf, "pf_status": pfs, "status": st, "clip_i": ci, "clip_i_status": cis,
-                    "same_subject": within})
+        out.append(
+            {
+                "key": f"k{i}",
+                "subject": s,
+                "method": m,
+                "prompt": p,
+                "ref_image": r,
+                "cp": cp,
+                "cp_status": "ok",
+                "pf": pf,
+                "pf_status": pfs,
+                "status": st,
+                "clip_i": ci,
+                "clip_i_status": cis,
+                "same_subject": within,
+            }
+        )
     return out
 
 
@@ -77,7 +104,10 @@ def test_mean_ci_equals_a_direct_numpy_bootstrap():
     ci = mean_ci(x, n_resamples=500, confidence=0.9, seed=7)
     lo, hi = _numpy_bootstrap_mean(x[~np.isnan(x)], 500, 0.9, 7)
     assert ci.n == 6 and ci.value == pytest.approx(np.nanmean(x), abs=FLOAT64_SAME_FORMULA_TOL)
-    assert (ci.low, ci.high) == (pytest.approx(lo, abs=FLOAT64_SAME_FORMULA_TOL), pytest.approx(hi, abs=FLOAT64_SAME_FORMULA_TOL))
+    assert (ci.low, ci.high) == (
+        pytest.approx(lo, abs=FLOAT64_SAME_FORMULA_TOL),
+        pytest.approx(hi, abs=FLOAT64_SAME_FORMULA_TOL),
+    )
     assert ci.note is None
 
 
@@ -110,14 +140,17 @@ def test_paired_difference_sign_and_interval():
     d = a2[ok] - b[ok]
     lo, hi = _numpy_bootstrap_mean(d, 300, 0.95, 4)
     assert ci2.n == 39 and ci2.value == pytest.approx(d.mean(), abs=FLOAT64_SAME_FORMULA_TOL)
-    assert ci2.low == pytest.approx(lo, abs=FLOAT64_SAME_FORMULA_TOL) and ci2.high == pytest.approx(hi, abs=FLOAT64_SAME_FORMULA_TOL)
+    assert ci2.low == pytest.approx(lo, abs=FLOAT64_SAME_FORMULA_TOL) and ci2.high == pytest.approx(
+        hi, abs=FLOAT64_SAME_FORMULA_TOL
+    )
     # an unpaired bootstrap would be wider: pairing matters
     assert paired_mean_diff([1.0], [0.5]).note == "n=1: no CI"
 
 
 def test_average_over_keys():
-    keys, means, counts = average_over(["a", "b", "a", "c", "a"], np.array([[1.0, NAN], [2.0, 5.0], [3.0, 4.0],
-                                                                           [NAN, NAN], [5.0, 6.0]]))
+    keys, means, counts = average_over(
+        ["a", "b", "a", "c", "a"], np.array([[1.0, NAN], [2.0, 5.0], [3.0, 4.0], [NAN, NAN], [5.0, 6.0]])
+    )
     assert keys == ["a", "b", "c"] and counts.tolist() == [3, 1, 1]
     assert means[0].tolist() == [3.0, 5.0] and means[1].tolist() == [2.0, 5.0]
     assert np.isnan(means[2]).all()
@@ -167,8 +200,13 @@ def test_per_subject_rows_and_averaged_references():
     o = et.TableOptions(metrics=("cp",), n_resamples=50)
     t = et.means_table(et.score_units(_rows(), o), by_subject=True)
     got = [(r["subject"], r["method"], r["n"], round(r["cp"], 10)) for r in t.rows]
-    assert got == [("cat", "ours", 2, 0.7), ("cat", "base_1", 2, 0.6), ("dog", "ours", 2, 0.4),
-                   ("dog", "base_1", 2, 0.3), ("fox", "solo", 1, 0.9)]
+    assert got == [
+        ("cat", "ours", 2, 0.7),
+        ("cat", "base_1", 2, 0.6),
+        ("dog", "ours", 2, 0.4),
+        ("dog", "base_1", 2, 0.3),
+        ("fox", "solo", 1, 0.9),
+    ]
     assert all(r["scope"] == "subject" for r in t.rows)
     # averaging: the two references of (cat, p1) are one unit per method
     ua = et.score_units(_rows(), et.TableOptions(metrics=("cp", "pf"), average_references=True, n_resamples=50))
@@ -199,8 +237,11 @@ def test_compare_pairs_on_the_key_and_refuses_unpaired_rows():
     with pytest.raises(DataError, match=r"rows do not pair: 'ours' has key \(cat, p1\) more than once"):
         et.compare_table(et.score_units(rows, et.TableOptions()), "ours", "base_1")
     # a key one method lacks
-    with pytest.raises(DataError, match=r"rows do not pair on \(subject, prompt\): 4 key\(s\) have one method only, "
-                                        r"first \(fox, p9\) of 'solo'"):
+    with pytest.raises(
+        DataError,
+        match=r"rows do not pair on \(subject, prompt\): 4 key\(s\) have one method only, "
+        r"first \(fox, p9\) of 'solo'",
+    ):
         et.compare_table(et.score_units(_rows(), o), "solo", "ours")
     with pytest.raises(DataError, match="methods: ours, base_1, solo"):
         et.compare_table(et.score_units(_rows(), o))
@@ -230,8 +271,10 @@ def test_agreement_and_auc_over_every_metric_column_equal_the_single_column_tabl
 
 
 def test_latex_and_markdown_escape_method_names():
-    assert fm.latex_escape("a_b & c% $x# {y} ~^\\") == (r"a\_b \& c\% \$x\# \{y\} \textasciitilde{}"
-                                                         r"\textasciicircum{}\textbackslash{}")
+    assert fm.latex_escape("a_b & c% $x# {y} ~^\\") == (
+        r"a\_b \& c\% \$x\# \{y\} \textasciitilde{}"
+        r"\textasciicircum{}\textbackslash{}"
+    )
     rows = _rows()
     for r in rows:
         r["method"] = {"ours": "our_method & co", "base_1": "base|50%", "solo": "solo"}[r["method"]]
@@ -261,13 +304,26 @@ def test_cli_table_formats_and_out(scores_file, tmp_path):
     assert r.exit_code == 0, r.output
     assert "| method | n | cp | pf | clip_i |" in r.output and "| solo | 1 | 0.900 (n=1: no CI) |" in r.output
     out = tmp_path / "t.tex"
-    r = CliRunner().invoke(eval_main, ["table", scores_file, "--by-subject", "--metrics", "cp", "--out", str(out),
-                                       "--n-resamples", "50"])
+    r = CliRunner().invoke(
+        eval_main, ["table", scores_file, "--by-subject", "--metrics", "cp", "--out", str(out), "--n-resamples", "50"]
+    )
     assert r.exit_code == 0, r.output
     tex = out.read_text()
     assert tex.startswith(r"\begin{table}") and r"cat & base\_1 & 2 & 0.600 [" in tex
-    r = CliRunner().invoke(eval_main, ["table", scores_file, "--format", "csv", "--metrics", "cp,clip_i",
-                                       "--average-references", "--n-resamples", "50"])
+    r = CliRunner().invoke(
+        eval_main,
+        [
+            "table",
+            scores_file,
+            "--format",
+            "csv",
+            "--metrics",
+            "cp,clip_i",
+            "--average-references",
+            "--n-resamples",
+            "50",
+        ],
+    )
     parsed = list(csv.DictReader(io.StringIO(r.output)))
     assert [p["method"] for p in parsed] == ["ours", "base_1", "solo", "pooled"]
     assert float(parsed[0]["cp"]) == pytest.approx(0.5) and parsed[0]["n"] == "3"
@@ -276,8 +332,10 @@ def test_cli_table_formats_and_out(scores_file, tmp_path):
 
 
 def test_cli_compare_and_its_refusal(scores_file):
-    r = CliRunner().invoke(eval_main, ["compare", scores_file, "--a", "ours", "--b", "base_1", "--average-references",
-                                       "--n-resamples", "50"])
+    r = CliRunner().invoke(
+        eval_main,
+        ["compare", scores_file, "--a", "ours", "--b", "base_1", "--average-references", "--n-resamples", "50"],
+    )
     assert r.exit_code == 0, r.output
     assert "| metric | n | ours | base_1 | ours - base_1 [95% CI] |" in r.output
     assert "| cp | 3 | 0.500 | 0.400 | 0.100 [" in r.output
@@ -291,19 +349,52 @@ def test_cli_agreement_and_auc_every_metric(scores_file, tmp_path):
     ratings = tmp_path / "r.csv"
     ratings.write_text("key,h\n" + "".join(f"k{i},{i % 5}\n" for i in range(len(_ROWS))))
     out = tmp_path / "ag.csv"
-    r = CliRunner().invoke(eval_main, ["agreement", scores_file, "--ratings", str(ratings), "--metrics", "all",
-                                       "--rating-column", "h", "--n-resamples", "30", "--out", str(out)])
+    r = CliRunner().invoke(
+        eval_main,
+        [
+            "agreement",
+            scores_file,
+            "--ratings",
+            str(ratings),
+            "--metrics",
+            "all",
+            "--rating-column",
+            "h",
+            "--n-resamples",
+            "30",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     written = list(csv.DictReader(out.open()))
     assert [w["metric"] for w in written] == ["cp"] * 4 + ["pf"] * 4 + ["clip_i"] * 4
     assert "clip_i  pooled" in r.output
-    r = CliRunner().invoke(eval_main, ["agreement", scores_file, "--ratings", str(ratings), "--metrics", "all",
-                                       "--score-column", "cp"])
+    r = CliRunner().invoke(
+        eval_main, ["agreement", scores_file, "--ratings", str(ratings), "--metrics", "all", "--score-column", "cp"]
+    )
     assert r.exit_code == 2 and "not both" in r.output
-    r = CliRunner().invoke(eval_main, ["auc", scores_file, "--within-column", "same_subject", "--metrics", "all",
-                                       "--group-column", "method", "--format", "md", "--n-resamples", "30"])
+    r = CliRunner().invoke(
+        eval_main,
+        [
+            "auc",
+            scores_file,
+            "--within-column",
+            "same_subject",
+            "--metrics",
+            "all",
+            "--group-column",
+            "method",
+            "--format",
+            "md",
+            "--n-resamples",
+            "30",
+        ],
+    )
     assert r.exit_code == 0, r.output
-    assert "| metric | group | n | within | cross | AUC [95% CI] |" in r.output and "| clip_i | pooled | 9 |" in r.output
+    assert (
+        "| metric | group | n | within | cross | AUC [95% CI] |" in r.output and "| clip_i | pooled | 9 |" in r.output
+    )
 
 
 def test_random_weights_note_from_the_sidecar(scores_file, tmp_path):
@@ -311,8 +402,9 @@ def test_random_weights_note_from_the_sidecar(scores_file, tmp_path):
     (tmp_path / "scores.csv.meta.json").write_text(json.dumps(meta))
     assert et.random_weights(et.scores_sidecar(scores_file))
     line = et.random_weights_line(et.scores_sidecar(scores_file))
-    assert line == ("bundle bundles/tiny was exported from random weights (random:tiny-naflex): "
-                    "its scores only test the pipeline")
+    assert line == (
+        "bundle bundles/tiny was exported from random weights (random:tiny-naflex): its scores only test the pipeline"
+    )
     r = CliRunner().invoke(eval_main, ["table", scores_file, "--metrics", "cp", "--n-resamples", "20"])
     assert r.exit_code == 0 and f"- WARNING: {line}" in r.output
     assert r.stderr.strip() == f"WARNING: {line}"
@@ -339,7 +431,9 @@ def test_docs_examples_run_on_the_shipped_scores(tmp_path):
         mean = np.mean([np.mean(v) for v in units.values()])
         assert f"| {method} | {len(units)} | {mean:.3f} [" in r.output
     out = tmp_path / "sub" / "ab.tex"
-    r = CliRunner().invoke(eval_main, ["compare", path, "--average-references", "--format", "latex", "--out", str(out),
-                                       "--n-resamples", "100"])
+    r = CliRunner().invoke(
+        eval_main,
+        ["compare", path, "--average-references", "--format", "latex", "--out", str(out), "--n-resamples", "100"],
+    )
     assert r.exit_code == 0, r.output
     assert r"cp & 8 & " in out.read_text() and r"method\_a - method\_b" in out.read_text()

@@ -28,8 +28,10 @@ METHODS = ("zeta_method", "alpha_method", "mid_method")  # first-appearance orde
 # ---------------------------------------------------------------- the one writer
 
 
-ROWS = [{"name": "a", "x": 0.25, "y": NAN, "n": None, "k": 3}, {"name": "b", "x": np.float64(0.1), "y": 1.5,
-                                                                  "n": 2, "k": None}]
+ROWS = [
+    {"name": "a", "x": 0.25, "y": NAN, "n": None, "k": 3},
+    {"name": "b", "x": np.float64(0.1), "y": 1.5, "n": 2, "k": None},
+]
 COLS = ["name", "x", "y", "n", "k"]
 
 
@@ -65,10 +67,29 @@ def test_masc_run_and_masc_rank_outputs_use_the_one_writer(tmp_path):
     write_output(tmp_path / "run.csv", ROWS, COLS)
     write_table(tmp_path / "same.csv", ROWS, COLS)
     assert (tmp_path / "run.csv").read_bytes() == (tmp_path / "same.csv").read_bytes()
-    row = {"query_index": 1, "query": "q.jpg", "identity": "cat", "method": "m", "class": "", "status": "missing_file",
-           "status_detail": "", "ap": NAN, "first_rank": None, "top1_score": NAN}
-    summary = {"method": "*", "class": "*", "n_queries": 1, "n_scored": 0, "n_undefined": 0, "n_failed": 1,
-               "mAP": NAN, "top1": NAN, "top5": NAN}
+    row = {
+        "query_index": 1,
+        "query": "q.jpg",
+        "identity": "cat",
+        "method": "m",
+        "class": "",
+        "status": "missing_file",
+        "status_detail": "",
+        "ap": NAN,
+        "first_rank": None,
+        "top1_score": NAN,
+    }
+    summary = {
+        "method": "*",
+        "class": "*",
+        "n_queries": 1,
+        "n_scored": 0,
+        "n_undefined": 0,
+        "n_failed": 1,
+        "mAP": NAN,
+        "top1": NAN,
+        "top5": NAN,
+    }
     rep = RankReport(rows=[row], summary=[summary], gallery_size=1)
     write_rank_outputs(rep, tmp_path / "r.csv", tmp_path / "r.summary.csv")
     got = next(csv.DictReader(open(tmp_path / "r.csv", encoding="utf-8")))
@@ -91,11 +112,30 @@ def run_like(tmp_path):
         within = i % 4 != 0 if method != "mid_method" else True  # mid_method: within-subject only
         cp = float(np.clip(rng.normal(0.75 if within else 0.5, 0.12), 0, 1))
         pf = float(rng.normal(0.1, 0.03))
-        rows.append({"key": f"k{i:02d}", "method": method, "same_subject": "true" if within else "false",
-                     "ref_image": "r.png", "out_image": "o.png", "prompt": "a photo", "row_index": i + 1,
-                     "cp": cp, "pf": pf, "status": "ok", "status_detail": "", "cp_status": "ok", "pf_status": "ok"})
-        ratings.append({"key": f"k{i:02d}", "g1": int(np.clip(round(cp * 5 - 0.5 + rng.normal(0, 0.7)), 0, 4)),
-                        "g2": int(np.clip(round(cp * 5 - 0.5 + rng.normal(0, 0.7)), 0, 4))})
+        rows.append(
+            {
+                "key": f"k{i:02d}",
+                "method": method,
+                "same_subject": "true" if within else "false",
+                "ref_image": "r.png",
+                "out_image": "o.png",
+                "prompt": "a photo",
+                "row_index": i + 1,
+                "cp": cp,
+                "pf": pf,
+                "status": "ok",
+                "status_detail": "",
+                "cp_status": "ok",
+                "pf_status": "ok",
+            }
+        )
+        ratings.append(
+            {
+                "key": f"k{i:02d}",
+                "g1": int(np.clip(round(cp * 5 - 0.5 + rng.normal(0, 0.7)), 0, 4)),
+                "g2": int(np.clip(round(cp * 5 - 0.5 + rng.normal(0, 0.7)), 0, 4)),
+            }
+        )
     rows[3].update(cp=NAN, pf=NAN, status="missing_file", cp_status="missing_file", pf_status="missing_file")
     rows[7].update(pf=NAN, status="no_background", pf_status="no_background")
     rows[10].update(method="")
@@ -121,8 +161,21 @@ def test_masc_eval_and_masc_report_give_the_same_rows(run_like, tmp_path):
     text = rp.build_report(rows, meta, scores_path=scores, options=opts)
     prepared = rp.prepare_rows(rows)
     for m in ("cp", "pf"):
-        got = _eval(["auc", str(scores), "--score-column", m, "--within-column", "same_subject",
-                     "--n-resamples", "150", "--seed", "4"], tmp_path / f"auc_{m}.json")
+        got = _eval(
+            [
+                "auc",
+                str(scores),
+                "--score-column",
+                m,
+                "--within-column",
+                "same_subject",
+                "--n-resamples",
+                "150",
+                "--seed",
+                "4",
+            ],
+            tmp_path / f"auc_{m}.json",
+        )
         pooled = got[-1]
         mine = rp.within_cross(prepared, m, opts).pooled
         for k in ("scope", "group", "n", "n_within", "n_cross", "auc", "auc_low", "auc_high"):
@@ -131,10 +184,26 @@ def test_masc_eval_and_masc_report_give_the_same_rows(run_like, tmp_path):
         assert shown == pooled["auc"]
     # grouping: methods in order of first appearance (not sorted), the row without a method only
     # in the pooled row, one pooled label; the same in masc-eval agreement, masc-eval auc, the report
-    agreement = _eval([str(scores), "--ratings", str(ratings), "--rating-column", "g1", "--rating-column", "g2",
-                       "--scale", "0-4", "--n-resamples", "50"], tmp_path / "agr.json")
-    auc = _eval(["auc", str(scores), "--within-column", "same_subject", "--group-column", "method",
-                 "--n-resamples", "50"], tmp_path / "auc_groups.json")
+    agreement = _eval(
+        [
+            str(scores),
+            "--ratings",
+            str(ratings),
+            "--rating-column",
+            "g1",
+            "--rating-column",
+            "g2",
+            "--scale",
+            "0-4",
+            "--n-resamples",
+            "50",
+        ],
+        tmp_path / "agr.json",
+    )
+    auc = _eval(
+        ["auc", str(scores), "--within-column", "same_subject", "--group-column", "method", "--n-resamples", "50"],
+        tmp_path / "auc_groups.json",
+    )
     report_rows = re.findall(r'<tr(?: class="pooled")? data-method="([^"]*)">', text)
     expected = [*METHODS, ag.POOLED]
     assert [r["method"] for r in agreement] == [r["group"] for r in auc] == report_rows == expected
@@ -152,10 +221,25 @@ def test_masc_eval_csv_writes_nan_as_masc_run_does(run_like, tmp_path):
     scores, _ = run_like
     for suffix, delim in ((".csv", ","), (".tsv", "\t")):
         out = tmp_path / f"auc{suffix}"
-        res = CliRunner().invoke(eval_main, ["auc", str(scores), "--within-column", "same_subject", "--group-column",
-                                        "method", "--n-resamples", "50", "--out", str(out)])
+        res = CliRunner().invoke(
+            eval_main,
+            [
+                "auc",
+                str(scores),
+                "--within-column",
+                "same_subject",
+                "--group-column",
+                "method",
+                "--n-resamples",
+                "50",
+                "--out",
+                str(out),
+            ],
+        )
         assert res.exit_code == 0, res.output
-        mid = next(r for r in csv.DictReader(open(out, encoding="utf-8"), delimiter=delim) if r["group"] == "mid_method")
+        mid = next(
+            r for r in csv.DictReader(open(out, encoding="utf-8"), delimiter=delim) if r["group"] == "mid_method"
+        )
         assert (mid["auc"], mid["auc_low"], mid["auc_high"]) == (CSV_NAN,) * 3
     # masc-run's own file spells its NaN scores the same way
     failed = next(r for r in csv.DictReader(open(scores, encoding="utf-8")) if r["status"] == "missing_file")
@@ -167,8 +251,21 @@ def test_masc_eval_auc_within_value_and_rows_without_status(tmp_path):
     path = tmp_path / "s.csv"
     path.write_text("key,cp,kind\np0,0.9,same\np1,0.5,same\np2,0.5,other\np3,0.1,other\np4,,other\n")
     out = tmp_path / "auc.json"
-    res = CliRunner().invoke(eval_main, ["auc", str(path), "--within-column", "kind", "--within-value", "same",
-                                    "--n-resamples", "50", "--out", str(out)])
+    res = CliRunner().invoke(
+        eval_main,
+        [
+            "auc",
+            str(path),
+            "--within-column",
+            "kind",
+            "--within-value",
+            "same",
+            "--n-resamples",
+            "50",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "1 without a score" in res.output
     doc = json.loads(out.read_text())

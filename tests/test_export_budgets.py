@@ -12,8 +12,12 @@ import json
 import pytest
 
 from support import REPO
-from masc_engine.tolerances import (EXPORT_BUG_MIN_ABS_ERROR, EXPORT_VALIDATION_ATOL, EXPORT_VALIDATION_BUDGETS,
-                                    export_validation_atol)
+from masc_engine.tolerances import (
+    EXPORT_BUG_MIN_ABS_ERROR,
+    EXPORT_VALIDATION_ATOL,
+    EXPORT_VALIDATION_BUDGETS,
+    export_validation_atol,
+)
 
 RESULTS = json.loads((REPO / "bench/results/export_validation.json").read_text())
 SHAPE_OF = {"tiny-naflex": "tiny", "tiny-fixed": "tiny", "base-naflex": "base", "so400m-naflex": "so400m"}

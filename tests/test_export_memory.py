@@ -21,15 +21,30 @@ from masc_engine.export import stages
 from masc_engine.export.exporter import remove_stale_stages, uniform_file_modes
 from masc_engine.tolerances import FLOAT32_SAME_ARITHMETIC_ATOL
 
-TORCH_STAGES = ["checkpoint", "vision references", "export vision", "export pool", "text references",
-                "export text", "export cp"]
+TORCH_STAGES = [
+    "checkpoint",
+    "vision references",
+    "export vision",
+    "export pool",
+    "text references",
+    "export text",
+    "export cp",
+]
 
 
 def test_stages_are_recorded_in_order_with_time_and_memory(naflex_bundle):
     recs = json.loads((naflex_bundle / "manifest.json").read_text())["export_stages"]
     names = [r["stage"] for r in recs]
-    assert names == TORCH_STAGES + ["validate vision", "validate pool", "validate text", "validate cp",
-                                    "ort-fusion vision", "ort-fusion text", "ort-cpu scores", "onnx checker"]
+    assert names == TORCH_STAGES + [
+        "validate vision",
+        "validate pool",
+        "validate text",
+        "validate cp",
+        "ort-fusion vision",
+        "ort-fusion text",
+        "ort-cpu scores",
+        "onnx checker",
+    ]
     # PyTorch only in the worker; ONNX Runtime only after it ended, one graph per stage
     assert [r["process"] for r in recs] == ["torch worker"] * len(TORCH_STAGES) + ["exporter"] * 8
     for r in recs:
@@ -49,8 +64,13 @@ def test_stage_line_format_is_what_the_bench_parses(caplog):
     assert lines[0].startswith("validated vision: max |error| 1e-06 [validate vision: ")
     assert lines[1] == "exported text -> text.onnx [export text: 12.3 s, peak 3.20 GB, now 2.90 GB (torch worker)]"
     m = STAGE_LINE.search(lines[1])
-    assert (m["stage"], m["seconds"], m["peak"], m["now"], m["where"]) == ("export text", "12.3", "3.20", "2.90",
-                                                                          "torch worker")
+    assert (m["stage"], m["seconds"], m["peak"], m["now"], m["where"]) == (
+        "export text",
+        "12.3",
+        "3.20",
+        "2.90",
+        "torch worker",
+    )
     assert STAGE_LINE.search(lines[0])["stage"] == "validate vision"
     assert [r["stage"] for r in clock.records] == ["validate vision", "export text"]
 
@@ -80,8 +100,22 @@ def test_cli_refuses_a_plan_past_max_memory_gb_before_reading_weights(tmp_path):
     """The refusal comes before any stage reads weights (for a random: preset, from its shapes,
     before its checkpoint is even built); one line, no traceback, nothing left beside --out."""
     out = tmp_path / "bundles" / "b"
-    res = subprocess.run([sys.executable, "-m", "masc_engine.cli.export_cmd", "--model", "random:tiny-naflex",
-                          "--out", str(out), "--max-memory-gb", "0.5"], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.export_cmd",
+            "--model",
+            "random:tiny-naflex",
+            "--out",
+            str(out),
+            "--max-memory-gb",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 1, res.stderr
     err = [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")]
     assert len(err) == 1 and "more than --max-memory-gb 0.5" in err[0] and "Traceback" not in res.stderr
@@ -93,8 +127,12 @@ def test_cli_refuses_a_plan_past_max_memory_gb_before_reading_weights(tmp_path):
 def test_worker_errors_reach_the_user_as_one_line(tmp_path):
     """A checkpoint error raised in the PyTorch worker is the same one-line error as before."""
     out = tmp_path / "b"
-    res = subprocess.run([sys.executable, "-m", "masc_engine.cli.export_cmd", "--model", "random:no-such-preset",
-                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "masc_engine.cli.export_cmd", "--model", "random:no-such-preset", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "Error: unknown random model 'random:no-such-preset'" in res.stderr
     assert not out.exists() and not list(tmp_path.glob(".b.*"))
@@ -134,7 +172,8 @@ def test_every_bundle_file_has_the_same_mode(naflex_bundle, tmp_path):
     os.umask(mask)
     want = 0o666 & ~mask
     assert {p.name: p.stat().st_mode & 0o777 for p in naflex_bundle.iterdir()} == {
-        p.name: want for p in naflex_bundle.iterdir()}
+        p.name: want for p in naflex_bundle.iterdir()
+    }
     f = tmp_path / "w.onnx.data"
     f.write_bytes(b"x")
     f.chmod(0o600)  # as the onnx library writes external data
@@ -145,20 +184,37 @@ def test_every_bundle_file_has_the_same_mode(naflex_bundle, tmp_path):
 def test_the_exporter_process_never_imports_torch(tmp_path, cache_dir):
     """PyTorch lives in the worker only: the exporter's own process never imports it, so no PyTorch
     weights are resident while ONNX Runtime sessions and transforms run."""
-    code = ("import sys; from masc_engine.export.exporter import export_bundle; "
-            f"export_bundle('random:tiny-naflex', {str(tmp_path / 'b')!r}); "
-            "print('torch imported:', 'torch' in sys.modules, 'transformers' in sys.modules)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         env=dict(os.environ, MASC_ENGINE_CACHE=str(cache_dir)))
+    code = (
+        "import sys; from masc_engine.export.exporter import export_bundle; "
+        f"export_bundle('random:tiny-naflex', {str(tmp_path / 'b')!r}); "
+        "print('torch imported:', 'torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, MASC_ENGINE_CACHE=str(cache_dir)),
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "torch imported: False False" in res.stdout
     assert (tmp_path / "b" / "manifest.json").is_file() and not list(tmp_path.glob(".b.*"))
 
 
 RESULTS = REPO / "bench" / "results" / "export_memory_so400m.json"
-STAGE_KIND = {"checkpoint": "torch", "vision references": "torch", "text references": "torch", "export": "torch",
-              "validate": "validate", "ort-fusion": "fuse", "ort-cpu scores": "fuse", "precision-fp16": "precision",
-              "fp32 pair scores": "pairs", "fp16 pair gates": "pairs", "onnx checker": "validate"}
+STAGE_KIND = {
+    "checkpoint": "torch",
+    "vision references": "torch",
+    "text references": "torch",
+    "export": "torch",
+    "validate": "validate",
+    "ort-fusion": "fuse",
+    "ort-cpu scores": "fuse",
+    "precision-fp16": "precision",
+    "fp32 pair scores": "pairs",
+    "fp16 pair gates": "pairs",
+    "onnx checker": "validate",
+}
 
 
 def _kind(stage: str) -> str:
@@ -197,7 +253,15 @@ def test_bundle_size_per_target(naflex_bundle):
     size = lambda *names: sum((naflex_bundle / n).stat().st_size for n in names + ("manifest.json",))  # noqa: E731
     got = bundle_sizes(naflex_bundle)["bytes_by_target"]
     assert got["all"] == size(*m["files"])
-    assert got["cpu"] == size("tokenizer.json", "vision.ort-cpu.onnx", "vision.onnx.data", "text.ort-cpu.onnx",
-                              "text.onnx.data", "pool.onnx", "cp.onnx")
-    assert got["gpu"] == size("tokenizer.json", "vision.onnx", "vision.onnx.data", "text.onnx", "text.onnx.data",
-                              "pool.onnx", "cp.onnx")
+    assert got["cpu"] == size(
+        "tokenizer.json",
+        "vision.ort-cpu.onnx",
+        "vision.onnx.data",
+        "text.ort-cpu.onnx",
+        "text.onnx.data",
+        "pool.onnx",
+        "cp.onnx",
+    )
+    assert got["gpu"] == size(
+        "tokenizer.json", "vision.onnx", "vision.onnx.data", "text.onnx", "text.onnx.data", "pool.onnx", "cp.onnx"
+    )

@@ -39,24 +39,29 @@ def test_bf16_cpu_is_a_certification_of_fp32_graphs():
     assert ExportPlan.from_option(None, model="m").precision is None  # engines: the bundle's own
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"precision": "fp16", "certify": "bf16-cpu"}, "bf16-cpu certifies fp32 graphs, not fp16"),
-    ({"precision": "fp64"}, "export plan: precision must be one of"),
-    ({"certify": "bf16-gpu"}, "export plan: certify must be one of"),
-    ({"backend": "coreml"}, "export plan: backend must be one of"),
-    ({"kind": "captioner"}, "export plan: kind must be one of"),
-    ({"precision": "fp32", "certify": "bf16-cpu", "backend": "tensorrt"},
-     "--precision bf16-cpu makes a bundle for OpenVINO's CPU plugin: use --backend onnx"),
-    ({"precision": "int8", "backend": "tensorrt"}, "--precision int8 makes an ONNX Runtime (CPU) bundle"),
-    ({"precision": "fp8", "backend": "tensorrt"}, "--precision fp8 makes an ONNX bundle certified on CPU"),
-    ({"precision": "fp16", "heldout_pairs": "h.csv"}, "--calibration-pairs / --heldout-pairs go with"),
-    ({"engines_only": True}, "--engines-only builds TensorRT engines: add --backend tensorrt"),
-    ({"kind": "segmenter", "precision": "bf16"}, "a segmenter bundle exports fp32 or fp16"),
-    ({"kind": "segmenter", "precision": "fp32", "certify": "bf16-cpu"}, "a segmenter bundle exports fp32 or fp16"),
-    ({"kind": "segmenter", "max_num_patches": 256}, "a segmenter bundle exports fp32 or fp16"),
-    ({"kind": "segmenter", "backend": "tensorrt"}, "a segmenter bundle exports fp32 or fp16"),
-    ({"kind": "scorer", "precision": "int8"}, "--precision int8 needs --gate-pairs CSV"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"precision": "fp16", "certify": "bf16-cpu"}, "bf16-cpu certifies fp32 graphs, not fp16"),
+        ({"precision": "fp64"}, "export plan: precision must be one of"),
+        ({"certify": "bf16-gpu"}, "export plan: certify must be one of"),
+        ({"backend": "coreml"}, "export plan: backend must be one of"),
+        ({"kind": "captioner"}, "export plan: kind must be one of"),
+        (
+            {"precision": "fp32", "certify": "bf16-cpu", "backend": "tensorrt"},
+            "--precision bf16-cpu makes a bundle for OpenVINO's CPU plugin: use --backend onnx",
+        ),
+        ({"precision": "int8", "backend": "tensorrt"}, "--precision int8 makes an ONNX Runtime (CPU) bundle"),
+        ({"precision": "fp8", "backend": "tensorrt"}, "--precision fp8 makes an ONNX bundle certified on CPU"),
+        ({"precision": "fp16", "heldout_pairs": "h.csv"}, "--calibration-pairs / --heldout-pairs go with"),
+        ({"engines_only": True}, "--engines-only builds TensorRT engines: add --backend tensorrt"),
+        ({"kind": "segmenter", "precision": "bf16"}, "a segmenter bundle exports fp32 or fp16"),
+        ({"kind": "segmenter", "precision": "fp32", "certify": "bf16-cpu"}, "a segmenter bundle exports fp32 or fp16"),
+        ({"kind": "segmenter", "max_num_patches": 256}, "a segmenter bundle exports fp32 or fp16"),
+        ({"kind": "segmenter", "backend": "tensorrt"}, "a segmenter bundle exports fp32 or fp16"),
+        ({"kind": "scorer", "precision": "int8"}, "--precision int8 needs --gate-pairs CSV"),
+    ],
+)
 def test_illegal_plans_are_refused_in_one_line(settings, message):
     with pytest.raises(ExportPlanError, match="^" + message.replace("(", r"\(").replace(")", r"\)")) as e:
         ExportPlan("random:tiny-naflex", **settings)
@@ -64,9 +69,13 @@ def test_illegal_plans_are_refused_in_one_line(settings, message):
 
 
 def test_legal_plans_pass_and_the_kind_rules_wait_for_the_kind():
-    for settings in ({"precision": "fp16", "backend": "tensorrt"}, {"precision": "fp8", "heldout_pairs": "h.csv"},
-                     {"precision": "int8", "gate_pairs": "g.csv", "kind": "scorer"},
-                     {"backend": "tensorrt", "engines_only": True}, {"kind": "segmenter", "precision": "fp16"}):
+    for settings in (
+        {"precision": "fp16", "backend": "tensorrt"},
+        {"precision": "fp8", "heldout_pairs": "h.csv"},
+        {"precision": "int8", "gate_pairs": "g.csv", "kind": "scorer"},
+        {"backend": "tensorrt", "engines_only": True},
+        {"kind": "segmenter", "precision": "fp16"},
+    ):
         ExportPlan("m", **settings)
     unknown = ExportPlan("random:clipseg-tiny", precision="int8")  # kind not known yet: no refusal
     with pytest.raises(ExportPlanError, match="a segmenter bundle"):
@@ -80,7 +89,8 @@ def test_engines_only_reads_the_kind_of_the_bundle_at_out(tmp_path):
     from masc_engine.engine.manifest import FORMAT, FORMAT_VERSION
 
     (tmp_path / "manifest.json").write_text(
-        f'{{"format": "{FORMAT}", "format_version": {FORMAT_VERSION}, "kind": "segmenter"}}')
+        f'{{"format": "{FORMAT}", "format_version": {FORMAT_VERSION}, "kind": "segmenter"}}'
+    )
     plan = ExportPlan("ignored", backend="tensorrt", engines_only=True)
     with pytest.raises(ExportPlanError, match="a segmenter bundle"):
         resolve_kind(plan, tmp_path)
@@ -104,14 +114,21 @@ def test_engines_only_reads_the_manifest_under_its_cap(tmp_path, monkeypatch):
     assert not any(p.endswith("manifest.json") for p in opened), f"read past the {MAX_MANIFEST_BYTES}-byte cap"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--precision", "bf16-cpu", "--backend", "tensorrt"],
-     "--precision bf16-cpu makes a bundle for OpenVINO's CPU plugin: use --backend onnx"),
-    (["--precision", "fp16", "--calibration-pairs", "README.md"],
-     "--calibration-pairs / --heldout-pairs go with --precision bf16-cpu or fp8"),
-    (["--model", "random:clipseg-tiny", "--precision", "bf16-cpu"], "a segmenter bundle exports fp32 or fp16"),
-    (["--model", "random:tiny-naflex", "--precision", "int8"], "--precision int8 needs --gate-pairs CSV"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--precision", "bf16-cpu", "--backend", "tensorrt"],
+            "--precision bf16-cpu makes a bundle for OpenVINO's CPU plugin: use --backend onnx",
+        ),
+        (
+            ["--precision", "fp16", "--calibration-pairs", "README.md"],
+            "--calibration-pairs / --heldout-pairs go with --precision bf16-cpu or fp8",
+        ),
+        (["--model", "random:clipseg-tiny", "--precision", "bf16-cpu"], "a segmenter bundle exports fp32 or fp16"),
+        (["--model", "random:tiny-naflex", "--precision", "int8"], "--precision int8 needs --gate-pairs CSV"),
+    ],
+)
 def test_masc_export_reports_the_plan_refusal_as_a_usage_error(tmp_path, args, message):
     res = CliRunner().invoke(export_main, ["-o", str(tmp_path / "out"), *args])
     assert res.exit_code == 2 and f"Error: {message}" in res.output, res.output
@@ -148,8 +165,7 @@ def test_library_lines_reach_stderr_as_their_message_alone(library_handler, caps
     assert "profile maxima lowered\n" in err and "WARNING" not in err and "not shown" not in err
 
 
-def test_library_lines_stay_on_the_terminal_while_library_output_goes_to_the_log(library_handler, tmp_path,
-                                                                                 capsys):
+def test_library_lines_stay_on_the_terminal_while_library_output_goes_to_the_log(library_handler, tmp_path, capsys):
     from masc_engine.cli.quiet import libraries_to_log
 
     log_file = tmp_path / "x.export.log"

@@ -21,10 +21,21 @@ from masc_engine.cli.export_cmd import main as export_main
 from masc_engine.export.torch_worker import TorchWorker as REAL_WORKER
 from masc_engine.tolerances import CONFIG_ESTIMATE_RTOL, PRESET_ESTIMATE_MAX_OVER, PRESET_ESTIMATE_MAX_UNDER
 
-SO400M_VISION = {"hidden_size": 1152, "intermediate_size": 4304, "num_attention_heads": 16, "patch_size": 16,
-                 "num_patches": 256}
-SO400M_TEXT = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16,
-               "vocab_size": 256000, "max_position_embeddings": 64}
+SO400M_VISION = {
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_attention_heads": 16,
+    "patch_size": 16,
+    "num_patches": 256,
+}
+SO400M_TEXT = {
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 16,
+    "vocab_size": 256000,
+    "max_position_embeddings": 64,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -68,9 +79,15 @@ def _export(*args: str):
 
 
 def test_huge_config_is_refused_before_any_model_is_built(tmp_path, no_network_no_model):
-    ckpt = _checkpoint(tmp_path / "huge", {"model_type": "siglip2", "architectures": ["Siglip2Model"],
-                                           "vision_config": {**SO400M_VISION, "num_hidden_layers": 10_000_000},
-                                           "text_config": SO400M_TEXT})
+    ckpt = _checkpoint(
+        tmp_path / "huge",
+        {
+            "model_type": "siglip2",
+            "architectures": ["Siglip2Model"],
+            "vision_config": {**SO400M_VISION, "num_hidden_layers": 10_000_000},
+            "text_config": SO400M_TEXT,
+        },
+    )
     out = tmp_path / "bundles" / "b"
     res = _export("--model", str(ckpt), "--out", str(out), "--max-memory-gb", "8")
     assert res.exit_code == 1 and no_network_no_model == [], (res.output, no_network_no_model)
@@ -87,9 +104,15 @@ def test_huge_config_is_refused_before_any_model_is_built(tmp_path, no_network_n
 
 
 def test_huge_segmenter_config_is_refused_before_the_model_is_built(tmp_path, no_network_no_model):
-    ckpt = _checkpoint(tmp_path / "seg", {"model_type": "clipseg", "extract_layers": [3, 6, 9],
-                                          "vision_config": {"hidden_size": 768, "num_hidden_layers": 12},
-                                          "text_config": {"hidden_size": 512, "num_hidden_layers": 10_000_000}})
+    ckpt = _checkpoint(
+        tmp_path / "seg",
+        {
+            "model_type": "clipseg",
+            "extract_layers": [3, 6, 9],
+            "vision_config": {"hidden_size": 768, "num_hidden_layers": 12},
+            "text_config": {"hidden_size": 512, "num_hidden_layers": 10_000_000},
+        },
+    )
     res = _export("--model", str(ckpt), "--out", str(tmp_path / "b"), "--max-memory-gb", "4")
     assert res.exit_code == 1 and no_network_no_model == [], (res.output, no_network_no_model)
     (err,) = _errors(res)
@@ -99,20 +122,28 @@ def test_huge_segmenter_config_is_refused_before_the_model_is_built(tmp_path, no
 
 @pytest.mark.parametrize("value", ["many", -3, 2.5, True, None])
 def test_config_sizes_that_are_not_counts_are_one_line(tmp_path, no_network_no_model, value):
-    ckpt = _checkpoint(tmp_path / "odd", {"model_type": "siglip2",
-                                          "vision_config": {**SO400M_VISION, "num_hidden_layers": value},
-                                          "text_config": SO400M_TEXT})
+    ckpt = _checkpoint(
+        tmp_path / "odd",
+        {
+            "model_type": "siglip2",
+            "vision_config": {**SO400M_VISION, "num_hidden_layers": value},
+            "text_config": SO400M_TEXT,
+        },
+    )
     res = _export("--model", str(ckpt), "--out", str(tmp_path / "b"))
     assert res.exit_code == 1 and no_network_no_model == []
     (err,) = _errors(res)
     assert err.startswith("Error: config.json: vision_config.num_hidden_layers must be a non-negative integer, got")
 
 
-@pytest.mark.parametrize("kind, expect", [
-    ("list", "its config.json is not a JSON object"),
-    ("deep", "its config.json is nested too deep to be a checkpoint's config"),
-    ("zero", "its config.json is over 4 MiB"),
-])
+@pytest.mark.parametrize(
+    "kind, expect",
+    [
+        ("list", "its config.json is not a JSON object"),
+        ("deep", "its config.json is nested too deep to be a checkpoint's config"),
+        ("zero", "its config.json is over 4 MiB"),
+    ],
+)
 def test_hostile_config_json_is_one_line(tmp_path, no_network_no_model, kind, expect):
     """A local checkpoint whose config.json is ``[]``, nested 100,000 deep, or a symlink to
     /dev/zero: one ``Error:`` line naming the folder (was AttributeError, RecursionError, or a
@@ -134,8 +165,13 @@ def test_hostile_config_json_is_one_line(tmp_path, no_network_no_model, kind, ex
 def test_config_estimate_counts_the_real_shapes():
     from masc_engine.export.config_budget import estimate_parameters
 
-    params, shapes = estimate_parameters({"model_type": "siglip2", "vision_config": {**SO400M_VISION,
-                                          "num_hidden_layers": 27}, "text_config": SO400M_TEXT})
+    params, shapes = estimate_parameters(
+        {
+            "model_type": "siglip2",
+            "vision_config": {**SO400M_VISION, "num_hidden_layers": 27},
+            "text_config": SO400M_TEXT,
+        }
+    )
     # transformers' Siglip2Model at the so400m shape (counted on the meta device, below)
     assert params == {"vision": 412_649_712, "pool": 15_238_352, "text": 707_782_896}
     assert shapes["text"]["vocab_size"] == 256000
@@ -191,8 +227,11 @@ def test_short_names_are_expanded_before_any_hub_call(tmp_path, monkeypatch, no_
 
     asked = []
     real = huggingface_hub.hf_hub_download
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
-                        lambda repo_id, filename, **kw: asked.append(repo_id) or real(repo_id, filename, **kw))
+    monkeypatch.setattr(
+        huggingface_hub,
+        "hf_hub_download",
+        lambda repo_id, filename, **kw: asked.append(repo_id) or real(repo_id, filename, **kw),
+    )
     res = _export("--model", "siglip2-so400m", "--out", str(tmp_path / "b"))
     assert res.exit_code == 1 and no_network_no_model == []
     (err,) = _errors(res)

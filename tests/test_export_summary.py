@@ -18,8 +18,12 @@ def test_warnings_are_counted_from_the_log_whoever_wrote_them(tmp_path):
     log = tmp_path / "x.export.log"
     with libraries_to_log(log) as (say, info):
         warnings.warn_explicit("in this process", FutureWarning, "lib.py", 3)
-        subprocess.run([sys.executable, "-c", "import warnings; warnings.warn('in a worker', UserWarning)"],
-                       check=True, stderr=2, env={**os.environ, "PYTHONWARNINGS": "always"})
+        subprocess.run(
+            [sys.executable, "-c", "import warnings; warnings.warn('in a worker', UserWarning)"],
+            check=True,
+            stderr=2,
+            env={**os.environ, "PYTHONWARNINGS": "always"},
+        )
         os.write(2, b"a C++ library's line\n")
     assert info.warnings == 2 and info.lines == 3  # two warnings (one line each) and the C++ line
     assert "(2 Python warnings)" in info.summary()

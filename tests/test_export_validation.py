@@ -44,8 +44,11 @@ class Altered:
         return out
 
 
-CHECKS = {"vision": (val.check_vision, "last_hidden_state"), "pool": (val.check_pool, "pooled"),
-          "text": (val.check_text, "text_embeds")}
+CHECKS = {
+    "vision": (val.check_vision, "last_hidden_state"),
+    "pool": (val.check_pool, "pooled"),
+    "text": (val.check_text, "text_embeds"),
+}
 
 
 def test_fp16_rounded_pool_outputs_are_refused(naflex_bundle, references):
@@ -80,8 +83,10 @@ def test_one_element_off_by_ten_budgets_is_refused(graph, naflex_bundle, referen
 
 
 def _seg_cases(max_rel: float, noise_rel: float | None) -> list[dict]:
-    cases = [{"max_abs": max_rel * 100, "max_rel": max_rel, "shape": [1, 352, 352]},
-             {"max_abs": max_rel * 50, "max_rel": max_rel / 2, "shape": [3, 352, 352]}]
+    cases = [
+        {"max_abs": max_rel * 100, "max_rel": max_rel, "shape": [1, 352, 352]},
+        {"max_abs": max_rel * 50, "max_rel": max_rel / 2, "shape": [3, 352, 352]},
+    ]
     if noise_rel is not None:
         cases[0]["noise_rel"], cases[1]["noise_rel"] = noise_rel / 4, noise_rel
     return cases
@@ -102,8 +107,10 @@ def test_an_ill_conditioned_segmenter_is_held_to_its_own_float32_error(check):
     assert report["rtol"] == budget and report["rtol_floor"] == floor and report["noise_rel"] == noise
     assert report["error_over_noise"] == pytest.approx(0.9 * tol.SEGMENTER_NOISE_FACTOR)
     assert "override" not in report and "SEGMENTER_NOISE_FACTOR" in report["budget_from"]
-    with pytest.raises(ExportValidationError,
-                       match=r"SEGMENTER_NOISE_FACTORS\['clipseg-tiny'\] 6 x transformers' own float32 relative error") as e:
+    with pytest.raises(
+        ExportValidationError,
+        match=r"SEGMENTER_NOISE_FACTORS\['clipseg-tiny'\] 6 x transformers' own float32 relative error",
+    ) as e:
         sv._check(check, _seg_cases(1.1 * budget, noise), 64)
     assert e.value.report["max_rel"] == 1.1 * budget
 

@@ -40,9 +40,11 @@ def test_spearman_matches_scipy(fg):
 
 def test_small_noise_passes(fg):
     rng, ref = _scores()
-    test = {"cp": ref["cp"] + rng.normal(0, 2e-4, 1500).astype(np.float32),
-            "pf": ref["pf"] + rng.normal(0, 2e-4, 1500).astype(np.float32),
-            "embeddings": ref["embeddings"] + rng.normal(0, 1e-3, ref["embeddings"].shape).astype(np.float32)}
+    test = {
+        "cp": ref["cp"] + rng.normal(0, 2e-4, 1500).astype(np.float32),
+        "pf": ref["pf"] + rng.normal(0, 2e-4, 1500).astype(np.float32),
+        "embeddings": ref["embeddings"] + rng.normal(0, 1e-3, ref["embeddings"].shape).astype(np.float32),
+    }
     r = fg.fidelity_gates(ref, test)
     assert r["pass"], r["gates"]
     assert r["gates"]["max_abs_delta_cp"]["threshold"] == tol.FIDELITY_MAX_ABS_DELTA

@@ -20,8 +20,13 @@ from doubles import fake_tensorrt
 from masc_engine.engine.bundle import Bundle
 from masc_engine.export import fp8
 from masc_engine.export.cpu_precision import CertificationError, cross_pairs, synthetic_images
-from masc_engine.tolerances import (BATCH_INVARIANCE_ATOL, FIDELITY_MAX_ABS_DELTA, FP8_E4M3_MAX, FP8_OPSET,
-                                    FP8_TINY_TOKEN_REL_ERROR_MAX)
+from masc_engine.tolerances import (
+    BATCH_INVARIANCE_ATOL,
+    FIDELITY_MAX_ABS_DELTA,
+    FP8_E4M3_MAX,
+    FP8_OPSET,
+    FP8_TINY_TOKEN_REL_ERROR_MAX,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +55,10 @@ def test_fp8_graph_puts_e4m3_qdq_around_every_linear_layer(calibrated, tmp_path)
         assert list(inits[f"{s['node']}.w_scale"].dims) == [w.dims[1]]
         xs = onnx.numpy_helper.to_array(inits[f"{s['node']}.x_scale"])
         assert xs.shape == () and xs == np.float32(amax[s["act"]] / FP8_E4M3_MAX)
-    assert not any(t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2 and t.name in {s["weight"] for s in sites}
-                   for t in q.graph.initializer)  # the fp32 copies of quantized weights are gone
+    assert not any(
+        t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2 and t.name in {s["weight"] for s in sites}
+        for t in q.graph.initializer
+    )  # the fp32 copies of quantized weights are gone
 
 
 def test_fp8_graph_runs_on_onnxruntime_cpu_close_to_fp32(calibrated, naflex_bundle):
@@ -111,7 +118,7 @@ def _mutate(q, what: str):
     g = q.graph
     inits = {t.name: t for t in g.initializer}
     node = {n.name: n for n in g.node}
-    tag = next(n.name[:-len(".x_quant")] for n in g.node if n.name.endswith(".x_quant"))
+    tag = next(n.name[: -len(".x_quant")] for n in g.node if n.name.endswith(".x_quant"))
     if what == "q_feeds_matmul":  # the activation's Q straight into the MatMul (no DQ)
         mm = next(n for n in g.node if f"{tag}.x_dq" in n.input)
         mm.input[0] = f"{tag}.x_q"
@@ -127,14 +134,21 @@ def _mutate(q, what: str):
     return q
 
 
-@pytest.mark.parametrize("what,why", [
-    ("q_feeds_matmul", r"QuantizeLinear '.*x_quant': its output feeds an op other than DequantizeLinear"),
-    ("per_channel_activation", r"an activation takes one scale per tensor, not \[768\]"),
-    ("weight_axis_0", r"per-channel weight scales must run along the MatMul's output channels \(axis 1\), not axis 0"),
-    ("e5m2", r"zero point must be an INT8 or FLOAT8E4M3FN constant"),
-])
-def test_the_fake_tensorrt_takes_the_fp8_graph_and_refuses_wrong_placements(fake_trt, calibrated, naflex_bundle, tmp_path,
-                                                                           what, why):
+@pytest.mark.parametrize(
+    "what,why",
+    [
+        ("q_feeds_matmul", r"QuantizeLinear '.*x_quant': its output feeds an op other than DequantizeLinear"),
+        ("per_channel_activation", r"an activation takes one scale per tensor, not \[768\]"),
+        (
+            "weight_axis_0",
+            r"per-channel weight scales must run along the MatMul's output channels \(axis 1\), not axis 0",
+        ),
+        ("e5m2", r"zero point must be an INT8 or FLOAT8E4M3FN constant"),
+    ],
+)
+def test_the_fake_tensorrt_takes_the_fp8_graph_and_refuses_wrong_placements(
+    fake_trt, calibrated, naflex_bundle, tmp_path, what, why
+):
     from masc_engine.engine.backends.tensorrt import EngineBuildError
 
     model, amax = calibrated
@@ -198,8 +212,9 @@ def test_a_certified_fp8_bundle_is_written_and_scores(naflex_bundle, tmp_path, s
     lines = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("fp8 whole graph, calibration: ") for m in lines) and not any("bf16" in m for m in lines)
     assert rec["gates"]["heldout"]["pass"] and rec["gates"]["heldout"]["pairs"] == 36
-    assert rec["quantized_matmuls"] == sum(s["unit"] not in rec["keep_fp32"] for s in fp8.linear_sites(
-        onnx.load(str(naflex_bundle / "vision.onnx"))))
+    assert rec["quantized_matmuls"] == sum(
+        s["unit"] not in rec["keep_fp32"] for s in fp8.linear_sites(onnx.load(str(naflex_bundle / "vision.onnx")))
+    )
     g = onnx.load(str(b.graph_file("vision")), load_external_data=False)
     onnx.checker.check_model(onnx.load(str(b.graph_file("vision"))), full_check=True)
     assert b.manifest["graphs"]["vision"]["file"] == "vision.fp8.onnx" and "variants" not in b.manifest
@@ -214,6 +229,17 @@ def test_a_certified_fp8_bundle_is_written_and_scores(naflex_bundle, tmp_path, s
 def test_masc_export_fp8_refusal_is_one_line(naflex_bundle, tmp_path):
     from masc_engine.cli.export_cmd import main
 
-    res = CliRunner().invoke(main, ["--out", str(tmp_path / "o"), "--precision", "fp8", "--fp32-bundle",
-                                    str(naflex_bundle), "--backend", "tensorrt"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "--out",
+            str(tmp_path / "o"),
+            "--precision",
+            "fp8",
+            "--fp32-bundle",
+            str(naflex_bundle),
+            "--backend",
+            "tensorrt",
+        ],
+    )
     assert res.exit_code != 0 and "--precision fp8 makes an ONNX bundle certified on CPU" in res.output

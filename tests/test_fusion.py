@@ -41,8 +41,11 @@ def test_manifest_records_fusions_and_validation(kind, request):
         assert rec["variant"] == "ort-cpu" and rec["file"] == f"{g}.ort-cpu.onnx" and rec["file"] in m["files"]
         # One copy of the weights on disk: the fused graph reads the portable graph's weight file
         # (its packed QKV is a Concat of the portable Q, K and V); nothing else of size is its own.
-        assert m["graphs"][g]["variants"]["ort-cpu"] == {"file": rec["file"], "transform": "ort-fusion",
-                                                        "external_data": [f"{g}.onnx.data"]}
+        assert m["graphs"][g]["variants"]["ort-cpu"] == {
+            "file": rec["file"],
+            "transform": "ort-fusion",
+            "external_data": [f"{g}.onnx.data"],
+        }
         assert m["graphs"][g]["external_data"] == [f"{g}.onnx.data"]
         shared = rec["facts"]["external_data"]
         assert shared["shared_with"] == [f"{g}.onnx.data"] and shared["packed_qkv_as_concat"] == layers[g]
@@ -52,7 +55,10 @@ def test_manifest_records_fusions_and_validation(kind, request):
         # every attention block fused, its Softmax gone, GELU and residual LayerNorms fused
         facts = rec["facts"]
         assert facts["fusions"]["Attention"] == layers[g] == facts["adapter"]["attention_blocks"]
-        assert facts["fusions"]["FastGelu"] == layers[g] and facts["fusions"]["SkipLayerNormalization"] >= 2 * layers[g] - 1
+        assert (
+            facts["fusions"]["FastGelu"] == layers[g]
+            and facts["fusions"]["SkipLayerNormalization"] >= 2 * layers[g] - 1
+        )
         assert rec["op_counts_before"]["Softmax"] == layers[g] and "Softmax" not in rec["op_counts_after"]
         assert rec["nodes_after"] < rec["nodes_before"] / 3
         # validated against PyTorch by the pipeline with the fp32 budgets
@@ -67,7 +73,9 @@ def test_manifest_records_fusions_and_validation(kind, request):
     if kind == "naflex":
         from masc_engine.export.graphs import MASK_VALUE
 
-        values = {onnx.helper.get_attribute_value(a) for n in attn for a in n.attribute if a.name == "mask_filter_value"}
+        values = {
+            onnx.helper.get_attribute_value(a) for n in attn for a in n.attribute if a.name == "mask_filter_value"
+        }
         assert values == {MASK_VALUE} and recs["vision"]["facts"]["adapter"]["padding_masks"] == layers["vision"]
     val = v["validation"]
     assert val["scores"]["max_abs"] <= ORACLE_SCORE_ATOL and val["scores"]["pairs"] == 12
@@ -83,9 +91,11 @@ def test_fused_vision_carries_any_key_padding_mask(naflex_bundle):
     fused, portable = b.runner("vision", variant="ort-cpu"), b.runner("vision")
     rng = np.random.default_rng(0)
     n, pp3, g2 = 53, 3 * 16 * 16, b.manifest["image"]["position_grid"] ** 2
-    feeds = {"pixel_values": rng.normal(size=(3, n, pp3)).astype(np.float32),
-             "pixel_attention_mask": np.ones((3, n), np.int32),
-             "position_weights": rng.random((3, n, g2)).astype(np.float32)}
+    feeds = {
+        "pixel_values": rng.normal(size=(3, n, pp3)).astype(np.float32),
+        "pixel_attention_mask": np.ones((3, n), np.int32),
+        "position_weights": rng.random((3, n, g2)).astype(np.float32),
+    }
     feeds["pixel_attention_mask"][1, 31:] = 0
     feeds["pixel_attention_mask"][2, 5:20] = 0
     keep = feeds["pixel_attention_mask"].astype(bool)
@@ -118,10 +128,12 @@ def test_fusion_keeps_biases_and_layernorm_weights(naflex_bundle, tmp_path):
     shutil.copy(naflex_bundle / "tokenizer.json", tmp_path / "tokenizer.json")
     vm, tm = model.vision_model, model.text_model
     torch.set_grad_enabled(False)
-    graphs.export_graph(graphs.vision_spec_naflex(vm, 16, m["image"]["position_grid"], trace_patches=64),
-                        tmp_path / "vision.onnx")
-    graphs.export_graph(graphs.text_spec(tm, m["text"]["max_length"], int(model.config.text_config.vocab_size)),
-                        tmp_path / "text.onnx")
+    graphs.export_graph(
+        graphs.vision_spec_naflex(vm, 16, m["image"]["position_grid"], trace_patches=64), tmp_path / "vision.onnx"
+    )
+    graphs.export_graph(
+        graphs.text_spec(tm, m["text"]["max_length"], int(model.config.text_config.vocab_size)), tmp_path / "text.onnx"
+    )
     graphs.export_graph(graphs.pool_spec(vm.head, vm.config.hidden_size, trace_tokens=48), tmp_path / "pool.onnx")
     from masc_engine.export.transforms import run_transforms
     from masc_engine.export.validate import validate_graph
@@ -149,8 +161,9 @@ def test_unknown_mask_form_is_refused(naflex_bundle, tmp_path):
     m = onnx.load(str(naflex_bundle / "vision.onnx"))
     eq = next(n for n in m.graph.node if n.op_type == "Equal")
     const = next(t for t in m.graph.initializer if t.name == eq.input[1])
-    const.CopyFrom(onnx.numpy_helper.from_array(np.array(2, onnx.helper.tensor_dtype_to_np_dtype(const.data_type)),
-                                                const.name))
+    const.CopyFrom(
+        onnx.numpy_helper.from_array(np.array(2, onnx.helper.tensor_dtype_to_np_dtype(const.data_type)), const.name)
+    )
     onnx.save(m, str(tmp_path / "vision.onnx"))
     with pytest.raises(FusionError, match="does not know"):
         fuse_graph(tmp_path / "vision.onnx", tmp_path / "fused.onnx", 4, 64)
@@ -166,7 +179,14 @@ def test_runtime_picks_the_variant_explicitly(naflex_bundle, tmp_path):
     p = Scorer(naflex_bundle, graph_variant="portable")
     assert p.graph_variant == "portable"
     im_r, im_o = grid_image((14, 18), seed=1), grid_image((18, 14), seed=2)
-    args = (im_r, blob_mask(im_r.height, im_r.width, 1), im_o, blob_mask(im_o.height, im_o.width, 2), "a dog on the beach", "dog")
+    args = (
+        im_r,
+        blob_mask(im_r.height, im_r.width, 1),
+        im_o,
+        blob_mask(im_o.height, im_o.width, 2),
+        "a dog on the beach",
+        "dog",
+    )
     a, b = s.score(*args), p.score(*args)
     assert abs(a.cp - b.cp) <= ORACLE_SCORE_ATOL and abs(a.pf - b.pf) <= ORACLE_SCORE_ATOL
     with pytest.raises(BackendUnavailableError, match="ort-cpu"):
@@ -259,8 +279,19 @@ def test_masc_run_records_the_variant(naflex_bundle, tmp_path):
         warnings.simplefilter("ignore")
         for variant in ("auto", "portable"):
             out = tmp_path / f"{variant}.csv"
-            res = CliRunner().invoke(main, [str(pairs), "--bundle", str(naflex_bundle), "--out", str(out),
-                                            "--graph-variant", variant, "--no-progress"])
+            res = CliRunner().invoke(
+                main,
+                [
+                    str(pairs),
+                    "--bundle",
+                    str(naflex_bundle),
+                    "--out",
+                    str(out),
+                    "--graph-variant",
+                    variant,
+                    "--no-progress",
+                ],
+            )
             assert res.exit_code == 0, res.output
             meta = json.loads((tmp_path / f"{variant}.csv.meta.json").read_text())
             assert meta["settings"]["graph_variant"] == ("ort-cpu" if variant == "auto" else "portable")

@@ -206,9 +206,16 @@ def _memory_files(tmp_path, meminfo_kb: int, cgroup: str | None):
     return str(meminfo), tuple(files) + (str(tmp_path / "absent"),)
 
 
-@pytest.mark.parametrize("cgroup, want", [("4000000000", 4_000_000_000), ("max", 16_000_000 * 1024),
-                                          (str(1 << 62), 16_000_000 * 1024), (None, 16_000_000 * 1024),
-                                          ("99000000000", 16_000_000 * 1024)])
+@pytest.mark.parametrize(
+    "cgroup, want",
+    [
+        ("4000000000", 4_000_000_000),
+        ("max", 16_000_000 * 1024),
+        (str(1 << 62), 16_000_000 * 1024),
+        (None, 16_000_000 * 1024),
+        ("99000000000", 16_000_000 * 1024),
+    ],
+)
 def test_machine_memory_is_the_smaller_of_ram_and_the_cgroup_limit(tmp_path, cgroup, want):
     meminfo, cgroups = _memory_files(tmp_path, 16_000_000, cgroup)
     assert stages.machine_memory_bytes(meminfo, cgroups) == want

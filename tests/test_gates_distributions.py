@@ -29,13 +29,30 @@ OLD = "tolerance_distributions.json"  # relative errors only (before the float64
 #: (the real shapes ran for as long as the 2 shared cores allowed, see tolerances.py).
 SHAPES = {
     "tiny-naflex": (tol.EXPORT_VALIDATION_RTOL_BUDGETS, "tiny", [(OLD, None)], 10),
-    "base-naflex": (tol.EXPORT_VALIDATION_RTOL_BUDGETS, "base", [("tolerance_distributions_base-naflex.json", None)], 2),
-    "clipseg-tiny": (tol.SEGMENTER_VALIDATION_BUDGETS, "clipseg-tiny",
-                     [(OLD, ("vision", "text")), ("tolerance_distributions_clipseg-tiny.json", None)], 4),
-    "clipseg-tiny-3": (tol.SEGMENTER_VALIDATION_BUDGETS, "clipseg-tiny",
-                       [(OLD, ("vision", "text")), ("tolerance_distributions_clipseg-tiny.json", None)], 4),
-    "clipseg-rd64": (tol.SEGMENTER_VALIDATION_BUDGETS, "clipseg-rd64", [("tolerance_distributions_clipseg-rd64.json", None)],
-                     2),
+    "base-naflex": (
+        tol.EXPORT_VALIDATION_RTOL_BUDGETS,
+        "base",
+        [("tolerance_distributions_base-naflex.json", None)],
+        2,
+    ),
+    "clipseg-tiny": (
+        tol.SEGMENTER_VALIDATION_BUDGETS,
+        "clipseg-tiny",
+        [(OLD, ("vision", "text")), ("tolerance_distributions_clipseg-tiny.json", None)],
+        4,
+    ),
+    "clipseg-tiny-3": (
+        tol.SEGMENTER_VALIDATION_BUDGETS,
+        "clipseg-tiny",
+        [(OLD, ("vision", "text")), ("tolerance_distributions_clipseg-tiny.json", None)],
+        4,
+    ),
+    "clipseg-rd64": (
+        tol.SEGMENTER_VALIDATION_BUDGETS,
+        "clipseg-rd64",
+        [("tolerance_distributions_clipseg-rd64.json", None)],
+        2,
+    ),
 }
 #: Shapes where one weight perturbed is not a wrong graph to the validation: clipseg-rd64's
 #: trained-like draw moves the logits less by the FiLM bias off by 0.5 than by float32 (tolerances.py).
@@ -56,8 +73,13 @@ def _runs(shape: str, full_only: bool = False) -> list[dict]:
         for r in json.loads((RESULTS / name).read_text())["runs"]:
             if r["shape"] == shape:
                 keep = checks or tuple(r["checks"])
-                out.append({**r, "checks": {c: f for c, f in r["checks"].items() if c in keep},
-                            "perturbed": {c: f for c, f in r.get("perturbed", {}).items() if c in keep}})
+                out.append(
+                    {
+                        **r,
+                        "checks": {c: f for c, f in r["checks"].items() if c in keep},
+                        "perturbed": {c: f for c, f in r.get("perturbed", {}).items() if c in keep},
+                    }
+                )
     return out
 
 
@@ -129,8 +151,9 @@ def test_a_perturbed_weight_stays_far_above_the_budget(shape):
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("tolerance_distributions",
-                                                  REPO / "bench" / "tolerance_distributions.py")
+    spec = importlib.util.spec_from_file_location(
+        "tolerance_distributions", REPO / "bench" / "tolerance_distributions.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -138,10 +161,15 @@ def _bench():
 
 #: Initialisations no measurement used (they use seeds FIRST_SEED ..), both families, per tiny
 #: preset (clipseg-tiny-3: a checkpoint of this shape was once refused).
-UNSEEN = [("tiny-naflex", 9001, "default"), ("tiny-naflex", 9002, "trained-like"),
-          ("clipseg-tiny", 9001, "default"), ("clipseg-tiny", 9002, "trained-like"),
-          ("clipseg-tiny-3", 9001, "default"), ("clipseg-tiny-3", 9002, "trained-like"),
-          ("clipseg-tiny-3", 9003, "trained-like")]
+UNSEEN = [
+    ("tiny-naflex", 9001, "default"),
+    ("tiny-naflex", 9002, "trained-like"),
+    ("clipseg-tiny", 9001, "default"),
+    ("clipseg-tiny", 9002, "trained-like"),
+    ("clipseg-tiny-3", 9001, "default"),
+    ("clipseg-tiny-3", 9002, "trained-like"),
+    ("clipseg-tiny-3", 9003, "trained-like"),
+]
 
 
 @pytest.mark.slow

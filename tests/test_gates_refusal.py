@@ -15,8 +15,10 @@ from masc_engine.export import validate as val
 
 
 def _cases(error: float, width: int = 64, key: str = "max_abs") -> list[dict]:
-    return [{"max_abs": error / 3, "max_rel": error / 3, "shape": [2, 37, width]},
-            {"max_abs": error, "max_rel": error, "shape": [1, 37, width]}]
+    return [
+        {"max_abs": error / 3, "max_rel": error / 3, "shape": [2, 37, width]},
+        {"max_abs": error, "max_rel": error, "shape": [1, 37, width]},
+    ]
 
 
 def test_a_validation_refusal_names_figure_budget_source_and_way_out():
@@ -25,9 +27,12 @@ def test_a_validation_refusal_names_figure_budget_source_and_way_out():
         val._check("vision", _cases(budget * 1.37))
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("graph 'vision' differs from PyTorch: max relative error ")
-    assert (f"> budget {budget:g} (tolerances.EXPORT_VALIDATION_RTOL_BUDGETS['tiny']['vision'], measured at the tiny"
-            in msg)
-    assert f"pass --accept-validation-error {val._round_up(budget * 1.37):g}" in msg and "recorded in the manifest" in msg
+    assert (
+        f"> budget {budget:g} (tolerances.EXPORT_VALIDATION_RTOL_BUDGETS['tiny']['vision'], measured at the tiny" in msg
+    )
+    assert (
+        f"pass --accept-validation-error {val._round_up(budget * 1.37):g}" in msg and "recorded in the manifest" in msg
+    )
     assert e.value.report["max_rel"] == budget * 1.37 and "override" not in e.value.report
 
 
@@ -57,8 +62,13 @@ def test_the_override_accepts_up_to_its_bound_and_is_recorded():
     err = budget * 2
     with val.accept_validation_error(budget * 3):
         report = val._check("text", _cases(err))
-    assert report["override"] == {"accept_validation_error": budget * 3, "figure": "max relative error",
-                                  "measured": err, "budget": budget, "budget_from": report["budget_from"]}
+    assert report["override"] == {
+        "accept_validation_error": budget * 3,
+        "figure": "max relative error",
+        "measured": err,
+        "budget": budget,
+        "budget_from": report["budget_from"],
+    }
     assert "EXPORT_VALIDATION_RTOL_BUDGETS['tiny']['text']" in report["budget_from"]
     with val.accept_validation_error(budget * 1.5), pytest.raises(ExportValidationError, match="> budget"):
         val._check("text", _cases(err))  # past the override too: still refused
@@ -97,10 +107,12 @@ def test_bf16_gates_report_their_margins():
     ref = {"cp": rng.uniform(0.3, 0.95, 1200), "pf": rng.uniform(0, 0.2, 1200)}
     test = {"cp": ref["cp"] - 5e-4, "pf": ref["pf"] + 3e-3}
     g = cpp.gate_figures(ref, test)["gates"]
-    assert g["max_abs_dcp"]["margin"] == pytest.approx(tol.FIDELITY_MAX_ABS_DELTA - 5e-4,
-                                                       abs=tol.FLOAT64_SAME_FORMULA_TOL)
-    assert g["max_abs_dpf"]["margin"] == pytest.approx(tol.FIDELITY_MAX_ABS_DELTA - 3e-3,
-                                                       abs=tol.FLOAT64_SAME_FORMULA_TOL)
+    assert g["max_abs_dcp"]["margin"] == pytest.approx(
+        tol.FIDELITY_MAX_ABS_DELTA - 5e-4, abs=tol.FLOAT64_SAME_FORMULA_TOL
+    )
+    assert g["max_abs_dpf"]["margin"] == pytest.approx(
+        tol.FIDELITY_MAX_ABS_DELTA - 3e-3, abs=tol.FLOAT64_SAME_FORMULA_TOL
+    )
     assert g["max_abs_dpf"]["margin"] < 0 and not g["max_abs_dpf"]["pass"]
     assert g["spearman_cp"]["margin"] == pytest.approx(1 - tol.FIDELITY_MIN_SPEARMAN, abs=tol.FLOAT64_SAME_FORMULA_TOL)
     line = cpp._fmt(cpp.gate_figures(ref, test))
@@ -117,14 +129,20 @@ def test_int8_report_shows_margins_and_the_refusal_names_them():
     r = gate_report(cp, pf, cp + 4e-3, pf8)
     assert not r["passed"]
     assert r["margins"]["max_abs_dcp"] == pytest.approx(tol.INT8_MAX_ABS_DCP - 4e-3, abs=tol.FLOAT64_SAME_FORMULA_TOL)
-    assert r["margins"]["spearman_pf"] == pytest.approx(r["spearman_pf"] - tol.INT8_MIN_SPEARMAN,
-                                                        abs=tol.FLOAT64_SAME_FORMULA_TOL) and r["margins"]["spearman_pf"] < 0
+    assert (
+        r["margins"]["spearman_pf"]
+        == pytest.approx(r["spearman_pf"] - tol.INT8_MIN_SPEARMAN, abs=tol.FLOAT64_SAME_FORMULA_TOL)
+        and r["margins"]["spearman_pf"] < 0
+    )
     line = format_gates(r)
     assert f"margin {r['margins']['spearman_pf']:+.4f}" in line and "tolerances.INT8_MAX_ABS_DCP" in line
-    assert f"(gate <= {tol.INT8_MAX_ABS_DCP:g}, margin" in line and f"(gate >= {tol.INT8_MIN_SPEARMAN:g}, margin" in line
+    assert (
+        f"(gate <= {tol.INT8_MAX_ABS_DCP:g}, margin" in line and f"(gate >= {tol.INT8_MIN_SPEARMAN:g}, margin" in line
+    )
     ok = gate_report(cp, pf, cp + 4e-3, pf)
-    assert ok["passed"] and ok["margins"]["spearman_pf"] == pytest.approx(1 - tol.INT8_MIN_SPEARMAN,
-                                                                          abs=tol.FLOAT64_SAME_FORMULA_TOL)
+    assert ok["passed"] and ok["margins"]["spearman_pf"] == pytest.approx(
+        1 - tol.INT8_MIN_SPEARMAN, abs=tol.FLOAT64_SAME_FORMULA_TOL
+    )
 
 
 # --------------------------------------------------------------------------- masc-export

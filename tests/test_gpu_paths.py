@@ -57,8 +57,9 @@ def test_onnxruntime_cuda_provider(naflex_bundle):
     import onnxruntime as ort
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip(f"needs onnxruntime-gpu with the CUDA execution provider (providers here: "
-                    f"{ort.get_available_providers()})")
+        pytest.skip(
+            f"needs onnxruntime-gpu with the CUDA execution provider (providers here: {ort.get_available_providers()})"
+        )
     from masc_engine.engine.bundle import Bundle
 
     runner = Bundle(naflex_bundle).runner("cp", provider="cuda")
@@ -84,17 +85,31 @@ def test_tensorrt_cp_engine(request, tmp_path):
         else:
             got = GraphCP(runner).score_items(_items())
             for (cp, _), it in zip(got, _items(), strict=True):
-                assert abs(cp - masked_maxcos(it.ref_tokens, it.out_tokens, it.ref_weights)[0]) <= FIDELITY_MAX_ABS_DELTA
+                assert (
+                    abs(cp - masked_maxcos(it.ref_tokens, it.out_tokens, it.ref_weights)[0]) <= FIDELITY_MAX_ABS_DELTA
+                )
 
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_executes(tmp_path):
     """The prepared GPU script runs end to end on CPU with tiny shapes (numpy for CuPy)."""
     out = tmp_path / "gpu_check.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--dry-run", "--out", str(out),
-                           "--only", "cp_head_cupy,cp_head_torch,fidelity_tiny,throughput,memory_plan,pipeline,"
-                           "cupy_fp16_kernel,ort_cuda,tensorrt"],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "gpu_check.py"),
+            "--dry-run",
+            "--out",
+            str(out),
+            "--only",
+            "cp_head_cupy,cp_head_torch,fidelity_tiny,throughput,memory_plan,pipeline,"
+            "cupy_fp16_kernel,ort_cuda,tensorrt",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     s = json.loads(out.read_text())["sections"]
     assert s["cp_head_cupy"]["status"] == "ok" and s["cp_head_cupy"]["fp32_within_atol"] is True

@@ -49,8 +49,9 @@ def test_heads_on_another_array_module_give_numpy_bits():
             np.testing.assert_array_equal(fake_xp.asnumpy(got_best), heads.best_match_cosines(ref, out))
         with single_thread_blas():
             assert heads.cosine(_to_device(ref[0]), _to_device(ref[1]), xp=fake_xp) == heads.cosine(ref[0], ref[1])
-        nothing = heads.masked_maxcos(_to_device(ref), _to_device(ref), _to_device(np.zeros(50, np.float32)),
-                                      xp=fake_xp)[0]
+        nothing = heads.masked_maxcos(
+            _to_device(ref), _to_device(ref), _to_device(np.zeros(50, np.float32)), xp=fake_xp
+        )[0]
         assert np.isnan(nothing)
 
 
@@ -62,8 +63,9 @@ def test_packed_cp_on_another_array_module_gives_numpy_bits():
         f = case["feeds"]
         want = heads.cp_forward(**f)
         with single_thread_blas():
-            got = heads.cp_forward(_to_device(f["ref_tokens"]), f["ref_keep"], _to_device(f["out_tokens"]),
-                                   f["out_valid"], xp=fake_xp)
+            got = heads.cp_forward(
+                _to_device(f["ref_tokens"]), f["ref_keep"], _to_device(f["out_tokens"]), f["out_valid"], xp=fake_xp
+            )
         for k in ("cp", "best", "n_keep"):
             assert isinstance(got[k], DeviceArray)
             np.testing.assert_array_equal(fake_xp.asnumpy(got[k]), want[k])
@@ -110,8 +112,10 @@ def test_thresholds_at_the_threshold():
     from masc_engine.runtime.masks import DEFAULT_FG_THRESHOLD, foreground
 
     t = DEFAULT_FG_THRESHOLD
-    w = np.array([0.0, np.nextafter(np.float32(t), np.float32(0)), t, np.nextafter(np.float32(t), np.float32(1)), 1.0],
-                 np.float32)
+    w = np.array(
+        [0.0, np.nextafter(np.float32(t), np.float32(0)), t, np.nextafter(np.float32(t), np.float32(1)), 1.0],
+        np.float32,
+    )
     assert cp_keep(w).tolist() == [False, False, False, True, True]
     assert foreground(w).tolist() == [False, False, True, True, True]
     assert heads.background_key_padding_mask(w).tolist() == foreground(w).tolist()

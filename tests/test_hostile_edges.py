@@ -36,10 +36,20 @@ def test_a_client_leaving_mid_body_is_not_a_server_fault(naflex_bundle, caplog):
     async def send(msg):
         sent.append(msg)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/score", "raw_path": b"/v1/score", "query_string": b"",
-             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
-             "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")]}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/score",
+        "raw_path": b"/v1/score",
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")],
+    }
     try:
         with caplog.at_level(logging.ERROR, logger="masc_engine.serve"):
             client.portal.call(app, scope, receive, send)
@@ -99,10 +109,20 @@ def test_report_cells_no_file_can_have_are_placeholders(tmp_path):
 
     Image.new("RGB", (16, 12), (10, 200, 10)).save(tmp_path / "ok.png")
     base = {"method": "m", "ref_mask": "", "out_mask": "", "prompt": "p", "status": "ok"}
-    rows = [{**base, "key": "k1", "ref_image": "a\0b.png", "out_image": "ok.png", "row_index": 1, "cp": 0.9, "pf": 0.1},
-            {**base, "key": "k2", "ref_image": "x" * 5000, "out_image": "ok.png", "row_index": 2, "cp": 0.8, "pf": 0.2},
-            {**base, "key": "k3", "ref_image": "ok.png", "out_image": "ok.png", "row_index": 3, "cp": 0.7, "pf": 0.3,
-             "ref_mask": "m\0.png"}]
+    rows = [
+        {**base, "key": "k1", "ref_image": "a\0b.png", "out_image": "ok.png", "row_index": 1, "cp": 0.9, "pf": 0.1},
+        {**base, "key": "k2", "ref_image": "x" * 5000, "out_image": "ok.png", "row_index": 2, "cp": 0.8, "pf": 0.2},
+        {
+            **base,
+            "key": "k3",
+            "ref_image": "ok.png",
+            "out_image": "ok.png",
+            "row_index": 3,
+            "cp": 0.7,
+            "pf": 0.3,
+            "ref_mask": "m\0.png",
+        },
+    ]
     scores = tmp_path / "scores.jsonl"
     scores.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     page = tmp_path / "r.html"
@@ -142,8 +162,10 @@ def test_a_huge_manifest_is_refused_from_its_size(tmp_path):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert str(e.value) == (f"{tmp_path / 'manifest.json'}: 104,857,600 bytes, over 16 MiB: not a masc-bundle "
-                            "manifest (masc-export writes a few KiB)")
+    assert str(e.value) == (
+        f"{tmp_path / 'manifest.json'}: 104,857,600 bytes, over 16 MiB: not a masc-bundle "
+        "manifest (masc-export writes a few KiB)"
+    )
     assert peak < 2**20, peak
 
 
@@ -164,7 +186,10 @@ def test_a_score_file_over_its_budget_is_refused_before_it_is_read(tmp_path, mon
     monkeypatch.setattr(results, "read_table", lambda *a, **k: pytest.fail("the score file was read"))
     res = CliRunner().invoke(report_main, [str(scores), "--out", str(tmp_path / "r.html"), "--max-scores-mb", "16"])
     assert res.exit_code == 1, res.output
-    assert res.output.strip() == f"Error: bad_scores_file: {scores}: {64 * 2**20} bytes, over the budget of {16 * 2**20} bytes (--max-scores-mb)"
+    assert (
+        res.output.strip()
+        == f"Error: bad_scores_file: {scores}: {64 * 2**20} bytes, over the budget of {16 * 2**20} bytes (--max-scores-mb)"
+    )
     assert ReportOptions().max_scores_bytes == DEFAULT_MAX_PAIRS_BYTES == 2**30
 
 

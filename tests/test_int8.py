@@ -70,8 +70,19 @@ def test_masc_export_int8_cli(naflex_bundle, tmp_path, monkeypatch, outcome):
     res = CliRunner().invoke(main, ["--out", str(out), "--precision", "int8"])
     assert res.exit_code == 2 and "--gate-pairs" in res.output
     monkeypatch.setattr(int8_gate, "INT8_GATES", GateSet(2.0, None, -1.0 if outcome == "kept" else 1.01, "drop"))
-    res = CliRunner().invoke(main, ["--out", str(out), "--precision", "int8", "--fp32-bundle", str(naflex_bundle),
-                                    "--gate-pairs", str(EXAMPLES / "pairs.csv")])
+    res = CliRunner().invoke(
+        main,
+        [
+            "--out",
+            str(out),
+            "--precision",
+            "int8",
+            "--fp32-bundle",
+            str(naflex_bundle),
+            "--gate-pairs",
+            str(EXAMPLES / "pairs.csv"),
+        ],
+    )
     if outcome == "kept":
         assert res.exit_code == 0, res.output
         assert json.loads((out / "manifest.json").read_text())["precision"]["gate_report"]["passed"] is True
@@ -93,16 +104,28 @@ def test_masc_export_int8_runs_without_scipy(naflex_bundle, tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy -> ImportError; find_spec -> None
     monkeypatch.setattr(int8_gate, "INT8_GATES", GateSet(2.0, None, -1.0, "drop"))  # the tiny model's figures vary
     out = tmp_path / "int8"
-    res = CliRunner().invoke(main, ["--out", str(out), "--precision", "int8", "--gate-pairs",
-                                    str(EXAMPLES / "pairs.csv"), "--fp32-bundle", str(naflex_bundle)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "--out",
+            str(out),
+            "--precision",
+            "int8",
+            "--gate-pairs",
+            str(EXAMPLES / "pairs.csv"),
+            "--fp32-bundle",
+            str(naflex_bundle),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "scipy" not in res.output
     assert json.loads((out / "manifest.json").read_text())["precision"]["gate_report"]["pass"] is True
 
 
 @pytest.mark.parametrize("fp32_bundle", [True, False])
-def test_masc_export_int8_without_onnx_refuses_in_one_line_before_any_work(naflex_bundle, tmp_path, monkeypatch,
-                                                                           fp32_bundle):
+def test_masc_export_int8_without_onnx_refuses_in_one_line_before_any_work(
+    naflex_bundle, tmp_path, monkeypatch, fp32_bundle
+):
     """Without onnx (the quantizer's graph I/O), --precision int8 stops in one line naming onnx and
     the extra that brings it, before exporting or quantizing."""
     import sys

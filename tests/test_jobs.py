@@ -35,16 +35,19 @@ def test_read_table_formats_agree(tmp_path):
     assert read_table(tmp_path / "t.json").lines is None
 
 
-@pytest.mark.parametrize("name, text, reason, message", [
-    ("missing.csv", None, "missing_file", r"pairs file .*missing\.csv does not exist"),
-    ("empty.csv", "", "bad_pairs_file", r"empty\.csv is empty \(no header row\)"),
-    ("cols.csv", "a,b\n1,2\n", "bad_pairs_file", r"cols\.csv: missing column\(s\) c; required: a, c"),
-    ("wide.csv", "a,c\n1,2\n3,4,5\n", "bad_pairs_file", r"wide\.csv, line 3: more fields than the header"),
-    ("bad.jsonl", '{"a": 1, "c": 2}\n{"a": \n', "bad_pairs_file", r"bad\.jsonl, line 2: invalid JSON"),
-    ("list.jsonl", '{"a": 1, "c": 2}\n[1]\n', "bad_pairs_file", r"list\.jsonl, line 2: expected a JSON object"),
-    ("x.xlsx", "", "bad_pairs_file", r"x\.xlsx: unknown file type '\.xlsx'"),
-    ("latin.csv", b"a,c\n\xe9,1\n", "bad_pairs_file", r"latin\.csv: not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "name, text, reason, message",
+    [
+        ("missing.csv", None, "missing_file", r"pairs file .*missing\.csv does not exist"),
+        ("empty.csv", "", "bad_pairs_file", r"empty\.csv is empty \(no header row\)"),
+        ("cols.csv", "a,b\n1,2\n", "bad_pairs_file", r"cols\.csv: missing column\(s\) c; required: a, c"),
+        ("wide.csv", "a,c\n1,2\n3,4,5\n", "bad_pairs_file", r"wide\.csv, line 3: more fields than the header"),
+        ("bad.jsonl", '{"a": 1, "c": 2}\n{"a": \n', "bad_pairs_file", r"bad\.jsonl, line 2: invalid JSON"),
+        ("list.jsonl", '{"a": 1, "c": 2}\n[1]\n', "bad_pairs_file", r"list\.jsonl, line 2: expected a JSON object"),
+        ("x.xlsx", "", "bad_pairs_file", r"x\.xlsx: unknown file type '\.xlsx'"),
+        ("latin.csv", b"a,c\n\xe9,1\n", "bad_pairs_file", r"latin\.csv: not UTF-8"),
+    ],
+)
 def test_read_table_errors_name_file_line_and_reason(tmp_path, name, text, reason, message):
     p = tmp_path / name
     if isinstance(text, bytes):
@@ -60,8 +63,11 @@ def test_read_table_errors_name_file_line_and_reason(tmp_path, name, text, reaso
 def test_extra_fields_can_be_ignored(tmp_path):
     p = tmp_path / "wide.csv"
     p.write_text("a,c\n1,2\n3,4,5\n6\n", encoding="utf-8")
-    assert read_table(p, extra_fields="ignore").rows == [{"a": "1", "c": "2"}, {"a": "3", "c": "4"},
-                                                         {"a": "6", "c": ""}]
+    assert read_table(p, extra_fields="ignore").rows == [
+        {"a": "1", "c": "2"},
+        {"a": "3", "c": "4"},
+        {"a": "6", "c": ""},
+    ]
 
 
 def test_cell_parsers():
@@ -71,7 +77,13 @@ def test_cell_parsers():
         with pytest.raises(ValueError):
             parse_number(bad)
     assert [parse_bool(v) for v in ("Yes", "0", 1, np.bool_(True), "cross", np.int64(1))] == [
-        True, False, True, True, False, True]
+        True,
+        False,
+        True,
+        True,
+        False,
+        True,
+    ]
     with pytest.raises(ValueError, match="not a boolean"):
         parse_bool("maybe")
 
@@ -89,8 +101,15 @@ def test_score_item_is_the_row_masc_run_writes(naflex_bundle, tmp_path):
     job = PairsJob(scorer)
     for row in written:
         files = {c: (EXAMPLES / row[c]).read_bytes() for c in ("ref_image", "ref_mask", "out_image", "out_mask")}
-        got = job.score_item(files["ref_image"], files["ref_mask"], files["out_image"], files["out_mask"],
-                             row["prompt"], row["object_name"], row_index=row["row_index"])
+        got = job.score_item(
+            files["ref_image"],
+            files["ref_mask"],
+            files["out_image"],
+            files["out_mask"],
+            row["prompt"],
+            row["object_name"],
+            row_index=row["row_index"],
+        )
         for k in RESULT_COLUMNS:
             if k == "row_key":
                 continue
@@ -101,13 +120,21 @@ def test_score_item_is_the_row_masc_run_writes(naflex_bundle, tmp_path):
                 assert a == b, (k, a, b)
         # arrays in, same record: a PIL image and a decoded uint8 mask
         ref_m = np.array(Image.open(EXAMPLES / row["ref_mask"]).convert("L"))
-        again = job.score_item(Image.open(EXAMPLES / row["ref_image"]), ref_m, files["out_image"],
-                               files["out_mask"], row["prompt"], row["object_name"], row_index=row["row_index"])
+        again = job.score_item(
+            Image.open(EXAMPLES / row["ref_image"]),
+            ref_m,
+            files["out_image"],
+            files["out_mask"],
+            row["prompt"],
+            row["object_name"],
+            row_index=row["row_index"],
+        )
         assert again["cp"] == got["cp"] and again["pf"] == got["pf"]
     bad = job.score_item(b"not an image", files["ref_mask"], files["out_image"], files["out_mask"], "a dog", "dog")
     assert bad["status"] == "unreadable_image" and "ref_image" in bad["status_detail"] and math.isnan(bad["cp"])
-    wrong = job.score_item(files["ref_image"], np.zeros((4, 4), np.float64), files["out_image"], files["out_mask"],
-                           "a dog", "dog")
+    wrong = job.score_item(
+        files["ref_image"], np.zeros((4, 4), np.float64), files["out_image"], files["out_mask"], "a dog", "dog"
+    )
     assert wrong["status"] == "unreadable_mask" and "ref_mask" in wrong["status_detail"]
 
 
@@ -137,4 +164,6 @@ def test_variant_check_accepts_either_provider_spelling(naflex_bundle):
     from masc_engine.engine.bundle import Bundle
 
     b = Bundle(naflex_bundle)
-    assert b.resolve_variant("auto", "onnxruntime", "CPUExecutionProvider") == b.resolve_variant("auto", "onnxruntime", "cpu")
+    assert b.resolve_variant("auto", "onnxruntime", "CPUExecutionProvider") == b.resolve_variant(
+        "auto", "onnxruntime", "cpu"
+    )

@@ -69,15 +69,20 @@ def test_mask_policy_order_and_messages():
     assert refuse.check((480, 640), (480, 640), "reference") is None
     with pytest.raises(InputError) as e:
         refuse.check((480, 640), (480, 640, 3), "reference")
-    assert (e.value.reason, e.value.detail) == ("bad_mask", "reference mask must be 2-D (H, W), got shape (480, 640, 3)")
+    assert (e.value.reason, e.value.detail) == (
+        "bad_mask",
+        "reference mask must be 2-D (H, W), got shape (480, 640, 3)",
+    )
     with pytest.raises(InputError) as e:  # the scorer API's words (no file name, no option to suggest)
         refuse.check((6, 5), (4, 3), "output")
     assert (e.value.reason, e.value.detail) == ("mask_size_mismatch", "output mask is 3x4 (WxH) but its image is 5x6")
     with pytest.raises(InputError) as e:
         refuse.check((480, 640), (640, 480), "reference", "m.png", exif="apply")
     assert e.value.reason == "mask_orientation_mismatch"
-    assert e.value.detail == ("reference mask m.png is 480x640, its image 640x480: they fit only rotated by 90 "
-                              "degrees (EXIF orientation applied to one of them? --exif is apply)")
+    assert e.value.detail == (
+        "reference mask m.png is 480x640, its image 640x480: they fit only rotated by 90 "
+        "degrees (EXIF orientation applied to one of them? --exif is apply)"
+    )
     # Tolerance: up to N pixels off in each dimension, inclusive; the orientation check comes first.
     two = MaskPolicy(size_tolerance=2)
     assert two.check((100, 200), (102, 198), "output") == "output mask 198x102 stretched to its image 200x100"

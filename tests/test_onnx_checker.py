@@ -62,12 +62,16 @@ def test_int8_bundle_passes(naflex_bundle, tmp_path):
 
 def _chain(order):
     """x -> A -> B -> C -> y with the nodes listed in ``order``."""
-    nodes = {"A": helper.make_node("Relu", ["x"], ["a"], name="A"),
-             "B": helper.make_node("Neg", ["a"], ["b"], name="B"),
-             "C": helper.make_node("Abs", ["b"], ["y"], name="C")}
+    nodes = {
+        "A": helper.make_node("Relu", ["x"], ["a"], name="A"),
+        "B": helper.make_node("Neg", ["a"], ["b"], name="B"),
+        "C": helper.make_node("Abs", ["b"], ["y"], name="C"),
+    }
     vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2])  # noqa: E731
-    return helper.make_model(helper.make_graph([nodes[k] for k in order], "g", [vi("x")], [vi("y")]),
-                             opset_imports=[helper.make_opsetid("", 18)])
+    return helper.make_model(
+        helper.make_graph([nodes[k] for k in order], "g", [vi("x")], [vi("y")]),
+        opset_imports=[helper.make_opsetid("", 18)],
+    )
 
 
 def test_topological_sort_orders_and_keeps_order_stable():
@@ -98,8 +102,9 @@ def test_topological_sort_counts_subgraph_reads_of_outer_values():
     cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))
     iff = helper.make_node("If", ["c"], ["y"], then_branch=branch("Relu"), else_branch=branch("Neg"), name="if")
     relu = helper.make_node("Relu", ["x"], ["a"], name="producer")
-    m = helper.make_model(helper.make_graph([iff, cond, relu], "g", [vi("x")], [vi("y")]),
-                          opset_imports=[helper.make_opsetid("", 18)])
+    m = helper.make_model(
+        helper.make_graph([iff, cond, relu], "g", [vi("x")], [vi("y")]), opset_imports=[helper.make_opsetid("", 18)]
+    )
     topological_sort(m.graph)
     names = [n.name or n.op_type for n in m.graph.node]
     assert names.index("producer") < names.index("if") and names.index("Constant") < names.index("if")

@@ -13,8 +13,9 @@ import warnings
 import numpy as np
 import pytest
 
-pytest.importorskip("openvino", reason="the OpenVINO backend's tests need openvino (the [openvino] extra; the "
-                                       "[test] extra installs it)")
+pytest.importorskip(
+    "openvino", reason="the OpenVINO backend's tests need openvino (the [openvino] extra; the [test] extra installs it)"
+)
 
 from masc_engine import tolerances as tol  # noqa: E402
 from masc_engine.engine.backends import openvino as ovb  # noqa: E402
@@ -22,8 +23,9 @@ from masc_engine.engine.bundle import Bundle  # noqa: E402
 from masc_engine.errors import BackendUnavailableError, BundleError  # noqa: E402
 from masc_engine.export import cpu_precision as cpc  # noqa: E402
 
-needs_bf16 = pytest.mark.skipif(not ovb.cpu_supports_bf16(),
-                                reason="this CPU has no native bf16 (OpenVINO OPTIMIZATION_CAPABILITIES lacks BF16)")
+needs_bf16 = pytest.mark.skipif(
+    not ovb.cpu_supports_bf16(), reason="this CPU has no native bf16 (OpenVINO OPTIMIZATION_CAPABILITIES lacks BF16)"
+)
 
 
 def _bundle(path) -> Bundle:
@@ -36,9 +38,12 @@ def _feeds(graph: str, width: int, batch: int, n: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     if graph == "vision":
         mask = np.ones((batch, n), np.int32)
-        mask[-1, n - 5:] = 0  # padding slots at the end of the last image
-        return {"pixel_values": rng.normal(size=(batch, n, 768)).astype(np.float32), "pixel_attention_mask": mask,
-                "position_weights": (rng.random((batch, n, 256)) / 20).astype(np.float32)}
+        mask[-1, n - 5 :] = 0  # padding slots at the end of the last image
+        return {
+            "pixel_values": rng.normal(size=(batch, n, 768)).astype(np.float32),
+            "pixel_attention_mask": mask,
+            "position_weights": (rng.random((batch, n, 256)) / 20).astype(np.float32),
+        }
     if graph == "pool":
         kpm = rng.random((batch, n)) < 0.4
         kpm[:, 0] = False
@@ -68,8 +73,11 @@ def test_f32_graphs_equal_onnxruntime(naflex_bundle, graph):
     ov_runner = b.runner(graph, backend="openvino")
     assert ov_runner.backend == "openvino" and ov_runner.precision == "fp32"
     assert ov_runner.input_names == ort_runner.input_names and ov_runner.output_names == ort_runner.output_names
-    cases = ([c["feeds"] for c in cp_validation_cases(width)] if graph == "cp"
-             else [_feeds(graph, width, 1, 37, 1), _feeds(graph, width, 3, 97, 2)])
+    cases = (
+        [c["feeds"] for c in cp_validation_cases(width)]
+        if graph == "cp"
+        else [_feeds(graph, width, 1, 37, 1), _feeds(graph, width, 3, 97, 2)]
+    )
     for feeds in cases:
         assert _max_diff(graph, feeds, ov_runner.run(feeds), ort_runner.run(feeds)) <= tol.OPENVINO_F32_ATOL
     # f32 asked: no node of the compiled runtime model computes or outputs bf16 (on a bf16 CPU
@@ -106,8 +114,11 @@ def test_segments_cut_at_every_boundary_compose_exactly(naflex_bundle):
     feeds = _feeds("vision", 64, 2, 53)
     assert _max_diff("vision", feeds, cut.run(feeds), whole.run(feeds)) <= tol.FLOAT32_SAME_ARITHMETIC_ATOL
     with pytest.raises(BundleError, match="not in the graph"):
-        ovb.OpenVINORunner(path, "vision", segments=[ovb.Segment("f32", None, "no_such_tensor"),
-                                                     ovb.Segment("f32", "no_such_tensor", None)])
+        ovb.OpenVINORunner(
+            path,
+            "vision",
+            segments=[ovb.Segment("f32", None, "no_such_tensor"), ovb.Segment("f32", "no_such_tensor", None)],
+        )
 
 
 def test_concurrent_calls_and_host_device(naflex_bundle):
@@ -118,8 +129,11 @@ def test_concurrent_calls_and_host_device(naflex_bundle):
     b = _bundle(naflex_bundle)
     units = cpc.graph_units(b.graph_file("vision"), "vision")
     # two f32 segments: the intermediate tensor stays in each thread's own infer requests
-    runner = ovb.OpenVINORunner(b.graph_file("vision"), "vision", segments=[
-        ovb.Segment("f32", None, units["boundaries"][1]), ovb.Segment("f32", units["boundaries"][1], None)])
+    runner = ovb.OpenVINORunner(
+        b.graph_file("vision"),
+        "vision",
+        segments=[ovb.Segment("f32", None, units["boundaries"][1]), ovb.Segment("f32", units["boundaries"][1], None)],
+    )
     feeds = [_feeds("vision", 64, 2, 20 + 9 * i, seed=i) for i in range(6)]
     alone = [runner.run(f)["last_hidden_state"] for f in feeds]
     with ThreadPoolExecutor(3) as pool:
@@ -131,12 +145,16 @@ def test_concurrent_calls_and_host_device(naflex_bundle):
 
 
 def test_plan_segments_merges_runs_and_names_unknown_units():
-    units = {"names": ["v.embeddings", "v.layers.0", "v.layers.1", "v.layers.2", "v.head"],
-             "boundaries": ["b0", "b1", "b2", "b3"]}
+    units = {
+        "names": ["v.embeddings", "v.layers.0", "v.layers.1", "v.layers.2", "v.head"],
+        "boundaries": ["b0", "b1", "b2", "b3"],
+    }
     plan = ovb.plan_segments(units, "bf16", ["v.layers.1"])
     assert [(s.precision, s.start, s.end, s.units) for s in plan] == [
-        ("bf16", None, "b1", ("v.embeddings", "v.layers.0")), ("f32", "b1", "b2", ("v.layers.1",)),
-        ("bf16", "b2", None, ("v.layers.2", "v.head"))]
+        ("bf16", None, "b1", ("v.embeddings", "v.layers.0")),
+        ("f32", "b1", "b2", ("v.layers.1",)),
+        ("bf16", "b2", None, ("v.layers.2", "v.head")),
+    ]
     assert [(s.start, s.end) for s in ovb.plan_segments(units, "bf16", units["names"])] == [(None, None)]
     with pytest.raises(BundleError, match="v.layers.9"):
         ovb.plan_segments(units, "bf16", ["v.layers.9"])
@@ -217,8 +235,11 @@ def test_fingerprint_follows_the_certified_plan():
 
     base = {"files": {"vision.onnx": "ab"}, "image": {}, "text": {}, "scoring": {}, "precision": {"mode": "fp32"}}
     cert = {"mode": "bf16-cpu", "graphs": ["vision"], "keep_fp32": [], "openvino": "2026.4.1", "gates": {"x": 1}}
-    fps = {fingerprint(base), fingerprint({**base, "precision": cert}),
-           fingerprint({**base, "precision": {**cert, "keep_fp32": ["vision.layers.3"]}})}
+    fps = {
+        fingerprint(base),
+        fingerprint({**base, "precision": cert}),
+        fingerprint({**base, "precision": {**cert, "keep_fp32": ["vision.layers.3"]}}),
+    }
     assert len(fps) == 3  # cached bf16 tokens never serve another plan (or fp32)
     assert fingerprint({**base, "precision": {**cert, "gates": {"x": 2}}}) == fingerprint({**base, "precision": cert})
 
@@ -280,8 +301,9 @@ class _FakeEvaluator:
 
 
 def test_search_keeps_the_most_sensitive_units_first():
-    ev = _FakeEvaluator({"v.embeddings": 2e-4, "v.layers.0": 5e-4, "v.layers.1": 3e-3, "v.layers.2": 9e-4,
-                         "v.head": 1e-5})
+    ev = _FakeEvaluator(
+        {"v.embeddings": 2e-4, "v.layers.0": 5e-4, "v.layers.1": 3e-3, "v.layers.2": 9e-4, "v.head": 1e-5}
+    )
     found = cpc.search_keep_list(ev, "cal", "held")
     assert not found["whole_graph"]["pass"]
     assert found["order"][0] == "v.layers.1" and found["keep_fp32"] == ["v.layers.1"]
@@ -336,7 +358,9 @@ def test_certification_refuses_a_failing_bundle(naflex_bundle, tmp_path, monkeyp
     monkeypatch.setattr(cpc, "FIDELITY_GATES", strict)
     with pytest.raises(cpc.CertificationError, match=r"refused.*max \|dCP\|") as e:
         cpc.certify_bundle(bundle, calibration=_pairs(8, 3, 5), heldout=_pairs(34, 30, 6), max_keep=0)
-    assert not e.value.report["whole_graph"]["pass"] and e.value.report["whole_graph"]["max_abs_dcp"] > strict.max_abs_dcp
+    assert (
+        not e.value.report["whole_graph"]["pass"] and e.value.report["whole_graph"]["max_abs_dcp"] > strict.max_abs_dcp
+    )
     assert (bundle / "manifest.json").read_bytes() == before  # nothing written
     with pytest.raises(cpc.CertificationError, match="1000 held-out pairs"):
         cpc.certify_bundle(bundle, calibration=_pairs(8, 3, 5), heldout=_pairs(8, 3, 6))
@@ -350,7 +374,9 @@ def test_keeping_the_fragile_layer_in_fp32_passes(naflex_bundle, tmp_path, monke
     bundle = _bf16_sensitive_copy(naflex_bundle, tmp_path / "b")
     # The tiny random model's own bf16 error sits near the 2e-3 gate; this case is about the fragile
     # layer (errors of order 1e-1), so the gate gets headroom.
-    monkeypatch.setattr(cpc, "FIDELITY_GATES", dataclasses.replace(cpc.FIDELITY_GATES, max_abs_dcp=5e-3, max_abs_dpf=5e-3))
+    monkeypatch.setattr(
+        cpc, "FIDELITY_GATES", dataclasses.replace(cpc.FIDELITY_GATES, max_abs_dcp=5e-3, max_abs_dpf=5e-3)
+    )
     cal, held = _pairs(10, 4, 5), _pairs(33, 31, 6)
     rec = cpc.certify_bundle(bundle, calibration=cal, heldout=held)
     assert not rec["search"]["whole_graph"]["pass"]  # the whole graph in bf16 fails ...
@@ -367,7 +393,11 @@ def test_keeping_the_fragile_layer_in_fp32_passes(naflex_bundle, tmp_path, monke
     assert scorer.precision == "bf16" and fp32.precision == "fp32"
     assert (default.backend, default.precision) == ("openvino", "bf16")
     segs = scorer.vision.runtime_summary()
-    assert [s["units"] for s in segs] == [["vision.embeddings", "vision.layers.0"], ["vision.layers.1"], ["vision.head"]]
+    assert [s["units"] for s in segs] == [
+        ["vision.embeddings", "vision.layers.0"],
+        ["vision.layers.1"],
+        ["vision.head"],
+    ]
     assert segs[1]["runtime"].get("FullyConnected:f32") and not segs[1]["runtime"].get("FullyConnected:bf16")
     assert segs[0]["runtime"].get("FullyConnected:bf16") and not segs[0]["runtime"].get("FullyConnected:f32")
     assert cpc.gate_figures(cpc.scores(fp32, cal), cpc.scores(scorer, cal))["pass"]  # as loaded from the manifest

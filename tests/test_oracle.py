@@ -19,8 +19,18 @@ from test_preprocess import GRID_CASES
 pytestmark = pytest.mark.oracle
 
 # Extras whose values must equal the reference's exactly (floats to FLOAT32_SAME_ARITHMETIC_ATOL).
-SHARED_EXTRAS = ("prompt_text", "prompt_stripped", "stripper", "stripper_model", "cp_n_ref_fg",
-                 "cp_n_ref_total", "cp_fg_frac_ref", "pf_n_fg", "pf_n_total", "pf_n_bg_pooled")
+SHARED_EXTRAS = (
+    "prompt_text",
+    "prompt_stripped",
+    "stripper",
+    "stripper_model",
+    "cp_n_ref_fg",
+    "cp_n_ref_total",
+    "cp_fg_frac_ref",
+    "pf_n_fg",
+    "pf_n_total",
+    "pf_n_bg_pooled",
+)
 
 
 def _compare(ours, ref) -> tuple[float, float]:
@@ -45,7 +55,9 @@ def test_real_pairs_equal_oracle(any_bundle, photo_dir, record_property):
         worst_cp, worst_pf = max(worst_cp, dcp), max(worst_pf, dpf)
     record_property("max_abs_dcp", worst_cp)
     record_property("max_abs_dpf", worst_pf)
-    print(f"\n{any_bundle.name}: {len(rows)} pairs from {photo_dir}, max |dCP| {worst_cp:.2e}, max |dPF| {worst_pf:.2e}")
+    print(
+        f"\n{any_bundle.name}: {len(rows)} pairs from {photo_dir}, max |dCP| {worst_cp:.2e}, max |dPF| {worst_pf:.2e}"
+    )
     assert worst_cp <= ORACLE_SCORE_ATOL and worst_pf <= ORACLE_SCORE_ATOL
     # On the 32x32 NaFlex grid every reference mask of both sets keeps patches; on the coarse 8x8 fixed
     # grid a few small subjects keep none (CP NaN on both sides, checked in _compare).
@@ -72,8 +84,14 @@ def test_fixed_model_odd_sizes_equal_oracle(fixed_bundle):
     from masc_engine.export.validate import synthetic_image
 
     for (h, w), seed in [((20, 20), 0), ((64, 960), 1), ((700, 90), 2)]:
-        args = (synthetic_image(h, w, seed), blob_mask(h, w, seed), synthetic_image(w, h, seed + 9),
-                blob_mask(w, h, seed + 9), "a red toy in the snow", "toy")
+        args = (
+            synthetic_image(h, w, seed),
+            blob_mask(h, w, seed),
+            synthetic_image(w, h, seed + 9),
+            blob_mask(w, h, seed + 9),
+            "a red toy in the snow",
+            "toy",
+        )
         dcp, dpf = _compare(Scorer(fixed_bundle).score(*args), oracle_for(fixed_bundle).score(*args))
         assert dcp <= ORACLE_SCORE_ATOL and dpf <= ORACLE_SCORE_ATOL
 

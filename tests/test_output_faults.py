@@ -42,14 +42,20 @@ def _pairs(tmp_path: Path, copies: int = 1) -> Path:
         w.writeheader()
         for c in range(copies):
             for r in rows:
-                w.writerow({**r, "key": f"{r['key']}#{c}",
-                            **{k: str(EXAMPLES / r[k]) for k in ("ref_image", "ref_mask", "out_image", "out_mask")}})
+                w.writerow(
+                    {
+                        **r,
+                        "key": f"{r['key']}#{c}",
+                        **{k: str(EXAMPLES / r[k]) for k in ("ref_image", "ref_mask", "out_image", "out_mask")},
+                    }
+                )
     return out
 
 
 def _run(bundle, pairs, out, *extra):
-    return CliRunner().invoke(run_main, [str(pairs), "--bundle", str(bundle), "--out", str(out), "--no-progress",
-                                         *extra])
+    return CliRunner().invoke(
+        run_main, [str(pairs), "--bundle", str(bundle), "--out", str(out), "--no-progress", *extra]
+    )
 
 
 def _scores(path) -> list:
@@ -81,9 +87,23 @@ def test_two_processes_on_one_output(naflex_bundle, tmp_path):
     pairs, out = _pairs(tmp_path, copies=3), tmp_path / "o.csv"
     clean = tmp_path / "clean.csv"
     assert _run(naflex_bundle, pairs, clean, "--chunk-size", "2").exit_code == 0
-    first = subprocess.Popen([sys.executable, "-m", "masc_engine.cli.run_cmd", str(pairs), "--bundle",
-                              str(naflex_bundle), "--out", str(out), "--chunk-size", "2", "--no-progress"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.run_cmd",
+            str(pairs),
+            "--bundle",
+            str(naflex_bundle),
+            "--out",
+            str(out),
+            "--chunk-size",
+            "2",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.time() + 120
         while not journal_path(out).is_file() and time.time() < deadline:
@@ -202,8 +222,9 @@ def test_full_disk_is_one_line_and_the_resumed_run_is_exact(naflex_bundle, tmp_p
     assert json.loads(meta_path(out).read_text())["counts"]["rows"] == 20
 
 
-@pytest.mark.parametrize("where, err", [("write_output", errno.EROFS), ("write_meta", errno.EACCES),
-                                        ("write_meta", errno.ENOSPC)])
+@pytest.mark.parametrize(
+    "where, err", [("write_output", errno.EROFS), ("write_meta", errno.EACCES), ("write_meta", errno.ENOSPC)]
+)
 def test_output_and_sidecar_faults_are_one_line(naflex_bundle, tmp_path, monkeypatch, where, err):
     import masc_engine.jobs.pairs.run as run_mod
     import masc_engine.jobs.pairs.metadata as sidecar_mod

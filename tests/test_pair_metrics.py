@@ -33,13 +33,32 @@ def _doc_metric() -> str:
 def test_the_builtin_registry_is_result_schema_one():
     """Outputs written before the schema was recorded keep their fingerprint: the built-in metrics
     are schema 1 exactly, which adds nothing to the fingerprint."""
-    assert [m.name for m in pm.registered()] == ["cp", "pf", "cp_global", "cp_mnn", "pf_pooling", "clip_i", "clip_t",
-                                                 "dino", "dino_s8", "dinov2", "clip_score_tm"]
+    assert [m.name for m in pm.registered()] == [
+        "cp",
+        "pf",
+        "cp_global",
+        "cp_mnn",
+        "pf_pooling",
+        "clip_i",
+        "clip_t",
+        "dino",
+        "dino_s8",
+        "dinov2",
+        "clip_score_tm",
+    ]
     assert result_schema() == {"version": 1, "metrics": list(BUILTIN_METRICS)}
     assert schema_identity() == {}
     assert schema_identity(pm.metrics_for({"baselines"})) == {}
-    assert RESULT_COLUMNS[:8] == ("row_index", "row_key", "cp", "pf", "status", "status_detail", "cp_status",
-                                  "pf_status")
+    assert RESULT_COLUMNS[:8] == (
+        "row_index",
+        "row_key",
+        "cp",
+        "pf",
+        "status",
+        "status_detail",
+        "cp_status",
+        "pf_status",
+    )
 
 
 def test_metrics_asked_for_by_name_enter_the_schema_only_in_runs_that_compute_them():
@@ -57,7 +76,9 @@ def test_metrics_asked_for_by_name_enter_the_schema_only_in_runs_that_compute_th
     assert classic.result_columns()[-4:] == ("clip_i", "clip_i_status", "dino", "dino_status")
     assert plain.result_columns() == RESULT_COLUMNS
     assert RunSettings(metrics=("cp", "pf")) == plain and RunSettings(metrics=("pf", "dino", "clip_i")).metrics == (
-        "clip_i", "dino")
+        "clip_i",
+        "dino",
+    )
     with pytest.raises(ValueError, match="--metrics: unknown metric"):
         RunSettings(metrics=("clip_x",))
 
@@ -91,9 +112,11 @@ def test_row_status_is_the_first_undefined_score_in_registry_order():
 
 def test_an_entry_point_metric_is_loaded_after_the_builtins(monkeypatch, tmp_path):
     mod = tmp_path / "ep_metric.py"
-    mod.write_text("from masc_engine.runtime.pair_metrics.base import PairMetric, register\n"
-                   "M = register(PairMetric(name='ep_metric', columns=('ep_metric',), description='d', "
-                   "compute=lambda b: [{'ep_metric': 0.0} for _ in b.items]))\n")
+    mod.write_text(
+        "from masc_engine.runtime.pair_metrics.base import PairMetric, register\n"
+        "M = register(PairMetric(name='ep_metric', columns=('ep_metric',), description='d', "
+        "compute=lambda b: [{'ep_metric': 0.0} for _ in b.items]))\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     from importlib import metadata
 
@@ -149,17 +172,27 @@ def test_a_metric_added_as_documented_reaches_every_command(naflex_bundle, tmp_p
     plugins = tmp_path / "plugins"
     plugins.mkdir()
     (plugins / "cp_mean.py").write_text(_doc_metric())
-    script = SCRIPT.format(plugins=str(plugins), out=str(tmp_path / "new.csv"), pairs=str(EXAMPLES / "pairs.csv"),
-                           bundle=str(naflex_bundle), old=str(old))
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=600,
-                       cwd=tmp_path)
+    script = SCRIPT.format(
+        plugins=str(plugins),
+        out=str(tmp_path / "new.csv"),
+        pairs=str(EXAMPLES / "pairs.csv"),
+        bundle=str(naflex_bundle),
+        old=str(old),
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["refused"] and "result schema: unset -> v1: cp, pf, cp_global, cp_mnn, pf_pooling, cp_mean" \
-        in got["refused"], got["refused"]
+    assert (
+        got["refused"]
+        and "result schema: unset -> v1: cp, pf, cp_global, cp_mnn, pf_pooling, cp_mean" in got["refused"]
+    ), got["refused"]
     cols = got["columns"]
-    assert cols[cols.index("out_mask_coverage") + 1: cols.index("out_mask_coverage") + 3] == ["cp_mean",
-                                                                                            "cp_mean_status"]
+    assert cols[cols.index("out_mask_coverage") + 1 : cols.index("out_mask_coverage") + 3] == [
+        "cp_mean",
+        "cp_mean_status",
+    ]
     assert -1.0 <= float(got["row"]["cp_mean"]) <= 1.0 and got["row"]["cp_mean_status"] == "ok"
     assert {"cp_mean", "cp_mean_status"} <= set(got["props"])
     assert got["report"] == 0 and "CP_MEAN" in got["html"], got["html"][-2000:]

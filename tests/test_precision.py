@@ -17,8 +17,13 @@ from masc_engine.engine.bundle import Bundle
 from masc_engine.errors import BackendUnavailableError, ExportValidationError
 from masc_engine.export import precision as prec
 from masc_engine.export.transforms import run_transforms, variant_file
-from masc_engine.tolerances import (FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_EMBEDDING_COSINE, FIDELITY_MIN_SPEARMAN,
-                                    REDUCED_TOKEN_COSINE_MEDIAN, REDUCED_TOKEN_COSINE_P001)
+from masc_engine.tolerances import (
+    FIDELITY_MAX_ABS_DELTA,
+    FIDELITY_MIN_EMBEDDING_COSINE,
+    FIDELITY_MIN_SPEARMAN,
+    REDUCED_TOKEN_COSINE_MEDIAN,
+    REDUCED_TOKEN_COSINE_P001,
+)
 
 onnx = pytest.importorskip("onnx")
 
@@ -47,10 +52,15 @@ def test_fp16_bundle_records_precision_policy_and_transforms(fp16_bundle, naflex
     assert pg["max_abs_dcp"] <= FIDELITY_MAX_ABS_DELTA and pg["max_abs_dpf"] <= FIDELITY_MAX_ABS_DELTA
     recs = {r["graph"]: r for r in m["transforms"]}
     assert set(recs) == {"vision", "pool", "text", "cp"}
-    assert all(r["transform"] == "precision-fp16" and r["gates"] == "fp16" and r["variant"] is None for r in recs.values())
+    assert all(
+        r["transform"] == "precision-fp16" and r["gates"] == "fp16" and r["variant"] is None for r in recs.values()
+    )
     v = recs["vision"]
     assert v["nodes_after"] > v["nodes_before"]  # Casts at the islands' borders
-    assert v["validation"]["cos_median"] >= REDUCED_TOKEN_COSINE_MEDIAN and v["validation"]["cos_p001"] >= REDUCED_TOKEN_COSINE_P001
+    assert (
+        v["validation"]["cos_median"] >= REDUCED_TOKEN_COSINE_MEDIAN
+        and v["validation"]["cos_p001"] >= REDUCED_TOKEN_COSINE_P001
+    )
     assert recs["pool"]["validation"]["cos_min"] >= FIDELITY_MIN_EMBEDDING_COSINE
     # Most of the vision graph's weights are fp16; the graph's I/O types are the fp32 bundle's.
     assert prec.graph_precision(fp16_bundle / "vision.onnx") == "fp16"
@@ -96,8 +106,12 @@ def test_fp16_bundle_matches_the_fp32_oracle_on_odd_sized_photos(fp16_bundle, na
     oracle = oracle_for(naflex_bundle)
     cp_o, pf_o, cp_r, pf_r = [], [], [], []
     for row, got in zip(rows, ours, strict=True):
-        args = [Image.open(tmp_path / row["ref_image"]), np.array(Image.open(tmp_path / row["ref_mask"])),
-                Image.open(tmp_path / row["out_image"]), np.array(Image.open(tmp_path / row["out_mask"]))]
+        args = [
+            Image.open(tmp_path / row["ref_image"]),
+            np.array(Image.open(tmp_path / row["ref_mask"])),
+            Image.open(tmp_path / row["out_image"]),
+            np.array(Image.open(tmp_path / row["out_mask"])),
+        ]
         ref = oracle.score(*args, row["prompt"], row["object_name"])
         if np.isnan(ref.cp):
             assert got["cp"] in ("", "nan", "NaN")
@@ -138,7 +152,8 @@ def test_bf16_graphs_real_and_emulated(naflex_bundle, tmp_path):
     feeds = {"hidden": rng.normal(size=(3, 40, 64)).astype(np.float32), "key_padding_mask": rng.random((3, 40)) < 0.3}
     got = ort.InferenceSession(str(emu), providers=["CPUExecutionProvider"]).run(["pooled"], feeds)[0]
     want = ort.InferenceSession(str(naflex_bundle / "pool.onnx"), providers=["CPUExecutionProvider"]).run(
-        ["pooled"], feeds)[0]
+        ["pooled"], feeds
+    )[0]
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cos.min() >= FIDELITY_MIN_EMBEDDING_COSINE
     assert np.abs(got - want).max() > 1e-4  # the rounding happened (fp32 reruns agree to ~1e-7)
@@ -180,10 +195,14 @@ def test_transform_pipeline_order_variants_and_validation(naflex_bundle, tmp_pat
         seen.append((g, path.name, gates))
         return {"ok": True}
 
-    recs = run_transforms(stage, graphs, [_Copy("a", None, ("pool", "cp")), _Copy("b", "cpu-fused", ("pool",))],
-                          validate)
+    recs = run_transforms(
+        stage, graphs, [_Copy("a", None, ("pool", "cp")), _Copy("b", "cpu-fused", ("pool",))], validate
+    )
     assert [(r["transform"], r["graph"], r["file"]) for r in recs] == [
-        ("a", "pool", "pool.onnx"), ("a", "cp", "cp.onnx"), ("b", "pool", "pool.cpu-fused.onnx")]
+        ("a", "pool", "pool.onnx"),
+        ("a", "cp", "cp.onnx"),
+        ("b", "pool", "pool.cpu-fused.onnx"),
+    ]
     assert seen == [("pool", "pool.onnx", "fp32"), ("cp", "cp.onnx", "fp32"), ("pool", "pool.cpu-fused.onnx", "fp32")]
     assert graphs["pool"]["variants"] == {"cpu-fused": {"file": "pool.cpu-fused.onnx", "transform": "b"}}
     assert recs[0]["nodes_before"] == recs[0]["nodes_after"] == len(_nodes(stage / "pool.onnx"))
@@ -238,11 +257,20 @@ def test_linked_reference_copy_keeps_external_weights_readable(tmp_path):
     stage = tmp_path / "stage"
     stage.mkdir()
     w = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64), "w")
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
-    onnx.save(helper.make_model(g), str(stage / "vision.onnx"), save_as_external_data=True,
-              location="vision.onnx.data", size_threshold=0)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        [w],
+    )
+    onnx.save(
+        helper.make_model(g),
+        str(stage / "vision.onnx"),
+        save_as_external_data=True,
+        location="vision.onnx.data",
+        size_threshold=0,
+    )
     ref = _linked_copy(stage, tmp_path / "ref", ["vision.onnx", "vision.onnx.data"])
     assert os.stat(stage / "vision.onnx.data").st_nlink == 1
     for d in (stage, ref):  # both load, weights included

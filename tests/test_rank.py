@@ -22,8 +22,13 @@ from masc_engine.jobs.rank_encoders import EncoderManifestError, cosine_scores, 
 from masc_engine.metrics.retrieval import average_precision, cmc, cmc_at, first_correct_rank, rank_query, summarize
 from masc_engine.runtime import heads
 from masc_engine.runtime.masks import cp_keep
-from masc_engine.tolerances import (BATCH_INVARIANCE_ATOL, FLOAT32_SAME_ARITHMETIC_ATOL, FLOAT64_SAME_FORMULA_TOL, MAXCOS_BLOCK_ATOL,
-                                    SELF_CP_ATOL)
+from masc_engine.tolerances import (
+    BATCH_INVARIANCE_ATOL,
+    FLOAT32_SAME_ARITHMETIC_ATOL,
+    FLOAT64_SAME_FORMULA_TOL,
+    MAXCOS_BLOCK_ATOL,
+    SELF_CP_ATOL,
+)
 
 
 # ====================================================================== AP / CMC core
@@ -40,18 +45,21 @@ def _ap_with_order(scores, relevant, relevant_first: bool) -> float:
     return sum(precisions) / len(precisions)
 
 
-@pytest.mark.parametrize("scores, relevant, ap, first", [
-    ([0.9, 0.8, 0.7, 0.6], [1, 0, 1, 0], (1 + 2 / 3) / 2, 1),
-    ([0.9, 0.8, 0.7, 0.6], [0, 1, 0, 1], (1 / 2 + 2 / 4) / 2, 2),
-    ([0.6, 0.7, 0.8, 0.9], [1, 0, 0, 0], 1 / 4, 4),            # input order is irrelevant
-    ([0.3, 0.2, 0.1], [1, 1, 1], 1.0, 1),
-    ([0.5, float("-inf"), 0.4], [0, 1, 0], 1 / 3, 3),           # -inf is a valid (lowest) score
-    # ties, pessimistic: among equal scores the irrelevant items come first
-    ([0.5, 0.5, 0.5], [1, 0, 0], 1 / 3, 3),
-    ([0.9, 0.5, 0.5, 0.1], [0, 1, 0, 1], (1 / 3 + 2 / 4) / 2, 3),
-    ([0.7, 0.7, 0.2, 0.2], [1, 1, 0, 1], (1 + 1 + 3 / 4) / 3, 1),  # a tie within the relevant changes nothing
-    ([0.4, 0.4], [1, 1], 1.0, 1),
-])
+@pytest.mark.parametrize(
+    "scores, relevant, ap, first",
+    [
+        ([0.9, 0.8, 0.7, 0.6], [1, 0, 1, 0], (1 + 2 / 3) / 2, 1),
+        ([0.9, 0.8, 0.7, 0.6], [0, 1, 0, 1], (1 / 2 + 2 / 4) / 2, 2),
+        ([0.6, 0.7, 0.8, 0.9], [1, 0, 0, 0], 1 / 4, 4),  # input order is irrelevant
+        ([0.3, 0.2, 0.1], [1, 1, 1], 1.0, 1),
+        ([0.5, float("-inf"), 0.4], [0, 1, 0], 1 / 3, 3),  # -inf is a valid (lowest) score
+        # ties, pessimistic: among equal scores the irrelevant items come first
+        ([0.5, 0.5, 0.5], [1, 0, 0], 1 / 3, 3),
+        ([0.9, 0.5, 0.5, 0.1], [0, 1, 0, 1], (1 / 3 + 2 / 4) / 2, 3),
+        ([0.7, 0.7, 0.2, 0.2], [1, 1, 0, 1], (1 + 1 + 3 / 4) / 3, 1),  # a tie within the relevant changes nothing
+        ([0.4, 0.4], [1, 1], 1.0, 1),
+    ],
+)
 def test_average_precision_known_values(scores, relevant, ap, first):
     assert average_precision(scores, relevant) == pytest.approx(ap, abs=FLOAT64_SAME_FORMULA_TOL)
     assert first_correct_rank(scores, relevant) == first
@@ -91,7 +99,9 @@ def test_ties_are_independent_of_order_and_pessimistic():
         ap = average_precision(scores, relevant)
         perm = rng.permutation(n)
         assert average_precision(scores[perm], relevant[perm]) == ap
-        assert ap == pytest.approx(_ap_with_order(list(scores), list(relevant), relevant_first=False), abs=FLOAT64_SAME_FORMULA_TOL)
+        assert ap == pytest.approx(
+            _ap_with_order(list(scores), list(relevant), relevant_first=False), abs=FLOAT64_SAME_FORMULA_TOL
+        )
         optimistic = _ap_with_order(list(scores), list(relevant), relevant_first=True)
         if relevant.all():
             continue  # sklearn warns and its value is trivially 1
@@ -110,7 +120,8 @@ def test_average_precision_equals_sklearn_without_ties():
         i, j = rng.choice(n, 2, replace=False)
         relevant[i], relevant[j] = True, False  # at least one of each
         assert average_precision(scores, relevant) == pytest.approx(
-            sk.average_precision_score(relevant, scores), abs=FLOAT64_SAME_FORMULA_TOL)
+            sk.average_precision_score(relevant, scores), abs=FLOAT64_SAME_FORMULA_TOL
+        )
 
 
 def test_cmc_curve():
@@ -131,8 +142,16 @@ def test_summarize_groups_and_excludes_undefined():
         {"method": "b", "class": "dog", "status": "missing_file", "ap": float("nan"), "first_rank": None},
     ]
     s = {(r["method"], r["class"]): r for r in summarize(rows)}
-    assert set(s) == {("a", "cat"), ("a", "dog"), ("b", "dog"), ("a", "*"), ("b", "*"), ("*", "cat"),
-                      ("*", "dog"), ("*", "*")}
+    assert set(s) == {
+        ("a", "cat"),
+        ("a", "dog"),
+        ("b", "dog"),
+        ("a", "*"),
+        ("b", "*"),
+        ("*", "cat"),
+        ("*", "dog"),
+        ("*", "*"),
+    }
     assert s[("a", "dog")]["mAP"] == 0.75 and s[("a", "dog")]["top1"] == 0.5 and s[("a", "dog")]["top5"] == 1.0
     a = s[("a", "*")]
     assert (a["n_queries"], a["n_scored"], a["n_undefined"], a["n_failed"]) == (4, 3, 1, 0)
@@ -190,9 +209,11 @@ def _tiny_encoder(folder: Path, fixed_batch: int | None = None, size=(8, 8), nam
     x = helper.make_tensor_value_info("images", TensorProto.FLOAT, [batch, 3, size[0], size[1]])
     y = helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [batch, 3])
     w = numpy_helper.from_array(np.eye(3, dtype=np.float32), "W")
-    nodes = [helper.make_node("GlobalAveragePool", ["images"], ["gap"]),
-             helper.make_node("Flatten", ["gap"], ["flat"], axis=1),
-             helper.make_node("MatMul", ["flat", "W"], ["embedding"])]
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["images"], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "W"], ["embedding"]),
+    ]
     graph = helper.make_graph(nodes, "tiny_encoder", [x], [y], initializer=[w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -203,9 +224,19 @@ def _tiny_encoder(folder: Path, fixed_batch: int | None = None, size=(8, 8), nam
 
 
 def _manifest(folder: Path, onnx_name="enc.onnx", **over) -> Path:
-    d = {"format": "masc-rank-encoder/1", "name": "tiny", "onnx": onnx_name, "input": "images",
-         "input_size": [8, 8], "mean": [0, 0, 0], "std": [1, 1, 1], "resize": "stretch", "output": "embedding",
-         "output_kind": "embedding", **over}
+    d = {
+        "format": "masc-rank-encoder/1",
+        "name": "tiny",
+        "onnx": onnx_name,
+        "input": "images",
+        "input_size": [8, 8],
+        "mean": [0, 0, 0],
+        "std": [1, 1, 1],
+        "resize": "stretch",
+        "output": "embedding",
+        "output_kind": "embedding",
+        **over,
+    }
     path = folder / "encoder.json"
     path.write_text(json.dumps(d))
     return path
@@ -227,20 +258,36 @@ def colour_data(tmp_path):
     """Gallery: A = red, blue; B = yellow, green. Queries (hand-ranked in the test below)."""
     d = tmp_path / "colours"
     d.mkdir()
-    for name, rgb, size in [("red", (255, 0, 0), (10, 6)), ("blue", (0, 0, 255), (8, 8)),
-                            ("yellow", (255, 255, 0), (5, 9)), ("green", (0, 255, 0), (16, 16)),
-                            ("orange", (255, 128, 0), (7, 7)), ("q_green", (0, 255, 0), (3, 12))]:
+    for name, rgb, size in [
+        ("red", (255, 0, 0), (10, 6)),
+        ("blue", (0, 0, 255), (8, 8)),
+        ("yellow", (255, 255, 0), (5, 9)),
+        ("green", (0, 255, 0), (16, 16)),
+        ("orange", (255, 128, 0), (7, 7)),
+        ("q_green", (0, 255, 0), (3, 12)),
+    ]:
         _solid(d / f"{name}.png", rgb, size)
-    _write_csv(d / "gallery.csv", ["image", "identity", "class"], [
-        {"image": "red.png", "identity": "A", "class": "warm"}, {"image": "blue.png", "identity": "A", "class": "warm"},
-        {"image": "yellow.png", "identity": "B", "class": "cool"},
-        {"image": "green.png", "identity": "B", "class": "cool"}])
-    _write_csv(d / "queries.csv", ["key", "image", "identity", "method"], [
-        {"key": "q1", "image": "orange.png", "identity": "A", "method": "m1"},
-        {"key": "q2", "image": "q_green.png", "identity": "B", "method": "m2"},
-        {"key": "q3", "image": "orange.png", "identity": "C", "method": "m1"},
-        {"key": "q4", "image": "nowhere.png", "identity": "A", "method": "m2"},
-        {"key": "q5", "image": "", "identity": "A", "method": "m2"}])
+    _write_csv(
+        d / "gallery.csv",
+        ["image", "identity", "class"],
+        [
+            {"image": "red.png", "identity": "A", "class": "warm"},
+            {"image": "blue.png", "identity": "A", "class": "warm"},
+            {"image": "yellow.png", "identity": "B", "class": "cool"},
+            {"image": "green.png", "identity": "B", "class": "cool"},
+        ],
+    )
+    _write_csv(
+        d / "queries.csv",
+        ["key", "image", "identity", "method"],
+        [
+            {"key": "q1", "image": "orange.png", "identity": "A", "method": "m1"},
+            {"key": "q2", "image": "q_green.png", "identity": "B", "method": "m2"},
+            {"key": "q3", "image": "orange.png", "identity": "C", "method": "m1"},
+            {"key": "q4", "image": "nowhere.png", "identity": "A", "method": "m2"},
+            {"key": "q5", "image": "", "identity": "A", "method": "m2"},
+        ],
+    )
     _tiny_encoder(d)
     return d
 
@@ -250,9 +297,19 @@ def test_onnx_encoder_ranks_as_computed_by_hand(colour_data, tmp_path):
     green 0.447 (B), blue 0 (A): relevant at ranks 2 and 4, AP = (1/2 + 2/4) / 2 = 0.5.
     q2 (green, B): green 1 (B), yellow 0.707 (B): AP 1. q3: identity C absent: undefined."""
     out = tmp_path / "r.csv"
-    res = CliRunner().invoke(rank_main, [str(colour_data / "queries.csv"), "--gallery",
-                                         str(colour_data / "gallery.csv"), "--encoder-manifest",
-                                         str(_manifest(colour_data)), "--out", str(out), "--no-progress"])
+    res = CliRunner().invoke(
+        rank_main,
+        [
+            str(colour_data / "queries.csv"),
+            "--gallery",
+            str(colour_data / "gallery.csv"),
+            "--encoder-manifest",
+            str(_manifest(colour_data)),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
     assert res.exit_code == 0, res.output
     rows = {r["key"]: r for r in csv.DictReader(open(out, encoding="utf-8"))}
     assert list(rows) == ["q1", "q2", "q3", "q4", "q5"]  # input order, extra columns carried
@@ -310,21 +367,29 @@ def test_manifest_preprocess_resize_modes():
     arr[:, :2, 0] = 255
     arr[:, 2:, 2] = 255
     im = Image.fromarray(arr)
-    base = dict(onnx=Path("x.onnx"), input="x", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), output="y",
-                interpolation="nearest")
-    crop = rank_encoders.manifest_preprocess(im, rank_encoders.EncoderManifest(input_size=(2, 2), resize="center_crop", **base))
+    base = dict(
+        onnx=Path("x.onnx"), input="x", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), output="y", interpolation="nearest"
+    )
+    crop = rank_encoders.manifest_preprocess(
+        im, rank_encoders.EncoderManifest(input_size=(2, 2), resize="center_crop", **base)
+    )
     assert crop.shape == (3, 2, 2)
     np.testing.assert_array_equal(crop[0], [[1, -1], [1, -1]])  # (1 - .5) / .5 = 1 red, -1 elsewhere
     np.testing.assert_array_equal(crop[2], [[-1, 1], [-1, 1]])
-    box = rank_encoders.manifest_preprocess(im, rank_encoders.EncoderManifest(input_size=(4, 4), resize="letterbox", layout="NHWC",
-                                                            **base))
+    box = rank_encoders.manifest_preprocess(
+        im, rank_encoders.EncoderManifest(input_size=(4, 4), resize="letterbox", layout="NHWC", **base)
+    )
     assert box.shape == (4, 4, 3)
-    np.testing.assert_array_equal(box[0], 0)   # padding = the mean colour = 0 after normalisation
+    np.testing.assert_array_equal(box[0], 0)  # padding = the mean colour = 0 after normalisation
     np.testing.assert_array_equal(box[3], 0)
     np.testing.assert_array_equal(box[1:3, :2, 0], 1)
     np.testing.assert_array_equal(box[1:3, 2:, 2], 1)
-    st = rank_encoders.manifest_preprocess(im, rank_encoders.EncoderManifest(input_size=(3, 2), resize="stretch", pixel_scale=1.0,
-                                                           **{**base, "mean": (0, 0, 0), "std": (1, 1, 1)}))
+    st = rank_encoders.manifest_preprocess(
+        im,
+        rank_encoders.EncoderManifest(
+            input_size=(3, 2), resize="stretch", pixel_scale=1.0, **{**base, "mean": (0, 0, 0), "std": (1, 1, 1)}
+        ),
+    )
     assert st.shape == (3, 3, 2) and st.max() == 255.0  # pixel_scale 1: raw 0..255
 
 
@@ -342,23 +407,28 @@ def test_bad_manifests_are_refused(colour_data, tmp_path):
     with pytest.raises(EncoderManifestError, match="does not exist"):
         rank_encoders.load_encoder_manifest(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
-    for content, msg in [("{not json", "not valid JSON"),
-                         (json.dumps({"onnx": "enc.onnx"}), "missing key"),
-                         (json.dumps({**json.loads(_manifest(colour_data).read_text()), "resize": "squash"}), "resize"),
-                         (json.dumps({**json.loads(_manifest(colour_data).read_text()), "output_kind": "tokens"}),
-                          "output_kind"),
-                         (json.dumps({**json.loads(_manifest(colour_data).read_text()), "input_size": [8]}),
-                          "input_size")]:
+    for content, msg in [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"onnx": "enc.onnx"}), "missing key"),
+        (json.dumps({**json.loads(_manifest(colour_data).read_text()), "resize": "squash"}), "resize"),
+        (json.dumps({**json.loads(_manifest(colour_data).read_text()), "output_kind": "tokens"}), "output_kind"),
+        (json.dumps({**json.loads(_manifest(colour_data).read_text()), "input_size": [8]}), "input_size"),
+    ]:
         bad.write_text(content)
         with pytest.raises(EncoderManifestError, match=msg):
             rank_encoders.load_encoder_manifest(bad)
     with pytest.raises(EncoderManifestError, match="does not exist"):
         rank_encoders.load_encoder_manifest(_manifest(colour_data, "missing.onnx"))
-    for over, msg in [({"input": "pixels"}, "input named"), ({"output": "feat"}, "no output"),
-                      ({"input_size": [16, 16]}, "input_size"), ({"sha256": "0" * 64}, "sha256")]:
+    for over, msg in [
+        ({"input": "pixels"}, "input named"),
+        ({"output": "feat"}, "no output"),
+        ({"input_size": [16, 16]}, "input_size"),
+        ({"sha256": "0" * 64}, "sha256"),
+    ]:
         with pytest.raises(EncoderManifestError, match=msg):
             rank_encoders.OnnxEmbeddingEncoder(_manifest(colour_data, **over))
     import hashlib
+
     good = hashlib.sha256((colour_data / "enc.onnx").read_bytes()).hexdigest()
     rank_encoders.OnnxEmbeddingEncoder(_manifest(colour_data, sha256=good))
 
@@ -367,11 +437,13 @@ def test_cli_usage_errors(colour_data):
     g = str(colour_data / "gallery.csv")
     q = str(colour_data / "queries.csv")
     m = str(_manifest(colour_data))
-    cases = [([q, "--gallery", g], "exactly one of"),
-             ([q, "--gallery", g, "--encoder-manifest", m, "--oracle"], "no QUERIES_CSV"),
-             (["--gallery", g, "--encoder-manifest", m], "QUERIES_CSV, or --oracle"),
-             ([q, "--gallery", g, "--encoder-manifest", m, "--similarity", "maxcos"], "patch tokens"),
-             ([q, "--gallery", str(colour_data / "nope.csv"), "--encoder-manifest", m], "does not exist")]
+    cases = [
+        ([q, "--gallery", g], "exactly one of"),
+        ([q, "--gallery", g, "--encoder-manifest", m, "--oracle"], "no QUERIES_CSV"),
+        (["--gallery", g, "--encoder-manifest", m], "QUERIES_CSV, or --oracle"),
+        ([q, "--gallery", g, "--encoder-manifest", m, "--similarity", "maxcos"], "patch tokens"),
+        ([q, "--gallery", str(colour_data / "nope.csv"), "--encoder-manifest", m], "does not exist"),
+    ]
     for args, msg in cases:
         res = CliRunner().invoke(rank_main, args + ["--no-progress"])
         assert res.exit_code != 0 and msg in res.output, (args, res.output)
@@ -391,8 +463,11 @@ def examples_gallery(tmp_path_factory):
     shutil.copytree(EXAMPLES / "images", d / "images")
     shutil.copytree(EXAMPLES / "masks", d / "masks")
     cls = {"backpack": "bag", "cat": "pet", "dog2": "pet", "teapot": "kitchen"}
-    rows = [{"image": f"images/{s}/{f.name}", "mask": f"masks/{s}/{f.stem}.png", "identity": s, "class": cls[s]}
-            for s in sorted(cls) for f in sorted((EXAMPLES / "images" / s).glob("*.jpg"))]
+    rows = [
+        {"image": f"images/{s}/{f.name}", "mask": f"masks/{s}/{f.stem}.png", "identity": s, "class": cls[s]}
+        for s in sorted(cls)
+        for f in sorted((EXAMPLES / "images" / s).glob("*.jpg"))
+    ]
     rows.append({"image": "images/cat/99.jpg", "mask": "", "identity": "cat", "class": "pet"})
     _write_csv(d / "gallery.csv", ["image", "mask", "identity", "class"], rows)
     return d
@@ -422,12 +497,15 @@ def test_engine_maxcos_oracle_equals_masked_maxcos(naflex_bundle, examples_galle
     qmask = load_mask(str(examples_gallery / "masks/dog2/00.png"))
     w = mask_to_patch_grid(qmask, encs[q].grid)
     assert by[q]["n_query_patches"] == int((w > scorer.fg_threshold).sum()) < encs[q].tokens.shape[0]
-    scores = {p: heads.masked_maxcos(encs[q].tokens, encs[p].tokens, w, scorer.fg_threshold)[0]
-              for p in paths if p != q}
+    scores = {
+        p: heads.masked_maxcos(encs[q].tokens, encs[p].tokens, w, scorer.fg_threshold)[0] for p in paths if p != q
+    }
     best = max(scores, key=scores.get)
     assert abs(by[q]["top1_score"] - scores[best]) <= MAXCOS_BLOCK_ATOL + BATCH_INVARIANCE_ATOL
     relevant = [p.startswith("images/dog2/") for p in scores]
-    assert by[q]["ap"] == pytest.approx(average_precision(list(scores.values()), relevant), abs=FLOAT64_SAME_FORMULA_TOL)
+    assert by[q]["ap"] == pytest.approx(
+        average_precision(list(scores.values()), relevant), abs=FLOAT64_SAME_FORMULA_TOL
+    )
     # Without masks every query patch counts.
     nomask = rank.run_rank(examples_gallery / "gallery.csv", enc, oracle=True, similarity="maxcos", use_masks=False)
     nm = {r["image"]: r for r in nomask.rows}
@@ -459,13 +537,33 @@ def test_engine_queries_file_bad_rows_get_statuses(naflex_bundle, examples_galle
     ]
     _write_csv(tmp_path / "q.csv", ["image", "identity", "method", "mask"], rows)
     out = tmp_path / "out.csv"
-    res = CliRunner().invoke(rank_main, [str(tmp_path / "q.csv"), "--gallery", str(d / "gallery.csv"), "--bundle",
-                                         str(naflex_bundle), "--similarity", "maxcos", "--out", str(out),
-                                         "--no-progress"])
+    res = CliRunner().invoke(
+        rank_main,
+        [
+            str(tmp_path / "q.csv"),
+            "--gallery",
+            str(d / "gallery.csv"),
+            "--bundle",
+            str(naflex_bundle),
+            "--similarity",
+            "maxcos",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
     assert res.exit_code == 0, res.output
     got = list(csv.DictReader(open(out, encoding="utf-8")))
-    assert [r["status"] for r in got] == ["ok", "ok", "unreadable_image", "mask_size_mismatch", "empty_query_mask",
-                                          "missing_file", "bad_row", "no_relevant_gallery_item"]
+    assert [r["status"] for r in got] == [
+        "ok",
+        "ok",
+        "unreadable_image",
+        "mask_size_mismatch",
+        "empty_query_mask",
+        "missing_file",
+        "bad_row",
+        "no_relevant_gallery_item",
+    ]
     # A query that is a gallery file is excluded from its own gallery (never retrieves itself).
     assert got[0]["n_excluded"] == "1" and got[0]["n_gallery"] == "21" and got[0]["class"] == "pet"
     assert got[0]["top1_image"] != "images/cat/01.jpg"
@@ -488,14 +586,18 @@ def shared_oracle(naflex_bundle, tmp_path_factory, request):
     d = tmp_path_factory.mktemp("rank-oracle")
     rows = _read(root / "gallery.csv")
     rng = np.random.default_rng(7)
-    shuffled = [{**rows[i], "image": str(root / rows[i]["image"]), "mask": str(root / rows[i]["mask"])}
-                for i in rng.permutation(len(rows))]
+    shuffled = [
+        {**rows[i], "image": str(root / rows[i]["image"]), "mask": str(root / rows[i]["mask"])}
+        for i in rng.permutation(len(rows))
+    ]
     _write_csv(d / "shuffled.csv", list(rows[0]), shuffled)
     runs = {}
     for name, gallery in (("original", root / "gallery.csv"), ("shuffled", d / "shuffled.csv")):
         out = d / f"{name}.csv"
-        res = CliRunner().invoke(rank_main, ["--oracle", "--gallery", str(gallery), "--bundle", str(naflex_bundle),
-                                             "--out", str(out), "--no-progress"])
+        res = CliRunner().invoke(
+            rank_main,
+            ["--oracle", "--gallery", str(gallery), "--bundle", str(naflex_bundle), "--out", str(out), "--no-progress"],
+        )
         assert res.exit_code == 0, res.output
         runs[name] = (_read(out), _read(d / f"{name}.summary.csv"), res.output)
     return root, rows, runs
@@ -519,7 +621,9 @@ def test_shared_oracle_structure_and_invariants(shared_oracle):
         assert n_rel == counts[g["identity"]] - 1 >= 1
         ap, first = float(r["ap"]), int(r["first_rank"])
         assert 0 < ap <= 1 and 1 <= first <= n - 1 - n_rel + 1
-        assert ap <= (1 / first + n_rel - 1) / n_rel + FLOAT64_SAME_FORMULA_TOL  # the first hit's precision is 1/first, the rest <= 1
+        assert (
+            ap <= (1 / first + n_rel - 1) / n_rel + FLOAT64_SAME_FORMULA_TOL
+        )  # the first hit's precision is 1/first, the rest <= 1
         assert r["top1"] == str(int(first == 1)) and r["top5"] == str(int(first <= 5))
         assert (r["top1_identity"] == r["identity"]) == (first == 1)
         assert -1 <= float(r["top1_score"]) <= 1 + SELF_CP_ATOL

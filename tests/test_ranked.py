@@ -70,21 +70,26 @@ def test_each_caller_equals_scipy_with_its_own_missing_value_rule(seed):
     cp8, pf8 = cp + np.round(rng.normal(scale=0.05, size=300), 2), pf + rng.normal(scale=0.02, size=300)
     cp[rng.random(300) < 0.05], pf8[rng.random(300) < 0.05] = np.nan, np.nan
     ok_cp = ~np.isnan(cp) & ~np.isnan(cp8)
-    assert spearman(cp, cp8).value == pytest.approx(stats.spearmanr(cp[ok_cp], cp8[ok_cp]).statistic,
-                                                    abs=FLOAT64_SAME_FORMULA_TOL)
+    assert spearman(cp, cp8).value == pytest.approx(
+        stats.spearmanr(cp[ok_cp], cp8[ok_cp]).statistic, abs=FLOAT64_SAME_FORMULA_TOL
+    )
     bf16 = cpu_precision.gate_figures({"cp": cp, "pf": pf}, {"cp": cp8, "pf": pf8})
     ok_pf = ~np.isnan(pf) & ~np.isnan(pf8)
-    assert bf16["spearman_cp"] == pytest.approx(stats.spearmanr(cp[ok_cp], cp8[ok_cp]).statistic,
-                                                abs=FLOAT64_SAME_FORMULA_TOL)
-    assert bf16["spearman_pf"] == pytest.approx(stats.spearmanr(pf[ok_pf], pf8[ok_pf]).statistic,
-                                                abs=FLOAT64_SAME_FORMULA_TOL)
+    assert bf16["spearman_cp"] == pytest.approx(
+        stats.spearmanr(cp[ok_cp], cp8[ok_cp]).statistic, abs=FLOAT64_SAME_FORMULA_TOL
+    )
+    assert bf16["spearman_pf"] == pytest.approx(
+        stats.spearmanr(pf[ok_pf], pf8[ok_pf]).statistic, abs=FLOAT64_SAME_FORMULA_TOL
+    )
     ok = ok_cp & ok_pf
     int8 = gate_report(cp, pf, cp8, pf8)
     assert int8["pairs"] == int(ok.sum())
-    assert int8["spearman_cp"] == pytest.approx(stats.spearmanr(cp[ok], cp8[ok]).statistic,
-                                                abs=FLOAT64_SAME_FORMULA_TOL)
-    assert int8["spearman_pf"] == pytest.approx(stats.spearmanr(pf[ok], pf8[ok]).statistic,
-                                                abs=FLOAT64_SAME_FORMULA_TOL)
+    assert int8["spearman_cp"] == pytest.approx(
+        stats.spearmanr(cp[ok], cp8[ok]).statistic, abs=FLOAT64_SAME_FORMULA_TOL
+    )
+    assert int8["spearman_pf"] == pytest.approx(
+        stats.spearmanr(pf[ok], pf8[ok]).statistic, abs=FLOAT64_SAME_FORMULA_TOL
+    )
 
 
 def test_no_other_spearman_in_the_package():

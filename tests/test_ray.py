@@ -17,7 +17,12 @@ def test_ray_executor_equals_local(naflex_bundle, tmp_path):
     pairs = _big_pairs(tmp_path, copies=2)
     local, remote = tmp_path / "local.csv", tmp_path / "ray.csv"
     run_pairs(pairs, Scorer(naflex_bundle), local, options=RunOptions(chunk_size=8, progress=False))
-    s = run_pairs(pairs, Scorer(naflex_bundle), remote, options=RunOptions(chunk_size=8, executor="ray", ray_workers=2, progress=False))
+    s = run_pairs(
+        pairs,
+        Scorer(naflex_bundle),
+        remote,
+        options=RunOptions(chunk_size=8, executor="ray", ray_workers=2, progress=False),
+    )
     assert s.rows == 40 and s.ok == 40
     a, b = read_output(local), read_output(remote)
     assert [r["row_index"] for r in a] == [r["row_index"] for r in b] == [str(i) for i in range(1, 41)]
@@ -34,9 +39,17 @@ def test_ray_workers_share_the_persistent_cache(naflex_bundle, tmp_path):
     later local run with that cache encodes nothing."""
     pairs = _big_pairs(tmp_path, copies=1)
     cache = tmp_path / "cache"
-    s = run_pairs(pairs, Scorer(naflex_bundle), tmp_path / "ray.csv", options=RunOptions(chunk_size=8, executor="ray", ray_workers=2, cache_dir=cache, progress=False))
+    s = run_pairs(
+        pairs,
+        Scorer(naflex_bundle),
+        tmp_path / "ray.csv",
+        options=RunOptions(chunk_size=8, executor="ray", ray_workers=2, cache_dir=cache, progress=False),
+    )
     assert s.rows == 20 and s.images_encoded > 0
-    again = run_pairs(pairs, Scorer(naflex_bundle), tmp_path / "local.csv", options=RunOptions(cache_dir=cache, progress=False))
+    again = run_pairs(
+        pairs, Scorer(naflex_bundle), tmp_path / "local.csv", options=RunOptions(cache_dir=cache, progress=False)
+    )
     assert again.images_encoded == 0 and again.cache_hits > 0
-    assert [(r["cp"], r["pf"]) for r in read_output(tmp_path / "ray.csv")] == \
-        [(r["cp"], r["pf"]) for r in read_output(tmp_path / "local.csv")]
+    assert [(r["cp"], r["pf"]) for r in read_output(tmp_path / "ray.csv")] == [
+        (r["cp"], r["pf"]) for r in read_output(tmp_path / "local.csv")
+    ]

@@ -75,7 +75,12 @@ def test_worker_node_lost_mid_run_no_row_lost_or_duplicated(naflex_bundle, tmp_p
 
     killer = threading.Thread(target=kill_worker_node, daemon=True)
     killer.start()
-    s = run_pairs(pairs, Scorer(naflex_bundle), remote, options=RunOptions(chunk_size=2, executor="ray", ray_address=cluster.address, progress=False))
+    s = run_pairs(
+        pairs,
+        Scorer(naflex_bundle),
+        remote,
+        options=RunOptions(chunk_size=2, executor="ray", ray_address=cluster.address, progress=False),
+    )
     killer.join(timeout=60)
     assert killed.is_set(), "the worker node was never removed"
     assert s.lost_workers >= 1, "no chunk was in flight on the lost node: the fault was not exercised"

@@ -43,8 +43,10 @@ def commands() -> dict:
 
 def test_commands_page_is_generated_from_the_commands():
     text = COMMANDS_MD.read_text(encoding="utf-8")
-    assert _gen().render(text) == text, ("docs/commands.md's option tables differ from the click commands: "
-                                         "run  python scripts/gen_cli_docs.py  and commit the result")
+    assert _gen().render(text) == text, (
+        "docs/commands.md's option tables differ from the click commands: "
+        "run  python scripts/gen_cli_docs.py  and commit the result"
+    )
 
 
 # ------------------------------------------------------------------------------ parsing Markdown
@@ -146,8 +148,12 @@ def _check_page(path: Path, commands: dict) -> int:
         for tokens in _command_lines(block):
             _check_args(where, *_resolve(commands, tokens))
             checked += 1
-    every = {o: c for c in commands.values() for sub in ([*c.commands.values()] if isinstance(c, click.Group) else [c])
-             for o in _options(sub)}
+    every = {
+        o: c
+        for c in commands.values()
+        for sub in ([*c.commands.values()] if isinstance(c, click.Group) else [c])
+        for o in _options(sub)
+    }
     for heading, body in _sections(text):
         words = re.findall(r"[\w-]+", heading)
         section_cmd = _resolve(commands, words[:2]) if words and words[0] in commands else None
@@ -162,14 +168,18 @@ def _check_page(path: Path, commands: dict) -> int:
                 checked += 1
             for opt in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", span if span.startswith("--") else ""):
                 if section_cmd:
-                    assert opt in _options(section_cmd[1]), f"{where}, section {heading!r}: {section_cmd[0]} has no {opt}"
+                    assert opt in _options(section_cmd[1]), (
+                        f"{where}, section {heading!r}: {section_cmd[0]} has no {opt}"
+                    )
                 else:
                     assert opt in every, f"{where}, section {heading!r}: no command has {opt}"
                 checked += 1
         for row in re.findall(r"^\| *(`--[^|]*)\|", body, re.M):
             for opt in re.findall(r"`(--?[a-z][a-z0-9-]*)", row):
                 if section_cmd:
-                    assert opt in _options(section_cmd[1]), f"{where}, table under {heading!r}: {section_cmd[0]} has no {opt}"
+                    assert opt in _options(section_cmd[1]), (
+                        f"{where}, table under {heading!r}: {section_cmd[0]} has no {opt}"
+                    )
                 else:
                     assert opt in every, f"{where}, table under {heading!r}: no command has {opt}"
                 checked += 1
@@ -185,11 +195,13 @@ def test_commands_and_options_named_exist(page, commands):
 
 def test_the_check_catches_a_wrong_option_and_a_wrong_choice(commands, tmp_path):
     """The check above fails on the mistakes it is for (a renamed option, a value not offered)."""
-    for wrong in ("```bash\nmasc-run p.csv --bundle b --no-such-flag\n```\n",
-                  "```bash\nmasc-run p.csv --bundle b --stripper nltk\n```\n",
-                  "```bash\nmasc-rnu p.csv\n```\n",
-                  "## masc-report\n\nUse `--no-progress` here.\n",
-                  "## masc-run\n\n### Resume\n\nUse `--gallery` here.\n"):
+    for wrong in (
+        "```bash\nmasc-run p.csv --bundle b --no-such-flag\n```\n",
+        "```bash\nmasc-run p.csv --bundle b --stripper nltk\n```\n",
+        "```bash\nmasc-rnu p.csv\n```\n",
+        "## masc-report\n\nUse `--no-progress` here.\n",
+        "## masc-run\n\n### Resume\n\nUse `--gallery` here.\n",
+    ):
         page = tmp_path / "page.md"
         page.write_text(wrong, encoding="utf-8")
         with pytest.raises(AssertionError):

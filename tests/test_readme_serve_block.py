@@ -50,8 +50,14 @@ def _demo_layout(folder: Path, naflex_bundle: Path) -> None:
 
 def _run_block(script: str, cwd: Path) -> subprocess.CompletedProcess:
     # A hang guard only: each block ends by itself once the server is ready and has answered.
-    return subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        ["bash", "-c", script],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def test_readme_serve_block_runs_as_pasted(naflex_bundle, tmp_path):
@@ -83,7 +89,9 @@ def test_service_page_blocks_run_as_pasted(naflex_bundle, tmp_path):
     _demo_layout(tmp_path, naflex_bundle)
     port = str(_free_port())
     (tmp_path / "client.py").write_text(python.replace("8000", port))
-    script = (shell + f'\n"{sys.executable}" client.py\nkill %1; wait %1; echo "exit status $?"\n').replace("8000", port)
+    script = (shell + f'\n"{sys.executable}" client.py\nkill %1; wait %1; echo "exit status $?"\n').replace(
+        "8000", port
+    )
     done = _run_block(script, tmp_path)
     out = done.stdout.splitlines()
     assert done.returncode == 0, done.stderr[-2000:]

@@ -90,11 +90,17 @@ def _hf_processors() -> dict:
     pil_clip = pytest.importorskip("transformers.models.clip.image_processing_pil_clip")
     pil_bit = pytest.importorskip("transformers.models.bit.image_processing_pil_bit")
     # openai/clip-vit-base-patch32's preprocessor_config is the class's defaults.
-    clip = pil_clip.CLIPImageProcessorPil(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224},
-                                          resample=3)
+    clip = pil_clip.CLIPImageProcessorPil(
+        size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224}, resample=3
+    )
     # facebook/dinov2-small's preprocessor_config: shortest edge 256, crop 224, bicubic, ImageNet mean/std.
-    dinov2 = pil_bit.BitImageProcessorPil(size={"shortest_edge": 256}, crop_size={"height": 224, "width": 224},
-                                          resample=3, image_mean=list(IMAGENET_MEAN), image_std=list(IMAGENET_STD))
+    dinov2 = pil_bit.BitImageProcessorPil(
+        size={"shortest_edge": 256},
+        crop_size={"height": 224, "width": 224},
+        resample=3,
+        image_mean=list(IMAGENET_MEAN),
+        image_std=list(IMAGENET_STD),
+    )
     return {"clip": (clip, CLIP_B32_DREAMBENCH), "dinov2": (dinov2, DINOV2_HF)}
 
 
@@ -156,8 +162,9 @@ def torchvision_reference(image: Image.Image) -> tuple[np.ndarray, np.ndarray]:
 def test_equals_hf_pil_processor(hf, which, name):
     proc, recipe = hf[which]
     image = IMAGES[name]
-    ref_u8 = proc(images=[_hf_loaded(image)], do_rescale=False, do_normalize=False,
-                  return_tensors="np")["pixel_values"][0]
+    ref_u8 = proc(images=[_hf_loaded(image)], do_rescale=False, do_normalize=False, return_tensors="np")[
+        "pixel_values"
+    ][0]
     ref = proc(images=[_hf_loaded(image)], return_tensors="np")["pixel_values"][0]
     ours_u8 = to_uint8_before_normalise(image, recipe)
     ours = preprocess(image, recipe)
@@ -205,8 +212,9 @@ def test_resize_sizes_follow_the_int_rule():
     assert resized_size(1001, 1000, DINOV2_HF) == (256, 256)
     assert resized_size(1, 300, DINO_V1_EVAL) == (256, 76800)
     assert resized_size(300, 1, CLIP_B32_DREAMBENCH) == (67200, 224)
-    fixed = replace(DINOV2_HF, resize_mode="fixed", size=224, crop_size=None, crop_rounding=None,
-                    interpolation="bilinear")
+    fixed = replace(
+        DINOV2_HF, resize_mode="fixed", size=224, crop_size=None, crop_rounding=None, interpolation="bilinear"
+    )
     assert resized_size(333, 517, fixed) == (224, 224)
     assert to_uint8_before_normalise(IMAGES["333x517"], fixed).shape == (224, 224, 3)
 
@@ -216,8 +224,10 @@ def test_rescale_paths_agree_on_every_uint8_value():
     values for all 256 levels, so one normalise serves both references."""
     levels = np.arange(256, dtype=np.uint8).reshape(16, 16, 1).repeat(3, axis=2)
     ours = normalise(levels, DINO_V1_EVAL)
-    tv = (levels.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
-          - np.asarray(IMAGENET_MEAN, np.float32)[:, None, None]) / np.asarray(IMAGENET_STD, np.float32)[:, None, None]
+    tv = (
+        levels.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
+        - np.asarray(IMAGENET_MEAN, np.float32)[:, None, None]
+    ) / np.asarray(IMAGENET_STD, np.float32)[:, None, None]
     np.testing.assert_array_equal(ours, tv)
 
 
@@ -229,7 +239,9 @@ def test_exif_orientation_is_applied():
     assert load_rgb(im, CLIP_B32_DREAMBENCH).size == (333, 517)
     ignored = replace(CLIP_B32_DREAMBENCH, exif_transpose=False)
     assert load_rgb(im, ignored).size == (517, 333)
-    assert not np.array_equal(to_uint8_before_normalise(im, ignored), to_uint8_before_normalise(im, CLIP_B32_DREAMBENCH))
+    assert not np.array_equal(
+        to_uint8_before_normalise(im, ignored), to_uint8_before_normalise(im, CLIP_B32_DREAMBENCH)
+    )
 
 
 @pytest.mark.parametrize("name", ["rgba", "la", "palette_transparent"])
@@ -265,14 +277,25 @@ def test_manifest_round_trip(name):
 
 def test_named_recipes_hold_the_reference_values():
     assert (CLIP_B32_DREAMBENCH.size, CLIP_B32_DREAMBENCH.crop_size, CLIP_B32_DREAMBENCH.crop_rounding) == (
-        224, (224, 224), "hf_floor")
+        224,
+        (224, 224),
+        "hf_floor",
+    )
     assert CLIP_B32_DREAMBENCH.image_mean == (0.48145466, 0.4578275, 0.40821073)
     assert CLIP_B32_DREAMBENCH.image_std == (0.26862954, 0.26130258, 0.27577711)
     assert (DINO_V1_EVAL.size, DINO_V1_EVAL.crop_rounding, DINOV2_HF.size, DINOV2_HF.crop_rounding) == (
-        256, "torchvision_round", 256, "hf_floor")
+        256,
+        "torchvision_round",
+        256,
+        "hf_floor",
+    )
     for r in NAMED_RECIPES.values():
         assert (r.resize_mode, r.interpolation, r.exif_transpose, r.alpha) == (
-            "shortest_edge", "bicubic", True, "composite_on_white")
+            "shortest_edge",
+            "bicubic",
+            True,
+            "composite_on_white",
+        )
         assert r.follows and r.crop_size == (224, 224)
     assert DINOV2_HF.image_mean == DINO_V1_EVAL.image_mean == (0.485, 0.456, 0.406)
 

@@ -18,14 +18,15 @@ FORBIDDEN = {
     r"\bthat wrote\b": "who wrote it: state the verification status",
     r"\blent\b|\bloan(s|ed)?\b": "borrowed hardware: state what ran where",
     r"\bthis session\b|\bsessions? (so far|that (wrote|holds?|had))\b|\bno session had\b|\bsession's time\b|"
-    r"\bother sessions\b":
-        "a work session (ONNX Runtime sessions are fine): state the measurement or the status",
-    r"\bhelpers?'|\bother helpers\b|\bhelpers? (session|engineer|job)s?\b|\bhelpers? (ran|wrote)\b":
-        "people as helpers: state what ran",
+    r"\bother sessions\b": "a work session (ONNX Runtime sessions are fine): state the measurement or the status",
+    r"\bhelpers?'|\bother helpers\b|\bhelpers? (session|engineer|job)s?\b|\bhelpers? (ran|wrote)\b": "people as helpers: state what ran",
 }
 #: Upstream trackers a reader can open (``uvicorn issue #157``) are citations, not our history.
-UPSTREAM = re.compile(r"\b(uvicorn|onnxruntime|onnx|tensorrt|pytorch|torch|transformers|pillow|click|tqdm|ray|"
-                      r"fastapi|starlette|numpy|cupy|openvino)(['’]s)? issues? #[0-9]", re.I)
+UPSTREAM = re.compile(
+    r"\b(uvicorn|onnxruntime|onnx|tensorrt|pytorch|torch|transformers|pillow|click|tqdm|ray|"
+    r"fastapi|starlette|numpy|cupy|openvino)(['’]s)? issues? #[0-9]",
+    re.I,
+)
 
 
 def _files():
@@ -45,7 +46,7 @@ def test_no_words_about_how_the_code_was_made():
         for pattern, why in FORBIDDEN.items():
             for m in re.finditer(pattern, text, re.I):
                 line_start = text.rfind("\n", 0, m.start()) + 1
-                line = text[line_start:text.find("\n", m.end())]
+                line = text[line_start : text.find("\n", m.end())]
                 if UPSTREAM.search(line):
                     continue
                 n = text.count("\n", 0, m.start()) + 1
@@ -54,9 +55,22 @@ def test_no_words_about_how_the_code_was_made():
 
 
 def test_the_check_sees_each_kind():
-    for sample in ("int8 gates (issue 4)", "unverified by the session that wrote it", "on the lent GPU",
-                   "no session had a GPU", "shared with other helpers' jobs"):
+    for sample in (
+        "int8 gates (issue 4)",
+        "unverified by the session that wrote it",
+        "on the lent GPU",
+        "no session had a GPU",
+        "shared with other helpers' jobs",
+    ):
         assert any(re.search(p, sample, re.I) for p in FORBIDDEN), sample
-    for fine in ("an ONNX Runtime session per graph", "numpy_helper.from_array", "onnx.helper.make_node",
-                 "equivalent", "silently", "a CUDA session", "cheap: no session is made", "no session warm-up"):
+    for fine in (
+        "an ONNX Runtime session per graph",
+        "numpy_helper.from_array",
+        "onnx.helper.make_node",
+        "equivalent",
+        "silently",
+        "a CUDA session",
+        "cheap: no session is made",
+        "no session warm-up",
+    ):
         assert not any(re.search(p, fine, re.I) for p in FORBIDDEN), fine

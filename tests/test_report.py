@@ -30,7 +30,7 @@ from masc_engine import report as rp
 from masc_engine.jobs.results import meta_path, read_output, write_output
 from masc_engine.tolerances import FLOAT64_SAME_FORMULA_TOL
 
-HOSTILE = '<script>alert("pwn")</script> a cat & a <b>dog</b> \'quoted\''
+HOSTILE = "<script>alert(\"pwn\")</script> a cat & a <b>dog</b> 'quoted'"
 METHODS = ("alpha_method", "beta_method")
 SECTIONS = ("summary", "methods", "distributions", "within-cross", "extremes")
 
@@ -68,33 +68,63 @@ def synthetic(tmp_path):
         within = i % 3 != 0
         cp = float(rng.normal(0.8 if within else 0.45, 0.05))
         pf = float(rng.normal(0.12 if method == METHODS[0] else 0.08, 0.02))
-        row = {"key": f"k{i:02d}", "subject": f"s{i % 4}", "method": method, "within": "true" if within else "false",
-               "ref_image": f"images/ref{i % 4}.png", "ref_mask": "m.png", "out_image": f"images/out{i % 4}.png",
-               "out_mask": "m.png", "prompt": f"a photo of thing {i}", "object_name": "thing", "row_index": i + 1,
-               "row_key": f"rk{i}", "cp": cp, "pf": pf, "status": "ok", "status_detail": "",
-               "prompt_text": f"a photo of thing {i}", "cp_map": f"maps/{i + 1:07d}_cp.png",
-               "pf_map": f"maps/{i + 1:07d}_pf.png"}
+        row = {
+            "key": f"k{i:02d}",
+            "subject": f"s{i % 4}",
+            "method": method,
+            "within": "true" if within else "false",
+            "ref_image": f"images/ref{i % 4}.png",
+            "ref_mask": "m.png",
+            "out_image": f"images/out{i % 4}.png",
+            "out_mask": "m.png",
+            "prompt": f"a photo of thing {i}",
+            "object_name": "thing",
+            "row_index": i + 1,
+            "row_key": f"rk{i}",
+            "cp": cp,
+            "pf": pf,
+            "status": "ok",
+            "status_detail": "",
+            "prompt_text": f"a photo of thing {i}",
+            "cp_map": f"maps/{i + 1:07d}_cp.png",
+            "pf_map": f"maps/{i + 1:07d}_pf.png",
+        }
         rows.append(row)
-    rows[1].update(status="missing_file", status_detail="out_image images/gone.png", cp=math.nan, pf=math.nan,
-                   out_image="images/gone.png", cp_map="", pf_map="")
-    rows[4].update(status="unreadable_image", cp=math.nan, pf=math.nan, ref_image="images/broken.png",
-                   cp_map="", pf_map="")
+    rows[1].update(
+        status="missing_file",
+        status_detail="out_image images/gone.png",
+        cp=math.nan,
+        pf=math.nan,
+        out_image="images/gone.png",
+        cp_map="",
+        pf_map="",
+    )
+    rows[4].update(
+        status="unreadable_image", cp=math.nan, pf=math.nan, ref_image="images/broken.png", cp_map="", pf_map=""
+    )
     rows[7].update(status="no_background", pf=math.nan, pf_map="")
     rows[10].update(status="missing_file", cp=math.nan, pf=math.nan, cp_map="", pf_map="")
     # best CP (shown in the table), with a hostile prompt, a missing output and a missing map
-    rows[2].update(cp=0.99, prompt=HOSTILE, prompt_text=HOSTILE, out_image="images/does_not_exist.png",
-                   cp_map="maps/nope.png")
+    rows[2].update(
+        cp=0.99, prompt=HOSTILE, prompt_text=HOSTILE, out_image="images/does_not_exist.png", cp_map="maps/nope.png"
+    )
     # the worst CP has an unreadable reference image: placeholder, no crash
     rows[3].update(cp=0.05, ref_image="images/broken.png")
     for r in rows:
         for col, color in (("cp_map", (255, 230, 0)), ("pf_map", (0, 230, 255))):
             if r[col] and "nope" not in r[col]:
                 _png(out_dir / r[col], color, alpha=True)
-    meta = {"fingerprint": "f00d", "input": str(pairs_dir / "pairs.csv"), "output": str(out_dir / "scores.csv"),
-            "bundle": "/bundles/tiny", "bundle_fingerprint": "b1a2c3d4e5",
-            "source_model": {"model": "random:tiny-naflex", "revision": None, "random_weights": True},
-            "settings": {"exif": "apply", "stripper": "regex", "max_num_patches": 1024, "provider": "cpu"},
-            "runtime_versions": {"masc_engine": "0.1.0", "numpy": np.__version__}, "finished": "2026-01-01T00:00:00Z"}
+    meta = {
+        "fingerprint": "f00d",
+        "input": str(pairs_dir / "pairs.csv"),
+        "output": str(out_dir / "scores.csv"),
+        "bundle": "/bundles/tiny",
+        "bundle_fingerprint": "b1a2c3d4e5",
+        "source_model": {"model": "random:tiny-naflex", "revision": None, "random_weights": True},
+        "settings": {"exif": "apply", "stripper": "regex", "max_num_patches": 1024, "provider": "cpu"},
+        "runtime_versions": {"masc_engine": "0.1.0", "numpy": np.__version__},
+        "finished": "2026-01-01T00:00:00Z",
+    }
     return {"rows": rows, "meta": meta, "pairs_dir": pairs_dir, "out_dir": out_dir}
 
 
@@ -185,8 +215,10 @@ def test_random_weights_banner(synthetic):
     text = _report(path)
     assert text.count('id="random-weights"') == 1 and banner in text
     assert text.index('id="random-weights"') < text.index('<section id="summary">')
-    real = dict(synthetic["meta"], source_model={"model": "google/siglip2-so400m-patch16-naflex",
-                                                  "revision": "main", "random_weights": False})
+    real = dict(
+        synthetic["meta"],
+        source_model={"model": "google/siglip2-so400m-patch16-naflex", "revision": "main", "random_weights": False},
+    )
     rows, _ = rp.load_scores(path)
     assert 'id="random-weights"' not in rp.build_report(rows, real, scores_path=path, options=_opts())
     assert 'id="random-weights"' not in rp.build_report(rows, None, scores_path=path, options=_opts())
@@ -205,7 +237,9 @@ def test_prompts_and_all_text_are_escaped(synthetic):
     assert all('"' not in p and "'" not in p and ">" not in p for p in prompts)
     assert "<b>dog</b>" not in text
     assert "<img src=x" not in text
-    assert [html.unescape(t) for t in re.findall(r"<title>([^<\"]*)</title>", text)] == ['<img src=x onerror="alert(1)">']
+    assert [html.unescape(t) for t in re.findall(r"<title>([^<\"]*)</title>", text)] == [
+        '<img src=x onerror="alert(1)">'
+    ]
 
 
 def test_self_contained_no_external_references(synthetic):
@@ -293,8 +327,9 @@ def test_every_metric_column_of_the_file_is_shown(synthetic):
     text = _report(path)
     from masc_engine.jobs import eval_tables as et
 
-    means = {r["method"]: r for r in et.means_table(et.score_units(read_output(path), et.TableOptions(
-        n_resamples=10))).rows}
+    means = {
+        r["method"]: r for r in et.means_table(et.score_units(read_output(path), et.TableOptions(n_resamples=10))).rows
+    }
     for m in METHODS:
         tr = re.search(rf'<tr data-method="{m}">(.*?)</tr>', text).group(1)
         for c in (*classic, "cp_mnn_frac"):
@@ -330,8 +365,15 @@ def test_within_cross_auc_equals_agreement(ties):
         opts = rp.ReportOptions(within_column="w", n_resamples=300, seed=seed, confidence=conf)
         mine = rp.within_cross(rows, "cp", opts).pooled
         ref = ag.within_vs_cross_auc(s, lab, n_resamples=300, seed=seed, confidence=conf)
-        slow = ag.bootstrap_ci(lambda a, b: roc_auc_score(b, a), s[ok], lab[ok], n_resamples=300, seed=seed,
-                               confidence=conf, strata=lab[ok])
+        slow = ag.bootstrap_ci(
+            lambda a, b: roc_auc_score(b, a),
+            s[ok],
+            lab[ok],
+            n_resamples=300,
+            seed=seed,
+            confidence=conf,
+            strata=lab[ok],
+        )
         assert mine["auc"] == ref.value == pytest.approx(roc_auc_score(lab[ok], s[ok]), abs=FLOAT64_SAME_FORMULA_TOL)
         assert mine["auc_low"] == ref.low == pytest.approx(slow.low, abs=FLOAT64_SAME_FORMULA_TOL)
         assert mine["auc_high"] == ref.high == pytest.approx(slow.high, abs=FLOAT64_SAME_FORMULA_TOL)
@@ -367,9 +409,24 @@ def test_empty_and_odd_score_files(tmp_path):
 def test_cli(synthetic):
     path = _write(synthetic, "scores.jsonl")
     out = synthetic["out_dir"] / "r.html"
-    res = CliRunner().invoke(report_main, [str(path), "--out", str(out), "--within-column", "method",
-                                           "--within-value", METHODS[0], "--top", "2", "--title", "T<1>",
-                                           "--n-resamples", "100"])
+    res = CliRunner().invoke(
+        report_main,
+        [
+            str(path),
+            "--out",
+            str(out),
+            "--within-column",
+            "method",
+            "--within-value",
+            METHODS[0],
+            "--top",
+            "2",
+            "--title",
+            "T<1>",
+            "--n-resamples",
+            "100",
+        ],
+    )
     assert res.exit_code == 0, res.output
     text = out.read_text(encoding="utf-8")
     assert "<title>T&lt;1&gt;</title>" in text and f"method = {METHODS[0]}" in text
@@ -391,10 +448,21 @@ def _chromium() -> str | None:
 
 def screenshot(html_path: Path, png: Path, profile: Path, size=(1280, 2000)) -> Path:
     exe = _chromium()
-    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}", f"--screenshot={png}",
-           html_path.resolve().as_uri()]
+    cmd = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--window-size={size[0]},{size[1]}",
+        f"--screenshot={png}",
+        html_path.resolve().as_uri(),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and png.is_file(), f"chromium failed ({proc.returncode}): {proc.stderr[-2000:]}"
     return png
@@ -412,8 +480,10 @@ def in_ci() -> bool:
 def require_chromium() -> None:
     """Skip without Chromium on a developer machine; under CI, fail: the render check must run."""
     if _chromium() is None:
-        why = ("no chromium / chromium-browser on PATH "
-               "(apt-get install -y --no-install-recommends chromium fonts-dejavu-core)")
+        why = (
+            "no chromium / chromium-browser on PATH "
+            "(apt-get install -y --no-install-recommends chromium fonts-dejavu-core)"
+        )
         if in_ci():
             pytest.fail(f"CI=true and {why}: the headless-Chromium report check cannot be skipped in CI")
         pytest.skip(why)
@@ -451,9 +521,22 @@ def test_end_to_end_from_masc_run(naflex_bundle, tmp_path):
     settings = RunSettings(save_maps=str(tmp_path / "maps")) if "save_maps" in fields else RunSettings()
     run_pairs(EXAMPLES / "pairs.csv", Scorer(naflex_bundle), out, settings, options=RunOptions(progress=False))
     page = tmp_path / "report.html"
-    res = CliRunner().invoke(report_main, [str(out), "--out", str(page), "--within-column", "method",
-                                           "--within-value", "same_subject_photo", "--top", "3",
-                                           "--image-root", str(EXAMPLES)])  # the pairs' images: allowed
+    res = CliRunner().invoke(
+        report_main,
+        [
+            str(out),
+            "--out",
+            str(page),
+            "--within-column",
+            "method",
+            "--within-value",
+            "same_subject_photo",
+            "--top",
+            "3",
+            "--image-root",
+            str(EXAMPLES),
+        ],
+    )  # the pairs' images: allowed
     assert res.exit_code == 0, res.output
     text = page.read_text(encoding="utf-8")
     rows = read_output(out)
@@ -486,8 +569,9 @@ def test_thumbnails_open_only_the_allowlisted_formats(tmp_path, monkeypatch):
     called = []
     monkeypatch.setattr(EpsImagePlugin, "Ghostscript", lambda *a, **k: called.append(a))
     eps = tmp_path / "x.png"  # the name says PNG; the bytes are PostScript
-    eps.write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nnewpath 0 0 moveto 8 8 lineto stroke\n"
-                    b"showpage\n%%EOF\n")
+    eps.write_bytes(
+        b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nnewpath 0 0 moveto 8 8 lineto stroke\nshowpage\n%%EOF\n"
+    )
     png = tmp_path / "ok.png"
     Image.new("RGB", (8, 8), (200, 10, 10)).save(png)
     thumbs = Thumbnails(px=8)

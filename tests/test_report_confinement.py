@@ -40,14 +40,27 @@ def _png_header_only(path: Path, width: int, height: int) -> Path:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
     return path
 
 
 def _row(i: int, ref: str, out: str, **kw) -> dict:
-    return {"key": f"k{i}", "method": "m", "ref_image": ref, "ref_mask": "", "out_image": out, "out_mask": "",
-            "prompt": f"p{i}", "row_index": i, "cp": 0.9 - 0.01 * i, "pf": 0.1 + 0.01 * i, "status": "ok", **kw}
+    return {
+        "key": f"k{i}",
+        "method": "m",
+        "ref_image": ref,
+        "ref_mask": "",
+        "out_image": out,
+        "out_mask": "",
+        "prompt": f"p{i}",
+        "row_index": i,
+        "cp": 0.9 - 0.01 * i,
+        "pf": 0.1 + 0.01 * i,
+        "status": "ok",
+        **kw,
+    }
 
 
 def _scores(run: Path, rows: list[dict]) -> Path:
@@ -59,8 +72,9 @@ def _scores(run: Path, rows: list[dict]) -> Path:
 
 def _report(path: Path, **kw) -> str:
     rows, meta = rp.load_scores(path)
-    return rp.build_report(rows, meta, scores_path=path,
-                           options=rp.ReportOptions(top_k=len(rows), n_resamples=50, **kw))
+    return rp.build_report(
+        rows, meta, scores_path=path, options=rp.ReportOptions(top_k=len(rows), n_resamples=50, **kw)
+    )
 
 
 def _figure_of_row(text: str, row: int, alt: str) -> str:
@@ -80,11 +94,13 @@ def layout(tmp_path):
     hidden = _png(secret / "s.png", (250, 0, 250))
     (run / "img" / "link.png").symlink_to(hidden)
     (run / "img" / "inner_link.png").symlink_to(ok)
-    rows = [_row(1, "img/ok.png", "img/inner_link.png"),
-            _row(2, str(hidden), "img/ok.png"),  # an absolute path out of the run
-            _row(3, "../secret/s.png", "img/ok.png"),  # a relative path out of the run
-            _row(4, "img/link.png", "img/ok.png"),  # a symlink out of the run
-            _row(5, "img/ok.png", "img/ok.png", ref_mask="../secret/s.png")]  # a mask out of the run
+    rows = [
+        _row(1, "img/ok.png", "img/inner_link.png"),
+        _row(2, str(hidden), "img/ok.png"),  # an absolute path out of the run
+        _row(3, "../secret/s.png", "img/ok.png"),  # a relative path out of the run
+        _row(4, "img/link.png", "img/ok.png"),  # a symlink out of the run
+        _row(5, "img/ok.png", "img/ok.png", ref_mask="../secret/s.png"),
+    ]  # a mask out of the run
     return {"run": run, "secret": secret, "hidden": hidden, "scores": _scores(run, rows)}
 
 
@@ -112,9 +128,22 @@ def html_escape(s: str) -> str:
 
 def test_image_root_allows_a_folder_and_the_cli_repeats_it(layout):
     page = layout["run"] / "r.html"
-    res = CliRunner().invoke(report_main, [str(layout["scores"]), "--out", str(page), "--top", "5",
-                                           "--n-resamples", "50", "--image-root", str(layout["run"]),
-                                           "--image-root", str(layout["secret"])])
+    res = CliRunner().invoke(
+        report_main,
+        [
+            str(layout["scores"]),
+            "--out",
+            str(page),
+            "--top",
+            "5",
+            "--n-resamples",
+            "50",
+            "--image-root",
+            str(layout["run"]),
+            "--image-root",
+            str(layout["secret"]),
+        ],
+    )
     assert res.exit_code == 0, res.output
     text = page.read_text(encoding="utf-8")
     for row in (2, 3, 4):  # now allowed: the secret folder was named
@@ -165,8 +194,10 @@ def test_mask_thumbnails_use_the_format_allowlist(tmp_path, monkeypatch):
 
 def test_method_names_are_drawn_as_text_not_mathtext(tmp_path):
     names = ["$\\foo$", "$x^{2}$", "plain"]
-    rows = [_row(i, "", "", method=names[i % 3], cp=float(v), pf=float(v) / 4)
-            for i, v in enumerate(np.linspace(0.2, 0.9, 9))]
+    rows = [
+        _row(i, "", "", method=names[i % 3], cp=float(v), pf=float(v) / 4)
+        for i, v in enumerate(np.linspace(0.2, 0.9, 9))
+    ]
     text = _report(_scores(tmp_path, rows))
     plots = re.search(r'<section id="distributions">(.*?)</section>', text, re.DOTALL).group(1)
     assert "$x^{2}$" in plots and "$\\foo$" in plots  # the characters themselves, not a formula

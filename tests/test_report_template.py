@@ -45,15 +45,31 @@ def _parse(text: str) -> _Page:
 
 
 def _rows(n: int = 4) -> list[dict]:
-    return [{"key": f"{HOSTILE} key {i}", "subject": HOSTILE, "method": HOSTILE if i % 2 else "plain",
-             "prompt": HOSTILE, "status": "ok" if i else HOSTILE, "within": "true" if i % 2 else "false",
-             "ref_image": f"{HOSTILE}.png", "out_image": "", "cp": 0.5 + 0.1 * i, "pf": 0.1 * i}
-            for i in range(n)]
+    return [
+        {
+            "key": f"{HOSTILE} key {i}",
+            "subject": HOSTILE,
+            "method": HOSTILE if i % 2 else "plain",
+            "prompt": HOSTILE,
+            "status": "ok" if i else HOSTILE,
+            "within": "true" if i % 2 else "false",
+            "ref_image": f"{HOSTILE}.png",
+            "out_image": "",
+            "cp": 0.5 + 0.1 * i,
+            "pf": 0.1 * i,
+        }
+        for i in range(n)
+    ]
 
 
 def _page(tmp_path: Path) -> str:
-    meta = {"source_model": HOSTILE, "bundle": HOSTILE, "input": str(tmp_path / "pairs.csv"),
-            "settings": {HOSTILE: HOSTILE, "nested": {HOSTILE: HOSTILE}}, "runtime_versions": {"masc_engine": HOSTILE}}
+    meta = {
+        "source_model": HOSTILE,
+        "bundle": HOSTILE,
+        "input": str(tmp_path / "pairs.csv"),
+        "settings": {HOSTILE: HOSTILE, "nested": {HOSTILE: HOSTILE}},
+        "runtime_versions": {"masc_engine": HOSTILE},
+    }
     opts = rp.ReportOptions(title=HOSTILE, within_column="within", top_k=2, n_resamples=20)
     return rp.build_report(_rows(), meta, scores_path=tmp_path / "scores.csv", options=opts)
 
@@ -98,18 +114,22 @@ def test_the_score_columns_follow_metrics(tmp_path, monkeypatch):
     best / worst table."""
     both = _page(tmp_path)
     assert 'colspan="6"' in _page_without_rows(tmp_path)  # #, pair, CP, PF, prompt, images
-    assert both.count("<h3>Best 2 by ") == 2 and 'data-metric="pf"' in both and "<th class=\"num\">PF</th>" in both
+    assert both.count("<h3>Best 2 by ") == 2 and 'data-metric="pf"' in both and '<th class="num">PF</th>' in both
     monkeypatch.setattr(report_data, "file_metrics", lambda columns: ("cp",))
     text = _page(tmp_path)
     assert 'data-metric="cp" data-value=' in text and 'data-metric="cp" data-auc=' in text
-    assert 'data-metric="pf"' not in text and "mean PF" not in text and "<th class=\"num\">PF</th>" not in text
+    assert 'data-metric="pf"' not in text and "mean PF" not in text and '<th class="num">PF</th>' not in text
     assert text.count("<h3>Best 2 by ") == 1 and text.count("<h3>Worst 2 by ") == 1
     assert 'colspan="5"' in _page_without_rows(tmp_path)
 
 
 def _page_without_rows(tmp_path: Path) -> str:
-    return rp.build_report([{"cp": "", "pf": "", "status": "failed"}], None, scores_path=tmp_path / "s.csv",
-                           options=rp.ReportOptions(n_resamples=10))
+    return rp.build_report(
+        [{"cp": "", "pf": "", "status": "failed"}],
+        None,
+        scores_path=tmp_path / "s.csv",
+        options=rp.ReportOptions(n_resamples=10),
+    )
 
 
 def test_not_a_score_file_names_the_metrics():

@@ -29,15 +29,19 @@ def test_results_file_records_date_versions_machine_script(path):
         datetime.fromisoformat(r["date"].replace("Z", "+00:00"))  # an ISO 8601 date, not a placeholder
         machine = r["machine"]
         assert isinstance(machine, dict) and machine, path.name
-        versions = r.get("versions") or machine.get("versions") or {
-            k: v for k, v in machine.items() if k in ("onnxruntime", "torch", "transformers", "masc_engine")}
+        versions = (
+            r.get("versions")
+            or machine.get("versions")
+            or {k: v for k, v in machine.items() if k in ("onnxruntime", "torch", "transformers", "masc_engine")}
+        )
         assert versions, f"{path.name}: no versions recorded"
     script = d.get("script") or f"bench/{path.stem.split('.')[0]}.py"
     if script.endswith(".py"):  # else a hand check, described in the file
         assert (REPO / script).is_file(), f"{path.name}: its script {script} is not in bench/"
 
 
-@pytest.mark.parametrize("path", sorted(p for p in RESULTS.iterdir() if p.suffix in (".txt", ".md")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(p for p in RESULTS.iterdir() if p.suffix in (".txt", ".md")), ids=lambda p: p.name
+)
 def test_renderings_have_a_json_record(path):
     assert path.with_suffix(".json").is_file(), f"{path.name} has no {path.stem}.json beside it"

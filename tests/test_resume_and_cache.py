@@ -30,8 +30,13 @@ def _big_pairs(tmp_path: Path, copies: int = 5) -> Path:
         w.writeheader()
         for c in range(copies):
             for r in rows:
-                w.writerow({**r, "key": f"{r['key']}#{c}",
-                            **{k: str(EXAMPLES / r[k]) for k in ("ref_image", "ref_mask", "out_image", "out_mask")}})
+                w.writerow(
+                    {
+                        **r,
+                        "key": f"{r['key']}#{c}",
+                        **{k: str(EXAMPLES / r[k]) for k in ("ref_image", "ref_mask", "out_image", "out_mask")},
+                    }
+                )
     return out
 
 
@@ -54,8 +59,19 @@ def test_killed_run_resumes_exactly_once_with_equal_scores(naflex_bundle, tmp_pa
     clean = tmp_path / "clean.csv"
     _run(naflex_bundle, pairs, clean)
     out = tmp_path / "resumed.csv"
-    cmd = [sys.executable, "-m", "masc_engine.cli.run_cmd", str(pairs), "--bundle", str(naflex_bundle),
-           "--out", str(out), "--chunk-size", "2", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "masc_engine.cli.run_cmd",
+        str(pairs),
+        "--bundle",
+        str(naflex_bundle),
+        "--out",
+        str(out),
+        "--chunk-size",
+        "2",
+        "--no-progress",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     jp = journal_path(out)
     deadline = time.time() + 120
@@ -76,7 +92,11 @@ def test_killed_run_resumes_exactly_once_with_equal_scores(naflex_bundle, tmp_pa
     a, b = _scores(clean), _scores(out)
     assert a.keys() == b.keys()
     for i in a:
-        assert a[i][0] == b[i][0] and abs(a[i][1] - b[i][1]) <= BATCH_INVARIANCE_ATOL and abs(a[i][2] - b[i][2]) <= BATCH_INVARIANCE_ATOL
+        assert (
+            a[i][0] == b[i][0]
+            and abs(a[i][1] - b[i][1]) <= BATCH_INVARIANCE_ATOL
+            and abs(a[i][2] - b[i][2]) <= BATCH_INVARIANCE_ATOL
+        )
     assert not jp.exists()
     again = _run(naflex_bundle, pairs, out)  # nothing left to do
     assert again.resumed == 100 and again.images_encoded == 0
@@ -99,16 +119,25 @@ def test_changed_row_and_changed_setting_are_rescored(naflex_bundle, tmp_path):
     with pytest.raises(SettingsChangedError, match="--stripper: regex -> none"):
         run_pairs(pairs, Scorer(naflex_bundle, stripper="none"), out, options=RunOptions(progress=False))
     assert out.read_bytes() == before  # refused: nothing re-scored or erased
-    s = run_pairs(pairs, Scorer(naflex_bundle, stripper="none"), out, options=RunOptions(progress=False, overwrite=True))
+    s = run_pairs(
+        pairs, Scorer(naflex_bundle, stripper="none"), out, options=RunOptions(progress=False, overwrite=True)
+    )
     assert s.resumed == 0  # another stripper, asked for: nothing reused
-    s = run_pairs(pairs, Scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=0.01), options=RunOptions(progress=False, overwrite=True))
+    s = run_pairs(
+        pairs,
+        Scorer(naflex_bundle),
+        out,
+        RunSettings(min_output_mask_frac=0.01),
+        options=RunOptions(progress=False, overwrite=True),
+    )
     assert s.resumed == 0
 
 
 def test_duplicate_rows_reported_and_formats_agree(naflex_bundle, tmp_path):
     rows = list(csv.DictReader(open(EXAMPLES / "pairs.csv", encoding="utf-8")))[:4]
-    rows = [{**r, **{k: str(EXAMPLES / r[k]) for k in ("ref_image", "ref_mask", "out_image", "out_mask")}}
-            for r in rows]
+    rows = [
+        {**r, **{k: str(EXAMPLES / r[k]) for k in ("ref_image", "ref_mask", "out_image", "out_mask")}} for r in rows
+    ]
     pairs = tmp_path / "dup.csv"
     with open(pairs, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -156,9 +185,13 @@ def test_journal_of_other_settings_refuses_and_is_kept(naflex_bundle, tmp_path, 
     pairs = _big_pairs(tmp_path, copies=1)
     out = tmp_path / "o.csv"
     jp = journal_path(out)
-    append_journal(jp, [{"type": "header", "fingerprint": "another-setting",
-                         "identity": {"--stripper": "none", "--exif": "apply"}},
-                        {"row_index": 1, "row_key": "x", "cp": 0.5, "pf": 0.1, "status": "ok"}])
+    append_journal(
+        jp,
+        [
+            {"type": "header", "fingerprint": "another-setting", "identity": {"--stripper": "none", "--exif": "apply"}},
+            {"row_index": 1, "row_key": "x", "cp": 0.5, "pf": 0.1, "status": "ok"},
+        ],
+    )
     kept = jp.read_bytes()
     with pytest.raises(SettingsChangedError) as e:
         run_pairs(pairs, Scorer(naflex_bundle), out, options=RunOptions(progress=False))
@@ -310,10 +343,28 @@ def test_encoding_cache_never_serves_another_exif_policy_or_graph_variant(naflex
     ]
     for k, (first, second) in enumerate(plans):
         cache = tmp_path / f"cache{k}"
-        f = run_pairs(pairs, Scorer(naflex_bundle, **first[0]), tmp_path / f"first{k}.csv", first[1], options=RunOptions(cache_dir=cache, progress=False))
-        s = run_pairs(pairs, Scorer(naflex_bundle, **second[0]), tmp_path / f"second{k}.csv", second[1], options=RunOptions(cache_dir=cache, progress=False))
+        f = run_pairs(
+            pairs,
+            Scorer(naflex_bundle, **first[0]),
+            tmp_path / f"first{k}.csv",
+            first[1],
+            options=RunOptions(cache_dir=cache, progress=False),
+        )
+        s = run_pairs(
+            pairs,
+            Scorer(naflex_bundle, **second[0]),
+            tmp_path / f"second{k}.csv",
+            second[1],
+            options=RunOptions(cache_dir=cache, progress=False),
+        )
         assert f.images_encoded == 5 and s.cache_hits == 0 and s.images_encoded == 5, (k, s.cache_hits)
-        run_pairs(pairs, Scorer(naflex_bundle, **second[0]), tmp_path / f"uncached{k}.csv", second[1], options=RunOptions(progress=False))
+        run_pairs(
+            pairs,
+            Scorer(naflex_bundle, **second[0]),
+            tmp_path / f"uncached{k}.csv",
+            second[1],
+            options=RunOptions(progress=False),
+        )
         got, want = _scores(tmp_path / f"second{k}.csv"), _scores(tmp_path / f"uncached{k}.csv")
         assert got == want, k  # to the bit
         assert all(v[0] == "ok" for v in got.values())

@@ -50,8 +50,12 @@ def table(tmp_path_factory):
     blob = np.zeros(rshape, np.uint8)
     blob[100:103, 200:203] = 255  # foreground pixels, but no patch above 0.5
     masks = {
-        "ref": ref_m, "out": out_m, "black": np.zeros(rshape, np.uint8), "blob": blob,
-        "ref01": _rect(rshape, 0.46, 0.5, 1), "out01": _rect(oshape, 0.66, 0.5, 1),  # 23% / 33%, values 0/1
+        "ref": ref_m,
+        "out": out_m,
+        "black": np.zeros(rshape, np.uint8),
+        "blob": blob,
+        "ref01": _rect(rshape, 0.46, 0.5, 1),
+        "out01": _rect(oshape, 0.66, 0.5, 1),  # 23% / 33%, values 0/1
         "white": np.full(oshape, 255, np.uint8),
     }
     paths = {k: _save(d / "masks" / f"{k}.png", v) for k, v in masks.items()}
@@ -110,9 +114,11 @@ def test_issue_table_rows_equal_masc_metric(naflex_bundle, table, tmp_path):
 def test_mask_coverage_uses_the_scoring_rule(naflex_bundle, table, tmp_path):
     """A 0/1 mask covering 23% reports 23%, and the row survives --paper-filter (5%)."""
     m = table["masks"]
-    assert mask_coverage(m["ref01"]) == pytest.approx(np.mean(m["ref01"] == 1)) and round(mask_coverage(m["ref01"]), 2) == 0.23
-    got = _run(naflex_bundle, table, tmp_path / "filtered.csv", min_reference_mask_frac=0.05,
-               min_output_mask_frac=0.05)
+    assert (
+        mask_coverage(m["ref01"]) == pytest.approx(np.mean(m["ref01"] == 1))
+        and round(mask_coverage(m["ref01"]), 2) == 0.23
+    )
+    got = _run(naflex_bundle, table, tmp_path / "filtered.csv", min_reference_mask_frac=0.05, min_output_mask_frac=0.05)
     r = got["masks_0_1"]
     assert r["status"] == "ok" and round(float(r["ref_mask_coverage"]), 2) == 0.23
     assert round(float(r["out_mask_coverage"]), 2) == 0.33
@@ -129,8 +135,7 @@ def test_one_mask_rule_for_every_encoding(encoding, tmp_path):
     base = np.zeros((64, 80), np.uint8)
     base[8:40, 10:50] = 1  # 32 x 40 = 25% of the image
     if encoding in ("0/255", "0/1", "float", "bool"):
-        arr = {"0/255": base * 255, "0/1": base, "float": base.astype(np.float32),
-               "bool": base.astype(bool)}[encoding]
+        arr = {"0/255": base * 255, "0/1": base, "float": base.astype(np.float32), "bool": base.astype(bool)}[encoding]
     else:
         buf = io.BytesIO()
         if encoding == "palette":
@@ -160,15 +165,18 @@ def _args():
     return dict(ref_image=ref_im, ref_mask=m, out_image=out_im, out_mask=o, prompt="a cat", object_name="cat")
 
 
-@pytest.mark.parametrize("name, value, err, text", [
-    ("prompt", None, TypeError, "prompt must be a str, got NoneType"),
-    ("object_name", 5, TypeError, "object_name must be a str or None, got int"),
-    ("ref_mask", [[0, 1]], TypeError, "ref_mask must be a numpy array"),
-    ("out_mask", np.array(["a"]), TypeError, "out_mask must be a numpy array"),
-    ("ref_image", np.zeros((4, 4, 3), np.uint8), TypeError, "ref_image must be a PIL.Image.Image"),
-    ("out_mask", np.zeros((4, 4, 3), np.uint8), ValueError, "out_mask must be 2-D"),
-    ("ref_mask", np.zeros((5, 5), np.uint8), ValueError, "reference mask is 5x5"),
-])
+@pytest.mark.parametrize(
+    "name, value, err, text",
+    [
+        ("prompt", None, TypeError, "prompt must be a str, got NoneType"),
+        ("object_name", 5, TypeError, "object_name must be a str or None, got int"),
+        ("ref_mask", [[0, 1]], TypeError, "ref_mask must be a numpy array"),
+        ("out_mask", np.array(["a"]), TypeError, "out_mask must be a numpy array"),
+        ("ref_image", np.zeros((4, 4, 3), np.uint8), TypeError, "ref_image must be a PIL.Image.Image"),
+        ("out_mask", np.zeros((4, 4, 3), np.uint8), ValueError, "out_mask must be 2-D"),
+        ("ref_mask", np.zeros((5, 5), np.uint8), ValueError, "reference mask is 5x5"),
+    ],
+)
 def test_arguments_checked_before_any_inference(masc, monkeypatch, name, value, err, text):
     def no_inference(*a, **k):
         raise AssertionError("inference ran before the arguments were checked")
@@ -188,12 +196,14 @@ def test_arguments_checked_before_any_inference(masc, monkeypatch, name, value, 
 def test_scorer_options_checked(naflex_bundle):
     from masc_engine.runtime.scorer import Scorer
 
-    for kw, err, text in (({"batch_size": "8"}, TypeError, "batch_size must be an int"),
-                          ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),
-                          ({"fg_threshold": "0.5"}, TypeError, "fg_threshold must be a number"),
-                          ({"fg_threshold": 2.0}, ValueError, r"fg_threshold must be in \[0, 1\]"),
-                          ({"provider": 3}, TypeError, "provider must be a str or None"),
-                          ({"naflex_max_patches": 25.5}, TypeError, "naflex_max_patches must be an int")):
+    for kw, err, text in (
+        ({"batch_size": "8"}, TypeError, "batch_size must be an int"),
+        ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),
+        ({"fg_threshold": "0.5"}, TypeError, "fg_threshold must be a number"),
+        ({"fg_threshold": 2.0}, ValueError, r"fg_threshold must be in \[0, 1\]"),
+        ({"provider": 3}, TypeError, "provider must be a str or None"),
+        ({"naflex_max_patches": 25.5}, TypeError, "naflex_max_patches must be an int"),
+    ):
         with pytest.raises(err, match=text):
             Scorer(naflex_bundle, **kw)
 

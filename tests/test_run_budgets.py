@@ -26,8 +26,14 @@ from masc_engine.runtime import io as rio
 from masc_engine.runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 
 COLUMNS = ["key", "ref_image", "ref_mask", "out_image", "out_mask", "prompt", "object_name"]
-GOOD = {"ref_image": "cat0.jpg", "ref_mask": "cat0.png", "out_image": "cat1.jpg", "out_mask": "cat1.png",
-        "prompt": "a cat on the beach", "object_name": "cat"}
+GOOD = {
+    "ref_image": "cat0.jpg",
+    "ref_mask": "cat0.png",
+    "out_image": "cat1.jpg",
+    "out_mask": "cat1.png",
+    "prompt": "a cat on the beach",
+    "object_name": "cat",
+}
 FORMATS = ["csv", "jsonl", "json", "parquet"]
 
 
@@ -46,8 +52,7 @@ def _pairs(folder: Path, rows: list[dict], fmt: str = "csv") -> Path:
 
 def _run(pairs: Path, bundle: Path, *args: str) -> tuple[object, dict]:
     out = pairs.parent / "out.csv"
-    res = CliRunner().invoke(run_main, [str(pairs), "--bundle", str(bundle), "--out", str(out), "--no-progress",
-                                        *args])
+    res = CliRunner().invoke(run_main, [str(pairs), "--bundle", str(bundle), "--out", str(out), "--no-progress", *args])
     rows = {r["key"]: r for r in read_output(out)} if res.exit_code == 0 else {}
     return res, rows
 
@@ -61,8 +66,11 @@ def _scored(row: dict) -> bool:
 
 
 def _refused(row: dict, status: str) -> bool:
-    return (row["status"] == row["cp_status"] == row["pf_status"] == status and math.isnan(_num(row["cp"]))
-            and math.isnan(_num(row["pf"])))
+    return (
+        row["status"] == row["cp_status"] == row["pf_status"] == status
+        and math.isnan(_num(row["cp"]))
+        and math.isnan(_num(row["pf"]))
+    )
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -71,8 +79,16 @@ def test_text_over_the_byte_budget_is_its_rows_status_in_every_format(naflex_bun
     the prompt and the object name; the rows around them are scored."""
     long_prompt = "é" * (DEFAULT_MAX_PROMPT_BYTES // 2 + 1)
     long_name = "c" * (DEFAULT_MAX_PROMPT_BYTES + 1)
-    pairs = _pairs(data, [{"key": "good1"}, {"key": "prompt", "prompt": long_prompt},
-                          {"key": "name", "object_name": long_name}, {"key": "good2"}], fmt)
+    pairs = _pairs(
+        data,
+        [
+            {"key": "good1"},
+            {"key": "prompt", "prompt": long_prompt},
+            {"key": "name", "object_name": long_name},
+            {"key": "good2"},
+        ],
+        fmt,
+    )
     res, rows = _run(pairs, naflex_bundle, "--chunk-size", "2")
     assert res.exit_code == 0, res.output
     assert _scored(rows["good1"]) and _scored(rows["good2"])
@@ -97,14 +113,23 @@ def test_csv_cell_over_pythons_field_limit_is_its_rows_status(naflex_bundle, dat
 def test_fifty_megabyte_prompt_in_jsonl_is_one_row_status(naflex_bundle, data, tmp_path):
     """A 50 MB prompt cell never reaches the tokenizer (which aborted the process on it): run in a
     child process, so that an abort is a failed assertion here."""
-    pairs = _pairs(data, [{"key": "good1"}, {"key": "huge", "prompt": "on the sand " * (50 * 2**20 // 12)}, {"key": "good2"}],
-                   "jsonl")
+    pairs = _pairs(
+        data,
+        [{"key": "good1"}, {"key": "huge", "prompt": "on the sand " * (50 * 2**20 // 12)}, {"key": "good2"}],
+        "jsonl",
+    )
     assert pairs.stat().st_size > 50 * 2**20
     out = tmp_path / "out.jsonl"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     code = "import sys; from masc_engine.cli.run_cmd import main; sys.exit(main())"
-    proc = subprocess.run([sys.executable, "-c", code, str(pairs), "--bundle", str(naflex_bundle), "--out", str(out),
-                           "--no-progress"], check=False, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(pairs), "--bundle", str(naflex_bundle), "--out", str(out), "--no-progress"],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["key"]: r for r in read_output(out)}
     assert _scored(rows["good1"]) and _scored(rows["good2"]) and _refused(rows["huge"], "prompt_too_long")
@@ -116,22 +141,32 @@ def test_token_budgets_and_their_options(naflex_bundle, data):
     opts = {p.name: p for p in run_main.params}
     assert opts["max_prompt_bytes"].default == DEFAULT_MAX_PROMPT_BYTES
     assert opts["max_prompt_tokens"].default == DEFAULT_MAX_PROMPT_TOKENS
-    pairs = _pairs(data, [{"key": "short", "prompt": "a cat"},
-                          {"key": "many", "prompt": "a cat sitting on the warm sand of a beach at dusk"},
-                          {"key": "name", "prompt": "a cat", "object_name": "fluffy orange tabby cat with a hat"},
-                          {"key": "bytes", "prompt": "a cat on the sand"}])
+    pairs = _pairs(
+        data,
+        [
+            {"key": "short", "prompt": "a cat"},
+            {"key": "many", "prompt": "a cat sitting on the warm sand of a beach at dusk"},
+            {"key": "name", "prompt": "a cat", "object_name": "fluffy orange tabby cat with a hat"},
+            {"key": "bytes", "prompt": "a cat on the sand"},
+        ],
+    )
     res, rows = _run(pairs, naflex_bundle, "--max-prompt-tokens", "6")  # the tiny tokenizer: "on the sand" is 5
     assert res.exit_code == 0, res.output
     assert _scored(rows["short"]) and _scored(rows["bytes"])
     assert _refused(rows["many"], "prompt_too_long")
     assert rows["many"]["status_detail"].endswith("tokens, over the budget of 6 tokens (--max-prompt-tokens)")
     assert _refused(rows["name"], "object_name_too_long")
-    assert rows["name"]["status_detail"].startswith("object_name: ") and "over the budget of 6 tokens" in rows["name"]["status_detail"]
+    assert (
+        rows["name"]["status_detail"].startswith("object_name: ")
+        and "over the budget of 6 tokens" in rows["name"]["status_detail"]
+    )
     res, rows = _run(pairs, naflex_bundle, "--max-prompt-bytes", "16", "--overwrite")
     assert res.exit_code == 0, res.output
     assert _scored(rows["short"])
     assert _refused(rows["bytes"], "prompt_too_long") and "prompt: 17 characters" in rows["bytes"]["status_detail"]
-    assert _refused(rows["name"], "object_name_too_long") and "object_name: 34 characters" in rows["name"]["status_detail"]
+    assert (
+        _refused(rows["name"], "object_name_too_long") and "object_name: 34 characters" in rows["name"]["status_detail"]
+    )
 
 
 def test_name_tokens_are_counted(naflex_bundle, data):
@@ -165,8 +200,15 @@ def test_file_over_the_byte_cap_is_its_rows_status(naflex_bundle, data):
     _noise_png(data / "big.png", 400)
     Image.fromarray(np.repeat([255, 0], 200)[:, None].repeat(400, 1).astype(np.uint8)).save(data / "big_mask.png")
     assert (data / "big.png").stat().st_size > 2**18
-    pairs = _pairs(data, [{"key": "good1"}, {"key": "big", "out_image": "big.png", "out_mask": "big_mask.png"},
-                          {"key": "bigref", "ref_image": "big.png", "ref_mask": "big_mask.png"}, {"key": "good2"}])
+    pairs = _pairs(
+        data,
+        [
+            {"key": "good1"},
+            {"key": "big", "out_image": "big.png", "out_mask": "big_mask.png"},
+            {"key": "bigref", "ref_image": "big.png", "ref_mask": "big_mask.png"},
+            {"key": "good2"},
+        ],
+    )
     res, rows = _run(pairs, naflex_bundle, "--max-file-mb", "0.25")
     assert res.exit_code == 0, res.output
     assert _scored(rows["good1"]) and _scored(rows["good2"])
@@ -204,8 +246,20 @@ def test_read_bytes_reads_at_most_the_cap(tmp_path, monkeypatch):
     real_stat, real_fstat = os.stat, os.fstat
 
     def small(st):  # the size it had when checked
-        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, 10,
-                               st.st_atime, st.st_mtime, st.st_ctime))
+        return os.stat_result(
+            (
+                st.st_mode,
+                st.st_ino,
+                st.st_dev,
+                st.st_nlink,
+                st.st_uid,
+                st.st_gid,
+                10,
+                st.st_atime,
+                st.st_mtime,
+                st.st_ctime,
+            )
+        )
 
     monkeypatch.setattr(rio.os, "stat", lambda path: small(real_stat(path)))
     monkeypatch.setattr(rio.os, "fstat", lambda fd: small(real_fstat(fd)))
@@ -223,8 +277,16 @@ def test_not_a_regular_file_is_unreadable():
 def test_paths_the_os_refuses_are_their_rows_status(naflex_bundle, data):
     """A NUL byte or a file name longer than the file system allows is the row's ``bad_path``,
     naming the column; the run goes on."""
-    pairs = _pairs(data, [{"key": "good1"}, {"key": "nul", "out_mask": "cat1\x00.png"},
-                          {"key": "long", "ref_image": "x" * 300 + ".jpg"}, {"key": "good2"}], "jsonl")
+    pairs = _pairs(
+        data,
+        [
+            {"key": "good1"},
+            {"key": "nul", "out_mask": "cat1\x00.png"},
+            {"key": "long", "ref_image": "x" * 300 + ".jpg"},
+            {"key": "good2"},
+        ],
+        "jsonl",
+    )
     res, rows = _run(pairs, naflex_bundle)
     assert res.exit_code == 0, res.output
     assert _scored(rows["good1"]) and _scored(rows["good2"])
@@ -242,24 +304,35 @@ def test_pairs_file_over_its_byte_budget_is_one_line(naflex_bundle, data):
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "--max-pairs-mb" in lines[0], res.output
 
 
-@pytest.mark.parametrize("name, body, cause", [
-    ("surrogate", '{"key": "a", "prompt": "a cat"}\n{"key": "b", "prompt": "a \\ud800 cat"}\n',
-     "line 2: a string holds a lone UTF-16 surrogate ('\\ud800'), not text"),
-    ("deep", '{"key": "a"}\n{"key": ' + "[" * 100_000 + "]" * 100_000 + "}\n", "line 2: invalid JSON (nested too deeply)"),
-    ("not_utf8", '{"key": "a"}\n{"key": "\xff"}\n', "line 2: not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "name, body, cause",
+    [
+        (
+            "surrogate",
+            '{"key": "a", "prompt": "a cat"}\n{"key": "b", "prompt": "a \\ud800 cat"}\n',
+            "line 2: a string holds a lone UTF-16 surrogate ('\\ud800'), not text",
+        ),
+        (
+            "deep",
+            '{"key": "a"}\n{"key": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+            "line 2: invalid JSON (nested too deeply)",
+        ),
+        ("not_utf8", '{"key": "a"}\n{"key": "\xff"}\n', "line 2: not UTF-8 text"),
+    ],
+)
 def test_jsonl_that_is_not_text_is_one_line(naflex_bundle, tmp_path, name, body, cause):
     """A lone surrogate escape (no UTF-8 output could hold it), nesting past Python's recursion
     limit, or bytes that are not UTF-8: one line naming the file and the line, nothing written."""
     pairs = tmp_path / f"{name}.jsonl"
-    pairs.write_bytes(body.encode("utf-8", "surrogateescape") if name != "not_utf8" else
-                      body.encode("latin-1"))
-    res = CliRunner().invoke(run_main, [str(pairs), "--bundle", str(naflex_bundle), "--out", str(tmp_path / "o.csv"),
-                                        "--no-progress"])
+    pairs.write_bytes(body.encode("utf-8", "surrogateescape") if name != "not_utf8" else body.encode("latin-1"))
+    res = CliRunner().invoke(
+        run_main, [str(pairs), "--bundle", str(naflex_bundle), "--out", str(tmp_path / "o.csv"), "--no-progress"]
+    )
     lines = [ln for ln in res.output.strip().splitlines() if not ln.startswith("WARNING: ")]
     assert res.exit_code == 1 and len(lines) == 1, res.output[-3000:]
     assert lines[0] == f"Error: bad_pairs_file: {pairs}, {cause}" or lines[0].startswith(
-        f"Error: bad_pairs_file: {pairs}, {cause}"), lines[0]
+        f"Error: bad_pairs_file: {pairs}, {cause}"
+    ), lines[0]
     assert not (tmp_path / "o.csv").exists()
 
 
@@ -272,16 +345,34 @@ def test_masc_rank_nul_byte_in_a_path_cell_is_that_querys_status(tmp_path):
 
     for name, rgb in (("red", (255, 0, 0)), ("blue", (0, 0, 255)), ("orange", (255, 128, 0))):
         _solid(tmp_path / f"{name}.png", rgb)
-    _write_csv(tmp_path / "gallery.csv", ["image", "identity"],
-               [{"image": "red.png", "identity": "A"}, {"image": "blue.png", "identity": "B"}])
-    _write_csv(tmp_path / "queries.csv", ["key", "image", "identity", "method"],
-               [{"key": "q1", "image": "orange.png", "identity": "A", "method": "m"},
-                {"key": "nul", "image": "orange\x00.png", "identity": "A", "method": "m"}])
+    _write_csv(
+        tmp_path / "gallery.csv",
+        ["image", "identity"],
+        [{"image": "red.png", "identity": "A"}, {"image": "blue.png", "identity": "B"}],
+    )
+    _write_csv(
+        tmp_path / "queries.csv",
+        ["key", "image", "identity", "method"],
+        [
+            {"key": "q1", "image": "orange.png", "identity": "A", "method": "m"},
+            {"key": "nul", "image": "orange\x00.png", "identity": "A", "method": "m"},
+        ],
+    )
     _tiny_encoder(tmp_path)
     out = tmp_path / "r.csv"
-    res = CliRunner().invoke(rank_main, [str(tmp_path / "queries.csv"), "--gallery", str(tmp_path / "gallery.csv"),
-                                         "--encoder-manifest", str(_manifest(tmp_path)), "--out", str(out),
-                                         "--no-progress"])
+    res = CliRunner().invoke(
+        rank_main,
+        [
+            str(tmp_path / "queries.csv"),
+            "--gallery",
+            str(tmp_path / "gallery.csv"),
+            "--encoder-manifest",
+            str(_manifest(tmp_path)),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
     assert res.exit_code == 0, res.output
     rows = {r["key"]: r for r in _csv_rows(out)}
     assert rows["q1"]["status"] == "ok"

@@ -70,7 +70,8 @@ def test_mask_size_mismatch_is_refused_unless_stretch_requested(naflex_bundle, e
         Scorer(naflex_bundle).score(p.ref_image, small, p.out_image, p.out_mask, p.prompt, p.object_name)
     assert e.value.reason == "mask_size_mismatch"
     r = Scorer(naflex_bundle, mask_size_policy="stretch").score(
-        p.ref_image, small, p.out_image, p.out_mask, p.prompt, p.object_name)
+        p.ref_image, small, p.out_image, p.out_mask, p.prompt, p.object_name
+    )
     assert math.isfinite(r.cp)
 
 

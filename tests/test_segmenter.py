@@ -18,11 +18,24 @@ from support import EXAMPLES, REPO
 
 from masc_engine.errors import BundleError, ExportValidationError, InputError
 from masc_engine.runtime.io import load_mask
-from masc_engine.runtime.segmenter import (DEFAULT_THRESHOLD, MAX_PROMPT_CHARS, MaskRecipe, Segmenter,
-                                           mask_cache_key, probability_map, save_mask_png, sigmoid,
-                                           threshold_mask)
-from masc_engine.tolerances import (FLOAT32_SAME_ARITHMETIC_ATOL, SEGMENTER_MASK_PROB_ATOL, SEGMENTER_MIN_FAR_PIXEL_FRACTION,
-                                    SEGMENTER_REFERENCE_MIN_IOU, segmenter_validation_budget)
+from masc_engine.runtime.segmenter import (
+    DEFAULT_THRESHOLD,
+    MAX_PROMPT_CHARS,
+    MaskRecipe,
+    Segmenter,
+    mask_cache_key,
+    probability_map,
+    save_mask_png,
+    sigmoid,
+    threshold_mask,
+)
+from masc_engine.tolerances import (
+    FLOAT32_SAME_ARITHMETIC_ATOL,
+    SEGMENTER_MASK_PROB_ATOL,
+    SEGMENTER_MIN_FAR_PIXEL_FRACTION,
+    SEGMENTER_REFERENCE_MIN_IOU,
+    segmenter_validation_budget,
+)
 
 pytest.importorskip("torch", reason="exporting a segmenter bundle needs the export extra (torch)")
 pytest.importorskip("transformers", reason="the reference recipe needs transformers")
@@ -62,7 +75,11 @@ def test_export_writes_a_validated_segmenter_bundle(seg_bundle):
     # preprocessing as data, from the checkpoint's processor config (CIDAS/clipseg-rd64-refined's)
     img = m["image"]
     assert (img["image_size"], img["resample"], img["image_mean"], img["image_std"]) == (
-        [352, 352], "bilinear", [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+        [352, 352],
+        "bilinear",
+        [0.485, 0.456, 0.406],
+        [0.229, 0.224, 0.225],
+    )
     assert img["rescale_factor"] == pytest.approx(1 / 255) and img["do_resize"] is True
     assert m["text"]["max_length"] == 77 and m["text"]["padding_side"] == "right"
     assert m["recipe"] == MaskRecipe().to_manifest()
@@ -104,8 +121,13 @@ def test_cli_refuses_scorer_options_and_leaves_nothing(tmp_path, seg_bundle):
     from masc_engine.cli.export_cmd import main
     from masc_engine.export.segmenter import export_segmenter_bundle
 
-    for extra in (["--max-num-patches", "256"], ["--precision", "bf16"], ["--precision", "bf16-cpu"],
-                  ["--precision", "int8"], ["--backend", "tensorrt"]):
+    for extra in (
+        ["--max-num-patches", "256"],
+        ["--precision", "bf16"],
+        ["--precision", "bf16-cpu"],
+        ["--precision", "int8"],
+        ["--backend", "tensorrt"],
+    ):
         res = CliRunner().invoke(main, ["--model", "random:clipseg-tiny", "--out", str(tmp_path / "b")] + extra)
         assert res.exit_code == 2 and "scorer's" in res.output, (extra, res.output)
     copy = _copy(seg_bundle, tmp_path)
@@ -124,10 +146,21 @@ def test_rd64_preset_has_the_real_checkpoint_shapes():
 
     p = SEGMENTER_PRESETS["clipseg-rd64"]
     assert (p.vision_width, p.vision_layers, p.vision_heads, p.vision_mlp, p.patch_size, p.position_grid_pixels) == (
-        768, 12, 12, 3072, 16, 224)
+        768,
+        12,
+        12,
+        3072,
+        16,
+        224,
+    )
     assert (p.text_width, p.text_layers, p.text_heads, p.text_mlp, p.vocab_size) == (512, 12, 8, 2048, 49408)
     assert (p.projection_dim, p.reduce_dim, p.extract_layers, p.decoder_heads, p.decoder_mlp) == (
-        512, 64, (3, 6, 9), 4, 2048)
+        512,
+        64,
+        (3, 6, 9),
+        4,
+        2048,
+    )
     assert p.complex_transposed_convolution and p.input_size == 352
 
 
@@ -220,13 +253,22 @@ def test_recipe_options_identity_and_prompts():
     assert e.value.reason == "prompt_too_long"
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    ({"threshold": 0.0}, ValueError), ({"threshold": 1.0}, ValueError), ({"threshold": -0.1}, ValueError),
-    ({"threshold": "0.5"}, TypeError), ({"threshold": True}, TypeError), ({"threshold": float("nan")}, ValueError),
-    ({"prompt_template": "a photo"}, ValueError), ({"prompt_template": "{} and {}"}, ValueError),
-    ({"prompt_template": "a {x} {}"}, ValueError), ({"prompt_template": "a {} }"}, ValueError),
-    ({"prompt_template": 5}, TypeError),
-])
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"threshold": 0.0}, ValueError),
+        ({"threshold": 1.0}, ValueError),
+        ({"threshold": -0.1}, ValueError),
+        ({"threshold": "0.5"}, TypeError),
+        ({"threshold": True}, TypeError),
+        ({"threshold": float("nan")}, ValueError),
+        ({"prompt_template": "a photo"}, ValueError),
+        ({"prompt_template": "{} and {}"}, ValueError),
+        ({"prompt_template": "a {x} {}"}, ValueError),
+        ({"prompt_template": "a {} }"}, ValueError),
+        ({"prompt_template": 5}, TypeError),
+    ],
+)
 def test_recipe_refuses_bad_options(kwargs, error):
     with pytest.raises(error):
         MaskRecipe(**kwargs)
@@ -251,8 +293,9 @@ def test_mask_cache_key_covers_every_component(seg):
     assert mask_cache_key(*base, exif="ignore") != key
     assert seg.cache_key("a" * 64, " dog ") == mask_cache_key("a" * 64, "dog", seg.fingerprint, seg.recipe.identity())
     seg.recipe = MaskRecipe(prompt_template="a photo of a {}")
-    assert seg.cache_key("a" * 64, "dog") == mask_cache_key("a" * 64, "a photo of a dog", seg.fingerprint,
-                                                            seg.recipe.identity())
+    assert seg.cache_key("a" * 64, "dog") == mask_cache_key(
+        "a" * 64, "a photo of a dog", seg.fingerprint, seg.recipe.identity()
+    )
 
 
 def test_text_embedding_once_per_prompt_and_image_side_once_per_image(seg):
@@ -357,12 +400,14 @@ def test_a_missing_provider_is_refused_not_replaced(seg_bundle):
 def test_masks_without_torch(seg_bundle, seg):
     """The runtime computes the same masks with torch and transformers unimportable."""
     img = EXAMPLES / "images" / "cat" / "00.jpg"
-    code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
-            "import warnings; warnings.simplefilter('ignore')\n"
-            "from PIL import Image; import numpy as np\n"
-            "from masc_engine.runtime.segmenter import Segmenter\n"
-            f"m = Segmenter({str(seg_bundle)!r}).mask(Image.open({str(img)!r}), 'cat')\n"
-            "sys.stdout.write(str(int(m.sum())) + ' ' + str(m.shape))\n")
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+        "import warnings; warnings.simplefilter('ignore')\n"
+        "from PIL import Image; import numpy as np\n"
+        "from masc_engine.runtime.segmenter import Segmenter\n"
+        f"m = Segmenter({str(seg_bundle)!r}).mask(Image.open({str(img)!r}), 'cat')\n"
+        "sys.stdout.write(str(int(m.sum())) + ' ' + str(m.shape))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     want = seg.mask(Image.open(img), "cat")
@@ -412,8 +457,20 @@ def _check_results_record(res: dict) -> None:
 
 def test_bench_script_runs_on_the_tiny_model(seg_bundle, tmp_path):
     out = tmp_path / "seg.json"
-    argv = ["--parts", "image", "--bundle", str(seg_bundle), "--images", "2", "--repeats", "1", "--work",
-            str(tmp_path), "--out", str(out)]
+    argv = [
+        "--parts",
+        "image",
+        "--bundle",
+        str(seg_bundle),
+        "--images",
+        "2",
+        "--repeats",
+        "1",
+        "--work",
+        str(tmp_path),
+        "--out",
+        str(out),
+    ]
     assert _bench_module().main(argv) == 0
     res = json.loads(out.read_text())
     _check_results_record(res)
@@ -429,8 +486,24 @@ def test_bench_job_part_runs_on_the_tiny_models(seg_bundle, naflex_bundle, tmp_p
     """The whole-job part on 2 references x 2 prompts x 1 method: each reference segmented once,
     nothing segmented on the warm run, the same scores warm and cold."""
     out = tmp_path / "seg.json"
-    argv = ["--parts", "job", "--bundle", str(seg_bundle), "--scorer-bundle", str(naflex_bundle), "--references", "2",
-            "--prompts", "2", "--methods", "1", "--work", str(tmp_path), "--out", str(out)]
+    argv = [
+        "--parts",
+        "job",
+        "--bundle",
+        str(seg_bundle),
+        "--scorer-bundle",
+        str(naflex_bundle),
+        "--references",
+        "2",
+        "--prompts",
+        "2",
+        "--methods",
+        "1",
+        "--work",
+        str(tmp_path),
+        "--out",
+        str(out),
+    ]
     assert _bench_module().main(argv) == 0
     res = json.loads(out.read_text())
     _check_results_record(res)

@@ -29,8 +29,12 @@ from masc_engine.jobs.results import SettingsChangedError, read_output
 from masc_engine.runtime.io import load_mask
 from masc_engine.runtime.scorer import Scorer
 from masc_engine.runtime.segmenter import MaskRecipe, Segmenter, SegmenterConfig
-from masc_engine.tolerances import (FLOAT32_SAME_ARITHMETIC_ATOL, ORACLE_SCORE_ATOL, SEGMENTER_MASK_PROB_ATOL,
-                                    SEGMENTER_REFERENCE_MIN_IOU)
+from masc_engine.tolerances import (
+    FLOAT32_SAME_ARITHMETIC_ATOL,
+    ORACLE_SCORE_ATOL,
+    SEGMENTER_MASK_PROB_ATOL,
+    SEGMENTER_REFERENCE_MIN_IOU,
+)
 
 MASKS = ("ref_mask", "out_mask")
 #: What a pairs file needs when a segmenter makes its masks: the images, the prompt and the subject
@@ -64,8 +68,9 @@ def _scorer(bundle) -> Scorer:
         return Scorer(bundle)
 
 
-def _write_pairs(path: Path, rows: list[dict], drop: tuple[str, ...] = MASKS,
-                 keep: tuple[str, ...] | None = None) -> Path:
+def _write_pairs(
+    path: Path, rows: list[dict], drop: tuple[str, ...] = MASKS, keep: tuple[str, ...] | None = None
+) -> Path:
     """The shipped pairs with absolute paths, without the columns in ``drop`` (only those in
     ``keep``, when given)."""
     cols = [c for c in rows[0] if c not in drop and (keep is None or c in keep)]
@@ -73,8 +78,9 @@ def _write_pairs(path: Path, rows: list[dict], drop: tuple[str, ...] = MASKS,
         w = csv.DictWriter(f, cols)
         w.writeheader()
         for r in rows:
-            w.writerow({c: (str(EXAMPLES / r[c]) if c in ("ref_image", "out_image", *MASKS) and r[c] else r[c])
-                        for c in cols})
+            w.writerow(
+                {c: (str(EXAMPLES / r[c]) if c in ("ref_image", "out_image", *MASKS) and r[c] else r[c]) for c in cols}
+            )
     return path
 
 
@@ -91,9 +97,23 @@ def seg_run(naflex_bundle, seg_bundle, tmp_path_factory):
     work = tmp_path_factory.mktemp("seg-run")
     pairs = _write_pairs(work / "pairs.csv", read_rows(EXAMPLES), keep=MINIMAL)
     seg = _segmenter(seg_bundle)
-    summary = run_pairs(pairs, _scorer(naflex_bundle), work / "out.csv", RunSettings(save_masks=str(work / "masks")), options=RunOptions(cache_dir=work / "cache", chunk_size=8, progress=False), segmenter=seg)
-    return {"work": work, "pairs": pairs, "out": work / "out.csv", "rows": read_output(work / "out.csv"),
-            "summary": summary, "seg": seg, "cache": work / "cache"}
+    summary = run_pairs(
+        pairs,
+        _scorer(naflex_bundle),
+        work / "out.csv",
+        RunSettings(save_masks=str(work / "masks")),
+        options=RunOptions(cache_dir=work / "cache", chunk_size=8, progress=False),
+        segmenter=seg,
+    )
+    return {
+        "work": work,
+        "pairs": pairs,
+        "out": work / "out.csv",
+        "rows": read_output(work / "out.csv"),
+        "summary": summary,
+        "seg": seg,
+        "cache": work / "cache",
+    }
 
 
 def _saved(run: dict, row: dict, side: str) -> np.ndarray:
@@ -159,8 +179,14 @@ def test_scores_from_segmenter_masks_equal_the_oracle(seg_run, naflex_bundle):
     ref = oracle_for(naflex_bundle)
     worst = 0.0
     for r in seg_run["rows"]:
-        want = ref.score(Image.open(r["ref_image"]), _saved(seg_run, r, "ref"), Image.open(r["out_image"]),
-                         _saved(seg_run, r, "out"), r["prompt"], r["object_name"])
+        want = ref.score(
+            Image.open(r["ref_image"]),
+            _saved(seg_run, r, "ref"),
+            Image.open(r["out_image"]),
+            _saved(seg_run, r, "out"),
+            r["prompt"],
+            r["object_name"],
+        )
         worst = max(worst, abs(float(r["cp"]) - want.cp), abs(float(r["pf"]) - want.pf))
     assert worst <= ORACLE_SCORE_ATOL
 
@@ -170,14 +196,26 @@ def test_a_second_run_segments_nothing(seg_run, naflex_bundle, seg_bundle):
     segmenter, the same scores; another threshold is another rule: nothing reused."""
     seg = _segmenter(seg_bundle)
     out = seg_run["work"] / "again.csv"
-    summary = run_pairs(seg_run["pairs"], _scorer(naflex_bundle), out, options=RunOptions(cache_dir=seg_run["cache"], progress=False), segmenter=seg)
+    summary = run_pairs(
+        seg_run["pairs"],
+        _scorer(naflex_bundle),
+        out,
+        options=RunOptions(cache_dir=seg_run["cache"], progress=False),
+        segmenter=seg,
+    )
     assert _runs(seg) == Counter() and seg.images_encoded == 0 and seg.texts_encoded == 0
     assert summary.masks["mask_cache_hits"] == seg_run["summary"].masks["masks_segmented"]
     assert summary.masks["masks_segmented"] == 0
     for a, b in zip(read_output(out), seg_run["rows"]):
         assert (a["cp"], a["pf"], a["ref_mask_coverage"]) == (b["cp"], b["pf"], b["ref_mask_coverage"])
     other = _segmenter(seg_bundle, threshold=0.4)
-    run_pairs(seg_run["pairs"], _scorer(naflex_bundle), seg_run["work"] / "t04.csv", options=RunOptions(cache_dir=seg_run["cache"], progress=False), segmenter=other)
+    run_pairs(
+        seg_run["pairs"],
+        _scorer(naflex_bundle),
+        seg_run["work"] / "t04.csv",
+        options=RunOptions(cache_dir=seg_run["cache"], progress=False),
+        segmenter=other,
+    )
     assert _runs(other)["vision"] == other.images_encoded == len(_distinct(read_rows(EXAMPLES))[0])
 
 
@@ -191,13 +229,26 @@ def test_empty_mask_cells_beside_file_masks(seg_run, naflex_bundle, seg_bundle, 
         if i % 3 == 0:
             r["out_mask"] = ""
     pairs = _write_pairs(tmp_path / "pairs.csv", rows, drop=())
-    run_pairs(pairs, _scorer(naflex_bundle), tmp_path / "mixed.csv", options=RunOptions(cache_dir=seg_run["cache"], progress=False), segmenter=_segmenter(seg_bundle))
+    run_pairs(
+        pairs,
+        _scorer(naflex_bundle),
+        tmp_path / "mixed.csv",
+        options=RunOptions(cache_dir=seg_run["cache"], progress=False),
+        segmenter=_segmenter(seg_bundle),
+    )
     files = tmp_path / "files.csv"
-    run_pairs(_write_pairs(tmp_path / "all.csv", read_rows(EXAMPLES), drop=()), _scorer(naflex_bundle), files, options=RunOptions(progress=False))
+    run_pairs(
+        _write_pairs(tmp_path / "all.csv", read_rows(EXAMPLES), drop=()),
+        _scorer(naflex_bundle),
+        files,
+        options=RunOptions(progress=False),
+    )
     mixed, by_file, by_seg = read_output(tmp_path / "mixed.csv"), read_output(files), seg_run["rows"]
     for i, (m, f, s) in enumerate(zip(mixed, by_file, by_seg)):
-        assert (m["ref_mask_source"], m["out_mask_source"]) == ("segmenter" if i % 2 else "file",
-                                                                 "segmenter" if i % 3 == 0 else "file")
+        assert (m["ref_mask_source"], m["out_mask_source"]) == (
+            "segmenter" if i % 2 else "file",
+            "segmenter" if i % 3 == 0 else "file",
+        )
         for side in ("ref", "out"):
             want = s if m[f"{side}_mask_source"] == "segmenter" else f
             assert m[f"{side}_mask_coverage"] == want[f"{side}_mask_coverage"]
@@ -226,7 +277,13 @@ def test_bad_rows_with_a_segmenter(naflex_bundle, seg_bundle, seg_run, tmp_path)
     rows = [{**base, "ref_mask": "", "out_mask": "", **change} for change, _, _ in cases]
     pairs = _write_pairs(tmp_path / "pairs.csv", rows, drop=())
     out = tmp_path / "out.jsonl"
-    summary = run_pairs(pairs, _scorer(naflex_bundle), out, options=RunOptions(cache_dir=seg_run["cache"], progress=False), segmenter=_segmenter(seg_bundle))
+    summary = run_pairs(
+        pairs,
+        _scorer(naflex_bundle),
+        out,
+        options=RunOptions(cache_dir=seg_run["cache"], progress=False),
+        segmenter=_segmenter(seg_bundle),
+    )
     got = read_output(out)
     for r, (_, status, sources) in zip(got, cases):
         assert (r["status"], r["ref_mask_source"], r["out_mask_source"]) == (status, *sources), r["status_detail"]
@@ -256,20 +313,41 @@ def test_resume_and_settings_with_a_segmenter(naflex_bundle, seg_bundle, seg_run
 
     monkeypatch.setattr(PairsJob, "score_chunk", stop_after_one)
     with pytest.raises(KeyboardInterrupt):
-        run_pairs(pairs, _scorer(naflex_bundle), out, options=RunOptions(chunk_size=8, progress=False), segmenter=_segmenter(seg_bundle))
+        run_pairs(
+            pairs,
+            _scorer(naflex_bundle),
+            out,
+            options=RunOptions(chunk_size=8, progress=False),
+            segmenter=_segmenter(seg_bundle),
+        )
     monkeypatch.setattr(PairsJob, "score_chunk", real)
     seg = _segmenter(seg_bundle)
-    summary = run_pairs(pairs, _scorer(naflex_bundle), out, options=RunOptions(chunk_size=8, progress=False), segmenter=seg)
+    summary = run_pairs(
+        pairs, _scorer(naflex_bundle), out, options=RunOptions(chunk_size=8, progress=False), segmenter=seg
+    )
     # the 8 journaled rows are not scored again: only the other rows' masks are made
     assert summary.resumed == 8 and _runs(seg)["decoder"] == len(_distinct(read_rows(EXAMPLES)[8:])[1])
     keep = ("cp", "pf", "status", "ref_mask_source", "out_mask_source", "ref_mask_coverage", "out_mask_coverage")
     assert [[r[k] for k in keep] for r in read_output(out)] == [[r[k] for k in keep] for r in seg_run["rows"]]
-    for kw, said in (({"threshold": 0.4}, "--mask-threshold: 0.5 -> 0.4"),
-                     ({"prompt_template": "a photo of a {}"}, "--mask-prompt-template: {} -> a photo of a {}")):
+    for kw, said in (
+        ({"threshold": 0.4}, "--mask-threshold: 0.5 -> 0.4"),
+        ({"prompt_template": "a photo of a {}"}, "--mask-prompt-template: {} -> a photo of a {}"),
+    ):
         with pytest.raises(SettingsChangedError, match=said.replace("{}", r"\{\}")):
-            run_pairs(pairs, _scorer(naflex_bundle), out, options=RunOptions(progress=False), segmenter=_segmenter(seg_bundle, **kw))
+            run_pairs(
+                pairs,
+                _scorer(naflex_bundle),
+                out,
+                options=RunOptions(progress=False),
+                segmenter=_segmenter(seg_bundle, **kw),
+            )
     with pytest.raises(SettingsChangedError, match=f"--segmenter: {seg.fingerprint} -> unset"):
-        run_pairs(_write_pairs(tmp_path / "with_masks.csv", read_rows(EXAMPLES), drop=()), _scorer(naflex_bundle), out, options=RunOptions(progress=False))
+        run_pairs(
+            _write_pairs(tmp_path / "with_masks.csv", read_rows(EXAMPLES), drop=()),
+            _scorer(naflex_bundle),
+            out,
+            options=RunOptions(progress=False),
+        )
 
 
 def test_fingerprint_covers_the_segmenter_and_keeps_runs_without_one(naflex_bundle, seg_bundle):
@@ -282,14 +360,26 @@ def test_fingerprint_covers_the_segmenter_and_keeps_runs_without_one(naflex_bund
         assert plain.fingerprint(s, other) != base
     assert RunSettings(save_masks="/x").fingerprint(s, seg) != base
     assert set(plain.identity(s, seg)) - set(plain.identity(s)) == {
-        "--segmenter", "--mask-threshold", "--mask-prompt-template", "--segmenter-provider", "--save-masks"}
+        "--segmenter",
+        "--mask-threshold",
+        "--mask-prompt-template",
+        "--segmenter-provider",
+        "--save-masks",
+    }
 
 
 def test_paper_filter_reads_the_segmenter_masks_coverage(seg_run, naflex_bundle, seg_bundle):
     rows = seg_run["rows"]
     frac = float(np.median([float(r["out_mask_coverage"]) for r in rows]))
     out = seg_run["work"] / "filtered.csv"
-    run_pairs(seg_run["pairs"], _scorer(naflex_bundle), out, RunSettings(min_output_mask_frac=frac), options=RunOptions(cache_dir=seg_run["cache"], progress=False), segmenter=_segmenter(seg_bundle))
+    run_pairs(
+        seg_run["pairs"],
+        _scorer(naflex_bundle),
+        out,
+        RunSettings(min_output_mask_frac=frac),
+        options=RunOptions(cache_dir=seg_run["cache"], progress=False),
+        segmenter=_segmenter(seg_bundle),
+    )
     got = read_output(out)
     for r, base in zip(got, rows):
         low = float(base["out_mask_coverage"]) < frac
@@ -336,8 +426,9 @@ def test_ray_workers_build_the_segmenter(seg_run, naflex_bundle, seg_bundle):
     assert job.masks is not None and job.masks.segmenter.identity() == seg.identity()
     rows = [dict(r) for r in read_rows(EXAMPLES)[:3]]
     for r in rows:
-        r.update(ref_image=str(EXAMPLES / r["ref_image"]), out_image=str(EXAMPLES / r["out_image"]), ref_mask="",
-                 out_mask="")
+        r.update(
+            ref_image=str(EXAMPLES / r["ref_image"]), out_image=str(EXAMPLES / r["out_image"]), ref_mask="", out_mask=""
+        )
     got = job.score_chunk(Chunk((1, 2, 3), tuple(rows), ("a", "b", "c"), str(EXAMPLES)))
     assert [(r["cp"], r["pf"]) for r in got] == [(float(r["cp"]), float(r["pf"])) for r in seg_run["rows"][:3]]
 
@@ -350,15 +441,28 @@ def test_masc_run_command_line(seg_run, naflex_bundle, seg_bundle, tmp_path):
 
     out = tmp_path / "cli.csv"
     args = [str(seg_run["pairs"]), "--bundle", str(naflex_bundle), "--out", str(out), "--no-progress"]
-    res = CliRunner().invoke(main, [*args, "--segmenter", str(seg_bundle), "--save-masks", str(tmp_path / "m"),
-                                    "--cache-dir", str(seg_run["cache"])])
+    res = CliRunner().invoke(
+        main,
+        [
+            *args,
+            "--segmenter",
+            str(seg_bundle),
+            "--save-masks",
+            str(tmp_path / "m"),
+            "--cache-dir",
+            str(seg_run["cache"]),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "masks: 0 segmented" in res.output and "from the cache" in res.output
     got = read_output(out)
     assert [(r["cp"], r["pf"]) for r in got] == [(r["cp"], r["pf"]) for r in seg_run["rows"]]
     assert all((out.parent / r["ref_mask_saved"]).is_file() for r in got)
-    for extra, said in ((["--save-masks", "m"], "--save-masks"), (["--mask-threshold", "0.4"], "--mask-threshold"),
-                        (["--segmenter", str(seg_bundle), "--mask-prompt-template", "a {} {}"], "exactly one")):
+    for extra, said in (
+        (["--save-masks", "m"], "--save-masks"),
+        (["--mask-threshold", "0.4"], "--mask-threshold"),
+        (["--segmenter", str(seg_bundle), "--mask-prompt-template", "a {} {}"], "exactly one"),
+    ):
         res = CliRunner().invoke(main, [*args, *extra])
         assert res.exit_code == 2 and said in res.output, res.output
     res = CliRunner().invoke(main, args)  # mask columns absent, no segmenter: one line saying what to do
@@ -451,11 +555,19 @@ def test_rank_query_masks_from_the_segmenter(seg_run, naflex_bundle, seg_bundle,
             w = csv.DictWriter(f, fields)
             w.writeheader()
             for r, given in zip(rows, inputs):
-                w.writerow({"image": r["out_image"], "identity": given["subject"], "method": given["method"],
-                            "object_name": r["object_name"], "mask": mask(r)})
+                w.writerow(
+                    {
+                        "image": r["out_image"],
+                        "identity": given["subject"],
+                        "method": given["method"],
+                        "object_name": r["object_name"],
+                        "mask": mask(r),
+                    }
+                )
     enc = EngineEncoder(_scorer(naflex_bundle))
-    a = run_rank(EXAMPLES / "gallery.csv", enc, queries_csv=with_seg, similarity="maxcos",
-                 segmenter=_segmenter(seg_bundle))
+    a = run_rank(
+        EXAMPLES / "gallery.csv", enc, queries_csv=with_seg, similarity="maxcos", segmenter=_segmenter(seg_bundle)
+    )
     b = run_rank(EXAMPLES / "gallery.csv", enc, queries_csv=with_files, similarity="maxcos")
     assert [r["mask_source"] for r in a.rows] == ["segmenter"] * 5 and a.extra_columns == ["mask_source"]
     assert [(r["ap"], r["n_query_patches"]) for r in a.rows] == [(r["ap"], r["n_query_patches"]) for r in b.rows]

@@ -53,9 +53,23 @@ class Server:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        self.proc = subprocess.Popen([*SERVE, "--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(self.port),
-                                      "--log-level", "warning", *args],
-                                     stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            [
+                *SERVE,
+                "--bundle",
+                str(bundle),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                *args,
+            ],
+            stdout=open(log, "wb"),
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         deadline = time.time() + 120
         while time.time() < deadline:
             assert self.proc.poll() is None, f"masc-serve exited: {log.read_text()[-3000:]}"
@@ -81,8 +95,18 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(naflex_bundle, tmp_path_factory):
-    srv = Server(naflex_bundle, "--max-batch", "8", "--max-wait-ms", "100", "--max-body-mb", "16", "--body-timeout-s", "3",
-                 log=tmp_path_factory.mktemp("serve") / "server.log")
+    srv = Server(
+        naflex_bundle,
+        "--max-batch",
+        "8",
+        "--max-wait-ms",
+        "100",
+        "--max-body-mb",
+        "16",
+        "--body-timeout-s",
+        "3",
+        log=tmp_path_factory.mktemp("serve") / "server.log",
+    )
     yield srv
     assert srv.stop() == 0, srv.log.read_text()[-3000:]
 
@@ -103,7 +127,7 @@ def odd_items():
     outputs resized to odd sizes, saved as PNG, JPEG, WebP and TIFF: ``(json item, oracle args)``
     per pair."""
     all_rows = read_rows(EXAMPLES)
-    rows = all_rows[::len(all_rows) // len(ODD)][:len(ODD)]
+    rows = all_rows[:: len(all_rows) // len(ODD)][: len(ODD)]
     assert len(rows) == len(ODD)
     items = []
     for i, row in enumerate(rows):
@@ -115,9 +139,14 @@ def odd_items():
             files[f"{side}_mask"] = _save(m, "PNG")
         item = {k: b64(v) for k, v in files.items()}
         item.update(prompt=row["prompt"], object_name=row["object_name"])
-        oracle_args = (Image.open(io.BytesIO(files["ref_image"])), np.array(Image.open(io.BytesIO(files["ref_mask"]))),
-                       Image.open(io.BytesIO(files["out_image"])), np.array(Image.open(io.BytesIO(files["out_mask"]))),
-                       row["prompt"], row["object_name"])
+        oracle_args = (
+            Image.open(io.BytesIO(files["ref_image"])),
+            np.array(Image.open(io.BytesIO(files["ref_mask"]))),
+            Image.open(io.BytesIO(files["out_image"])),
+            np.array(Image.open(io.BytesIO(files["out_mask"]))),
+            row["prompt"],
+            row["object_name"],
+        )
         items.append((item, oracle_args))
     return items
 
@@ -175,8 +204,10 @@ def test_concurrent_clients_are_batched_and_bit_identical(server, odd_items):
 
     def client(c: int):
         with httpx.Client() as cl:
-            return [(k, _post(server, "/v1/score", client=cl, json=items[k])) for k in
-                    ((c + j) % len(items) for j in range(4))]
+            return [
+                (k, _post(server, "/v1/score", client=cl, json=items[k]))
+                for k in ((c + j) % len(items) for j in range(4))
+            ]
 
     with ThreadPoolExecutor(8) as ex:
         results = [x for chunk in ex.map(client, range(8)) for x in chunk]
@@ -194,8 +225,12 @@ def _png_header(width: int, height: int) -> bytes:
     def chunk(t: bytes, d: bytes) -> bytes:
         return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
 
 
 def test_hostile_input_gets_4xx_naming_the_field(server, odd_items):
@@ -203,11 +238,20 @@ def test_hostile_input_gets_4xx_naming_the_field(server, odd_items):
     good = _post(server, "/v1/score", json=item).json()
     photo = sorted((EXAMPLES / "images").rglob("*.jpg"))[0]
     cases = [  # (body kwargs, status, error, field)
-        ({"content": b"this is not json", "headers": {"content-type": "application/json"}}, 400, "malformed_json", None),
+        (
+            {"content": b"this is not json", "headers": {"content-type": "application/json"}},
+            400,
+            "malformed_json",
+            None,
+        ),
         ({"json": {k: v for k, v in item.items() if k != "out_mask"}}, 422, "missing_field", "out_mask"),
         ({"json": {**item, "ref_image": "%%% not base64 %%%"}}, 422, "bad_base64", "ref_image"),
-        ({"json": {**item, "out_image": b64(b"just a text file\nwith two lines\n")}}, 422, "unreadable_image",
-         "out_image"),
+        (
+            {"json": {**item, "out_image": b64(b"just a text file\nwith two lines\n")}},
+            422,
+            "unreadable_image",
+            "out_image",
+        ),
         ({"json": {**item, "prompt": 5}}, 422, "wrong_type", "prompt"),
         ({"json": {**item, "object_name": ["cat"]}}, 422, "wrong_type", "object_name"),
         ({"json": {**item, "out_image": b64(_png_header(30000, 30000))}}, 422, "image_too_large", "out_image"),
@@ -218,15 +262,31 @@ def test_hostile_input_gets_4xx_naming_the_field(server, odd_items):
         # A server-side path is never opened: as a string it is not base64, as base64 not an image.
         ({"json": {**item, "ref_image": str(photo)}}, 422, "bad_base64", "ref_image"),
         ({"json": {**item, "ref_image": b64(str(photo).encode())}}, 422, "unreadable_image", "ref_image"),
-        ({"content": b"x" * (17 * 2**20), "headers": {"content-type": "application/json"}}, 413, "body_too_large",
-         None),
-        ({"content": iter([b"y" * 2**20] * 17), "headers": {"content-type": "application/json"}}, 413,
-         "body_too_large", None),  # chunked: no Content-Length
-        ({"content": b"a=b", "headers": {"content-type": "application/x-www-form-urlencoded"}}, 415,
-         "unsupported_media_type", None),
+        (
+            {"content": b"x" * (17 * 2**20), "headers": {"content-type": "application/json"}},
+            413,
+            "body_too_large",
+            None,
+        ),
+        (
+            {"content": iter([b"y" * 2**20] * 17), "headers": {"content-type": "application/json"}},
+            413,
+            "body_too_large",
+            None,
+        ),  # chunked: no Content-Length
+        (
+            {"content": b"a=b", "headers": {"content-type": "application/x-www-form-urlencoded"}},
+            415,
+            "unsupported_media_type",
+            None,
+        ),
         ({"files": {"ref_image": ("a.png", b"x")}, "data": {"prompt": "p"}}, 422, "missing_field", "ref_mask"),
-        ({"json": {"items": [item, {**item, "prompt": None}]}, "path": "/v1/score_batch"}, 422, "wrong_type",
-         "items[1].prompt"),
+        (
+            {"json": {"items": [item, {**item, "prompt": None}]}, "path": "/v1/score_batch"},
+            422,
+            "wrong_type",
+            "items[1].prompt",
+        ),
     ]
     for kw, status, error, field in cases:
         path = kw.pop("path", "/v1/score")
@@ -244,8 +304,10 @@ def test_hostile_input_gets_4xx_naming_the_field(server, odd_items):
 def test_stalled_body_gets_408(server):
     """A client that stops sending mid-body is answered 408 after --body-timeout-s (3 s here)."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=20) as s:
-        s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 1000\r\n\r\n{\"ref_image\": \"")
+        s.sendall(
+            b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"ref_image": "'
+        )
         t0 = time.time()
         reply = b""
         while chunk := s.recv(65536):  # until the server closes the connection
@@ -291,10 +353,18 @@ def test_batch_records_equal_masc_run(server, naflex_bundle, odd_items, tmp_path
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    run_pairs(tmp_path / "pairs.csv", Scorer(naflex_bundle, batch_size=1), tmp_path / "out.jsonl", options=RunOptions(progress=False))
+    run_pairs(
+        tmp_path / "pairs.csv",
+        Scorer(naflex_bundle, batch_size=1),
+        tmp_path / "out.jsonl",
+        options=RunOptions(progress=False),
+    )
     want = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
-    assert [g["status"] for g in got] == [w["status"] for w in want] == [
-        "ok", "unreadable_image", "mask_size_mismatch", "empty_reference_mask", "no_background", "ok", "ok"]
+    assert (
+        [g["status"] for g in got]
+        == [w["status"] for w in want]
+        == ["ok", "unreadable_image", "mask_size_mismatch", "empty_reference_mask", "no_background", "ok", "ok"]
+    )
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         for k, v in g.items():
             if k == "status_detail":
@@ -316,12 +386,35 @@ def test_schemathesis_finds_no_5xx_or_schema_violation(server, tmp_path):
     st = Path(sys.executable).with_name("schemathesis")
     if not st.exists():
         pytest.skip("schemathesis is not installed (test extra)")
-    res = subprocess.run([str(st), "run", server.url + "/openapi.json", "--checks", "all",
-                          "--exclude-checks", "positive_data_acceptance", "--max-examples", "25",
-                          "--max-time", "30", "--workers", "1", "--generation-deterministic",
-                          "--request-timeout", "30", "--report", "junit", "--report-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=150, env={**os.environ, "NO_COLOR": "1"},
-                         cwd=tmp_path)  # schemathesis keeps state in ./.schemathesis
+    res = subprocess.run(
+        [
+            str(st),
+            "run",
+            server.url + "/openapi.json",
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+            "--max-examples",
+            "25",
+            "--max-time",
+            "30",
+            "--workers",
+            "1",
+            "--generation-deterministic",
+            "--request-timeout",
+            "30",
+            "--report",
+            "junit",
+            "--report-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={**os.environ, "NO_COLOR": "1"},
+        cwd=tmp_path,
+    )  # schemathesis keeps state in ./.schemathesis
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
     assert httpx.get(server.url + "/readyz").status_code == 200
 
@@ -333,8 +426,10 @@ def test_sigterm_finishes_in_flight_requests(naflex_bundle, odd_items, tmp_path)
     body = json.dumps({"items": items}).encode()
     try:
         with ThreadPoolExecutor(3) as ex:
-            futs = [ex.submit(_post, srv, "/v1/score_batch", content=body,
-                              headers={"content-type": "application/json"}) for _ in range(3)]
+            futs = [
+                ex.submit(_post, srv, "/v1/score_batch", content=body, headers={"content-type": "application/json"})
+                for _ in range(3)
+            ]
             deadline = time.time() + 60
             while _metric(srv, 'masc_requests_in_flight{path="/v1/score_batch"}') < 3 and time.time() < deadline:
                 time.sleep(0.05)  # until all three are being handled
@@ -364,9 +459,15 @@ def test_disk_cache_is_shared_with_masc_run(naflex_bundle, odd_items, tmp_path):
     item = odd_items[3][0]
     data = {f: base64.b64decode(item[f]) for f in BYTE_FIELDS}
     scorer = Scorer(naflex_bundle, batch_size=1)
-    ns = {"bundle": scorer.bundle.fingerprint, "budget": scorer.image_settings.max_num_patches, "exif": "apply",
-          "provider": scorer.provider, "backend": scorer.backend, "precision": scorer.precision,
-          "graph_variant": scorer.graph_variant}
+    ns = {
+        "bundle": scorer.bundle.fingerprint,
+        "budget": scorer.image_settings.max_num_patches,
+        "exif": "apply",
+        "provider": scorer.provider,
+        "backend": scorer.backend,
+        "precision": scorer.precision,
+        "graph_variant": scorer.graph_variant,
+    }
     store = EncodingStore(tmp_path / "cache", ns)
     svc = ServiceScorer(scorer, RunSettings(), store=store)
     rec = svc.score([svc.decode(data, item["prompt"], item["object_name"], None)])[0]
@@ -379,7 +480,12 @@ def test_disk_cache_is_shared_with_masc_run(naflex_bundle, odd_items, tmp_path):
         w = csv.DictWriter(fh, fieldnames=list(row))
         w.writeheader()
         w.writerow(row)
-    summary = run_pairs(tmp_path / "pairs.csv", Scorer(naflex_bundle, batch_size=1), tmp_path / "out.jsonl", options=RunOptions(cache_dir=tmp_path / "cache", progress=False))
+    summary = run_pairs(
+        tmp_path / "pairs.csv",
+        Scorer(naflex_bundle, batch_size=1),
+        tmp_path / "out.jsonl",
+        options=RunOptions(cache_dir=tmp_path / "cache", progress=False),
+    )
     assert summary.cache_hits == 2 and summary.images_encoded == 0  # both images came from the service's entries
     want = json.loads(open(tmp_path / "out.jsonl").readline())
     assert (rec["cp"], rec["pf"], rec["status"]) == (want["cp"], want["pf"], want["status"])

@@ -47,10 +47,17 @@ def keyed(naflex_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def item() -> dict:
-    row = {"ref_image": "images/cat/00.jpg", "ref_mask": "masks/cat/00.png", "out_image": "images/cat/01.jpg",
-           "out_mask": "masks/cat/01.png"}
-    return {**{k: base64.b64encode((EXAMPLES / v).read_bytes()).decode() for k, v in row.items()},
-            "prompt": "a cat on the beach", "object_name": "cat"}
+    row = {
+        "ref_image": "images/cat/00.jpg",
+        "ref_mask": "masks/cat/00.png",
+        "out_image": "images/cat/01.jpg",
+        "out_mask": "masks/cat/01.png",
+    }
+    return {
+        **{k: base64.b64encode((EXAMPLES / v).read_bytes()).decode() for k, v in row.items()},
+        "prompt": "a cat on the beach",
+        "object_name": "cat",
+    }
 
 
 def test_readyz_names_no_server_path(server, naflex_bundle):
@@ -80,8 +87,11 @@ def test_bearer_token_guards_everything_but_the_probes(keyed, item):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
         r = httpx.post(server.url + "/v1/score", json=item, headers=headers, timeout=60)
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", headers
-        assert r.json() == {"error": "unauthorized", "field": None,
-                            "detail": "send Authorization: Bearer <key> (the key of --api-key-file)"}
+        assert r.json() == {
+            "error": "unauthorized",
+            "field": None,
+            "detail": "send Authorization: Bearer <key> (the key of --api-key-file)",
+        }
     assert httpx.get(server.url + "/openapi.json", timeout=30).status_code == 401
     for path in PROBES:
         assert httpx.get(server.url + path, timeout=30).status_code == 200, path
@@ -92,8 +102,10 @@ def test_bearer_token_guards_everything_but_the_probes(keyed, item):
 def test_both_length_headers_are_refused(server):
     s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
     try:
-        s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4\r\n"
-                  b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+        s.sendall(
+            b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+        )
         reply = b""
         while chunk := s.recv(65536):
             reply += chunk
@@ -116,9 +128,23 @@ def test_failed_load_names_no_path(naflex_bundle, tmp_path):
     srv = Server.__new__(Server)
     srv.log, srv.port = log, __import__("test_serve")._free_port()
     srv.url = f"http://127.0.0.1:{srv.port}"
-    srv.proc = subprocess.Popen([sys.executable, "-m", "masc_engine.cli.serve_cmd", "--bundle", str(broken), "--host",
-                                 "127.0.0.1", "--port", str(srv.port), "--log-level", "warning"],
-                                stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    srv.proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.serve_cmd",
+            "--bundle",
+            str(broken),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(srv.port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         for _ in range(1200):  # until the load has failed (a hang guard, not a time bound)
             assert srv.proc.poll() is None, log.read_text()[-3000:]
@@ -143,7 +169,21 @@ def test_bad_api_key_file_is_one_line(naflex_bundle, tmp_path, content):
     key = tmp_path / "key"
     key.write_text(content)
     for path in (key, tmp_path / "missing"):
-        p = subprocess.run([sys.executable, "-m", "masc_engine.cli.serve_cmd", "--bundle", str(naflex_bundle),
-                            "--api-key-file", str(path), "--port", "9"], capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "masc_engine.cli.serve_cmd",
+                "--bundle",
+                str(naflex_bundle),
+                "--api-key-file",
+                str(path),
+                "--port",
+                "9",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert p.returncode == 1 and p.stderr.strip().splitlines() == [p.stderr.strip()], p.stderr
         assert p.stderr.startswith(f"Error: --api-key-file {path}: "), p.stderr

@@ -44,10 +44,17 @@ def _png(arr: np.ndarray) -> bytes:
 
 @pytest.fixture(scope="module")
 def good_item() -> dict:
-    row = {"ref_image": "images/cat/00.jpg", "ref_mask": "masks/cat/00.png", "out_image": "images/cat/01.jpg",
-           "out_mask": "masks/cat/01.png"}
-    return {**{k: b64((EXAMPLES / v).read_bytes()) for k, v in row.items()}, "prompt": "a cat on the beach",
-            "object_name": "cat"}
+    row = {
+        "ref_image": "images/cat/00.jpg",
+        "ref_mask": "masks/cat/00.png",
+        "out_image": "images/cat/01.jpg",
+        "out_mask": "masks/cat/01.png",
+    }
+    return {
+        **{k: b64((EXAMPLES / v).read_bytes()) for k, v in row.items()},
+        "prompt": "a cat on the beach",
+        "object_name": "cat",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +64,7 @@ def fake_gs(tmp_path_factory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("fake-gs")
     record = d / "calls.txt"
     gs = d / "gs"
-    gs.write_text(f"#!/bin/sh\necho \"gs $*\" >> {record}\nexit 1\n")
+    gs.write_text(f'#!/bin/sh\necho "gs $*" >> {record}\nexit 1\n')
     gs.chmod(0o755)
     return d, record
 
@@ -66,8 +73,15 @@ def fake_gs(tmp_path_factory) -> tuple[Path, Path]:
 def server(naflex_bundle, tmp_path_factory, fake_gs):
     """Default settings, except short header and body deadlines (so the tests wait seconds)."""
     env = {**os.environ, "PATH": f"{fake_gs[0]}{os.pathsep}{os.environ.get('PATH', '')}"}
-    srv = Server(naflex_bundle, "--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S),
-                 log=tmp_path_factory.mktemp("serve-hostile") / "server.log", env=env)
+    srv = Server(
+        naflex_bundle,
+        "--header-timeout-s",
+        str(HEADER_TIMEOUT_S),
+        "--body-timeout-s",
+        str(BODY_TIMEOUT_S),
+        log=tmp_path_factory.mktemp("serve-hostile") / "server.log",
+        env=env,
+    )
     yield srv
     assert srv.stop() == 0, srv.log.read_text()[-3000:]
 
@@ -125,17 +139,21 @@ def _multipart(fields: dict, files: dict, boundary: bytes = b"masc-boundary") ->
     """A multipart body as head + chunks (the last field streamed in 1 MiB pieces)."""
     parts = []
     for k, v in files.items():
-        parts.append(b"--%s\r\nContent-Disposition: form-data; name=\"%s\"; filename=\"%s\"\r\n\r\n%s\r\n"
-                     % (boundary, k.encode(), k.encode(), v))
+        parts.append(
+            b'--%s\r\nContent-Disposition: form-data; name="%s"; filename="%s"\r\n\r\n%s\r\n'
+            % (boundary, k.encode(), k.encode(), v)
+        )
     for k, v in fields.items():
-        parts.append(b"--%s\r\nContent-Disposition: form-data; name=\"%s\"\r\n\r\n" % (boundary, k.encode()))
+        parts.append(b'--%s\r\nContent-Disposition: form-data; name="%s"\r\n\r\n' % (boundary, k.encode()))
         parts.append(v)
         parts.append(b"\r\n")
     parts.append(b"--%s--\r\n" % boundary)
-    chunks = [c[i:i + 2**20] for c in parts for i in range(0, max(len(c), 1), 2**20)]
+    chunks = [c[i : i + 2**20] for c in parts for i in range(0, max(len(c), 1), 2**20)]
     total = sum(len(c) for c in chunks)
-    head = (b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=%s\r\n"
-            b"Content-Length: %d\r\n\r\n" % (boundary, total))
+    head = (
+        b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=%s\r\n"
+        b"Content-Length: %d\r\n\r\n" % (boundary, total)
+    )
     return head, chunks
 
 
@@ -164,14 +182,17 @@ def test_huge_prompts_are_refused_cheaply(server, good_item):
     r = httpx.post(server.url + "/v1/score", json={**good_item, "prompt": "a " * 2 * 2**20}, timeout=30)
     assert _status(pid, "VmHWM") - rss0 < 50 * 2**20
     assert r.status_code == 422 and r.json() == {
-        "error": "prompt_too_long", "field": "prompt",
-        "detail": "prompt: 4194304 characters, over the budget of 4096 bytes"}
+        "error": "prompt_too_long",
+        "field": "prompt",
+        "detail": "prompt: 4194304 characters, over the budget of 4096 bytes",
+    }
     # A JSON body is read whole before it is parsed (bounded by --max-body-mb), then refused on
     # its text budget: nothing of it is scored.
     body = json.dumps({"items": [good_item, {**good_item, "object_name": "c" * 60 * 2**20}]}).encode()
     decoded = _metric(server, "masc_reference_cache_misses_total")
-    r = httpx.post(server.url + "/v1/score_batch", content=body, headers={"content-type": "application/json"},
-                   timeout=30)
+    r = httpx.post(
+        server.url + "/v1/score_batch", content=body, headers={"content-type": "application/json"}, timeout=30
+    )
     assert r.status_code == 422 and _metric(server, "masc_reference_cache_misses_total") == decoded, r.text
     assert r.json()["field"] == "items[1].object_name"
     r = httpx.post(server.url + "/v1/score", json={**good_item, "prompt": "dog " * 700}, timeout=30)
@@ -239,8 +260,11 @@ def test_formats_outside_the_allowlist_get_422_and_spawn_nothing(server, good_it
     assert not record.exists(), record.read_text()  # Ghostscript was never run
     # Beside a bad item, a good one is scored (the bad one gets its row status).
     bad = {**good_item, "out_image": b64(_dds_with_bad_pixel_format())}
-    got = httpx.post(server.url + "/v1/score_batch", json={"items": [bad, good_item, {**good_item, "ref_image": b64(PS)}]},
-                     timeout=120).json()["results"]
+    got = httpx.post(
+        server.url + "/v1/score_batch",
+        json={"items": [bad, good_item, {**good_item, "ref_image": b64(PS)}]},
+        timeout=120,
+    ).json()["results"]
     assert [g["status"] for g in got] == ["unreadable_image", "ok", "unreadable_image"]
     assert got[1] == httpx.post(server.url + "/v1/score", json=good_item, timeout=60).json()
     assert _metric(server, 'masc_requests_total{code="500",path="/v1/score"}') == 0
@@ -383,8 +407,14 @@ def test_decoded_memory_stays_under_the_budget_and_returns(naflex_bundle, tmp_pa
         img, mask = _png(np.zeros((6000, 6000, 3), np.uint8)), _png(np.zeros((6000, 6000), np.uint8))
         m = np.zeros((6000, 6000), np.uint8)
         m[2000:4000, 2000:4000] = 255
-        item = {"ref_image": b64(img), "ref_mask": b64(_png(m)), "out_image": b64(img), "out_mask": b64(mask),
-                "prompt": "a black square", "object_name": "square"}
+        item = {
+            "ref_image": b64(img),
+            "ref_mask": b64(_png(m)),
+            "out_image": b64(img),
+            "out_mask": b64(mask),
+            "prompt": "a black square",
+            "object_name": "square",
+        }
         time.sleep(1)
         idle = _status(srv.proc.pid, "VmRSS")
         _reset_peak(srv.proc.pid)

@@ -33,8 +33,10 @@ def _post_paused(port: int, path: str, ctype: str, body: bytes, pause_s: float) 
     EOF. Returns ``(status, JSON body, anything after it)``; a reset raises ``OSError``."""
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
     try:
-        s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
-                  % (path.encode(), ctype.encode(), len(body)))
+        s.sendall(
+            b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
+            % (path.encode(), ctype.encode(), len(body))
+        )
         time.sleep(pause_s)
         s.sendall(body)
         reply = b""
@@ -78,10 +80,21 @@ def test_first_request_on_a_loaded_machine_gets_an_answer(naflex_bundle, tmp_pat
         p.start()
     port = _free_port()
     log = tmp_path / "server.log"
-    proc = subprocess.Popen([*SERVE, "--bundle", str(naflex_bundle), "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "warning"], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    item = json.dumps({"ref_image": "A" * 2**20, "ref_mask": "", "out_image": "", "out_mask": "",
-                       "prompt": "a cat", "object_name": "cat"}).encode()
+    proc = subprocess.Popen(
+        [*SERVE, "--bundle", str(naflex_bundle), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
+    item = json.dumps(
+        {
+            "ref_image": "A" * 2**20,
+            "ref_mask": "",
+            "out_image": "",
+            "out_mask": "",
+            "prompt": "a cat",
+            "object_name": "cat",
+        }
+    ).encode()
     answers = []
     try:
         for _ in range(600):  # until /healthz answers (a hang guard, not a time bound)

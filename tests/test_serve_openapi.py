@@ -22,8 +22,12 @@ import pytest
 
 pytest.importorskip("fastapi")
 EX = Path(__file__).resolve().parents[1] / "examples" / "dreambooth"
-FILES = {"ref_image": "images/cat/00.jpg", "ref_mask": "masks/cat/00.png",
-         "out_image": "images/cat/01.jpg", "out_mask": "masks/cat/01.png"}
+FILES = {
+    "ref_image": "images/cat/00.jpg",
+    "ref_mask": "masks/cat/00.png",
+    "out_image": "images/cat/01.jpg",
+    "out_mask": "masks/cat/01.png",
+}
 
 
 def _ready_client(app):
@@ -64,8 +68,21 @@ def test_a_generated_client_imports_and_scores(served, tmp_path, monkeypatch):
     app, http = served
     doc = tmp_path / "openapi.json"
     doc.write_text(json.dumps(http.get("/openapi.json").json()))
-    r = subprocess.run([_generator(), "generate", "--path", str(doc), "--output-path", str(tmp_path / "masc_client"),
-                        "--meta", "none"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            _generator(),
+            "generate",
+            "--path",
+            str(doc),
+            "--output-path",
+            str(tmp_path / "masc_client"),
+            "--meta",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     monkeypatch.syspath_prepend(str(tmp_path))
     c = importlib.import_module("masc_client.client")
@@ -81,8 +98,9 @@ def test_a_generated_client_imports_and_scores(served, tmp_path, monkeypatch):
     assert got.to_dict() == want and isinstance(got.cp_n_ref_fg, int) and isinstance(got.prompt_text, str)
 
     files = {k: types.File(payload=(EX / v).open("rb"), file_name=Path(v).name) for k, v in FILES.items()}
-    up = api["score_upload"].sync(client=client, body=models.ScoreUploadBody(
-        **files, prompt="a cat on the beach", object_name="cat"))
+    up = api["score_upload"].sync(
+        client=client, body=models.ScoreUploadBody(**files, prompt="a cat on the beach", object_name="cat")
+    )
     assert isinstance(up, models.ScoreResult) and up.to_dict() == want
 
     batch = api["score_batch"].sync(client=client, body=models.ScoreBatch.from_dict({"items": [_item(), _item()]}))
@@ -96,8 +114,11 @@ def test_one_content_type_per_operation(served):
     _, http = served
     paths = http.get("/openapi.json").json()["paths"]
     bodies = {p: list(op["post"]["requestBody"]["content"]) for p, op in paths.items() if "post" in op}
-    assert bodies == {"/v1/score": ["application/json"], "/v1/score/upload": ["multipart/form-data"],
-                      "/v1/score_batch": ["application/json"]}
+    assert bodies == {
+        "/v1/score": ["application/json"],
+        "/v1/score/upload": ["multipart/form-data"],
+        "/v1/score_batch": ["application/json"],
+    }
     r = http.post("/v1/score/upload", json=_item())
     assert r.status_code == 415 and r.json()["error"] == "unsupported_media_type"
 
@@ -134,11 +155,14 @@ def test_records_with_a_segmenter_hold_only_declared_fields(naflex_bundle, seg_b
 
 
 def _document(bundle, seed: int) -> str:
-    code = ("from masc_engine.serve.app import ServeConfig, create_app, dumps_openapi\n"
-            f"print(dumps_openapi(create_app(ServeConfig(bundle={str(bundle)!r}))))")
+    code = (
+        "from masc_engine.serve.app import ServeConfig, create_app, dumps_openapi\n"
+        f"print(dumps_openapi(create_app(ServeConfig(bundle={str(bundle)!r}))))"
+    )
     env = {**__import__("os").environ, "PYTHONHASHSEED": str(seed)}
-    r = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
 

@@ -80,7 +80,9 @@ def test_disk_full_write_is_dropped(tmp_path):
 
 def test_unusable_folder_is_a_typed_error(tmp_path):
     (tmp_path / "cache.db").mkdir()
-    with pytest.raises(getattr(cache_module, "CacheError", ()), match=r"^the cache folder .* cannot be used \(OperationalError: "):
+    with pytest.raises(
+        getattr(cache_module, "CacheError", ()), match=r"^the cache folder .* cannot be used \(OperationalError: "
+    ):
         EncodingStore(tmp_path, {"bundle": "x"})
 
 
@@ -96,12 +98,29 @@ def test_unusable_cache_dir_is_one_line(naflex_bundle, tmp_path):
     """masc-run and masc-serve on a --cache-dir SQLite cannot open: exit 1, one Error: line."""
     bad = tmp_path / "cache"
     (bad / "cache.db").mkdir(parents=True)
-    run = subprocess.run([*RUN, str(EXAMPLES / "pairs.csv"), "--bundle", str(naflex_bundle), "--cache-dir", str(bad),
-                          "--out", str(tmp_path / "out.csv"), "--no-progress"],
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            *RUN,
+            str(EXAMPLES / "pairs.csv"),
+            "--bundle",
+            str(naflex_bundle),
+            "--cache-dir",
+            str(bad),
+            "--out",
+            str(tmp_path / "out.csv"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     _one_error_line(run, bad)
-    serve = subprocess.run([*SERVE, "--bundle", str(naflex_bundle), "--cache-dir", str(bad), "--port", "9"],
-                           capture_output=True, text=True, timeout=600)
+    serve = subprocess.run(
+        [*SERVE, "--bundle", str(naflex_bundle), "--cache-dir", str(bad), "--port", "9"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     _one_error_line(serve, bad)
 
 
@@ -116,8 +135,12 @@ def test_service_scores_through_a_failed_cache(naflex_bundle, tmp_path):
 
     cache = tmp_path / "cache"
     srv = Server(naflex_bundle, "--cache-dir", str(cache), log=tmp_path / "server.log")
-    files = {"ref_image": "images/cat/00.jpg", "ref_mask": "masks/cat/00.png", "out_image": "images/cat/01.jpg",
-             "out_mask": "masks/cat/01.png"}
+    files = {
+        "ref_image": "images/cat/00.jpg",
+        "ref_mask": "masks/cat/00.png",
+        "out_image": "images/cat/01.jpg",
+        "out_mask": "masks/cat/01.png",
+    }
     item = {k: base64.b64encode((EXAMPLES / v).read_bytes()).decode() for k, v in files.items()}
     try:
         first = httpx.post(srv.url + "/v1/score", json={**item, "prompt": "a cat", "object_name": "cat"}, timeout=120)

@@ -82,13 +82,20 @@ def _head(kind: bytes, dims) -> bytes:
     return b"masc-store/1\n" + kind + struct.pack(f"<B{len(dims)}Q", len(dims), *dims)
 
 
-@pytest.mark.parametrize("value", [
-    b"", b"garbage", "a string", 12345, 1.5,
-    _head(b"img", (6, 5, 2, 3)) + b"\0" * (4 * 30 - 4),  # a payload shorter than its dimensions
-    _head(b"img", (6, 5, 4, 4)) + b"\0" * (4 * 30),  # tokens that are not the grid's patches
-    _head(b"txt", (30,)) + b"\0" * (4 * 30),  # another kind under an image key
-    _head(b"img", (6, 5, 2)) + b"\0" * (4 * 30),  # a dimension missing
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"",
+        b"garbage",
+        "a string",
+        12345,
+        1.5,
+        _head(b"img", (6, 5, 2, 3)) + b"\0" * (4 * 30 - 4),  # a payload shorter than its dimensions
+        _head(b"img", (6, 5, 4, 4)) + b"\0" * (4 * 30),  # tokens that are not the grid's patches
+        _head(b"txt", (30,)) + b"\0" * (4 * 30),  # another kind under an image key
+        _head(b"img", (6, 5, 2)) + b"\0" * (4 * 30),  # a dimension missing
+    ],
+)
 def test_a_value_of_another_type_or_shape_is_a_miss(tmp_path, value):
     s = _store(tmp_path / "cache")
     s.put_image("a", _enc())
@@ -121,8 +128,9 @@ def test_a_value_file_outside_the_store_is_neither_read_nor_deleted(tmp_path):
     s = _store(tmp_path / "cache")
     s.put_image("a", _enc())
     with sqlite3.connect(tmp_path / "cache" / "cache.db") as db:
-        db.execute("UPDATE Cache SET mode = 2, filename = ?, value = NULL WHERE key = ?",
-                   ("../victim", s._key("img", "a")))
+        db.execute(
+            "UPDATE Cache SET mode = 2, filename = ?, value = NULL WHERE key = ?", ("../victim", s._key("img", "a"))
+        )
     assert s.get_image("a") is None and s.refused == 1
     s.put_image("a", _enc())  # replacing the row removes its old file: never one outside the store
     assert victim.read_bytes() == _head(b"img", (6, 5, 2, 3)) + b"\0" * 120
@@ -134,8 +142,12 @@ def _scores(path) -> dict:
 
 
 def _masc_run(bundle, out, *extra):
-    return subprocess.run([*RUN, str(EXAMPLES / "pairs.csv"), "--bundle", str(bundle), "--out", str(out),
-                           "--no-progress", *extra], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [*RUN, str(EXAMPLES / "pairs.csv"), "--bundle", str(bundle), "--out", str(out), "--no-progress", *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ Three kinds of test:
   stripper and the oracle's. Only the tests that need the real model skip
   without it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -46,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Data
 # --------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module", params=photo_sets())
 def dreambooth_rows(request) -> list[tuple[str, str]]:
     """(prompt, object_name) of every row of a real pairs.csv: the shipped examples, and the
@@ -60,8 +62,11 @@ def dreambooth_rows(request) -> list[tuple[str, str]]:
 # (prompt, object_name, expected output of the regex stripper)
 REGEX_CASES = [
     # the docstring example
-    ("A photo of a kitten chasing a butterfly in a sunny garden", "kitten",
-     "A photo of chasing a butterfly in a sunny garden"),
+    (
+        "A photo of a kitten chasing a butterfly in a sunny garden",
+        "kitten",
+        "A photo of chasing a butterfly in a sunny garden",
+    ),
     ("an owl at night", "owl", "at night"),
     ("kitten in a basket", "kitten", "in a basket"),
     ("The kitten sleeps", "kitten", "sleeps"),
@@ -124,6 +129,7 @@ OBJECT_NAMES_EXTRA = ["", "   ", "\t", "kitten", "c++ toy", "stuffed animal", "t
 # --------------------------------------------------------------------------
 # Known values (no oracle needed)
 # --------------------------------------------------------------------------
+
 
 def test_strippers_tuple():
     assert STRIPPERS == ("regex", "spacy", "none")
@@ -202,6 +208,7 @@ def test_module_is_torch_and_masc_free():
 # Oracle: masc-metric 0.3.0, regex and none strippers, pf_prompt
 # --------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def oracle():
     """masc.text and masc.metric (imports torch)."""
@@ -250,17 +257,19 @@ def test_oracle_dreambooth_cross_subjects(oracle, dreambooth_rows):
     prompts = sorted({p for p, _ in rows})
     for prompt in prompts:
         for name in names:
-            assert strip_subject_from_prompt(prompt, name) == \
-                oracle.text.strip_subject_from_prompt(prompt, name), (prompt, name)
+            assert strip_subject_from_prompt(prompt, name) == oracle.text.strip_subject_from_prompt(prompt, name), (
+                prompt,
+                name,
+            )
 
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("stripper", ["regex", "none"])
 def test_oracle_hand_cases(oracle, stripper):
     for prompt, object_name in _hand_pairs():
-        assert strip_subject_from_prompt(prompt, object_name, stripper) == \
-            oracle.text.strip_subject_from_prompt(prompt, object_name, stripper), \
-            (prompt, object_name)
+        assert strip_subject_from_prompt(prompt, object_name, stripper) == oracle.text.strip_subject_from_prompt(
+            prompt, object_name, stripper
+        ), (prompt, object_name)
 
 
 @pytest.mark.oracle
@@ -298,6 +307,7 @@ def test_oracle_pf_prompt(oracle, stripper, dreambooth_rows):
 # --------------------------------------------------------------------------
 # spaCy: hand-built parses
 # --------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def spacy():
@@ -514,8 +524,11 @@ PARSES = {
 # (prompt, object_name, expected output of the spaCy stripper on PARSES)
 SPACY_CASES = [
     ("a fluffy little kitten chasing a butterfly", "kitten", "chasing a butterfly"),
-    ("A photo of a fluffy little kitten chasing a butterfly in a sunny garden", "kitten",
-     "A photo of chasing a butterfly in a sunny garden"),
+    (
+        "A photo of a fluffy little kitten chasing a butterfly in a sunny garden",
+        "kitten",
+        "A photo of chasing a butterfly in a sunny garden",
+    ),
     ("the dog's ball on the grass", "dog", "ball on the grass"),
     ("a motorcycle rider on a road", "motorcycle", "a rider on a road"),
     ("a dolphin swimming in the ocean", "dolphin", "swimming in the ocean"),
@@ -530,8 +543,7 @@ SPACY_CASES = [
     ("a cat on a sofa", "kitten", "a cat on a sofa"),
     ("a stuffed animal on its bed", "stuffed animal", "on its bed"),
     ("cherry blossoms in spring", "cherry blossom", "in spring"),
-    ("a beach at sunset with a kitten, waves behind", "kitten",
-     "a beach at sunset with, waves behind"),
+    ("a beach at sunset with a kitten, waves behind", "kitten", "a beach at sunset with, waves behind"),
     ("a  kitten   in the snow", "kitten", "in the snow"),
     ("a Piñata hanging from a tree", "piñata", "hanging from a tree"),
     ("a kitten playing with its tail", "kitten", "playing with its tail"),
@@ -563,7 +575,7 @@ class FakeNLP:
         for word, *_ in toks:
             assert text.startswith(word, pos), (text, word, pos)
             pos += len(word)
-            space = not word.isspace() and text[pos:pos + 1] == " "
+            space = not word.isspace() and text[pos : pos + 1] == " "
             pos += space
             words.append(word)
             spaces.append(space)
@@ -593,15 +605,17 @@ def test_spacy_rule_known_values(fake_nlp, prompt, object_name, expected):
     assert SpacySubjectStripper(fake_nlp).strip(prompt, object_name) == expected
 
 
-PRE_MODIFIER_LABELS = ["det", "predet", "poss", "nummod", "quantmod", "amod", "compound",
-                       "nmod", "nn"]
+PRE_MODIFIER_LABELS = ["det", "predet", "poss", "nummod", "quantmod", "amod", "compound", "nmod", "nn"]
 
 
-@pytest.mark.parametrize("label,expected", [
-    *[(label, "sleeping") for label in PRE_MODIFIER_LABELS],
-    ("advmod", "tabby sleeping"),
-    ("punct", "tabby sleeping"),
-])
+@pytest.mark.parametrize(
+    "label,expected",
+    [
+        *[(label, "sleeping") for label in PRE_MODIFIER_LABELS],
+        ("advmod", "tabby sleeping"),
+        ("punct", "tabby sleeping"),
+    ],
+)
 def test_spacy_pre_modifier_labels(spacy, label, expected):
     """Rule 2: the left dependents removed with the mention, label by label."""
     parses = {
@@ -616,10 +630,17 @@ def test_spacy_pre_modifier_labels(spacy, label, expected):
     assert SpacySubjectStripper(nlp).strip("tabby kitten sleeping", "kitten") == expected
 
 
-@pytest.mark.parametrize("label,expected", [
-    ("amod", "swimming"), ("compound", "swimming"), ("nmod", "swimming"), ("nn", "swimming"),
-    ("dep", "a swimming"), ("nsubj", "a swimming"),
-])
+@pytest.mark.parametrize(
+    "label,expected",
+    [
+        ("amod", "swimming"),
+        ("compound", "swimming"),
+        ("nmod", "swimming"),
+        ("nn", "swimming"),
+        ("dep", "a swimming"),
+        ("nsubj", "a swimming"),
+    ],
+)
 def test_spacy_modifier_of_later_word_labels(spacy, label, expected):
     """Rule 2: a mention hanging off a later "-ing" word takes the later
     word's determiner with it only through the modifier relations."""
@@ -666,8 +687,7 @@ def test_spacy_find_mentions(fake_nlp):
 
 
 def test_spacy_strip_with_empty_name_collapses(fake_nlp):
-    assert SpacySubjectStripper(fake_nlp).strip("a  kitten   in the snow", "") == \
-        "a kitten in the snow"
+    assert SpacySubjectStripper(fake_nlp).strip("a  kitten   in the snow", "") == "a kitten in the snow"
 
 
 def test_spacy_through_public_api(spacy, fake_nlp, monkeypatch):
@@ -677,24 +697,20 @@ def test_spacy_through_public_api(spacy, fake_nlp, monkeypatch):
     assert strip_subject_from_prompt(prompt, "kitten", "spacy") == "chasing a butterfly"
     assert pf_prompt(prompt, "kitten", "spacy") == (
         "chasing a butterfly",
-        {"prompt_stripped": True, "stripper": "spacy",
-         "stripper_model": "en_core_web_sm-3.8.0"},
+        {"prompt_stripped": True, "stripper": "spacy", "stripper_model": "en_core_web_sm-3.8.0"},
     )
     assert pf_prompt("a cat on a sofa", "kitten", "spacy") == (
         "a cat on a sofa",
-        {"prompt_stripped": False, "stripper": "spacy",
-         "stripper_model": "en_core_web_sm-3.8.0"},
+        {"prompt_stripped": False, "stripper": "spacy", "stripper_model": "en_core_web_sm-3.8.0"},
     )
     # empty name: spaCy never runs
     fake_nlp.calls.clear()
     assert strip_subject_from_prompt(" a  kitten", "  ", "spacy") == "a kitten"
     assert fake_nlp.calls == []
     # another model name goes to its own cache entry
-    other = FakeNLP(spacy, meta={"lang": "en", "name": "core_web_md",
-                                  "version": "3.8.0"})
+    other = FakeNLP(spacy, meta={"lang": "en", "name": "core_web_md", "version": "3.8.0"})
     monkeypatch.setitem(stripping._PIPELINES, ("en_core_web_md", id(spacy)), other)
-    assert strip_subject_from_prompt(prompt, "kitten", "spacy",
-                                     spacy_model="en_core_web_md") == "chasing a butterfly"
+    assert strip_subject_from_prompt(prompt, "kitten", "spacy", spacy_model="en_core_web_md") == "chasing a butterfly"
     assert other.calls == [prompt, "kitten"]
     assert SpacySubjectStripper.load("en_core_web_md").model_name == "en_core_web_md-3.8.0"
 
@@ -709,6 +725,7 @@ def test_spacy_model_name(spacy, fake_nlp):
 # --------------------------------------------------------------------------
 # spaCy: load(), errors, warning, thread safety
 # --------------------------------------------------------------------------
+
 
 @pytest.fixture
 def empty_cache(monkeypatch):
@@ -802,6 +819,7 @@ def test_load_is_thread_safe(spacy, empty_cache, monkeypatch):
 # spaCy oracle: same pipeline into ours and masc-metric's
 # --------------------------------------------------------------------------
 
+
 @pytest.mark.oracle
 def test_oracle_spacy_same_pipeline(oracle, fake_nlp):
     ours = SpacySubjectStripper(fake_nlp)
@@ -821,22 +839,38 @@ def test_oracle_spacy_label_parses(oracle, spacy):
     labels = PRE_MODIFIER_LABELS + ["advmod", "punct", "dep", "nsubj", "acl", "conj"]
     for label in labels:
         for prompt, name, toks in [
-            ("tabby kitten sleeping", "kitten", [
-                _tok("tabby", "tabby", "ADJ", label, 1),
-                _tok("kitten", "kitten", "NOUN", "ROOT", 1),
-                _tok("sleeping", "sleep", "VERB", "acl", 1)]),
-            ("a dolphin swimming", "dolphin", [
-                _tok("a", "a", "DET", "det", 2),
-                _tok("dolphin", "dolphin", "NOUN", label, 2),
-                _tok("swimming", "swimming", "NOUN", "ROOT", 2)]),
-            ("a dolphin rider", "dolphin", [
-                _tok("a", "a", "DET", "det", 2),
-                _tok("dolphin", "dolphin", "NOUN", label, 2),
-                _tok("rider", "rider", "NOUN", "ROOT", 2)]),
+            (
+                "tabby kitten sleeping",
+                "kitten",
+                [
+                    _tok("tabby", "tabby", "ADJ", label, 1),
+                    _tok("kitten", "kitten", "NOUN", "ROOT", 1),
+                    _tok("sleeping", "sleep", "VERB", "acl", 1),
+                ],
+            ),
+            (
+                "a dolphin swimming",
+                "dolphin",
+                [
+                    _tok("a", "a", "DET", "det", 2),
+                    _tok("dolphin", "dolphin", "NOUN", label, 2),
+                    _tok("swimming", "swimming", "NOUN", "ROOT", 2),
+                ],
+            ),
+            (
+                "a dolphin rider",
+                "dolphin",
+                [
+                    _tok("a", "a", "DET", "det", 2),
+                    _tok("dolphin", "dolphin", "NOUN", label, 2),
+                    _tok("rider", "rider", "NOUN", "ROOT", 2),
+                ],
+            ),
         ]:
             nlp = FakeNLP(spacy, {name: PARSES[name], prompt: toks})
-            assert SpacySubjectStripper(nlp).strip(prompt, name) == \
-                oracle.text.SpacySubjectStripper(nlp).strip(prompt, name), (label, prompt)
+            assert SpacySubjectStripper(nlp).strip(prompt, name) == oracle.text.SpacySubjectStripper(nlp).strip(
+                prompt, name
+            ), (label, prompt)
 
 
 @pytest.mark.oracle
@@ -847,12 +881,11 @@ def test_oracle_spacy_public_api(oracle, spacy, fake_nlp, monkeypatch):
     names = ["", "  "]
     for prompt, object_name, _ in SPACY_CASES:
         for name in [object_name, *names]:
-            assert strip_subject_from_prompt(prompt, name, "spacy") == \
-                oracle.text.strip_subject_from_prompt(prompt, name, "spacy")
-            assert pf_prompt(prompt, name, "spacy") == \
-                _oracle_pf_prompt(oracle, prompt, name, "spacy", ref_model)
-        assert pf_prompt(prompt, None, "spacy") == \
-            _oracle_pf_prompt(oracle, prompt, None, "spacy", ref_model)
+            assert strip_subject_from_prompt(prompt, name, "spacy") == oracle.text.strip_subject_from_prompt(
+                prompt, name, "spacy"
+            )
+            assert pf_prompt(prompt, name, "spacy") == _oracle_pf_prompt(oracle, prompt, name, "spacy", ref_model)
+        assert pf_prompt(prompt, None, "spacy") == _oracle_pf_prompt(oracle, prompt, None, "spacy", ref_model)
 
 
 @pytest.mark.oracle
@@ -870,11 +903,11 @@ def test_oracle_spacy_load_errors_match(oracle, spacy, empty_cache, monkeypatch)
 # spaCy with the real en_core_web_sm (skips where it is not installed)
 # --------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def en_core_web_sm(spacy):
     if not spacy.util.is_package("en_core_web_sm"):
-        pytest.skip("en_core_web_sm is not installed (not on PyPI: "
-                    "python -m spacy download en_core_web_sm)")
+        pytest.skip("en_core_web_sm is not installed (not on PyPI: python -m spacy download en_core_web_sm)")
     return "en_core_web_sm"
 
 
@@ -897,10 +930,10 @@ def test_oracle_real_model_dreambooth(oracle, en_core_web_sm, dreambooth_rows):
         ref = oracle.text.SpacySubjectStripper.load(en_core_web_sm)
     assert ours.model_name == ref.model_name
     for prompt, object_name in rows + [(p, o) for p, o, _ in SPACY_CASES]:
-        assert ours.strip(prompt, object_name) == ref.strip(prompt, object_name), \
-            (prompt, object_name)
-        assert pf_prompt(prompt, object_name, "spacy") == \
-            _oracle_pf_prompt(oracle, prompt, object_name, "spacy", ref.model_name)
+        assert ours.strip(prompt, object_name) == ref.strip(prompt, object_name), (prompt, object_name)
+        assert pf_prompt(prompt, object_name, "spacy") == _oracle_pf_prompt(
+            oracle, prompt, object_name, "spacy", ref.model_name
+        )
 
 
 def test_version_warning_follows_the_spacy_module(empty_cache, monkeypatch):
@@ -913,6 +946,7 @@ def test_version_warning_follows_the_spacy_module(empty_cache, monkeypatch):
     def stand_in(version):
         def load(model, disable=()):
             return types.SimpleNamespace(meta={"lang": "en", "name": "core_web_sm", "version": version})
+
         monkeypatch.setitem(sys.modules, "spacy", types.SimpleNamespace(load=load))
 
     stand_in(stripping.REFERENCE_SPACY_MODEL_VERSION)

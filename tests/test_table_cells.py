@@ -46,8 +46,10 @@ def test_parquet_cells_within_the_budget_read_as_before(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     p = tmp_path / "p.parquet"
     pq.write_table(pa.table({"ref_image": ["a.jpg", "b.jpg"], "prompt": ["x", "y"], "n": [1, 2]}), p)
-    assert read_table(p, max_bytes=2**30).rows == [{"ref_image": "a.jpg", "prompt": "x", "n": 1},
-                                                     {"ref_image": "b.jpg", "prompt": "y", "n": 2}]
+    assert read_table(p, max_bytes=2**30).rows == [
+        {"ref_image": "a.jpg", "prompt": "x", "n": 1},
+        {"ref_image": "b.jpg", "prompt": "y", "n": 2},
+    ]
 
 
 def test_millions_of_tiny_rows_are_refused_as_they_are_read(tmp_path):

@@ -31,8 +31,14 @@ from doubles import fake_tensorrt
 from support import REPO
 from masc_engine.engine.backends import trt_profiles as tp
 from masc_engine.engine.bundle import Bundle
-from masc_engine.errors import (BackendUnavailableError, BundleError, DeviceMemoryError, EngineCompatibilityError,
-                                InputError, ProfileError)
+from masc_engine.errors import (
+    BackendUnavailableError,
+    BundleError,
+    DeviceMemoryError,
+    EngineCompatibilityError,
+    InputError,
+    ProfileError,
+)
 from masc_engine.tolerances import BATCH_INVARIANCE_ATOL
 
 INFO = {"tensorrt_version": "11.4.0.106", "gpu_name": "NVIDIA H200", "compute_capability": "9.0"}
@@ -80,8 +86,10 @@ def fp16_copy(fp16_bundle, tmp_path):
 
 @pytest.mark.slow
 def test_importing_masc_engine_does_not_need_tensorrt():
-    code = ("import sys; sys.modules['tensorrt'] = None; import masc_engine, masc_engine.engine.bundle, "
-            "masc_engine.engine.backends.tensorrt, masc_engine.cli.export_cmd; print('ok')")
+    code = (
+        "import sys; sys.modules['tensorrt'] = None; import masc_engine, masc_engine.engine.bundle, "
+        "masc_engine.engine.backends.tensorrt, masc_engine.cli.export_cmd; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
@@ -100,8 +108,9 @@ def test_export_cli_fails_fast_without_tensorrt(tmp_path, no_tensorrt):
     from masc_engine.cli.export_cmd import main
 
     out = tmp_path / "b"
-    res = CliRunner().invoke(main, ["--model", "random:tiny-naflex", "--out", str(out), "--backend", "tensorrt",
-                                    "--precision", "fp16"])
+    res = CliRunner().invoke(
+        main, ["--model", "random:tiny-naflex", "--out", str(out), "--backend", "tensorrt", "--precision", "fp16"]
+    )
     assert res.exit_code != 0 and "pip install tensorrt" in res.output
     assert not out.exists()  # refused before exporting anything
     res = CliRunner().invoke(main, ["--out", str(out), "--engines-only"])
@@ -127,8 +136,10 @@ def test_plan_batches_splits_and_refuses(naflex_bundle):
     m = json.loads((naflex_bundle / "manifest.json").read_text())
     entry = m["graphs"]["vision"]
     prof = tp.profile_shapes(entry, tp.default_axis_ranges(m, max_batch=16))
-    shapes = lambda b, n: {"pixel_values": (b, n, 768), "pixel_attention_mask": (b, n),  # noqa: E731
-                           "position_weights": (b, n, 256)}
+
+    def shapes(b, n):
+        return {"pixel_values": (b, n, 768), "pixel_attention_mask": (b, n), "position_weights": (b, n, 256)}
+
     assert tp.plan_batches("vision", entry, shapes(5, 300), prof) == [slice(0, 5)]
     assert tp.plan_batches("vision", entry, shapes(37, 1024), prof) == [slice(0, 16), slice(16, 32), slice(32, 37)]
     assert tp.plan_batches("vision", entry, shapes(0, 10), prof) == []
@@ -152,8 +163,11 @@ def test_plan_batches_splits_and_refuses(naflex_bundle):
 
 def test_check_compatible_names_both_sides_and_the_rebuild_command(tmp_path):
     tp.check_compatible(INFO, dict(INFO), tmp_path, "fp16")
-    for key, other in [("tensorrt_version", "10.3.0"), ("gpu_name", "NVIDIA A100-SXM4-80GB"),
-                       ("compute_capability", "8.0")]:
+    for key, other in [
+        ("tensorrt_version", "10.3.0"),
+        ("gpu_name", "NVIDIA A100-SXM4-80GB"),
+        ("compute_capability", "8.0"),
+    ]:
         with pytest.raises(EngineCompatibilityError) as e:
             tp.check_compatible(INFO, {**INFO, key: other}, tmp_path, "fp16")
         msg = str(e.value)
@@ -171,11 +185,24 @@ def test_build_load_and_run_with_a_fake_tensorrt(fake_trt, fp16_copy):
 
     bundle_copy = fp16_copy
     # Strongly typed: the engines' precision is the graphs'; fp32 engines from fp16 graphs are refused.
-    res = CliRunner().invoke(main, ["--out", str(bundle_copy), "--backend", "tensorrt", "--precision", "fp32",
-                                    "--engines-only"])
+    res = CliRunner().invoke(
+        main, ["--out", str(bundle_copy), "--backend", "tensorrt", "--precision", "fp32", "--engines-only"]
+    )
     assert res.exit_code != 0 and "holds fp16 graphs" in res.output and "--precision fp32" in res.output
-    res = CliRunner().invoke(main, ["--out", str(bundle_copy), "--backend", "tensorrt",
-                                    "--engines-only", "--max-batch", "2", "--max-outs-per-ref", "4"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "--out",
+            str(bundle_copy),
+            "--backend",
+            "tensorrt",
+            "--engines-only",
+            "--max-batch",
+            "2",
+            "--max-outs-per-ref",
+            "4",
+        ],
+    )
     assert res.exit_code == 0, res.output
     side = json.loads((bundle_copy / "tensorrt-fp16" / "engines.json").read_text())
     assert {k: side[k] for k in INFO} == INFO and side["precision"] == "fp16"
@@ -207,7 +234,9 @@ def test_build_load_and_run_with_a_fake_tensorrt(fake_trt, fp16_copy):
     ref = rng.normal(size=(20, 64)).astype(np.float32)
     w = rng.random(20).astype(np.float32)
     outs = [rng.normal(size=(m, 64)).astype(np.float32) for m in (5, 9, 12, 3, 7, 20)]
-    assert np.allclose([c for c, _ in feeds_cp.score(ref, w, outs)], [c for c, _ in GraphCP(cp_ort).score(ref, w, outs)])
+    assert np.allclose(
+        [c for c, _ in feeds_cp.score(ref, w, outs)], [c for c, _ in GraphCP(cp_ort).score(ref, w, outs)]
+    )
 
     # Refusals, in order of the checks.
     with pytest.raises(BackendUnavailableError, match="CUDA GPUs only"):
@@ -216,7 +245,8 @@ def test_build_load_and_run_with_a_fake_tensorrt(fake_trt, fp16_copy):
         b.runner("cp", backend="tensorrt", provider="cuda", precision="bf16")
     with pytest.raises(ProfileError, match=r"\[1, 1024\]"):
         b.runner("pool", backend="tensorrt", provider="cuda").run(
-            {"hidden": np.zeros((1, 1025, 64), np.float32), "key_padding_mask": np.zeros((1, 1025), bool)})
+            {"hidden": np.zeros((1, 1025, 64), np.float32), "key_padding_mask": np.zeros((1, 1025), bool)}
+        )
     side_path = bundle_copy / "tensorrt-fp16" / "engines.json"
     moved = {**side, "gpu_name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}
     side_path.write_text(json.dumps(moved))
@@ -277,8 +307,12 @@ def test_cp_scores_any_outputs_per_reference_through_trt_and_ort(fake_trt, bundl
     assert len(got) == n_outs
     np.testing.assert_allclose(got, want, rtol=0, atol=CP_HEAD_ATOL)
     np.testing.assert_allclose(got, numpy_head, rtol=0, atol=CP_HEAD_ATOL)
-    feeds = {"ref_tokens": ref[None], "ref_keep": cp_keep(w)[None], "out_tokens": np.zeros((1, 17, 8, 64), np.float32),
-             "out_valid": np.ones((1, 17, 8), bool)}
+    feeds = {
+        "ref_tokens": ref[None],
+        "ref_keep": cp_keep(w)[None],
+        "out_tokens": np.zeros((1, 17, 8, 64), np.float32),
+        "out_valid": np.ones((1, 17, 8), bool),
+    }
     with pytest.raises(ProfileError, match=r"'outs_per_ref' is 17.*\[1, 16\].*--max-outs-per-ref"):
         cp_trt.run(feeds)
 
@@ -300,12 +334,15 @@ def _pool_feeds(b=2, n=30):
     return {"hidden": rng.normal(size=(b, n, 64)).astype(np.float32), "key_padding_mask": rng.random((b, n)) < 0.3}
 
 
-@pytest.mark.parametrize("call,match", [
-    ("set_input_shape", r"set_input_shape\('hidden', \(2, 30, 64\)\) failed"),
-    ("set_tensor_address", r"set_tensor_address\('hidden'\) failed for shape \(2, 30, 64\)"),
-    ("execute_async_v3", r"execution of 'pool' failed"),
-    ("data_dependent", r"output 'pooled' has shape \(-1, -1\).*data-dependent"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        ("set_input_shape", r"set_input_shape\('hidden', \(2, 30, 64\)\) failed"),
+        ("set_tensor_address", r"set_tensor_address\('hidden'\) failed for shape \(2, 30, 64\)"),
+        ("execute_async_v3", r"execution of 'pool' failed"),
+        ("data_dependent", r"output 'pooled' has shape \(-1, -1\).*data-dependent"),
+    ],
+)
 def test_trt_failures_reported_by_return_value_raise_typed_errors(trt_engines, call, match):
     from masc_engine.engine.backends.tensorrt import TensorRTCallError
 
@@ -337,8 +374,14 @@ def test_trt_run_device_allocates_outputs_before_synchronizing(trt_engines):
     sync = names.index("synchronize", last_empty)
     first_bind = names.index("set_tensor_address")
     assert names.index("set_device_memory") < sync < names.index("copy_to_device") < first_bind
-    assert last_empty < sync < first_bind < names.index("execute_async_v3") < names.index("record_event") \
+    assert (
+        last_empty
+        < sync
+        < first_bind
+        < names.index("execute_async_v3")
+        < names.index("record_event")
         < names.index("event.synchronize")
+    )
     empties = [x[1] for x in fake_tensorrt.CALLS if x[0] == "empty"]
     assert empties[:3] == [(2, 30), (2, 64), (2, 30)]  # the staged mask's device buffer, then the outputs
     assert len(empties) == 4 and len(empties[3]) == 1  # the context memory (bytes), made once
@@ -355,17 +398,31 @@ def test_one_trt_scorer_serves_several_threads_on_the_device_path(trt_engines):
     from masc_engine.runtime.scorer import Pair, Scorer
 
     sizes = [(224, 288), (160, 480), (333, 217), (256, 256), (97, 203), (300, 301), (181, 377), (200, 150)]
-    pairs = [Pair(synthetic_image(h, w, i), blob_mask(h, w, i), synthetic_image(w, h, i + 50),
-                  blob_mask(w, h, i + 50, frac=0.2), ["a dog on the beach", "a red cat"][i % 2], ["dog", "cat"][i % 2])
-             for i, (h, w) in enumerate(sizes)]
-    scorer = Scorer(trt_engines, backend="tensorrt", provider="cuda", device_resident=True,
-                    array_device=fake_tensorrt.NumpyDevice(), batch_size=2)
+    pairs = [
+        Pair(
+            synthetic_image(h, w, i),
+            blob_mask(h, w, i),
+            synthetic_image(w, h, i + 50),
+            blob_mask(w, h, i + 50, frac=0.2),
+            ["a dog on the beach", "a red cat"][i % 2],
+            ["dog", "cat"][i % 2],
+        )
+        for i, (h, w) in enumerate(sizes)
+    ]
+    scorer = Scorer(
+        trt_engines,
+        backend="tensorrt",
+        provider="cuda",
+        device_resident=True,
+        array_device=fake_tensorrt.NumpyDevice(),
+        batch_size=2,
+    )
     want = [(r.cp, r.pf) for r in Scorer(trt_engines, cp_head="graph").score_batch(pairs)]
     chunks = [pairs[i::4] for i in range(4)]
     with ThreadPoolExecutor(4) as ex:
-        got = list(ex.map(lambda ps: [(r.cp, r.pf) for r in scorer.score_batch(ps)] , chunks * 2))
+        got = list(ex.map(lambda ps: [(r.cp, r.pf) for r in scorer.score_batch(ps)], chunks * 2))
     for j, res in enumerate(got):
-        idx = list(range(len(pairs)))[j % 4::4]
+        idx = list(range(len(pairs)))[j % 4 :: 4]
         np.testing.assert_allclose(res, [want[i] for i in idx], rtol=0, atol=BATCH_INVARIANCE_ATOL)
 
 
@@ -402,8 +459,9 @@ def test_ort_cuda_provider_gets_tf32_off(monkeypatch, naflex_bundle):
 # ------------------------------------------------------------------ the fake's unkindness, and the guards it needs
 
 #: The TensorRT backend's modules: the runner, the builder, the lazy import and GPU facts.
-TRT_SOURCES = [REPO / "src" / "masc_engine" / "engine" / "backends" / f"{m}.py"
-               for m in ("tensorrt", "trt_build", "trt_device")]
+TRT_SOURCES = [
+    REPO / "src" / "masc_engine" / "engine" / "backends" / f"{m}.py" for m in ("tensorrt", "trt_build", "trt_device")
+]
 
 
 def mutant(old: str, new: str) -> types.ModuleType:
@@ -415,15 +473,18 @@ def mutant(old: str, new: str) -> types.ModuleType:
     mutant's."""
     hits = [(path, path.read_text()) for path in TRT_SOURCES]
     hits = [(path, src) for path, src in hits if old in src]
-    assert len(hits) == 1 and hits[0][1].count(old) == 1, \
+    assert len(hits) == 1 and hits[0][1].count(old) == 1, (
         f"mutation site found {sum(src.count(old) for _, src in hits)} times: {old!r}"
+    )
     path, src = hits[0]
     mod = types.ModuleType(f"masc_engine.engine.backends._{path.stem}_mutant")
     mod.__package__ = "masc_engine.engine.backends"
     mod.__file__ = str(path)
     exec(compile(src.replace(old, new), str(path), "exec"), mod.__dict__)  # noqa: S102 - our own source
-    wiring = {"CupyDevice": fake_tensorrt.NumpyDevice,
-              "_query_gpu": lambda device: (INFO["gpu_name"], INFO["compute_capability"])}
+    wiring = {
+        "CupyDevice": fake_tensorrt.NumpyDevice,
+        "_query_gpu": lambda device: (INFO["gpu_name"], INFO["compute_capability"]),
+    }
     for name, value in wiring.items():
         if name in mod.__dict__:
             setattr(mod, name, value)
@@ -438,8 +499,12 @@ def real_module():
 
 def _cp_feeds(r=1, k=1, n=12, m=9):
     rng = np.random.default_rng(r * 100 + k)
-    return {"ref_tokens": rng.normal(size=(r, n, 64)).astype(np.float32), "ref_keep": rng.random((r, n)) < 0.7,
-            "out_tokens": rng.normal(size=(r, k, m, 64)).astype(np.float32), "out_valid": np.ones((r, k, m), bool)}
+    return {
+        "ref_tokens": rng.normal(size=(r, n, 64)).astype(np.float32),
+        "ref_keep": rng.random((r, n)) < 0.7,
+        "out_tokens": rng.normal(size=(r, k, m, 64)).astype(np.float32),
+        "out_valid": np.ones((r, k, m), bool),
+    }
 
 
 def test_outputs_are_read_after_the_engine_stream_synchronizes(trt_engines):
@@ -471,14 +536,21 @@ def test_execution_context_none_is_a_typed_error(trt_engines):
     fake_tensorrt.FAIL.add("create_execution_context")
 
     def check(mod):
-        with pytest.raises(MascEngineError, match=r"execution context for engine 'pool' \(optimization profile 0, "
-                                                  r"max shapes .*'hidden': \[16, 1024, 64\]"):
+        with pytest.raises(
+            MascEngineError,
+            match=r"execution context for engine 'pool' \(optimization profile 0, "
+            r"max shapes .*'hidden': \[16, 1024, 64\]",
+        ):
             mod.load_runner(trt_engines, "pool")
 
     check(real_module())
     with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):  # the None kept, to fail later
-        check(mutant("        if self.context is None:\n            raise DeviceMemoryError",
-                     "        if False:\n            raise DeviceMemoryError"))
+        check(
+            mutant(
+                "        if self.context is None:\n            raise DeviceMemoryError",
+                "        if False:\n            raise DeviceMemoryError",
+            )
+        )
 
 
 def test_an_engine_that_does_not_deserialize_is_a_typed_error(trt_engines):
@@ -486,14 +558,21 @@ def test_an_engine_that_does_not_deserialize_is_a_typed_error(trt_engines):
     fake_tensorrt.FAIL.add("deserialize_cuda_engine")
 
     def check(mod):
-        with pytest.raises(EngineCompatibilityError, match=r"TensorRT 11\.4\.0\.106 could not deserialize "
-                                                           r".*tensorrt-fp32/pool\.engine \(built with another"):
+        with pytest.raises(
+            EngineCompatibilityError,
+            match=r"TensorRT 11\.4\.0\.106 could not deserialize "
+            r".*tensorrt-fp32/pool\.engine \(built with another",
+        ):
             mod.load_runner(trt_engines, "pool")
 
     check(real_module())
     with pytest.raises(AttributeError, match="NoneType"):  # the None kept, failing on its first use
-        check(mutant("        if self.engine is None:\n            raise EngineCompatibilityError",
-                     "        if False:\n            raise EngineCompatibilityError"))
+        check(
+            mutant(
+                "        if self.engine is None:\n            raise EngineCompatibilityError",
+                "        if False:\n            raise EngineCompatibilityError",
+            )
+        )
 
 
 def test_a_just_built_plan_that_does_not_deserialize_is_a_build_error(fake_trt, bundle_copy):
@@ -507,8 +586,12 @@ def test_a_just_built_plan_that_does_not_deserialize_is_a_build_error(fake_trt, 
 
     check(fake_trt)
     with pytest.raises(AttributeError, match="NoneType"):
-        check(mutant("    if engine is None:\n        raise EngineBuildError(f\"TensorRT could not deserialize",
-                     "    if False:\n        raise EngineBuildError(f\"TensorRT could not deserialize"))
+        check(
+            mutant(
+                '    if engine is None:\n        raise EngineBuildError(f"TensorRT could not deserialize',
+                '    if False:\n        raise EngineBuildError(f"TensorRT could not deserialize',
+            )
+        )
 
 
 def test_a_network_that_cannot_be_created_is_a_build_error(fake_trt, bundle_copy):
@@ -522,8 +605,12 @@ def test_a_network_that_cannot_be_created_is_a_build_error(fake_trt, bundle_copy
 
     check(fake_trt)
     with pytest.raises(AttributeError, match="NoneType"):
-        check(mutant("    if network is None:\n        raise EngineBuildError",
-                     "    if False:\n        raise EngineBuildError"))
+        check(
+            mutant(
+                "    if network is None:\n        raise EngineBuildError",
+                "    if False:\n        raise EngineBuildError",
+            )
+        )
 
 
 def test_a_failed_memory_size_query_is_named(trt_engines):
@@ -535,9 +622,12 @@ def test_a_failed_memory_size_query_is_named(trt_engines):
         runner = mod.load_runner(trt_engines, "pool")
         fake_tensorrt.FAIL.add("update_device_memory_size_for_shapes")
         try:
-            with pytest.raises(MascEngineError, match=r"engine 'pool': update_device_memory_size_for_shapes\(\) "
-                                                        r"returned 0 \(failure\) for input shapes "
-                                                        r"\{'hidden': \(2, 30, 64\), 'key_padding_mask': \(2, 30\)\}"):
+            with pytest.raises(
+                MascEngineError,
+                match=r"engine 'pool': update_device_memory_size_for_shapes\(\) "
+                r"returned 0 \(failure\) for input shapes "
+                r"\{'hidden': \(2, 30, 64\), 'key_padding_mask': \(2, 30\)\}",
+            ):
                 runner.run(_pool_feeds())
         finally:
             fake_tensorrt.FAIL.discard("update_device_memory_size_for_shapes")
@@ -558,16 +648,23 @@ def test_context_memory_growth_out_of_memory_is_a_typed_error(trt_engines):
         need = runner.engine._activation({k: v.shape for k, v in feeds.items()})
         fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + int(0.75 * need)  # inputs, outputs: 0.5 need
         try:
-            with pytest.raises(DeviceMemoryError, match=r"engine 'cp' needs 0\.\d\d GiB of context memory for input "
-                                                        r"shapes \{'ref_tokens': \(2, 40, 64\).* GiB are free"):
+            with pytest.raises(
+                DeviceMemoryError,
+                match=r"engine 'cp' needs 0\.\d\d GiB of context memory for input "
+                r"shapes \{'ref_tokens': \(2, 40, 64\).* GiB are free",
+            ):
                 runner.run(feeds)
         finally:
             fake_tensorrt.MEMORY_LIMIT = 1 << 40
 
     check(real_module())
     with pytest.raises(fake_tensorrt.OutOfMemoryError):
-        check(mutant("            except Exception as e:  # noqa: BLE001 - CuPy raises OutOfMemoryError",
-                     "            except ImportError as e:"))
+        check(
+            mutant(
+                "            except Exception as e:  # noqa: BLE001 - CuPy raises OutOfMemoryError",
+                "            except ImportError as e:",
+            )
+        )
 
 
 def test_a_refused_optimization_profile_is_named(fake_trt, bundle_copy):
@@ -578,27 +675,41 @@ def test_a_refused_optimization_profile_is_named(fake_trt, bundle_copy):
     fake_tensorrt.FAIL.add("add_optimization_profile")
 
     def check(mod):
-        with pytest.raises(MascEngineError, match=r"engine 'cp': TensorRT refused optimization profile 0 "
-                                                  r"\(\{'ref_tokens': \[16, 1024, 64\]"):
+        with pytest.raises(
+            MascEngineError,
+            match=r"engine 'cp': TensorRT refused optimization profile 0 "
+            r"\(\{'ref_tokens': \[16, 1024, 64\]",
+        ):
             mod.build_engines(bundle_copy, graphs=["cp"])
 
     check(fake_trt)
     with pytest.raises(AssertionError, match="Regex pattern did not match"):  # the generic message instead
-        check(mutant("        if config.add_optimization_profile(profile) < 0:",
-                     "        if config.add_optimization_profile(profile) < -1:"))
+        check(
+            mutant(
+                "        if config.add_optimization_profile(profile) < 0:",
+                "        if config.add_optimization_profile(profile) < -1:",
+            )
+        )
 
 
 def test_set_shape_refusal_names_engine_profile_and_shapes(fake_trt, bundle_copy, tmp_path):
     """The real ``IOptimizationProfile.set_shape`` raises RuntimeError unless min <= opt <= max."""
     from masc_engine.errors import MascEngineError
 
-    bad = [{"hidden": {"min": [1, 1, 64], "opt": [4, 2048, 64], "max": [8, 1024, 64]},
-            "key_padding_mask": {"min": [1, 1], "opt": [4, 512], "max": [8, 1024]}}]
+    bad = [
+        {
+            "hidden": {"min": [1, 1, 64], "opt": [4, 2048, 64], "max": [8, 1024, 64]},
+            "key_padding_mask": {"min": [1, 1], "opt": [4, 512], "max": [8, 1024]},
+        }
+    ]
 
     def check(mod):
-        with pytest.raises(MascEngineError, match=r"engine 'pool', optimization profile 0: TensorRT refused input "
-                                                  r"'hidden' min \[1, 1, 64\] opt \[4, 2048, 64\] max \[8, 1024, 64\] "
-                                                  r"\(Shape provided for max is inconsistent"):
+        with pytest.raises(
+            MascEngineError,
+            match=r"engine 'pool', optimization profile 0: TensorRT refused input "
+            r"'hidden' min \[1, 1, 64\] opt \[4, 2048, 64\] max \[8, 1024, 64\] "
+            r"\(Shape provided for max is inconsistent",
+        ):
             mod.build_engine(bundle_copy / "pool.onnx", tmp_path / "pool.engine", "fp32", bad)
 
     check(fake_trt)
@@ -612,15 +723,18 @@ def test_parser_rejections_and_failed_builds_are_typed_errors(fake_trt, bundle_c
     entry = json.loads((bundle_copy / "manifest.json").read_text())
     profile = tp.profile_shapes(entry["graphs"]["vision"], tp.default_axis_ranges(entry, max_batch=2))
     # The fused ONNX Runtime graphs hold com.microsoft contrib ops, which TensorRT's parser does not import.
-    with pytest.raises(EngineBuildError, match=r"parser rejected .*vision.ort-cpu.onnx \(engine 'vision'\): node \d+ "
-                                               r"\(SkipLayerNormalization\): .* node \d+ \(Attention\): No importer "
-                                               r"registered for op: Attention \(domain com.microsoft\)"):
-        fake_trt.build_engine(bundle_copy / "vision.ort-cpu.onnx", tmp_path / "v.engine", "fp32", [profile],
-                              graph="vision")
+    with pytest.raises(
+        EngineBuildError,
+        match=r"parser rejected .*vision.ort-cpu.onnx \(engine 'vision'\): node \d+ "
+        r"\(SkipLayerNormalization\): .* node \d+ \(Attention\): No importer "
+        r"registered for op: Attention \(domain com.microsoft\)",
+    ):
+        fake_trt.build_engine(
+            bundle_copy / "vision.ort-cpu.onnx", tmp_path / "v.engine", "fp32", [profile], graph="vision"
+        )
     fake_tensorrt.FAIL.add("build")
     with pytest.raises(EngineBuildError, match=r"failed to build engine 'vision' .*'pixel_values': \[2, 1024, 768\]"):
-        fake_trt.build_engine(bundle_copy / "vision.onnx", tmp_path / "v.engine", "fp32", [profile],
-                              graph="vision")
+        fake_trt.build_engine(bundle_copy / "vision.onnx", tmp_path / "v.engine", "fp32", [profile], graph="vision")
     assert not (tmp_path / "v.engine").exists()
 
 
@@ -630,18 +744,23 @@ def _typed_graph(path, a_type, b_type):
     from onnx import TensorProto, helper
 
     cast = helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT)
-    g = helper.make_graph([helper.make_node("Add", ["a", "b"], ["s"]), cast], "g",
-                          [helper.make_tensor_value_info("a", a_type, [-1, 4]),
-                           helper.make_tensor_value_info("b", b_type, [-1, 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4])])
+    g = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["s"]), cast],
+        "g",
+        [helper.make_tensor_value_info("a", a_type, [-1, 4]), helper.make_tensor_value_info("b", b_type, [-1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4])],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
     return {"a": {"min": [1, 4], "opt": [2, 4], "max": [4, 4]}, "b": {"min": [1, 4], "opt": [2, 4], "max": [4, 4]}}
 
 
-@pytest.mark.parametrize("a_type,b_type,why", [
-    (1, 10, r"Add node '': input types \['FLOAT', 'FLOAT16'\] differ"),  # no implicit cast in strong typing
-    (4, 4, r"tensor 'a' has ONNX type UINT16, which TensorRT has no DataType for"),
-])
+@pytest.mark.parametrize(
+    "a_type,b_type,why",
+    [
+        (1, 10, r"Add node '': input types \['FLOAT', 'FLOAT16'\] differ"),  # no implicit cast in strong typing
+        (4, 4, r"tensor 'a' has ONNX type UINT16, which TensorRT has no DataType for"),
+    ],
+)
 def test_a_strongly_typed_build_fails_on_a_type_it_cannot_take(fake_trt, tmp_path, a_type, b_type, why):
     from masc_engine.engine.backends.tensorrt import EngineBuildError
 
@@ -730,8 +849,9 @@ def test_profile_maxima_are_chosen_from_the_budget(fake_trt, bundle_copy, caplog
     assert side["axis_ranges"]["batch"][2] == plan["max_batch"]
     assert plan["budget_source"] == f"--gpu-memory-budget {budget_gib:g} GiB"
     assert any("profile maxima lowered to fit" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
-    res = CliRunner().invoke(main, ["--out", str(bundle_copy), "--backend", "tensorrt", "--engines-only",
-                                    "--gpu-memory-budget", "0.01"])
+    res = CliRunner().invoke(
+        main, ["--out", str(bundle_copy), "--backend", "tensorrt", "--engines-only", "--gpu-memory-budget", "0.01"]
+    )
     assert res.exit_code != 0 and "even at batch 1" in res.output and "budget" in res.output
 
 
@@ -760,8 +880,10 @@ def test_user_managed_contexts_let_engines_share_a_gpu(trt_engines):
     """Two CP runners on a device with room for one profile maximum: with user-managed memory both
     run (each holds what its calls need); static contexts would each hold their maximum."""
     side = tp.read_sidecar(trt_engines.path, "fp32")
-    need = {g: tp.engine_need_bytes(e, (trt_engines.path / "tensorrt-fp32" / e["file"]).stat().st_size)
-            for g, e in side["engines"].items()}
+    need = {
+        g: tp.engine_need_bytes(e, (trt_engines.path / "tensorrt-fp32" / e["file"]).stat().st_size)
+        for g, e in side["engines"].items()
+    }
     others = sum(n for g, n in need.items() if g != "cp")  # the rest of the set must fit too
     fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + others + int(1.5 * need["cp"])
 
@@ -773,8 +895,12 @@ def test_user_managed_contexts_let_engines_share_a_gpu(trt_engines):
 
     check(real_module())
     with pytest.raises(DeviceMemoryError, match="execution context|together"):
-        check(mutant("self.engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)",
-                     "self.engine.create_execution_context(trt.ExecutionContextAllocationStrategy.STATIC)"))
+        check(
+            mutant(
+                "self.engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)",
+                "self.engine.create_execution_context(trt.ExecutionContextAllocationStrategy.STATIC)",
+            )
+        )
 
 
 def test_engines_follow_the_shapes_with_the_activation_resize_preview_feature(trt_engines):
@@ -785,7 +911,12 @@ def test_engines_follow_the_shapes_with_the_activation_resize_preview_feature(tr
     for e in side["engines"].values():
         mem = e["memory"]
         assert mem["activation_resize"] is True and e["activation_resize"] is True
-        assert 0 < mem["shape_following_bytes"]["min"] <= mem["shape_following_bytes"]["opt"] < mem["device_memory_bytes"][0]
+        assert (
+            0
+            < mem["shape_following_bytes"]["min"]
+            <= mem["shape_following_bytes"]["opt"]
+            < mem["device_memory_bytes"][0]
+        )
     assert all(b["preview"] == {"RUNTIME_ACTIVATION_RESIZE_10_10"} for b in fake_tensorrt.BUILDS[-4:])
 
     def check(mod, bundle):
@@ -809,28 +940,39 @@ def test_a_bundle_whose_engines_would_not_fit_together_is_refused_at_the_first_l
     from masc_engine.runtime.scorer import Scorer
 
     side = tp.read_sidecar(trt_engines.path, "fp32")
-    need = {g: tp.engine_need_bytes(e, (trt_engines.path / "tensorrt-fp32" / e["file"]).stat().st_size)
-            for g, e in side["engines"].items()}
+    need = {
+        g: tp.engine_need_bytes(e, (trt_engines.path / "tensorrt-fp32" / e["file"]).stat().st_size)
+        for g, e in side["engines"].items()
+    }
     fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + sum(need.values()) - need["text"] // 2
     with pytest.raises(DeviceMemoryError) as e:
-        Scorer(trt_engines, backend="tensorrt", provider="cuda", device_resident=True,
-               array_device=fake_tensorrt.NumpyDevice())
+        Scorer(
+            trt_engines,
+            backend="tensorrt",
+            provider="cuda",
+            device_resident=True,
+            array_device=fake_tensorrt.NumpyDevice(),
+        )
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("TensorRT fp32 engines of ")
     assert f"need up to {sum(need.values()) / tp.GIB:.2f} GiB of device memory together" in msg
     assert f"text {need['text'] / tp.GIB:.2f}" in msg and "text engine included" in msg
     assert "--engines-only --gpu-memory-budget" in msg and not fake_tensorrt.RUNS
     fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + sum(need.values())  # exactly enough: all four load
-    s = Scorer(trt_engines, backend="tensorrt", provider="cuda", device_resident=True,
-               array_device=fake_tensorrt.NumpyDevice())
+    s = Scorer(
+        trt_engines, backend="tensorrt", provider="cuda", device_resident=True, array_device=fake_tensorrt.NumpyDevice()
+    )
     assert s.text is not None
 
 
 def test_a_load_that_would_not_fit_is_refused_before_the_first_batch(trt_engines, monkeypatch):
     deserialized = []
     real = fake_tensorrt.Runtime.deserialize_cuda_engine
-    monkeypatch.setattr(fake_tensorrt.Runtime, "deserialize_cuda_engine",
-                        lambda self, serialized_engine: deserialized.append(1) or real(self, serialized_engine))
+    monkeypatch.setattr(
+        fake_tensorrt.Runtime,
+        "deserialize_cuda_engine",
+        lambda self, serialized_engine: deserialized.append(1) or real(self, serialized_engine),
+    )
     fake_tensorrt.MEMORY_LIMIT = fake_tensorrt.LEDGER.used + (64 << 20)
     with pytest.raises(DeviceMemoryError) as e:
         trt_engines.runner("vision", backend="tensorrt", provider="cuda")
@@ -848,8 +990,17 @@ def _pairs(n=4):
     from masc_engine.export.validate import synthetic_image
     from masc_engine.runtime.scorer import Pair
 
-    return [Pair(synthetic_image(160, 224, i), blob_mask(160, 224, i), synthetic_image(224, 160, i + 9),
-                 blob_mask(224, 160, i + 9, frac=0.2), "a red dog on the beach", "dog") for i in range(n)]
+    return [
+        Pair(
+            synthetic_image(160, 224, i),
+            blob_mask(160, 224, i),
+            synthetic_image(224, 160, i + 9),
+            blob_mask(224, 160, i + 9, frac=0.2),
+            "a red dog on the beach",
+            "dog",
+        )
+        for i in range(n)
+    ]
 
 
 def test_scorer_close_and_context_manager_free_device_memory(trt_engines):
@@ -859,8 +1010,14 @@ def test_scorer_close_and_context_manager_free_device_memory(trt_engines):
 
     gc.collect()  # earlier tests' garbage out of the baseline
     used = fake_tensorrt.LEDGER.used
-    with Scorer(trt_engines, backend="tensorrt", provider="cuda", device_resident=True,
-                array_device=fake_tensorrt.NumpyDevice(), batch_size=2) as s:
+    with Scorer(
+        trt_engines,
+        backend="tensorrt",
+        provider="cuda",
+        device_resident=True,
+        array_device=fake_tensorrt.NumpyDevice(),
+        batch_size=2,
+    ) as s:
         results = s.score_batch(_pairs())
         runners = [s.vision, s.pool, s.text, s._graph_cp.runner]
         assert fake_tensorrt.LEDGER.used > used
@@ -881,8 +1038,16 @@ def test_a_scorer_is_freed_without_the_cycle_collector(trt_engines, backend):
 
     from masc_engine.runtime.scorer import Scorer
 
-    kwargs = {"backend": "tensorrt", "provider": "cuda", "device_resident": True,
-              "array_device": fake_tensorrt.NumpyDevice()} if backend == "tensorrt" else {}
+    kwargs = (
+        {
+            "backend": "tensorrt",
+            "provider": "cuda",
+            "device_resident": True,
+            "array_device": fake_tensorrt.NumpyDevice(),
+        }
+        if backend == "tensorrt"
+        else {}
+    )
     gc.collect()
     gc.disable()
     try:
@@ -909,8 +1074,9 @@ def test_overlapped_encoding_equals_serial(trt_engines, monkeypatch):
 
     fake_tensorrt.LATENCY_S = 0.04
     dev = fake_tensorrt.NumpyDevice()
-    scorer = Scorer(trt_engines, backend="tensorrt", provider="cuda", device_resident=True, array_device=dev,
-                    batch_size=2)
+    scorer = Scorer(
+        trt_engines, backend="tensorrt", provider="cuda", device_resident=True, array_device=dev, batch_size=2
+    )
     pairs = _pairs(6)
     images = [p.out_image for p in pairs] + [p.ref_image for p in pairs]
     assert len(plan_batches(images, scorer)) == 6
@@ -922,10 +1088,17 @@ def test_overlapped_encoding_equals_serial(trt_engines, monkeypatch):
         assert a.grid == b.grid
         np.testing.assert_array_equal(dev.to_host(a.tokens), dev.to_host(b.tokens))
     encs = dict(zip(map(id, images), overlapped))
-    items = [EncodedPair(encs[id(p.ref_image)], scorer.mask_weights(p.ref_image, p.ref_mask, encs[id(p.ref_image)].grid,
-                                                                     "reference"),
-                         encs[id(p.out_image)], scorer.mask_weights(p.out_image, p.out_mask, encs[id(p.out_image)].grid,
-                                                                    "output"), p.prompt, p.object_name) for p in pairs]
+    items = [
+        EncodedPair(
+            encs[id(p.ref_image)],
+            scorer.mask_weights(p.ref_image, p.ref_mask, encs[id(p.ref_image)].grid, "reference"),
+            encs[id(p.out_image)],
+            scorer.mask_weights(p.out_image, p.out_mask, encs[id(p.out_image)].grid, "output"),
+            p.prompt,
+            p.object_name,
+        )
+        for p in pairs
+    ]
     got = [(r.cp, r.pf) for r in scorer.score_encoded(items)]
     assert got == [(r.cp, r.pf) for r in scorer.score_batch(pairs)]
 
@@ -945,9 +1118,14 @@ def test_two_batches_in_flight_overlap_on_the_fake_clock_with_serial_results(trt
     for bit."""
     runner = trt_engines.runner("vision", backend="tensorrt", provider="cuda")
     rng = np.random.default_rng(3)
-    batches = [{"pixel_values": rng.uniform(-1, 1, (2, 40, 768)).astype(np.float32),
-                "pixel_attention_mask": np.ones((2, 40), np.int64),
-                "position_weights": rng.random((2, 40, 256)).astype(np.float32)} for _ in range(5)]
+    batches = [
+        {
+            "pixel_values": rng.uniform(-1, 1, (2, 40, 768)).astype(np.float32),
+            "pixel_attention_mask": np.ones((2, 40), np.int64),
+            "position_weights": rng.random((2, 40, 256)).astype(np.float32),
+        }
+        for _ in range(5)
+    ]
     batches = [{k: v for k, v in b.items() if k in runner.input_names} for b in batches]
 
     def prepare(b):
@@ -977,8 +1155,13 @@ def test_a_pipelined_runner_collects_a_batch_before_reusing_its_slot(trt_engines
     buffers are refilled under it: batch n-2's outputs come back as batch n's (the fake does the
     copies only when waited for)."""
     rng = np.random.default_rng(4)
-    batches = [{"hidden": rng.normal(size=(2, 30 - 3 * i, 64)).astype(np.float32),
-                "key_padding_mask": rng.random((2, 30 - 3 * i)) < 0.3} for i in range(4)]
+    batches = [
+        {
+            "hidden": rng.normal(size=(2, 30 - 3 * i, 64)).astype(np.float32),
+            "key_padding_mask": rng.random((2, 30 - 3 * i)) < 0.3,
+        }
+        for i in range(4)
+    ]
     want = [real_module().load_runner(trt_engines, "pool").run(b) for b in batches]
 
     def check(mod):
@@ -988,5 +1171,9 @@ def test_a_pipelined_runner_collects_a_batch_before_reusing_its_slot(trt_engines
 
     check(real_module())
     with pytest.raises(AssertionError, match="Mismatch"):
-        check(mutant("                if len(pending) >= in_flight:\n                    results.append(self._finish(pending.pop(0)))\n",
-                     ""))
+        check(
+            mutant(
+                "                if len(pending) >= in_flight:\n                    results.append(self._finish(pending.pop(0)))\n",
+                "",
+            )
+        )

@@ -11,10 +11,19 @@ from support import checkpoint_dir, read_rows
 from masc_engine.runtime.stripping import strip_subject_from_prompt
 from masc_engine.runtime.text import PromptTokenizer, TextSettings
 
-EXTRA = ["", " ", "A PHOTO OF A DOG", "a  dog\twith\nnewlines", "café crème brûlée — naïve",
-         "一只狗在海滩上", "emoji 🐶🏖️", "a sks dog", "<bos> literal special tokens <eos>",
-         "a " + "very " * 40 + "long prompt about a red backpack on a mountain in the snow at dusk",
-         ", ".join(["a cat"] * 30)]
+EXTRA = [
+    "",
+    " ",
+    "A PHOTO OF A DOG",
+    "a  dog\twith\nnewlines",
+    "café crème brûlée — naïve",
+    "一只狗在海滩上",
+    "emoji 🐶🏖️",
+    "a sks dog",
+    "<bos> literal special tokens <eos>",
+    "a " + "very " * 40 + "long prompt about a red backpack on a mountain in the snow at dusk",
+    ", ".join(["a cat"] * 30),
+]
 
 
 def _prompts(photo_dir) -> list[str]:
@@ -53,4 +62,4 @@ def test_truncation_is_flagged(naflex_bundle):
     pad = settings.pad_token_id
     side = settings.padding_side
     ids = short.input_ids
-    assert (ids[: 64 - short.n_tokens] == pad).all() if side == "left" else (ids[short.n_tokens:] == pad).all()
+    assert (ids[: 64 - short.n_tokens] == pad).all() if side == "left" else (ids[short.n_tokens :] == pad).all()

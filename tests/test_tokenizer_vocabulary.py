@@ -45,8 +45,21 @@ def test_manifest_records_the_text_vocabulary(naflex_bundle):
 @pytest.mark.slow
 def test_tokenizer_past_the_vocabulary_is_one_line(naflex_bundle, tmp_path, record_vocab):
     b = _hostile_copy(naflex_bundle, tmp_path, record_vocab)
-    r = subprocess.run([sys.executable, "-m", "masc_engine.cli.run_cmd", str(EX / "pairs.csv"), "--bundle", str(b),
-                        "--out", str(tmp_path / "s.csv")], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "masc_engine.cli.run_cmd",
+            str(EX / "pairs.csv"),
+            "--bundle",
+            str(b),
+            "--out",
+            str(tmp_path / "s.csv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
     assert r.returncode == 1 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert ("past the text tower's vocabulary" if record_vocab else "token ids up to") in err[0]

@@ -24,16 +24,23 @@ ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 #: (file, text of the line) -> why that number is not a tolerance.
 ALLOWED = {
-    ("test_masks.py", "if arr.max() > 1.0 + 1e-6:"):
-        "the reference's own copy of masc-metric's uint8 value rule (a value convention, kept apart "
-        "from runtime/masks.UINT8_SCALE_ABOVE so that the reference stays independent of the code it checks)",
-    ("test_precision.py", "assert np.abs(got - want).max() > 1e-4  # the rounding happened (fp32 reruns agree to ~1e-7)"):
-        "a lower bound showing that bf16 rounding took place, not a bound on an error",
-    ("test_report.py", 'assert (sat > 60).mean() > 0.005, "no coloured pixels"'):
-        "the share of coloured pixels in a screenshot of the report: a check that plots are drawn",
-    ("test_export_memory.py",
-     'assert r["seconds"] >= 0 and 0.05 < r["rss_gb_after"] <= r["peak_rss_gb"] + 0.01 < 4'):
-        "memory figures printed to 0.01 GB (export/stages.py): the rounding of a stage line, not a numeric error",
+    (
+        "test_masks.py",
+        "if arr.max() > 1.0 + 1e-6:",
+    ): "the reference's own copy of masc-metric's uint8 value rule (a value convention, kept apart "
+    "from runtime/masks.UINT8_SCALE_ABOVE so that the reference stays independent of the code it checks)",
+    (
+        "test_precision.py",
+        "assert np.abs(got - want).max() > 1e-4  # the rounding happened (fp32 reruns agree to ~1e-7)",
+    ): "a lower bound showing that bf16 rounding took place, not a bound on an error",
+    (
+        "test_report.py",
+        'assert (sat > 60).mean() > 0.005, "no coloured pixels"',
+    ): "the share of coloured pixels in a screenshot of the report: a check that plots are drawn",
+    (
+        "test_export_memory.py",
+        'assert r["seconds"] >= 0 and 0.05 < r["rss_gb_after"] <= r["peak_rss_gb"] + 0.01 < 4',
+    ): "memory figures printed to 0.01 GB (export/stages.py): the rounding of a stage line, not a numeric error",
 }
 
 
@@ -68,26 +75,28 @@ def tolerance_literals(source: str) -> list[tuple[int, float]]:
             candidates = [node.left, *node.comparators]
         elif isinstance(node, ast.Call) and _call_name(node) in CLOSENESS_CALLS:
             candidates = [k.value for k in node.keywords if k.arg in TOLERANCE_KEYWORDS]
-            candidates += node.args[CLOSENESS_CALLS[_call_name(node)]:]
+            candidates += node.args[CLOSENESS_CALLS[_call_name(node)] :]
         for c in candidates:
             found += [(f.lineno, f.value) for f in _floats(c) if _is_tolerance_like(f.value)]
     return sorted(found)
 
 
 def test_the_scanner_finds_what_it_should():
-    src = "\n".join([
-        "assert abs(a - b) <= 1e-6",                               # 1
-        "assert x == pytest.approx(y, abs=1e-12)",                 # 2
-        "assert rho > 0.999",                                      # 3
-        "np.testing.assert_allclose(a, b, rtol=0, atol=2e-3)",     # 4
-        "assert y <= x + 1e-12",                                   # 5
-        "assert np.allclose(a, b, 1e-5, 1e-8)",                    # 6
-        "noise = rng.normal(0, 1e-4, 10)",                         # input data: not compared
-        'row = {"cp": 0.99}',                                      # fixture value
-        "assert x == 0.005",                                       # an exact value, not a bound
-        "assert x <= TOL and pytest.approx(0.23) == y",            # named; approx's expected value
-        "assert 0.5 < x < 0.95",                                   # a range of the data, not a tolerance
-    ])
+    src = "\n".join(
+        [
+            "assert abs(a - b) <= 1e-6",  # 1
+            "assert x == pytest.approx(y, abs=1e-12)",  # 2
+            "assert rho > 0.999",  # 3
+            "np.testing.assert_allclose(a, b, rtol=0, atol=2e-3)",  # 4
+            "assert y <= x + 1e-12",  # 5
+            "assert np.allclose(a, b, 1e-5, 1e-8)",  # 6
+            "noise = rng.normal(0, 1e-4, 10)",  # input data: not compared
+            'row = {"cp": 0.99}',  # fixture value
+            "assert x == 0.005",  # an exact value, not a bound
+            "assert x <= TOL and pytest.approx(0.23) == y",  # named; approx's expected value
+            "assert 0.5 < x < 0.95",  # a range of the data, not a tolerance
+        ]
+    )
     assert tolerance_literals(src) == [(1, 1e-6), (2, 1e-12), (3, 0.999), (4, 2e-3), (5, 1e-12), (6, 1e-8), (6, 1e-5)]
 
 
@@ -101,8 +110,9 @@ def test_no_test_hard_codes_a_tolerance():
                 used.add(key)
             else:
                 found.append(f"{path.name}:{lineno}: {value!r} in `{key[1]}`")
-    assert not found, ("name these in masc_engine.tolerances (with how they were measured) and import them:\n"
-                       + "\n".join(found))
+    assert not found, (
+        "name these in masc_engine.tolerances (with how they were measured) and import them:\n" + "\n".join(found)
+    )
     assert used == set(ALLOWED), f"stale allowlist entries: {set(ALLOWED) - used}"
 
 
@@ -116,7 +126,11 @@ def test_int8_gate_defines_no_numeric_constant_of_its_own():
         value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
         if isinstance(value, ast.UnaryOp):
             value = value.operand
-        if isinstance(value, ast.Constant) and isinstance(value.value, (int, float)) and not isinstance(value.value, bool):
+        if (
+            isinstance(value, ast.Constant)
+            and isinstance(value.value, (int, float))
+            and not isinstance(value.value, bool)
+        ):
             own.append(ast.unparse(node))
     assert not own, own
     # The gates stay importable from the job module for its callers, and are the tolerances' own.

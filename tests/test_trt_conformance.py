@@ -35,7 +35,9 @@ from support import REPO
 
 SURFACE_FILE = REPO / "tests" / "data" / "tensorrt_11_surface.json"
 #: The TensorRT backend's modules: the runner, the builder, the lazy import and GPU facts.
-SOURCES = [REPO / "src" / "masc_engine" / "engine" / "backends" / f"{m}.py" for m in ("tensorrt", "trt_build", "trt_device")]
+SOURCES = [
+    REPO / "src" / "masc_engine" / "engine" / "backends" / f"{m}.py" for m in ("tensorrt", "trt_build", "trt_device")
+]
 #: Removed in TensorRT 11 (10.x-to-11.x migration guide); none may appear in src/.
 REMOVED = ("OBEY_PRECISION_CONSTRAINTS", "platform_has_fast_fp16", "set_output_type", "EXPLICIT_BATCH")
 
@@ -84,8 +86,9 @@ class Surface:
         self.data = data
         self.classes = data["classes"]
         self.enums = data["enums"]
-        self.module = set(self.classes) | set(self.enums) | set(data["module"]["attributes"]) | \
-            set(data["module"]["python"])
+        self.module = (
+            set(self.classes) | set(self.enums) | set(data["module"]["attributes"]) | set(data["module"]["python"])
+        )
 
     def methods(self, cls: str, name: str) -> list[Sig] | None:
         sigs = self.classes.get(cls, {}).get("methods", {}).get(name)
@@ -174,8 +177,11 @@ class Checker(ast.NodeVisitor):
             return isinstance(e.value, int) and not isinstance(e.value, bool)
         if isinstance(e, ast.BinOp):
             return self.int_like(e.left) and self.int_like(e.right)
-        if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and (
-                e.func.id in ("int", "len", "sum", "max", "min") or e.func.id in self.int_functions):
+        if (
+            isinstance(e, ast.Call)
+            and isinstance(e.func, ast.Name)
+            and (e.func.id in ("int", "len", "sum", "max", "min") or e.func.id in self.int_functions)
+        ):
             return True
         if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "ptr":
             return True  # a device's ptr(x): the address as an int
@@ -241,8 +247,10 @@ class Checker(ast.NodeVisitor):
         elif base and base[0] == "enum":
             self.checked.add((base[1], node.attr))
             if node.attr not in self.s.enums[base[1]]["members"]:
-                self.report(node, f"{base[1]} has no member {node.attr!r} (members: "
-                                  f"{', '.join(self.s.enums[base[1]]['members'])})")
+                self.report(
+                    node,
+                    f"{base[1]} has no member {node.attr!r} (members: {', '.join(self.s.enums[base[1]]['members'])})",
+                )
         elif base and base[0] == "class":
             self.checked.add((base[1], node.attr))
             if not self.s.python_member(base[1], node.attr) and not self.s.methods(base[1], node.attr):
@@ -274,8 +282,12 @@ class Checker(ast.NodeVisitor):
         self._call_funcs.add(id(node.func))
         self.generic_visit(node)
         f = node.func
-        if isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2 and \
-                isinstance(node.args[1], ast.Constant):
+        if (
+            isinstance(f, ast.Name)
+            and f.id == "getattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+        ):
             self._check_getattr(node)
             return
         if not isinstance(f, ast.Attribute):
@@ -295,8 +307,13 @@ class Checker(ast.NodeVisitor):
     def _check_getattr(self, node):
         obj, name = node.args[0], node.args[1].value
         base = self.type_of(obj)
-        if isinstance(obj, ast.Call) and isinstance(obj.func, ast.Name) and obj.func.id == "getattr" and \
-                self.type_of(obj.args[0]) == MODULE and isinstance(obj.args[1], ast.Constant):
+        if (
+            isinstance(obj, ast.Call)
+            and isinstance(obj.func, ast.Name)
+            and obj.func.id == "getattr"
+            and self.type_of(obj.args[0]) == MODULE
+            and isinstance(obj.args[1], ast.Constant)
+        ):
             enum = obj.args[1].value
             self.checked.add((enum, name))
             if name not in self.s.enums.get(enum, {}).get("members", []):
@@ -314,13 +331,19 @@ class Checker(ast.NodeVisitor):
         n_pos, keywords = len(node.args), [k.arg for k in node.keywords if k.arg]
         fitting = [s for s in sigs if s.accepts(n_pos, keywords)]
         if not fitting:
-            self.report(node, f"{cls}.{name} called with {n_pos} positional and keywords {keywords}; the "
-                              f"bindings have {' | '.join(s.text for s in sigs)}")
+            self.report(
+                node,
+                f"{cls}.{name} called with {n_pos} positional and keywords {keywords}; the "
+                f"bindings have {' | '.join(s.text for s in sigs)}",
+            )
             return
         for i, arg in enumerate(node.args):
             if all(s.params[i][1] == "int" for s in fitting) and not self.int_like(arg):
-                self.report(node, f"argument {i + 1} of {cls}.{name} is `{ast.unparse(arg)}`, not an int "
-                                  f"({fitting[0].params[i][0]}: int)")
+                self.report(
+                    node,
+                    f"argument {i + 1} of {cls}.{name} is `{ast.unparse(arg)}`, not an int "
+                    f"({fitting[0].params[i][0]}: int)",
+                )
 
     def run(self, tree):
         self._call_funcs = set()
@@ -372,7 +395,10 @@ def test_surface_file_is_the_pinned_bindings(surface):
     for flag in ("FP16", "BF16", "INT8", "FP8", "INT4", "OBEY_PRECISION_CONSTRAINTS"):
         assert flag not in surface.enums["BuilderFlag"]["members"]
     assert {"INT8", "FP8", "INT4"} <= set(surface.enums["DataType"]["members"])  # where those names live now
-    assert surface.prop("Builder", "max_batch_size") is None and surface.methods("IExecutionContext", "execute_async") is None
+    assert (
+        surface.prop("Builder", "max_batch_size") is None
+        and surface.methods("IExecutionContext", "execute_async") is None
+    )
     assert surface.prop("ICudaEngine", "num_bindings") is None
 
 
@@ -380,61 +406,129 @@ def test_every_tensorrt_call_of_the_library_exists_with_its_arity(surface):
     findings, checked = check_sources(_read_sources(), surface)
     assert not findings, "engine/backends/ TensorRT modules vs the TensorRT 11.4 bindings:\n" + "\n".join(findings)
     # the typing reaches every object the library uses (else the check would pass vacuously)
-    expected = {("tensorrt", "Builder"), ("Builder", "__init__"), ("Builder", "create_network"),
-                ("Builder", "create_builder_config"), ("Builder", "create_optimization_profile"),
-                ("Builder", "build_serialized_network"), ("OnnxParser", "__init__"), ("OnnxParser", "parse_from_file"),
-                ("OnnxParser", "num_errors"), ("OnnxParser", "get_error"), ("ParserError", "desc"),
-                ("IBuilderConfig", "set_memory_pool_limit"), ("IBuilderConfig", "clear_flag"),
-                ("IBuilderConfig", "add_optimization_profile"), ("IBuilderConfig", "create_timing_cache"),
-                ("IBuilderConfig", "set_timing_cache"), ("IBuilderConfig", "get_timing_cache"),
-                ("ITimingCache", "serialize"), ("IOptimizationProfile", "set_shape"),
-                ("INetworkDefinition", "num_layers"), ("Runtime", "deserialize_cuda_engine"),
-                ("ICudaEngine", "create_execution_context"), ("ICudaEngine", "get_tensor_name"),
-                ("ICudaEngine", "num_io_tensors"), ("ICudaEngine", "get_tensor_mode"), ("ICudaEngine", "get_tensor_dtype"),
-                ("ICudaEngine", "get_device_memory_size_for_profile_v2"), ("ICudaEngine", "num_optimization_profiles"),
-                ("IExecutionContext", "set_input_shape"), ("IExecutionContext", "get_tensor_shape"),
-                ("IExecutionContext", "set_tensor_address"), ("IExecutionContext", "execute_async_v3"),
-                ("IExecutionContext", "update_device_memory_size_for_shapes"),
-                ("IExecutionContext", "set_device_memory"), ("BuilderFlag", "TF32"), ("MemoryPoolType", "WORKSPACE"),
-                ("TensorIOMode", "INPUT"), ("ExecutionContextAllocationStrategy", "USER_MANAGED"),
-                ("Logger", "WARNING"), ("NetworkDefinitionCreationFlag", "STRONGLY_TYPED"), ("tensorrt", "nptype")}
+    expected = {
+        ("tensorrt", "Builder"),
+        ("Builder", "__init__"),
+        ("Builder", "create_network"),
+        ("Builder", "create_builder_config"),
+        ("Builder", "create_optimization_profile"),
+        ("Builder", "build_serialized_network"),
+        ("OnnxParser", "__init__"),
+        ("OnnxParser", "parse_from_file"),
+        ("OnnxParser", "num_errors"),
+        ("OnnxParser", "get_error"),
+        ("ParserError", "desc"),
+        ("IBuilderConfig", "set_memory_pool_limit"),
+        ("IBuilderConfig", "clear_flag"),
+        ("IBuilderConfig", "add_optimization_profile"),
+        ("IBuilderConfig", "create_timing_cache"),
+        ("IBuilderConfig", "set_timing_cache"),
+        ("IBuilderConfig", "get_timing_cache"),
+        ("ITimingCache", "serialize"),
+        ("IOptimizationProfile", "set_shape"),
+        ("INetworkDefinition", "num_layers"),
+        ("Runtime", "deserialize_cuda_engine"),
+        ("ICudaEngine", "create_execution_context"),
+        ("ICudaEngine", "get_tensor_name"),
+        ("ICudaEngine", "num_io_tensors"),
+        ("ICudaEngine", "get_tensor_mode"),
+        ("ICudaEngine", "get_tensor_dtype"),
+        ("ICudaEngine", "get_device_memory_size_for_profile_v2"),
+        ("ICudaEngine", "num_optimization_profiles"),
+        ("IExecutionContext", "set_input_shape"),
+        ("IExecutionContext", "get_tensor_shape"),
+        ("IExecutionContext", "set_tensor_address"),
+        ("IExecutionContext", "execute_async_v3"),
+        ("IExecutionContext", "update_device_memory_size_for_shapes"),
+        ("IExecutionContext", "set_device_memory"),
+        ("BuilderFlag", "TF32"),
+        ("MemoryPoolType", "WORKSPACE"),
+        ("TensorIOMode", "INPUT"),
+        ("ExecutionContextAllocationStrategy", "USER_MANAGED"),
+        ("Logger", "WARNING"),
+        ("NetworkDefinitionCreationFlag", "STRONGLY_TYPED"),
+        ("tensorrt", "nptype"),
+    }
     assert expected <= checked, sorted(expected - checked)
 
 
 #: The wrong calls the checker must catch: (what, old text, new text, finding).
 MUTATIONS = [
-    ("a removed precision flag (a DataType name)", "trt.BuilderFlag.TF32", "trt.BuilderFlag.INT8",
-     "BuilderFlag has no member 'INT8'"),
+    (
+        "a removed precision flag (a DataType name)",
+        "trt.BuilderFlag.TF32",
+        "trt.BuilderFlag.INT8",
+        "BuilderFlag has no member 'INT8'",
+    ),
     ("a removed precision flag", "trt.BuilderFlag.TF32", "trt.BuilderFlag.FP8", "BuilderFlag has no member 'FP8'"),
     ("a removed precision flag", "trt.BuilderFlag.TF32", "trt.BuilderFlag.INT4", "BuilderFlag has no member 'INT4'"),
-    ("a removed builder property", "    builder = trt.Builder(trt_logger(trt))\n",
-     "    builder = trt.Builder(trt_logger(trt))\n    builder.max_batch_size = 16\n",
-     "Builder has no property 'max_batch_size'"),
-    ("a removed builder property, read", "    builder = trt.Builder(trt_logger(trt))\n",
-     "    builder = trt.Builder(trt_logger(trt))\n    print(builder.max_batch_size)\n",
-     "Builder has no attribute 'max_batch_size'"),
-    ("a method of a plugin class, not of the context", "ctx.execute_async_v3(stream.ptr)",
-     "ctx.execute_async(stream.ptr)", "IExecutionContext has no method 'execute_async'"),
-    ("a removed engine property through another name",
-     "        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]\n",
-     "        eng = self.engine\n        bindings = eng.num_bindings\n"
-     "        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]\n",
-     "ICudaEngine has no attribute 'num_bindings'"),
-    ("a stream object for the stream handle", "ctx.execute_async_v3(stream.ptr)", "ctx.execute_async_v3(stream)",
-     "argument 1 of IExecutionContext.execute_async_v3 is `stream`, not an int (stream_handle: int)"),
-    ("a stream attribute for the handle", "ctx.execute_async_v3(stream.ptr)", "ctx.execute_async_v3(self._stream)",
-     "argument 1 of IExecutionContext.execute_async_v3 is `self._stream`, not an int"),
-    ("a missing argument", 'profile.set_shape(name, s["min"], s["opt"], s["max"])', 'profile.set_shape(name, s["min"], s["max"])',
-     "IOptimizationProfile.set_shape called with 3 positional"),
-    ("a wrong keyword", "config.set_timing_cache(cache, ignore_mismatch=False)", "config.set_timing_cache(cache, ignore=False)",
-     "IBuilderConfig.set_timing_cache called with 1 positional and keywords ['ignore']"),
-    ("a read-only property assigned", "    builder = trt.Builder(trt_logger(trt))\n",
-     "    builder = trt.Builder(trt_logger(trt))\n    builder.num_DLA_cores = 2\n", "Builder.num_DLA_cores is read-only"),
-    ("a property called as a method", "int(ctx.update_device_memory_size_for_shapes())",
-     "int(ctx.update_device_memory_size_for_shapes())\n        ctx.device_memory(0)", "IExecutionContext has a property, not a method 'device_memory'"),
-    ("an optional flag looked up by string", 'getattr(getattr(trt, "NetworkDefinitionCreationFlag", None), "STRONGLY_TYPED", None)',
-     'getattr(getattr(trt, "NetworkDefinitionCreationFlag", None), "EXPLICIT_BATCH", None)',
-     "NetworkDefinitionCreationFlag has no member 'EXPLICIT_BATCH'"),
+    (
+        "a removed builder property",
+        "    builder = trt.Builder(trt_logger(trt))\n",
+        "    builder = trt.Builder(trt_logger(trt))\n    builder.max_batch_size = 16\n",
+        "Builder has no property 'max_batch_size'",
+    ),
+    (
+        "a removed builder property, read",
+        "    builder = trt.Builder(trt_logger(trt))\n",
+        "    builder = trt.Builder(trt_logger(trt))\n    print(builder.max_batch_size)\n",
+        "Builder has no attribute 'max_batch_size'",
+    ),
+    (
+        "a method of a plugin class, not of the context",
+        "ctx.execute_async_v3(stream.ptr)",
+        "ctx.execute_async(stream.ptr)",
+        "IExecutionContext has no method 'execute_async'",
+    ),
+    (
+        "a removed engine property through another name",
+        "        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]\n",
+        "        eng = self.engine\n        bindings = eng.num_bindings\n"
+        "        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]\n",
+        "ICudaEngine has no attribute 'num_bindings'",
+    ),
+    (
+        "a stream object for the stream handle",
+        "ctx.execute_async_v3(stream.ptr)",
+        "ctx.execute_async_v3(stream)",
+        "argument 1 of IExecutionContext.execute_async_v3 is `stream`, not an int (stream_handle: int)",
+    ),
+    (
+        "a stream attribute for the handle",
+        "ctx.execute_async_v3(stream.ptr)",
+        "ctx.execute_async_v3(self._stream)",
+        "argument 1 of IExecutionContext.execute_async_v3 is `self._stream`, not an int",
+    ),
+    (
+        "a missing argument",
+        'profile.set_shape(name, s["min"], s["opt"], s["max"])',
+        'profile.set_shape(name, s["min"], s["max"])',
+        "IOptimizationProfile.set_shape called with 3 positional",
+    ),
+    (
+        "a wrong keyword",
+        "config.set_timing_cache(cache, ignore_mismatch=False)",
+        "config.set_timing_cache(cache, ignore=False)",
+        "IBuilderConfig.set_timing_cache called with 1 positional and keywords ['ignore']",
+    ),
+    (
+        "a read-only property assigned",
+        "    builder = trt.Builder(trt_logger(trt))\n",
+        "    builder = trt.Builder(trt_logger(trt))\n    builder.num_DLA_cores = 2\n",
+        "Builder.num_DLA_cores is read-only",
+    ),
+    (
+        "a property called as a method",
+        "int(ctx.update_device_memory_size_for_shapes())",
+        "int(ctx.update_device_memory_size_for_shapes())\n        ctx.device_memory(0)",
+        "IExecutionContext has a property, not a method 'device_memory'",
+    ),
+    (
+        "an optional flag looked up by string",
+        'getattr(getattr(trt, "NetworkDefinitionCreationFlag", None), "STRONGLY_TYPED", None)',
+        'getattr(getattr(trt, "NetworkDefinitionCreationFlag", None), "EXPLICIT_BATCH", None)',
+        "NetworkDefinitionCreationFlag has no member 'EXPLICIT_BATCH'",
+    ),
 ]
 
 
@@ -448,10 +542,16 @@ def test_the_checker_catches_each_wrong_call(surface, what, old, new, finding):
 
 
 def test_no_removed_tensorrt_api_in_src():
-    pattern = re.compile(r"BuilderFlag\.(FP16|BF16|INT8|FP8|INT4|OBEY_PRECISION_CONSTRAINTS)|platform_has_fast_fp16"
-                         r"|set_output_type|layer\.precision|OBEY_PRECISION_CONSTRAINTS|EXPLICIT_BATCH")
-    hits = [f"{p.relative_to(REPO)}:{i}" for p in (REPO / "src").rglob("*.py")
-            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    pattern = re.compile(
+        r"BuilderFlag\.(FP16|BF16|INT8|FP8|INT4|OBEY_PRECISION_CONSTRAINTS)|platform_has_fast_fp16"
+        r"|set_output_type|layer\.precision|OBEY_PRECISION_CONSTRAINTS|EXPLICIT_BATCH"
+    )
+    hits = [
+        f"{p.relative_to(REPO)}:{i}"
+        for p in (REPO / "src").rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not hits, hits
 
 
@@ -462,8 +562,11 @@ FAKE_PROTOCOLS = {"__bytes__": "IHostMemory exposes the buffer protocol, which b
 
 
 def _fake_members(cls) -> dict:
-    return {k: v for k, v in vars(cls).items()
-            if (not k.startswith("_") or k in ("__init__", "__bool__", "__len__", "__getitem__", "__bytes__"))}
+    return {
+        k: v
+        for k, v in vars(cls).items()
+        if (not k.startswith("_") or k in ("__init__", "__bool__", "__len__", "__getitem__", "__bytes__"))
+    }
 
 
 def _params(fn) -> list[tuple[str, bool]]:
@@ -477,8 +580,9 @@ def _compatible(fn, sigs: list[Sig]) -> bool:
     mine = _params(fn)
     for s in sigs:
         real = [(name, default) for name, _, default in s.params]
-        if len(real) == len(mine) and all(d1 == d2 and (n1 == n2 or not s.named)
-                                          for (n1, d1), (n2, d2) in zip(mine, real)):
+        if len(real) == len(mine) and all(
+            d1 == d2 and (n1 == n2 or not s.named) for (n1, d1), (n2, d2) in zip(mine, real)
+        ):
             return True
     return False
 
@@ -509,8 +613,7 @@ def test_the_fake_offers_only_what_the_real_bindings_have(surface):
                 if sigs is None:
                     problems.append(f"{where}: no such method in the bindings")
                 elif not _compatible(value, sigs):
-                    problems.append(f"{where}{inspect.signature(value)} matches no overload: "
-                                    f"{[s.text for s in sigs]}")
+                    problems.append(f"{where}{inspect.signature(value)} matches no overload: {[s.text for s in sigs]}")
             elif not surface.python_member(real, attr):
                 problems.append(f"{where}: no such class attribute in the bindings")
     assert not problems, "tests/doubles/fake_tensorrt.py vs the TensorRT 11.4 bindings:\n" + "\n".join(problems)
@@ -550,8 +653,10 @@ def test_the_fake_parser_imports_the_ops_read_from_onnx_tensorrt_sources():
     spec = importlib.util.spec_from_file_location("extract_onnx_trt_ops", REPO / "scripts" / "extract_onnx_trt_ops.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    src = ("DEFINE_BUILTIN_OP_IMPORTER(MatMul)\n{}\nDEFINE_BUILTIN_OP_IMPORTER( QuantizeLinear )\n"
-           "DEFINE_BUILTIN_OP_IMPORTER(TRT_FP8QuantizeLinear)\nDEFINE_BUILTIN_OP_IMPORTER(FallbackPluginImporter)\n")
+    src = (
+        "DEFINE_BUILTIN_OP_IMPORTER(MatMul)\n{}\nDEFINE_BUILTIN_OP_IMPORTER( QuantizeLinear )\n"
+        "DEFINE_BUILTIN_OP_IMPORTER(TRT_FP8QuantizeLinear)\nDEFINE_BUILTIN_OP_IMPORTER(FallbackPluginImporter)\n"
+    )
     assert script.importer_ops(src) == ["MatMul", "QuantizeLinear"]
     data = json.loads((REPO / "tests" / "data" / "onnx_tensorrt_ops.json").read_text())
     assert len(data["commit"]) == 40 and data["ref"]

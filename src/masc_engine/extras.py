@@ -18,8 +18,17 @@ from .errors import MissingDependencyError
 
 #: The extra (pyproject.toml) that provides each optional top-level module.
 MODULE_EXTRA = {
-    "pyarrow": "parquet", "spacy": "spacy", "scipy": "eval", "krippendorff": "eval", "sklearn": "eval",
-    "matplotlib": "report", "ray": "ray", "torch": "export", "transformers": "export", "onnx": "export", "onnxscript": "export",
+    "pyarrow": "parquet",
+    "spacy": "spacy",
+    "scipy": "eval",
+    "krippendorff": "eval",
+    "sklearn": "eval",
+    "matplotlib": "report",
+    "ray": "ray",
+    "torch": "export",
+    "transformers": "export",
+    "onnx": "export",
+    "onnxscript": "export",
     "openvino": "openvino",
 }
 

@@ -53,10 +53,13 @@ def export_validation_atol(graph: str, width: int) -> tuple[float, str]:
     outputs are ``width`` wide: ``(atol, where it comes from)``; see ``EXPORT_VALIDATION_BUDGETS``."""
     for name, b in sorted(EXPORT_VALIDATION_BUDGETS.items(), key=lambda kv: kv[1]["width"]):
         if width <= b["width"]:
-            return b[graph], (f"tolerances.EXPORT_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} "
-                              f"shape (width {b['width']}, {b['layers']} layers)")
-    return EXPORT_VALIDATION_ATOL, (f"tolerances.EXPORT_VALIDATION_ATOL, unmeasured shape (width {width} > every "
-                                    "measured shape): generic bound")
+            return b[graph], (
+                f"tolerances.EXPORT_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} "
+                f"shape (width {b['width']}, {b['layers']} layers)"
+            )
+    return EXPORT_VALIDATION_ATOL, (
+        f"tolerances.EXPORT_VALIDATION_ATOL, unmeasured shape (width {width} > every measured shape): generic bound"
+    )
 
 
 #: Every export-validation budget measured over a distribution of initialisations is at least this
@@ -104,10 +107,13 @@ def export_validation_rtol(graph: str, width: int) -> tuple[float, str]:
     ``EXPORT_VALIDATION_RTOL_BUDGETS``."""
     for name, b in sorted(EXPORT_VALIDATION_RTOL_BUDGETS.items(), key=lambda kv: kv[1]["width"]):
         if width <= b["width"]:
-            return b[graph], (f"tolerances.EXPORT_VALIDATION_RTOL_BUDGETS[{name!r}][{graph!r}], measured at the "
-                              f"{name} shape (width {b['width']}, {b['layers']} layers)")
-    return EXPORT_VALIDATION_RTOL, (f"tolerances.EXPORT_VALIDATION_RTOL, unmeasured shape (width {width} > every "
-                                    "measured shape): generic bound")
+            return b[graph], (
+                f"tolerances.EXPORT_VALIDATION_RTOL_BUDGETS[{name!r}][{graph!r}], measured at the "
+                f"{name} shape (width {b['width']}, {b['layers']} layers)"
+            )
+    return EXPORT_VALIDATION_RTOL, (
+        f"tolerances.EXPORT_VALIDATION_RTOL, unmeasured shape (width {width} > every measured shape): generic bound"
+    )
 
 
 #: Segmenter export validation (export/segmenter_validate.py: ONNX Runtime CPU vs transformers'
@@ -188,6 +194,8 @@ def segmenter_noise_factor(width: int) -> tuple[float, str]:
         if width <= b["width"]:
             return SEGMENTER_NOISE_FACTORS[name], f"tolerances.SEGMENTER_NOISE_FACTORS[{name!r}]"
     return max(SEGMENTER_NOISE_FACTORS.values()), "tolerances.SEGMENTER_NOISE_FACTORS, unmeasured shape: the largest"
+
+
 #: float32's machine epsilon (2^-23): the least relative float32 error a reference is credited with.
 FLOAT32_EPS = 2.0**-23
 #: A segmenter wider than every measured shape: no measurement, a generic bound (an export bug
@@ -200,10 +208,13 @@ def segmenter_validation_budget(graph: str, width: int) -> tuple[float, str]:
     for a vision tower ``width`` wide: ``(rtol, where it comes from)``."""
     for name, b in sorted(SEGMENTER_VALIDATION_BUDGETS.items(), key=lambda kv: kv[1]["width"]):
         if width <= b["width"]:
-            return b[graph], (f"tolerances.SEGMENTER_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} "
-                              f"shape (width {b['width']}, {b['layers']} layers)")
-    return SEGMENTER_VALIDATION_RTOL, (f"tolerances.SEGMENTER_VALIDATION_RTOL, unmeasured shape (width {width} > "
-                                       "every measured shape): generic bound")
+            return b[graph], (
+                f"tolerances.SEGMENTER_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} "
+                f"shape (width {b['width']}, {b['layers']} layers)"
+            )
+    return SEGMENTER_VALIDATION_RTOL, (
+        f"tolerances.SEGMENTER_VALIDATION_RTOL, unmeasured shape (width {width} > every measured shape): generic bound"
+    )
 
 
 #: fp16 segmenter graphs end to end (export/segmenter_validate.py validate_reduced_masks)
@@ -249,10 +260,13 @@ def embedder_validation_budget(family: str, graph: str, width: int) -> tuple[flo
     ``dino``, ``dinov2``) whose vision tower is ``width`` wide: ``(rtol, where it comes from)``."""
     b = EMBEDDER_VALIDATION_BUDGETS.get(family)
     if b is not None and graph in b and width <= b["width"]:
-        return b[graph], (f"tolerances.EMBEDDER_VALIDATION_BUDGETS[{family!r}][{graph!r}], measured at width "
-                          f"{b['width']}, {b['layers']} layers")
-    return EMBEDDER_VALIDATION_RTOL, (f"tolerances.EMBEDDER_VALIDATION_RTOL, unmeasured shape ({family} width "
-                                      f"{width}): generic bound")
+        return b[graph], (
+            f"tolerances.EMBEDDER_VALIDATION_BUDGETS[{family!r}][{graph!r}], measured at width "
+            f"{b['width']}, {b['layers']} layers"
+        )
+    return EMBEDDER_VALIDATION_RTOL, (
+        f"tolerances.EMBEDDER_VALIDATION_RTOL, unmeasured shape ({family} width {width}): generic bound"
+    )
 
 
 #: The torch-free mask rule (runtime/segmenter.py) against its transformers + Pillow reference

@@ -94,15 +94,23 @@ def _binary(op, reflected=False):
     def f(self, other):
         a, b = self.a, _unwrap(other)
         return _wrap(op(b, a) if reflected else op(a, b), type(self))
+
     return f
 
 
-for _name, _op in {"mul": operator.mul, "truediv": operator.truediv, "add": operator.add, "sub": operator.sub,
-                   "matmul": operator.matmul}.items():
+for _name, _op in {
+    "mul": operator.mul,
+    "truediv": operator.truediv,
+    "add": operator.add,
+    "sub": operator.sub,
+    "matmul": operator.matmul,
+}.items():
     setattr(DeviceArray, f"__{_name}__", _binary(_op))
     setattr(DeviceArray, f"__r{_name}__", _binary(_op, reflected=True))
 for _name in ("gt", "ge", "lt", "le", "getitem", "and", "or"):
-    setattr(DeviceArray, f"__{_name}__", _binary(getattr(operator, _name if _name not in ("and", "or") else _name + "_")))
+    setattr(
+        DeviceArray, f"__{_name}__", _binary(getattr(operator, _name if _name not in ("and", "or") else _name + "_"))
+    )
 DeviceArray.__invert__ = lambda self: _wrap(~self.a, type(self))
 
 
@@ -113,10 +121,15 @@ def _module_function(name):
 
 #: The array module of :class:`DeviceArray` (the functions runtime/heads.py calls on ``xp``).
 fake_xp = types.SimpleNamespace(
-    __name__="fake_xp", float32=np.float32, float16=np.float16,
+    __name__="fake_xp",
+    float32=np.float32,
+    float16=np.float16,
     asnumpy=lambda x: np.array(_unwrap(x)),
-    **{n: _module_function(n) for n in ("asarray", "sqrt", "sum", "maximum", "matmul", "where", "mean",
-                                        "ascontiguousarray")})
+    **{
+        n: _module_function(n)
+        for n in ("asarray", "sqrt", "sum", "maximum", "matmul", "where", "mean", "ascontiguousarray")
+    },
+)
 
 
 class StrictFakeDevice(ArrayDevice):

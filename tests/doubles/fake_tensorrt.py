@@ -113,8 +113,10 @@ class _Ledger:
     def charge(self, nbytes: int) -> None:
         with self._lock:
             if self.used + nbytes > MEMORY_LIMIT:
-                raise OutOfMemoryError(f"Out of memory allocating {nbytes:,} bytes (allocated so far: {self.used:,} "
-                                       f"bytes, limit {MEMORY_LIMIT:,})")
+                raise OutOfMemoryError(
+                    f"Out of memory allocating {nbytes:,} bytes (allocated so far: {self.used:,} "
+                    f"bytes, limit {MEMORY_LIMIT:,})"
+                )
             self.used += nbytes
 
     def release(self, nbytes: int) -> None:
@@ -262,8 +264,15 @@ float32, float16, bfloat16 = "float32", "float16", "bfloat16"
 
 def nptype(trt_type):
     """As the real ``tensorrt.nptype`` (11.4 ``__init__.py``): no numpy type for bfloat16."""
-    mapping = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "int32": np.int32,
-               "int64": np.int64, "bool": np.bool_, "uint8": np.uint8}
+    mapping = {
+        "float32": np.float32,
+        "float16": np.float16,
+        "int8": np.int8,
+        "int32": np.int32,
+        "int64": np.int64,
+        "bool": np.bool_,
+        "uint8": np.uint8,
+    }
     if trt_type in mapping:
         return mapping[trt_type]
     raise TypeError("Could not resolve TensorRT datatype to an equivalent numpy datatype.")
@@ -324,8 +333,13 @@ class OnnxParser:
         self._errors = []
         for i, n in enumerate(m.graph.node):
             if n.domain not in ("", "ai.onnx"):
-                self._errors.append(_ParserError(i, n.op_type, f"No importer registered for op: {n.op_type} "
-                                                 f"(domain {n.domain}); plugin not found"))
+                self._errors.append(
+                    _ParserError(
+                        i,
+                        n.op_type,
+                        f"No importer registered for op: {n.op_type} (domain {n.domain}); plugin not found",
+                    )
+                )
             elif n.op_type not in SUPPORTED_OPS:
                 self._errors.append(_ParserError(i, n.op_type, f"No importer registered for op: {n.op_type}"))
         if self._errors:
@@ -333,8 +347,11 @@ class OnnxParser:
         net = self._network
         net._onnx_path, net._num_layers = model, len(m.graph.node)
         init = {t.name for t in m.graph.initializer}
-        net._inputs = {i.name: [d.dim_value if d.HasField("dim_value") else -1 for d in i.type.tensor_type.shape.dim]
-                       for i in m.graph.input if i.name not in init}
+        net._inputs = {
+            i.name: [d.dim_value if d.HasField("dim_value") else -1 for d in i.type.tensor_type.shape.dim]
+            for i in m.graph.input
+            if i.name not in init
+        }
         return True
 
 
@@ -434,8 +451,10 @@ class Builder:
         if config._cache is not None:
             config._cache.builds += 1
         dynamic = {n for n, dims in network._inputs.items() if -1 in dims}
-        covered = all(dynamic <= set(p._shapes) and all(_fits_rank(network._inputs[n], p._shapes[n]) for n in dynamic)
-                      for p in config._profiles)
+        covered = all(
+            dynamic <= set(p._shapes) and all(_fits_rank(network._inputs[n], p._shapes[n]) for n in dynamic)
+            for p in config._profiles
+        )
         if "build" in FAIL or (dynamic and not config._profiles) or not covered:
             return None  # the real builder logs why and returns no plan
         import onnx
@@ -446,14 +465,23 @@ class Builder:
         if strong_typing_errors(model) or qdq:
             return None  # the real builder logs the layer whose input types it cannot take
         dtypes = {onnx.TensorProto.DataType.Name(t.data_type) for t in model.graph.initializer}
-        BUILDS.append({"onnx": network._onnx_path, "flags": set(config._flags),
-                       "strongly_typed": network._flags == 1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED),
-                       "preview": {f.name for f in config._preview},
-                       "initializer_dtypes": dtypes, "profiles": [p._shapes for p in config._profiles],
-                       "cache_builds": config._cache.builds if config._cache else None})
+        BUILDS.append(
+            {
+                "onnx": network._onnx_path,
+                "flags": set(config._flags),
+                "strongly_typed": network._flags == 1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED),
+                "preview": {f.name for f in config._preview},
+                "initializer_dtypes": dtypes,
+                "profiles": [p._shapes for p in config._profiles],
+                "cache_builds": config._cache.builds if config._cache else None,
+            }
+        )
         resize = PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10 in config._preview
-        plan = {"onnx": network._onnx_path, "profiles": [{k: v for k, v in p._shapes.items()} for p in config._profiles],
-                "activation_resize": resize}
+        plan = {
+            "onnx": network._onnx_path,
+            "profiles": [{k: v for k, v in p._shapes.items()} for p in config._profiles],
+            "activation_resize": resize,
+        }
         return _HostMemory(json.dumps(plan).encode())
 
 
@@ -462,8 +490,17 @@ class Builder:
 #: (onnx-tensorrt docs/operators.md); anything else (FLOAT8E5M2, UINT16, INT16, ...) it cannot import.
 TRT_ONNX_TYPES = frozenset({1, 2, 3, 6, 7, 9, 10, 11, 16, 17, 22, 23})
 #: Ops whose listed inputs must share one type in a strongly typed network (no implicit casts).
-SAME_TYPE_INPUTS = {"Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1), "MatMul": (0, 1), "Gemm": (0, 1),
-                    "Where": (1, 2), "Max": (0, 1), "Min": (0, 1)}
+SAME_TYPE_INPUTS = {
+    "Add": (0, 1),
+    "Sub": (0, 1),
+    "Mul": (0, 1),
+    "Div": (0, 1),
+    "MatMul": (0, 1),
+    "Gemm": (0, 1),
+    "Where": (1, 2),
+    "Max": (0, 1),
+    "Min": (0, 1),
+}
 
 
 def strong_typing_errors(model) -> list[str]:
@@ -476,14 +513,19 @@ def strong_typing_errors(model) -> list[str]:
     g = inferred.graph
     types_ = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]}
     types_.update({t.name: t.data_type for t in g.initializer})
-    errors = [f"tensor {n!r} has ONNX type {onnx.TensorProto.DataType.Name(t)}, which TensorRT has no DataType for"
-              for n, t in types_.items() if t and t not in TRT_ONNX_TYPES]
+    errors = [
+        f"tensor {n!r} has ONNX type {onnx.TensorProto.DataType.Name(t)}, which TensorRT has no DataType for"
+        for n, t in types_.items()
+        if t and t not in TRT_ONNX_TYPES
+    ]
     for node in g.node:
         idx = SAME_TYPE_INPUTS.get(node.op_type, ())
         got = {types_.get(node.input[i], 0) for i in idx if i < len(node.input)} - {0}
         if len(got) > 1:
-            errors.append(f"{node.op_type} node {node.name!r}: input types "
-                          f"{sorted(onnx.TensorProto.DataType.Name(t) for t in got)} differ (strongly typed)")
+            errors.append(
+                f"{node.op_type} node {node.name!r}: input types "
+                f"{sorted(onnx.TensorProto.DataType.Name(t) for t in got)} differ (strongly typed)"
+            )
     BUILD_ERRORS.extend(errors)
     return errors
 
@@ -516,8 +558,10 @@ def qdq_placement_errors(model) -> list[str]:
             continue
         zp = inits.get(n.input[2]) if len(n.input) > 2 else None
         if zp is None or zp.data_type not in (3, 17):
-            errors.append(f"{where}: the zero point must be an INT8 or FLOAT8E4M3FN constant (FLOAT8E5M2 and "
-                          "missing zero points are not taken)")
+            errors.append(
+                f"{where}: the zero point must be an INT8 or FLOAT8E4M3FN constant (FLOAT8E5M2 and "
+                "missing zero points are not taken)"
+            )
         elif numpy_helper.to_array(zp).astype(np.float32).any():
             errors.append(f"{where}: the zero point must be 0")
         axis = {a.name: a.i for a in n.attribute}.get("axis", 1)
@@ -533,8 +577,10 @@ def qdq_placement_errors(model) -> list[str]:
         if src is not None and len(scale.dims) != 0:
             users = [c for c in consumers.get(n.output[0], []) if c.op_type == "MatMul" and c.input[1] == n.output[0]]
             if any(axis % len(src.dims) != len(src.dims) - 1 for _ in users):
-                errors.append(f"{where}: per-channel weight scales must run along the MatMul's output channels "
-                              f"(axis {len(src.dims) - 1}), not axis {axis}")
+                errors.append(
+                    f"{where}: per-channel weight scales must run along the MatMul's output channels "
+                    f"(axis {len(src.dims) - 1}), not axis {axis}"
+                )
     return errors
 
 
@@ -572,8 +618,14 @@ class _Engine:
 
     def get_tensor_dtype(self, name):
         t = {n: t for n, t, _ in self._inputs + self._outputs}[name]
-        return {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
-                "tensor(bool)": "bool", "tensor(int32)": "int32", "tensor(int64)": "int64"}[t]
+        return {
+            "tensor(float)": "float32",
+            "tensor(float16)": "float16",
+            "tensor(bfloat16)": "bfloat16",
+            "tensor(bool)": "bool",
+            "tensor(int32)": "int32",
+            "tensor(int64)": "int64",
+        }[t]
 
     def get_device_memory_size_for_profile_v2(self, profile_index):
         return self._activation({n: s[2] for n, s in self._profiles[profile_index].items()})
@@ -614,7 +666,9 @@ def _output_shapes(engine, shapes: dict) -> dict:
         for d, v in zip(dims, shapes.get(n, ())):
             if isinstance(d, str):
                 known[d] = v
-    return {n: tuple(int(d) if isinstance(d, int) else known.get(d, -1) for d in dims) for n, _, dims in engine._outputs}
+    return {
+        n: tuple(int(d) if isinstance(d, int) else known.get(d, -1) for d in dims) for n, _, dims in engine._outputs
+    }
 
 
 class _Context:
@@ -662,9 +716,11 @@ class _Context:
 
     def execute_async_v3(self, stream_handle):
         if isinstance(stream_handle, bool) or not isinstance(stream_handle, int):
-            raise TypeError("execute_async_v3(): incompatible function arguments. The following argument types are "
-                            "supported:\n    1. (self: tensorrt.IExecutionContext, stream_handle: int) -> bool\n\n"
-                            f"Invoked with: {type(stream_handle).__name__}")
+            raise TypeError(
+                "execute_async_v3(): incompatible function arguments. The following argument types are "
+                "supported:\n    1. (self: tensorrt.IExecutionContext, stream_handle: int) -> bool\n\n"
+                f"Invoked with: {type(stream_handle).__name__}"
+            )
         CALLS.append(("execute_async_v3", stream_handle))
         if "execute_async_v3" in FAIL or not self._ready():
             return False  # the real one logs the reason (shapes, addresses or memory missing)
@@ -680,8 +736,12 @@ class _Context:
             return False
         if self._strategy == ExecutionContextAllocationStrategy.USER_MANAGED:
             need = self._engine._context_need(self._shapes)
-            if self._memory is None or self._memory[1] < need or _MEMORY.get(self._memory[0]) is None or \
-                    _MEMORY[self._memory[0]].nbytes < self._memory[1]:
+            if (
+                self._memory is None
+                or self._memory[1] < need
+                or _MEMORY.get(self._memory[0]) is None
+                or _MEMORY[self._memory[0]].nbytes < self._memory[1]
+            ):
                 return False
         return True
 
@@ -814,13 +874,33 @@ class NumpyDevice:
 
 #: What the fake ``tensorrt`` module offers (checked against the real 11.4 surface by
 #: tests/test_trt_conformance.py, together with the classes below and their public members).
-MODULE_ATTRS = ("BuilderFlag", "NetworkDefinitionCreationFlag", "PreviewFeature", "MemoryPoolType", "TensorIOMode",
-                "ExecutionContextAllocationStrategy", "Logger", "OnnxParser", "Builder", "Runtime", "nptype",
-                "float32", "float16", "bfloat16")
+MODULE_ATTRS = (
+    "BuilderFlag",
+    "NetworkDefinitionCreationFlag",
+    "PreviewFeature",
+    "MemoryPoolType",
+    "TensorIOMode",
+    "ExecutionContextAllocationStrategy",
+    "Logger",
+    "OnnxParser",
+    "Builder",
+    "Runtime",
+    "nptype",
+    "float32",
+    "float16",
+    "bfloat16",
+)
 #: Classes standing for TensorRT objects the project receives -> the real class each stands for.
-OBJECT_CLASSES = {"_Network": "INetworkDefinition", "_Profile": "IOptimizationProfile", "_TimingCache": "ITimingCache",
-                  "_Config": "IBuilderConfig", "_Engine": "ICudaEngine", "_Context": "IExecutionContext",
-                  "_ParserError": "ParserError", "_HostMemory": "IHostMemory"}
+OBJECT_CLASSES = {
+    "_Network": "INetworkDefinition",
+    "_Profile": "IOptimizationProfile",
+    "_TimingCache": "ITimingCache",
+    "_Config": "IBuilderConfig",
+    "_Engine": "ICudaEngine",
+    "_Context": "IExecutionContext",
+    "_ParserError": "ParserError",
+    "_HostMemory": "IHostMemory",
+}
 
 
 def make_module(version: str = "11.4.0.106") -> types.ModuleType:

@@ -53,8 +53,9 @@ class ArrayCPRunner:
     def run_device(self, feeds: dict, device=None) -> dict:
         from masc_engine.runtime.heads import cp_forward
 
-        return cp_forward(*(self.xp.asarray(feeds[k]) for k in self.input_names), xp=self.xp,
-                          gemm_dtype=self.gemm_dtype)
+        return cp_forward(
+            *(self.xp.asarray(feeds[k]) for k in self.input_names), xp=self.xp, gemm_dtype=self.gemm_dtype
+        )
 
     def run(self, feeds: dict) -> dict:
         to_host = getattr(self.xp, "asnumpy", np.asarray)

@@ -41,9 +41,14 @@ def read_rows(folder: Path, name: str = "pairs.csv") -> list[dict]:
 
 def load_pair(folder: Path, row: dict):
     """(ref_image, ref_mask, out_image, out_mask, prompt, object_name) as the reference reads them."""
-    return (Image.open(folder / row["ref_image"]), np.array(Image.open(folder / row["ref_mask"]).convert("L")),
-            Image.open(folder / row["out_image"]), np.array(Image.open(folder / row["out_mask"]).convert("L")),
-            row["prompt"], row["object_name"])
+    return (
+        Image.open(folder / row["ref_image"]),
+        np.array(Image.open(folder / row["ref_mask"]).convert("L")),
+        Image.open(folder / row["out_image"]),
+        np.array(Image.open(folder / row["out_mask"]).convert("L")),
+        row["prompt"],
+        row["object_name"],
+    )
 
 
 #: Pillow's decompression-bomb limit when the tests start (its default).

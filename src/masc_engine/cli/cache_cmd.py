@@ -18,13 +18,22 @@ from pathlib import Path
 import click
 
 from ..engine.cache_root import (
-    CHECKPOINTS, SUBFOLDERS, TENSORRT, CacheRootError, cache_root_and_rule, check_cleanable, human_bytes,
-    remove_subfolder, tree_bytes,
+    CHECKPOINTS,
+    SUBFOLDERS,
+    TENSORRT,
+    CacheRootError,
+    cache_root_and_rule,
+    check_cleanable,
+    human_bytes,
+    remove_subfolder,
+    tree_bytes,
 )
 
 #: What each subfolder holds, for ``masc-cache info``.
-DESCRIPTIONS = {CHECKPOINTS: "random-weight checkpoints (masc-export --model random:<preset>)",
-                TENSORRT: "TensorRT timing caches (masc-export --backend tensorrt)"}
+DESCRIPTIONS = {
+    CHECKPOINTS: "random-weight checkpoints (masc-export --model random:<preset>)",
+    TENSORRT: "TensorRT timing caches (masc-export --backend tensorrt)",
+}
 
 
 def _size_line(label: str, n: int, note: str = "") -> str:
@@ -43,8 +52,17 @@ def info() -> None:
     root, rule = cache_root_and_rule()
     root = Path(os.path.abspath(root))
     exists = root.is_dir() and not root.is_symlink()
-    state = "" if exists else ("  (a symbolic link: not followed)" if root.is_symlink()
-                               else "  (not a folder)" if os.path.lexists(root) else "  (not created yet)")
+    state = (
+        ""
+        if exists
+        else (
+            "  (a symbolic link: not followed)"
+            if root.is_symlink()
+            else "  (not a folder)"
+            if os.path.lexists(root)
+            else "  (not created yet)"
+        )
+    )
     click.echo(f"cache root: {root}  (from {rule}){state}")
     total = 0
     for name in SUBFOLDERS:

@@ -77,8 +77,10 @@ def _score_column_help() -> str:
     scores = ", ".join(m.score_column for m in score_metrics())
     opted = ", ".join(c for m in registered() if m.option == "baselines" for c in m.columns)
     named = ", ".join(c for m in registered() if m.option not in (None, "baselines") for c in m.columns)
-    return (f"Metric column in SCORES: a score masc-run writes ({scores}), or with --baselines {opted}, "
-            f"or asked for by name (masc-run --metrics) {named}.")
+    return (
+        f"Metric column in SCORES: a score masc-run writes ({scores}), or with --baselines {opted}, "
+        f"or asked for by name (masc-run --metrics) {named}."
+    )
 
 
 _COMMON = [
@@ -99,9 +101,15 @@ _COMMON = [
         show_default=True,
         help="Status value(s) whose rows are used; repeatable (e.g. add no_background for CP, whose CP is valid).",
     ),
-    click.option("--n-resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples."),
-    click.option("--confidence", default=0.95, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True)),
-    click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap seed (results are deterministic per seed)."),
+    click.option(
+        "--n-resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples."
+    ),
+    click.option(
+        "--confidence", default=0.95, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True)
+    ),
+    click.option(
+        "--seed", default=0, show_default=True, type=int, help="Bootstrap seed (results are deterministic per seed)."
+    ),
     click.option(
         "--out",
         type=click.Path(dir_okay=False),
@@ -120,7 +128,12 @@ _AGREEMENT = [
         multiple=True,
         help="Human rating column; repeat for several raters/groups. Default: same name as --score-column.",
     ),
-    click.option("--key", default="key", show_default=True, help="Join column(s), comma-separated for a composite key (e.g. method,key)."),
+    click.option(
+        "--key",
+        default="key",
+        show_default=True,
+        help="Join column(s), comma-separated for a composite key (e.g. method,key).",
+    ),
     click.option(
         "--method-column",
         default="method",
@@ -188,7 +201,9 @@ _AUC = [
         help="Rows whose --within-column equals this are within-subject, all others cross-subject "
         "(instead of reading the column as a boolean).",
     ),
-    click.option("--group-column", default=None, help="Optional grouping column for per-group rows (e.g. environment)."),
+    click.option(
+        "--group-column", default=None, help="Optional grouping column for per-group rows (e.g. environment)."
+    ),
 ]
 
 
@@ -247,8 +262,9 @@ def _write(out: str | None, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         click.echo(f"\nwrote {out}")
 
 
-def _show(fmt: str, headers: list[str], body: list[list[str]], rows: list[dict[str, Any]], label: str,
-          caption: str = "") -> None:
+def _show(
+    fmt: str, headers: list[str], body: list[list[str]], rows: list[dict[str, Any]], label: str, caption: str = ""
+) -> None:
     """The table: text (:func:`render_table` and the notes), or Markdown / LaTeX / CSV
     (:func:`masc_engine.jobs.eval_format.render`)."""
     if fmt == "text":
@@ -260,12 +276,22 @@ def _show(fmt: str, headers: list[str], body: list[list[str]], rows: list[dict[s
     click.echo(fm.render(fmt, headers, body, notes=notes, caption=caption, rows=rows, columns=list(rows[0])), nl=False)
 
 
-def _agreement_cells(o: ev.AgreementOptions, rows: list[dict[str, Any]], many: bool) -> tuple[list[str], list[list[str]]]:
+def _agreement_cells(
+    o: ev.AgreementOptions, rows: list[dict[str, Any]], many: bool
+) -> tuple[list[str], list[list[str]]]:
     pct = f"{o.confidence * 100:g}%"
     lead = ["metric"] if many else []
     headers = [*lead, "method", "n", *[f"alpha {lv} [{pct} CI]" for lv in o.levels], f"spearman [{pct} CI]"]
-    body = [[*([r["metric"]] if many else []), r["method"], str(r["n"]),
-             *[_fmt_ci(r, f"alpha_{lv}") for lv in o.levels], _fmt_ci(r, "spearman")] for r in rows]
+    body = [
+        [
+            *([r["metric"]] if many else []),
+            r["method"],
+            str(r["n"]),
+            *[_fmt_ci(r, f"alpha_{lv}") for lv in o.levels],
+            _fmt_ci(r, "spearman"),
+        ]
+        for r in rows
+    ]
     return headers, body
 
 
@@ -287,14 +313,17 @@ def _echo_agreement(t: ev.AgreementTable, scores: str, ratings: str, fmt: str = 
     _show(fmt, headers, body, t.rows, "method", f"Agreement of {o.score_column} with {', '.join(o.raters)}")
 
 
-def _echo_agreement_many(rows: list[dict[str, Any]], o: ev.AgreementOptions, scores: str, ratings: str,
-                         fmt: str) -> None:
+def _echo_agreement_many(
+    rows: list[dict[str, Any]], o: ev.AgreementOptions, scores: str, ratings: str, fmt: str
+) -> None:
     """The agreement rows of several metric columns (:func:`masc_engine.jobs.eval_tables.agreement_tables`)."""
     pct = f"{o.confidence * 100:g}%"
     raters = ", ".join(o.rating_columns) or "each metric's own column"
     if fmt == "text":
-        click.echo(f"scores: {scores} [{', '.join(dict.fromkeys(r['metric'] for r in rows))}]   ratings: {ratings} "
-                   f"[{raters}]   mapping: {o.mapping}")
+        click.echo(
+            f"scores: {scores} [{', '.join(dict.fromkeys(r['metric'] for r in rows))}]   ratings: {ratings} "
+            f"[{raters}]   mapping: {o.mapping}"
+        )
         click.echo(f"CI: {pct} percentile bootstrap over units, {o.n_resamples} resamples, seed {o.seed}")
         click.echo("")
     headers, body = _agreement_cells(o, rows, True)
@@ -303,17 +332,29 @@ def _echo_agreement_many(rows: list[dict[str, Any]], o: ev.AgreementOptions, sco
 
 def _agreement_meta_of(o: ev.AgreementOptions, scores: str, ratings: str) -> dict[str, Any]:
     return {
-        "command": "agreement", "scores": scores, "ratings": ratings, "score_column": o.score_column,
-        "rating_columns": list(o.rating_columns), "key": o.key if isinstance(o.key, str) else ",".join(o.key),
-        "ok_statuses": list(o.ok_statuses), "levels": list(o.levels), "mapping": o.mapping,
-        "human_agg": o.human_agg, "scale": None if o.scale is None else list(o.scale),
-        "confidence": o.confidence, "n_resamples": o.n_resamples, "seed": o.seed,
+        "command": "agreement",
+        "scores": scores,
+        "ratings": ratings,
+        "score_column": o.score_column,
+        "rating_columns": list(o.rating_columns),
+        "key": o.key if isinstance(o.key, str) else ",".join(o.key),
+        "ok_statuses": list(o.ok_statuses),
+        "levels": list(o.levels),
+        "mapping": o.mapping,
+        "human_agg": o.human_agg,
+        "scale": None if o.scale is None else list(o.scale),
+        "confidence": o.confidence,
+        "n_resamples": o.n_resamples,
+        "seed": o.seed,
     }
 
 
 def _agreement_meta(t: ev.AgreementTable, scores: str, ratings: str) -> dict[str, Any]:
-    return {**_agreement_meta_of(t.options, scores, ratings), "rating_columns": list(t.joined.rating_columns),
-            "counts": t.joined.counts}
+    return {
+        **_agreement_meta_of(t.options, scores, ratings),
+        "rating_columns": list(t.joined.rating_columns),
+        "counts": t.joined.counts,
+    }
 
 
 def _echo_auc(t: ev.AucTable | list[dict[str, Any]], scores: str, o: ev.AucOptions, fmt: str = "text") -> None:
@@ -324,26 +365,47 @@ def _echo_auc(t: ev.AucTable | list[dict[str, Any]], scores: str, o: ev.AucOptio
     pct = f"{o.confidence * 100:g}%"
     if fmt == "text":
         if many:
-            click.echo(f"scores: {scores} [{', '.join(dict.fromkeys(r['metric'] for r in rows))}]   within: "
-                       f"{o.within_column}" + (f" = {o.within_value}" if o.within_value is not None else ""))
+            click.echo(
+                f"scores: {scores} [{', '.join(dict.fromkeys(r['metric'] for r in rows))}]   within: "
+                f"{o.within_column}" + (f" = {o.within_value}" if o.within_value is not None else "")
+            )
         else:
             u = t.units
             missing = f", {u.missing} without a score" if u.missing else ""
-            click.echo(f"scores: {scores} [{o.score_column}]   within: {o.within_column}"
-                       + (f" = {o.within_value}" if o.within_value is not None else "")
-                       + f"   skipped {u.skipped} rows by status{missing}")
+            click.echo(
+                f"scores: {scores} [{o.score_column}]   within: {o.within_column}"
+                + (f" = {o.within_value}" if o.within_value is not None else "")
+                + f"   skipped {u.skipped} rows by status{missing}"
+            )
         click.echo(f"CI: {pct} percentile bootstrap stratified by class, {o.n_resamples} resamples, seed {o.seed}")
         click.echo("")
-    body = [[*([r["metric"]] if many else []), r["group"], str(r["n"]), str(r["n_within"]), str(r["n_cross"]),
-             _fmt_ci(r, "auc")] for r in rows]
+    body = [
+        [
+            *([r["metric"]] if many else []),
+            r["group"],
+            str(r["n"]),
+            str(r["n_within"]),
+            str(r["n_cross"]),
+            _fmt_ci(r, "auc"),
+        ]
+        for r in rows
+    ]
     headers = [*(["metric"] if many else []), "group", "n", "within", "cross", f"AUC [{pct} CI]"]
     _show(fmt, headers, body, rows, "group", "Within- vs cross-subject ROC AUC")
 
 
 def _auc_meta_of(o: ev.AucOptions, scores: str) -> dict[str, Any]:
-    meta = {"command": "auc", "scores": scores, "score_column": o.score_column, "within_column": o.within_column,
-            "group_column": o.group_column, "confidence": o.confidence, "n_resamples": o.n_resamples,
-            "seed": o.seed, "ok_statuses": list(o.ok_statuses)}
+    meta = {
+        "command": "auc",
+        "scores": scores,
+        "score_column": o.score_column,
+        "within_column": o.within_column,
+        "group_column": o.group_column,
+        "confidence": o.confidence,
+        "n_resamples": o.n_resamples,
+        "seed": o.seed,
+        "ok_statuses": list(o.ok_statuses),
+    }
     if o.within_value is not None:
         meta["within_value"] = o.within_value
     return meta
@@ -400,11 +462,17 @@ def main() -> None:
 
 @main.command("agreement")
 @click.argument("scores", type=click.Path(exists=True, dir_okay=False))
-@click.option("--ratings", required=True, type=click.Path(exists=True, dir_okay=False), help="Human rating file (format described above).")
+@click.option(
+    "--ratings",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Human rating file (format described above).",
+)
 @_apply(_AGREEMENT + _COMMON + _MANY)
 @click.pass_context
-def agreement_cmd(ctx: click.Context, scores: str, ratings: str, out: str | None, metrics: str | None, fmt: str,
-                  **options: Any) -> None:
+def agreement_cmd(
+    ctx: click.Context, scores: str, ratings: str, out: str | None, metrics: str | None, fmt: str, **options: Any
+) -> None:
     """Agreement of a score column with human ratings (DreamBench++ protocol).
 
     Prints, per method and pooled: n, Krippendorff's alpha (interval and
@@ -436,8 +504,11 @@ def agreement_cmd(ctx: click.Context, scores: str, ratings: str, out: str | None
     opts = ev.AgreementOptions(**options)
     if metrics is not None:
         _no_score_column(ctx)
-        rows = _evaluate(lambda: et.agreement_tables(read_table(scores, what="scores"),
-                                                     read_table(ratings, what="ratings"), opts, parse_metrics(metrics)))
+        rows = _evaluate(
+            lambda: et.agreement_tables(
+                read_table(scores, what="scores"), read_table(ratings, what="ratings"), opts, parse_metrics(metrics)
+            )
+        )
         warn_random_weights(scores)
         _echo_agreement_many(rows, opts, scores, ratings, fmt)
         meta = {k: v for k, v in _agreement_meta_of(opts, scores, ratings).items() if k != "score_column"}
@@ -446,7 +517,9 @@ def agreement_cmd(ctx: click.Context, scores: str, ratings: str, out: str | None
     table = _evaluate(ev.evaluate_agreement, scores, ratings, opts)
     explicit = ctx.get_parameter_source("method_column") == click.core.ParameterSource.COMMANDLINE
     if opts.method_column and explicit and all(m is None for m in table.joined.methods):
-        raise click.UsageError(f"--method-column {opts.method_column!r}: no such column (or all empty) in {scores} or {ratings}")
+        raise click.UsageError(
+            f"--method-column {opts.method_column!r}: no such column (or all empty) in {scores} or {ratings}"
+        )
     warn_random_weights(scores)
     _echo_agreement(table, scores, ratings, fmt)
     _write(out, table.rows, _agreement_meta(table, scores, ratings))
@@ -479,8 +552,9 @@ def auc_cmd(ctx: click.Context, scores: str, out: str | None, metrics: str | Non
         return
     table = _evaluate(ev.evaluate_auc, scores, opts)
     if not table.units.scores.size:
-        raise click.ClickException(f"{scores}: no usable rows ({table.units.skipped} skipped by status, "
-                                   f"{table.units.missing} without a score)")
+        raise click.ClickException(
+            f"{scores}: no usable rows ({table.units.skipped} skipped by status, {table.units.missing} without a score)"
+        )
     if opts.group_column and all(g is None for g in table.units.groups):
         raise click.UsageError(f"--group-column {opts.group_column!r}: no such column (or all empty) in {scores}")
     warn_random_weights(scores)

@@ -43,8 +43,9 @@ def _format_of(fmt: str | None, out: str | None) -> str:
     if out:
         suffix = Path(out).suffix.lower()
         if suffix not in fm.SUFFIX_FORMATS:
-            raise click.BadParameter(f"{out}: end it in {', '.join(fm.SUFFIX_FORMATS)} or give --format",
-                                     param_hint="--out")
+            raise click.BadParameter(
+                f"{out}: end it in {', '.join(fm.SUFFIX_FORMATS)} or give --format", param_hint="--out"
+            )
         return fm.SUFFIX_FORMATS[suffix]
     return "md"
 
@@ -62,28 +63,60 @@ def emit(text: str, out: str | None) -> None:
 
 
 _OPTIONS = [
-    click.option("--metrics", default="all", show_default=True,
-                 help="Metric columns, comma-separated, or 'all': every registered metric column of SCORES "
-                 "(cp, pf, the --baselines columns, clip_i, clip_t, dino, dino_s8, dinov2, plug-ins)."),
-    click.option("--method-column", default="method", show_default=True,
-                 help="The method of each row; empty string: the pooled row only."),
+    click.option(
+        "--metrics",
+        default="all",
+        show_default=True,
+        help="Metric columns, comma-separated, or 'all': every registered metric column of SCORES "
+        "(cp, pf, the --baselines columns, clip_i, clip_t, dino, dino_s8, dinov2, plug-ins).",
+    ),
+    click.option(
+        "--method-column",
+        default="method",
+        show_default=True,
+        help="The method of each row; empty string: the pooled row only.",
+    ),
     click.option("--subject-column", default="subject", show_default=True, help="The subject of each row."),
-    click.option("--key", default="subject,prompt", show_default=True,
-                 help="Columns naming a unit within a method: what --average-references averages over, what "
-                 "compare pairs on."),
-    click.option("--average-references", is_flag=True,
-                 help="Average the rows sharing the method and --key into one unit (one generated image "
-                 "scored against several references)."),
-    click.option("--status-column", default="status", show_default=True,
-                 help="As in agreement: a column's own <column>_status when the file has it, else this."),
-    click.option("--ok-status", "ok_statuses", multiple=True, default=("ok",), show_default=True,
-                 help="Status value(s) whose rows count; repeatable."),
-    click.option("--n-resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples."),
-    click.option("--confidence", default=0.95, show_default=True,
-                 type=click.FloatRange(0, 1, min_open=True, max_open=True)),
+    click.option(
+        "--key",
+        default="subject,prompt",
+        show_default=True,
+        help="Columns naming a unit within a method: what --average-references averages over, what compare pairs on.",
+    ),
+    click.option(
+        "--average-references",
+        is_flag=True,
+        help="Average the rows sharing the method and --key into one unit (one generated image "
+        "scored against several references).",
+    ),
+    click.option(
+        "--status-column",
+        default="status",
+        show_default=True,
+        help="As in agreement: a column's own <column>_status when the file has it, else this.",
+    ),
+    click.option(
+        "--ok-status",
+        "ok_statuses",
+        multiple=True,
+        default=("ok",),
+        show_default=True,
+        help="Status value(s) whose rows count; repeatable.",
+    ),
+    click.option(
+        "--n-resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples."
+    ),
+    click.option(
+        "--confidence", default=0.95, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True)
+    ),
     click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap seed."),
-    click.option("--format", "fmt", type=click.Choice(fm.FORMATS), default=None,
-                 help="md, latex or csv; default from --out's suffix (.md, .tex, .csv), else md."),
+    click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(fm.FORMATS),
+        default=None,
+        help="md, latex or csv; default from --out's suffix (.md, .tex, .csv), else md.",
+    ),
     click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the table to FILE."),
 ]
 
@@ -106,13 +139,20 @@ def _units(scores: str, metrics: str | None, **kw: Any) -> et.ScoreUnits:
 
 def _notes(u: et.ScoreUnits, random_line: str | None) -> list[str]:
     o = u.options
-    notes = [f"{o.confidence * 100:g}% percentile bootstrap over units, {o.n_resamples} resamples, seed {o.seed}; "
-             "a group of one unit has no interval (n=1: no CI)"]
+    notes = [
+        f"{o.confidence * 100:g}% percentile bootstrap over units, {o.n_resamples} resamples, seed {o.seed}; "
+        "a group of one unit has no interval (n=1: no CI)"
+    ]
     if o.average_references:
-        notes.append(f"units: rows sharing the method and ({', '.join(o.key)}) averaged "
-                     f"({int(u.rows_per_unit.sum())} rows into {u.rows_per_unit.size} units)")
-    left = [f"{m}: {u.skipped[m]} not ok" + (f", {u.missing[m]} empty" if u.missing[m] else "")
-            for m in u.metrics if u.skipped[m] or u.missing[m]]
+        notes.append(
+            f"units: rows sharing the method and ({', '.join(o.key)}) averaged "
+            f"({int(u.rows_per_unit.sum())} rows into {u.rows_per_unit.size} units)"
+        )
+    left = [
+        f"{m}: {u.skipped[m]} not ok" + (f", {u.missing[m]} empty" if u.missing[m] else "")
+        for m in u.metrics
+        if u.skipped[m] or u.missing[m]
+    ]
     if left:
         notes.append("rows left out: " + "; ".join(left))
     if random_line:
@@ -143,7 +183,8 @@ def table_cmd(scores: str, by_subject: bool, fmt: str | None, out: str | None, m
     line = warn_random_weights(scores)
     headers, body, columns = fm.means_layout(t)
     caption = f"{Path(scores).name}: mean [{u.options.confidence * 100:g}% CI] per " + (
-        "subject and method" if by_subject else "method")
+        "subject and method" if by_subject else "method"
+    )
     emit(fm.render(fmt, headers, body, notes=_notes(u, line), caption=caption, rows=t.rows, columns=columns), out)
 
 
@@ -152,8 +193,15 @@ def table_cmd(scores: str, by_subject: bool, fmt: str | None, out: str | None, m
 @click.option("--a", "method_a", default=None, help="First method (the difference is A - B).")
 @click.option("--b", "method_b", default=None, help="Second method. Both omitted: the file's two methods.")
 @_apply
-def compare_cmd(scores: str, method_a: str | None, method_b: str | None, fmt: str | None, out: str | None,
-                metrics: str, **options: Any) -> None:
+def compare_cmd(
+    scores: str,
+    method_a: str | None,
+    method_b: str | None,
+    fmt: str | None,
+    out: str | None,
+    metrics: str,
+    **options: Any,
+) -> None:
     """Paired comparison of two methods: mean difference A - B per metric.
 
     Units of A and B are paired on --key (default subject,prompt); the CI is
@@ -171,8 +219,12 @@ def compare_cmd(scores: str, method_a: str | None, method_b: str | None, fmt: st
         raise click.ClickException(str(exc)) from None
     line = warn_random_weights(scores)
     headers, body, columns = fm.compare_layout(t)
-    caption = (f"{Path(scores).name}: {t.a} - {t.b}, {t.n_pairs} units paired on "
-               f"({', '.join(u.options.key)}), paired bootstrap")
+    caption = (
+        f"{Path(scores).name}: {t.a} - {t.b}, {t.n_pairs} units paired on "
+        f"({', '.join(u.options.key)}), paired bootstrap"
+    )
     rows = [{**r, "a": t.a, "b": t.b} for r in t.rows]
-    emit(fm.render(fmt, headers, body, notes=_notes(u, line), caption=caption, rows=rows,
-                   columns=["a", "b", *columns]), out)
+    emit(
+        fm.render(fmt, headers, body, notes=_notes(u, line), caption=caption, rows=rows, columns=["a", "b", *columns]),
+        out,
+    )

@@ -28,14 +28,24 @@ _RUN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunOptions)}
 STORE_SIZE_GB = DEFAULT_SIZE_LIMIT / 2**30
 
 #: Rows per step of a job (RunOptions.chunk_size).
-chunk_size_option = click.option("--chunk-size", type=click.IntRange(1, 100000), default=_RUN_DEFAULTS["chunk_size"],
-                                 show_default=True, help="Rows decoded, scored and journaled per step.")
+chunk_size_option = click.option(
+    "--chunk-size",
+    type=click.IntRange(1, 100000),
+    default=_RUN_DEFAULTS["chunk_size"],
+    show_default=True,
+    help="Rows decoded, scored and journaled per step.",
+)
 
 
 def io_workers_option(detail: str = ""):
     """``--io-workers``: decoding threads (RunOptions.io_workers), ``detail`` appended to its help."""
-    return click.option("--io-workers", type=click.IntRange(1, 256), default=_RUN_DEFAULTS["io_workers"],
-                        show_default=True, help=f"Threads decoding images and masks{detail}.")
+    return click.option(
+        "--io-workers",
+        type=click.IntRange(1, 256),
+        default=_RUN_DEFAULTS["io_workers"],
+        show_default=True,
+        help=f"Threads decoding images and masks{detail}.",
+    )
 
 
 def cache_options(size_default: float | None, cache_help: str, size_help: str):
@@ -47,10 +57,16 @@ def cache_options(size_default: float | None, cache_help: str, size_help: str):
     records that no size was chosen. ``--cache-dir``'s default is None in both
     (``RunOptions.cache_dir``).
     """
-    dir_option = click.option("--cache-dir", type=click.Path(file_okay=False), default=_RUN_DEFAULTS["cache_dir"],
-                              help=cache_help)
-    size_option = click.option("--cache-size-gb", type=click.FloatRange(0.01, 1e6), default=size_default,
-                               show_default=size_default is not None, help=size_help)
+    dir_option = click.option(
+        "--cache-dir", type=click.Path(file_okay=False), default=_RUN_DEFAULTS["cache_dir"], help=cache_help
+    )
+    size_option = click.option(
+        "--cache-size-gb",
+        type=click.FloatRange(0.01, 1e6),
+        default=size_default,
+        show_default=size_default is not None,
+        help=size_help,
+    )
 
     def decorate(f):
         return dir_option(size_option(f))
@@ -59,22 +75,36 @@ def cache_options(size_default: float | None, cache_help: str, size_help: str):
 
 
 #: Backend intra-op threads.
-threads_option = click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
-                              help="Inference threads per graph call (0: the backend's default).")
+threads_option = click.option(
+    "--threads",
+    type=click.IntRange(0, 1024),
+    default=0,
+    show_default=True,
+    help="Inference threads per graph call (0: the backend's default).",
+)
 
 #: NaFlex patch budget override.
-max_num_patches_option = click.option("--max-num-patches", type=click.IntRange(1, 16384), default=None,
-                                      help="Override the bundle's NaFlex patch budget.")
+max_num_patches_option = click.option(
+    "--max-num-patches", type=click.IntRange(1, 16384), default=None, help="Override the bundle's NaFlex patch budget."
+)
 
 #: EXIF orientation policy (runtime/io.py).
-exif_option = click.option("--exif", type=click.Choice(["apply", "ignore"]), default="apply", show_default=True,
-                           help="EXIF orientation: apply to image and mask alike, or ignore (read stored pixels, "
-                                "as masc-metric does).")
+exif_option = click.option(
+    "--exif",
+    type=click.Choice(["apply", "ignore"]),
+    default="apply",
+    show_default=True,
+    help="EXIF orientation: apply to image and mask alike, or ignore (read stored pixels, as masc-metric does).",
+)
 
 #: How far a mask's size may be off its image's before it is refused.
 mask_size_tolerance_option = click.option(
-    "--mask-size-tolerance", type=click.IntRange(0, 64), default=0, show_default=True,
-    help="Stretch a mask at most this many pixels off its image's size instead of refusing it.")
+    "--mask-size-tolerance",
+    type=click.IntRange(0, 64),
+    default=0,
+    show_default=True,
+    help="Stretch a mask at most this many pixels off its image's size instead of refusing it.",
+)
 
 
 def _backend_option_flags() -> list:
@@ -83,47 +113,98 @@ def _backend_option_flags() -> list:
     out = []
     for spec in BACKENDS.values():
         for o in spec.options:
-            out.append(click.option(f"--{o.name.replace('_', '-')}", o.name, type=click.Choice(list(o.choices)),
-                                    default=None, help=f"({spec.name} only; default {o.choices[0]}) {o.help}"))
+            out.append(
+                click.option(
+                    f"--{o.name.replace('_', '-')}",
+                    o.name,
+                    type=click.Choice(list(o.choices)),
+                    default=None,
+                    help=f"({spec.name} only; default {o.choices[0]}) {o.help}",
+                )
+            )
     return out
 
 
 _SCORER_OPTIONS = [
-    click.option("--backend", type=click.Choice([AUTO, *BACKENDS]), default=AUTO, show_default=True,
-                 help="Inference backend: onnxruntime (the bundle's ONNX graphs), tensorrt (engines built by "
-                      "masc-export --backend tensorrt; CUDA; unverified on a GPU) or openvino (CPU; f32, or bf16 "
-                      "for a bundle certified with masc-export --precision bf16-cpu). auto: the backend a "
-                      "certified bundle names, else onnxruntime."),
-    click.option("--provider", default=None,
-                 help="Execution provider: cpu or cuda (default: the backend's: cpu; cuda for tensorrt). A "
-                      "missing provider is an error, never a switch to another."),
-    click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
-                 help="Precision to run: the TensorRT engine set, OpenVINO f32 or bf16; for ONNX Runtime it must "
-                      "be the bundle's own (default: the bundle's).") ,
-    click.option("--graph-variant", type=click.Choice([AUTO, "portable", "ort-cpu"]), default=AUTO, show_default=True,
-                 help="Graphs to run: the fused ort-cpu vision and text graphs (ONNX Runtime on CPU; auto picks them "
-                      "when the bundle has them), or the portable standard-op graphs. A variant the bundle lacks "
-                      "is an error."),
-    click.option("--stripper", type=click.Choice(list(STRIPPERS)), default="regex", show_default=True,
-                 help="How the subject name is removed from the PF prompt (regex is the paper's)."),
+    click.option(
+        "--backend",
+        type=click.Choice([AUTO, *BACKENDS]),
+        default=AUTO,
+        show_default=True,
+        help="Inference backend: onnxruntime (the bundle's ONNX graphs), tensorrt (engines built by "
+        "masc-export --backend tensorrt; CUDA; unverified on a GPU) or openvino (CPU; f32, or bf16 "
+        "for a bundle certified with masc-export --precision bf16-cpu). auto: the backend a "
+        "certified bundle names, else onnxruntime.",
+    ),
+    click.option(
+        "--provider",
+        default=None,
+        help="Execution provider: cpu or cuda (default: the backend's: cpu; cuda for tensorrt). A "
+        "missing provider is an error, never a switch to another.",
+    ),
+    click.option(
+        "--precision",
+        type=click.Choice(["fp32", "fp16", "bf16"]),
+        default=None,
+        help="Precision to run: the TensorRT engine set, OpenVINO f32 or bf16; for ONNX Runtime it must "
+        "be the bundle's own (default: the bundle's).",
+    ),
+    click.option(
+        "--graph-variant",
+        type=click.Choice([AUTO, "portable", "ort-cpu"]),
+        default=AUTO,
+        show_default=True,
+        help="Graphs to run: the fused ort-cpu vision and text graphs (ONNX Runtime on CPU; auto picks them "
+        "when the bundle has them), or the portable standard-op graphs. A variant the bundle lacks "
+        "is an error.",
+    ),
+    click.option(
+        "--stripper",
+        type=click.Choice(list(STRIPPERS)),
+        default="regex",
+        show_default=True,
+        help="How the subject name is removed from the PF prompt (regex is the paper's).",
+    ),
     max_num_patches_option,
-    click.option("--batch-size", type=click.IntRange(1, 1024), default=8, show_default=True,
-                 help="Images (and prompts) per graph call; scores do not depend on it."),
+    click.option(
+        "--batch-size",
+        type=click.IntRange(1, 1024),
+        default=8,
+        show_default=True,
+        help="Images (and prompts) per graph call; scores do not depend on it.",
+    ),
     threads_option,
-    click.option("--cp-head", type=click.Choice(list(CP_HEADS)), default=None,
-                 help="CP on the host in numpy, or through the bundle's cp graph on the chosen backend. "
-                      "Default: graph when device-resident, else numpy."),
-    click.option("--device-resident/--no-device-resident", default=None,
-                 help="Keep patch tokens in GPU memory between the vision graph, the pooling head and the CP "
-                      "graph (needs CuPy). Default: on exactly when the backend computes on a GPU."),
+    click.option(
+        "--cp-head",
+        type=click.Choice(list(CP_HEADS)),
+        default=None,
+        help="CP on the host in numpy, or through the bundle's cp graph on the chosen backend. "
+        "Default: graph when device-resident, else numpy.",
+    ),
+    click.option(
+        "--device-resident/--no-device-resident",
+        default=None,
+        help="Keep patch tokens in GPU memory between the vision graph, the pooling head and the CP "
+        "graph (needs CuPy). Default: on exactly when the backend computes on a GPU.",
+    ),
     *_backend_option_flags(),
 ]
 
 #: The click parameter names of the group (what :func:`scorer_config` takes out of a command's
 #: keyword arguments).
-SCORER_PARAMS = ("backend", "provider", "precision", "graph_variant", "stripper", "max_num_patches", "batch_size",
-                 "threads", "cp_head", "device_resident",
-                 *(o.name for spec in BACKENDS.values() for o in spec.options))
+SCORER_PARAMS = (
+    "backend",
+    "provider",
+    "precision",
+    "graph_variant",
+    "stripper",
+    "max_num_patches",
+    "batch_size",
+    "threads",
+    "cp_head",
+    "device_resident",
+    *(o.name for spec in BACKENDS.values() for o in spec.options),
+)
 
 
 def scorer_options(f):
@@ -149,26 +230,49 @@ def scorer_config(params: dict) -> ScorerConfig:
 
 
 def _config(v: dict, options: dict) -> ScorerConfig:
-    return ScorerConfig(backend=v["backend"], provider=v["provider"], precision=v["precision"],
-                        graph_variant=v["graph_variant"], stripper=v["stripper"],
-                        naflex_max_patches=v["max_num_patches"], batch_size=v["batch_size"],
-                        intra_op_threads=v["threads"] or None, cp_head=v["cp_head"],
-                        device_resident=v["device_resident"], backend_options=options)
+    return ScorerConfig(
+        backend=v["backend"],
+        provider=v["provider"],
+        precision=v["precision"],
+        graph_variant=v["graph_variant"],
+        stripper=v["stripper"],
+        naflex_max_patches=v["max_num_patches"],
+        batch_size=v["batch_size"],
+        intra_op_threads=v["threads"] or None,
+        cp_head=v["cp_head"],
+        device_resident=v["device_resident"],
+        backend_options=options,
+    )
 
 
 _SEGMENTER_OPTIONS = [
-    click.option("--segmenter", type=click.Path(file_okay=False), default=None,
-                 help="Segmenter bundle (masc-export --model CIDAS/clipseg-rd64-refined): a pair without a mask "
-                      "(empty or absent mask column or field) gets the segmenter's mask of its image, prompted by its "
-                      "object_name. See docs/segmenter.md."),
-    click.option("--mask-threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
-                 help="The segmenter's threshold on its probability map (default: the segmenter bundle's recipe, 0.5)."),
-    click.option("--mask-prompt-template", default=None,
-                 help="The segmenter's prompt, {} standing for the object_name, e.g. 'a photo of a {}' (default: the "
-                      "bundle's recipe, '{}': the object_name itself)."),
-    click.option("--segmenter-provider", type=click.Choice(["cpu", "cuda"]), default=None,
-                 help="Where the segmenter runs (ONNX Runtime). Default: the scorer's provider when it is cpu or cuda, "
-                      "else cpu."),
+    click.option(
+        "--segmenter",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Segmenter bundle (masc-export --model CIDAS/clipseg-rd64-refined): a pair without a mask "
+        "(empty or absent mask column or field) gets the segmenter's mask of its image, prompted by its "
+        "object_name. See docs/segmenter.md.",
+    ),
+    click.option(
+        "--mask-threshold",
+        type=click.FloatRange(0, 1, min_open=True, max_open=True),
+        default=None,
+        help="The segmenter's threshold on its probability map (default: the segmenter bundle's recipe, 0.5).",
+    ),
+    click.option(
+        "--mask-prompt-template",
+        default=None,
+        help="The segmenter's prompt, {} standing for the object_name, e.g. 'a photo of a {}' (default: the "
+        "bundle's recipe, '{}': the object_name itself).",
+    ),
+    click.option(
+        "--segmenter-provider",
+        type=click.Choice(["cpu", "cuda"]),
+        default=None,
+        help="Where the segmenter runs (ONNX Runtime). Default: the scorer's provider when it is cpu or cuda, "
+        "else cpu.",
+    ),
 ]
 
 #: The click parameter names of the segmenter group.
@@ -199,9 +303,14 @@ def segmenter_config(params: dict, scorer: ScorerConfig):
             raise click.UsageError(f"{', '.join(given)} without --segmenter: give a segmenter bundle")
         return None
     try:
-        return SegmenterConfig(v["segmenter"], v["mask_threshold"], v["mask_prompt_template"],
-                               provider=v["segmenter_provider"], intra_op_threads=scorer.intra_op_threads,
-                               batch_size=scorer.batch_size)
+        return SegmenterConfig(
+            v["segmenter"],
+            v["mask_threshold"],
+            v["mask_prompt_template"],
+            provider=v["segmenter_provider"],
+            intra_op_threads=scorer.intra_op_threads,
+            batch_size=scorer.batch_size,
+        )
     except (TypeError, ValueError) as e:
         raise click.UsageError(str(e)) from e
 
@@ -257,14 +366,24 @@ EMBEDDER_NAMES = ("clip", "dino", "dino_s8", "dinov2", "clip_l14")
 
 def metric_options(f):
     """``--metrics NAMES`` and ``--embedder NAME=BUNDLE`` (repeatable): masc-run's and masc-serve's."""
-    f = click.option("--embedder", "embedder_specs", multiple=True, metavar="NAME=BUNDLE",
-                     help="An embedder bundle from masc-export for the classic metrics (repeatable): "
-                          f"{', '.join(EMBEDDER_NAMES[:-1])} or {EMBEDDER_NAMES[-1]}.")(f)
-    return click.option("--metrics", "metrics", default=None, metavar="NAMES",
-                        help="Comma-separated metrics to compute: cp and pf always; add the classic ones by name: "
-                             "clip_i, clip_t (--embedder clip=...), dino, dino_s8, dinov2 (--embedder dino=..., "
-                             "dino_s8=..., dinov2=...), clip_score_tm (torchmetrics' CLIPScore, --embedder "
-                             "clip_l14=...), 100 x cosine each (docs/metrics.md, \"Classic metrics in masc-run\").")(f)
+    f = click.option(
+        "--embedder",
+        "embedder_specs",
+        multiple=True,
+        metavar="NAME=BUNDLE",
+        help="An embedder bundle from masc-export for the classic metrics (repeatable): "
+        f"{', '.join(EMBEDDER_NAMES[:-1])} or {EMBEDDER_NAMES[-1]}.",
+    )(f)
+    return click.option(
+        "--metrics",
+        "metrics",
+        default=None,
+        metavar="NAMES",
+        help="Comma-separated metrics to compute: cp and pf always; add the classic ones by name: "
+        "clip_i, clip_t (--embedder clip=...), dino, dino_s8, dinov2 (--embedder dino=..., "
+        "dino_s8=..., dinov2=...), clip_score_tm (torchmetrics' CLIPScore, --embedder "
+        'clip_l14=...), 100 x cosine each (docs/metrics.md, "Classic metrics in masc-run").',
+    )(f)
 
 
 def opted_metrics(spec: str | None) -> tuple[str, ...] | None:
@@ -299,8 +418,9 @@ def embedder_paths(specs) -> dict[str, str]:
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or name not in EMBEDDER_NAMES:
-            raise click.ClickException(f"--embedder {spec}: expected NAME=BUNDLE with NAME one of "
-                                       f"{', '.join(EMBEDDER_NAMES)}")
+            raise click.ClickException(
+                f"--embedder {spec}: expected NAME=BUNDLE with NAME one of {', '.join(EMBEDDER_NAMES)}"
+            )
         if name in out:
             raise click.ClickException(f"--embedder {name} given twice")
         if not Path(path).is_dir():

@@ -42,8 +42,10 @@ class LibraryLog:
     def summary(self) -> str:
         if not self.lines:
             return f"library messages: none (log: {self.path})"
-        return (f"library messages: {self.lines} lines ({self.warnings} Python warnings) in {self.path} "
-                "(nothing there stopped the command)")
+        return (
+            f"library messages: {self.lines} lines ({self.warnings} Python warnings) in {self.path} "
+            "(nothing there stopped the command)"
+        )
 
 
 def _terminal_stream():

@@ -10,68 +10,177 @@ import sys
 import click
 
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
-from .options import (STORE_SIZE_GB, cache_options, embedder_paths, exif_option, mask_size_tolerance_option,
-                      metric_options, opted_metrics, scorer_config, scorer_options, segmenter_config, segmenter_options)
+from .options import (
+    STORE_SIZE_GB,
+    cache_options,
+    embedder_paths,
+    exif_option,
+    mask_size_tolerance_option,
+    metric_options,
+    opted_metrics,
+    scorer_config,
+    scorer_options,
+    segmenter_config,
+    segmenter_options,
+)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--bundle", "-b", required=True, type=click.Path(file_okay=False, exists=True),
-              help="Bundle from masc-export.")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0: every interface; put a reverse proxy with TLS in front).")
+@click.option(
+    "--bundle", "-b", required=True, type=click.Path(file_okay=False, exists=True), help="Bundle from masc-export."
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every interface; put a reverse proxy with TLS in front).",
+)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @scorer_options
 @segmenter_options
 @exif_option
 @mask_size_tolerance_option
 @metric_options
-@click.option("--max-batch", type=click.IntRange(1, 1024), default=8, show_default=True,
-              help="Most requests coalesced into one scoring call (1: no micro-batching).")
-@click.option("--max-wait-ms", type=click.FloatRange(0, 10000), default=5.0, show_default=True,
-              help="Longest a micro-batch stays open after its first request arrived.")
-@click.option("--max-queue", type=click.IntRange(1, 1000000), default=256, show_default=True,
-              help="Most items waiting for a batch; past it requests get 503 with Retry-After.")
-@click.option("--cache-mb", type=click.FloatRange(0, 1e7), default=512.0, show_default=True,
-              help="In-memory reference-encoding cache (LRU by content hash), bound in MiB of patch tokens; 0: off.")
-@cache_options(None, cache_help="Also use masc-run's persistent cache here (one per replica on local disk: see "
-                                 "docs/service.md); a cache that fails later is bypassed and /readyz says "
-                                 "\"cache\": \"degraded\".",
-               size_help=f"Bound on the persistent cache's size (default: masc-run's, {STORE_SIZE_GB:g} GiB).")
-@click.option("--max-body-mb", type=click.FloatRange(0.001, 1e5), default=64.0, show_default=True,
-              help="Largest request body (413 past it).")
-@click.option("--max-pixels", type=click.IntRange(1, 10**10), default=40_000_000, show_default=True,
-              help="Pixel budget per image (Pillow's decompression-bomb limit, checked from the header).")
-@click.option("--max-batch-items", type=click.IntRange(1, 100000), default=64, show_default=True,
-              help="Most items in one /v1/score_batch request.")
-@click.option("--request-timeout-s", type=click.FloatRange(0.1, 1e5), default=60.0, show_default=True,
-              help="A request not scored within this time gets 503 (and is dropped if not started).")
-@click.option("--body-timeout-s", type=click.FloatRange(0.1, 1e5), default=30.0, show_default=True,
-              help="Deadline for a request's whole body, from its headers (not per read): 408 past it.")
-@click.option("--header-timeout-s", type=click.FloatRange(0.1, 1e5), default=10.0, show_default=True,
-              help="Deadline for a request's headers, from its first byte: 408 and the connection closed past it.")
-@click.option("--decode-workers", type=click.IntRange(1, 256), default=2, show_default=True,
-              help="Threads decoding request images (all of them under --max-decoded-mb).")
-@click.option("--max-decoded-mb", type=click.FloatRange(1, 1e7), default=1024.0, show_default=True,
-              help="Memory for decoding images at once, MiB (each file reserves its cost, known from its header, "
-                   "before decoding; an image costing more than this is decoded alone).")
-@click.option("--max-prompt-bytes", type=click.IntRange(1, 10**7), default=DEFAULT_MAX_PROMPT_BYTES, show_default=True,
-              help="Longest prompt or object_name, UTF-8 bytes (422 prompt_too_long past it).")
-@click.option("--max-prompt-tokens", type=click.IntRange(1, 10**7), default=DEFAULT_MAX_PROMPT_TOKENS,
-              show_default=True, help="Longest stripped prompt in tokens (the text tower reads the first 64; "
-                                      "422 prompt_too_long past it).")
-@click.option("--max-connections", type=click.IntRange(1, 10**6), default=128, show_default=True,
-              help="Most requests handled at once (503 JSON with Retry-After past it); /healthz, /readyz and "
-                   "/metrics are never refused.")
-@click.option("--graceful-timeout-s", type=click.FloatRange(0, 3600), default=25.0, show_default=True,
-              help="On SIGTERM/SIGINT: how long in-flight requests may take to finish.")
-@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
-              help="Require 'Authorization: Bearer <key>' (the file's content, read once at start) on every path "
-                   "but /healthz, /readyz and /metrics (401 JSON otherwise). Without it nothing is authenticated.")
-@click.option("--docs", is_flag=True,
-              help="Serve Swagger UI at /docs and ReDoc at /redoc (their scripts load from a CDN into the "
-                   "viewer's browser); off by default. /openapi.json is always served.")
-@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
-              show_default=True)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(1, 1024),
+    default=8,
+    show_default=True,
+    help="Most requests coalesced into one scoring call (1: no micro-batching).",
+)
+@click.option(
+    "--max-wait-ms",
+    type=click.FloatRange(0, 10000),
+    default=5.0,
+    show_default=True,
+    help="Longest a micro-batch stays open after its first request arrived.",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(1, 1000000),
+    default=256,
+    show_default=True,
+    help="Most items waiting for a batch; past it requests get 503 with Retry-After.",
+)
+@click.option(
+    "--cache-mb",
+    type=click.FloatRange(0, 1e7),
+    default=512.0,
+    show_default=True,
+    help="In-memory reference-encoding cache (LRU by content hash), bound in MiB of patch tokens; 0: off.",
+)
+@cache_options(
+    None,
+    cache_help="Also use masc-run's persistent cache here (one per replica on local disk: see "
+    "docs/service.md); a cache that fails later is bypassed and /readyz says "
+    '"cache": "degraded".',
+    size_help=f"Bound on the persistent cache's size (default: masc-run's, {STORE_SIZE_GB:g} GiB).",
+)
+@click.option(
+    "--max-body-mb",
+    type=click.FloatRange(0.001, 1e5),
+    default=64.0,
+    show_default=True,
+    help="Largest request body (413 past it).",
+)
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(1, 10**10),
+    default=40_000_000,
+    show_default=True,
+    help="Pixel budget per image (Pillow's decompression-bomb limit, checked from the header).",
+)
+@click.option(
+    "--max-batch-items",
+    type=click.IntRange(1, 100000),
+    default=64,
+    show_default=True,
+    help="Most items in one /v1/score_batch request.",
+)
+@click.option(
+    "--request-timeout-s",
+    type=click.FloatRange(0.1, 1e5),
+    default=60.0,
+    show_default=True,
+    help="A request not scored within this time gets 503 (and is dropped if not started).",
+)
+@click.option(
+    "--body-timeout-s",
+    type=click.FloatRange(0.1, 1e5),
+    default=30.0,
+    show_default=True,
+    help="Deadline for a request's whole body, from its headers (not per read): 408 past it.",
+)
+@click.option(
+    "--header-timeout-s",
+    type=click.FloatRange(0.1, 1e5),
+    default=10.0,
+    show_default=True,
+    help="Deadline for a request's headers, from its first byte: 408 and the connection closed past it.",
+)
+@click.option(
+    "--decode-workers",
+    type=click.IntRange(1, 256),
+    default=2,
+    show_default=True,
+    help="Threads decoding request images (all of them under --max-decoded-mb).",
+)
+@click.option(
+    "--max-decoded-mb",
+    type=click.FloatRange(1, 1e7),
+    default=1024.0,
+    show_default=True,
+    help="Memory for decoding images at once, MiB (each file reserves its cost, known from its header, "
+    "before decoding; an image costing more than this is decoded alone).",
+)
+@click.option(
+    "--max-prompt-bytes",
+    type=click.IntRange(1, 10**7),
+    default=DEFAULT_MAX_PROMPT_BYTES,
+    show_default=True,
+    help="Longest prompt or object_name, UTF-8 bytes (422 prompt_too_long past it).",
+)
+@click.option(
+    "--max-prompt-tokens",
+    type=click.IntRange(1, 10**7),
+    default=DEFAULT_MAX_PROMPT_TOKENS,
+    show_default=True,
+    help="Longest stripped prompt in tokens (the text tower reads the first 64; 422 prompt_too_long past it).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(1, 10**6),
+    default=128,
+    show_default=True,
+    help="Most requests handled at once (503 JSON with Retry-After past it); /healthz, /readyz and "
+    "/metrics are never refused.",
+)
+@click.option(
+    "--graceful-timeout-s",
+    type=click.FloatRange(0, 3600),
+    default=25.0,
+    show_default=True,
+    help="On SIGTERM/SIGINT: how long in-flight requests may take to finish.",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Require 'Authorization: Bearer <key>' (the file's content, read once at start) on every path "
+    "but /healthz, /readyz and /metrics (401 JSON otherwise). Without it nothing is authenticated.",
+)
+@click.option(
+    "--docs",
+    is_flag=True,
+    help="Serve Swagger UI at /docs and ReDoc at /redoc (their scripts load from a CDN into the "
+    "viewer's browser); off by default. /openapi.json is always served.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+    default="info",
+    show_default=True,
+)
 def main(**params):
     """Serve MaSC scoring over HTTP for the bundle BUNDLE.
 
@@ -96,8 +205,11 @@ def main(**params):
 
     config = scorer_config(params)
     seg_config = segmenter_config(params, config)
-    p = {k: v for k, v in params.items() if k not in ("host", "port", "graceful_timeout_s", "log_level", "api_key_file",
-                                                      "embedder_specs")}
+    p = {
+        k: v
+        for k, v in params.items()
+        if k not in ("host", "port", "graceful_timeout_s", "log_level", "api_key_file", "embedder_specs")
+    }
     p["metrics"], p["embedders"] = _metrics(params)
     logging.basicConfig(level=params["log_level"].upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _check_cache_dir(params)
@@ -110,10 +222,21 @@ def main(**params):
     app = create_app(cfg)
     # The header deadline and JSON 400/408 live in the HTTP protocol; the request limit in the app
     # (uvicorn's limit_concurrency answers plain text and counts header-less sockets).
-    protocol = guarded_protocol(cfg.header_timeout_s, on_reject=app.state.masc.metrics.count_connection_error,
-                                linger_s=cfg.body_timeout_s, linger_bytes=int(cfg.max_body_mb * 2**20))
-    uvicorn.run(app, host=params["host"], port=params["port"], log_level=params["log_level"], http=protocol,
-                timeout_graceful_shutdown=params["graceful_timeout_s"], access_log=params["log_level"] == "debug")
+    protocol = guarded_protocol(
+        cfg.header_timeout_s,
+        on_reject=app.state.masc.metrics.count_connection_error,
+        linger_s=cfg.body_timeout_s,
+        linger_bytes=int(cfg.max_body_mb * 2**20),
+    )
+    uvicorn.run(
+        app,
+        host=params["host"],
+        port=params["port"],
+        log_level=params["log_level"],
+        http=protocol,
+        timeout_graceful_shutdown=params["graceful_timeout_s"],
+        access_log=params["log_level"] == "debug",
+    )
 
 
 def _metrics(params: dict) -> tuple[tuple[str, ...] | None, dict | None]:
@@ -148,15 +271,17 @@ def _read_api_key(path: str | None) -> bytes | None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise click.ClickException(f"--api-key-file {path}: not a regular file (a FIFO, device or "
-                                       "directory is never read)")
+            raise click.ClickException(
+                f"--api-key-file {path}: not a regular file (a FIFO, device or directory is never read)"
+            )
         with open(fd, "rb") as f:
             key = f.read(4097).strip()
     except OSError as e:
         raise click.ClickException(f"--api-key-file {path}: cannot read it ({e.strerror or e})") from None
     if not key or len(key) > 4096 or any(c < 0x21 or c > 0x7E for c in key):
-        raise click.ClickException(f"--api-key-file {path}: expected one key of 1-4096 printable ASCII "
-                                   "characters without spaces")
+        raise click.ClickException(
+            f"--api-key-file {path}: expected one key of 1-4096 printable ASCII characters without spaces"
+        )
     return key
 
 

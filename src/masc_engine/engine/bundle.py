@@ -23,8 +23,16 @@ from ..errors import BackendUnavailableError, BundleError, MascEngineError
 from .backends.base import Runner
 from .backends.openvino import BF16_CPU_MODE
 from .backends.registry import get_backend
-from .manifest import (check_confined, check_consistency, check_ranges, confined, fingerprint, one_line,
-                       read_manifest, verify_files)
+from .manifest import (
+    check_confined,
+    check_consistency,
+    check_ranges,
+    confined,
+    fingerprint,
+    one_line,
+    read_manifest,
+    verify_files,
+)
 from .onnx_wire import WireError, external_data_locations
 
 
@@ -163,8 +171,10 @@ class Bundle:
         if not self.verify or name in self._verified:
             return
         if name not in self.manifest["files"]:
-            raise BundleError(f"bundle {self.path}: {name} is not listed in the manifest, so its bytes cannot be "
-                              "checked; re-export the bundle with masc-export")
+            raise BundleError(
+                f"bundle {self.path}: {name} is not listed in the manifest, so its bytes cannot be "
+                "checked; re-export the bundle with masc-export"
+            )
         verify_files(self.path, {"files": {name: self.manifest["files"][name]}})
         self._verified.add(name)
 
@@ -181,10 +191,14 @@ class Bundle:
         try:
             locations = external_data_locations(self.path / name)
         except WireError as e:
-            raise BundleError(f"bundle {self.path}: its {graph} graph {name} is not an ONNX graph ({e}); re-export "
-                              "the bundle with masc-export") from None
+            raise BundleError(
+                f"bundle {self.path}: its {graph} graph {name} is not an ONNX graph ({e}); re-export "
+                "the bundle with masc-export"
+            ) from None
         except OSError as e:
-            raise BundleError(f"bundle {self.path}: its {graph} graph {name} cannot be read ({e.strerror or e})") from None
+            raise BundleError(
+                f"bundle {self.path}: its {graph} graph {name} cannot be read ({e.strerror or e})"
+            ) from None
         field = f"{graph} graph {name}'s external data location"
         for loc in locations:
             confined(self.path, loc, field)  # the location itself: a plain relative name
@@ -229,12 +243,16 @@ class Bundle:
             return PORTABLE
         entry = (self.manifest.get("variants") or {}).get(requested)
         if entry is None:
-            raise BundleError(f"bundle {self.path} has no {requested!r} graph variant (it holds: "
-                              f"{', '.join(self.variants)}); re-export it with masc-export, or use the portable graphs")
+            raise BundleError(
+                f"bundle {self.path} has no {requested!r} graph variant (it holds: "
+                f"{', '.join(self.variants)}); re-export it with masc-export, or use the portable graphs"
+            )
         want = entry.get("runtime", {})
         if (backend, provider) != (want.get("backend"), want.get("provider")):
-            raise BackendUnavailableError(f"graph variant {requested!r} is for {want.get('backend')} on "
-                                          f"{want.get('provider')}, not {backend} on {provider}")
+            raise BackendUnavailableError(
+                f"graph variant {requested!r} is for {want.get('backend')} on "
+                f"{want.get('provider')}, not {backend} on {provider}"
+            )
         return requested
 
     def graph_file(self, graph: str, variant: str = PORTABLE) -> Path:
@@ -265,9 +283,16 @@ class Bundle:
         bundle (fp32 graphs + an OpenVINO certificate)."""
         return "fp32" if self.precision == BF16_CPU_MODE else self.precision
 
-    def runner(self, graph: str, backend: str = "onnxruntime", provider: str | None = None,
-               intra_op_threads: int | None = None, precision: str | None = None, variant: str = PORTABLE,
-               options: dict[str, Any] | None = None) -> Runner:
+    def runner(
+        self,
+        graph: str,
+        backend: str = "onnxruntime",
+        provider: str | None = None,
+        intra_op_threads: int | None = None,
+        precision: str | None = None,
+        variant: str = PORTABLE,
+        options: dict[str, Any] | None = None,
+    ) -> Runner:
         """A runner for one of the bundle's graphs (``vision``, ``pool``, ``text``, ``cp``), loaded by
         the backend registry (engine/backends/registry.py).
 
@@ -301,13 +326,22 @@ class Bundle:
         provider = provider or spec.default_provider
         variant = self.resolve_variant(variant, backend, provider)
         try:
-            return spec.load_runner(self, graph, provider=provider, precision=precision,
-                                    intra_op_threads=intra_op_threads, variant=variant, options=options)
+            return spec.load_runner(
+                self,
+                graph,
+                provider=provider,
+                precision=precision,
+                intra_op_threads=intra_op_threads,
+                variant=variant,
+                options=options,
+            )
         except (MascEngineError, ValueError, TypeError):
             raise
         except Exception as e:  # noqa: BLE001 - the backend's own error (ONNX Runtime's Fail, InvalidGraph...)
-            raise BundleError(f"bundle {self.path}: {backend} could not load its {graph} graph ({variant}): "
-                              f"{type(e).__name__}: {one_line(e)}") from None
+            raise BundleError(
+                f"bundle {self.path}: {backend} could not load its {graph} graph ({variant}): "
+                f"{type(e).__name__}: {one_line(e)}"
+            ) from None
 
 
 def _short_provider(provider: str) -> str:

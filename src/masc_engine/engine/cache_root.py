@@ -105,12 +105,15 @@ def check_cleanable(root: Path) -> Path:
     """
     root = Path(os.path.abspath(root))
     if root.is_symlink():
-        raise CacheRootError(f"cache root {root} is a symbolic link: refusing to clean through it "
-                             f"(point {ENV_VAR} at the real folder)")
+        raise CacheRootError(
+            f"cache root {root} is a symbolic link: refusing to clean through it (point {ENV_VAR} at the real folder)"
+        )
     real = root.resolve()
     if real == Path(real.anchor) or real == Path.home().resolve():
-        raise CacheRootError(f"cache root {root} is {'/' if real == Path(real.anchor) else 'the home folder'} "
-                             f"itself: refusing to clean it (set {ENV_VAR} to a folder of its own)")
+        raise CacheRootError(
+            f"cache root {root} is {'/' if real == Path(real.anchor) else 'the home folder'} "
+            f"itself: refusing to clean it (set {ENV_VAR} to a folder of its own)"
+        )
     if not root.exists():
         return root
     if not root.is_dir():
@@ -120,9 +123,11 @@ def check_cleanable(root: Path) -> Path:
     except OSError as e:
         raise CacheRootError(f"cache root {root} cannot be listed: {e.strerror or e}") from None
     if foreign:
-        raise CacheRootError(f"cache root {root} holds {', '.join(repr(e) for e in foreign[:3])}"
-                             f"{' and more' if len(foreign) > 3 else ''}, which masc-engine never writes there: "
-                             f"not a masc-engine cache, refusing to clean it (expected only {', '.join(SUBFOLDERS)})")
+        raise CacheRootError(
+            f"cache root {root} holds {', '.join(repr(e) for e in foreign[:3])}"
+            f"{' and more' if len(foreign) > 3 else ''}, which masc-engine never writes there: "
+            f"not a masc-engine cache, refusing to clean it (expected only {', '.join(SUBFOLDERS)})"
+        )
     return root
 
 

@@ -226,7 +226,8 @@ class CupyDevice(ArrayDevice):
                 "GPU memory here means CuPy (pip install 'cupy-cuda13x[ctk]', or 'cupy-cuda12x[ctk]': the CUDA major of your "
                 "onnxruntime-gpu / TensorRT; docs/gpu.md): the TensorRT backend and "
                 "device-resident tokens need it; for ONNX Runtime CUDA without it, run with "
-                "device_resident=False / masc-run --no-device-resident") from e
+                "device_resident=False / masc-run --no-device-resident"
+            ) from e
         try:
             cupy.cuda.Device(device_id).use()
         except Exception as e:  # cupy raises CUDARuntimeError without a GPU

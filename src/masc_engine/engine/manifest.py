@@ -85,8 +85,10 @@ def _read_capped(path: Path) -> bytes:
         with open(path, "rb") as f:
             raw = f.read(MAX_MANIFEST_BYTES + 1)  # a file growing meanwhile is still capped
     if max(size, len(raw)) > MAX_MANIFEST_BYTES:
-        raise BundleError(f"{path}: {max(size, len(raw)):,} bytes, over {MAX_MANIFEST_BYTES >> 20} MiB: not a "
-                          "masc-bundle manifest (masc-export writes a few KiB)")
+        raise BundleError(
+            f"{path}: {max(size, len(raw)):,} bytes, over {MAX_MANIFEST_BYTES >> 20} MiB: not a "
+            "masc-bundle manifest (masc-export writes a few KiB)"
+        )
     return raw
 
 
@@ -162,16 +164,26 @@ def check_consistency(manifest: dict[str, Any], where: str) -> None:
             checks.append(("image.position_grid", g, ("vision", "position_weights", -1), g * g))
     elif image.get("mode") == "fixed" and image.get("image_size"):
         h, w = image["image_size"]
-        checks += [("image.image_size", image["image_size"], ("vision", "pixel_values", -2), int(h)),
-                   ("image.image_size", image["image_size"], ("vision", "pixel_values", -1), int(w))]
+        checks += [
+            ("image.image_size", image["image_size"], ("vision", "pixel_values", -2), int(h)),
+            ("image.image_size", image["image_size"], ("vision", "pixel_values", -1), int(w)),
+        ]
     if arch.get("vision_width"):
         d = int(arch["vision_width"])
-        checks += [("architecture.vision_width", d, (g, t, -1), d) for g, t in (
-            ("vision", "last_hidden_state"), ("pool", "hidden"), ("cp", "ref_tokens"), ("cp", "out_tokens"))]
+        checks += [
+            ("architecture.vision_width", d, (g, t, -1), d)
+            for g, t in (
+                ("vision", "last_hidden_state"),
+                ("pool", "hidden"),
+                ("cp", "ref_tokens"),
+                ("cp", "out_tokens"),
+            )
+        ]
     if arch.get("text_projection"):
         q = int(arch["text_projection"])
-        checks += [("architecture.text_projection", q, (g, t, -1), q) for g, t in (("text", "text_embeds"),
-                                                                                   ("pool", "pooled"))]
+        checks += [
+            ("architecture.text_projection", q, (g, t, -1), q) for g, t in (("text", "text_embeds"), ("pool", "pooled"))
+        ]
     if text.get("max_length"):
         n = int(text["max_length"])
         checks.append(("text.max_length", n, ("text", "input_ids", -1), n))
@@ -180,13 +192,20 @@ def check_consistency(manifest: dict[str, Any], where: str) -> None:
         if shape is None or len(shape) < -axis or not isinstance(shape[axis], int):
             continue
         if shape[axis] != want:
-            raise BundleError(f"bundle {where}: manifest {setting} is {value}, but its {graph} graph's {tensor} has "
-                              f"{shape[axis]} where that needs {want}: the manifest does not describe these graphs; "
-                              "re-export the bundle with masc-export")
+            raise BundleError(
+                f"bundle {where}: manifest {setting} is {value}, but its {graph} graph's {tensor} has "
+                f"{shape[axis]} where that needs {want}: the manifest does not describe these graphs; "
+                "re-export the bundle with masc-export"
+            )
 
 
-def check_graph_io(declared: dict[str, Any], actual_inputs: Iterable[tuple[str, Sequence[Any]]],
-                   actual_outputs: Iterable[tuple[str, Sequence[Any]]], graph: str, where: str) -> None:
+def check_graph_io(
+    declared: dict[str, Any],
+    actual_inputs: Iterable[tuple[str, Sequence[Any]]],
+    actual_outputs: Iterable[tuple[str, Sequence[Any]]],
+    graph: str,
+    where: str,
+) -> None:
     """Check a loaded graph's inputs and outputs against the manifest's entry for it: each
     declared tensor exists, with as many axes and equal fixed dimensions.
 
@@ -205,21 +224,28 @@ def check_graph_io(declared: dict[str, Any], actual_inputs: Iterable[tuple[str, 
     for t in (declared.get("inputs") or []) + (declared.get("outputs") or []):
         name, want = t.get("name"), list(t.get("shape") or [])
         if name not in actual:
-            raise BundleError(f"bundle {where}: its {graph} graph has no tensor {name!r} (it has "
-                              f"{', '.join(sorted(actual))}); the manifest does not describe this graph: re-export the bundle")
+            raise BundleError(
+                f"bundle {where}: its {graph} graph has no tensor {name!r} (it has "
+                f"{', '.join(sorted(actual))}); the manifest does not describe this graph: re-export the bundle"
+            )
         got = actual[name]
         fixed = [(a, b) for a, b in zip(want, got) if isinstance(a, int) and isinstance(b, int)]
         if len(got) != len(want) or any(a != b for a, b in fixed):
-            raise BundleError(f"bundle {where}: its {graph} graph's {name} is {got}, the manifest says {want}: the "
-                              "manifest does not describe this graph; re-export the bundle with masc-export")
+            raise BundleError(
+                f"bundle {where}: its {graph} graph's {name} is {got}, the manifest says {want}: the "
+                "manifest does not describe this graph; re-export the bundle with masc-export"
+            )
 
 
 # --------------------------------------------------------------------------- confinement
 
+
 def _refuse_name(bundle_dir: str | Path, field: str, name: object, why: str) -> NoReturn:
     shown = repr(name) if len(repr(name)) <= 120 else repr(name)[:117] + "..."
-    raise BundleError(f"bundle {bundle_dir}: {field} names {shown}, which {why}; a bundle reads only "
-                      "files inside its own folder (re-export it with masc-export)")
+    raise BundleError(
+        f"bundle {bundle_dir}: {field} names {shown}, which {why}; a bundle reads only "
+        "files inside its own folder (re-export it with masc-export)"
+    )
 
 
 def confined(bundle_dir: str | Path, name: object, field: str) -> Path:
@@ -327,23 +353,34 @@ def _int_in(where: object, field: str, value: object, lo: int, hi: int, required
     if value is None and not required:
         return
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise BundleError(f"bundle {where}: manifest {field} is {_shown(value)}; it must be an integer from {lo} "
-                          f"to {hi} (re-export the bundle with masc-export)")
+        raise BundleError(
+            f"bundle {where}: manifest {field} is {_shown(value)}; it must be an integer from {lo} "
+            f"to {hi} (re-export the bundle with masc-export)"
+        )
 
 
 def _number_in(where: object, field: str, value: object, lo: float, hi: float, open_lo: bool = False) -> None:
-    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-          and (lo < value if open_lo else lo <= value) and value <= hi)
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and (lo < value if open_lo else lo <= value)
+        and value <= hi
+    )
     if not ok:
-        raise BundleError(f"bundle {where}: manifest {field} is {_shown(value)}; it must be a finite number "
-                          f"{'above' if open_lo else 'from'} {lo} {'up ' if open_lo else ''}to {hi} "
-                          "(re-export the bundle with masc-export)")
+        raise BundleError(
+            f"bundle {where}: manifest {field} is {_shown(value)}; it must be a finite number "
+            f"{'above' if open_lo else 'from'} {lo} {'up ' if open_lo else ''}to {hi} "
+            "(re-export the bundle with masc-export)"
+        )
 
 
 def _choice(where: object, field: str, value: object, allowed: tuple[object, ...]) -> None:
     if value not in allowed:
-        raise BundleError(f"bundle {where}: manifest {field} is {_shown(value)}; it must be one of "
-                          f"{', '.join(map(repr, allowed))} (re-export the bundle with masc-export)")
+        raise BundleError(
+            f"bundle {where}: manifest {field} is {_shown(value)}; it must be one of "
+            f"{', '.join(map(repr, allowed))} (re-export the bundle with masc-export)"
+        )
 
 
 def _shown(value: object) -> str:
@@ -368,16 +405,20 @@ def _check_image(image: dict[str, Any], where: object) -> None:
     size = image.get("image_size")
     if image.get("mode") == "fixed" or size is not None:
         if not isinstance(size, list) or len(size) != 2:
-            raise BundleError(f"bundle {where}: manifest image.image_size is {_shown(size)}; it must be [height, "
-                              "width] (re-export the bundle with masc-export)")
+            raise BundleError(
+                f"bundle {where}: manifest image.image_size is {_shown(size)}; it must be [height, "
+                "width] (re-export the bundle with masc-export)"
+            )
         for side in size:
             _int_in(where, "image.image_size", side, 1, MAX_IMAGE_SIDE)
     _number_in(where, "image.rescale_factor", image.get("rescale_factor"), 0, 1e6, open_lo=True)
     for key, lo in (("image_mean", -1e6), ("image_std", 0)):
         values = image.get(key)
         if not isinstance(values, list) or len(values) != 3:
-            raise BundleError(f"bundle {where}: manifest image.{key} is {_shown(values)}; it must be 3 numbers, one "
-                              "a channel (re-export the bundle with masc-export)")
+            raise BundleError(
+                f"bundle {where}: manifest image.{key} is {_shown(values)}; it must be 3 numbers, one "
+                "a channel (re-export the bundle with masc-export)"
+            )
         for v in values:
             _number_in(where, f"image.{key}", v, lo, 1e6, open_lo=key == "image_std")
 
@@ -398,8 +439,10 @@ def _check_shapes(graphs: dict[str, Any], where: object) -> None:
             if isinstance(t, dict) and t.get("dtype") is not None:  # a declared element type is a known one
                 _choice(where, field[: -len(".shape")] + ".dtype", t["dtype"], TENSOR_DTYPES)
             if not isinstance(shape, list) or len(shape) > MAX_RANK:
-                raise BundleError(f"bundle {where}: manifest {field} is {_shown(shape)}; it must be a list of at "
-                                  f"most {MAX_RANK} axes (re-export the bundle with masc-export)")
+                raise BundleError(
+                    f"bundle {where}: manifest {field} is {_shown(shape)}; it must be a list of at "
+                    f"most {MAX_RANK} axes (re-export the bundle with masc-export)"
+                )
             for d in shape:
                 if d is not None and not isinstance(d, str):
                     _int_in(where, field, d, 1, MAX_DIM)
@@ -425,8 +468,10 @@ def check_ranges(manifest: dict[str, Any], where: str) -> None:
     """
     for key in ("image", "text", "architecture", "scoring", "recipe", "source"):
         if key in manifest and not isinstance(manifest[key], dict):
-            raise BundleError(f"bundle {where}: manifest {key} is {type(manifest[key]).__name__}, not a table "
-                              "(re-export the bundle with masc-export)")
+            raise BundleError(
+                f"bundle {where}: manifest {key} is {type(manifest[key]).__name__}, not a table "
+                "(re-export the bundle with masc-export)"
+            )
     if "image" in manifest:
         _check_image(manifest["image"], where)
     if "text" in manifest:
@@ -456,8 +501,10 @@ EMBEDDER_TEXT_RULES = ("clip_text_projection",)
 def _embedder_table(manifest: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     value = manifest.get(key)
     if not isinstance(value, dict):
-        raise BundleError(f"bundle {where}: an embedder manifest needs a {key} table, it has {_shown(value)} "
-                          "(re-export the bundle with masc-export)")
+        raise BundleError(
+            f"bundle {where}: an embedder manifest needs a {key} table, it has {_shown(value)} "
+            "(re-export the bundle with masc-export)"
+        )
     return value
 
 
@@ -480,8 +527,10 @@ def check_embedder(manifest: dict[str, Any], where: str) -> None:
     crop = recipe.get("crop_size")
     if crop is not None:
         if not isinstance(crop, list) or len(crop) != 2:
-            raise BundleError(f"bundle {where}: manifest recipe.crop_size is {_shown(crop)}; it must be [height, "
-                              "width] or null (re-export the bundle with masc-export)")
+            raise BundleError(
+                f"bundle {where}: manifest recipe.crop_size is {_shown(crop)}; it must be [height, "
+                "width] or null (re-export the bundle with masc-export)"
+            )
         for side in crop:
             _int_in(where, "recipe.crop_size", side, 1, MAX_IMAGE_SIDE)
         _choice(where, "recipe.crop_rounding", recipe.get("crop_rounding"), EMBEDDER_CROP_ROUNDINGS)
@@ -489,8 +538,10 @@ def check_embedder(manifest: dict[str, Any], where: str) -> None:
     for key, lo in (("image_mean", -1e6), ("image_std", 0)):
         values = recipe.get(key)
         if not isinstance(values, list) or len(values) != 3:
-            raise BundleError(f"bundle {where}: manifest recipe.{key} is {_shown(values)}; it must be 3 numbers, "
-                              "one a channel (re-export the bundle with masc-export)")
+            raise BundleError(
+                f"bundle {where}: manifest recipe.{key} is {_shown(values)}; it must be 3 numbers, "
+                "one a channel (re-export the bundle with masc-export)"
+            )
         for v in values:
             _number_in(where, f"recipe.{key}", v, lo, 1e6, open_lo=key == "image_std")
     _choice(where, "recipe.exif_transpose", recipe.get("exif_transpose"), (True, False))
@@ -503,5 +554,7 @@ def check_embedder(manifest: dict[str, Any], where: str) -> None:
     graphs = manifest.get("graphs") or {}
     for g in ("image",) + (("text",) if emb.get("text") else ()):
         if not isinstance(graphs.get(g), dict):
-            raise BundleError(f"bundle {where}: embedder manifest has no {g} graph for its embedding rule "
-                              "(re-export the bundle with masc-export)")
+            raise BundleError(
+                f"bundle {where}: embedder manifest has no {g} graph for its embedding rule "
+                "(re-export the bundle with masc-export)"
+            )

@@ -25,8 +25,15 @@ _ATTRIBUTE = {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse", 
 _FUNCTION = {7: "node", 11: "attribute"}
 _SPARSE = {1: "tensor", 2: "tensor"}
 _TENSOR_EXTERNAL_DATA = 13
-_SCHEMA = {"model": _MODEL, "training": _TRAINING, "graph": _GRAPH, "node": _NODE, "attribute": _ATTRIBUTE,
-           "function": _FUNCTION, "sparse": _SPARSE}
+_SCHEMA = {
+    "model": _MODEL,
+    "training": _TRAINING,
+    "graph": _GRAPH,
+    "node": _NODE,
+    "attribute": _ATTRIBUTE,
+    "function": _FUNCTION,
+    "sparse": _SPARSE,
+}
 #: Nesting deeper than this (subgraphs of subgraphs...) is refused rather than walked.
 MAX_DEPTH = 64
 #: The model's bytes: the memory-mapped file (or bytes, in the tests).

@@ -47,7 +47,9 @@ def random_checkpoint_dir(name: str) -> Path:
 
     key = name.split(":", 1)[-1]
     if key not in preset_names():
-        raise CheckpointError(f"unknown random model {name!r}; known: {', '.join('random:' + k for k in preset_names())}")
+        raise CheckpointError(
+            f"unknown random model {name!r}; known: {', '.join('random:' + k for k in preset_names())}"
+        )
     d = cache_root() / CHECKPOINTS / f"{key}-tf{transformers.__version__}-torch{torch.__version__.split('+')[0]}"
     if not (d / "masc_random_model.json").is_file():
         tmp = d.with_name(d.name + f".tmp{os.getpid()}")
@@ -105,8 +107,9 @@ def load_checkpoint(model: str, revision: str | None):
                 f"{model} is a gated model: accept its licence on its Hugging Face page, then run "
                 "`hf auth login` (or set HF_TOKEN) and export again. Original error: " + text
             ) from e
-        raise CheckpointError(f"cannot load {model!r} as a Hugging Face id or local checkpoint: {text}; "
-                              f"{OFFLINE_HINT}") from e
+        raise CheckpointError(
+            f"cannot load {model!r} as a Hugging Face id or local checkpoint: {text}; {OFFLINE_HINT}"
+        ) from e
     m.eval()
     pin_revision(m, source)
     return m, processor, source
@@ -120,17 +123,26 @@ def image_settings_from_processor(model, processor, max_num_patches: int | None)
     resample = ip.resample
     resample = _PIL_NAMES[int(getattr(resample, "value", resample))]
     common = dict(
-        patch_size=int(vcfg.patch_size), resample=resample, rescale_factor=float(ip.rescale_factor),
-        image_mean=[float(x) for x in ip.image_mean], image_std=[float(x) for x in ip.image_std],
-        do_rescale=bool(ip.do_rescale), do_normalize=bool(ip.do_normalize),
+        patch_size=int(vcfg.patch_size),
+        resample=resample,
+        rescale_factor=float(ip.rescale_factor),
+        image_mean=[float(x) for x in ip.image_mean],
+        image_std=[float(x) for x in ip.image_std],
+        do_rescale=bool(ip.do_rescale),
+        do_normalize=bool(ip.do_normalize),
         image_processor=type(ip).__name__,
     )
     if not (common["do_rescale"] and common["do_normalize"]):
         raise CheckpointError("image processors without rescale+normalize are not supported")
     if family == "siglip2":
         budget = int(max_num_patches or DEFAULT_MAX_NUM_PATCHES)
-        return dict(mode="naflex", max_num_patches=budget, image_size=None,
-                    position_grid=int(round(vcfg.num_patches ** 0.5)), **common)
+        return dict(
+            mode="naflex",
+            max_num_patches=budget,
+            image_size=None,
+            position_grid=int(round(vcfg.num_patches**0.5)),
+            **common,
+        )
     if family == "siglip":
         if max_num_patches:
             raise CheckpointError("--max-num-patches applies to NaFlex checkpoints only")
@@ -148,14 +160,20 @@ def text_settings_from_processor(model, processor) -> dict:
     max_pos = int(model.config.text_config.max_position_embeddings)
     max_length = int(defaults.get("max_length") or min(int(tok.model_max_length), max_pos))
     return dict(
-        tokenizer_file="tokenizer.json", max_length=max_length, padding="max_length",
-        padding_side=tok.padding_side, truncation_side=tok.truncation_side,
-        pad_token=str(tok.pad_token), pad_token_id=int(tok.pad_token_id),
+        tokenizer_file="tokenizer.json",
+        max_length=max_length,
+        padding="max_length",
+        padding_side=tok.padding_side,
+        truncation_side=tok.truncation_side,
+        pad_token=str(tok.pad_token),
+        pad_token_id=int(tok.pad_token_id),
         special_tokens={k: str(v) for k, v in tok.special_tokens_map.items()},
         special_token_ids={str(t): int(tok.convert_tokens_to_ids(t)) for t in tok.all_special_tokens},
-        lowercase=tok("ABC", add_special_tokens=False)["input_ids"] == tok("abc", add_special_tokens=False)["input_ids"],
+        lowercase=tok("ABC", add_special_tokens=False)["input_ids"]
+        == tok("abc", add_special_tokens=False)["input_ids"],
         reference_truncates=bool(defaults.get("truncation", False)),
-        text_tower_attention_mask=False, tokenizer_class=type(tok).__name__,
+        text_tower_attention_mask=False,
+        tokenizer_class=type(tok).__name__,
         vocab_size=int(model.config.text_config.vocab_size),  # the text tower's embedding rows
     )
 

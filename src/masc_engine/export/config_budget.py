@@ -33,30 +33,68 @@ FP32 = 4
 #: transformers' defaults for what a config may leave out: ``SiglipVisionConfig`` /
 #: ``SiglipTextConfig`` (SigLIP2's are the same) and CLIPSeg's ``CLIPSeg*Config``.
 _DEFAULTS = {
-    "siglip_vision": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "patch_size": 16,
-                      "image_size": 224, "num_channels": 3, "num_patches": 256},
-    "siglip_text": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "vocab_size": 32000,
-                    "max_position_embeddings": 64},
-    "clip_vision": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "patch_size": 32,
-                    "image_size": 224, "num_channels": 3},
-    "clip_text": {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12, "vocab_size": 49408,
-                  "max_position_embeddings": 77},
+    "siglip_vision": {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "patch_size": 16,
+        "image_size": 224,
+        "num_channels": 3,
+        "num_patches": 256,
+    },
+    "siglip_text": {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "vocab_size": 32000,
+        "max_position_embeddings": 64,
+    },
+    "clip_vision": {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "patch_size": 32,
+        "image_size": 224,
+        "num_channels": 3,
+    },
+    "clip_text": {
+        "hidden_size": 512,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 12,
+        "vocab_size": 49408,
+        "max_position_embeddings": 77,
+    },
     "clipseg": {"projection_dim": 512, "reduce_dim": 64, "decoder_intermediate_size": 2048},
     "clip": {"projection_dim": 512},
-    "vit": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "patch_size": 16,
-            "image_size": 224, "num_channels": 3},
-    "dinov2": {"hidden_size": 768, "num_hidden_layers": 12, "patch_size": 14, "image_size": 518,
-               "num_channels": 3, "mlp_ratio": 4},
+    "vit": {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "patch_size": 16,
+        "image_size": 224,
+        "num_channels": 3,
+    },
+    "dinov2": {
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "patch_size": 14,
+        "image_size": 518,
+        "num_channels": 3,
+        "mlp_ratio": 4,
+    },
 }
-OFFLINE_WAY_OUT = ("pass --model /local/folder (a checkpoint folder holding config.json, the weights and the "
-                   "processor files)")
+OFFLINE_WAY_OUT = (
+    "pass --model /local/folder (a checkpoint folder holding config.json, the weights and the processor files)"
+)
 
 
 def offline() -> bool:
     """Whether the Hub must not be asked: ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` set now
     (huggingface_hub reads them once, at import)."""
-    env = any(os.environ.get(k, "").strip().upper() in ("1", "ON", "YES", "TRUE")
-              for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    env = any(
+        os.environ.get(k, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
     if env:
         return True
     try:
@@ -103,8 +141,14 @@ def hub_config(repo_id: str, revision: str | None = None) -> dict:
     """
     try:
         from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HFValidationError,
-                                            LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            GatedRepoError,
+            HFValidationError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
     except ImportError as e:
         from ..extras import missing
 
@@ -114,24 +158,35 @@ def hub_config(repo_id: str, revision: str | None = None) -> dict:
         cached = None if offline() else _reach_hub(repo_id, revision)
         path = cached or hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=offline())
     except HFValidationError as e:
-        raise CheckpointError(f"{repo_id!r} is neither a local checkpoint folder nor a Hugging Face id "
-                              f"({_first_line(e)})") from None
+        raise CheckpointError(
+            f"{repo_id!r} is neither a local checkpoint folder nor a Hugging Face id ({_first_line(e)})"
+        ) from None
     except GatedRepoError:
-        raise CheckpointError(f"{repo_id} is a gated model: accept its licence on its Hugging Face page, then run "
-                              "`hf auth login` (or set HF_TOKEN) and export again") from None
+        raise CheckpointError(
+            f"{repo_id} is a gated model: accept its licence on its Hugging Face page, then run "
+            "`hf auth login` (or set HF_TOKEN) and export again"
+        ) from None
     except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: first
-        why = ("HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache" if offline()
-               else "the Hugging Face Hub cannot be reached and it is not in the local cache")
+        why = (
+            "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache"
+            if offline()
+            else "the Hugging Face Hub cannot be reached and it is not in the local cache"
+        )
         raise CheckpointError(f"{repo_id}: {why}; {OFFLINE_WAY_OUT}") from None
     except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:
-        raise CheckpointError(f"{repo_id}: no such checkpoint on the Hugging Face Hub ({type(e).__name__}); "
-                              "check the id and --revision, or " + OFFLINE_WAY_OUT) from None
+        raise CheckpointError(
+            f"{repo_id}: no such checkpoint on the Hugging Face Hub ({type(e).__name__}); "
+            "check the id and --revision, or " + OFFLINE_WAY_OUT
+        ) from None
     except OSError as e:  # connection errors, timeouts (httpx's errors subclass neither; see below)
-        raise CheckpointError(f"{repo_id}: the Hugging Face Hub cannot be reached ({_first_line(e)}); "
-                              f"{OFFLINE_WAY_OUT}") from None
+        raise CheckpointError(
+            f"{repo_id}: the Hugging Face Hub cannot be reached ({_first_line(e)}); {OFFLINE_WAY_OUT}"
+        ) from None
     except Exception as e:  # noqa: BLE001 - an HTTP client's error: one line, never a traceback
-        raise CheckpointError(f"{repo_id}: cannot fetch its config.json from the Hugging Face Hub "
-                              f"({type(e).__name__}: {_first_line(e)}); {OFFLINE_WAY_OUT}") from None
+        raise CheckpointError(
+            f"{repo_id}: cannot fetch its config.json from the Hugging Face Hub "
+            f"({type(e).__name__}: {_first_line(e)}); {OFFLINE_WAY_OUT}"
+        ) from None
     return read_config_json(Path(path), repo_id)
 
 
@@ -197,8 +252,9 @@ def read_config_json(path: Path, model: str) -> dict:
         with open(path, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
-            raise CheckpointError(f"{model}: its config.json is over {MAX_CONFIG_BYTES >> 20} MiB (a checkpoint's "
-                                  "config is a few KiB)")
+            raise CheckpointError(
+                f"{model}: its config.json is over {MAX_CONFIG_BYTES >> 20} MiB (a checkpoint's config is a few KiB)"
+            )
         cfg = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CheckpointError(f"{model}: cannot read its config.json ({_first_line(e)})") from None
@@ -209,7 +265,6 @@ def read_config_json(path: Path, model: str) -> dict:
     return cfg
 
 
-
 def _first_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return (text[:300] + "...") if len(text) > 300 else (text or type(e).__name__)
@@ -218,7 +273,7 @@ def _first_line(e: BaseException) -> str:
 def _int(cfg: dict, key: str, kind: str, where: str) -> int:
     """``cfg[key]`` (default: transformers') as a non-negative integer."""
     v = cfg.get(key, _DEFAULTS[kind].get(key))
-    if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 63:
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise CheckpointError(f"config.json: {where}{key} must be a non-negative integer, got {str(v)[:40]!r}")
@@ -324,14 +379,16 @@ def _describe(shapes: dict) -> str:
     parts = []
     for tower, s in shapes.items():
         if "num_hidden_layers" in s:
-            parts.append(f"{tower} {s['num_hidden_layers']:,} layers x width {s['hidden_size']:,} "
-                         f"(MLP {s['intermediate_size']:,})" + (f", vocabulary {s['vocab_size']:,}"
-                                                                 if "vocab_size" in s else ""))
+            parts.append(
+                f"{tower} {s['num_hidden_layers']:,} layers x width {s['hidden_size']:,} "
+                f"(MLP {s['intermediate_size']:,})" + (f", vocabulary {s['vocab_size']:,}" if "vocab_size" in s else "")
+            )
     return "; ".join(parts)
 
 
-def check_config_budget(model: str, config: dict, max_memory_gb: float | None, precision: str = "fp32",
-                        fused: bool = True) -> str:
+def check_config_budget(
+    model: str, config: dict, max_memory_gb: float | None, precision: str = "fp32", fused: bool = True
+) -> str:
     """Refuse, from its config alone, a checkpoint whose export plan does not fit the budget.
 
     The plan is export/stages.py's (:func:`~.stages.plan_memory`) on the fp32 bytes of
@@ -346,8 +403,9 @@ def check_config_budget(model: str, config: dict, max_memory_gb: float | None, p
         CheckpointError: a size in the config is not a non-negative integer.
     """
     params, shapes = estimate_parameters(config)
-    plan = plan_memory({g: n * FP32 for g, n in params.items()}, precision if precision in ("fp16", "bf16")
-                       else "fp32", fused=fused)
+    plan = plan_memory(
+        {g: n * FP32 for g, n in params.items()}, precision if precision in ("fp16", "bf16") else "fp32", fused=fused
+    )
     what = f"estimated from its config.json before building the model: {_describe(shapes)}"
     try:
         line = check_memory_plan(plan, max_memory_gb, model)
@@ -356,8 +414,14 @@ def check_config_budget(model: str, config: dict, max_memory_gb: float | None, p
     return f"{line} ({what})"
 
 
-def preflight(model: str, revision: str | None, short_names: dict[str, str], max_memory_gb: float | None,
-              precision: str = "fp32", fused: bool = True) -> Any:
+def preflight(
+    model: str,
+    revision: str | None,
+    short_names: dict[str, str],
+    max_memory_gb: float | None,
+    precision: str = "fp32",
+    fused: bool = True,
+) -> Any:
     """:func:`read_config` then :func:`check_config_budget`, before any PyTorch work (a
     ``random:`` preset before its checkpoint is built). Returns the config (or None).
 

@@ -83,16 +83,25 @@ def cp_spec(width: int) -> GraphSpec:
         return ref, keep, out, valid
 
     return GraphSpec(
-        name="cp", file="cp.onnx",
-        inputs=[TensorSpec("ref_tokens", "float32", ("refs", "ref_patches", width)),
-                TensorSpec("ref_keep", "bool", ("refs", "ref_patches")),
-                TensorSpec("out_tokens", "float32", ("refs", "outs_per_ref", "out_patches", width)),
-                TensorSpec("out_valid", "bool", ("refs", "outs_per_ref", "out_patches"))],
-        outputs=[TensorSpec("cp", "float32", ("refs", "outs_per_ref")),
-                 TensorSpec("best", "float32", ("refs", "outs_per_ref", "ref_patches")),
-                 TensorSpec("n_keep", "float32", ("refs",))],
-        module=MaskedMaxCosHead().eval(), example=example,
-        extra={"invalid_fill": INVALID_FILL, "normalize_eps": NORMALIZE_EPS,
-               "semantics": "masked_maxcos: cp = mean over ref_keep of max over out_valid of cosine; "
-                            "n_keep == 0 -> cp 0 in the graph, NaN in the runtime"},
+        name="cp",
+        file="cp.onnx",
+        inputs=[
+            TensorSpec("ref_tokens", "float32", ("refs", "ref_patches", width)),
+            TensorSpec("ref_keep", "bool", ("refs", "ref_patches")),
+            TensorSpec("out_tokens", "float32", ("refs", "outs_per_ref", "out_patches", width)),
+            TensorSpec("out_valid", "bool", ("refs", "outs_per_ref", "out_patches")),
+        ],
+        outputs=[
+            TensorSpec("cp", "float32", ("refs", "outs_per_ref")),
+            TensorSpec("best", "float32", ("refs", "outs_per_ref", "ref_patches")),
+            TensorSpec("n_keep", "float32", ("refs",)),
+        ],
+        module=MaskedMaxCosHead().eval(),
+        example=example,
+        extra={
+            "invalid_fill": INVALID_FILL,
+            "normalize_eps": NORMALIZE_EPS,
+            "semantics": "masked_maxcos: cp = mean over ref_keep of max over out_valid of cosine; "
+            "n_keep == 0 -> cp 0 in the graph, NaN in the runtime",
+        },
     )

@@ -65,8 +65,14 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "dreambooth"
 #: Most rows read from a user's pairs CSV (each row is two images to encode per configuration).
 MAX_CSV_PAIRS = 20000
 #: DreamBench-style prompts (``{}`` is the subject's class), as bench/workloads.py's.
-PROMPTS = ("a {} in the jungle", "a {} on the beach", "a {} with a city in the background",
-           "a {} floating on top of water", "a red {}", "a {} in the snow")
+PROMPTS = (
+    "a {} in the jungle",
+    "a {} on the beach",
+    "a {} with a city in the background",
+    "a {} floating on top of water",
+    "a red {}",
+    "a {} in the snow",
+)
 
 
 class CertificationError(ExportValidationError):
@@ -94,16 +100,19 @@ def graph_units(onnx_path: str | Path, graph: str) -> dict:
     model = onnx.load(str(onnx_path), load_external_data=False)
     lns = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
     if len(lns) < 3 or len(lns) % 2 != 1:
-        raise CertificationError(f"graph {graph!r} has {len(lns)} LayerNormalization nodes; per-layer precision "
-                                 "needs a pre-LayerNorm encoder (2 per layer + a final one)")
+        raise CertificationError(
+            f"graph {graph!r} has {len(lns)} LayerNormalization nodes; per-layer precision "
+            "needs a pre-LayerNorm encoder (2 per layer + a final one)"
+        )
     n_layers = (len(lns) - 1) // 2
     for i in range(n_layers):
-        for node in lns[2 * i:2 * i + 2]:
+        for node in lns[2 * i : 2 * i + 2]:
             meta = {p.key: p.value for p in node.metadata_props}
             scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
             if scopes and not any(s.endswith(f"layers.{i}") for s in scopes):
-                raise CertificationError(f"graph {graph!r}: LayerNormalization {node.name} is not in encoder layer {i} "
-                                         f"(scopes {scopes[:4]})")
+                raise CertificationError(
+                    f"graph {graph!r}: LayerNormalization {node.name} is not in encoder layer {i} (scopes {scopes[:4]})"
+                )
     bounds = [lns[2 * i].input[0] for i in range(n_layers)] + [lns[-1].input[0]]
     names = [f"{graph}.embeddings"] + [f"{graph}.layers.{i}" for i in range(n_layers)] + [f"{graph}.head"]
     return {"names": names, "boundaries": bounds}
@@ -121,8 +130,20 @@ def _ellipse_mask(h: int, w: int, rng) -> np.ndarray:
 
 #: ``(height, width)`` of the synthetic grid images: square, tall, wide, tiny, odd (NaFlex grids that
 #: do not divide evenly).
-GRID_SIZES = ((224, 288), (480, 160), (333, 517), (512, 512), (97, 203), (640, 427), (300, 301),
-              (181, 777), (256, 256), (517, 333), (401, 299), (199, 601))
+GRID_SIZES = (
+    (224, 288),
+    (480, 160),
+    (333, 517),
+    (512, 512),
+    (97, 203),
+    (640, 427),
+    (300, 301),
+    (181, 777),
+    (256, 256),
+    (517, 333),
+    (401, 299),
+    (199, 601),
+)
 GRID_CLASSES = ("dog", "backpack", "cat", "teapot", "sneaker", "vase")
 
 
@@ -135,7 +156,9 @@ def synthetic_images(n: int, seed: int) -> list[tuple[Image.Image, np.ndarray, s
     out = []
     for i in range(n):
         h, w = GRID_SIZES[(i + seed) % len(GRID_SIZES)]
-        out.append((synthetic_image(h, w, seed * 1000 + i), _ellipse_mask(h, w, rng), GRID_CLASSES[i % len(GRID_CLASSES)]))
+        out.append(
+            (synthetic_image(h, w, seed * 1000 + i), _ellipse_mask(h, w, rng), GRID_CLASSES[i % len(GRID_CLASSES)])
+        )
     return out
 
 
@@ -202,20 +225,26 @@ def default_calibration(examples: Path = EXAMPLES, grid: int = 12) -> tuple[list
     plus a synthetic grid of ``grid`` images, each against 6 others."""
     ex = example_pairs(examples)
     syn = cross_pairs(synthetic_images(grid, seed=11), 6)
-    return ex + syn, {"source": "examples+grid" if ex else "grid (no examples/ beside the package)",
-                      "example_pairs": len(ex), "grid_pairs": len(syn)}
+    return ex + syn, {
+        "source": "examples+grid" if ex else "grid (no examples/ beside the package)",
+        "example_pairs": len(ex),
+        "grid_pairs": len(syn),
+    }
 
 
 def default_heldout(examples: Path = EXAMPLES, min_pairs: int = FIDELITY_MIN_PAIRS) -> tuple[list, dict]:
     """The default held-out pairs: DreamBench-shaped copies of the shipped photos plus a synthetic
     grid (other seeds than calibration), every image against enough others for ``min_pairs``."""
     copies = dreambench_copies(examples)
-    need = next(n for n in range(2, 10 ** 6) if n * (n - 1) >= min_pairs)  # images for min_pairs distinct pairs
+    need = next(n for n in range(2, 10**6) if n * (n - 1) >= min_pairs)  # images for min_pairs distinct pairs
     items = copies + synthetic_images(max(18, need - len(copies)), seed=29)
     per = -(-min_pairs // len(items))
     pairs = cross_pairs(items, per, offset=3)
-    return pairs, {"source": "dreambench copies+grid" if copies else "grid (no examples/ beside the package)",
-                   "images": len(items), "pairs": len(pairs)}
+    return pairs, {
+        "source": "dreambench copies+grid" if copies else "grid (no examples/ beside the package)",
+        "images": len(items),
+        "pairs": len(pairs),
+    }
 
 
 def read_pairs_csv(path: str | Path, max_pairs: int = MAX_CSV_PAIRS) -> list:
@@ -248,8 +277,17 @@ def read_pairs_csv(path: str | Path, max_pairs: int = MAX_CSV_PAIRS) -> list:
             loaded[kind, name] = (load_image if kind == "image" else load_mask)(str(path.parent / name))
         return loaded[kind, name]
 
-    return [Pair(get("image", r["ref_image"]), get("mask", r["ref_mask"]), get("image", r["out_image"]),
-                 get("mask", r["out_mask"]), r["prompt"], r.get("object_name") or None) for r in rows]
+    return [
+        Pair(
+            get("image", r["ref_image"]),
+            get("mask", r["ref_mask"]),
+            get("image", r["out_image"]),
+            get("mask", r["out_mask"]),
+            r["prompt"],
+            r.get("object_name") or None,
+        )
+        for r in rows
+    ]
 
 
 # --------------------------------------------------------------------------- gates
@@ -280,10 +318,16 @@ def gate_figures(ref: dict, test: dict, min_pairs: int = 0) -> dict:
 
 def _summary(figures: dict) -> dict:
     g = figures["gates"]
-    return {"pass": figures["pass"], "load": gate_load(figures), "pairs": figures["pairs"],
-            "max_abs_dcp": g["max_abs_dcp"]["value"], "max_abs_dpf": g["max_abs_dpf"]["value"],
-            "spearman_cp": g["spearman_cp"]["value"], "spearman_pf": g["spearman_pf"]["value"],
-            "margins": {k: g[k]["margin"] for k in ("max_abs_dcp", "max_abs_dpf", "spearman_cp", "spearman_pf")}}
+    return {
+        "pass": figures["pass"],
+        "load": gate_load(figures),
+        "pairs": figures["pairs"],
+        "max_abs_dcp": g["max_abs_dcp"]["value"],
+        "max_abs_dpf": g["max_abs_dpf"]["value"],
+        "spearman_cp": g["spearman_cp"]["value"],
+        "spearman_pf": g["spearman_pf"]["value"],
+        "margins": {k: g[k]["margin"] for k in ("max_abs_dcp", "max_abs_dpf", "spearman_cp", "spearman_pf")},
+    }
 
 
 # --------------------------------------------------------------------------- scoring configurations
@@ -304,9 +348,16 @@ def certificate_record(units: dict, keep_fp32: Sequence[str], graphs: Sequence[s
 
     from ..engine.backends.openvino import core
 
-    return {"mode": BF16_CPU, "backend": "openvino", "openvino": openvino.__version__,
-            "cpu": str(core().get_property("CPU", "FULL_DEVICE_NAME")), "graphs": list(graphs),
-            "units": {g: units[g] for g in graphs}, "keep_fp32": list(keep_fp32), "graph_weights": "fp32"}
+    return {
+        "mode": BF16_CPU,
+        "backend": "openvino",
+        "openvino": openvino.__version__,
+        "cpu": str(core().get_property("CPU", "FULL_DEVICE_NAME")),
+        "graphs": list(graphs),
+        "units": {g: units[g] for g in graphs},
+        "keep_fp32": list(keep_fp32),
+        "graph_weights": "fp32",
+    }
 
 
 class CandidateScoring:
@@ -388,8 +439,9 @@ def sensitivity_order(sensitivity: dict[str, float], names: Sequence[str]) -> li
     return sorted(names, key=lambda u: (sensitivity[u], names.index(u)))
 
 
-def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, max_keep: int | None = None,
-                     mode: str = "bf16-cpu") -> dict:
+def search_keep_list(
+    ev: Evaluator, calibration: Sequence, heldout: Sequence, max_keep: int | None = None, mode: str = "bf16-cpu"
+) -> dict:
     """The accuracy-aware search (module docstring, step 4).
 
     Args:
@@ -418,8 +470,10 @@ def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, ma
         held = ev.figures(order[:k], heldout, FIDELITY_MIN_PAIRS) if cal["pass"] else None
         if held is not None:
             step["heldout"] = _summary(held)
-        logger.info(f"{k} units in fp32 {order[:k]}: calibration {_fmt(cal)}"
-                    + (f"; held-out {_fmt(held)}" if held is not None else ""))
+        logger.info(
+            f"{k} units in fp32 {order[:k]}: calibration {_fmt(cal)}"
+            + (f"; held-out {_fmt(held)}" if held is not None else "")
+        )
         out["trajectory"].append(step)
         if held is not None and held["pass"]:
             break
@@ -430,7 +484,9 @@ def search_keep_list(ev: Evaluator, calibration: Sequence, heldout: Sequence, ma
                 f"(whole graph in {low}: {_fmt_summary(out['whole_graph'])}; with {k - 1} units in fp32: "
                 f"calibration {_fmt_summary(step['calibration'])}"
                 + (f", held-out {_fmt_summary(step['heldout'])}" if "heldout" in step else "")
-                + "). Use fp32 (the default).", out)
+                + "). Use fp32 (the default).",
+                out,
+            )
         if not order:  # the whole graph failed: rank the units by what keeping each alone in fp32 does
             out["sensitivity"] = unit_sensitivity(ev, calibration)
             order = out["order"] = sensitivity_order(out["sensitivity"], names)
@@ -445,10 +501,12 @@ def _fmt(fig: dict) -> str:
 
 def _fmt_summary(s: dict) -> str:
     m = s["margins"]
-    return (f"{'pass' if s['pass'] else 'FAIL'} (max |dCP| {s['max_abs_dcp']:.2e} [margin {m['max_abs_dcp']:+.2e}], "
-            f"max |dPF| {s['max_abs_dpf']:.2e} [margin {m['max_abs_dpf']:+.2e}], Spearman CP {s['spearman_cp']:.6f} "
-            f"[margin {m['spearman_cp']:+.2e}] / PF {s['spearman_pf']:.6f} [margin {m['spearman_pf']:+.2e}], "
-            f"{s['pairs']} pairs; gates |d| <= {FIDELITY_MAX_ABS_DELTA:g}, Spearman >= {FIDELITY_MIN_SPEARMAN:g})")
+    return (
+        f"{'pass' if s['pass'] else 'FAIL'} (max |dCP| {s['max_abs_dcp']:.2e} [margin {m['max_abs_dcp']:+.2e}], "
+        f"max |dPF| {s['max_abs_dpf']:.2e} [margin {m['max_abs_dpf']:+.2e}], Spearman CP {s['spearman_cp']:.6f} "
+        f"[margin {m['spearman_cp']:+.2e}] / PF {s['spearman_pf']:.6f} [margin {m['spearman_pf']:+.2e}], "
+        f"{s['pairs']} pairs; gates |d| <= {FIDELITY_MAX_ABS_DELTA:g}, Spearman >= {FIDELITY_MIN_SPEARMAN:g})"
+    )
 
 
 def _pair_set(given, default: Callable[[], tuple[list, dict]]) -> tuple[list, dict]:
@@ -460,9 +518,15 @@ def _pair_set(given, default: Callable[[], tuple[list, dict]]) -> tuple[list, di
     return list(given), {"source": "given pairs"}
 
 
-def certify_bundle(bundle_dir: str | Path, *, calibration: str | Path | Sequence | None = None,
-                   heldout: str | Path | Sequence | None = None,
-                   graphs: Sequence[str] = DEFAULT_GRAPHS, threads: int | None = None, max_keep: int | None = None) -> dict:
+def certify_bundle(
+    bundle_dir: str | Path,
+    *,
+    calibration: str | Path | Sequence | None = None,
+    heldout: str | Path | Sequence | None = None,
+    graphs: Sequence[str] = DEFAULT_GRAPHS,
+    threads: int | None = None,
+    max_keep: int | None = None,
+) -> dict:
     """Certify an fp32 bundle for bf16 on OpenVINO's CPU plugin and write the certificate into its
     manifest (in place; nothing is written when it is refused).
 
@@ -496,24 +560,38 @@ def certify_bundle(bundle_dir: str | Path, *, calibration: str | Path | Sequence
     held, held_info = _pair_set(heldout, default_heldout)
     cal_info["pairs"], held_info["pairs"] = len(cal), len(held)
     if len(held) < FIDELITY_MIN_PAIRS:
-        raise CertificationError(f"bf16-cpu needs at least {FIDELITY_MIN_PAIRS} held-out pairs for its gates to count; "
-                                 f"{held_info['source']} has {len(held)}", {"pairs": {"heldout": held_info}})
-    logger.info(f"bf16-cpu certification of {', '.join(graphs)}: {len(cal)} calibration pairs ({cal_info['source']}), "
-                f"{len(held)} held-out pairs ({held_info['source']}), against fp32 ONNX Runtime")
+        raise CertificationError(
+            f"bf16-cpu needs at least {FIDELITY_MIN_PAIRS} held-out pairs for its gates to count; "
+            f"{held_info['source']} has {len(held)}",
+            {"pairs": {"heldout": held_info}},
+        )
+    logger.info(
+        f"bf16-cpu certification of {', '.join(graphs)}: {len(cal)} calibration pairs ({cal_info['source']}), "
+        f"{len(held)} held-out pairs ({held_info['source']}), against fp32 ONNX Runtime"
+    )
     found = search_keep_list(ev, cal, held, max_keep)
     record = certificate_record(ev.units, found["keep_fp32"], graphs)
     record.update(
-        gates={"calibration": found["calibration"], "heldout": found["heldout"],
-               "thresholds": {"max_abs_delta": FIDELITY_MAX_ABS_DELTA, "min_spearman": FIDELITY_MIN_SPEARMAN,
-                              "min_pairs_heldout": FIDELITY_MIN_PAIRS}},
+        gates={
+            "calibration": found["calibration"],
+            "heldout": found["heldout"],
+            "thresholds": {
+                "max_abs_delta": FIDELITY_MAX_ABS_DELTA,
+                "min_spearman": FIDELITY_MIN_SPEARMAN,
+                "min_pairs_heldout": FIDELITY_MIN_PAIRS,
+            },
+        },
         reference="fp32 ONNX Runtime CPU on this bundle (graph variant auto)",
         pairs={"calibration": cal_info, "heldout": held_info},
         search={k: found[k] for k in ("whole_graph", "sensitivity", "order", "trajectory")},
-        configurations_scored=ev.configurations, seconds=round(time.time() - t0, 1),
+        configurations_scored=ev.configurations,
+        seconds=round(time.time() - t0, 1),
         claim="scores are certified to the gates against fp32, not bit-equal to fp32",
     )
     manifest = dict(ev.bundle.manifest, precision=record)
     write_manifest(ev.bundle.path, manifest)
-    logger.info(f"bf16-cpu certified: {len(found['keep_fp32'])} units kept in fp32 {found['keep_fp32']}; held-out "
-                f"{_fmt(found['heldout'])}")
+    logger.info(
+        f"bf16-cpu certified: {len(found['keep_fp32'])} units kept in fp32 {found['keep_fp32']}; held-out "
+        f"{_fmt(found['heldout'])}"
+    )
     return record

@@ -54,9 +54,13 @@ KIND = "embedder"
 #: ``config.model_type`` -> family.
 EMBEDDER_MODEL_TYPES = {"clip": "clip", "vit": "dino", "dinov2": "dinov2"}
 #: Short names accepted by ``--model``.
-SHORT_NAMES = {"clip-vit-b32": "openai/clip-vit-base-patch32", "clip-vit-l14": "openai/clip-vit-large-patch14",
-               "dino-vits16": "facebook/dino-vits16",
-               "dino-vits8": "facebook/dino-vits8", "dinov2-small": "facebook/dinov2-small"}
+SHORT_NAMES = {
+    "clip-vit-b32": "openai/clip-vit-base-patch32",
+    "clip-vit-l14": "openai/clip-vit-large-patch14",
+    "dino-vits16": "facebook/dino-vits16",
+    "dino-vits8": "facebook/dino-vits8",
+    "dinov2-small": "facebook/dinov2-small",
+}
 #: Graph precisions an embedder exports.
 PRECISIONS = ("fp32",)
 #: LayerNorm eps of DINO v1 (facebookresearch/dino ``vision_transformer.py``: ``partial(nn.LayerNorm, eps=1e-6)``).
@@ -73,7 +77,7 @@ RECIPE_FIELDS = {
     "interpolation": '"bicubic" or "bilinear" (Pillow filters, as the reference pipelines)',
     "crop_size": "[height, width] of the centre crop, or null (no crop)",
     "crop_rounding": '"hf_floor" (top = (h - ch) // 2, transformers) or "torchvision_round" '
-                     "(top = round((h - ch) / 2), half to even, torchvision CenterCrop); null without crop",
+    "(top = round((h - ch) / 2), half to even, torchvision CenterCrop); null without crop",
     "rescale_factor": "float, 1/255: uint8 -> [0, 1]",
     "image_mean": "3 floats, per channel (RGB), after rescale",
     "image_std": "3 floats > 0, per channel",
@@ -87,19 +91,49 @@ _COMMON = {"rescale_factor": 1 / 255, "exif_transpose": True, "alpha": "composit
 #: family -> (recipe, image rule). Sources: yuangpeng/dreambench_plus ``metrics/clip_score.py`` and
 #: ``metrics/dino_score.py``; facebookresearch/dino ``eval_knn.py`` (docs/export.md "Embedder bundles").
 RECIPES = {
-    "clip": ({"resize_mode": "shortest_edge", "size": 224, "interpolation": "bicubic", "crop_size": [224, 224],
-              "crop_rounding": "hf_floor", "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD, **_COMMON,
-              "follows": "transformers CLIPImageProcessor (PIL), as DreamBench++ clip_score.py"},
-             "clip_image_projection"),
-    "dino": ({"resize_mode": "shortest_edge", "size": 256, "interpolation": "bicubic", "crop_size": [224, 224],
-              "crop_rounding": "torchvision_round", "image_mean": _IMAGENET_MEAN, "image_std": _IMAGENET_STD,
-              **_COMMON, "follows": "torchvision Resize(256, bicubic) + CenterCrop(224), facebookresearch/dino "
-                                    "eval_knn.py, DreamBench++ dino_score.py"},
-             "cls_final_norm"),
-    "dinov2": ({"resize_mode": "shortest_edge", "size": 256, "interpolation": "bicubic", "crop_size": [224, 224],
-                "crop_rounding": "hf_floor", "image_mean": _IMAGENET_MEAN, "image_std": _IMAGENET_STD, **_COMMON,
-                "follows": "transformers BitImageProcessor (PIL), as DreamBench++ dino_score.py"},
-               "cls_layernorm"),
+    "clip": (
+        {
+            "resize_mode": "shortest_edge",
+            "size": 224,
+            "interpolation": "bicubic",
+            "crop_size": [224, 224],
+            "crop_rounding": "hf_floor",
+            "image_mean": _CLIP_MEAN,
+            "image_std": _CLIP_STD,
+            **_COMMON,
+            "follows": "transformers CLIPImageProcessor (PIL), as DreamBench++ clip_score.py",
+        },
+        "clip_image_projection",
+    ),
+    "dino": (
+        {
+            "resize_mode": "shortest_edge",
+            "size": 256,
+            "interpolation": "bicubic",
+            "crop_size": [224, 224],
+            "crop_rounding": "torchvision_round",
+            "image_mean": _IMAGENET_MEAN,
+            "image_std": _IMAGENET_STD,
+            **_COMMON,
+            "follows": "torchvision Resize(256, bicubic) + CenterCrop(224), facebookresearch/dino "
+            "eval_knn.py, DreamBench++ dino_score.py",
+        },
+        "cls_final_norm",
+    ),
+    "dinov2": (
+        {
+            "resize_mode": "shortest_edge",
+            "size": 256,
+            "interpolation": "bicubic",
+            "crop_size": [224, 224],
+            "crop_rounding": "hf_floor",
+            "image_mean": _IMAGENET_MEAN,
+            "image_std": _IMAGENET_STD,
+            **_COMMON,
+            "follows": "transformers BitImageProcessor (PIL), as DreamBench++ dino_score.py",
+        },
+        "cls_layernorm",
+    ),
 }
 
 #: The ``follows`` of a CLIP bundle at patch 14 (openai/clip-vit-large-patch14's layout): the same
@@ -139,21 +173,25 @@ def load_embedder(model: str, revision: str | None = None):
         config = AutoConfig.from_pretrained(path, revision=revision)
         family = EMBEDDER_MODEL_TYPES.get(config.model_type)
         if family is None:
-            raise CheckpointError(f"model_type {config.model_type!r} is not an embedder "
-                                  f"({', '.join(EMBEDDER_MODEL_TYPES)})")
+            raise CheckpointError(
+                f"model_type {config.model_type!r} is not an embedder ({', '.join(EMBEDDER_MODEL_TYPES)})"
+            )
         config_eps, processor = float(getattr(config, "layer_norm_eps", 0.0) or 0.0), None
         if family == "clip":
             m = CLIPModel.from_pretrained(path, revision=revision, attn_implementation="eager")
             processor = AutoProcessor.from_pretrained(path, revision=revision)
         elif family == "dino":
             config.layer_norm_eps = DINO_LAYER_NORM_EPS
-            m = ViTModel.from_pretrained(path, revision=revision, config=config, add_pooling_layer=False,
-                                         attn_implementation="eager")
+            m = ViTModel.from_pretrained(
+                path, revision=revision, config=config, add_pooling_layer=False, attn_implementation="eager"
+            )
         else:
             m = Dinov2Model.from_pretrained(path, revision=revision, attn_implementation="eager")
     except OSError as e:
-        raise CheckpointError(f"cannot load {model!r} as an embedder Hugging Face id or local checkpoint: "
-                              f"{' '.join(str(e).split())}; {OFFLINE_HINT}") from e
+        raise CheckpointError(
+            f"cannot load {model!r} as an embedder Hugging Face id or local checkpoint: "
+            f"{' '.join(str(e).split())}; {OFFLINE_HINT}"
+        ) from e
     m.eval()
     pin_revision(m, source)
     return m, processor, source, family, config_eps
@@ -162,21 +200,34 @@ def load_embedder(model: str, revision: str | None = None):
 def architecture(m, family: str, config_eps: float) -> dict:
     """The manifest's ``architecture`` section (widths, patch, input size, LayerNorm eps)."""
     vc = m.config.vision_config if family == "clip" else m.config
-    arch = {"model_type": m.config.model_type, "vision_width": int(vc.hidden_size),
-            "vision_layers": int(vc.num_hidden_layers), "patch_size": int(vc.patch_size),
-            "config_image_size": int(vc.image_size), "input_size": 224,
-            "layer_norm_eps": float(vc.layer_norm_eps)}
+    arch = {
+        "model_type": m.config.model_type,
+        "vision_width": int(vc.hidden_size),
+        "vision_layers": int(vc.num_hidden_layers),
+        "patch_size": int(vc.patch_size),
+        "config_image_size": int(vc.image_size),
+        "input_size": 224,
+        "layer_norm_eps": float(vc.layer_norm_eps),
+    }
     if family == "dino":
         arch["config_layer_norm_eps"] = config_eps  # what config.json said (1e-12 on the Hub)
     if family == "clip":
-        arch.update(text_width=int(m.config.text_config.hidden_size),
-                    text_layers=int(m.config.text_config.num_hidden_layers),
-                    projection_dim=int(m.config.projection_dim))
+        arch.update(
+            text_width=int(m.config.text_config.hidden_size),
+            text_layers=int(m.config.text_config.num_hidden_layers),
+            projection_dim=int(m.config.projection_dim),
+        )
     return arch
 
 
-def export_embedder_bundle(model: str, out_dir: str | Path, revision: str | None = None, validate: bool = True,
-                           precision: str = "fp32", max_memory_gb: float | None = None) -> Path:
+def export_embedder_bundle(
+    model: str,
+    out_dir: str | Path,
+    revision: str | None = None,
+    validate: bool = True,
+    precision: str = "fp32",
+    max_memory_gb: float | None = None,
+) -> Path:
     """Export the CLIP / DINO / DINOv2 checkpoint ``model`` to an embedder bundle and validate it.
 
     Staged beside ``out_dir`` and renamed into place only when every check passed, by
@@ -211,8 +262,9 @@ def export_embedder_bundle(model: str, out_dir: str | Path, revision: str | None
     return export_bundle(model, out_dir, revision=revision, validate=validate, into=into)
 
 
-def export_embedder_into(out: Path, model: str, revision: str | None, validate: bool,
-                         max_memory_gb: float | None = None) -> None:
+def export_embedder_into(
+    out: Path, model: str, revision: str | None, validate: bool, max_memory_gb: float | None = None
+) -> None:
     """Write an embedder bundle into the (staging) directory ``out`` (see
     :func:`export_embedder_bundle`)."""
     from .config_budget import preflight
@@ -234,8 +286,11 @@ def export_embedder_into(out: Path, model: str, revision: str | None, validate: 
     text = None
     if family == "clip":
         text = text_settings_from_processor(m, processor)
-        text["pooling"] = ("argmax of input_ids (legacy eos_token_id 2)" if m.config.text_config.eos_token_id == 2
-                           else "first eos_token_id")
+        text["pooling"] = (
+            "argmax of input_ids (legacy eos_token_id 2)"
+            if m.config.text_config.eos_token_id == 2
+            else "first eos_token_id"
+        )
         _save_tokenizer(processor, out / text["tokenizer_file"])
     specs = graph_specs(m, family, text)
     torch.set_grad_enabled(False)
@@ -246,12 +301,19 @@ def export_embedder_into(out: Path, model: str, revision: str | None, validate: 
     graphs = {s.name: s.manifest_entry() for s in specs}
     dim = int(specs[0].outputs[0].shape[-1])
     manifest = {
-        "kind": KIND, "family": family, "source": source, "architecture": architecture(m, family, config_eps),
-        "recipe": dict(recipe), "embedding": {"image": rule, "text": TEXT_RULES[0] if text else None, "dim": dim,
-                                              "normalized": False},
-        "graphs": graphs, "validation": {}, "precision": {"mode": "fp32"}, "transforms": [], "variants": {},
-        "versions": _versions(), "files": ([text["tokenizer_file"]] if text else []) + [e["file"] for e in
-                                                                                        graphs.values()],
+        "kind": KIND,
+        "family": family,
+        "source": source,
+        "architecture": architecture(m, family, config_eps),
+        "recipe": dict(recipe),
+        "embedding": {"image": rule, "text": TEXT_RULES[0] if text else None, "dim": dim, "normalized": False},
+        "graphs": graphs,
+        "validation": {},
+        "precision": {"mode": "fp32"},
+        "transforms": [],
+        "variants": {},
+        "versions": _versions(),
+        "files": ([text["tokenizer_file"]] if text else []) + [e["file"] for e in graphs.values()],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if text:

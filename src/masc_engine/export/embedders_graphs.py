@@ -60,8 +60,11 @@ class Dinov2Cls(nn.Module):
         with torch.no_grad():
             n = (size // model.config.patch_size) ** 2
             dummy = torch.zeros(1, n + 1, model.config.hidden_size)
-            pos = emb.interpolate_pos_encoding(dummy, size, size) if n + 1 != emb.position_embeddings.shape[1] \
+            pos = (
+                emb.interpolate_pos_encoding(dummy, size, size)
+                if n + 1 != emb.position_embeddings.shape[1]
                 else emb.position_embeddings
+            )
         self.register_buffer("position", pos.detach().clone(), persistent=False)
 
     def forward(self, pixel_values):
@@ -76,8 +79,14 @@ def _image_spec(module: nn.Module, dim: int) -> GraphSpec:
     def example():
         return (torch.randn(2, 3, INPUT_SIZE, INPUT_SIZE, generator=torch.Generator().manual_seed(0)),)
 
-    return GraphSpec("image", "image.onnx", [TensorSpec("pixel_values", "float32", ("batch", 3, INPUT_SIZE, INPUT_SIZE))],
-                     [TensorSpec("image_embeds", "float32", ("batch", dim))], module.eval(), example)
+    return GraphSpec(
+        "image",
+        "image.onnx",
+        [TensorSpec("pixel_values", "float32", ("batch", 3, INPUT_SIZE, INPUT_SIZE))],
+        [TensorSpec("image_embeds", "float32", ("batch", dim))],
+        module.eval(),
+        example,
+    )
 
 
 def graph_specs(m, family: str, text: dict | None) -> list[GraphSpec]:
@@ -91,6 +100,14 @@ def graph_specs(m, family: str, text: dict | None) -> list[GraphSpec]:
     def example():
         return (torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(1)),)
 
-    return [_image_spec(ClipImage(m), p),
-            GraphSpec("text", "text.onnx", [TensorSpec("input_ids", "int64", ("batch", length))],
-                      [TensorSpec("text_embeds", "float32", ("batch", p))], ClipText(m).eval(), example)]
+    return [
+        _image_spec(ClipImage(m), p),
+        GraphSpec(
+            "text",
+            "text.onnx",
+            [TensorSpec("input_ids", "int64", ("batch", length))],
+            [TensorSpec("text_embeds", "float32", ("batch", p))],
+            ClipText(m).eval(),
+            example,
+        ),
+    ]

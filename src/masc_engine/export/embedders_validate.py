@@ -47,8 +47,9 @@ def text_cases(tokenizer, length: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """``(input_ids, attention_mask)`` int64 ``[B, length]`` per batch size, padded to ``length``."""
     out, start = [], 0
     for b in BATCHES:
-        enc = tokenizer(PROMPTS[start:start + b], padding="max_length", max_length=length, truncation=True,
-                        return_tensors="np")
+        enc = tokenizer(
+            PROMPTS[start : start + b], padding="max_length", max_length=length, truncation=True, return_tensors="np"
+        )
         out.append((enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)))
         start += b
     return out
@@ -70,18 +71,25 @@ def reference_text(m, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.n
     import torch
 
     with torch.no_grad():
-        pooled = m.text_model(input_ids=torch.from_numpy(input_ids),
-                              attention_mask=torch.from_numpy(attention_mask)).pooler_output
+        pooled = m.text_model(
+            input_ids=torch.from_numpy(input_ids), attention_mask=torch.from_numpy(attention_mask)
+        ).pooler_output
         return m.text_projection(pooled).numpy()
 
 
 def _check(graph: str, family: str, width: int, cases: list[dict]) -> dict:
     budget, source = embedder_validation_budget(family, graph, width)
     worst = max(c["max_rel"] for c in cases)
-    report = {"max_rel": worst, "rtol": budget, "budget_from": source, "max_abs": max(c["max_abs"] for c in cases),
-              "cases": cases}
-    return refuse_or_accept(f"embedder graph {graph!r} differs from transformers", "max relative error", worst,
-                            budget, source, report)
+    report = {
+        "max_rel": worst,
+        "rtol": budget,
+        "budget_from": source,
+        "max_abs": max(c["max_abs"] for c in cases),
+        "cases": cases,
+    }
+    return refuse_or_accept(
+        f"embedder graph {graph!r} differs from transformers", "max relative error", worst, budget, source, report
+    )
 
 
 def validate_graph(graph: str, path: Path, m, processor, family: str, text: dict | None) -> dict:
@@ -105,12 +113,15 @@ def validate_graph(graph: str, path: Path, m, processor, family: str, text: dict
     return _check(graph, family, int(vc.hidden_size), cases)
 
 
-def validate_embedder(bundle_dir: Path, graphs: dict, m, processor, family: str, text: dict | None,
-                      source: dict | None = None) -> dict:
+def validate_embedder(
+    bundle_dir: Path, graphs: dict, m, processor, family: str, text: dict | None, source: dict | None = None
+) -> dict:
     """Every graph's check; ``{graph: report}`` or :class:`ExportValidationError`."""
     report = {}
     for g, entry in graphs.items():
         report[g] = validate_graph(g, Path(bundle_dir) / entry["file"], m, processor, family, text)
-        logger.info(f"validated {g}: max relative error {report[g]['max_rel']:.2e}, max |error| "
-                    f"{report[g]['max_abs']:.2e} (budget {report[g]['rtol']:g}) over {len(report[g]['cases'])} cases")
+        logger.info(
+            f"validated {g}: max relative error {report[g]['max_rel']:.2e}, max |error| "
+            f"{report[g]['max_abs']:.2e} (budget {report[g]['rtol']:g}) over {len(report[g]['cases'])} cases"
+        )
     return report

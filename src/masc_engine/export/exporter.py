@@ -37,9 +37,20 @@ from typing import Sequence
 from ..errors import BundleError
 from ..engine.manifest import write_manifest
 from ..runtime.masks import DEFAULT_FG_THRESHOLD
-from .checkpoint import (_PIL_NAMES, DEFAULT_MAX_NUM_PATCHES, DEFAULT_MODEL, SHORT_NAMES,  # noqa: F401 (API)
-                         CheckpointError, image_settings_from_processor, load_checkpoint, random_checkpoint_dir,
-                         save_tokenizer, text_settings_from_processor)
+
+# Re-exported: the exporter's public names from before the checkpoint module existed.
+from .checkpoint import (
+    _PIL_NAMES,  # noqa: F401
+    DEFAULT_MAX_NUM_PATCHES,  # noqa: F401
+    DEFAULT_MODEL,  # noqa: F401
+    SHORT_NAMES,
+    CheckpointError,  # noqa: F401
+    image_settings_from_processor,  # noqa: F401
+    load_checkpoint,
+    random_checkpoint_dir,  # noqa: F401
+    save_tokenizer,
+    text_settings_from_processor,  # noqa: F401
+)
 from .stages import StageClock, rss
 
 logger = logging.getLogger(__name__)
@@ -68,16 +79,31 @@ def _versions(worker_versions: dict | None = None) -> dict:
 
         worker_versions = {"torch": str(torch.__version__), "transformers": str(transformers.__version__)}
 
-    return {"masc_engine": __version__, **worker_versions, "onnx": onnx.__version__,
-            "onnxruntime": onnxruntime.__version__, "tokenizers": tokenizers.__version__,
-            "python": platform.python_version(), "opset": OPSET}
+    return {
+        "masc_engine": __version__,
+        **worker_versions,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "tokenizers": tokenizers.__version__,
+        "python": platform.python_version(),
+        "opset": OPSET,
+    }
 
 
-def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None = None,
-                  revision: str | None = None, validate: bool = True, precision: str = "fp32",
-                  transforms: Sequence | None = None, ort_cpu_variant: bool = True,
-                  cpu_precision_options: dict | None = None, into=None, max_memory_gb: float | None = None,
-                  certify: str | None = None) -> Path:
+def export_bundle(
+    model: str,
+    out_dir: str | Path,
+    max_num_patches: int | None = None,
+    revision: str | None = None,
+    validate: bool = True,
+    precision: str = "fp32",
+    transforms: Sequence | None = None,
+    ort_cpu_variant: bool = True,
+    cpu_precision_options: dict | None = None,
+    into=None,
+    max_memory_gb: float | None = None,
+    certify: str | None = None,
+) -> Path:
     """Export ``model`` to a bundle in ``out_dir`` and validate it.
 
     The bundle is written to a staging directory beside ``out_dir`` (``.<name>.<pid>.partial``)
@@ -156,8 +182,17 @@ def export_bundle(model: str, out_dir: str | Path, max_num_patches: int | None =
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
     try:
-        (into or _export_into)(stage, model, max_num_patches, revision, validate, precision,
-                               list(transforms or []), ort_cpu_variant, max_memory_gb)
+        (into or _export_into)(
+            stage,
+            model,
+            max_num_patches,
+            revision,
+            validate,
+            precision,
+            list(transforms or []),
+            ort_cpu_variant,
+            max_memory_gb,
+        )
         if certify:
             certify_bundle(stage, **(cpu_precision_options or {}))
         uniform_file_modes(stage)
@@ -187,7 +222,7 @@ def remove_stale_stages(out: Path) -> list[str]:
 
     started, removed = time.time(), []
     for p in sorted(out.parent.glob(f".{glob.escape(out.name)}.*")):
-        pid, _, kind = p.name[len(out.name) + 2:].partition(".")
+        pid, _, kind = p.name[len(out.name) + 2 :].partition(".")
         if kind not in ("partial", "old") or not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
             continue
         if kind == "old" and not (out / "manifest.json").is_file():
@@ -197,7 +232,9 @@ def remove_stale_stages(out: Path) -> list[str]:
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p.name)
     if removed:
-        logger.info(f"removed {len(removed)} stale staging folder(s) of interrupted exports to {out.name}: {', '.join(removed)}")
+        logger.info(
+            f"removed {len(removed)} stale staging folder(s) of interrupted exports to {out.name}: {', '.join(removed)}"
+        )
     return removed
 
 
@@ -260,14 +297,33 @@ class _Job:
     graphs: dict = field(default_factory=dict)  # the manifest's graphs section
 
 
-def _export_into(out: Path, model: str, max_num_patches, revision, validate: bool, precision: str,
-                 transforms: list, ort_cpu_variant: bool = True, max_memory_gb: float | None = None) -> None:
+def _export_into(
+    out: Path,
+    model: str,
+    max_num_patches,
+    revision,
+    validate: bool,
+    precision: str,
+    transforms: list,
+    ort_cpu_variant: bool = True,
+    max_memory_gb: float | None = None,
+) -> None:
     from .config_budget import preflight
     from .torch_worker import TorchWorker
 
     t0 = time.time()
-    job = _Job(out, model, max_num_patches, revision, validate, precision, transforms,
-               ort_cpu_variant and precision == "fp32", max_memory_gb, StageClock())
+    job = _Job(
+        out,
+        model,
+        max_num_patches,
+        revision,
+        validate,
+        precision,
+        transforms,
+        ort_cpu_variant and precision == "fp32",
+        max_memory_gb,
+        StageClock(),
+    )
     # the config's shapes against the budget before transformers builds a layer (export/config_budget.py)
     preflight(model, revision, SHORT_NAMES, max_memory_gb, precision, job.fused)
     with TorchWorker(job.clock) as worker:
@@ -282,8 +338,11 @@ def _export_into(out: Path, model: str, max_num_patches, revision, validate: boo
     manifest["export_seconds"] = round(time.time() - t0, 1)
     manifest["export_stages"] = job.clock.records
     manifest["export_peak_rss_gb"]["exporter"] = round(rss()[1] / 1e9, 3)
-    logger.info("peak memory (RSS): " + ", ".join(f"{k} {v:.2f} GB" for k, v in manifest["export_peak_rss_gb"].items())
-                + f"; export stages {manifest['export_seconds']:.0f} s")
+    logger.info(
+        "peak memory (RSS): "
+        + ", ".join(f"{k} {v:.2f} GB" for k, v in manifest["export_peak_rss_gb"].items())
+        + f"; export stages {manifest['export_seconds']:.0f} s"
+    )
     write_manifest(out, manifest)
 
 
@@ -302,9 +361,18 @@ def _open_checkpoint(job: _Job, worker) -> None:
     fit the memory limit before any stage reads the weights."""
     from .stages import check_memory_plan, plan_memory
 
-    job.info = worker.run("checkpoint", lambda r: f"opened {job.model} ({r['architecture']['model_type']}, "
-                          f"{sum(r['tower_bytes'].values()) / 1e9:.2f} GB of fp32 weights, mapped lazily)",
-                          "open_checkpoint", job.model, job.revision, job.max_num_patches, str(job.out))
+    job.info = worker.run(
+        "checkpoint",
+        lambda r: (
+            f"opened {job.model} ({r['architecture']['model_type']}, "
+            f"{sum(r['tower_bytes'].values()) / 1e9:.2f} GB of fp32 weights, mapped lazily)"
+        ),
+        "open_checkpoint",
+        job.model,
+        job.revision,
+        job.max_num_patches,
+        str(job.out),
+    )
     plan = plan_memory(job.info["tower_bytes"], job.precision, fused=job.fused)
     logger.info(check_memory_plan(plan, job.max_memory_gb, job.model))
 
@@ -316,10 +384,18 @@ def _torch_stages(job: _Job, worker) -> None:
     for tower, graphs in (("vision", ("vision", "pool")), ("text", ("text", "cp"))):
         if job.validate:
             args = () if tower == "vision" else (str(job.out),)
-            job.refs.update(worker.run(f"{tower} references", lambda r, t=tower: f"computed the PyTorch outputs the "
-                                       f"{t} checks compare against", f"{tower}_references", *args))
+            job.refs.update(
+                worker.run(
+                    f"{tower} references",
+                    lambda r, t=tower: f"computed the PyTorch outputs the {t} checks compare against",
+                    f"{tower}_references",
+                    *args,
+                )
+            )
         for g in graphs:
-            entry = worker.run(f"export {g}", lambda e, g=g: f"exported {g} -> {e['file']}", "export", g, str(job.out), OPSET)
+            entry = worker.run(
+                f"export {g}", lambda e, g=g: f"exported {g} -> {e['file']}", "export", g, str(job.out), OPSET
+            )
             files = data_files(job.out / entry["file"])
             if files:
                 entry["external_data"] = files
@@ -333,11 +409,13 @@ def _manifest(job: _Job) -> dict:
         "architecture": info["architecture"],
         "image": info["image"],
         "text": info["text"],
-        "scoring": {"fg_threshold": DEFAULT_FG_THRESHOLD,
-                    "cp_keeps": "reference patches with weight > fg_threshold",
-                    "pf_hides": "output patches with weight >= fg_threshold, and padding slots",
-                    "mask_downsample": "bilinear, align_corners=False, no antialias, clamp [0, 1]",
-                    "reference": "masc-metric 0.3.0"},
+        "scoring": {
+            "fg_threshold": DEFAULT_FG_THRESHOLD,
+            "cp_keeps": "reference patches with weight > fg_threshold",
+            "pf_hides": "output patches with weight >= fg_threshold, and padding slots",
+            "mask_downsample": "bilinear, align_corners=False, no antialias, clamp [0, 1]",
+            "reference": "masc-metric 0.3.0",
+        },
         "graphs": job.graphs,
         "validation": {},
         "precision": {"mode": "fp32"},
@@ -357,7 +435,9 @@ def _validation_stages(job: _Job) -> dict:
     for g in ("vision", "pool", "text", "cp"):
         with job.clock.stage(f"validate {g}") as note:
             r = report[g] = val.check_graph(g, job.out / job.graphs[g]["file"], job.refs)
-            note["message"] = f"validated {g}: max |error| {r['max_abs']:.2e} (atol {r['atol']:g}) over {len(r['cases'])} cases"
+            note["message"] = (
+                f"validated {g}: max |error| {r['max_abs']:.2e} (atol {r['atol']:g}) over {len(r['cases'])} cases"
+            )
     return report
 
 
@@ -376,8 +456,11 @@ def _transform_stages(job: _Job, manifest: dict) -> None:
     if not transforms:
         return
     fp32_scores = _fp32_pair_scores(job, manifest) if job.precision != "fp32" else None
-    check = ((lambda g, path, gates: val.check_graph(g, path, job.refs, gates))
-             if job.validate else (lambda g, path, gates: {"skipped": True}))
+    check = (
+        (lambda g, path, gates: val.check_graph(g, path, job.refs, gates))
+        if job.validate
+        else (lambda g, path, gates: {"skipped": True})
+    )
     manifest["transforms"] = run_transforms(job.out, job.graphs, transforms, check, stage=job.clock.stage)
     _drop_unreferenced_data(job.out, job.graphs)
     manifest["files"] = _bundle_files(job.out, job.graphs)
@@ -412,11 +495,18 @@ def _pair_gate_stage(job: _Job, manifest: dict, transform, fp32_scores: dict | N
         with tempfile.TemporaryDirectory(dir=job.out, prefix="bf16emu.") as tmp:
             scored = _emulated_bf16_bundle(job, manifest, Path(tmp)) if p == "bf16" else job.out
             rep = val.validate_pairs(None, scored, p, fp32_scores=fp32_scores)
-        note["message"] = (f"{p} pair gates: max |dCP| {rep['max_abs_dcp']:.2e}, max |dPF| {rep['max_abs_dpf']:.2e} "
-                           f"over {rep['pairs']} pairs")
-    return {"mode": p, "graphs": list(transform.graphs), "policy": policy(), "pair_gates": rep,
-            "validated_on": "ONNX Runtime CPU" + (", bf16 emulated (export/precision.py emulate_bf16)"
-                                                  if p == "bf16" else "")}
+        note["message"] = (
+            f"{p} pair gates: max |dCP| {rep['max_abs_dcp']:.2e}, max |dPF| {rep['max_abs_dpf']:.2e} "
+            f"over {rep['pairs']} pairs"
+        )
+    return {
+        "mode": p,
+        "graphs": list(transform.graphs),
+        "policy": policy(),
+        "pair_gates": rep,
+        "validated_on": "ONNX Runtime CPU"
+        + (", bf16 emulated (export/precision.py emulate_bf16)" if p == "bf16" else ""),
+    }
 
 
 def _emulated_bf16_bundle(job: _Job, manifest: dict, d: Path) -> Path:
@@ -440,8 +530,10 @@ def _variant_entry(job: _Job, fused) -> dict:
         with job.clock.stage(f"{fusion.VARIANT} scores") as note:
             refs = {"vision": job.refs["scores_vision"], "text": job.refs["scores_text"]}
             rep = fusion.check_variant_scores(job.out, job.graphs, refs)
-            note["message"] = (f"validated {fusion.VARIANT} scores: max |dCP| {rep['max_abs_dcp']:.2e}, "
-                               f"max |dPF| {rep['max_abs_dpf']:.2e}")
+            note["message"] = (
+                f"validated {fusion.VARIANT} scores: max |dCP| {rep['max_abs_dcp']:.2e}, "
+                f"max |dPF| {rep['max_abs_dpf']:.2e}"
+            )
         entry["validation"] = {"scores": rep}
     return entry
 

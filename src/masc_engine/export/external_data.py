@@ -154,7 +154,8 @@ def save_model(model, dst: str | Path) -> list[str]:
     own = dst.with_name(dst.name + ".data")
     for old in (dst, own):
         old.unlink(missing_ok=True)
-    convert_model_to_external_data(model, all_tensors_to_one_file=True, location=own.name,
-                                   size_threshold=SIZE_THRESHOLD)
+    convert_model_to_external_data(
+        model, all_tensors_to_one_file=True, location=own.name, size_threshold=SIZE_THRESHOLD
+    )
     onnx.save_model(model, str(dst))
     return data_files(dst)

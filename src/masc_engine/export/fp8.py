@@ -38,7 +38,15 @@ from typing import Sequence
 import numpy as np
 
 from ..tolerances import FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_PAIRS, FIDELITY_MIN_SPEARMAN, FP8_E4M3_MAX, FP8_OPSET
-from .cpu_precision import CandidateScoring, CertificationError, _fmt, _pair_set, default_calibration, default_heldout, scores
+from .cpu_precision import (
+    CandidateScoring,
+    CertificationError,
+    _fmt,
+    _pair_set,
+    default_calibration,
+    default_heldout,
+    scores,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -116,16 +124,37 @@ def qdq_model(model, amax: dict[str, float], keep_units: Sequence[str] = (), gra
         w = numpy_helper.to_array(inits[s["weight"]]).astype(np.float32)
         ws = np.maximum(np.abs(w).max(axis=0), 1e-12).astype(np.float32) / np.float32(FP8_E4M3_MAX)
         xs = np.float32(max(float(amax[s["act"]]), 1e-12) / FP8_E4M3_MAX)
-        m.graph.initializer.extend([
-            _fp8_tensor(f"{tag}.w_fp8", w / ws), numpy_helper.from_array(ws, f"{tag}.w_scale"),
-            helper.make_tensor(f"{tag}.w_zero", TensorProto.FLOAT8E4M3FN, [int(ws.size)], [0] * int(ws.size)),
-            numpy_helper.from_array(np.array(xs, np.float32), f"{tag}.x_scale")])
-        new_nodes.append((n, [
-            helper.make_node("QuantizeLinear", [s["act"], f"{tag}.x_scale", zp], [f"{tag}.x_q"], name=f"{tag}.x_quant"),
-            helper.make_node("DequantizeLinear", [f"{tag}.x_q", f"{tag}.x_scale", zp], [f"{tag}.x_dq"],
-                             name=f"{tag}.x_dequant"),
-            helper.make_node("DequantizeLinear", [f"{tag}.w_fp8", f"{tag}.w_scale", f"{tag}.w_zero"], [f"{tag}.w_dq"],
-                             name=f"{tag}.w_dequant", axis=1)]))
+        m.graph.initializer.extend(
+            [
+                _fp8_tensor(f"{tag}.w_fp8", w / ws),
+                numpy_helper.from_array(ws, f"{tag}.w_scale"),
+                helper.make_tensor(f"{tag}.w_zero", TensorProto.FLOAT8E4M3FN, [int(ws.size)], [0] * int(ws.size)),
+                numpy_helper.from_array(np.array(xs, np.float32), f"{tag}.x_scale"),
+            ]
+        )
+        new_nodes.append(
+            (
+                n,
+                [
+                    helper.make_node(
+                        "QuantizeLinear", [s["act"], f"{tag}.x_scale", zp], [f"{tag}.x_q"], name=f"{tag}.x_quant"
+                    ),
+                    helper.make_node(
+                        "DequantizeLinear",
+                        [f"{tag}.x_q", f"{tag}.x_scale", zp],
+                        [f"{tag}.x_dq"],
+                        name=f"{tag}.x_dequant",
+                    ),
+                    helper.make_node(
+                        "DequantizeLinear",
+                        [f"{tag}.w_fp8", f"{tag}.w_scale", f"{tag}.w_zero"],
+                        [f"{tag}.w_dq"],
+                        name=f"{tag}.w_dequant",
+                        axis=1,
+                    ),
+                ],
+            )
+        )
         n.input[0], n.input[1] = f"{tag}.x_dq", f"{tag}.w_dq"
     _insert_before(m.graph, new_nodes)
     used = {i for n in m.graph.node for i in n.input}
@@ -167,7 +196,7 @@ class _AmaxSpy:
     def run(self, feeds):
         names = list(self._runner.output_names) + self._acts
         outs = self._session.run(names, {k: feeds[k] for k in self._runner.input_names})
-        for a, x in zip(self._acts, outs[len(self._runner.output_names):]):
+        for a, x in zip(self._acts, outs[len(self._runner.output_names) :]):
             self.amax[a] = max(self.amax.get(a, 0.0), float(np.abs(x).max()))
         return dict(zip(self._runner.output_names, outs))
 
@@ -237,9 +266,15 @@ class Fp8Evaluator(CandidateScoring):
         return self.score_candidate(Scorer(b, intra_op_threads=self.threads, graph_variant="portable"), pairs)
 
 
-def certify_fp8(bundle_dir: str | Path, out_dir: str | Path, *, calibration: str | Path | Sequence | None = None,
-                heldout: str | Path | Sequence | None = None,
-                threads: int | None = None, max_keep: int | None = None) -> dict:
+def certify_fp8(
+    bundle_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    calibration: str | Path | Sequence | None = None,
+    heldout: str | Path | Sequence | None = None,
+    threads: int | None = None,
+    max_keep: int | None = None,
+) -> dict:
     """Write an FP8 bundle ``out_dir`` from the fp32 bundle ``bundle_dir`` if its scores pass the
     gates against fp32 (module docstring), else refuse with the figures (nothing written).
 
@@ -271,8 +306,11 @@ def certify_fp8(bundle_dir: str | Path, out_dir: str | Path, *, calibration: str
     cal, cal_info = _pair_set(calibration, default_calibration)
     held, held_info = _pair_set(heldout, default_heldout)
     if len(held) < FIDELITY_MIN_PAIRS:
-        raise CertificationError(f"fp8 needs at least {FIDELITY_MIN_PAIRS} held-out pairs for its gates to count; "
-                                 f"{held_info['source']} has {len(held)}", {})
+        raise CertificationError(
+            f"fp8 needs at least {FIDELITY_MIN_PAIRS} held-out pairs for its gates to count; "
+            f"{held_info['source']} has {len(held)}",
+            {},
+        )
     logger.info(f"fp8 calibration: {len(cal)} pairs ({cal_info['source']})")
     amax = calibrate(src, cal, threads)
     stage = out.with_name(out.name + ".fp8-stage")
@@ -282,15 +320,20 @@ def certify_fp8(bundle_dir: str | Path, out_dir: str | Path, *, calibration: str
         ev = Fp8Evaluator(src.path, amax, stage, threads)
         found = search_keep_list(ev, cal, held, max_keep, mode="fp8")
         record = _write_fp8_bundle(stage, src.manifest, ev, found, amax)
-        record.update(pairs={"calibration": {**cal_info, "pairs": len(cal)}, "heldout": {**held_info, "pairs": len(held)}},
-                      seconds=round(time.time() - t0, 1), configurations_scored=ev.configurations)
+        record.update(
+            pairs={"calibration": {**cal_info, "pairs": len(cal)}, "heldout": {**held_info, "pairs": len(held)}},
+            seconds=round(time.time() - t0, 1),
+            configurations_scored=ev.configurations,
+        )
         manifest = _read(stage)
         manifest["precision"] = record
         write_manifest(stage, manifest)
         stage.rename(out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    logger.info(f"fp8 certified: {len(found['keep_fp32'])} units kept in fp32 {found['keep_fp32']}; held-out {_fmt(found['heldout'])}")
+    logger.info(
+        f"fp8 certified: {len(found['keep_fp32'])} units kept in fp32 {found['keep_fp32']}; held-out {_fmt(found['heldout'])}"
+    )
     return record
 
 
@@ -321,12 +364,25 @@ def _write_fp8_bundle(stage: Path, manifest: dict, ev: Fp8Evaluator, found: dict
 
     write_manifest(stage, new)
     sites = [s for s in ev.sites if s["unit"] not in found["keep_fp32"]]
-    return {"mode": FP8, "format": "FLOAT8E4M3FN explicit Q/DQ (opset %d)" % FP8_OPSET, "graphs": list(FP8_GRAPHS),
-            "units": ev.unit_names, "keep_fp32": list(found["keep_fp32"]), "quantized_matmuls": len(sites),
-            "activation_scales": {s["act"]: amax[s["act"]] / FP8_E4M3_MAX for s in sites},
-            "weights": "per output channel (axis 1), amax / 448",
-            "gates": {"calibration": _summary(found["calibration"]), "heldout": _summary(found["heldout"]),
-                      "thresholds": {"max_abs_delta": FIDELITY_MAX_ABS_DELTA, "min_spearman": FIDELITY_MIN_SPEARMAN,
-                                     "min_pairs_heldout": FIDELITY_MIN_PAIRS}},
-            "reference": "fp32 ONNX Runtime CPU on the source bundle", "scored_on": "ONNX Runtime CPU (Q/DQ emulated)",
-            "claim": "scores are certified to the gates against fp32; FP8 speed on a GPU is not measured"}
+    return {
+        "mode": FP8,
+        "format": "FLOAT8E4M3FN explicit Q/DQ (opset %d)" % FP8_OPSET,
+        "graphs": list(FP8_GRAPHS),
+        "units": ev.unit_names,
+        "keep_fp32": list(found["keep_fp32"]),
+        "quantized_matmuls": len(sites),
+        "activation_scales": {s["act"]: amax[s["act"]] / FP8_E4M3_MAX for s in sites},
+        "weights": "per output channel (axis 1), amax / 448",
+        "gates": {
+            "calibration": _summary(found["calibration"]),
+            "heldout": _summary(found["heldout"]),
+            "thresholds": {
+                "max_abs_delta": FIDELITY_MAX_ABS_DELTA,
+                "min_spearman": FIDELITY_MIN_SPEARMAN,
+                "min_pairs_heldout": FIDELITY_MIN_PAIRS,
+            },
+        },
+        "reference": "fp32 ONNX Runtime CPU on the source bundle",
+        "scored_on": "ONNX Runtime CPU (Q/DQ emulated)",
+        "claim": "scores are certified to the gates against fp32; FP8 speed on a GPU is not measured",
+    }

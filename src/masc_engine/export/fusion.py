@@ -58,17 +58,32 @@ import numpy as np
 
 from ..errors import MascEngineError
 from . import external_data
+
 # The score check's public names, re-exported (importable from the fusion module as before).
-from .fusion_scores import (SCORE_PROMPTS, check_scores, score_prompt_ids,  # noqa: F401
-                            score_references_text, score_references_vision, validate_scores)
+from .fusion_scores import (
+    SCORE_PROMPTS,  # noqa: F401
+    check_scores,
+    score_prompt_ids,
+    score_references_text,
+    score_references_vision,
+    validate_scores,  # noqa: F401
+)
 
 #: Name of the variant in the manifest and the infix of its files (``vision.ort-cpu.onnx``).
 VARIANT = "ort-cpu"
 #: Graphs the variant replaces; the rest (pool, cp) run the portable graphs.
 FUSED_GRAPHS = ("vision", "text")
 #: Contrib ops whose counts the manifest records.
-FUSED_OP_TYPES = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "FastGelu", "BiasGelu",
-                  "Gelu", "LayerNormalization", "SkipSimplifiedLayerNormalization")
+FUSED_OP_TYPES = (
+    "Attention",
+    "MultiHeadAttention",
+    "SkipLayerNormalization",
+    "FastGelu",
+    "BiasGelu",
+    "Gelu",
+    "LayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+)
 
 
 class FusionError(MascEngineError):
@@ -189,12 +204,11 @@ def canonicalize_attention(model, head_dim: int) -> dict:
     from onnx import TensorProto, helper
 
     g = _Graph(model.graph)
-    report = {"attention_blocks": 0, "padding_masks": 0, "constant_masks_dropped": 0, "unmasked": 0,
-              "mask_value": None}
+    report = {"attention_blocks": 0, "padding_masks": 0, "constant_masks_dropped": 0, "unmasked": 0, "mask_value": None}
     canonical: dict[str, str] = {}  # graph input -> canonical additive mask tensor
     new_nodes, new_inits = [], []
     inv_scale_name = None
-    want = head_dim ** -0.5
+    want = head_dim**-0.5
     for sm in [n for n in model.graph.node if n.op_type == "Softmax"]:
         src = g.producer.get(sm.input[0])
         if src is None:
@@ -211,8 +225,10 @@ def canonicalize_attention(model, head_dim: int) -> dict:
             continue  # not a self-attention block of ours (left for the count check)
         mul, qk_index, scale = scaled
         if not math.isclose(scale, want, rel_tol=1e-6):
-            raise FusionError(f"attention at {sm.name}: score scale {scale!r} is not head_dim**-0.5 = {want!r}; "
-                              "the fused kernel would scale differently")
+            raise FusionError(
+                f"attention at {sm.name}: score scale {scale!r} is not head_dim**-0.5 = {want!r}; "
+                "the fused kernel would scale differently"
+            )
         report["attention_blocks"] += 1
         if mask is None:
             report["unmasked"] += 1
@@ -222,8 +238,10 @@ def canonicalize_attention(model, head_dim: int) -> dict:
         else:
             found = _padding_mask_source(g, mask)
             if found is None:
-                raise FusionError(f"attention at {sm.name}: additive mask {mask!r} has a form the fusion "
-                                  "adapter does not know; refusing rather than risk dropping it")
+                raise FusionError(
+                    f"attention at {sm.name}: additive mask {mask!r} has a form the fusion "
+                    "adapter does not know; refusing rather than risk dropping it"
+                )
             inp, value = found
             if report["mask_value"] not in (None, value):
                 raise FusionError("attention blocks use different mask values")
@@ -248,7 +266,9 @@ def canonicalize_attention(model, head_dim: int) -> dict:
         # Mul(QK^T, s) -> Div(QK^T, 1/s): see rewrite 2 in the module docstring.
         if inv_scale_name is None:
             inv_scale_name = "masc_attention_inv_scale"
-            new_inits.append(helper.make_tensor(inv_scale_name, TensorProto.FLOAT, [], [float(1.0 / np.float64(scale))]))
+            new_inits.append(
+                helper.make_tensor(inv_scale_name, TensorProto.FLOAT, [], [float(1.0 / np.float64(scale))])
+            )
         mul.op_type = "Div"
         mul.input[:] = [mul.input[qk_index], inv_scale_name]
         res = _residual_add(g, sm)
@@ -300,18 +320,28 @@ def fuse_graph(src: str | Path, dst: str | Path, num_heads: int, hidden_size: in
         options = FusionOptions("bert")
         options.attention_mask_format = AttentionMaskFormat.AttentionMask
         options.enable_embed_layer_norm = False  # our embeddings are not BERT's (patches, positions)
-        opt = optimizer.optimize_model(model, model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
-                                       opt_level=0, optimization_options=options)
+        opt = optimizer.optimize_model(
+            model,
+            model_type="bert",
+            num_heads=num_heads,
+            hidden_size=hidden_size,
+            opt_level=0,
+            optimization_options=options,
+        )
     fused = opt.model
     after = op_counts(fused)
     blocks = adapter["attention_blocks"]
     if after.get("Softmax", 0) or after.get("com.microsoft::Attention", 0) != blocks or blocks == 0:
-        raise FusionError(f"{Path(src).name}: {after.get('com.microsoft::Attention', 0)} of {blocks} attention blocks "
-                          f"fused ({after.get('Softmax', 0)} Softmax left); refusing a partly fused graph")
+        raise FusionError(
+            f"{Path(src).name}: {after.get('com.microsoft::Attention', 0)} of {blocks} attention blocks "
+            f"fused ({after.get('Softmax', 0)} Softmax left); refusing a partly fused graph"
+        )
     attn = [n for n in fused.graph.node if n.op_type == "Attention"]
     masks = {n.input[3] if len(n.input) > 3 else "" for n in attn}
     if adapter["padding_masks"] and masks != {"pixel_attention_mask"}:
-        raise FusionError(f"{Path(src).name}: fused Attention nodes take mask {sorted(masks)}, not pixel_attention_mask")
+        raise FusionError(
+            f"{Path(src).name}: fused Attention nodes take mask {sorted(masks)}, not pixel_attention_mask"
+        )
     if not adapter["padding_masks"] and masks != {""}:
         raise FusionError(f"{Path(src).name}: unexpected attention mask inputs {sorted(masks)}")
     dst = Path(dst)
@@ -330,9 +360,16 @@ def fuse_graph(src: str | Path, dst: str | Path, num_heads: int, hidden_size: in
         "fusions": {k.split("::", 1)[1]: v for k, v in after.items() if k.startswith("com.microsoft::")},
         "adapter": adapter,
         "external_data": {"files": files, **shared},
-        "optimizer": {"tool": "onnxruntime.transformers.optimizer.optimize_model", "onnxruntime": onnxruntime.__version__,
-                      "model_type": "bert", "opt_level": 0, "num_heads": int(num_heads), "hidden_size": int(hidden_size),
-                      "attention_mask_format": "AttentionMask (raw 2-D)", "enable_embed_layer_norm": False},
+        "optimizer": {
+            "tool": "onnxruntime.transformers.optimizer.optimize_model",
+            "onnxruntime": onnxruntime.__version__,
+            "model_type": "bert",
+            "opt_level": 0,
+            "num_heads": int(num_heads),
+            "hidden_size": int(hidden_size),
+            "attention_mask_format": "AttentionMask (raw 2-D)",
+            "enable_embed_layer_norm": False,
+        },
     }
 
 
@@ -359,8 +396,10 @@ def share_packed_qkv(model, index: dict) -> int:
         w = model.graph.initializer[inits[node.input[1]]]
         if len(w.dims) != 2 or w.dims[1] % 3:
             continue
-        parts = [numpy_helper.from_array(np.ascontiguousarray(p), f"{w.name}_{x}")
-                 for p, x in zip(np.split(numpy_helper.to_array(w), 3, axis=1), "qkv")]
+        parts = [
+            numpy_helper.from_array(np.ascontiguousarray(p), f"{w.name}_{x}")
+            for p, x in zip(np.split(numpy_helper.to_array(w), 3, axis=1), "qkv")
+        ]
         hits = [index.get(external_data.tensor_key(t.data_type, t.dims, t.raw_data)) for t in parts]
         if any(h is None for h in hits):
             continue
@@ -439,9 +478,13 @@ class FusionTransform:
         return cls({"vision": (v.num_attention_heads, v.hidden_size), "text": (t.num_attention_heads, t.hidden_size)})
 
     def settings(self) -> dict:
-        return {"optimizer": "onnxruntime.transformers.optimizer.optimize_model", "model_type": "bert",
-                "opt_level": 0, "towers": {g: {"num_heads": h, "hidden_size": w} for g, (h, w) in self.towers.items()},
-                "runtime": dict(self.runtime)}
+        return {
+            "optimizer": "onnxruntime.transformers.optimizer.optimize_model",
+            "model_type": "bert",
+            "opt_level": 0,
+            "towers": {g: {"num_heads": h, "hidden_size": w} for g, (h, w) in self.towers.items()},
+            "runtime": dict(self.runtime),
+        }
 
     def apply(self, graph: str, src: Path, dst: Path) -> dict:
         heads_, width = self.towers[graph]
@@ -478,6 +521,8 @@ def check_variant_scores(bundle_dir: str | Path, graphs: dict, refs: dict) -> di
 
 def validate_variant_scores(bundle_dir: str | Path, graphs: dict, model, processor, image: dict, text: dict) -> dict:
     """:func:`check_variant_scores` with the references computed from ``model`` first."""
-    refs = {"vision": score_references_vision(model.vision_model, processor, image),
-            "text": score_references_text(model.text_model, score_prompt_ids(text, bundle_dir))}
+    refs = {
+        "vision": score_references_vision(model.vision_model, processor, image),
+        "text": score_references_text(model.text_model, score_prompt_ids(text, bundle_dir)),
+    }
     return check_variant_scores(bundle_dir, graphs, refs)

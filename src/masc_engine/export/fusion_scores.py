@@ -61,17 +61,21 @@ def score_references_vision(vision_model, processor, image: dict) -> dict:
     with torch.no_grad():
         if s.mode == "naflex":
             ref_in = processor.image_processor(images=imgs, max_num_patches=s.max_num_patches, return_tensors="pt")
-            ref = vision_model(pixel_values=ref_in["pixel_values"], pixel_attention_mask=ref_in["pixel_attention_mask"],
-                               spatial_shapes=ref_in["spatial_shapes"]).last_hidden_state.numpy()
+            ref = vision_model(
+                pixel_values=ref_in["pixel_values"],
+                pixel_attention_mask=ref_in["pixel_attention_mask"],
+                spatial_shapes=ref_in["spatial_shapes"],
+            ).last_hidden_state.numpy()
         else:
             ref_in = processor.image_processor(images=imgs, return_tensors="pt")
             ref = vision_model(pixel_values=ref_in["pixel_values"]).last_hidden_state.numpy()
     if s.mode == "naflex":
         n = max(counts)
-        feeds = {"pixel_values": np.stack([p.pixel_values[:n] for p in pre]),
-                 "pixel_attention_mask": np.stack([p.pixel_attention_mask[:n] for p in pre]),
-                 "position_weights": np.stack([position_weights(image["position_grid"], p.spatial_shape, n)
-                                               for p in pre])}
+        feeds = {
+            "pixel_values": np.stack([p.pixel_values[:n] for p in pre]),
+            "pixel_attention_mask": np.stack([p.pixel_attention_mask[:n] for p in pre]),
+            "position_weights": np.stack([position_weights(image["position_grid"], p.spatial_shape, n) for p in pre]),
+        }
     else:
         feeds = {"pixel_values": np.stack([p.pixel_values for p in pre])}
     tokens = [ref[i, :c] for i, c in enumerate(counts)]
@@ -87,8 +91,14 @@ def score_references_vision(vision_model, processor, image: dict) -> dict:
             x = torch.from_numpy(rt[None])
             att = head.attention(head.probe, x, x, key_padding_mask=torch.from_numpy(kpm[None]))[0]
             pooled.append((kpm, (att + head.mlp(head.layernorm(att)))[0, 0].numpy()))
-    return {"feeds": feeds, "counts": counts, "tokens": tokens, "weights": weights, "pooled": pooled,
-            "grids": [list(p.spatial_shape) for p in pre]}
+    return {
+        "feeds": feeds,
+        "counts": counts,
+        "tokens": tokens,
+        "weights": weights,
+        "pooled": pooled,
+        "grids": [list(p.spatial_shape) for p in pre],
+    }
 
 
 def score_prompt_ids(text: dict, bundle_dir: Path) -> np.ndarray:
@@ -159,18 +169,27 @@ def check_scores(refs: dict, runner_for) -> dict:
             pairs += 1
     del pool
     release_memory()
-    case = {"max_abs": float(max(d_cp + d_pf)), "max_abs_dcp": float(max(d_cp)), "max_abs_dpf": float(max(d_pf)),
-            "pairs": pairs, "grids": v["grids"], "prompts": len(t["ids"])}
+    case = {
+        "max_abs": float(max(d_cp + d_pf)),
+        "max_abs_dcp": float(max(d_cp)),
+        "max_abs_dpf": float(max(d_pf)),
+        "pairs": pairs,
+        "grids": v["grids"],
+        "prompts": len(t["ids"]),
+    }
     report = _check("scores", [case], atol=ORACLE_SCORE_ATOL, against="PyTorch (CP and PF)")
     report.update(max_abs_dcp=case["max_abs_dcp"], max_abs_dpf=case["max_abs_dpf"], pairs=pairs)
     return report
 
 
-def validate_scores(model, processor, image: dict, text: dict, bundle_dir: Path, vision_runner, text_runner,
-                    pool_runner) -> dict:
+def validate_scores(
+    model, processor, image: dict, text: dict, bundle_dir: Path, vision_runner, text_runner, pool_runner
+) -> dict:
     """:func:`check_scores` on open runners, the references computed from ``model`` (a
     transformers ``Siglip2Model``) first."""
-    refs = {"vision": score_references_vision(model.vision_model, processor, image),
-            "text": score_references_text(model.text_model, score_prompt_ids(text, bundle_dir))}
+    refs = {
+        "vision": score_references_vision(model.vision_model, processor, image),
+        "text": score_references_text(model.text_model, score_prompt_ids(text, bundle_dir)),
+    }
     runners = {"vision": vision_runner, "text": text_runner, "pool": pool_runner}
     return check_scores(refs, runners.__getitem__)

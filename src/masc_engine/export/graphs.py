@@ -87,7 +87,7 @@ class MaskedPoolingHead(nn.Module):
         q = (probe @ w_q.T + b_q).reshape(1, 1, h, hd).transpose(1, 2)  # [1, H, 1, hd]
         k = (hidden @ w_k.T + b_k).reshape(b, n, h, hd).transpose(1, 2)  # [B, H, N, hd]
         v = (hidden @ w_v.T + b_v).reshape(b, n, h, hd).transpose(1, 2)
-        logits = (q * (hd ** -0.5)) @ k.transpose(-1, -2)  # [B, H, 1, N]
+        logits = (q * (hd**-0.5)) @ k.transpose(-1, -2)  # [B, H, 1, N]
         logits = logits + key_padding_mask[:, None, None, :].to(logits.dtype) * MASK_VALUE
         weights = torch.softmax(logits, dim=-1)
         out = (weights @ v).transpose(1, 2).reshape(b, 1, d)
@@ -150,17 +150,22 @@ def vision_spec_naflex(vision_model, patch_size: int, grid: int, trace_patches: 
         g = torch.Generator().manual_seed(0)
         pv = torch.randn(2, trace_patches, pp3, generator=g)
         mask = torch.ones(2, trace_patches, dtype=torch.int32)
-        mask[1, trace_patches // 2:] = 0
+        mask[1, trace_patches // 2 :] = 0
         pw = torch.rand(2, trace_patches, grid * grid, generator=g)
         return pv, mask, pw
 
     return GraphSpec(
-        name="vision", file="vision.onnx",
-        inputs=[TensorSpec("pixel_values", "float32", ("batch", "num_patches", pp3)),
-                TensorSpec("pixel_attention_mask", "int32", ("batch", "num_patches")),
-                TensorSpec("position_weights", "float32", ("batch", "num_patches", grid * grid))],
+        name="vision",
+        file="vision.onnx",
+        inputs=[
+            TensorSpec("pixel_values", "float32", ("batch", "num_patches", pp3)),
+            TensorSpec("pixel_attention_mask", "int32", ("batch", "num_patches")),
+            TensorSpec("position_weights", "float32", ("batch", "num_patches", grid * grid)),
+        ],
         outputs=[TensorSpec("last_hidden_state", "float32", ("batch", "num_patches", d))],
-        module=NaFlexVisionTower(vision_model).eval(), example=example, external_data=True,
+        module=NaFlexVisionTower(vision_model).eval(),
+        example=example,
+        external_data=True,
     )
 
 
@@ -172,10 +177,13 @@ def vision_spec_fixed(vision_model, image_size: int) -> GraphSpec:
         return (torch.randn(2, 3, image_size, image_size, generator=torch.Generator().manual_seed(0)),)
 
     return GraphSpec(
-        name="vision", file="vision.onnx",
+        name="vision",
+        file="vision.onnx",
         inputs=[TensorSpec("pixel_values", "float32", ("batch", 3, image_size, image_size))],
         outputs=[TensorSpec("last_hidden_state", "float32", ("batch", n, d))],
-        module=FixedVisionTower(vision_model).eval(), example=example, external_data=True,
+        module=FixedVisionTower(vision_model).eval(),
+        example=example,
+        external_data=True,
     )
 
 
@@ -188,12 +196,18 @@ def pool_spec(head, width: int, trace_tokens: int) -> GraphSpec:
         return hidden, kpm
 
     return GraphSpec(
-        name="pool", file="pool.onnx",
-        inputs=[TensorSpec("hidden", "float32", ("batch", "num_tokens", width)),
-                TensorSpec("key_padding_mask", "bool", ("batch", "num_tokens"))],
-        outputs=[TensorSpec("pooled", "float32", ("batch", width)),
-                 TensorSpec("attention", "float32", ("batch", "num_tokens"))],
-        module=MaskedPoolingHead(head).eval(), example=example,
+        name="pool",
+        file="pool.onnx",
+        inputs=[
+            TensorSpec("hidden", "float32", ("batch", "num_tokens", width)),
+            TensorSpec("key_padding_mask", "bool", ("batch", "num_tokens")),
+        ],
+        outputs=[
+            TensorSpec("pooled", "float32", ("batch", width)),
+            TensorSpec("attention", "float32", ("batch", "num_tokens")),
+        ],
+        module=MaskedPoolingHead(head).eval(),
+        example=example,
         extra={"num_heads": int(head.attention.num_heads), "mask_value": MASK_VALUE},
     )
 
@@ -205,10 +219,13 @@ def text_spec(text_model, length: int, vocab_size: int) -> GraphSpec:
         return (torch.randint(0, vocab_size, (2, length), generator=torch.Generator().manual_seed(2)),)
 
     return GraphSpec(
-        name="text", file="text.onnx",
+        name="text",
+        file="text.onnx",
         inputs=[TensorSpec("input_ids", "int64", ("batch", length))],
         outputs=[TensorSpec("text_embeds", "float32", ("batch", proj))],
-        module=TextTower(text_model).eval(), example=example, external_data=True,
+        module=TextTower(text_model).eval(),
+        example=example,
+        external_data=True,
     )
 
 
@@ -231,9 +248,15 @@ def export_graph(spec: GraphSpec, path, opset: int = 18) -> None:
         dynamic_shapes[name] = axes
     with torch.inference_mode(False), torch.no_grad():
         prog = torch.onnx.export(
-            spec.module, args, dynamo=True, opset_version=opset, input_names=arg_names,
-            output_names=[t.name for t in spec.outputs], dynamic_shapes=dynamic_shapes,
-            verbose=False, optimize=True,
+            spec.module,
+            args,
+            dynamo=True,
+            opset_version=opset,
+            input_names=arg_names,
+            output_names=[t.name for t in spec.outputs],
+            dynamic_shapes=dynamic_shapes,
+            verbose=False,
+            optimize=True,
         )
     external = spec.external_data or _needs_external_data(spec.module)
     if external:  # the writer appends to an existing data file
@@ -251,4 +274,3 @@ def _needs_external_data(module: nn.Module) -> bool:
     """ONNX protobufs are capped at 2 GiB; so400m's vision tower alone is ~1.7 GB in fp32."""
     size = sum(p.numel() * p.element_size() for p in module.parameters())
     return size > 1_800_000_000
-

@@ -35,8 +35,13 @@ def quantize_graphs(src: str | Path, stage: str | Path) -> dict:
         entry = manifest["graphs"][graph]
         f = stage / entry["file"]
         with clock.stage(f"quantize {graph}") as note:
-            quantize_dynamic(str(src / entry["file"]), str(f), op_types_to_quantize=["MatMul"],
-                             per_channel=True, weight_type=QuantType.QInt8)
+            quantize_dynamic(
+                str(src / entry["file"]),
+                str(f),
+                op_types_to_quantize=["MatMul"],
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+            )
             note["message"] = f"quantized {graph} -> int8 ({f.stat().st_size / 1e6:.1f} MB)"
         entry.pop("external_data", None)  # written inline: the fp32 weight file is no longer read
         if data_files(f):

@@ -40,6 +40,9 @@ def check_graphs(bundle_dir: str | Path, files: Iterable[str]) -> list[str]:
         checked.append(name)
     if failures:
         lines = "; ".join(f"{n}: {m.strip().splitlines()[0] if m.strip() else m}" for n, m in failures.items())
-        raise ExportValidationError(f"{len(failures)} graph(s) fail onnx.checker.check_model(full_check=True), so the "
-                                    f"bundle is not kept: {lines}", report=failures)
+        raise ExportValidationError(
+            f"{len(failures)} graph(s) fail onnx.checker.check_model(full_check=True), so the "
+            f"bundle is not kept: {lines}",
+            report=failures,
+        )
     return checked

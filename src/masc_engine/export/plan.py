@@ -37,8 +37,11 @@ BACKENDS = ("onnx", "tensorrt")
 #: embedder bundle (export/embedders.py).
 KINDS = ("scorer", "segmenter", "embedder")
 #: What each CPU-only mode makes (the reason it refuses ``--backend tensorrt``).
-_CPU_ONLY = {BF16_CPU_MODE: "a bundle for OpenVINO's CPU plugin", "fp8": "an ONNX bundle certified on CPU",
-             "int8": "an ONNX Runtime (CPU) bundle"}
+_CPU_ONLY = {
+    BF16_CPU_MODE: "a bundle for OpenVINO's CPU plugin",
+    "fp8": "an ONNX bundle certified on CPU",
+    "int8": "an ONNX Runtime (CPU) bundle",
+}
 #: The modes a segmenter bundle exports (docs/segmenter.md).
 _SEGMENTER_MODES = ("fp32", "fp16")
 
@@ -140,26 +143,38 @@ class ExportPlan:
             raise ExportPlanError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu or fp8")
         if self.engines_only and self.backend != "tensorrt":
             raise ExportPlanError("--engines-only builds TensorRT engines: add --backend tensorrt")
-        if self.kind == "segmenter" and (self.backend == "tensorrt" or self.max_num_patches
-                                         or self.mode not in _SEGMENTER_MODES):
-            raise ExportPlanError("a segmenter bundle exports fp32 or fp16 ONNX graphs for ONNX Runtime (cpu or "
-                                  "cuda); --max-num-patches, --precision bf16/bf16-cpu/int8 and --backend tensorrt "
-                                  "are the scorer's (docs/segmenter.md)")
-        if self.kind == "embedder" and (self.backend == "tensorrt" or self.max_num_patches or self.mode != "fp32"
-                                        or self.engines_only):
-            raise ExportPlanError("an embedder bundle (CLIP, DINO, DINOv2) exports fp32 ONNX graphs for ONNX Runtime; "
-                                  "--max-num-patches, --precision other than fp32 and --backend tensorrt are not "
-                                  "available for it (docs/export.md)")
+        if self.kind == "segmenter" and (
+            self.backend == "tensorrt" or self.max_num_patches or self.mode not in _SEGMENTER_MODES
+        ):
+            raise ExportPlanError(
+                "a segmenter bundle exports fp32 or fp16 ONNX graphs for ONNX Runtime (cpu or "
+                "cuda); --max-num-patches, --precision bf16/bf16-cpu/int8 and --backend tensorrt "
+                "are the scorer's (docs/segmenter.md)"
+            )
+        if self.kind == "embedder" and (
+            self.backend == "tensorrt" or self.max_num_patches or self.mode != "fp32" or self.engines_only
+        ):
+            raise ExportPlanError(
+                "an embedder bundle (CLIP, DINO, DINOv2) exports fp32 ONNX graphs for ONNX Runtime; "
+                "--max-num-patches, --precision other than fp32 and --backend tensorrt are not "
+                "available for it (docs/export.md)"
+            )
         if self.kind is not None and self.precision == "int8" and not self.gate_pairs:
-            raise ExportPlanError("--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
-                                  "its gates against fp32 on those pairs")
+            raise ExportPlanError(
+                "--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
+                "its gates against fp32 on those pairs"
+            )
 
     def _check_values(self) -> None:
-        for name, value, legal in (("precision", self.precision, (None, *GRAPH_PRECISIONS)),
-                                   ("certify", self.certify, (None, *CERTIFICATIONS)),
-                                   ("backend", self.backend, BACKENDS), ("kind", self.kind, (None, *KINDS))):
+        for name, value, legal in (
+            ("precision", self.precision, (None, *GRAPH_PRECISIONS)),
+            ("certify", self.certify, (None, *CERTIFICATIONS)),
+            ("backend", self.backend, BACKENDS),
+            ("kind", self.kind, (None, *KINDS)),
+        ):
             if value not in legal:
                 raise ExportPlanError(f"export plan: {name} must be one of {[v for v in legal if v]}, got {value!r}")
         if self.certify is not None and self.graph_precision != "fp32":
-            raise ExportPlanError(f"{self.certify} certifies fp32 graphs, not {self.precision}: "
-                                  f"use --precision {self.certify} alone")
+            raise ExportPlanError(
+                f"{self.certify} certifies fp32 graphs, not {self.precision}: use --precision {self.certify} alone"
+            )

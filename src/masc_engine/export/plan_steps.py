@@ -39,8 +39,13 @@ def resolve_kind(plan: ExportPlan, out_dir: str | Path) -> ExportPlan:
         from .embedders import is_embedder_model
         from .segmenter import is_segmenter_model
 
-        kind = ("segmenter" if is_segmenter_model(plan.model, plan.revision) else
-                "embedder" if is_embedder_model(plan.model, plan.revision) else "scorer")
+        kind = (
+            "segmenter"
+            if is_segmenter_model(plan.model, plan.revision)
+            else "embedder"
+            if is_embedder_model(plan.model, plan.revision)
+            else "scorer"
+        )
     return dataclasses.replace(plan, kind=kind)
 
 
@@ -56,22 +61,36 @@ def export_onnx(plan: ExportPlan, out_dir: str | Path, ort_cpu_variant: bool = T
     """
     plan = resolve_kind(plan, out_dir)
     if plan.precision in ("int8", "fp8"):
-        raise ExportPlanError(f"--precision {plan.precision} is made from an fp32 bundle (export_fp8, or the int8 gate)")
+        raise ExportPlanError(
+            f"--precision {plan.precision} is made from an fp32 bundle (export_fp8, or the int8 gate)"
+        )
     if plan.kind == "segmenter":
         from .segmenter import export_segmenter_bundle
 
-        return export_segmenter_bundle(plan.model, out_dir, revision=plan.revision, precision=plan.graph_precision,
-                                       max_memory_gb=plan.max_memory_gb)
+        return export_segmenter_bundle(
+            plan.model,
+            out_dir,
+            revision=plan.revision,
+            precision=plan.graph_precision,
+            max_memory_gb=plan.max_memory_gb,
+        )
     if plan.kind == "embedder":
         from .embedders import export_embedder_bundle
 
         return export_embedder_bundle(plan.model, out_dir, revision=plan.revision, max_memory_gb=plan.max_memory_gb)
     from .exporter import export_bundle
 
-    return export_bundle(plan.model, out_dir, max_num_patches=plan.max_num_patches, revision=plan.revision,
-                         precision=plan.graph_precision, certify=plan.certify,
-                         cpu_precision_options=plan.certification_options, max_memory_gb=plan.max_memory_gb,
-                         ort_cpu_variant=ort_cpu_variant)
+    return export_bundle(
+        plan.model,
+        out_dir,
+        max_num_patches=plan.max_num_patches,
+        revision=plan.revision,
+        precision=plan.graph_precision,
+        certify=plan.certify,
+        cpu_precision_options=plan.certification_options,
+        max_memory_gb=plan.max_memory_gb,
+        ort_cpu_variant=ort_cpu_variant,
+    )
 
 
 def export_fp8(plan: ExportPlan, out_dir: str | Path) -> Path:
@@ -100,8 +119,14 @@ def fp32_source(plan: ExportPlan, out_dir: str | Path) -> Path:
     portable graphs only (the derived bundle drops the fused CPU variant anyway)."""
     from .exporter import export_bundle
 
-    return export_bundle(plan.model, out_dir, max_num_patches=plan.max_num_patches, revision=plan.revision,
-                         ort_cpu_variant=False, max_memory_gb=plan.max_memory_gb)
+    return export_bundle(
+        plan.model,
+        out_dir,
+        max_num_patches=plan.max_num_patches,
+        revision=plan.revision,
+        ort_cpu_variant=False,
+        max_memory_gb=plan.max_memory_gb,
+    )
 
 
 def build_plan_engines(plan: ExportPlan, bundle_dir: str | Path) -> Path:
@@ -115,6 +140,11 @@ def build_plan_engines(plan: ExportPlan, bundle_dir: str | Path) -> Path:
     """
     from ..engine.backends.tensorrt import build_engines
 
-    return build_engines(bundle_dir, precision=plan.precision, max_batch=plan.max_batch,
-                         max_outs_per_ref=plan.max_outs_per_ref, timing_cache=plan.timing_cache,
-                         gpu_memory_budget=plan.gpu_memory_budget)
+    return build_engines(
+        bundle_dir,
+        precision=plan.precision,
+        max_batch=plan.max_batch,
+        max_outs_per_ref=plan.max_outs_per_ref,
+        timing_cache=plan.timing_cache,
+        gpu_memory_budget=plan.gpu_memory_budget,
+    )

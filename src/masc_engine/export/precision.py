@@ -53,20 +53,26 @@ FP32_ONNX_OPS = {
     "ReduceSumSquare": "L2 norm: sum of squares overflows fp16",
     "ReduceMax": "max of cosines: kept exact",
     "Cast": "the exporter's dtype casts (mask bool -> float, node__to_copy): a converted Cast target "
-            "makes the graph fail to load with a type mismatch",
+    "makes the graph fail to load with a type mismatch",
 }
 #: torch ops whose whole ONNX decomposition is kept in fp32 (read from the node's
 #: ``pkg.torch.onnx.fx_node`` metadata, which torch's dynamo exporter writes).
-FP32_TORCH_OPS = {"aten.gelu": "tanh-GELU: x**3 overflows fp16 past |x| ~ 40",
-                  "aten.layer_norm": "LayerNorm (decomposed)", "aten.softmax": "softmax (decomposed)",
-                  "aten.linalg_vector_norm": "L2 norm (decomposed)"}
+FP32_TORCH_OPS = {
+    "aten.gelu": "tanh-GELU: x**3 overflows fp16 past |x| ~ 40",
+    "aten.layer_norm": "LayerNorm (decomposed)",
+    "aten.softmax": "softmax (decomposed)",
+    "aten.linalg_vector_norm": "L2 norm (decomposed)",
+}
 
 
 def policy() -> dict:
     """The policy as recorded in the manifest and in TensorRT engine sidecars."""
-    return {"version": POLICY_VERSION, "fp32_onnx_ops": dict(FP32_ONNX_OPS),
-            "fp32_torch_ops": dict(FP32_TORCH_OPS),
-            "io_types": "kept (float32 / int / bool): the runtime feeds and reads graphs as for fp32"}
+    return {
+        "version": POLICY_VERSION,
+        "fp32_onnx_ops": dict(FP32_ONNX_OPS),
+        "fp32_torch_ops": dict(FP32_TORCH_OPS),
+        "io_types": "kept (float32 / int / bool): the runtime feeds and reads graphs as for fp32",
+    }
 
 
 def fp32_onnx_nodes(nodes: Sequence[tuple[str, str, str]]) -> dict[str, str]:
@@ -90,8 +96,10 @@ def fp32_onnx_nodes(nodes: Sequence[tuple[str, str, str]]) -> dict[str, str]:
 
 def graph_nodes(model) -> list[tuple[str, str, str]]:
     """``(name, op_type, fx_node metadata)`` per node of an ``onnx.ModelProto``."""
-    return [(n.name, n.op_type, next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.fx_node"), ""))
-            for n in model.graph.node]
+    return [
+        (n.name, n.op_type, next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.fx_node"), ""))
+        for n in model.graph.node
+    ]
 
 
 def initializer_dtypes(path: str | Path) -> dict[str, dict[str, int]]:
@@ -100,8 +108,9 @@ def initializer_dtypes(path: str | Path) -> dict[str, dict[str, int]]:
 
     model = onnx.load(str(path), load_external_data=False)
     counts: dict[str, dict[str, int]] = {}
-    tensors = list(model.graph.initializer) + [a.t for n in model.graph.node if n.op_type == "Constant"
-                                               for a in n.attribute if a.name == "value"]
+    tensors = list(model.graph.initializer) + [
+        a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"
+    ]
     for t in tensors:
         name = onnx.TensorProto.DataType.Name(t.data_type).lower()
         c = counts.setdefault(name, {"count": 0, "elements": 0})
@@ -190,8 +199,10 @@ def topological_sort(graph) -> int:
             if name in known:
                 continue
             if name not in producer:
-                raise ValueError(f"node {n.name or n.op_type!r} reads {name!r}, which no input, initializer or "
-                                 "node of the graph produces")
+                raise ValueError(
+                    f"node {n.name or n.op_type!r} reads {name!r}, which no input, initializer or "
+                    "node of the graph produces"
+                )
             if producer[name] != i:
                 waits[i].add(producer[name])
                 users.setdefault(producer[name], []).append(i)
@@ -262,16 +273,21 @@ def emulate_bf16(model):
             # A cast point: keep the Cast to bf16 (the rounding), then widen for float32 consumers.
             out = n.output[0]
             n.output[0] = out + "__bf16"
-            nodes.append(helper.make_node("Cast", [out + "__bf16"], [out], to=TensorProto.FLOAT,
-                                          name=f"{n.name}__emu_widen"))
+            nodes.append(
+                helper.make_node("Cast", [out + "__bf16"], [out], to=TensorProto.FLOAT, name=f"{n.name}__emu_widen")
+            )
             continue
         for j, out in enumerate(n.output):
             if out in bf16_tensors:  # computed in float32 here; rounded as the real graph stores it
                 n.output[j] = out + "__f32"
-                nodes.append(helper.make_node("Cast", [out + "__f32"], [out + "__bf16"], to=TensorProto.BFLOAT16,
-                                              name=f"{out}__emu_round"))
-                nodes.append(helper.make_node("Cast", [out + "__bf16"], [out], to=TensorProto.FLOAT,
-                                              name=f"{out}__emu_widen"))
+                nodes.append(
+                    helper.make_node(
+                        "Cast", [out + "__f32"], [out + "__bf16"], to=TensorProto.BFLOAT16, name=f"{out}__emu_round"
+                    )
+                )
+                nodes.append(
+                    helper.make_node("Cast", [out + "__bf16"], [out], to=TensorProto.FLOAT, name=f"{out}__emu_widen")
+                )
     del g.node[:]
     g.node.extend(nodes)
     for vi in list(g.value_info) + list(g.input) + list(g.output):
@@ -291,8 +307,9 @@ def emulated_bf16_file(src: str | Path, dst: str | Path) -> Path:
     external = model.ByteSize() > _EXTERNAL_DATA_BYTES
     if external:
         Path(str(dst) + ".data").unlink(missing_ok=True)
-    onnx.save(model, str(dst), save_as_external_data=external,
-              location=(Path(dst).name + ".data") if external else None)
+    onnx.save(
+        model, str(dst), save_as_external_data=external, location=(Path(dst).name + ".data") if external else None
+    )
     return Path(dst)
 
 
@@ -329,12 +346,18 @@ class PrecisionTransform:
     def settings(self) -> dict:
         import onnxruntime
 
-        return {"precision": self.precision, "converter": "onnxruntime.transformers.float16.convert_float_to_float16",
-                "onnxruntime": onnxruntime.__version__, "keep_io_types": True,
-                "op_block_list": "converter default", "node_block_list": "policy (fp32_onnx_nodes)",
-                "bf16": "fp16 output retyped to bfloat16, initializers re-rounded from fp32"
-                        if self.precision == "bf16" else None,
-                "policy_version": POLICY_VERSION}
+        return {
+            "precision": self.precision,
+            "converter": "onnxruntime.transformers.float16.convert_float_to_float16",
+            "onnxruntime": onnxruntime.__version__,
+            "keep_io_types": True,
+            "op_block_list": "converter default",
+            "node_block_list": "policy (fp32_onnx_nodes)",
+            "bf16": "fp16 output retyped to bfloat16, initializers re-rounded from fp32"
+            if self.precision == "bf16"
+            else None,
+            "policy_version": POLICY_VERSION,
+        }
 
     def apply(self, graph: str, src: Path, dst: Path) -> dict:
         import onnx
@@ -351,10 +374,16 @@ class PrecisionTransform:
             model = retype_fp16_to_bf16(model, model32)
         moved = topological_sort(model.graph)
         external = model.ByteSize() > _EXTERNAL_DATA_BYTES
-        onnx.save(model, str(dst), save_as_external_data=external,
-                  location=(Path(dst).name + ".data") if external else None)
+        onnx.save(
+            model, str(dst), save_as_external_data=external, location=(Path(dst).name + ".data") if external else None
+        )
         counts = initializer_dtypes(dst)
         total = sum(c["elements"] for c in counts.values()) or 1
         reduced = counts.get("float16" if self.precision == "fp16" else "bfloat16", {}).get("elements", 0)
-        return {"fp32_nodes": len(keep), "fp32_node_reasons": dict(Counter(keep.values())), "nodes_reordered": moved,
-                "initializer_dtypes": counts, "reduced_weight_fraction": round(reduced / total, 4)}
+        return {
+            "fp32_nodes": len(keep),
+            "fp32_node_reasons": dict(Counter(keep.values())),
+            "nodes_reordered": moved,
+            "initializer_dtypes": counts,
+            "reduced_weight_fraction": round(reduced / total, 4),
+        }

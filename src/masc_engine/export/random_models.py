@@ -133,14 +133,41 @@ class SegmenterPreset:
 
 
 SEGMENTER_PRESETS: dict[str, SegmenterPreset] = {
-    "clipseg-tiny": SegmenterPreset(64, 4, 4, 128, 32, 2, 4, 64, projection_dim=32, reduce_dim=16,
-                                    extract_layers=(1, 2, 3), decoder_heads=4, decoder_mlp=32,
-                                    complex_transposed_convolution=True),
+    "clipseg-tiny": SegmenterPreset(
+        64,
+        4,
+        4,
+        128,
+        32,
+        2,
+        4,
+        64,
+        projection_dim=32,
+        reduce_dim=16,
+        extract_layers=(1, 2, 3),
+        decoder_heads=4,
+        decoder_mlp=32,
+        complex_transposed_convolution=True,
+    ),
     # CIDAS/clipseg-rd64-refined config.json (transformers' CLIPSegConfig defaults plus
     # reduce_dim 64, patch_size 16, use_complex_transposed_convolution true).
-    "clipseg-rd64": SegmenterPreset(768, 12, 12, 3072, 512, 12, 8, 2048, projection_dim=512, reduce_dim=64,
-                                    extract_layers=(3, 6, 9), decoder_heads=4, decoder_mlp=2048,
-                                    complex_transposed_convolution=True, vocab_size=49408),
+    "clipseg-rd64": SegmenterPreset(
+        768,
+        12,
+        12,
+        3072,
+        512,
+        12,
+        8,
+        2048,
+        projection_dim=512,
+        reduce_dim=64,
+        extract_layers=(3, 6, 9),
+        decoder_heads=4,
+        decoder_mlp=2048,
+        complex_transposed_convolution=True,
+        vocab_size=49408,
+    ),
 }
 
 
@@ -165,18 +192,70 @@ class EmbedderPreset:
 
 
 EMBEDDER_PRESETS: dict[str, EmbedderPreset] = {
-    "clip-tiny": EmbedderPreset("clip", 64, 2, 4, 128, 32, 224, text_width=32, text_layers=2, text_heads=4,
-                                text_mlp=64, projection_dim=32, layer_norm_eps=1e-5),
+    "clip-tiny": EmbedderPreset(
+        "clip",
+        64,
+        2,
+        4,
+        128,
+        32,
+        224,
+        text_width=32,
+        text_layers=2,
+        text_heads=4,
+        text_mlp=64,
+        projection_dim=32,
+        layer_norm_eps=1e-5,
+    ),
     "dino-tiny-s16": EmbedderPreset("dino", 48, 2, 4, 96, 16, 224),
     "dino-tiny-s8": EmbedderPreset("dino", 48, 2, 4, 96, 8, 224),
     "dinov2-tiny": EmbedderPreset("dinov2", 48, 2, 4, 192, 14, 518, layer_norm_eps=1e-6),
-    "clip-tiny-l14": EmbedderPreset("clip", 64, 2, 4, 128, 14, 224, text_width=32, text_layers=2, text_heads=4,
-                                    text_mlp=64, projection_dim=48, layer_norm_eps=1e-5),
+    "clip-tiny-l14": EmbedderPreset(
+        "clip",
+        64,
+        2,
+        4,
+        128,
+        14,
+        224,
+        text_width=32,
+        text_layers=2,
+        text_heads=4,
+        text_mlp=64,
+        projection_dim=48,
+        layer_norm_eps=1e-5,
+    ),
     # The real checkpoints' shapes (config.json of each Hub id), for benchmarks.
-    "clip-b32": EmbedderPreset("clip", 768, 12, 12, 3072, 32, 224, text_width=512, text_layers=12, text_heads=8,
-                               text_mlp=2048, projection_dim=512, layer_norm_eps=1e-5),
-    "clip-l14": EmbedderPreset("clip", 1024, 24, 16, 4096, 14, 224, text_width=768, text_layers=12, text_heads=12,
-                               text_mlp=3072, projection_dim=768, layer_norm_eps=1e-5),
+    "clip-b32": EmbedderPreset(
+        "clip",
+        768,
+        12,
+        12,
+        3072,
+        32,
+        224,
+        text_width=512,
+        text_layers=12,
+        text_heads=8,
+        text_mlp=2048,
+        projection_dim=512,
+        layer_norm_eps=1e-5,
+    ),
+    "clip-l14": EmbedderPreset(
+        "clip",
+        1024,
+        24,
+        16,
+        4096,
+        14,
+        224,
+        text_width=768,
+        text_layers=12,
+        text_heads=12,
+        text_mlp=3072,
+        projection_dim=768,
+        layer_norm_eps=1e-5,
+    ),
     "dino-s16": EmbedderPreset("dino", 384, 12, 6, 1536, 16, 224),
 }
 #: The presets of real checkpoint shapes: for benchmarks, too large for the tests' exports.
@@ -201,39 +280,74 @@ def preset_config(name: str) -> dict:
     Raises:
         KeyError: an unknown preset.
     """
-    key = name[len(RANDOM_PREFIX):] if is_random_model_id(name) else name
+    key = name[len(RANDOM_PREFIX) :] if is_random_model_id(name) else name
     if key in EMBEDDER_PRESETS:
         return _embedder_config(EMBEDDER_PRESETS[key])
     if key in SEGMENTER_PRESETS:
         q = SEGMENTER_PRESETS[key]
-        return {"model_type": "clipseg", "projection_dim": q.projection_dim, "reduce_dim": q.reduce_dim,
-                "decoder_intermediate_size": q.decoder_mlp, "extract_layers": list(q.extract_layers),
-                "vision_config": {"hidden_size": q.vision_width, "intermediate_size": q.vision_mlp,
-                                  "num_hidden_layers": q.vision_layers, "patch_size": q.patch_size,
-                                  "image_size": q.position_grid_pixels},
-                "text_config": {"hidden_size": q.text_width, "intermediate_size": q.text_mlp,
-                                "num_hidden_layers": q.text_layers, "vocab_size": q.vocab_size or _CLIP_TEST_VOCAB,
-                                "max_position_embeddings": 77}}
+        return {
+            "model_type": "clipseg",
+            "projection_dim": q.projection_dim,
+            "reduce_dim": q.reduce_dim,
+            "decoder_intermediate_size": q.decoder_mlp,
+            "extract_layers": list(q.extract_layers),
+            "vision_config": {
+                "hidden_size": q.vision_width,
+                "intermediate_size": q.vision_mlp,
+                "num_hidden_layers": q.vision_layers,
+                "patch_size": q.patch_size,
+                "image_size": q.position_grid_pixels,
+            },
+            "text_config": {
+                "hidden_size": q.text_width,
+                "intermediate_size": q.text_mlp,
+                "num_hidden_layers": q.text_layers,
+                "vocab_size": q.vocab_size or _CLIP_TEST_VOCAB,
+                "max_position_embeddings": 77,
+            },
+        }
     p = PRESETS[key]
-    vision = {"hidden_size": p.vision_width, "intermediate_size": p.vision_mlp, "num_hidden_layers": p.vision_layers,
-              "patch_size": p.patch_size}
+    vision = {
+        "hidden_size": p.vision_width,
+        "intermediate_size": p.vision_mlp,
+        "num_hidden_layers": p.vision_layers,
+        "patch_size": p.patch_size,
+    }
     vision.update({"num_patches": p.num_patches} if p.naflex else {"image_size": p.image_size})
-    return {"model_type": "siglip2" if p.naflex else "siglip", "vision_config": vision,
-            "text_config": {"hidden_size": p.text_width, "intermediate_size": p.text_mlp,
-                            "num_hidden_layers": p.text_layers, "vocab_size": _SIGLIP_TEST_VOCAB,
-                            "max_position_embeddings": 64}}
+    return {
+        "model_type": "siglip2" if p.naflex else "siglip",
+        "vision_config": vision,
+        "text_config": {
+            "hidden_size": p.text_width,
+            "intermediate_size": p.text_mlp,
+            "num_hidden_layers": p.text_layers,
+            "vocab_size": _SIGLIP_TEST_VOCAB,
+            "max_position_embeddings": 64,
+        },
+    }
 
 
 def _embedder_config(e: EmbedderPreset) -> dict:
     """The ``config.json`` shapes of an embedder preset (CLIPConfig, ViTConfig or Dinov2Config)."""
-    tower = {"hidden_size": e.width, "num_hidden_layers": e.layers, "patch_size": e.patch_size,
-             "image_size": e.image_size}
+    tower = {
+        "hidden_size": e.width,
+        "num_hidden_layers": e.layers,
+        "patch_size": e.patch_size,
+        "image_size": e.image_size,
+    }
     if e.family == "clip":
-        return {"model_type": "clip", "projection_dim": e.projection_dim,
-                "vision_config": {**tower, "intermediate_size": e.mlp},
-                "text_config": {"hidden_size": e.text_width, "intermediate_size": e.text_mlp,
-                                "num_hidden_layers": e.text_layers, "vocab_size": _CLIP_TEST_VOCAB,
-                                "max_position_embeddings": 77}}
+        return {
+            "model_type": "clip",
+            "projection_dim": e.projection_dim,
+            "vision_config": {**tower, "intermediate_size": e.mlp},
+            "text_config": {
+                "hidden_size": e.text_width,
+                "intermediate_size": e.text_mlp,
+                "num_hidden_layers": e.text_layers,
+                "vocab_size": _CLIP_TEST_VOCAB,
+                "max_position_embeddings": 77,
+            },
+        }
     if e.family == "dino":
         return {"model_type": "vit", "intermediate_size": e.mlp, **tower}
     return {"model_type": "dinov2", "mlp_ratio": e.mlp // e.width, **tower}
@@ -281,7 +395,7 @@ def build_random_checkpoint(name: str, save_dir: str | Path) -> Path:
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
     from transformers.models.siglip2.image_processing_pil_siglip2 import Siglip2ImageProcessorPil
 
-    key = name[len(RANDOM_PREFIX):] if is_random_model_id(name) else name
+    key = name[len(RANDOM_PREFIX) :] if is_random_model_id(name) else name
     if key in SEGMENTER_PRESETS:
         return build_random_clipseg(key, save_dir)
     if key in EMBEDDER_PRESETS:
@@ -294,13 +408,22 @@ def build_random_checkpoint(name: str, save_dir: str | Path) -> Path:
 
     tok = _train_tokenizer(save_dir)
     text = dict(
-        vocab_size=len(tok), hidden_size=p.text_width, intermediate_size=p.text_mlp,
-        num_hidden_layers=p.text_layers, num_attention_heads=p.text_heads, max_position_embeddings=64,
-        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=p.text_width,
+        intermediate_size=p.text_mlp,
+        num_hidden_layers=p.text_layers,
+        num_attention_heads=p.text_heads,
+        max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
     )
     vision = dict(
-        hidden_size=p.vision_width, intermediate_size=p.vision_mlp, num_hidden_layers=p.vision_layers,
-        num_attention_heads=p.vision_heads, patch_size=p.patch_size,
+        hidden_size=p.vision_width,
+        intermediate_size=p.vision_mlp,
+        num_hidden_layers=p.vision_layers,
+        num_attention_heads=p.vision_heads,
+        patch_size=p.patch_size,
     )
     torch.manual_seed(p.seed)
     if p.naflex:
@@ -314,7 +437,8 @@ def build_random_checkpoint(name: str, save_dir: str | Path) -> Path:
         image_processor = SiglipImageProcessorPil(
             size={"height": p.image_size, "width": p.image_size},
             resample=2,  # PIL BILINEAR, as google/siglip2-base-patch16-512's preprocessor_config
-            image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+            image_mean=[0.5, 0.5, 0.5],
+            image_std=[0.5, 0.5, 0.5],
         )
         processor = SiglipProcessor(image_processor=image_processor, tokenizer=tok)
     model.eval()
@@ -346,14 +470,20 @@ def _train_clip_tokenizer(save_dir: Path):
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     bpe = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
-    bpe.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "),
-                                           normalizers.Lowercase()])
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""),
-                             behavior="removed", invert=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    trainer = trainers.BpeTrainer(vocab_size=900, initial_alphabet=alphabet, end_of_word_suffix="</w>",
-                                  show_progress=False)
+    bpe.normalizer = normalizers.Sequence(
+        [normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()]
+    )
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(
+                Regex(r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""), behavior="removed", invert=True
+            ),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=900, initial_alphabet=alphabet, end_of_word_suffix="</w>", show_progress=False
+    )
     text = " ".join(_CORPUS.split())
     lines = [s.strip().format(n) for n in _NOUNS for s in text.split(".") if "{}" in s]
     bpe.train_from_iterator(lines, trainer)
@@ -386,23 +516,48 @@ def build_random_clipseg(key: str, save_dir: str | Path) -> Path:
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     tok = _train_clip_tokenizer(save_dir)
-    text = dict(vocab_size=p.vocab_size or len(tok), hidden_size=p.text_width, intermediate_size=p.text_mlp,
-                num_hidden_layers=p.text_layers, num_attention_heads=p.text_heads, max_position_embeddings=77,
-                pad_token_id=tok.pad_token_id, bos_token_id=0, eos_token_id=2)
-    vision = dict(hidden_size=p.vision_width, intermediate_size=p.vision_mlp, num_hidden_layers=p.vision_layers,
-                  num_attention_heads=p.vision_heads, patch_size=p.patch_size, image_size=p.position_grid_pixels)
-    config = CLIPSegConfig(text_config=text, vision_config=vision, projection_dim=p.projection_dim,
-                           reduce_dim=p.reduce_dim, extract_layers=list(p.extract_layers),
-                           decoder_num_attention_heads=p.decoder_heads, decoder_intermediate_size=p.decoder_mlp,
-                           use_complex_transposed_convolution=p.complex_transposed_convolution)
+    text = dict(
+        vocab_size=p.vocab_size or len(tok),
+        hidden_size=p.text_width,
+        intermediate_size=p.text_mlp,
+        num_hidden_layers=p.text_layers,
+        num_attention_heads=p.text_heads,
+        max_position_embeddings=77,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
+    vision = dict(
+        hidden_size=p.vision_width,
+        intermediate_size=p.vision_mlp,
+        num_hidden_layers=p.vision_layers,
+        num_attention_heads=p.vision_heads,
+        patch_size=p.patch_size,
+        image_size=p.position_grid_pixels,
+    )
+    config = CLIPSegConfig(
+        text_config=text,
+        vision_config=vision,
+        projection_dim=p.projection_dim,
+        reduce_dim=p.reduce_dim,
+        extract_layers=list(p.extract_layers),
+        decoder_num_attention_heads=p.decoder_heads,
+        decoder_intermediate_size=p.decoder_mlp,
+        use_complex_transposed_convolution=p.complex_transposed_convolution,
+    )
     torch.manual_seed(p.seed)
     model = CLIPSegForImageSegmentation(config).eval()
-    image_processor = ViTImageProcessorPil(size={"height": p.input_size, "width": p.input_size}, resample=2,
-                                           image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+    image_processor = ViTImageProcessorPil(
+        size={"height": p.input_size, "width": p.input_size},
+        resample=2,
+        image_mean=[0.485, 0.456, 0.406],
+        image_std=[0.229, 0.224, 0.225],
+    )
     CLIPSegProcessor(image_processor=image_processor, tokenizer=tok).save_pretrained(save_dir)
     model.save_pretrained(save_dir)
     (save_dir / "masc_random_model.json").write_text(
-        json.dumps({"preset": key, "seed": p.seed, "random_weights": True, "kind": "segmenter"}, indent=2))
+        json.dumps({"preset": key, "seed": p.seed, "random_weights": True, "kind": "segmenter"}, indent=2)
+    )
     return save_dir
 
 
@@ -414,15 +569,30 @@ def random_embedder_model(key: str, seed: int | None = None, vocab_size: int = _
     from transformers import CLIPConfig, CLIPModel, Dinov2Config, Dinov2Model, ViTConfig, ViTModel
 
     e = EMBEDDER_PRESETS[key]
-    tower = dict(hidden_size=e.width, num_hidden_layers=e.layers, num_attention_heads=e.heads,
-                 patch_size=e.patch_size, image_size=e.image_size, layer_norm_eps=e.layer_norm_eps)
+    tower = dict(
+        hidden_size=e.width,
+        num_hidden_layers=e.layers,
+        num_attention_heads=e.heads,
+        patch_size=e.patch_size,
+        image_size=e.image_size,
+        layer_norm_eps=e.layer_norm_eps,
+    )
     torch.manual_seed(e.seed if seed is None else seed)
     if e.family == "clip":
-        text = dict(vocab_size=vocab_size, hidden_size=e.text_width, intermediate_size=e.text_mlp,
-                    num_hidden_layers=e.text_layers, num_attention_heads=e.text_heads, max_position_embeddings=77,
-                    pad_token_id=1, bos_token_id=0, eos_token_id=2)  # openai's legacy ids: pooled at argmax
-        config = CLIPConfig(text_config=text, vision_config={**tower, "intermediate_size": e.mlp},
-                            projection_dim=e.projection_dim)
+        text = dict(
+            vocab_size=vocab_size,
+            hidden_size=e.text_width,
+            intermediate_size=e.text_mlp,
+            num_hidden_layers=e.text_layers,
+            num_attention_heads=e.text_heads,
+            max_position_embeddings=77,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+        )  # openai's legacy ids: pooled at argmax
+        config = CLIPConfig(
+            text_config=text, vision_config={**tower, "intermediate_size": e.mlp}, projection_dim=e.projection_dim
+        )
         return CLIPModel(config).eval()
     if e.family == "dino":
         return ViTModel(ViTConfig(intermediate_size=e.mlp, qkv_bias=True, **tower), add_pooling_layer=False).eval()
@@ -447,5 +617,6 @@ def build_random_embedder(key: str, save_dir: str | Path) -> Path:
         model = random_embedder_model(key)
     model.save_pretrained(save_dir)
     (save_dir / "masc_random_model.json").write_text(
-        json.dumps({"preset": key, "seed": e.seed, "random_weights": True, "kind": "embedder"}, indent=2))
+        json.dumps({"preset": key, "seed": e.seed, "random_weights": True, "kind": "embedder"}, indent=2)
+    )
     return save_dir

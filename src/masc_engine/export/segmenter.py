@@ -90,8 +90,9 @@ def load_segmenter(model: str, revision: str | None = None):
         m = CLIPSegForImageSegmentation.from_pretrained(path, revision=revision, attn_implementation="eager")
         processor = AutoProcessor.from_pretrained(path, revision=revision)
     except OSError as e:
-        raise CheckpointError(f"cannot load {model!r} as a CLIPSeg Hugging Face id or local checkpoint: {e}; "
-                              f"{OFFLINE_HINT}") from e
+        raise CheckpointError(
+            f"cannot load {model!r} as a CLIPSeg Hugging Face id or local checkpoint: {e}; {OFFLINE_HINT}"
+        ) from e
     if m.config.model_type not in SEGMENTER_MODEL_TYPES:
         raise CheckpointError(f"model_type {m.config.model_type!r} is not a segmenter ({SEGMENTER_MODEL_TYPES})")
     m.eval()
@@ -113,20 +114,36 @@ def image_settings(model, processor) -> dict:
     ip = processor.image_processor
     patch = int(model.config.vision_config.patch_size)
     try:  # transformers' SizeDict; {"height", "width"} for a fixed-size resize
-        h, w = (int(ip.size), int(ip.size)) if isinstance(ip.size, int) else (int(ip.size["height"]),
-                                                                             int(ip.size["width"]))
+        h, w = (
+            (int(ip.size), int(ip.size))
+            if isinstance(ip.size, int)
+            else (int(ip.size["height"]), int(ip.size["width"]))
+        )
     except (KeyError, TypeError):
         h = w = 0
     if not ip.do_resize or h != w or h % patch:
-        raise CheckpointError(f"the segmenter needs a square resize to a multiple of the patch size {patch}; "
-                              f"the processor has do_resize={ip.do_resize}, size={ip.size}")
+        raise CheckpointError(
+            f"the segmenter needs a square resize to a multiple of the patch size {patch}; "
+            f"the processor has do_resize={ip.do_resize}, size={ip.size}"
+        )
     if not (ip.do_rescale and ip.do_normalize):
         raise CheckpointError("image processors without rescale+normalize are not supported")
     resample = getattr(ip.resample, "value", ip.resample)
-    return dict(mode="fixed", image_size=[h, w], patch_size=patch, max_num_patches=(h // patch) ** 2,
-                position_grid=None, resample=_PIL_NAMES[int(resample)], rescale_factor=float(ip.rescale_factor),
-                image_mean=[float(x) for x in ip.image_mean], image_std=[float(x) for x in ip.image_std],
-                do_resize=True, do_rescale=True, do_normalize=True, image_processor=type(ip).__name__)
+    return dict(
+        mode="fixed",
+        image_size=[h, w],
+        patch_size=patch,
+        max_num_patches=(h // patch) ** 2,
+        position_grid=None,
+        resample=_PIL_NAMES[int(resample)],
+        rescale_factor=float(ip.rescale_factor),
+        image_mean=[float(x) for x in ip.image_mean],
+        image_std=[float(x) for x in ip.image_std],
+        do_resize=True,
+        do_rescale=True,
+        do_normalize=True,
+        image_processor=type(ip).__name__,
+    )
 
 
 def text_settings(model, processor) -> dict:
@@ -134,26 +151,41 @@ def text_settings(model, processor) -> dict:
     (export/exporter.py ``text_settings_from_processor``), padding to ``max_length`` (77)."""
     text = text_settings_from_processor(model.clip, processor)
     text["text_tower_attention_mask"] = False  # causal tower: padding after end-of-text is inert
-    text["pooling"] = ("argmax of input_ids (legacy eos_token_id 2)" if model.config.text_config.eos_token_id == 2
-                       else "first eos_token_id")
+    text["pooling"] = (
+        "argmax of input_ids (legacy eos_token_id 2)"
+        if model.config.text_config.eos_token_id == 2
+        else "first eos_token_id"
+    )
     return text
 
 
 def architecture(model) -> dict:
     c = model.config
-    return {"model_type": c.model_type, "vision_width": int(c.vision_config.hidden_size),
-            "vision_layers": int(c.vision_config.num_hidden_layers),
-            "vision_layers_in_graph": max(int(i) for i in c.extract_layers) + 1,
-            "extract_layers": [int(i) for i in c.extract_layers], "patch_size": int(c.vision_config.patch_size),
-            "position_grid": int(c.vision_config.image_size) // int(c.vision_config.patch_size),
-            "text_width": int(c.text_config.hidden_size), "text_layers": int(c.text_config.num_hidden_layers),
-            "projection_dim": int(c.projection_dim), "reduce_dim": int(c.reduce_dim),
-            "conditional_layer": int(c.conditional_layer),
-            "complex_transposed_convolution": bool(c.use_complex_transposed_convolution)}
+    return {
+        "model_type": c.model_type,
+        "vision_width": int(c.vision_config.hidden_size),
+        "vision_layers": int(c.vision_config.num_hidden_layers),
+        "vision_layers_in_graph": max(int(i) for i in c.extract_layers) + 1,
+        "extract_layers": [int(i) for i in c.extract_layers],
+        "patch_size": int(c.vision_config.patch_size),
+        "position_grid": int(c.vision_config.image_size) // int(c.vision_config.patch_size),
+        "text_width": int(c.text_config.hidden_size),
+        "text_layers": int(c.text_config.num_hidden_layers),
+        "projection_dim": int(c.projection_dim),
+        "reduce_dim": int(c.reduce_dim),
+        "conditional_layer": int(c.conditional_layer),
+        "complex_transposed_convolution": bool(c.use_complex_transposed_convolution),
+    }
 
 
-def export_segmenter_bundle(model: str, out_dir: str | Path, revision: str | None = None, validate: bool = True,
-                            precision: str = "fp32", max_memory_gb: float | None = None) -> Path:
+def export_segmenter_bundle(
+    model: str,
+    out_dir: str | Path,
+    revision: str | None = None,
+    validate: bool = True,
+    precision: str = "fp32",
+    max_memory_gb: float | None = None,
+) -> Path:
     """Export the CLIPSeg checkpoint ``model`` to a segmenter bundle in ``out_dir`` and validate it.
 
     Staged beside ``out_dir`` and renamed into place only when every check passed, by
@@ -187,12 +219,17 @@ def export_segmenter_bundle(model: str, out_dir: str | Path, revision: str | Non
     def into(stage, model_, _max_num_patches, revision_, validate_, precision_, *_scorer_options):
         export_segmenter_into(stage, model_, revision_, validate_, precision_, max_memory_gb)
 
-    return export_bundle(model, out_dir, revision=revision, validate=validate, precision=precision,
-                         into=into)
+    return export_bundle(model, out_dir, revision=revision, validate=validate, precision=precision, into=into)
 
 
-def export_segmenter_into(out: Path, model: str, revision: str | None, validate: bool,
-                          precision: str = "fp32", max_memory_gb: float | None = None) -> None:
+def export_segmenter_into(
+    out: Path,
+    model: str,
+    revision: str | None,
+    validate: bool,
+    precision: str = "fp32",
+    max_memory_gb: float | None = None,
+) -> None:
     """Write a segmenter bundle into the (staging) directory ``out`` (see
     :func:`export_segmenter_bundle`, which stages, renames into place and cleans up)."""
     from .config_budget import preflight
@@ -217,9 +254,18 @@ def export_segmenter_into(out: Path, model: str, revision: str | None, validate:
         logger.info(f"exported {spec.name} -> {spec.file} ({time.time() - t:.1f}s)")
     graphs = {s.name: s.manifest_entry() for s in specs}
     manifest = {
-        "kind": KIND, "source": source, "architecture": architecture(m), "image": image, "text": text,
-        "recipe": MaskRecipe().to_manifest(), "graphs": graphs, "validation": {},
-        "precision": {"mode": "fp32"}, "transforms": [], "variants": {}, "versions": _versions(),
+        "kind": KIND,
+        "source": source,
+        "architecture": architecture(m),
+        "image": image,
+        "text": text,
+        "recipe": MaskRecipe().to_manifest(),
+        "graphs": graphs,
+        "validation": {},
+        "precision": {"mode": "fp32"},
+        "transforms": [],
+        "variants": {},
+        "versions": _versions(),
         "files": [text["tokenizer_file"]] + [e["file"] for e in graphs.values()],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -227,16 +273,16 @@ def export_segmenter_into(out: Path, model: str, revision: str | None, validate:
     if validate:
         manifest["validation"] = val.validate_segmenter(out, graphs, m, processor, image, text)
     if precision != "fp32":
-        manifest["transforms"], manifest["precision"] = _reduce_precision(out, manifest, m, processor, precision,
-                                                                          validate)
+        manifest["transforms"], manifest["precision"] = _reduce_precision(
+            out, manifest, m, processor, precision, validate
+        )
     manifest["export_seconds"] = round(time.time() - t0, 1)
     # every graph passes the ONNX checker (full_check), or no bundle: as the scorer's export
     manifest["onnx_checker"] = {"full_check": True, "graphs": check_graphs(out, manifest["files"])}
     write_manifest(out, manifest)
 
 
-def _reduce_precision(out: Path, manifest: dict, m, processor, precision: str, validate: bool
-                      ) -> tuple[list, dict]:
+def _reduce_precision(out: Path, manifest: dict, m, processor, precision: str, validate: bool) -> tuple[list, dict]:
     """export/precision.py's fp16 transform on the three graphs, each result validated with
     the reduced-precision gates (export/segmenter_validate.py), then the masks end to end; returns
     the manifest's ``transforms`` and ``precision`` sections."""
@@ -247,11 +293,13 @@ def _reduce_precision(out: Path, manifest: dict, m, processor, precision: str, v
     transform = PrecisionTransform(precision)
     transform.graphs = GRAPHS  # the policy's own graph list names the scorer's graphs
     image, text = manifest["image"], manifest["text"]
-    check = ((lambda g, path, gates: val.validate_graph(g, path, out, m, processor, image, text, gates))
-             if validate else (lambda g, path, gates: {"skipped": True}))
+    check = (
+        (lambda g, path, gates: val.validate_graph(g, path, out, m, processor, image, text, gates))
+        if validate
+        else (lambda g, path, gates: {"skipped": True})
+    )
     records = run_transforms(out, manifest["graphs"], [transform], check)
-    section = {"mode": precision, "graphs": list(GRAPHS), "policy": policy(),
-               "validated_on": "ONNX Runtime CPU"}
+    section = {"mode": precision, "graphs": list(GRAPHS), "policy": policy(), "validated_on": "ONNX Runtime CPU"}
     if validate:
         write_manifest(out, {**manifest, "precision": section, "transforms": records})
         section["masks"] = val.validate_reduced_masks(out, m, processor, precision)

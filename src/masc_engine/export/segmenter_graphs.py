@@ -85,17 +85,32 @@ def graph_specs(model, image: dict, text: dict) -> list[GraphSpec]:
     vocab = int(model.config.text_config.vocab_size)
     g = lambda seed: torch.Generator().manual_seed(seed)  # noqa: E731
     return [
-        GraphSpec("vision", "vision.onnx", [TensorSpec("pixel_values", "float32", ("batch", 3, s, s))],
-                  [TensorSpec("activations", "float32", ("batch", k, t, d))],
-                  CLIPSegVisionSide(model, s).eval(), lambda: (torch.randn(2, 3, s, s, generator=g(0)),),
-                  extra={"extract_layers": [int(i) for i in model.extract_layers]}),
-        GraphSpec("text", "text.onnx", [TensorSpec("input_ids", "int64", ("batch", length))],
-                  [TensorSpec("conditional_embeddings", "float32", ("batch", p))],
-                  CLIPSegTextSide(model).eval(), lambda: (torch.randint(0, vocab, (2, length), generator=g(1)),)),
-        GraphSpec("decoder", "decoder.onnx",
-                  [TensorSpec("activations", "float32", ("batch", k, t, d)),
-                   TensorSpec("conditional_embeddings", "float32", ("batch", p))],
-                  [TensorSpec("logits", "float32", ("batch", s, s))],
-                  CLIPSegDecoderSide(model).eval(),
-                  lambda: (torch.randn(2, k, t, d, generator=g(2)), torch.randn(2, p, generator=g(3)))),
+        GraphSpec(
+            "vision",
+            "vision.onnx",
+            [TensorSpec("pixel_values", "float32", ("batch", 3, s, s))],
+            [TensorSpec("activations", "float32", ("batch", k, t, d))],
+            CLIPSegVisionSide(model, s).eval(),
+            lambda: (torch.randn(2, 3, s, s, generator=g(0)),),
+            extra={"extract_layers": [int(i) for i in model.extract_layers]},
+        ),
+        GraphSpec(
+            "text",
+            "text.onnx",
+            [TensorSpec("input_ids", "int64", ("batch", length))],
+            [TensorSpec("conditional_embeddings", "float32", ("batch", p))],
+            CLIPSegTextSide(model).eval(),
+            lambda: (torch.randint(0, vocab, (2, length), generator=g(1)),),
+        ),
+        GraphSpec(
+            "decoder",
+            "decoder.onnx",
+            [
+                TensorSpec("activations", "float32", ("batch", k, t, d)),
+                TensorSpec("conditional_embeddings", "float32", ("batch", p)),
+            ],
+            [TensorSpec("logits", "float32", ("batch", s, s))],
+            CLIPSegDecoderSide(model).eval(),
+            lambda: (torch.randn(2, k, t, d, generator=g(2)), torch.randn(2, p, generator=g(3))),
+        ),
     ]

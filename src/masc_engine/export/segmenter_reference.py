@@ -20,8 +20,9 @@ from PIL import Image
 from ..runtime.segmenter import MaskRecipe
 
 
-def reference_logits(model, processor, images: Sequence[Image.Image], subject_names: Sequence[str],
-                     recipe: MaskRecipe) -> np.ndarray:
+def reference_logits(
+    model, processor, images: Sequence[Image.Image], subject_names: Sequence[str], recipe: MaskRecipe
+) -> np.ndarray:
     """``[n, S, S] float32`` logits of ``CLIPSegForImageSegmentation`` for the i-th image prompted
     by the i-th subject name (one forward pass for all; images converted to RGB)."""
     import torch
@@ -32,8 +33,9 @@ def reference_logits(model, processor, images: Sequence[Image.Image], subject_na
         return model(**inputs).logits.reshape(len(prompts), *inputs["pixel_values"].shape[-2:]).numpy()
 
 
-def reference_probabilities(model, processor, images: Sequence[Image.Image], subject_names: Sequence[str],
-                            recipe: MaskRecipe) -> list[np.ndarray]:
+def reference_probabilities(
+    model, processor, images: Sequence[Image.Image], subject_names: Sequence[str], recipe: MaskRecipe
+) -> list[np.ndarray]:
     """``[H, W] float32`` probability maps: ``torch.sigmoid`` of the logits, resized to each
     image's size by Pillow (bilinear, on a mode ``F`` image)."""
     import torch
@@ -57,7 +59,8 @@ def reference_threshold(probabilities: Sequence[np.ndarray], recipe: MaskRecipe)
     return [(torch.from_numpy(np.array(p, np.float32)) > thr).numpy().astype(np.uint8) * 255 for p in probabilities]
 
 
-def reference_masks(model, processor, images: Sequence[Image.Image], subject_names: Sequence[str],
-                    recipe: MaskRecipe) -> list[np.ndarray]:
+def reference_masks(
+    model, processor, images: Sequence[Image.Image], subject_names: Sequence[str], recipe: MaskRecipe
+) -> list[np.ndarray]:
     """``[H, W] uint8`` masks of the whole reference recipe (probabilities, then the threshold)."""
     return reference_threshold(reference_probabilities(model, processor, images, subject_names, recipe), recipe)

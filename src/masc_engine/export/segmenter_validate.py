@@ -35,10 +35,22 @@ from ..errors import ExportValidationError
 from ..runtime.preprocess import ImageSettings, preprocess_image
 from ..runtime.segmenter import MaskRecipe, Segmenter, sigmoid, threshold_mask
 from ..runtime.text import PromptTokenizer, TextSettings
-from ..tolerances import (FLOAT32_EPS, PIXEL_VALUES_ATOL, SEGMENTER_REDUCED_MIN_MASK_IOU, segmenter_noise_factor,
-                          segmenter_validation_budget)
-from .validate import (REDUCED_GATES, VALIDATION_SIZES, _check_reduced, cosine_stats, error_stats, refuse_or_accept,
-                       synthetic_image)
+from ..tolerances import (
+    FLOAT32_EPS,
+    PIXEL_VALUES_ATOL,
+    SEGMENTER_REDUCED_MIN_MASK_IOU,
+    segmenter_noise_factor,
+    segmenter_validation_budget,
+)
+from .validate import (
+    REDUCED_GATES,
+    VALIDATION_SIZES,
+    _check_reduced,
+    cosine_stats,
+    error_stats,
+    refuse_or_accept,
+    synthetic_image,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +93,13 @@ def _check(name: str, cases: list[dict], width: int) -> dict:
     """
     budget, source = segmenter_validation_budget(name, width)
     worst = max(c["max_rel"] for c in cases)
-    report = {"max_rel": worst, "rtol": budget, "budget_from": source, "max_abs": max(c["max_abs"] for c in cases),
-              "cases": cases}
+    report = {
+        "max_rel": worst,
+        "rtol": budget,
+        "budget_from": source,
+        "max_abs": max(c["max_abs"] for c in cases),
+        "cases": cases,
+    }
     noise = [c["noise_rel"] for c in cases if "noise_rel" in c]
     if name in NOISE_CHECKS and noise:
         noise_rel = max(max(noise), FLOAT32_EPS)
@@ -92,9 +109,11 @@ def _check(name: str, cases: list[dict], width: int) -> dict:
             budget = report["rtol"] = factor * noise_rel
             source = report["budget_from"] = (
                 f"{factor_from} {factor:g} x transformers' own float32 relative "
-                f"error on this checkpoint {noise_rel:.3g}; floor {report['rtol_floor']:g} from {source}")
-    return refuse_or_accept(f"segmenter graph {name!r} differs from transformers", "max relative error", worst,
-                            budget, source, report)
+                f"error on this checkpoint {noise_rel:.3g}; floor {report['rtol_floor']:g} from {source}"
+            )
+    return refuse_or_accept(
+        f"segmenter graph {name!r} differs from transformers", "max relative error", worst, budget, source, report
+    )
 
 
 def _float64(m):
@@ -112,11 +131,14 @@ def _noise(m, inp, acts, cond, dec32: np.ndarray, full32: np.ndarray) -> dict:
     m64 = _float64(m)
     with torch.no_grad():
         dec64 = m64.decoder(tuple(acts[:, i].double() for i in range(acts.shape[1])), cond.double()).logits
-        full64 = m64(input_ids=inp["input_ids"], pixel_values=inp["pixel_values"].double(),
-                     attention_mask=inp["attention_mask"]).logits
+        full64 = m64(
+            input_ids=inp["input_ids"], pixel_values=inp["pixel_values"].double(), attention_mask=inp["attention_mask"]
+        ).logits
     del m64
-    return {"decoder_noise": float(np.abs(dec64.numpy() - dec32).max()),
-            "logits_noise": float(np.abs(full64.numpy() - full32).max())}
+    return {
+        "decoder_noise": float(np.abs(dec64.numpy() - dec32).max()),
+        "logits_noise": float(np.abs(full64.numpy() - full32).max()),
+    }
 
 
 def _reference(m, processor, images, prompts) -> dict:
@@ -129,12 +151,19 @@ def _reference(m, processor, images, prompts) -> dict:
         acts = torch.stack([vis.hidden_states[i + 1] for i in m.extract_layers], dim=1)
         cond = m.clip.get_text_features(input_ids=inp["input_ids"], attention_mask=inp["attention_mask"]).pooler_output
         dec = m.decoder(tuple(acts[:, i] for i in range(acts.shape[1])), cond).logits
-        full = m(input_ids=inp["input_ids"], pixel_values=inp["pixel_values"],
-                 attention_mask=inp["attention_mask"]).logits
-    return {"pixel_values": inp["pixel_values"].numpy(), "input_ids": inp["input_ids"].numpy(),
-            "attention_mask": inp["attention_mask"].numpy(), "activations": acts.numpy(),
-            "conditional_embeddings": cond.numpy(), "decoder_logits": dec.numpy(), "logits": full.numpy(),
-            **_noise(m, inp, acts, cond, dec.numpy(), full.numpy())}
+        full = m(
+            input_ids=inp["input_ids"], pixel_values=inp["pixel_values"], attention_mask=inp["attention_mask"]
+        ).logits
+    return {
+        "pixel_values": inp["pixel_values"].numpy(),
+        "input_ids": inp["input_ids"].numpy(),
+        "attention_mask": inp["attention_mask"].numpy(),
+        "activations": acts.numpy(),
+        "conditional_embeddings": cond.numpy(),
+        "decoder_logits": dec.numpy(),
+        "logits": full.numpy(),
+        **_noise(m, inp, acts, cond, dec.numpy(), full.numpy()),
+    }
 
 
 def check_inputs(bundle_dir: Path, processor, image: dict, text: dict) -> dict:
@@ -157,13 +186,17 @@ def check_inputs(bundle_dir: Path, processor, image: dict, text: dict) -> dict:
             bad.append(p)
     report = {"pixel_values": px, "token_ids_equal": len(PROMPTS) - len(bad)}
     if px["max_abs"] > PIXEL_VALUES_ATOL or bad:
-        raise ExportValidationError(f"segmenter inputs differ from the checkpoint's processor: pixel values max "
-                                    f"|error| {px['max_abs']:.3g}, token ids differ for {bad!r}", report)
+        raise ExportValidationError(
+            f"segmenter inputs differ from the checkpoint's processor: pixel values max "
+            f"|error| {px['max_abs']:.3g}, token ids differ for {bad!r}",
+            report,
+        )
     return report
 
 
-def validate_graph(graph: str, path: Path, bundle_dir: Path, m, processor, image: dict, text: dict,
-                   gates: str = "fp32") -> dict:
+def validate_graph(
+    graph: str, path: Path, bundle_dir: Path, m, processor, image: dict, text: dict, gates: str = "fp32"
+) -> dict:
     """One graph file against transformers on the reference's own inputs, with ``gates``
     (``fp32``: ``tolerances.SEGMENTER_VALIDATION_BUDGETS``; ``fp16``: the cosine gates).
 
@@ -182,8 +215,9 @@ def validate_graph(graph: str, path: Path, bundle_dir: Path, m, processor, image
             ids = _pad(ref["input_ids"], int(text["max_length"]), int(text["pad_token_id"]))
             got, want = runner.run({"input_ids": ids})["conditional_embeddings"], ref["conditional_embeddings"]
         else:
-            got = runner.run({"activations": ref["activations"],
-                              "conditional_embeddings": ref["conditional_embeddings"]})["logits"]
+            got = runner.run(
+                {"activations": ref["activations"], "conditional_embeddings": ref["conditional_embeddings"]}
+            )["logits"]
             want = ref["decoder_logits"]
         cases.append(cosine_stats(got, want) if gates in REDUCED_GATES else error_stats(got, want))
         if graph == "decoder" and gates not in REDUCED_GATES:
@@ -228,7 +262,9 @@ def validate_segmenter(bundle_dir: Path, graphs: dict, m, processor, image: dict
     report["end_to_end"] = validate_end_to_end(bundle_dir, m, processor)
     for k, v in report.items():
         if "max_rel" in v:
-            logger.info(f"validated {k}: max relative error {v['max_rel']:.2e} (budget {v['rtol']:g}) over {len(v['cases'])} cases")
+            logger.info(
+                f"validated {k}: max relative error {v['max_rel']:.2e} (budget {v['rtol']:g}) over {len(v['cases'])} cases"
+            )
     return report
 
 
@@ -255,9 +291,18 @@ def validate_reduced_masks(bundle_dir: Path, m, processor, precision: str) -> di
     for images, prompts, ref in _case_references(m, processor):
         for g, r in zip(seg.logits(images, prompts), ref["logits"]):
             rows.append(mask_iou(threshold_mask(sigmoid(g), threshold), threshold_mask(sigmoid(r), threshold)))
-    report = {"gates": precision, "min_iou": min(rows), "ious": rows, "min_iou_gate": SEGMENTER_REDUCED_MIN_MASK_IOU,
-              "threshold": threshold, "against": "transformers CLIPSegForImageSegmentation, fp32"}
+    report = {
+        "gates": precision,
+        "min_iou": min(rows),
+        "ious": rows,
+        "min_iou_gate": SEGMENTER_REDUCED_MIN_MASK_IOU,
+        "threshold": threshold,
+        "against": "transformers CLIPSegForImageSegmentation, fp32",
+    }
     if min(rows) < SEGMENTER_REDUCED_MIN_MASK_IOU:
-        raise ExportValidationError(f"{precision} segmenter masks differ from fp32: min IoU {min(rows):.4f} < "
-                                    f"{SEGMENTER_REDUCED_MIN_MASK_IOU}. Export with --precision fp32 instead.", report)
+        raise ExportValidationError(
+            f"{precision} segmenter masks differ from fp32: min IoU {min(rows):.4f} < "
+            f"{SEGMENTER_REDUCED_MIN_MASK_IOU}. Export with --precision fp32 instead.",
+            report,
+        )
     return report

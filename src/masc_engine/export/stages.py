@@ -121,8 +121,9 @@ def release_memory() -> None:
 CGROUP_MEMORY_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
-def machine_memory_bytes(meminfo: str = "/proc/meminfo", cgroup_files: tuple[str, ...] = CGROUP_MEMORY_FILES
-                         ) -> int | None:
+def machine_memory_bytes(
+    meminfo: str = "/proc/meminfo", cgroup_files: tuple[str, ...] = CGROUP_MEMORY_FILES
+) -> int | None:
     """The memory this process may use, bytes: the smaller of ``MemTotal`` (``meminfo``) and the
     cgroup limits (each of ``cgroup_files`` that holds a number; ``max`` or a sentinel
     >= 2**60 is no limit); None where neither is known."""
@@ -171,8 +172,15 @@ class StageClock:
 
     def record(self, name: str, seconds: float, peak: int, now: int, message: str, where: str = "") -> None:
         """Add a stage's figures (also for stages another process ran) and print its line."""
-        self.records.append({"stage": name, "seconds": round(seconds, 1), "peak_rss_gb": round(peak / GB, 3),
-                             "rss_gb_after": round(now / GB, 3), "process": where.strip(" ()") or "exporter"})
+        self.records.append(
+            {
+                "stage": name,
+                "seconds": round(seconds, 1),
+                "peak_rss_gb": round(peak / GB, 3),
+                "rss_gb_after": round(now / GB, 3),
+                "process": where.strip(" ()") or "exporter",
+            }
+        )
         logger.info(f"{message} [{name}: {seconds:.1f} s, peak {peak / GB:.2f} GB, now {now / GB:.2f} GB{where}]")
 
 
@@ -223,7 +231,9 @@ def plan_memory(tower_bytes: dict[str, int], precision: str = "fp32", fused: boo
         fused: whether the fused ``ort-cpu`` variant is made.
     """
     largest, total = max(tower_bytes.values()), sum(tower_bytes.values())
-    kinds = ["torch", "validate"] + (["fuse"] if fused else []) + ([] if precision == "fp32" else ["precision", "pairs"])
+    kinds = (
+        ["torch", "validate"] + (["fuse"] if fused else []) + ([] if precision == "fp32" else ["precision", "pairs"])
+    )
     stages = {}
     for k in kinds:
         fixed, per_graph, per_model = MEMORY_MODEL[k]
@@ -251,7 +261,8 @@ def check_memory_plan(plan: MemoryPlan, max_memory_gb: float | None, model: str)
         raise ExportMemoryError(
             f"{model}: the export needs about {peak / GB:.1f} GB at its peak ({stage} stage; fp32 weights: {weights}), "
             f"more than {source} ({limit / GB:.1f} GB); export on a machine with more memory"
-            + ("" if max_memory_gb is None else " or raise --max-memory-gb"))
+            + ("" if max_memory_gb is None else " or raise --max-memory-gb")
+        )
     return line + (f", within {source} ({limit / GB:.1f} GB)" if limit else "")
 
 

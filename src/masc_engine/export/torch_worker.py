@@ -52,8 +52,13 @@ def open_checkpoint(model: str, revision: str | None, max_num_patches: int | Non
     import torch
     import transformers
 
-    from .checkpoint import (CheckpointError, image_settings_from_processor, load_checkpoint, save_tokenizer,
-                             text_settings_from_processor)
+    from .checkpoint import (
+        CheckpointError,
+        image_settings_from_processor,
+        load_checkpoint,
+        save_tokenizer,
+        text_settings_from_processor,
+    )
 
     torch.set_grad_enabled(False)
     m, processor, source = load_checkpoint(model, revision)
@@ -67,12 +72,20 @@ def open_checkpoint(model: str, revision: str | None, max_num_patches: int | Non
     v, t = vm.config, tm.config
     head = _tower_bytes(vm.head)
     return {
-        "source": source, "image": image, "text": text,
-        "architecture": {"model_type": m.config.model_type, "vision_width": int(v.hidden_size),
-                         "text_projection": int(tm.head.out_features), "vision_layers": int(v.num_hidden_layers),
-                         "pool_heads": int(vm.head.attention.num_heads)},
-        "towers": {"vision": (int(v.num_attention_heads), int(v.hidden_size)),
-                   "text": (int(t.num_attention_heads), int(t.hidden_size))},
+        "source": source,
+        "image": image,
+        "text": text,
+        "architecture": {
+            "model_type": m.config.model_type,
+            "vision_width": int(v.hidden_size),
+            "text_projection": int(tm.head.out_features),
+            "vision_layers": int(v.num_hidden_layers),
+            "pool_heads": int(vm.head.attention.num_heads),
+        },
+        "towers": {
+            "vision": (int(v.num_attention_heads), int(v.hidden_size)),
+            "text": (int(t.num_attention_heads), int(t.hidden_size)),
+        },
         "tower_bytes": {"vision": _tower_bytes(vm) - head, "pool": head, "text": _tower_bytes(tm)},
         "vocab_size": int(m.config.text_config.vocab_size),
         "versions": {"torch": str(torch.__version__), "transformers": str(transformers.__version__)},
@@ -85,10 +98,12 @@ def vision_references() -> dict:
 
     m, processor, image = _STATE["model"], _STATE["processor"], _STATE["image"]
     vm = m.vision_model
-    return {"vision": validate.vision_references(vm, processor, image),
-            "pool": validate.pool_references(vm.head, int(vm.config.hidden_size)),
-            "scores_vision": fusion.score_references_vision(vm, processor, image),
-            "width": int(vm.config.hidden_size)}
+    return {
+        "vision": validate.vision_references(vm, processor, image),
+        "pool": validate.pool_references(vm.head, int(vm.config.hidden_size)),
+        "scores_vision": fusion.score_references_vision(vm, processor, image),
+        "width": int(vm.config.hidden_size),
+    }
 
 
 def text_references(bundle_dir: str) -> dict:
@@ -98,8 +113,10 @@ def text_references(bundle_dir: str) -> dict:
 
     m, processor, text = _STATE["model"], _STATE["processor"], _STATE["text"]
     ids = validate.text_token_ids(processor, text, Path(bundle_dir))
-    return {"text": validate.text_references(m.text_model, ids),
-            "scores_text": fusion.score_references_text(m.text_model, fusion.score_prompt_ids(text, Path(bundle_dir)))}
+    return {
+        "text": validate.text_references(m.text_model, ids),
+        "scores_text": fusion.score_references_text(m.text_model, fusion.score_prompt_ids(text, Path(bundle_dir))),
+    }
 
 
 def export(graph: str, out: str, opset: int) -> dict:
@@ -124,8 +141,12 @@ def export(graph: str, out: str, opset: int) -> dict:
     return spec.manifest_entry()
 
 
-_TASKS: dict[str, Callable[..., Any]] = {"open_checkpoint": open_checkpoint, "vision_references": vision_references,
-          "text_references": text_references, "export": export}
+_TASKS: dict[str, Callable[..., Any]] = {
+    "open_checkpoint": open_checkpoint,
+    "vision_references": vision_references,
+    "text_references": text_references,
+    "export": export,
+}
 
 
 def call(task: str, *args) -> dict:
@@ -186,8 +207,12 @@ class TorchWorker:
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         cmd_r, cmd_w = os.pipe()
         res_r, res_w = os.pipe()
-        self._proc = subprocess.Popen([sys.executable, "-m", __name__, str(cmd_r), str(res_w)], env=env,
-                                      stdin=subprocess.DEVNULL, pass_fds=(cmd_r, res_w))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(cmd_r), str(res_w)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(cmd_r, res_w),
+        )
         os.close(cmd_r)
         os.close(res_w)
         self._cmd, self._res = os.fdopen(cmd_w, "wb"), os.fdopen(res_r, "rb")
@@ -208,14 +233,19 @@ class TorchWorker:
             out = pickle.load(self._res)
         except (EOFError, BrokenPipeError, pickle.UnpicklingError):
             code = self._proc.wait()
-            raise ExportWorkerError(f"the PyTorch export worker ended during the {stage} stage (exit status {code}; "
-                                    "killed by the system, e.g. out of memory? see --max-memory-gb)") from None
+            raise ExportWorkerError(
+                f"the PyTorch export worker ended during the {stage} stage (exit status {code}; "
+                "killed by the system, e.g. out of memory? see --max-memory-gb)"
+            ) from None
         if "exception" in out:
             raise _one_line_error(stage, out["exception"]) from RuntimeError(
-                "in the PyTorch export worker:\n" + out["traceback"])
+                "in the PyTorch export worker:\n" + out["traceback"]
+            )
         if "error" in out:
             raise ExportValidationError(*out["error"])
-        self.clock.record(stage, out["seconds"], out["peak"], out["rss"], describe(out["result"]), where=" (torch worker)")
+        self.clock.record(
+            stage, out["seconds"], out["peak"], out["rss"], describe(out["result"]), where=" (torch worker)"
+        )
         self.lifetime_peak = max(self.lifetime_peak, out["lifetime_peak"])
         return out["result"]
 

@@ -90,8 +90,13 @@ def op_counts(path) -> dict[str, int]:
     import onnx
 
     model = path if isinstance(path, onnx.ModelProto) else onnx.load(str(path), load_external_data=False)
-    return dict(sorted(Counter((f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type)
-                               for n in model.graph.node).items()))
+    return dict(
+        sorted(
+            Counter(
+                (f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type) for n in model.graph.node
+            ).items()
+        )
+    )
 
 
 def variant_file(graph_file: str, variant: str) -> str:
@@ -108,8 +113,9 @@ def _logged(name: str):
     logger.info(note.get("message", name))
 
 
-def run_transforms(bundle_dir: str | Path, graphs: dict, transforms: Sequence[GraphTransform],
-                   validate: Validator, stage=None) -> list[dict]:
+def run_transforms(
+    bundle_dir: str | Path, graphs: dict, transforms: Sequence[GraphTransform], validate: Validator, stage=None
+) -> list[dict]:
     """Apply ``transforms`` in order to the graphs of a bundle being written, validating each.
 
     Args:
@@ -141,8 +147,10 @@ def run_transforms(bundle_dir: str | Path, graphs: dict, transforms: Sequence[Gr
                 raise ValueError(f"transform {t.name!r} applies to graph {g!r}, which the bundle does not have")
             with stage(f"{t.name} {g}") as note:
                 rec = _apply(bundle_dir, graphs, t, g, validate)
-                note["message"] = (f"transform {t.name} on {g} -> {rec['file']}: {rec['nodes_before']} -> "
-                                   f"{rec['nodes_after']} nodes, validated ({t.gates} gates)")
+                note["message"] = (
+                    f"transform {t.name} on {g} -> {rec['file']}: {rec['nodes_before']} -> "
+                    f"{rec['nodes_after']} nodes, validated ({t.gates} gates)"
+                )
             records.append(rec)
     return records
 
@@ -174,7 +182,17 @@ def _apply(bundle_dir: Path, graphs: dict, t: GraphTransform, g: str, validate: 
     entry.pop("external_data", None)
     if files:
         entry["external_data"] = files
-    return {"transform": t.name, "graph": g, "settings": t.settings(), "variant": t.variant,
-            "file": dst_name, "gates": t.gates, "nodes_before": sum(before.values()),
-            "nodes_after": sum(after.values()), "op_counts_before": before,
-            "op_counts_after": after, "facts": facts, "validation": report}
+    return {
+        "transform": t.name,
+        "graph": g,
+        "settings": t.settings(),
+        "variant": t.variant,
+        "file": dst_name,
+        "gates": t.gates,
+        "nodes_before": sum(before.values()),
+        "nodes_after": sum(after.values()),
+        "op_counts_before": before,
+        "op_counts_after": after,
+        "facts": facts,
+        "validation": report,
+    }

@@ -29,9 +29,16 @@ from ..runtime.preprocess import ImageSettings, preprocess_image
 from ..runtime.text import PromptTokenizer, TextSettings
 from ..runtime.heads import best_match_cosines, masked_maxcos
 from ..runtime.masks import DEFAULT_FG_THRESHOLD, cp_keep
-from ..tolerances import (CP_BEST_ATOL, CP_HEAD_ATOL, FIDELITY_MAX_ABS_DELTA, FIDELITY_MIN_EMBEDDING_COSINE,
-                          REDUCED_TOKEN_COSINE_MEDIAN, REDUCED_TOKEN_COSINE_P001, export_validation_atol,
-                          export_validation_rtol)
+from ..tolerances import (
+    CP_BEST_ATOL,
+    CP_HEAD_ATOL,
+    FIDELITY_MAX_ABS_DELTA,
+    FIDELITY_MIN_EMBEDDING_COSINE,
+    REDUCED_TOKEN_COSINE_MEDIAN,
+    REDUCED_TOKEN_COSINE_P001,
+    export_validation_atol,
+    export_validation_rtol,
+)
 
 #: Reduced-precision graphs (export/precision.py) are checked with the ``fp16`` / ``bf16`` gates
 #: instead of the fp32 per-shape budgets (``tolerances.EXPORT_VALIDATION_BUDGETS``): cosines of
@@ -43,9 +50,13 @@ def error_stats(actual: np.ndarray, expected: np.ndarray) -> dict:
     """max / mean / p99 absolute error and max relative error (vs max |expected|)."""
     d = np.abs(np.asarray(actual, np.float64) - np.asarray(expected, np.float64))
     scale = float(np.abs(expected).max()) or 1.0
-    return {"max_abs": float(d.max()), "mean_abs": float(d.mean()),
-            "p99_abs": float(np.quantile(d, 0.99)), "max_rel": float(d.max() / scale),
-            "shape": list(np.shape(actual))}
+    return {
+        "max_abs": float(d.max()),
+        "mean_abs": float(d.mean()),
+        "p99_abs": float(np.quantile(d, 0.99)),
+        "max_rel": float(d.max() / scale),
+        "shape": list(np.shape(actual)),
+    }
 
 
 #: ``masc-export --accept-validation-error``: the largest error figure accepted past its budget
@@ -85,14 +96,21 @@ def refuse_or_accept(what: str, figure: str, error: float, budget: float, budget
         return report
     accepted = _ACCEPTED[0]
     if accepted is not None and error <= accepted:
-        report["override"] = {"accept_validation_error": accepted, "figure": figure, "measured": error,
-                              "budget": budget, "budget_from": budget_from}
+        report["override"] = {
+            "accept_validation_error": accepted,
+            "figure": figure,
+            "measured": error,
+            "budget": budget,
+            "budget_from": budget_from,
+        }
         return report
-    way_out = ("" if not np.isfinite(error) else
-               f"; if the checkpoint is right, pass --accept-validation-error {_round_up(error):g}"
-               " to export anyway (recorded in the manifest)")
-    raise ExportValidationError(f"{what}: {figure} {error:.3g} > budget {budget:g} ({budget_from}){way_out}",
-                                report)
+    way_out = (
+        ""
+        if not np.isfinite(error)
+        else f"; if the checkpoint is right, pass --accept-validation-error {_round_up(error):g}"
+        " to export anyway (recorded in the manifest)"
+    )
+    raise ExportValidationError(f"{what}: {figure} {error:.3g} > budget {budget:g} ({budget_from}){way_out}", report)
 
 
 def _round_up(x: float) -> float:
@@ -101,8 +119,9 @@ def _round_up(x: float) -> float:
     return float(np.ceil(x / e) * e)
 
 
-def _check(name: str, cases: list[dict], atol: float | None = None,
-           against: str = "PyTorch", budget_from: str = "given") -> dict:
+def _check(
+    name: str, cases: list[dict], atol: float | None = None, against: str = "PyTorch", budget_from: str = "given"
+) -> dict:
     """Raise unless the cases' error is within budget (or accepted by
     :func:`accept_validation_error`). With ``atol`` given: max |error| against it. Default: the
     max relative error (max |error| / max |reference|, per case) against the per-shape gate of
@@ -111,16 +130,24 @@ def _check(name: str, cases: list[dict], atol: float | None = None,
     worst_abs = max(c["max_abs"] for c in cases)
     if atol is not None:
         report = {"max_abs": worst_abs, "atol": atol, "budget_from": budget_from, "cases": cases}
-        return refuse_or_accept(f"graph {name!r} differs from {against}", "max |error|", worst_abs, atol,
-                                budget_from, report)
+        return refuse_or_accept(
+            f"graph {name!r} differs from {against}", "max |error|", worst_abs, atol, budget_from, report
+        )
     width = int(cases[0]["shape"][-1])
     atol = export_validation_atol(name, width)[0]
     rtol, budget_from = export_validation_rtol(name, width)
     worst = max(c["max_rel"] for c in cases)
-    report = {"max_rel": worst, "rtol": rtol, "max_abs": worst_abs, "atol": atol, "budget_from": budget_from,
-              "cases": cases}
-    return refuse_or_accept(f"graph {name!r} differs from {against}", "max relative error", worst, rtol,
-                            budget_from, report)
+    report = {
+        "max_rel": worst,
+        "rtol": rtol,
+        "max_abs": worst_abs,
+        "atol": atol,
+        "budget_from": budget_from,
+        "cases": cases,
+    }
+    return refuse_or_accept(
+        f"graph {name!r} differs from {against}", "max relative error", worst, rtol, budget_from, report
+    )
 
 
 def row_cosines(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
@@ -136,10 +163,14 @@ def cosine_stats(actual: np.ndarray, expected: np.ndarray) -> dict:
     median), the absolute errors of :func:`error_stats`, and whether every value is finite."""
     cos = row_cosines(actual, expected)
     finite = bool(np.isfinite(actual).all())
-    return {**error_stats(actual, expected), "all_finite": finite, "rows": int(cos.size),
-            "cos_min": float(cos.min()) if finite else float("nan"),
-            "cos_p001": float(np.quantile(cos, 0.001)) if finite else float("nan"),
-            "cos_median": float(np.median(cos)) if finite else float("nan")}
+    return {
+        **error_stats(actual, expected),
+        "all_finite": finite,
+        "rows": int(cos.size),
+        "cos_min": float(cos.min()) if finite else float("nan"),
+        "cos_p001": float(np.quantile(cos, 0.001)) if finite else float("nan"),
+        "cos_median": float(np.median(cos)) if finite else float("nan"),
+    }
 
 
 def _check_reduced(name: str, cases: list[dict], gates: str, rule: str) -> dict:
@@ -159,13 +190,22 @@ def _check_reduced(name: str, cases: list[dict], gates: str, rule: str) -> dict:
         figures = {"cos_min": min(c["cos_min"] for c in cases)}
         ok = finite and figures["cos_min"] >= FIDELITY_MIN_EMBEDDING_COSINE
         bounds = f"min >= {FIDELITY_MIN_EMBEDDING_COSINE}"
-    report = {"gates": gates, "rule": rule, **figures, "all_finite": finite,
-              "max_abs": max(c["max_abs"] for c in cases), "cases": cases}
+    report = {
+        "gates": gates,
+        "rule": rule,
+        **figures,
+        "all_finite": finite,
+        "max_abs": max(c["max_abs"] for c in cases),
+        "cases": cases,
+    }
     if not ok:
         shown = ", ".join(f"{k} {v:.6f}" for k, v in figures.items())
         raise ExportValidationError(
             f"{gates} graph {name!r} fails its gates against PyTorch fp32: cosine {shown} ({bounds})"
-            + ("" if finite else "; non-finite outputs") + ". Export with --precision fp32 instead.", report)
+            + ("" if finite else "; non-finite outputs")
+            + ". Export with --precision fp32 instead.",
+            report,
+        )
     return report
 
 
@@ -173,8 +213,9 @@ def synthetic_image(height: int, width: int, seed: int) -> Image.Image:
     """A deterministic RGB test image with structure at several scales (not just noise)."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width]
-    base = np.stack([(xx * 255 // max(width - 1, 1)), (yy * 255 // max(height - 1, 1)),
-                     ((xx // 8 + yy // 8) % 2) * 255], axis=-1).astype(np.float64)
+    base = np.stack(
+        [(xx * 255 // max(width - 1, 1)), (yy * 255 // max(height - 1, 1)), ((xx // 8 + yy // 8) % 2) * 255], axis=-1
+    ).astype(np.float64)
     noise = rng.normal(0, 40, size=(height, width, 3))
     return Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8), "RGB")
 
@@ -203,13 +244,17 @@ def vision_references(vision_model, processor, image: dict) -> list[dict]:
         if s.mode == "naflex":
             ref_in = processor.image_processor(images=imgs, max_num_patches=s.max_num_patches, return_tensors="pt")
             with torch.no_grad():
-                ref = vision_model(pixel_values=ref_in["pixel_values"], pixel_attention_mask=ref_in["pixel_attention_mask"],
-                                   spatial_shapes=ref_in["spatial_shapes"]).last_hidden_state.numpy()
+                ref = vision_model(
+                    pixel_values=ref_in["pixel_values"],
+                    pixel_attention_mask=ref_in["pixel_attention_mask"],
+                    spatial_shapes=ref_in["spatial_shapes"],
+                ).last_hidden_state.numpy()
             case["feeds"] = {
                 "pixel_values": np.stack([p.pixel_values for p in pre]),
                 "pixel_attention_mask": np.stack([p.pixel_attention_mask for p in pre]),
-                "position_weights": np.stack([position_weights(image["position_grid"], p.spatial_shape,
-                                                               s.max_num_patches) for p in pre]),
+                "position_weights": np.stack(
+                    [position_weights(image["position_grid"], p.spatial_shape, s.max_num_patches) for p in pre]
+                ),
             }
             case["valid"] = case["feeds"]["pixel_attention_mask"].astype(bool)
             case["grids"] = [list(p.spatial_shape) for p in pre]
@@ -287,9 +332,13 @@ def validate_pool(runner, model, gates: str = "fp32") -> dict:
 
 #: Prompts of the text check: case, punctuation, accents, the empty prompt; plus a long one when the
 #: reference truncates.
-VALIDATION_PROMPTS = ["a dog on the beach", "A CAT wearing pink glasses", "",
-                      "a backpack with the Eiffel Tower in the background, photographed at dusk",
-                      "caffè latte on a café table — naïve déjà vu"]
+VALIDATION_PROMPTS = [
+    "a dog on the beach",
+    "A CAT wearing pink glasses",
+    "",
+    "a backpack with the Eiffel Tower in the background, photographed at dusk",
+    "caffè latte on a café table — naïve déjà vu",
+]
 
 
 def text_token_ids(processor, text: dict, bundle_dir: Path) -> np.ndarray:
@@ -307,8 +356,10 @@ def text_token_ids(processor, text: dict, bundle_dir: Path) -> np.ndarray:
     ref_ids = np.asarray(processor(text=prompts, padding="max_length", return_tensors="np")["input_ids"])
     if ref_ids.shape != ids.shape or not np.array_equal(ref_ids, ids):
         bad = [p for p, a, r in zip(prompts, ids, ref_ids) if a.shape != r.shape or not np.array_equal(a, r)]
-        raise ExportValidationError(f"token ids differ from the reference processor for {bad!r}",
-                                    {"ours": ids.tolist(), "reference": ref_ids.tolist()})
+        raise ExportValidationError(
+            f"token ids differ from the reference processor for {bad!r}",
+            {"ours": ids.tolist(), "reference": ref_ids.tolist()},
+        )
     return ids
 
 
@@ -352,15 +403,21 @@ def cp_validation_cases(width: int, seed: int = 5) -> list[dict]:
     tok = lambda *shape: (rng.normal(size=shape + (width,)) + base).astype(np.float32)  # noqa: E731
     cases = []
     # (reference lengths, per reference the output lengths, reference with no kept patch or None)
-    layouts = [([37], [[37, 20, 51, 3, 37]], None),
-               ([24, 40, 9], [[30, 30], [12], [40, 5]], None),
-               ([16, 25], [[16, 16, 9], [25]], 0)]
+    layouts = [
+        ([37], [[37, 20, 51, 3, 37]], None),
+        ([24, 40, 9], [[30, 30], [12], [40, 5]], None),
+        ([16, 25], [[16, 16, 9], [25]], 0),
+    ]
     for ref_lens, out_lens, empty in layouts:
         r, n = len(ref_lens), max(ref_lens)
         k = max(len(o) for o in out_lens)
         m = max(max(o) for o in out_lens)
-        feeds = {"ref_tokens": np.zeros((r, n, width), np.float32), "ref_keep": np.zeros((r, n), bool),
-                 "out_tokens": np.zeros((r, k, m, width), np.float32), "out_valid": np.zeros((r, k, m), bool)}
+        feeds = {
+            "ref_tokens": np.zeros((r, n, width), np.float32),
+            "ref_keep": np.zeros((r, n), bool),
+            "out_tokens": np.zeros((r, k, m, width), np.float32),
+            "out_valid": np.zeros((r, k, m), bool),
+        }
         pairs, n_keep = [], []
         for a, (nl, ols) in enumerate(zip(ref_lens, out_lens)):
             ref = tok(nl)
@@ -412,20 +469,39 @@ def validate_cp(runner, width: int, gates: str = "fp32") -> dict:
         shape = list(case["feeds"]["out_tokens"].shape)
         finite = bool(all(np.isfinite(v).all() for v in res.values()))
         ok = finite and max(d_best) <= best_atol and n_keep_err == 0
-        cases.append({"max_abs": max(d_cp) if ok else float("inf"), "best_max_abs": max(d_best),
-                      "best_atol": best_atol, "n_keep_max_abs": n_keep_err, "all_finite": finite,
-                      "shape": shape, "pairs": len(case["pairs"])})
+        cases.append(
+            {
+                "max_abs": max(d_cp) if ok else float("inf"),
+                "best_max_abs": max(d_best),
+                "best_atol": best_atol,
+                "n_keep_max_abs": n_keep_err,
+                "all_finite": finite,
+                "shape": shape,
+                "pairs": len(case["pairs"]),
+            }
+        )
     against = "the numpy head (runtime/heads.py)"
     if reduced:
         against += f" with the {gates} gates (export with --precision fp32 instead)"
-    report = _check("cp", cases, atol=cp_atol, against=against,
-                    budget_from="tolerances.FIDELITY_MAX_ABS_DELTA" if reduced else "tolerances.CP_HEAD_ATOL")
+    report = _check(
+        "cp",
+        cases,
+        atol=cp_atol,
+        against=against,
+        budget_from="tolerances.FIDELITY_MAX_ABS_DELTA" if reduced else "tolerances.CP_HEAD_ATOL",
+    )
     report["gates"] = gates
     return report
 
 
-def torch_references(model, processor, image: dict, text: dict, bundle_dir: Path,
-                     graphs: tuple[str, ...] = ("vision", "pool", "text", "cp")) -> dict:
+def torch_references(
+    model,
+    processor,
+    image: dict,
+    text: dict,
+    bundle_dir: Path,
+    graphs: tuple[str, ...] = ("vision", "pool", "text", "cp"),
+) -> dict:
     """Every PyTorch output the checks of ``graphs`` compare against, computed before any ONNX
     Runtime session exists (:func:`check_graph` needs no PyTorch model): ``{graph: cases}`` plus
     ``width``. The exporter computes them in its PyTorch worker (export/torch_worker.py) tower by
@@ -481,13 +557,16 @@ def check_graph(graph: str, path: Path, references: dict, gates: str = "fp32") -
             del runner
             release_memory()
     if gates == "bf16":
-        report["bf16_emulated"] = ("ONNX Runtime CPU has no bf16 kernels: ran the graph with float32 ops and every "
-                                   "bfloat16 tensor rounded to bfloat16 where produced (export/precision.py)")
+        report["bf16_emulated"] = (
+            "ONNX Runtime CPU has no bf16 kernels: ran the graph with float32 ops and every "
+            "bfloat16 tensor rounded to bfloat16 where produced (export/precision.py)"
+        )
     return report
 
 
-def validate_graph(graph: str, path: Path, bundle_dir: Path, model, processor, image: dict, text: dict,
-                   gates: str = "fp32") -> dict:
+def validate_graph(
+    graph: str, path: Path, bundle_dir: Path, model, processor, image: dict, text: dict, gates: str = "fp32"
+) -> dict:
     """:func:`check_graph` with the references computed from ``model`` first (one process).
 
     Raises:
@@ -506,8 +585,11 @@ def validation_pairs(n: int = 6, seed: int = 11) -> list:
     from ..runtime.scorer import Pair
 
     sizes = [(224, 288), (480, 160), (333, 517), (512, 512), (97, 203), (640, 427), (300, 301), (181, 777)]
-    prompts = [("a photo of a dog on the beach", "dog"), ("a red backpack in the snow", "backpack"),
-               ("a cat wearing sunglasses", "cat")]
+    prompts = [
+        ("a photo of a dog on the beach", "dog"),
+        ("a red backpack in the snow", "backpack"),
+        ("a cat wearing sunglasses", "cat"),
+    ]
     rng = np.random.default_rng(seed)
     pairs = []
     for i in range(n):
@@ -545,8 +627,9 @@ def pair_scores(bundle: Path, pairs=None) -> dict:
     return {"cp": [float(r.cp) for r in results], "pf": [float(r.pf) for r in results], "pairs": len(pairs)}
 
 
-def validate_pairs(fp32_bundle: Path | None, reduced_bundle: Path, gates: str, pairs=None,
-                   fp32_scores: dict | None = None) -> dict:
+def validate_pairs(
+    fp32_bundle: Path | None, reduced_bundle: Path, gates: str, pairs=None, fp32_scores: dict | None = None
+) -> dict:
     """The per-pair gate of a reduced-precision bundle: |dCP| and |dPF| <= ``FIDELITY_MAX_ABS_DELTA``
     against the same export's fp32 graphs (themselves validated against PyTorch just before), on
     :func:`validation_pairs`; every score finite where fp32's is.
@@ -565,15 +648,26 @@ def validate_pairs(fp32_bundle: Path | None, reduced_bundle: Path, gates: str, p
     got = pair_scores(reduced_bundle, pairs)
     cp32, pf32 = np.array(ref["cp"]), np.array(ref["pf"])
     cpx, pfx = np.array(got["cp"]), np.array(got["pf"])
-    finite = bool(np.array_equal(np.isfinite(cp32), np.isfinite(cpx)) and np.array_equal(np.isfinite(pf32), np.isfinite(pfx)))
+    finite = bool(
+        np.array_equal(np.isfinite(cp32), np.isfinite(cpx)) and np.array_equal(np.isfinite(pf32), np.isfinite(pfx))
+    )
     d_cp = float(np.nanmax(np.abs(cpx - cp32))) if np.isfinite(cp32).any() else 0.0
     d_pf = float(np.nanmax(np.abs(pfx - pf32))) if np.isfinite(pf32).any() else 0.0
-    report = {"gates": gates, "pairs": len(pairs), "max_abs_dcp": d_cp, "max_abs_dpf": d_pf,
-              "atol": FIDELITY_MAX_ABS_DELTA, "finite_where_fp32_finite": finite,
-              "against": "this export's fp32 graphs (validated against PyTorch above)"}
+    report = {
+        "gates": gates,
+        "pairs": len(pairs),
+        "max_abs_dcp": d_cp,
+        "max_abs_dpf": d_pf,
+        "atol": FIDELITY_MAX_ABS_DELTA,
+        "finite_where_fp32_finite": finite,
+        "against": "this export's fp32 graphs (validated against PyTorch above)",
+    }
     if not (finite and d_cp <= FIDELITY_MAX_ABS_DELTA and d_pf <= FIDELITY_MAX_ABS_DELTA):
         raise ExportValidationError(
             f"{gates} bundle fails its pair gates: max |dCP| {d_cp:.2e}, max |dPF| {d_pf:.2e} over {len(pairs)} "
-            f"pairs (gate {FIDELITY_MAX_ABS_DELTA:g})" + ("" if finite else "; non-finite scores")
-            + ". Export with --precision fp32 instead.", report)
+            f"pairs (gate {FIDELITY_MAX_ABS_DELTA:g})"
+            + ("" if finite else "; non-finite scores")
+            + ". Export with --precision fp32 instead.",
+            report,
+        )
     return report

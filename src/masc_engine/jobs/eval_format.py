@@ -18,15 +18,36 @@ from typing import Any
 
 from .tables import csv_cell
 
-__all__ = ["FORMATS", "SUFFIX_FORMATS", "latex_escape", "markdown_escape", "num_cell", "ci_cell", "means_layout", "compare_layout", "render", "csv_text"]
+__all__ = [
+    "FORMATS",
+    "SUFFIX_FORMATS",
+    "latex_escape",
+    "markdown_escape",
+    "num_cell",
+    "ci_cell",
+    "means_layout",
+    "compare_layout",
+    "render",
+    "csv_text",
+]
 
 #: The formats :func:`render` writes.
 FORMATS = ("md", "latex", "csv")
 #: ``--out`` suffix -> format.
 SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".tex": "latex", ".csv": "csv"}
 
-_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+_LATEX = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
 
 
 def latex_escape(text: Any) -> str:
@@ -112,8 +133,16 @@ def csv_text(rows: Sequence[dict], columns: Sequence[str]) -> str:
     return buf.getvalue()
 
 
-def render(fmt: str, headers: Sequence[str], body: Sequence[Sequence[str]], *, notes: Sequence[str] = (),
-           caption: str = "", rows: Sequence[dict] = (), columns: Sequence[str] = ()) -> str:
+def render(
+    fmt: str,
+    headers: Sequence[str],
+    body: Sequence[Sequence[str]],
+    *,
+    notes: Sequence[str] = (),
+    caption: str = "",
+    rows: Sequence[dict] = (),
+    columns: Sequence[str] = (),
+) -> str:
     r"""A table as Markdown (``md``), LaTeX (``latex``, a booktabs ``table``) or CSV (``csv``).
 
     Args:
@@ -165,6 +194,14 @@ def compare_layout(table: Any) -> tuple[list[str], list[list[str]], list[str]]:
     csv_columns)``."""
     pct = _pct(table.units.options.confidence)
     headers = ["metric", "n", table.a, table.b, f"{table.a} - {table.b} [{pct} CI]"]
-    body = [[r["metric"], str(r["n"]), num_cell(r["mean_a"]), num_cell(r["mean_b"]),
-             ci_cell(r["diff"], r["diff_low"], r["diff_high"], r["note"])] for r in table.rows]
+    body = [
+        [
+            r["metric"],
+            str(r["n"]),
+            num_cell(r["mean_a"]),
+            num_cell(r["mean_b"]),
+            ci_cell(r["diff"], r["diff_low"], r["diff_high"], r["note"]),
+        ]
+        for r in table.rows
+    ]
     return headers, body, ["metric", "n", "mean_a", "mean_b", "diff", "diff_low", "diff_high", "note"]

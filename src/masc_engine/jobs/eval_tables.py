@@ -35,9 +35,21 @@ from .evaluation import DataError, _score, _status, as_table, score_status_colum
 from .results import SidecarError, read_meta
 from .tables import Table
 
-__all__ = ["TableOptions", "ScoreUnits", "MeansTable", "CompareTable", "metric_columns", "score_units",
-           "means_table", "compare_table", "agreement_tables", "auc_tables", "random_weights",
-           "random_weights_line", "scores_sidecar"]
+__all__ = [
+    "TableOptions",
+    "ScoreUnits",
+    "MeansTable",
+    "CompareTable",
+    "metric_columns",
+    "score_units",
+    "means_table",
+    "compare_table",
+    "agreement_tables",
+    "auc_tables",
+    "random_weights",
+    "random_weights_line",
+    "scores_sidecar",
+]
 
 
 def metric_columns(columns: Sequence[str], requested: Sequence[str] = (), source: str = "scores") -> tuple[str, ...]:
@@ -59,13 +71,16 @@ def metric_columns(columns: Sequence[str], requested: Sequence[str] = (), source
     if requested and tuple(requested) != ("all",):
         missing = [c for c in requested if c not in cols]
         if missing:
-            raise DataError(f"{source}: no metric column {', '.join(map(repr, missing))} "
-                            f"(columns: {', '.join(map(str, cols))})")
+            raise DataError(
+                f"{source}: no metric column {', '.join(map(repr, missing))} (columns: {', '.join(map(str, cols))})"
+            )
         return tuple(dict.fromkeys(requested))
     found = tuple(c for m in registered() for c in m.columns if c in cols)
     if not found:
-        raise DataError(f"{source}: no registered metric column (columns: {', '.join(map(str, cols))}); "
-                        "name the columns with --metrics")
+        raise DataError(
+            f"{source}: no registered metric column (columns: {', '.join(map(str, cols))}); "
+            "name the columns with --metrics"
+        )
     return found
 
 
@@ -142,8 +157,9 @@ def _label(row: Mapping[str, Any], column: str | None) -> str | None:
     return str(v).strip()
 
 
-def _metric_value(t: Table, i: int, column: str, status_column: str | None, opts: TableOptions,
-                  counts: tuple[dict, dict]) -> float:
+def _metric_value(
+    t: Table, i: int, column: str, status_column: str | None, opts: TableOptions, counts: tuple[dict, dict]
+) -> float:
     row = t.rows[i]
     status = _status(row, status_column)
     if status is not None and status not in opts.ok_statuses:
@@ -182,13 +198,17 @@ def score_units(scores: Any, options: TableOptions = TableOptions()) -> ScoreUni
     metrics = metric_columns(t.columns, options.metrics, str(t.path))
     has_key = all(c in t.columns for c in options.key)
     if options.average_references and not has_key:
-        raise DataError(f"{t.path}: --average-references needs the key column(s) "
-                        f"{', '.join(c for c in options.key if c not in t.columns)} (--key; columns: "
-                        f"{', '.join(map(str, t.columns))})")
+        raise DataError(
+            f"{t.path}: --average-references needs the key column(s) "
+            f"{', '.join(c for c in options.key if c not in t.columns)} (--key; columns: "
+            f"{', '.join(map(str, t.columns))})"
+        )
     counts: tuple[dict, dict] = ({m: 0 for m in metrics}, {m: 0 for m in metrics})
     status_cols = {m: score_status_column(t.columns, m, options.status_column) for m in metrics}
-    vals = np.asarray([[_metric_value(t, i, m, status_cols[m], options, counts) for m in metrics]
-                       for i in range(len(t.rows))], dtype=np.float64).reshape(len(t.rows), len(metrics))
+    vals = np.asarray(
+        [[_metric_value(t, i, m, status_cols[m], options, counts) for m in metrics] for i in range(len(t.rows))],
+        dtype=np.float64,
+    ).reshape(len(t.rows), len(metrics))
     methods = [_label(r, options.method_column) for r in t.rows] if options.method_column in t.columns else None
     subjects = [_label(r, options.subject_column) for r in t.rows] if options.subject_column in t.columns else None
     keys = [_key(r, options.key, t.where(i)) for i, r in enumerate(t.rows)] if has_key else None
@@ -233,8 +253,10 @@ def _groups(u: ScoreUnits, by_subject: bool) -> list[tuple[str, str | None, str,
     if not by_subject:
         return [(scope, None, name, idx) for scope, name, idx in ag.groups_in_order(u.methods, n, "method")]
     if u.subjects is None:
-        raise DataError(f"{u.source}: the per-subject breakdown needs a subject column "
-                        f"({u.options.subject_column!r}; --subject-column)")
+        raise DataError(
+            f"{u.source}: the per-subject breakdown needs a subject column "
+            f"({u.options.subject_column!r}; --subject-column)"
+        )
     order: dict[tuple[str, str], list[int]] = {}
     for i, s in enumerate(u.subjects):
         if s is not None:
@@ -261,7 +283,9 @@ def means_table(units: ScoreUnits, by_subject: bool = False) -> MeansTable:
         d: dict[str, Any] = {"scope": scope, "subject": subject, "method": name, "n": int(idx.size)}
         for j, m in enumerate(units.metrics):
             ci = mean_ci(units.values[idx, j], n_resamples=o.n_resamples, confidence=o.confidence, seed=o.seed)
-            d.update({f"{m}_n": ci.n, m: ci.value, f"{m}_low": ci.low, f"{m}_high": ci.high, f"{m}_note": ci.note or ""})
+            d.update(
+                {f"{m}_n": ci.n, m: ci.value, f"{m}_low": ci.low, f"{m}_high": ci.high, f"{m}_note": ci.note or ""}
+            )
         rows.append(d)
     return MeansTable(rows, units, by_subject)
 
@@ -293,15 +317,20 @@ class CompareTable:
 def _pick_methods(u: ScoreUnits, a: str | None, b: str | None) -> tuple[str, str]:
     if u.methods is None:
         col = u.options.method_column
-        raise DataError(f"{u.source}: " + (f"no method column {col!r}" if col else "no method column given")
-                        + "; a comparison needs one (--method-column)")
+        raise DataError(
+            f"{u.source}: "
+            + (f"no method column {col!r}" if col else "no method column given")
+            + "; a comparison needs one (--method-column)"
+        )
     present = list(dict.fromkeys(m for m in u.methods if m is not None))
     if a is None and b is None and len(present) == 2:
         return present[0], present[1]
     for m in (a, b):
         if m is None or m not in present:
-            raise DataError(f"{u.source}: name two methods to compare (--a, --b), "
-                            f"got {a!r} and {b!r}; methods: {', '.join(present)}")
+            raise DataError(
+                f"{u.source}: name two methods to compare (--a, --b), "
+                f"got {a!r} and {b!r}; methods: {', '.join(present)}"
+            )
     if a == b:
         raise DataError(f"{u.source}: --a and --b are both {a!r}")
     return a, b
@@ -313,8 +342,10 @@ def _index(u: ScoreUnits, method: str) -> dict[tuple[str, ...], int]:
         if m != method:
             continue
         if k in out:
-            raise DataError(f"{u.source}: rows do not pair: {method!r} has key ({', '.join(k)}) more than once on "
-                            f"({', '.join(u.options.key)}); add a column to --key, or --average-references")
+            raise DataError(
+                f"{u.source}: rows do not pair: {method!r} has key ({', '.join(k)}) more than once on "
+                f"({', '.join(u.options.key)}); add a column to --key, or --average-references"
+            )
         out[k] = i
     return out
 
@@ -343,8 +374,10 @@ def compare_table(units: ScoreUnits, a: str | None = None, b: str | None = None)
     only = [(m, k) for m, side, other in ((a, ia, ib), (b, ib, ia)) for k in side if k not in other]
     if only:
         m, k = only[0]
-        raise DataError(f"{units.source}: rows do not pair on ({', '.join(o.key)}): {len(only)} key(s) have one "
-                        f"method only, first ({', '.join(k)}) of {m!r}; compare on keys both methods scored")
+        raise DataError(
+            f"{units.source}: rows do not pair on ({', '.join(o.key)}): {len(only)} key(s) have one "
+            f"method only, first ({', '.join(k)}) of {m!r}; compare on keys both methods scored"
+        )
     keys = list(ia)
     xa, xb = units.values[[ia[k] for k in keys]], units.values[[ib[k] for k in keys]]
     rows = []
@@ -353,8 +386,18 @@ def compare_table(units: ScoreUnits, a: str | None = None, b: str | None = None)
         ci = paired_mean_diff(xa[:, j], xb[:, j], n_resamples=o.n_resamples, confidence=o.confidence, seed=o.seed)
         mean_a = float(xa[ok, j].mean()) if ok.any() else float("nan")
         mean_b = float(xb[ok, j].mean()) if ok.any() else float("nan")
-        rows.append({"metric": m, "n": int(ok.sum()), "mean_a": mean_a, "mean_b": mean_b, "diff": ci.value,
-                     "diff_low": ci.low, "diff_high": ci.high, "note": ci.note or ""})
+        rows.append(
+            {
+                "metric": m,
+                "n": int(ok.sum()),
+                "mean_a": mean_a,
+                "mean_b": mean_b,
+                "diff": ci.value,
+                "diff_low": ci.low,
+                "diff_high": ci.high,
+                "note": ci.note or "",
+            }
+        )
     return CompareTable(rows, a, b, len(keys), units)
 
 
@@ -363,8 +406,9 @@ def compare_table(units: ScoreUnits, a: str | None = None, b: str | None = None)
 # --------------------------------------------------------------------------
 
 
-def agreement_tables(scores: Any, ratings: Any, options: ev.AgreementOptions,
-                     metrics: Sequence[str] = ()) -> list[dict[str, Any]]:
+def agreement_tables(
+    scores: Any, ratings: Any, options: ev.AgreementOptions, metrics: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     """The agreement rows of every metric column (DreamBench++'s table: one block per metric):
     :func:`~masc_engine.jobs.evaluation.agreement_table` per column with ``score_column``
     replaced, each row led by ``metric``. A column no unit joins gets one pooled row with ``n``
@@ -381,12 +425,27 @@ def agreement_tables(scores: Any, ratings: Any, options: ev.AgreementOptions,
         if joined.counts["units"] == 0:
             stats = {f"alpha_{lv}{s}": float("nan") for lv in o.levels for s in ("", "_low", "_high")}
             stats.update({f"spearman{s}": float("nan") for s in ("", "_low", "_high")})
-            out.append({"metric": m, "scope": "pooled", "method": ag.POOLED, "n": 0, **stats,
-                        "note": "no unit joined (no ok score with a rating)"})
+            out.append(
+                {
+                    "metric": m,
+                    "scope": "pooled",
+                    "method": ag.POOLED,
+                    "n": 0,
+                    **stats,
+                    "note": "no unit joined (no ok score with a rating)",
+                }
+            )
             continue
-        rows = ag.agreement_rows(joined, levels=o.levels, mapping=o.mapping, categories=o.scale,
-                                 human_agg=o.human_agg, n_resamples=o.n_resamples, confidence=o.confidence,
-                                 seed=o.seed)
+        rows = ag.agreement_rows(
+            joined,
+            levels=o.levels,
+            mapping=o.mapping,
+            categories=o.scale,
+            human_agg=o.human_agg,
+            n_resamples=o.n_resamples,
+            confidence=o.confidence,
+            seed=o.seed,
+        )
         out += [{"metric": m, **r} for r in rows]
     return out
 
@@ -400,8 +459,11 @@ def auc_tables(scores: Any, options: ev.AucOptions, metrics: Sequence[str] = ())
         DataError, ValueError: as :func:`~masc_engine.jobs.evaluation.auc_table`.
     """
     t = as_table(scores, "scores")
-    return [{"metric": m, **r} for m in metric_columns(t.columns, metrics, str(t.path))
-            for r in ev.auc_table(t, replace(options, score_column=m)).rows]
+    return [
+        {"metric": m, **r}
+        for m in metric_columns(t.columns, metrics, str(t.path))
+        for r in ev.auc_table(t, replace(options, score_column=m)).rows
+    ]
 
 
 # --------------------------------------------------------------------------

@@ -390,14 +390,22 @@ def agreement_table(scores: Any, ratings: Any, options: AgreementOptions = Agree
             f"a score, {c['unrated']} without a rating), {c['rating_rows']} rating rows ({c['unscored']} without a "
             f"score). Check the key ({options.key}) and the file contents."
         )
-    rows = ag.agreement_rows(joined, levels=options.levels, mapping=options.mapping, categories=options.scale,
-                             human_agg=options.human_agg, n_resamples=options.n_resamples,
-                             confidence=options.confidence, seed=options.seed)
+    rows = ag.agreement_rows(
+        joined,
+        levels=options.levels,
+        mapping=options.mapping,
+        categories=options.scale,
+        human_agg=options.human_agg,
+        n_resamples=options.n_resamples,
+        confidence=options.confidence,
+        seed=options.seed,
+    )
     return AgreementTable(rows, joined, options)
 
 
-def evaluate_agreement(scores_path: str | Path, ratings_path: str | Path,
-                       options: AgreementOptions = AgreementOptions()) -> AgreementTable:
+def evaluate_agreement(
+    scores_path: str | Path, ratings_path: str | Path, options: AgreementOptions = AgreementOptions()
+) -> AgreementTable:
     """:func:`agreement_table` on two files (CSV / TSV / JSON Lines / JSON array / Parquet).
 
     Raises:
@@ -479,8 +487,13 @@ def within_cross_units(scores: Any, options: AucOptions) -> WithinCross:
         vals.append(v)
         g = row.get(options.group_column) if options.group_column else None
         groups.append(None if g is None or str(g).strip() == "" else str(g))
-    return WithinCross(np.asarray(vals, dtype=np.float64), np.asarray(within, dtype=bool),
-                       groups if options.group_column else None, skipped, missing)
+    return WithinCross(
+        np.asarray(vals, dtype=np.float64),
+        np.asarray(within, dtype=bool),
+        groups if options.group_column else None,
+        skipped,
+        missing,
+    )
 
 
 @dataclass(frozen=True)
@@ -512,8 +525,14 @@ def auc_table(scores: Any, options: AucOptions) -> AucTable:
         ValueError: bad bootstrap settings.
     """
     units = within_cross_units(scores, options)
-    rows = ag.auc_rows(units.scores, units.within, units.groups, n_resamples=options.n_resamples,
-                       confidence=options.confidence, seed=options.seed)
+    rows = ag.auc_rows(
+        units.scores,
+        units.within,
+        units.groups,
+        n_resamples=options.n_resamples,
+        confidence=options.confidence,
+        seed=options.seed,
+    )
     return AucTable(rows, units, options)
 
 

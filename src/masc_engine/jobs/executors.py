@@ -115,8 +115,14 @@ class RayExecutor:
         BackendUnavailableError: Ray is not installed.
     """
 
-    def __init__(self, make_job: Callable[[], object], *, gpu: bool = False, address: str | None = None,
-                 workers: int | None = None):
+    def __init__(
+        self,
+        make_job: Callable[[], object],
+        *,
+        gpu: bool = False,
+        address: str | None = None,
+        workers: int | None = None,
+    ):
         self.make_job = make_job
         self.gpu = gpu
         self.address = address
@@ -140,7 +146,9 @@ class RayExecutor:
         except ImportError as e:
             from ..extras import install_hint
 
-            raise BackendUnavailableError(f"--executor ray needs Ray, which is not installed: {install_hint('ray')}") from e
+            raise BackendUnavailableError(
+                f"--executor ray needs Ray, which is not installed: {install_hint('ray')}"
+            ) from e
         from ray.exceptions import RayActorError
 
         queue = deque(chunks)
@@ -151,8 +159,7 @@ class RayExecutor:
             local = {} if self.address or not self.workers else {"num_cpus": int(self.workers)}
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False, **local)
         slot = "GPU" if self.gpu else "CPU"
-        actor = _actor_class(ray).options(num_gpus=1 if self.gpu else 0, num_cpus=0 if self.gpu else 1,
-                                          max_restarts=0)
+        actor = _actor_class(ray).options(num_gpus=1 if self.gpu else 0, num_cpus=0 if self.gpu else 1, max_restarts=0)
         try:
             n = max(1, min(self.workers or int(ray.cluster_resources().get(slot, 1)), len(queue)))
             idle = [actor.remote(self.make_job) for _ in range(n)]
@@ -165,7 +172,8 @@ class RayExecutor:
                 if not inflight:
                     raise BackendUnavailableError(
                         f"every Ray worker died with {len(queue)} chunk(s) left; the finished rows are in the "
-                        "journal: run the same command again to score the rest")
+                        "journal: run the same command again to score the rest"
+                    )
                 (ref,), _ = ray.wait(list(inflight), num_returns=1)
                 a, c = inflight.pop(ref)
                 try:
@@ -179,7 +187,8 @@ class RayExecutor:
                         raise BackendUnavailableError(
                             f"the chunk of rows {c.indices[0]}-{c.indices[-1]} lost its Ray worker "
                             f"{losses[id(c)]} times (out of memory?); the finished rows are in the journal: "
-                            "run the same command again, or with a smaller --batch-size / --chunk-size") from e
+                            "run the same command again, or with a smaller --batch-size / --chunk-size"
+                        ) from e
                     queue.appendleft(c)  # scored again elsewhere; nothing of it was yielded
                     if ray.available_resources().get(slot, 0) >= 1:
                         idle.append(actor.remote(self.make_job))

@@ -93,10 +93,12 @@ def gate_report(cp32, pf32, cp8, pf8) -> dict:
 def format_gates(report: dict) -> str:
     """The gate figures of :func:`gate_report` as one line, each with its gate and margin."""
     m, t = report["margins"], gate_thresholds(report)
-    return (f"max |dCP| {report['max_abs_dcp']:.4f} (gate <= {t['max_abs_dcp']:g}, margin {m['max_abs_dcp']:+.4f}), "
-            f"Spearman CP {report['spearman_cp']:.4f} (gate >= {t['spearman_cp']:g}, margin {m['spearman_cp']:+.4f}), "
-            f"PF {report['spearman_pf']:.4f} (margin {m['spearman_pf']:+.4f}) over {report['pairs']} pairs "
-            "(gates: tolerances.INT8_MAX_ABS_DCP, INT8_MIN_SPEARMAN)")
+    return (
+        f"max |dCP| {report['max_abs_dcp']:.4f} (gate <= {t['max_abs_dcp']:g}, margin {m['max_abs_dcp']:+.4f}), "
+        f"Spearman CP {report['spearman_cp']:.4f} (gate >= {t['spearman_cp']:g}, margin {m['spearman_cp']:+.4f}), "
+        f"PF {report['spearman_pf']:.4f} (margin {m['spearman_pf']:+.4f}) over {report['pairs']} pairs "
+        "(gates: tolerances.INT8_MAX_ABS_DCP, INT8_MIN_SPEARMAN)"
+    )
 
 
 def _score_csv(bundle: Path, pairs_csv: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -113,8 +115,9 @@ def _score_csv(bundle: Path, pairs_csv: Path) -> tuple[np.ndarray, np.ndarray]:
     return (np.array([float(r["cp"]) for r in rows]), np.array([float(r["pf"]) for r in rows]))
 
 
-def quantize_bundle(fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: str | Path,
-                    keep_refused_at: str | Path | None = None) -> dict:
+def quantize_bundle(
+    fp32_bundle: str | Path, out_dir: str | Path, gate_pairs: str | Path, keep_refused_at: str | Path | None = None
+) -> dict:
     """Write an int8 copy of ``fp32_bundle`` to ``out_dir`` if it passes its gates.
 
     Args:

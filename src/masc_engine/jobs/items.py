@@ -167,7 +167,7 @@ def reservation(opened, kind: str, image_settings) -> int:
     cost = decode_cost(opened, kind) + _PER_FILE_BYTES
     if kind == "image":
         s = image_settings
-        values = 3 * s.image_size[0] * s.image_size[1] if s.mode == "fixed" else s.max_num_patches * 3 * s.patch_size ** 2
+        values = 3 * s.image_size[0] * s.image_size[1] if s.mode == "fixed" else s.max_num_patches * 3 * s.patch_size**2
         cost += values * _PREPROCESS_BYTES_PER_VALUE
     return cost
 
@@ -178,7 +178,9 @@ def embed_cost(size: tuple[int, int], embedders) -> int:
     from ..runtime.recipes import resized_size
 
     w, h = size
-    return sum(3 * np.prod(resized_size(h, w, e.recipe)) * _PREPROCESS_BYTES_PER_VALUE for e in (embedders or {}).values())
+    return sum(
+        3 * np.prod(resized_size(h, w, e.recipe)) * _PREPROCESS_BYTES_PER_VALUE for e in (embedders or {}).values()
+    )
 
 
 def _embed_pixels(im, embedders) -> dict:
@@ -186,8 +188,18 @@ def _embed_pixels(im, embedders) -> dict:
     return {k: e.preprocess_image(im) for k, e in (embedders or {}).items()}
 
 
-def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply", budget=None,
-                 keep_image: bool = False, masks=None, subjects=(), embedders=None) -> DecodedImage:
+def decode_image(
+    data: bytes,
+    name: str,
+    scorer,
+    cache=None,
+    exif: str = "apply",
+    budget=None,
+    keep_image: bool = False,
+    masks=None,
+    subjects=(),
+    embedders=None,
+) -> DecodedImage:
     """Decode, orient and reduce one image file.
 
     Args:
@@ -224,8 +236,17 @@ def decode_image(data: bytes, name: str, scorer, cache=None, exif: str = "apply"
         grid = patch_grid(im.height, im.width, scorer.image_settings)
         enc = cache.cached(sha) if cache is not None else None
         pre = scorer.preprocess(im) if enc is None else None
-        return DecodedImage(sha, im.size, grid, notes, pre, enc, im if keep_image else None,
-                            _segmented(masks, subjects, im, sha, name, grid), embed_pixels)
+        return DecodedImage(
+            sha,
+            im.size,
+            grid,
+            notes,
+            pre,
+            enc,
+            im if keep_image else None,
+            _segmented(masks, subjects, im, sha, name, grid),
+            embed_pixels,
+        )
 
 
 def _segmented(masks, subjects, im, sha: str, name: str, grid) -> dict:
@@ -244,8 +265,9 @@ def _segmented(masks, subjects, im, sha: str, name: str, grid) -> dict:
     return out
 
 
-def reduce_image(im, name: str, scorer, cache=None, keep_image: bool = False, masks=None,
-                 subjects=(), embedders=None) -> DecodedImage:
+def reduce_image(
+    im, name: str, scorer, cache=None, keep_image: bool = False, masks=None, subjects=(), embedders=None
+) -> DecodedImage:
     """A PIL image (an in-memory input) reduced as :func:`decode_image` reduces a file (and
     segmented for ``subjects`` with ``masks``); its content key hashes its RGB pixels.
 
@@ -261,16 +283,28 @@ def reduce_image(im, name: str, scorer, cache=None, keep_image: bool = False, ma
     enc = cache.cached(sha) if cache is not None else None
     notes = () if im.mode == "RGB" else (f"{im.mode} converted to RGB",)
     grid = patch_grid(rgb.height, rgb.width, scorer.image_settings)
-    return DecodedImage(sha, rgb.size, grid, notes, scorer.preprocess(rgb) if enc is None else None, enc,
-                        rgb if keep_image else None, _segmented(masks, subjects, rgb, sha, name, grid),
-                        _embed_pixels(rgb, embedders))
+    return DecodedImage(
+        sha,
+        rgb.size,
+        grid,
+        notes,
+        scorer.preprocess(rgb) if enc is None else None,
+        enc,
+        rgb if keep_image else None,
+        _segmented(masks, subjects, rgb, sha, name, grid),
+        _embed_pixels(rgb, embedders),
+    )
 
 
 def reduce_mask(mask: np.ndarray, grids) -> DecodedMask:
     """A decoded ``[H, W]`` mask reduced to its size, coverage and weights on ``grids``."""
     h, w = mask.shape
-    return DecodedMask((int(w), int(h)), round(mask_coverage(mask), 6), bool(np.any(mask)),
-                       {tuple(g): mask_to_patch_grid(mask, tuple(g)) for g in grids})
+    return DecodedMask(
+        (int(w), int(h)),
+        round(mask_coverage(mask), 6),
+        bool(np.any(mask)),
+        {tuple(g): mask_to_patch_grid(mask, tuple(g)) for g in grids},
+    )
 
 
 def decode_mask(data: bytes, name: str, grids, exif: str = "apply", budget=None) -> DecodedMask:
@@ -295,8 +329,9 @@ def array_mask(m, name: str, grids) -> DecodedMask:
     """
     a = np.asarray(m)
     if a.ndim != 2 or a.dtype != np.uint8:
-        raise InputError("unreadable_mask", f"{name}: expected mask bytes or a [H, W] uint8 array, got "
-                                            f"{a.dtype} {list(a.shape)}")
+        raise InputError(
+            "unreadable_mask", f"{name}: expected mask bytes or a [H, W] uint8 array, got {a.dtype} {list(a.shape)}"
+        )
     return reduce_mask(a, grids)
 
 

@@ -31,6 +31,7 @@ def load_all(paths: Iterable[str], loader: Callable[[str], T], workers: int) -> 
         ``{path: object or the InputError it raised}``, in sorted path order. Any other
         exception propagates (a bug, not a bad file).
     """
+
     def one(p: str):
         try:
             return p, loader(p)

@@ -86,8 +86,14 @@ class SegmenterMasks:
     Thread-safe: loader threads call it at once (the segmenter's sessions are).
     """
 
-    def __init__(self, segmenter: Segmenter, exif: str = "apply", store=None, save_dir: str | Path | None = None,
-                 memory_bytes: int = DEFAULT_MEMORY_BYTES):
+    def __init__(
+        self,
+        segmenter: Segmenter,
+        exif: str = "apply",
+        store=None,
+        save_dir: str | Path | None = None,
+        memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    ):
         self.segmenter = segmenter
         self.exif = exif
         self.store = store
@@ -100,8 +106,11 @@ class SegmenterMasks:
 
     def stats(self) -> dict:
         """``masks_segmented``, ``mask_cache_hits`` and the segmenter's ``segmenter_images_encoded``."""
-        return {"masks_segmented": self.masks_segmented, "mask_cache_hits": self.mask_cache_hits,
-                "segmenter_images_encoded": self.segmenter.images_encoded}
+        return {
+            "masks_segmented": self.masks_segmented,
+            "mask_cache_hits": self.mask_cache_hits,
+            "segmenter_images_encoded": self.segmenter.images_encoded,
+        }
 
     def prompt(self, subject_name: str) -> str:
         """The segmenter's prompt for a row's subject name.
@@ -115,9 +124,11 @@ class SegmenterMasks:
             try:
                 found = self.segmenter.prompt(subject_name)
             except InputError as e:
-                found = (InputError("no_mask_source", "no mask given and no object_name to prompt the segmenter with")
-                         if e.reason == "empty_prompt" else
-                         InputError("mask_prompt_too_long", f"object_name as the segmenter's prompt: {e.detail}"))
+                found = (
+                    InputError("no_mask_source", "no mask given and no object_name to prompt the segmenter with")
+                    if e.reason == "empty_prompt"
+                    else InputError("mask_prompt_too_long", f"object_name as the segmenter's prompt: {e.detail}")
+                )
             if len(self._prompts) >= 65536:  # a bound, not an LRU: distinct subject names are few
                 self._prompts.clear()
             self._prompts[subject_name] = found
@@ -182,7 +193,7 @@ class SegmenterMasks:
                 self.memory_hits += 1
         if packed is not None:
             (h, w), bits = packed
-            return (np.unpackbits(np.frombuffer(bits, np.uint8), count=h * w).reshape(h, w) * np.uint8(255))
+            return np.unpackbits(np.frombuffer(bits, np.uint8), count=h * w).reshape(h, w) * np.uint8(255)
         mask = self.store.get_mask(key, self.scope) if self.store is not None else None
         if mask is not None:
             with self._lock:

@@ -69,9 +69,28 @@ ORACLE_METHOD = "oracle"
 GALLERY_REQUIRED = ("image", "identity")
 QUERY_REQUIRED = ("image", "identity", "method")
 
-QUERY_RESULT_COLUMNS = ("query_index", "query", "identity", "method", "class", "status", "status_detail", "ap",
-                        "first_rank", "top1", "top5", "n_relevant", "n_gallery", "n_excluded", "n_query_patches",
-                        "top1_image", "top1_identity", "top1_score", "similarity", "level")
+QUERY_RESULT_COLUMNS = (
+    "query_index",
+    "query",
+    "identity",
+    "method",
+    "class",
+    "status",
+    "status_detail",
+    "ap",
+    "first_rank",
+    "top1",
+    "top5",
+    "n_relevant",
+    "n_gallery",
+    "n_excluded",
+    "n_query_patches",
+    "top1_image",
+    "top1_identity",
+    "top1_score",
+    "similarity",
+    "level",
+)
 SUMMARY_COLUMNS = ("method", "class", "n_queries", "n_scored", "n_undefined", "n_failed", "mAP", "top1", "top5")
 
 
@@ -84,16 +103,16 @@ class RankFileError(TableError):
 class _Item:
     """A gallery entry or a query: the row, where it came from, and its state."""
 
-    index: int                 # 1-based data row of its CSV
+    index: int  # 1-based data row of its CSV
     row: dict
-    image: str = ""            # resolved path ("" when the cell is empty)
+    image: str = ""  # resolved path ("" when the cell is empty)
     mask: str = ""
     identity: str = ""
     cls: str = ""
     method: str = ""
     status: str = "ok"
     detail: str = ""
-    mask_source: str = ""      # "file", "segmenter" or "" (no mask)
+    mask_source: str = ""  # "file", "segmenter" or "" (no mask)
 
 
 @dataclass
@@ -115,9 +134,11 @@ class RankReport:
 
     def lines(self) -> list[str]:
         statuses = Counter(r["status"] for r in self.rows)
-        out = [f"queries: {len(self.rows)}  scored: {statuses.get('ok', 0)}  gallery: {self.gallery_size} images  "
-               f"similarity: {self.similarity}  level: {self.level}  encoder: {self.encoder}  "
-               f"({self.seconds:.1f}s, {self.images_encoded} images encoded)"]
+        out = [
+            f"queries: {len(self.rows)}  scored: {statuses.get('ok', 0)}  gallery: {self.gallery_size} images  "
+            f"similarity: {self.similarity}  level: {self.level}  encoder: {self.encoder}  "
+            f"({self.seconds:.1f}s, {self.images_encoded} images encoded)"
+        ]
         for status, n in sorted(statuses.items()):
             if status != "ok":
                 out.append(f"  {status}: {n}")
@@ -128,8 +149,10 @@ class RankReport:
         out.append(f"{'method':<24} {'class':<20} {'n':>5} {'undef':>5} {'fail':>5} {'mAP':>7} {'top1':>7} {'top5':>7}")
         for s in self.summary:
             f = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"  # noqa: E731
-            out.append(f"{s['method'][:24]:<24} {s['class'][:20]:<20} {s['n_queries']:>5} {s['n_undefined']:>5} "
-                       f"{s['n_failed']:>5} {f(s['mAP']):>7} {f(s['top1']):>7} {f(s['top5']):>7}")
+            out.append(
+                f"{s['method'][:24]:<24} {s['class'][:20]:<20} {s['n_queries']:>5} {s['n_undefined']:>5} "
+                f"{s['n_failed']:>5} {f(s['mAP']):>7} {f(s['top1']):>7} {f(s['top5']):>7}"
+            )
         return out
 
 
@@ -148,7 +171,10 @@ def _read_items(path: str | Path, required: Sequence[str], what: str) -> tuple[l
         if empty:
             it.status, it.detail = "bad_row", f"empty column(s): {', '.join(empty)}"
         elif refused := [c for c in ("image", "mask") if "\0" in cell(row, c)]:
-            it.status, it.detail = "bad_path", f"{refused[0]}: the path holds a NUL byte: the operating system refuses it"
+            it.status, it.detail = (
+                "bad_path",
+                f"{refused[0]}: the path holds a NUL byte: the operating system refuses it",
+            )
         else:
             it.image = resolve_path(base, cell(row, "image"), real=True)
             it.mask = resolve_path(base, cell(row, "mask"), real=True) if cell(row, "mask") else ""
@@ -157,8 +183,9 @@ def _read_items(path: str | Path, required: Sequence[str], what: str) -> tuple[l
     return t.columns, items
 
 
-def _encode_paths(paths: list[str], encoder, similarity: str, chunk: int, workers: int,
-                  progress) -> tuple[dict, dict, int]:
+def _encode_paths(
+    paths: list[str], encoder, similarity: str, chunk: int, workers: int, progress
+) -> tuple[dict, dict, int]:
     """Decode and encode ``paths`` (in the given order, ``chunk`` at a time).
 
     Returns ``(features, sizes, n_encoded)``: features[path] is a ``[D]`` embedding (global), an
@@ -168,7 +195,7 @@ def _encode_paths(paths: list[str], encoder, similarity: str, chunk: int, worker
     sizes: dict = {}
     n = 0
     for start in range(0, len(paths), chunk):
-        part = paths[start:start + chunk]
+        part = paths[start : start + chunk]
         images = load_all(part, load_image, workers)
         ok = [p for p in part if not isinstance(images[p], InputError)]
         for p in part:
@@ -207,8 +234,10 @@ def _query_keep(q: _Item, enc, sizes: dict, masks: dict, fg_threshold: float) ->
         raise InputError("empty_query_mask", f"{q.mask} has no foreground pixel")
     keep = cp_keep(mask_to_patch_grid(mask, enc.grid), fg_threshold)
     if not keep.any():
-        raise InputError("query_mask_below_threshold", f"{q.mask}: no patch of the {enc.grid[0]}x{enc.grid[1]} "
-                                                       f"grid has mask weight > {fg_threshold}")
+        raise InputError(
+            "query_mask_below_threshold",
+            f"{q.mask}: no patch of the {enc.grid[0]}x{enc.grid[1]} grid has mask weight > {fg_threshold}",
+        )
     return keep
 
 
@@ -231,8 +260,9 @@ def _segment_queries(queries: list[_Item], segmenter, classes_of: dict, workers:
         if isinstance(im, InputError):
             out[key] = im
         elif not subject.strip():
-            out[key] = InputError("no_mask_source", f"query {path} has no mask and no object_name or class to "
-                                                    "prompt the segmenter with")
+            out[key] = InputError(
+                "no_mask_source", f"query {path} has no mask and no object_name or class to prompt the segmenter with"
+            )
         else:
             try:
                 out[key] = segmenter.segment([im], [subject])[0].mask
@@ -254,13 +284,27 @@ def _check_options(encoder, queries_csv, oracle: bool, similarity: str, level: s
         raise ValueError("give a queries file, or oracle=True (the gallery images as queries), not both")
 
 
-def _read_queries(gallery_csv, queries_csv, oracle: bool, query_masks: bool) -> tuple[list[_Item], list[_Item], list[str]]:
+def _read_queries(
+    gallery_csv, queries_csv, oracle: bool, query_masks: bool
+) -> tuple[list[_Item], list[_Item], list[str]]:
     """``(gallery, queries, input_columns)``: with ``oracle`` the gallery's items are the queries
     (method ``oracle``); without ``query_masks`` the queries' masks are dropped."""
     g_fields, gallery = _read_items(gallery_csv, GALLERY_REQUIRED, "gallery")
     if oracle:
-        queries = [_Item(g.index, g.row, image=g.image, mask=g.mask, identity=g.identity, cls=g.cls,
-                         method=ORACLE_METHOD, status=g.status, detail=g.detail) for g in gallery]
+        queries = [
+            _Item(
+                g.index,
+                g.row,
+                image=g.image,
+                mask=g.mask,
+                identity=g.identity,
+                cls=g.cls,
+                method=ORACLE_METHOD,
+                status=g.status,
+                detail=g.detail,
+            )
+            for g in gallery
+        ]
         q_fields: list[str] = []
     else:
         q_fields, queries = _read_items(queries_csv, QUERY_REQUIRED, "queries")
@@ -270,8 +314,9 @@ def _read_queries(gallery_csv, queries_csv, oracle: bool, query_masks: bool) -> 
     return gallery, queries, list(g_fields if oracle else q_fields)
 
 
-def _encode_all(gallery: list[_Item], queries: list[_Item], encoder, similarity: str, chunk: int, workers: int,
-                progress: bool) -> tuple[dict, dict, int]:
+def _encode_all(
+    gallery: list[_Item], queries: list[_Item], encoder, similarity: str, chunk: int, workers: int, progress: bool
+) -> tuple[dict, dict, int]:
     """Encode every usable image once: the gallery's first (sorted), then the query-only ones
     (sorted), so a gallery encoding depends neither on row order nor on the queries.
     Returns :func:`_encode_paths`' ``(features, sizes, n_encoded)`` over both."""
@@ -279,9 +324,11 @@ def _encode_all(gallery: list[_Item], queries: list[_Item], encoder, similarity:
     q_paths = sorted({q.image for q in queries if q.status == "ok"} - set(g_paths))
     try:
         from tqdm import tqdm
+
         # disable=None: tqdm draws only when stderr is a terminal (a log file or pipe gets no bar lines)
-        bar = tqdm(total=len(g_paths) + len(q_paths), unit="image", disable=None if progress else True,
-                   desc="masc-rank")
+        bar = tqdm(
+            total=len(g_paths) + len(q_paths), unit="image", disable=None if progress else True, desc="masc-rank"
+        )
     except ImportError:  # pragma: no cover
         bar = None
     tick = (lambda n: bar.update(n)) if bar is not None else (lambda n: None)
@@ -299,15 +346,16 @@ class _Gallery:
     """The usable gallery in canonical order (resolved path, then row), as arrays."""
 
     items: list[_Item]
-    image: np.ndarray          # [G] resolved paths
-    label: np.ndarray          # [G] identity or class, by level
-    emb: np.ndarray | None     # [G, D] global embeddings (similarity "global")
-    tokens: list | None        # G token arrays (similarity "maxcos")
-    classes_of: dict           # identity -> its classes in the gallery
+    image: np.ndarray  # [G] resolved paths
+    label: np.ndarray  # [G] identity or class, by level
+    emb: np.ndarray | None  # [G, D] global embeddings (similarity "global")
+    tokens: list | None  # G token arrays (similarity "maxcos")
+    classes_of: dict  # identity -> its classes in the gallery
 
 
-def _usable_gallery(gallery: list[_Item], feats: dict, similarity: str, level: str,
-                    gallery_csv) -> tuple[_Gallery, list[dict]]:
+def _usable_gallery(
+    gallery: list[_Item], feats: dict, similarity: str, level: str, gallery_csv
+) -> tuple[_Gallery, list[dict]]:
     """The gallery rows that encoded, and the failures (rows left out, with their reasons).
 
     Raises:
@@ -318,35 +366,59 @@ def _usable_gallery(gallery: list[_Item], feats: dict, similarity: str, level: s
         if g.status == "ok" and isinstance(feats[g.image], InputError):
             g.status, g.detail = feats[g.image].reason, feats[g.image].detail
         if g.status != "ok":
-            failures.append({"row_index": g.index, "image": g.row.get("image", ""), "status": g.status,
-                             "status_detail": g.detail})
+            failures.append(
+                {"row_index": g.index, "image": g.row.get("image", ""), "status": g.status, "status_detail": g.detail}
+            )
     usable = sorted((g for g in gallery if g.status == "ok"), key=lambda g: (g.image, g.index))
     if not usable:
-        raise RankFileError("empty_gallery", f"{gallery_csv}: no gallery row has a usable image "
-                                             f"({len(failures)} rows failed)")
+        raise RankFileError(
+            "empty_gallery", f"{gallery_csv}: no gallery row has a usable image ({len(failures)} rows failed)"
+        )
     classes_of: dict[str, set] = defaultdict(set)
     for g in usable:
         if g.cls:
             classes_of[g.identity].add(g.cls)
     glob = similarity == "global"
-    return _Gallery(items=usable, image=np.array([g.image for g in usable]),
-                    label=np.array([g.identity if level == "identity" else g.cls for g in usable]),
-                    emb=np.stack([feats[g.image] for g in usable]) if glob else None,
-                    tokens=None if glob else [feats[g.image].tokens for g in usable],
-                    classes_of=classes_of), failures
+    return _Gallery(
+        items=usable,
+        image=np.array([g.image for g in usable]),
+        label=np.array([g.identity if level == "identity" else g.cls for g in usable]),
+        emb=np.stack([feats[g.image] for g in usable]) if glob else None,
+        tokens=None if glob else [feats[g.image].tokens for g in usable],
+        classes_of=classes_of,
+    ), failures
 
 
 def _query_row(q: _Item, cls: str, similarity: str, level: str) -> dict:
     """A query's output row before ranking (input columns, then the results, unset)."""
-    return {**q.row, "query_index": q.index, "query": q.row.get("image", ""), "identity": q.identity,
-            "method": q.method, "class": cls, "status": q.status, "status_detail": q.detail,
-            "ap": float("nan"), "first_rank": None, "top1": None, "top5": None, "n_relevant": None,
-            "n_gallery": None, "n_excluded": None, "n_query_patches": None, "top1_image": "",
-            "top1_identity": "", "top1_score": float("nan"), "similarity": similarity, "level": level}
+    return {
+        **q.row,
+        "query_index": q.index,
+        "query": q.row.get("image", ""),
+        "identity": q.identity,
+        "method": q.method,
+        "class": cls,
+        "status": q.status,
+        "status_detail": q.detail,
+        "ap": float("nan"),
+        "first_rank": None,
+        "top1": None,
+        "top5": None,
+        "n_relevant": None,
+        "n_gallery": None,
+        "n_excluded": None,
+        "n_query_patches": None,
+        "top1_image": "",
+        "top1_identity": "",
+        "top1_score": float("nan"),
+        "similarity": similarity,
+        "level": level,
+    }
 
 
-def _similarities(q: _Item, cls: str, gal: _Gallery, feats: dict, sizes: dict, masks: dict, fg: float,
-                  similarity: str, level: str) -> tuple[np.ndarray, int | None]:
+def _similarities(
+    q: _Item, cls: str, gal: _Gallery, feats: dict, sizes: dict, masks: dict, fg: float, similarity: str, level: str
+) -> tuple[np.ndarray, int | None]:
     """``(scores [G], n_query_patches)`` of a query against the usable gallery.
 
     Raises:
@@ -357,8 +429,10 @@ def _similarities(q: _Item, cls: str, gal: _Gallery, feats: dict, sizes: dict, m
     if isinstance(f, InputError):
         raise f
     if level == "class" and not cls:
-        raise InputError("bad_row", "level 'class' needs the query's class (class column, or an identity "
-                                    "with one class in the gallery)")
+        raise InputError(
+            "bad_row",
+            "level 'class' needs the query's class (class column, or an identity with one class in the gallery)",
+        )
     if similarity == "global":
         return cosine_scores(f, gal.emb), None
     keep = _query_keep(q, f, sizes, masks, fg)
@@ -372,19 +446,35 @@ def _rank_into(res: dict, q: _Item, label: str, scores: np.ndarray, gal: _Galler
     res.update(n_relevant=r.n_relevant, n_gallery=r.n_gallery, n_excluded=int((~include).sum()))
     if r.top_index is not None:
         top = gal.items[int(np.flatnonzero(include)[r.top_index])]
-        res.update(top1_image=top.row.get("image", ""), top1_identity=top.identity,
-                   top1_score=float(scores[include][r.top_index]))
+        res.update(
+            top1_image=top.row.get("image", ""),
+            top1_identity=top.identity,
+            top1_score=float(scores[include][r.top_index]),
+        )
     if not r.defined:
-        res.update(status="no_relevant_gallery_item",
-                   status_detail=f"no gallery image of {level} {label!r} (after excluding the query itself): "
-                                 "AP undefined, left out of mAP")
+        res.update(
+            status="no_relevant_gallery_item",
+            status_detail=f"no gallery image of {level} {label!r} (after excluding the query itself): "
+            "AP undefined, left out of mAP",
+        )
         return
     res.update(ap=r.ap, first_rank=r.first_rank, top1=int(r.top(1)), top5=int(r.top(5)))
 
 
-def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None = None, oracle: bool = False,
-             similarity: str = "global", level: str = "identity", use_masks: bool = True,
-             io_workers: int = 4, chunk_size: int = 64, progress: bool = False, segmenter=None) -> RankReport:
+def run_rank(
+    gallery_csv: str | Path,
+    encoder,
+    *,
+    queries_csv: str | Path | None = None,
+    oracle: bool = False,
+    similarity: str = "global",
+    level: str = "identity",
+    use_masks: bool = True,
+    io_workers: int = 4,
+    chunk_size: int = 64,
+    progress: bool = False,
+    segmenter=None,
+) -> RankReport:
     """Rank a gallery for every query and summarise (the job behind ``masc-rank``).
 
     Stages: read the tables (:func:`_read_queries`), encode each image once
@@ -420,8 +510,9 @@ def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None
     if segmenter is not None and not (similarity == "maxcos" and use_masks):
         raise ValueError("a segmenter makes query masks, which only maxcos similarity with masks reads")
     t0 = time.time()
-    gallery, queries, input_columns = _read_queries(gallery_csv, queries_csv, oracle,
-                                                    similarity == "maxcos" and use_masks)
+    gallery, queries, input_columns = _read_queries(
+        gallery_csv, queries_csv, oracle, similarity == "maxcos" and use_masks
+    )
     feats, sizes, n_encoded = _encode_all(gallery, queries, encoder, similarity, chunk_size, io_workers, progress)
     gal, failures = _usable_gallery(gallery, feats, similarity, level, gallery_csv)
     masks = load_all([q.mask for q in queries if q.mask and q.status == "ok"], load_mask, io_workers)
@@ -446,10 +537,19 @@ def run_rank(gallery_csv: str | Path, encoder, *, queries_csv: str | Path | None
         res["n_query_patches"] = n_patches
         _rank_into(res, q, q.identity if level == "identity" else cls, scores, gal, level)
 
-    return RankReport(rows=rows, summary=summarize(rows), gallery_size=len(gal.items), gallery_failures=failures,
-                      images_encoded=n_encoded, seconds=time.time() - t0, similarity=similarity, level=level,
-                      encoder=getattr(encoder, "name", ""), input_columns=input_columns,
-                      extra_columns=["mask_source"] if segmenter is not None else [])
+    return RankReport(
+        rows=rows,
+        summary=summarize(rows),
+        gallery_size=len(gal.items),
+        gallery_failures=failures,
+        images_encoded=n_encoded,
+        seconds=time.time() - t0,
+        similarity=similarity,
+        level=level,
+        encoder=getattr(encoder, "name", ""),
+        input_columns=input_columns,
+        extra_columns=["mask_source"] if segmenter is not None else [],
+    )
 
 
 def write_rank_outputs(report: RankReport, out_path: str | Path, summary_path: str | Path) -> None:

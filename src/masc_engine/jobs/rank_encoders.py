@@ -73,8 +73,9 @@ def cosine_scores(query: np.ndarray, gallery: np.ndarray) -> np.ndarray:
 MAXCOS_BLOCK = 1 << 24
 
 
-def maxcos_scores(query_tokens: np.ndarray, gallery_tokens: Sequence[np.ndarray],
-                  query_keep: np.ndarray | None = None) -> np.ndarray:
+def maxcos_scores(
+    query_tokens: np.ndarray, gallery_tokens: Sequence[np.ndarray], query_keep: np.ndarray | None = None
+) -> np.ndarray:
     """CP's masked max-cosine of one query against each gallery image.
 
     Args:
@@ -165,8 +166,11 @@ class EncoderManifest:
 def _input_size(v, bad) -> tuple[int, int]:
     """``input_size`` as ``(H, W)``: two integers in 1..:data:`MAX_IMAGE_SIDE` (a bundle's image
     side bound), else ``bad(message)`` raised (one line, the value cut short)."""
-    if (not isinstance(v, list) or len(v) != 2
-            or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_IMAGE_SIDE for x in v)):
+    if (
+        not isinstance(v, list)
+        or len(v) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_IMAGE_SIDE for x in v)
+    ):
         raise bad(f"input_size must be [H, W], integers 1..{MAX_IMAGE_SIDE}, got {str(v)[:60]}")
     return int(v[0]), int(v[1])
 
@@ -202,8 +206,12 @@ def load_encoder_manifest(path: str | Path) -> EncoderManifest:
         raise bad(f"mean, std and pixel_scale must be numbers ({e})") from e
     if len(mean) != 3 or len(std) != 3 or min(abs(s) for s in std) == 0 or pixel_scale <= 0:
         raise bad("mean and std must have 3 values (RGB), std non-zero; pixel_scale > 0")
-    checks = (("resize", RESIZE_MODES), ("layout", LAYOUTS), ("interpolation", INTERPOLATIONS),
-              ("output_kind", ("embedding",)))
+    checks = (
+        ("resize", RESIZE_MODES),
+        ("layout", LAYOUTS),
+        ("interpolation", INTERPOLATIONS),
+        ("output_kind", ("embedding",)),
+    )
     defaults = {"layout": "NCHW", "interpolation": "bilinear"}
     for key, allowed in checks:
         v = d.get(key, defaults.get(key))
@@ -214,10 +222,21 @@ def load_encoder_manifest(path: str | Path) -> EncoderManifest:
         onnx_path = path.resolve().parent / onnx_path
     if not onnx_path.is_file():
         raise bad(f"ONNX file {onnx_path} does not exist")
-    return EncoderManifest(onnx=onnx_path, input=str(d["input"]), input_size=size, mean=mean, std=std,
-                           resize=d["resize"], output=str(d["output"]), output_kind=d["output_kind"],
-                           layout=d.get("layout", "NCHW"), interpolation=d.get("interpolation", "bilinear"),
-                           pixel_scale=pixel_scale, name=str(d.get("name", "")), sha256=d.get("sha256"))
+    return EncoderManifest(
+        onnx=onnx_path,
+        input=str(d["input"]),
+        input_size=size,
+        mean=mean,
+        std=std,
+        resize=d["resize"],
+        output=str(d["output"]),
+        output_kind=d["output_kind"],
+        layout=d.get("layout", "NCHW"),
+        interpolation=d.get("interpolation", "bilinear"),
+        pixel_scale=pixel_scale,
+        name=str(d.get("name", "")),
+        sha256=d.get("sha256"),
+    )
 
 
 def manifest_preprocess(image, m: EncoderManifest) -> np.ndarray:
@@ -244,7 +263,7 @@ def manifest_preprocess(image, m: EncoderManifest) -> np.ndarray:
         arr = np.asarray(im.resize((nw, nh), resample), np.float32)
         x = np.zeros((h, w, 3), np.float32)
         top, left = (h - nh) // 2, (w - nw) // 2
-        x[top:top + nh, left:left + nw] = (arr / np.float32(m.pixel_scale) - mean) / std
+        x[top : top + nh, left : left + nw] = (arr / np.float32(m.pixel_scale) - mean) / std
     x = x.astype(np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1) if m.layout == "NCHW" else x)
 
@@ -260,8 +279,13 @@ class OnnxEmbeddingEncoder:
 
     supports_tokens = False
 
-    def __init__(self, manifest: str | Path | EncoderManifest, provider: str = "cpu",
-                 intra_op_threads: int | None = None, batch_size: int = 8):
+    def __init__(
+        self,
+        manifest: str | Path | EncoderManifest,
+        provider: str = "cpu",
+        intra_op_threads: int | None = None,
+        batch_size: int = 8,
+    ):
         from ..engine.backends.onnxruntime import OrtRunner
 
         self.manifest = manifest if isinstance(manifest, EncoderManifest) else load_encoder_manifest(manifest)
@@ -271,8 +295,9 @@ class OnnxEmbeddingEncoder:
             if digest != m.sha256.lower():
                 raise EncoderManifestError(f"{m.onnx}: sha256 {digest} differs from the manifest's {m.sha256}")
         try:
-            self.runner = OrtRunner(str(m.onnx), m.name or m.onnx.stem, provider=provider,
-                                    intra_op_threads=intra_op_threads)
+            self.runner = OrtRunner(
+                str(m.onnx), m.name or m.onnx.stem, provider=provider, intra_op_threads=intra_op_threads
+            )
         except MascEngineError:
             raise
         except Exception as e:  # onnxruntime's own load errors (bad file, unsupported op)
@@ -281,31 +306,36 @@ class OnnxEmbeddingEncoder:
         inputs = {i.name: i for i in self.runner.session.get_inputs()}
         outputs = {o.name for o in self.runner.session.get_outputs()}
         if m.input not in inputs or len(inputs) != 1:
-            raise EncoderManifestError(f"{m.onnx}: expected one input named {m.input!r}, graph has "
-                                       f"{', '.join(inputs)}")
+            raise EncoderManifestError(f"{m.onnx}: expected one input named {m.input!r}, graph has {', '.join(inputs)}")
         if m.output not in outputs:
             raise EncoderManifestError(f"{m.onnx}: no output named {m.output!r}; graph has {', '.join(outputs)}")
         spec = inputs[m.input]
         if spec.type != "tensor(float)" or len(spec.shape) != 4:
-            raise EncoderManifestError(f"{m.onnx}: input {m.input!r} must be a 4-D float32 tensor, "
-                                       f"is {spec.type} {spec.shape}")
+            raise EncoderManifestError(
+                f"{m.onnx}: input {m.input!r} must be a 4-D float32 tensor, is {spec.type} {spec.shape}"
+            )
         h, w = m.input_size
         want = (3, h, w) if m.layout == "NCHW" else (h, w, 3)
         for got, exp in zip(spec.shape[1:], want):
             if isinstance(got, int) and got != exp:
-                raise EncoderManifestError(f"{m.onnx}: input shape {spec.shape} does not fit input_size "
-                                           f"{list(m.input_size)} with layout {m.layout}")
-        self.batch_size = spec.shape[0] if isinstance(spec.shape[0], int) and spec.shape[0] > 0 \
-            else max(1, int(batch_size))
+                raise EncoderManifestError(
+                    f"{m.onnx}: input shape {spec.shape} does not fit input_size "
+                    f"{list(m.input_size)} with layout {m.layout}"
+                )
+        self.batch_size = (
+            spec.shape[0] if isinstance(spec.shape[0], int) and spec.shape[0] > 0 else max(1, int(batch_size))
+        )
 
     def embed(self, images: Sequence) -> np.ndarray:
         """``[B, D] float32`` embeddings of PIL images."""
         out = []
         for start in range(0, len(images), self.batch_size):
-            x = np.stack([manifest_preprocess(im, self.manifest) for im in images[start:start + self.batch_size]])
+            x = np.stack([manifest_preprocess(im, self.manifest) for im in images[start : start + self.batch_size]])
             res = self.runner.session.run([self.manifest.output], {self.manifest.input: x})[0]
             if res.ndim != 2 or res.shape[0] != x.shape[0]:
-                raise EncoderManifestError(f"{self.manifest.onnx}: output {self.manifest.output!r} has shape "
-                                           f"{res.shape}; output_kind 'embedding' needs [B, D]")
+                raise EncoderManifestError(
+                    f"{self.manifest.onnx}: output {self.manifest.output!r} has shape "
+                    f"{res.shape}; output_kind 'embedding' needs [B, D]"
+                )
             out.append(np.asarray(res, np.float32))
         return np.concatenate(out) if out else np.zeros((0, 0), np.float32)

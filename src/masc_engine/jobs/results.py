@@ -177,11 +177,18 @@ class OutputWriteError(MascEngineError):
     def __init__(self, path: str | Path, what: str, e: OSError):
         code = errno.errorcode.get(e.errno or 0, "")
         cause = f"{e.strerror or e}" + (f" ({code})" if code else "")
-        hint = {errno.ENOSPC: "free space", errno.EDQUOT: "free space", errno.EROFS: "make it writable or choose another --out",
-                errno.EACCES: "fix its permissions or choose another --out",
-                errno.EPERM: "fix its permissions or choose another --out"}.get(e.errno, "fix the cause")
-        then = (", then run the same command again (the rows finished so far are kept in the journal)"
-                if what != "lock file" else "")
+        hint = {
+            errno.ENOSPC: "free space",
+            errno.EDQUOT: "free space",
+            errno.EROFS: "make it writable or choose another --out",
+            errno.EACCES: "fix its permissions or choose another --out",
+            errno.EPERM: "fix its permissions or choose another --out",
+        }.get(e.errno, "fix the cause")
+        then = (
+            ", then run the same command again (the rows finished so far are kept in the journal)"
+            if what != "lock file"
+            else ""
+        )
         super().__init__(f"cannot write the {what} {path}: {cause}; {hint}{then}")
         self.path, self.errno = str(path), e.errno
 
@@ -246,16 +253,24 @@ class OutputLock:
         try:
             lock.acquire()
         except Timeout:  # (a TimeoutError, hence an OSError: caught first)
-            raise OutputBusyError(f"{self.out} is being written by {self._holder()} (lock {self.path}); "
-                                  "wait for that run to finish, or choose another --out") from None
+            raise OutputBusyError(
+                f"{self.out} is being written by {self._holder()} (lock {self.path}); "
+                "wait for that run to finish, or choose another --out"
+            ) from None
         except OSError as e:
             raise OutputWriteError(getattr(e, "filename", None) or self.path, "lock file", e) from None
         self._lock = lock
         with output_errors(self.path, "lock file"):
             with open(self.path, "r+", encoding="utf-8") as f:
                 f.truncate()
-                json.dump({"pid": os.getpid(), "host": socket.gethostname(),
-                           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f)
+                json.dump(
+                    {
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    },
+                    f,
+                )
         return self
 
     def _holder(self) -> str:
@@ -291,8 +306,11 @@ def _shown(v) -> str:
 def settings_diff(old: dict, new: dict) -> list[str]:
     """``"--stripper: regex -> none"`` for each setting whose value differs (keys of either;
     ``None`` and ``False`` read ``unset``, ``True`` reads ``set``)."""
-    return [f"{k}: {_shown(old.get(k))} -> {_shown(new.get(k))}" for k in dict.fromkeys([*old, *new])
-            if old.get(k) != new.get(k)]
+    return [
+        f"{k}: {_shown(old.get(k))} -> {_shown(new.get(k))}"
+        for k in dict.fromkeys([*old, *new])
+        if old.get(k) != new.get(k)
+    ]
 
 
 # ---------------------------------------------------------------------- resume records
@@ -387,10 +405,15 @@ def _changed(what: str, old: dict | None, new: dict) -> SettingsChangedError:
     diff = settings_diff(old, new) if old else []
     said = "; ".join(diff) if diff else "their settings fingerprint differs (written by another masc-engine version?)"
     # Another metric set: with the same --cache-dir, --overwrite runs only the encoders of what is new.
-    reuse = (" (with the earlier run's --cache-dir only the added metrics' encoders run)"
-             if diff and all(d.startswith(_METRIC_SETTINGS) for d in diff) else "")
-    return SettingsChangedError(f"{what} made with other settings ({said}): nothing was scored or erased; "
-                                f"--overwrite replaces them{reuse}, or choose another --out")
+    reuse = (
+        " (with the earlier run's --cache-dir only the added metrics' encoders run)"
+        if diff and all(d.startswith(_METRIC_SETTINGS) for d in diff)
+        else ""
+    )
+    return SettingsChangedError(
+        f"{what} made with other settings ({said}): nothing was scored or erased; "
+        f"--overwrite replaces them{reuse}, or choose another --out"
+    )
 
 
 def _matching(entries, keys: list[str]) -> dict[int, dict]:
@@ -422,8 +445,9 @@ def read_meta(out: str | Path) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-def resume(journal: Journal, fingerprint: str, identity: dict, keys: list[str], input_path: str,
-           overwrite: bool = False) -> PriorWork:
+def resume(
+    journal: Journal, fingerprint: str, identity: dict, keys: list[str], input_path: str, overwrite: bool = False
+) -> PriorWork:
     """Read what earlier runs left at ``journal.out`` (the journal of an interrupted run, else a
     complete output), refuse results of other settings unless ``overwrite``, and start this
     run's journal (its header and the reused rows).
@@ -445,24 +469,29 @@ def resume(journal: Journal, fingerprint: str, identity: dict, keys: list[str], 
     rows_j = [e for e in entries if e.get("type") != "run"]
     if header is not None and not overwrite:
         if header.get("fingerprint") != fingerprint:
-            raise _changed(f"{journal.path} holds {len(rows_j)} rows of an interrupted run", header.get("identity"),
-                           identity)
+            raise _changed(
+                f"{journal.path} holds {len(rows_j)} rows of an interrupted run", header.get("identity"), identity
+            )
         earlier = list(header.get("earlier_runs") or []) + runs_of(entries)
         return PriorWork(_matching(rows_j, keys), earlier, next_run_id(earlier), repaired)
     done, earlier = {}, []
     if out.exists() and not overwrite:
         meta = read_meta(out)
         if meta is None:
-            raise SettingsChangedError(f"{out} exists and is not a masc-run output (no readable "
-                                       f"{meta_path(out).name}): nothing was written; --overwrite replaces it, "
-                                       "or choose another --out")
+            raise SettingsChangedError(
+                f"{out} exists and is not a masc-run output (no readable "
+                f"{meta_path(out).name}): nothing was written; --overwrite replaces it, "
+                "or choose another --out"
+            )
         if meta.get("fingerprint") != fingerprint:
             raise _changed(f"{out} holds results", meta.get("identity"), identity)
         done, earlier = _matching(read_output(out), keys), list(meta.get("runs") or [])
     elif overwrite and (header is not None or out.exists()):
         logger.warning("masc-run: --overwrite: the results at %s are replaced when this run completes", out)
-    journal.start({"fingerprint": fingerprint, "identity": identity, "input": input_path, "earlier_runs": earlier},
-                  list(done.values()))
+    journal.start(
+        {"fingerprint": fingerprint, "identity": identity, "input": input_path, "earlier_runs": earlier},
+        list(done.values()),
+    )
     return PriorWork(done, earlier, next_run_id(earlier), repaired)
 
 
@@ -491,11 +520,20 @@ class RunRecord:
         segmenter's) are added when it reports them."""
         st = self.runner.stats()
         sec = time.time() - self.t0
-        rec = {"type": "run", "run": self.run_id, "started": self.started, "seconds": round(sec, 3),
-               "rows_scored": self.scored, "rows_reused": self.reused,
-               "images_encoded": st.get("images_encoded", 0), "cache_hits": st.get("cache_hits", 0),
-               "lost_workers": st.get("lost_workers", 0), "executor": self.executor, "completed": completed,
-               "pairs_per_second": round(self.scored / sec, 3) if sec > 0 else None}
+        rec = {
+            "type": "run",
+            "run": self.run_id,
+            "started": self.started,
+            "seconds": round(sec, 3),
+            "rows_scored": self.scored,
+            "rows_reused": self.reused,
+            "images_encoded": st.get("images_encoded", 0),
+            "cache_hits": st.get("cache_hits", 0),
+            "lost_workers": st.get("lost_workers", 0),
+            "executor": self.executor,
+            "completed": completed,
+            "pairs_per_second": round(self.scored / sec, 3) if sec > 0 else None,
+        }
         rec.update({k: st[k] for k in MASK_COUNTERS if k in st})
         return rec
 

@@ -41,8 +41,15 @@ ROW_MEMORY_BYTES = 512
 #: refused in one line naming the line.
 MAX_CELL_CHARS = 16 * 2**20
 
-FORMATS = {".csv": "csv", ".txt": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json",
-           ".parquet": "parquet"}
+FORMATS = {
+    ".csv": "csv",
+    ".txt": "csv",
+    ".tsv": "tsv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+}
 
 
 class TableError(InputError):
@@ -77,8 +84,15 @@ class Table:
         return f"{self.path}, row {i + 1}"
 
 
-def read_table(path: str | Path, required: Sequence[str] = (), what: str = "table", *,
-               extra_fields: str = "error", max_bytes: int | None = None, budget_option: str = "") -> Table:
+def read_table(
+    path: str | Path,
+    required: Sequence[str] = (),
+    what: str = "table",
+    *,
+    extra_fields: str = "error",
+    max_bytes: int | None = None,
+    budget_option: str = "",
+) -> Table:
     """Read a table file (format by extension, see the module docstring).
 
     Args:
@@ -104,8 +118,11 @@ def read_table(path: str | Path, required: Sequence[str] = (), what: str = "tabl
         raise TableError("missing_file", f"{what} file {p} does not exist")
     size = p.stat().st_size
     if max_bytes is not None and size > max_bytes:
-        raise TableError(bad, f"{p}: {size} bytes, over the budget of {max_bytes} bytes"
-                              + (f" ({budget_option})" if budget_option else ""))
+        raise TableError(
+            bad,
+            f"{p}: {size} bytes, over the budget of {max_bytes} bytes"
+            + (f" ({budget_option})" if budget_option else ""),
+        )
     fmt = FORMATS.get(p.suffix.lower())
     if fmt is None:
         raise TableError(bad, f"{p}: unknown file type {p.suffix!r}; expected one of {', '.join(FORMATS)}")
@@ -139,10 +156,13 @@ class _RowBudget:
     def check(self, n_rows: int, where: str) -> None:
         if self.max_bytes is None or self.size + n_rows * ROW_MEMORY_BYTES <= self.max_bytes:
             return
-        raise TableError(self.bad, f"{self.path}{where}: {n_rows} rows would take about "
-                                   f"{(self.size + n_rows * ROW_MEMORY_BYTES) / 2**20:.0f} MiB once read "
-                                   f"({ROW_MEMORY_BYTES} bytes a row beside the file's {self.size}), over the budget "
-                                   f"of {self.max_bytes} bytes" + (f" ({self.option})" if self.option else ""))
+        raise TableError(
+            self.bad,
+            f"{self.path}{where}: {n_rows} rows would take about "
+            f"{(self.size + n_rows * ROW_MEMORY_BYTES) / 2**20:.0f} MiB once read "
+            f"({ROW_MEMORY_BYTES} bytes a row beside the file's {self.size}), over the budget "
+            f"of {self.max_bytes} bytes" + (f" ({self.option})" if self.option else ""),
+        )
 
 
 @contextmanager
@@ -231,8 +251,11 @@ def _parse_json(text: str, bad: str, where: str, whole_file: bool = False) -> An
         raise TableError(bad, f"{where}: a number of more than {_max_digits()} digits") from None
     if "\\u" in text and (bad_text := _lone_surrogate(obj)) is not None:
         i = _SURROGATE.search(bad_text).start()
-        raise TableError(bad, f"{where}: a string holds a lone UTF-16 surrogate ({bad_text[i]!a}), not text "
-                              f"(near {bad_text[max(0, i - 20):i]!r})")
+        raise TableError(
+            bad,
+            f"{where}: a string holds a lone UTF-16 surrogate ({bad_text[i]!a}), not text "
+            f"(near {bad_text[max(0, i - 20) : i]!r})",
+        )
     return obj
 
 
@@ -243,7 +266,9 @@ def _read_jsonl(p: Path, bad: str, budget: _RowBudget) -> Table:
             try:
                 text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as exc:
-                raise TableError(bad, f"{p}, line {lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+                raise TableError(
+                    bad, f"{p}, line {lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+                ) from None
             if not text.strip():
                 continue
             obj = _parse_json(text, bad, f"{p}, line {lineno}")
@@ -262,8 +287,9 @@ def _read_json(p: Path, bad: str) -> Table:
         raise TableError(bad, f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     obj = _parse_json(text, bad, str(p), whole_file=True)
     if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
-        raise TableError(bad, f"{p}: a .json file must hold an array of objects (one per row); "
-                              "use .jsonl for JSON Lines")
+        raise TableError(
+            bad, f"{p}: a .json file must hold an array of objects (one per row); use .jsonl for JSON Lines"
+        )
     return Table(p, _columns_of(obj), obj, None)
 
 
@@ -275,8 +301,12 @@ def _materialized_bytes(t) -> int:
     import pyarrow.compute as pc
 
     def text(typ) -> bool:
-        return pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ) \
+        return (
+            pa.types.is_string(typ)
+            or pa.types.is_large_string(typ)
+            or pa.types.is_binary(typ)
             or pa.types.is_large_binary(typ)
+        )
 
     total = 0
     for column in t.columns:
@@ -303,8 +333,12 @@ def _read_parquet(p: Path, bad: str, max_bytes: int | None = None, budget: _RowB
         # text columns stay dictionary-encoded while read (a repeated value is held once), so the
         # budget below is checked before any cell is expanded
         schema = pq.read_schema(p)
-        text = [f.name for f in schema if str(f.type) in ("string", "large_string", "binary", "large_binary")
-                or str(f.type).startswith("dictionary<values=string")]
+        text = [
+            f.name
+            for f in schema
+            if str(f.type) in ("string", "large_string", "binary", "large_binary")
+            or str(f.type).startswith("dictionary<values=string")
+        ]
         t = pq.read_table(p, read_dictionary=text)
     except Exception as exc:  # pyarrow's own errors (ArrowInvalid, OSError) for a damaged file
         raise TableError(bad, f"{p}: not a readable Parquet file ({exc})") from None
@@ -313,8 +347,11 @@ def _read_parquet(p: Path, bad: str, max_bytes: int | None = None, budget: _RowB
     if max_bytes is not None:  # a small file of repeated dictionary values can expand to gigabytes
         n = _materialized_bytes(t)
         if n > max_bytes:
-            raise TableError(bad, f"{p}: its cells hold {n} bytes once decoded (dictionary-encoded or "
-                                  f"compressed), over the budget of {max_bytes} bytes")
+            raise TableError(
+                bad,
+                f"{p}: its cells hold {n} bytes once decoded (dictionary-encoded or "
+                f"compressed), over the budget of {max_bytes} bytes",
+            )
     return Table(p, list(t.column_names), t.to_pylist(), None)
 
 
@@ -399,8 +436,14 @@ def parse_bool(value: Any) -> bool:
 
 #: How a NaN number is spelled in a CSV / TSV output (JSON and Parquet: null).
 CSV_NAN = "nan"
-WRITE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json",
-                 ".parquet": "parquet"}
+WRITE_FORMATS = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+}
 
 
 def csv_cell(v: Any) -> Any:
@@ -421,8 +464,9 @@ def json_cell(v: Any) -> Any:
     return v
 
 
-def write_table(path: str | Path, rows: Sequence[dict], columns: Sequence[str], *, fmt: str | None = None,
-                meta: dict | None = None) -> Path:
+def write_table(
+    path: str | Path, rows: Sequence[dict], columns: Sequence[str], *, fmt: str | None = None, meta: dict | None = None
+) -> Path:
     """Write ``rows`` (dicts; ``columns`` in order, other keys ignored, absent keys missing)
     atomically (a ``.partial`` file renamed into place), with the missing-value convention of
     the module docstring.
@@ -450,8 +494,9 @@ def write_table(path: str | Path, rows: Sequence[dict], columns: Sequence[str], 
     try:
         if fmt in ("csv", "tsv"):
             with open(tmp, "w", newline="", encoding="utf-8") as f:
-                w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore",
-                                   delimiter="\t" if fmt == "tsv" else ",")
+                w = csv.DictWriter(
+                    f, fieldnames=list(columns), extrasaction="ignore", delimiter="\t" if fmt == "tsv" else ","
+                )
                 w.writeheader()
                 for r in rows:
                     w.writerow({k: csv_cell(r.get(k)) for k in columns})

@@ -131,18 +131,31 @@ def certify(ref: dict, test: dict, gates: GateSet, min_pairs: int = 0) -> dict:
         if bound is not None:
             records[f"max_abs_d{k}"] = _gate(worst, bound, worst <= bound)
         rho = spearman_rho(r[both], t[both])
-        records[f"spearman_{k}"] = _gate(rho, gates.min_spearman, np.isfinite(rho) and rho >= gates.min_spearman,
-                                         upper=False)
-        out[f"mean_abs_d{k}"], out[f"max_abs_d{k}"], out[f"spearman_{k}"] = (float(d.mean()) if d.size else 0.0,
-                                                                             worst, rho)
+        records[f"spearman_{k}"] = _gate(
+            rho, gates.min_spearman, np.isfinite(rho) and rho >= gates.min_spearman, upper=False
+        )
+        out[f"mean_abs_d{k}"], out[f"max_abs_d{k}"], out[f"spearman_{k}"] = (
+            float(d.mean()) if d.size else 0.0,
+            worst,
+            rho,
+        )
     if gates.nonfinite == "gate":
         records["finite_as_fp32"] = _gate(bad, 0, bad == 0)
     records["min_pairs"] = _gate(n, min_pairs, n >= min_pairs, upper=False)
     ok = all(g["pass"] for g in records.values())
-    return {"pass": ok, "pairs": n, "gates": records, "mean_abs_dcp": out["mean_abs_dcp"],
-            "mean_abs_dpf": out["mean_abs_dpf"], "max_abs_dcp": out["max_abs_dcp"], "max_abs_dpf": out["max_abs_dpf"],
-            "spearman_cp": out["spearman_cp"], "spearman_pf": out["spearman_pf"],
-            "margins": {k: records[k]["margin"] for k in SCORE_GATES if k in records}, "passed": ok}
+    return {
+        "pass": ok,
+        "pairs": n,
+        "gates": records,
+        "mean_abs_dcp": out["mean_abs_dcp"],
+        "mean_abs_dpf": out["mean_abs_dpf"],
+        "max_abs_dcp": out["max_abs_dcp"],
+        "max_abs_dpf": out["max_abs_dpf"],
+        "spearman_cp": out["spearman_cp"],
+        "spearman_pf": out["spearman_pf"],
+        "margins": {k: records[k]["margin"] for k in SCORE_GATES if k in records},
+        "passed": ok,
+    }
 
 
 def gate_load(report: dict) -> float:

@@ -115,8 +115,13 @@ def rank_query(scores, relevant) -> QueryRanking:
     order = ranking(s, r)
     pos = np.flatnonzero(r[order]) + 1
     ap = float(np.mean(np.arange(1, pos.size + 1) / pos)) if pos.size else float("nan")
-    return QueryRanking(ap=ap, first_rank=int(pos[0]) if pos.size else None, n_relevant=int(r.sum()),
-                        n_gallery=int(s.size), top_index=int(order[0]) if s.size else None)
+    return QueryRanking(
+        ap=ap,
+        first_rank=int(pos[0]) if pos.size else None,
+        n_relevant=int(r.sum()),
+        n_gallery=int(s.size),
+        top_index=int(order[0]) if s.size else None,
+    )
 
 
 def cmc(first_ranks: Iterable[int | None], max_rank: int) -> np.ndarray:
@@ -164,10 +169,16 @@ def summarize(rows: Sequence[dict], ks: Sequence[int] = TOP_KS) -> list[dict]:
         scored = [r for r in g if r["status"] == "ok"]
         n_undef = sum(r["status"] == "no_relevant_gallery_item" for r in g)
         ranks = [int(r["first_rank"]) for r in scored]
-        res = {"method": key[0], "class": key[1], "n_queries": len(g), "n_scored": len(scored),
-               "n_undefined": n_undef, "n_failed": len(g) - len(scored) - n_undef,
-               # fsum: exactly rounded, so the summary does not depend on the order of the queries
-               "mAP": math.fsum(float(r["ap"]) for r in scored) / len(scored) if scored else float("nan")}
+        res = {
+            "method": key[0],
+            "class": key[1],
+            "n_queries": len(g),
+            "n_scored": len(scored),
+            "n_undefined": n_undef,
+            "n_failed": len(g) - len(scored) - n_undef,
+            # fsum: exactly rounded, so the summary does not depend on the order of the queries
+            "mAP": math.fsum(float(r["ap"]) for r in scored) / len(scored) if scored else float("nan"),
+        }
         for k in ks:
             res[f"top{k}"] = cmc_at(ranks, k) if ranks else float("nan")
         out.append(res)

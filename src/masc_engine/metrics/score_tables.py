@@ -67,8 +67,7 @@ def mean_ci(x: Any, *, n_resamples: int = 1000, confidence: float = 0.95, seed: 
     return bootstrap_ci(np.mean, v, n_resamples=n_resamples, confidence=confidence, seed=seed)
 
 
-def paired_mean_diff(a: Any, b: Any, *, n_resamples: int = 1000, confidence: float = 0.95,
-                     seed: int | None = 0) -> CI:
+def paired_mean_diff(a: Any, b: Any, *, n_resamples: int = 1000, confidence: float = 0.95, seed: int | None = 0) -> CI:
     """``mean(a) - mean(b)`` over paired units, with a paired bootstrap CI: each resample draws unit
     indices once and applies them to both sides (the pairing is kept; Efron & Tibshirani 1993).
 

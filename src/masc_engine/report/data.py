@@ -50,15 +50,49 @@ from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES, Table, TableError, number_or_
 from ..metrics import agreement as ag
 from ..runtime.pair_metrics import registered, score_metrics
 
-__all__ = ["METRICS", "METRIC_LABELS", "file_metrics", "extreme_metrics", "OK", "POOLED", "RANDOM_WEIGHTS_BANNER", "SIDES", "ReportOptions", "load_scores",
-           "cell_text", "prepare_rows", "status_counts", "method_groups", "method_stats", "within_cross",
-           "random_weights", "extremes", "mask_sources", "metric_label", "map_column", "fmt_num", "kv_items",
-           "model_name", "summary", "Summary", "StatusCount", "MaskSources", "distribution_groups", "auc_text",
-           "within_rule", "ident_columns", "has_maps", "extremes_tables", "ExtremesTable", "ExtremeRow"]
+__all__ = [
+    "METRICS",
+    "METRIC_LABELS",
+    "file_metrics",
+    "extreme_metrics",
+    "OK",
+    "POOLED",
+    "RANDOM_WEIGHTS_BANNER",
+    "SIDES",
+    "ReportOptions",
+    "load_scores",
+    "cell_text",
+    "prepare_rows",
+    "status_counts",
+    "method_groups",
+    "method_stats",
+    "within_cross",
+    "random_weights",
+    "extremes",
+    "mask_sources",
+    "metric_label",
+    "map_column",
+    "fmt_num",
+    "kv_items",
+    "model_name",
+    "summary",
+    "Summary",
+    "StatusCount",
+    "MaskSources",
+    "distribution_groups",
+    "auc_text",
+    "within_rule",
+    "ident_columns",
+    "has_maps",
+    "extremes_tables",
+    "ExtremesTable",
+    "ExtremeRow",
+]
 
 OK = "ok"
-RANDOM_WEIGHTS_BANNER = ("Random-weight bundle: these scores test the pipeline, not subjects "
-                         "(cross-subject CP can exceed same-subject).")
+RANDOM_WEIGHTS_BANNER = (
+    "Random-weight bundle: these scores test the pipeline, not subjects (cross-subject CP can exceed same-subject)."
+)
 #: The scores the report shows, in this order: every table, plot and column of the page derives
 #: from it (``<metric>_map``: the score's attribution overlay). The registered pair metrics every
 #: run computes (runtime/pair_metrics), by their score columns: ``("cp", "pf")`` built in.
@@ -96,7 +130,6 @@ def metric_label(metric: str) -> str:
 def map_column(metric: str) -> str:
     """The column of a score's attribution overlay (masc-run ``--save-maps``): ``<metric>_map``."""
     return f"{metric}_map"
-
 
 
 @dataclass(frozen=True)
@@ -155,8 +188,9 @@ def load_scores(path: str | Path, max_bytes: int | None = None) -> tuple[list[di
     """
     p = Path(path)
     if max_bytes is not None and p.is_file() and (size := p.stat().st_size) > max_bytes:
-        raise TableError("bad_scores_file", f"{p}: {size} bytes, over the budget of {max_bytes} bytes "
-                                            "(--max-scores-mb)")
+        raise TableError(
+            "bad_scores_file", f"{p}: {size} bytes, over the budget of {max_bytes} bytes (--max-scores-mb)"
+        )
     rows = read_output(path, max_bytes, "--max-scores-mb")  # the size again, and the rows as they arrive
     return rows, _load_sidecar(meta_path(path))
 
@@ -200,8 +234,9 @@ def prepare_rows(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str] | Non
     if metrics is None:
         metrics = file_metrics(list(rows[0])) if rows else METRICS
     if rows and not any(m in r for r in rows[:1] for m in metrics):
-        raise ValueError(f"not a masc-run score file: no {'/'.join(METRICS)} columns "
-                         f"(columns: {', '.join(map(str, rows[0]))})")
+        raise ValueError(
+            f"not a masc-run score file: no {'/'.join(METRICS)} columns (columns: {', '.join(map(str, rows[0]))})"
+        )
     for i, r in enumerate(rows, start=1):
         d = dict(r)
         d.update({m: _num(r.get(m)) for m in metrics})
@@ -243,8 +278,9 @@ def _mean_ci(x: np.ndarray, opts: ReportOptions) -> dict:
     return {"n": int(x.size), "mean": float(np.mean(x)), "low": ci.low, "high": ci.high}
 
 
-def method_stats(rows: Sequence[Mapping[str, Any]], opts: ReportOptions = ReportOptions(),
-                 metrics: Sequence[str] = METRICS) -> list[dict]:
+def method_stats(
+    rows: Sequence[Mapping[str, Any]], opts: ReportOptions = ReportOptions(), metrics: Sequence[str] = METRICS
+) -> list[dict]:
     """Per method, then pooled (``method`` and ``scope`` ``POOLED``; left out when one method holds
     every row, as it would repeat that row), grouped by :func:`method_groups`: ``n`` rows,
     ``n_ok``, and for each score of ``metrics`` (prepared: :func:`prepare_rows`) ``<m>_n`` (rows with a score), ``<m>_mean``, ``<m>_low``,
@@ -255,8 +291,12 @@ def method_stats(rows: Sequence[Mapping[str, Any]], opts: ReportOptions = Report
         parts = parts[:1]
     out = []
     for scope, name, idx in parts:
-        d: dict[str, Any] = {"scope": scope, "method": name, "n": len(idx),
-                             "n_ok": sum(rows[i]["status"] == OK for i in idx)}
+        d: dict[str, Any] = {
+            "scope": scope,
+            "method": name,
+            "n": len(idx),
+            "n_ok": sum(rows[i]["status"] == OK for i in idx),
+        }
         for m in metrics:
             s = _mean_ci(np.asarray([rows[i][m] for i in idx], dtype=np.float64), opts)
             d.update({f"{m}_n": s["n"], f"{m}_mean": s["mean"], f"{m}_low": s["low"], f"{m}_high": s["high"]})
@@ -264,8 +304,13 @@ def method_stats(rows: Sequence[Mapping[str, Any]], opts: ReportOptions = Report
     return out
 
 
-def within_cross(rows: Sequence[Mapping[str, Any]], metric: str, opts: ReportOptions,
-                 columns: Sequence[str] | None = None, source: str = "scores") -> ev.AucTable:
+def within_cross(
+    rows: Sequence[Mapping[str, Any]],
+    metric: str,
+    opts: ReportOptions,
+    columns: Sequence[str] | None = None,
+    source: str = "scores",
+) -> ev.AucTable:
     """The within- vs cross-subject AUC of one score: :func:`masc_engine.jobs.evaluation.auc_table`
     (masc-eval auc's function) on the prepared rows, over every row with a defined score (no
     status filter: for a masc-run file, the rows whose ``<metric>_status`` is ``ok``).
@@ -285,9 +330,15 @@ def within_cross(rows: Sequence[Mapping[str, Any]], metric: str, opts: ReportOpt
         columns = [c for c in ev.as_table(list(rows), source).columns if c != "_row"]
     # prepare_rows gave every row every score (NaN when absent): a file without PF has no PF units
     table = Table(Path(source), [*columns, *(m for m in (*METRICS, metric) if m not in columns)], list(rows), None)
-    options = ev.AucOptions(score_column=metric, within_column=opts.within_column, within_value=opts.within_value,
-                            status_column=None, n_resamples=opts.n_resamples, confidence=opts.confidence,
-                            seed=opts.seed)
+    options = ev.AucOptions(
+        score_column=metric,
+        within_column=opts.within_column,
+        within_value=opts.within_value,
+        status_column=None,
+        n_resamples=opts.n_resamples,
+        confidence=opts.confidence,
+        seed=opts.seed,
+    )
     return ev.auc_table(table, options)
 
 
@@ -296,7 +347,7 @@ def extremes(rows: Sequence[Mapping[str, Any]], metric: str, k: int, best: bool)
     ties by row index."""
     have = [r for r in rows if not math.isnan(r[metric])]
     have.sort(key=lambda r: ((-r[metric]) if best else r[metric], r["_row"]))
-    return have[:max(0, k)]
+    return have[: max(0, k)]
 
 
 def mask_sources(rows: Sequence[Mapping[str, Any]]) -> dict[str, Counter] | None:
@@ -306,7 +357,6 @@ def mask_sources(rows: Sequence[Mapping[str, Any]]) -> dict[str, Counter] | None
     if not rows or not any("ref_mask_source" in r for r in rows[:1]):
         return None
     return {label: Counter(cell_text(r.get(f"{m}_source")) or "none" for r in rows) for _, m, label in SIDES}
-
 
 
 # --------------------------------------------------------------------------
@@ -327,8 +377,9 @@ def kv_items(items: Sequence[tuple[str, Any]]) -> list[tuple[str, str]]:
         if v is None or v == "" or v == {}:
             continue
         if isinstance(v, Mapping):
-            v = ", ".join(f"{a}={json.dumps(b, default=str) if isinstance(b, (dict, list)) else b}"
-                          for a, b in v.items())
+            v = ", ".join(
+                f"{a}={json.dumps(b, default=str) if isinstance(b, (dict, list)) else b}" for a, b in v.items()
+            )
         elif isinstance(v, (list, tuple)):
             v = ", ".join(map(str, v))
         out.append((cell_text(k), cell_text(v)))
@@ -394,37 +445,67 @@ def _mask_table(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | Non
         return None
     kinds = [k for k in ("file", "segmenter", "none") if any(c.get(k) for c in sources.values())]
     seg = (meta or {}).get("segmenter") or {}
-    rule = kv_items([("segmenter", seg.get("bundle")), ("fingerprint", seg.get("fingerprint")),
-                     ("threshold", seg.get("threshold")), ("prompt template", seg.get("prompt_template")),
-                     ("provider", seg.get("provider"))]) if isinstance(seg, Mapping) else []
+    rule = (
+        kv_items(
+            [
+                ("segmenter", seg.get("bundle")),
+                ("fingerprint", seg.get("fingerprint")),
+                ("threshold", seg.get("threshold")),
+                ("prompt template", seg.get("prompt_template")),
+                ("provider", seg.get("provider")),
+            ]
+        )
+        if isinstance(seg, Mapping)
+        else []
+    )
     return MaskSources(kinds, [(label, [c.get(k, 0) for k in kinds]) for label, c in sources.items()], rule)
 
 
 def _sidecar_items(meta: Mapping[str, Any], img_root: Path | None) -> dict[str, list[tuple[str, str]]]:
     src = meta.get("source_model")
     model = [(f"source {k}", v) for k, v in src.items()] if isinstance(src, Mapping) else [("source model", src)]
-    model += [("bundle", meta.get("bundle")), ("bundle fingerprint", meta.get("bundle_fingerprint")),
-              ("run fingerprint", meta.get("fingerprint")), ("pairs file", meta.get("input")),
-              ("images resolved from", str(img_root) if img_root else None),
-              ("finished", meta.get("finished")), ("seconds", meta.get("seconds")),
-              ("pairs / second", meta.get("pairs_per_second"))]
-    return {"model": kv_items(model), "settings": kv_items(list((meta.get("settings") or {}).items())),
-            "versions": kv_items(list((meta.get("runtime_versions") or {}).items()))}
+    model += [
+        ("bundle", meta.get("bundle")),
+        ("bundle fingerprint", meta.get("bundle_fingerprint")),
+        ("run fingerprint", meta.get("fingerprint")),
+        ("pairs file", meta.get("input")),
+        ("images resolved from", str(img_root) if img_root else None),
+        ("finished", meta.get("finished")),
+        ("seconds", meta.get("seconds")),
+        ("pairs / second", meta.get("pairs_per_second")),
+    ]
+    return {
+        "model": kv_items(model),
+        "settings": kv_items(list((meta.get("settings") or {}).items())),
+        "versions": kv_items(list((meta.get("runtime_versions") or {}).items())),
+    }
 
 
-def summary(label: str, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None, img_root: Path | None,
-            roots: Sequence[str] = ()) -> Summary:
+def summary(
+    label: str,
+    rows: Sequence[Mapping[str, Any]],
+    meta: Mapping[str, Any] | None,
+    img_root: Path | None,
+    roots: Sequence[str] = (),
+) -> Summary:
     """The ``summary`` section of prepared rows (:func:`prepare_rows`): ``label`` names the file,
     ``img_root`` the folder images are resolved from, ``roots`` the folders images are read from."""
     n_ok = dict(status_counts(rows)).get(OK, 0)
-    run = kv_items([("rows", len(rows)), ("ok", n_ok), ("not ok", len(rows) - n_ok),
-                    ("images read only under", list(roots))])
-    return Summary(label, _status_table(rows), run, _mask_table(rows, meta),
-                   None if meta is None else _sidecar_items(meta, img_root))
+    run = kv_items(
+        [("rows", len(rows)), ("ok", n_ok), ("not ok", len(rows) - n_ok), ("images read only under", list(roots))]
+    )
+    return Summary(
+        label,
+        _status_table(rows),
+        run,
+        _mask_table(rows, meta),
+        None if meta is None else _sidecar_items(meta, img_root),
+    )
 
 
-def distribution_groups(rows: Sequence[Mapping[str, Any]], metric: str,
-                        opts: ReportOptions) -> list[tuple[str, np.ndarray]]:
+def distribution_groups(
+    rows: Sequence[Mapping[str, Any]], metric: str, opts: ReportOptions
+) -> list[tuple[str, np.ndarray]]:
     """``[(method, scores)]`` of one score for the ``distributions`` plots: the methods, or the
     pooled rows alone when there is no method (float64, NaN for rows without the score)."""
     groups = method_groups(rows, opts.method_column)
@@ -436,8 +517,9 @@ def auc_text(a: Mapping[str, Any]) -> str:
     """``AUC 0.812 [0.700, 0.900]`` of an :func:`within_cross` pooled row (``AUC undefined``)."""
     if math.isnan(a["auc"]):
         return "AUC undefined"
-    return f"AUC {fmt_num(a['auc'], 3)}" + (f" [{fmt_num(a['auc_low'], 3)}, {fmt_num(a['auc_high'], 3)}]"
-                                            if not math.isnan(a["auc_low"]) else "")
+    return f"AUC {fmt_num(a['auc'], 3)}" + (
+        f" [{fmt_num(a['auc_low'], 3)}, {fmt_num(a['auc_high'], 3)}]" if not math.isnan(a["auc_low"]) else ""
+    )
 
 
 def within_rule(opts: ReportOptions) -> str:
@@ -483,9 +565,12 @@ def has_maps(rows: Sequence[Mapping[str, Any]], metric: str) -> bool:
     return any(cell_text(r.get(map_column(metric))).strip() for r in rows)
 
 
-def extremes_tables(rows: Sequence[Mapping[str, Any]], opts: ReportOptions,
-                    figures: Callable[[Mapping[str, Any], str | None], list] | None = None,
-                    metrics: Sequence[str] = METRICS) -> list[ExtremesTable]:
+def extremes_tables(
+    rows: Sequence[Mapping[str, Any]],
+    opts: ReportOptions,
+    figures: Callable[[Mapping[str, Any], str | None], list] | None = None,
+    metrics: Sequence[str] = METRICS,
+) -> list[ExtremesTable]:
     """Per score of ``metrics``, the best then the worst ``opts.top_k`` rows (:func:`extremes`).
 
     Args:

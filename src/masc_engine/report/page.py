@@ -24,8 +24,23 @@ from pathlib import Path
 from typing import Any
 
 from ..jobs import evaluation as ev
-from .data import (METRICS, OK, POOLED, RANDOM_WEIGHTS_BANNER, ReportOptions, extremes, file_metrics, load_scores,
-                   mask_sources, method_groups, method_stats, prepare_rows, random_weights, status_counts, within_cross)
+from .data import (
+    METRICS,
+    OK,
+    POOLED,
+    RANDOM_WEIGHTS_BANNER,
+    ReportOptions,
+    extremes,
+    file_metrics,
+    load_scores,
+    mask_sources,
+    method_groups,
+    method_stats,
+    prepare_rows,
+    random_weights,
+    status_counts,
+    within_cross,
+)
 from .plots import svg_box_strip, svg_histograms
 from .render import render_page
 from .thumbs import OUTSIDE, Thumbnails, allowed_roots, confined, image_root, pixel_limit
@@ -60,9 +75,14 @@ __all__ = [
 ]
 
 
-def build_report(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None, *,
-                 scores_path: str | Path | None = None, options: ReportOptions = ReportOptions(),
-                 thumbnails: Thumbnails | None = None) -> str:
+def build_report(
+    rows: Sequence[Mapping[str, Any]],
+    meta: Mapping[str, Any] | None = None,
+    *,
+    scores_path: str | Path | None = None,
+    options: ReportOptions = ReportOptions(),
+    thumbnails: Thumbnails | None = None,
+) -> str:
     """The report as one HTML string.
 
     Args:
@@ -85,11 +105,17 @@ def build_report(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | No
     if thumbs.roots is None:
         thumbs.roots = roots
     label = str(scores_path) if scores_path is not None else "(rows)"
-    return render_page(rows, meta, opts, label=label, title=opts.title or f"MaSC report: {Path(label).name}",
-                       columns=columns,
-                       img_root=Path(opts.image_root) if opts.image_root else image_root(meta, scores_path),
-                       map_root=Path(scores_path).resolve().parent if scores_path is not None else None,
-                       thumbs=thumbs)
+    return render_page(
+        rows,
+        meta,
+        opts,
+        label=label,
+        title=opts.title or f"MaSC report: {Path(label).name}",
+        columns=columns,
+        img_root=Path(opts.image_root) if opts.image_root else image_root(meta, scores_path),
+        map_root=Path(scores_path).resolve().parent if scores_path is not None else None,
+        thumbs=thumbs,
+    )
 
 
 def write_report(scores_path: str | Path, out: str | Path, options: ReportOptions = ReportOptions()) -> Path:

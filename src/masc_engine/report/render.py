@@ -54,9 +54,15 @@ def environment() -> Environment:
     from .. import extras
 
     jinja2 = extras.require("jinja2", "masc-report (its page)", extra="report")
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined,
-                             finalize=_finalize, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        undefined=jinja2.StrictUndefined,
+        finalize=_finalize,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["num"] = dt.fmt_num
     env.filters["full"] = _full
     return env
@@ -64,12 +70,12 @@ def environment() -> Environment:
 
 def _distributions(rows: list[dict], opts: dt.ReportOptions, metrics: Sequence[str]) -> list[str]:
     """Per score, the box + strip plot of its methods (SVG: the template prints it as markup)."""
-    return [svg_box_strip(dt.distribution_groups(rows, m, opts), dt.metric_label(m), seed=opts.seed)
-            for m in metrics]
+    return [svg_box_strip(dt.distribution_groups(rows, m, opts), dt.metric_label(m), seed=opts.seed) for m in metrics]
 
 
-def _within(rows: list[dict], opts: dt.ReportOptions, columns: Sequence[str], source: str,
-            metrics: Sequence[str]) -> dict | None:
+def _within(
+    rows: list[dict], opts: dt.ReportOptions, columns: Sequence[str], source: str, metrics: Sequence[str]
+) -> dict | None:
     """Per score: its AUC row (``auc``) and its within / cross histograms (``plot``, SVG: the
     template prints it as markup); None when no within column was given."""
     if not opts.within_column:
@@ -78,15 +84,27 @@ def _within(rows: list[dict], opts: dt.ReportOptions, columns: Sequence[str], so
     for m in metrics:
         t = dt.within_cross(rows, m, opts, columns, source)
         a, s, lab = t.pooled, t.units.scores, t.units.within
-        svg = svg_histograms([("within", s[lab], WITHIN_COLOR), ("cross", s[~lab], CROSS_COLOR)], m.upper(),
-                             title=f"{m.upper()}: within vs cross, {dt.auc_text(a)}")
+        svg = svg_histograms(
+            [("within", s[lab], WITHIN_COLOR), ("cross", s[~lab], CROSS_COLOR)],
+            m.upper(),
+            title=f"{m.upper()}: within vs cross, {dt.auc_text(a)}",
+        )
         scores.append({"metric": m, "auc": a, "plot": svg})
     return {"rule": dt.within_rule(opts), "scores": scores}
 
 
-def render_page(rows: list[dict], meta: Mapping[str, Any] | None, opts: dt.ReportOptions, *, label: str,
-                title: str, columns: Sequence[str], img_root: Path | None, map_root: Path | None,
-                thumbs: Thumbnails) -> str:
+def render_page(
+    rows: list[dict],
+    meta: Mapping[str, Any] | None,
+    opts: dt.ReportOptions,
+    *,
+    label: str,
+    title: str,
+    columns: Sequence[str],
+    img_root: Path | None,
+    map_root: Path | None,
+    thumbs: Thumbnails,
+) -> str:
     """The report of prepared rows (:func:`~masc_engine.report.data.prepare_rows`) as one HTML string.
 
     Args:
@@ -107,12 +125,19 @@ def render_page(rows: list[dict], meta: Mapping[str, Any] | None, opts: dt.Repor
     metrics = dt.file_metrics(columns)
     extreme = dt.extreme_metrics(metrics)
     context = {
-        "title": title, "n_rows": len(rows), "model": dt.model_name(meta), "opts": opts,
-        "confidence_pct": round(100 * opts.confidence), "metrics": metrics, "extreme_metrics": extreme, "ok": dt.OK,
+        "title": title,
+        "n_rows": len(rows),
+        "model": dt.model_name(meta),
+        "opts": opts,
+        "confidence_pct": round(100 * opts.confidence),
+        "metrics": metrics,
+        "extreme_metrics": extreme,
+        "ok": dt.OK,
         "banner": dt.RANDOM_WEIGHTS_BANNER if dt.random_weights(meta) else None,
         "summary": dt.summary(label, rows, meta, img_root, thumbs.roots or ()),
         "stats": dt.method_stats(rows, opts, metrics),
-        "distributions": _distributions(rows, opts, metrics), "strip_max_points": STRIP_MAX_POINTS,
+        "distributions": _distributions(rows, opts, metrics),
+        "strip_max_points": STRIP_MAX_POINTS,
         "within": _within(rows, opts, columns, label, metrics),
         "extremes": dt.extremes_tables(rows, opts, lambda r, m: row_figures(r, m, thumbs, img_root, map_root), extreme),
         "show_maps": any(dt.has_maps(rows, m) for m in extreme),

@@ -30,8 +30,21 @@ from typing import Any
 from ..runtime.io import IMAGE_FORMATS
 from .data import SIDES, cell_text, map_column
 
-__all__ = ["OUTSIDE", "UNREADABLE_PATH", "MASK_EDGE", "image_root", "pixel_limit", "allowed_roots", "confined",
-           "Thumbnails", "Figure", "side_figure", "map_figure", "row_figures"]
+__all__ = [
+    "OUTSIDE",
+    "UNREADABLE_PATH",
+    "MASK_EDGE",
+    "image_root",
+    "pixel_limit",
+    "allowed_roots",
+    "confined",
+    "Thumbnails",
+    "Figure",
+    "side_figure",
+    "map_figure",
+    "row_figures",
+]
+
 
 def image_root(meta: Mapping[str, Any] | None, scores_path: str | Path | None) -> Path | None:
     """The folder relative ``ref_image`` / ``out_image`` paths are resolved against: the folder of
@@ -68,7 +81,7 @@ def pixel_limit() -> int:
 def allowed_roots(scores_path: str | Path | None, extra: Sequence[str | Path] = ()) -> tuple[str, ...]:
     """The folders the report reads images from: the score file's folder and each of ``extra``
     (``--image-root``), as real paths (symlinks resolved)."""
-    roots = ([os.path.dirname(os.path.realpath(scores_path))] if scores_path is not None else [])
+    roots = [os.path.dirname(os.path.realpath(scores_path))] if scores_path is not None else []
     roots += [os.path.realpath(r) for r in extra]
     return tuple(dict.fromkeys(roots))
 
@@ -97,8 +110,9 @@ class Thumbnails:
     runtime/io.py ``IMAGE_FORMATS`` are opened, masks included.
     """
 
-    def __init__(self, px: int = 144, quality: int = 80, max_pixels: int | None = None,
-                 roots: Sequence[str] | None = None):
+    def __init__(
+        self, px: int = 144, quality: int = 80, max_pixels: int | None = None, roots: Sequence[str] | None = None
+    ):
         self.px, self.quality = px, quality
         self.max_pixels = int(max_pixels) if max_pixels else pixel_limit()
         self.roots = tuple(roots) if roots is not None else None
@@ -244,7 +258,6 @@ def _resolve(base: Path | None, p: str) -> Path | None:
     return base / q
 
 
-
 @dataclass(frozen=True)
 class Figure:
     """One image of a pair on the page: its thumbnail, or the placeholder saying why not.
@@ -269,15 +282,28 @@ class Figure:
     mask_source: str | None = None
 
 
-def _make_figure(label: str, uri: str | None, reason: str | None, path: Path | None, caption: str | None = None,
-                 mask_source: str | None = None) -> Figure:
-    return Figure(label=label, uri=uri, reason=None if uri is not None else (reason or "unavailable"),
-                  tip=str(path) if path is not None else "", name=path.name if path is not None else "no path",
-                  caption=label if caption is None else caption, mask_source=mask_source)
+def _make_figure(
+    label: str,
+    uri: str | None,
+    reason: str | None,
+    path: Path | None,
+    caption: str | None = None,
+    mask_source: str | None = None,
+) -> Figure:
+    return Figure(
+        label=label,
+        uri=uri,
+        reason=None if uri is not None else (reason or "unavailable"),
+        tip=str(path) if path is not None else "",
+        name=path.name if path is not None else "no path",
+        caption=label if caption is None else caption,
+        mask_source=mask_source,
+    )
 
 
-def side_figure(r: Mapping[str, Any], side: tuple[str, str, str], thumbs: Thumbnails, img_root: Path | None,
-                map_root: Path | None) -> Figure:
+def side_figure(
+    r: Mapping[str, Any], side: tuple[str, str, str], thumbs: Thumbnails, img_root: Path | None, map_root: Path | None
+) -> Figure:
     """One side of a pair (an entry of :data:`~masc_engine.report.data.SIDES`): its image with its
     mask drawn over it, captioned with the mask's source (``file``, ``segmenter`` or ``none``).
 
@@ -306,8 +332,9 @@ def map_figure(r: Mapping[str, Any], metric: str, thumbs: Thumbnails, map_root: 
     return _make_figure(f"{metric.upper()} map", *thumbs.get(p), p)
 
 
-def row_figures(r: Mapping[str, Any], metric: str | None, thumbs: Thumbnails, img_root: Path | None,
-                map_root: Path | None) -> list[Figure]:
+def row_figures(
+    r: Mapping[str, Any], metric: str | None, thumbs: Thumbnails, img_root: Path | None, map_root: Path | None
+) -> list[Figure]:
     """The figures of one row: each side of the pair, then the ``metric``'s map (None: no map)."""
     figs = [side_figure(r, side, thumbs, img_root, map_root) for side in SIDES]
     if metric is not None:

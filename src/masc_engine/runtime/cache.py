@@ -228,8 +228,11 @@ class EncodingStore:
         self.faults += 1
         if self.fault is None:
             self.fault = f"{type(e).__name__}: {e}"
-            log.error("masc cache: the persistent cache in %s failed (%s); scoring goes on without it",
-                      self.directory, self.fault)
+            log.error(
+                "masc cache: the persistent cache in %s failed (%s); scoring goes on without it",
+                self.directory,
+                self.fault,
+            )
 
     def _do(self, op, *args):
         """``op(*args)`` on the store; a storage error disables the store (logged once) and gives None."""
@@ -255,8 +258,12 @@ class EncodingStore:
             self.faults += 1
             self.refused += 1
             if self.refused == 1:
-                log.warning("masc cache: an entry in %s is not in this store's format and was not read (%s); "
-                            "such entries are misses and are rewritten", self.directory, e)
+                log.warning(
+                    "masc cache: an entry in %s is not in this store's format and was not read (%s); "
+                    "such entries are misses and are rewritten",
+                    self.directory,
+                    e,
+                )
             return None
         except self._errors as e:
             self._failed(e)
@@ -325,6 +332,7 @@ class EncodingStore:
             key: the image's content hash, or the prompt's sha256.
             width: the width D an entry must have (None: any).
         """
+
         def parse(blob: bytes) -> np.ndarray:
             (d,), payload = _unpack(blob, b"emb", 1, lambda dims: 4 * dims[0] if dims[0] > 0 else -1)
             if width is not None and d != width:
@@ -381,16 +389,23 @@ def open_cache(directory: str | Path, size_limit: int = DEFAULT_SIZE_LIMIT):
 
     cache = None
     try:
-        cache = diskcache.Cache(str(directory), size_limit=int(size_limit), eviction_policy="least-recently-used",
-                                disk=_safe_disk(), **SQLITE_SETTINGS)
+        cache = diskcache.Cache(
+            str(directory),
+            size_limit=int(size_limit),
+            eviction_policy="least-recently-used",
+            disk=_safe_disk(),
+            **SQLITE_SETTINGS,
+        )
         cache.set("masc:probe", b"", expire=1)  # a folder SQLite can read but not write fails here
         return cache
     except _storage_errors() as e:
         if cache is not None:
             cache.close()
         why = getattr(e, "strerror", None) or e
-        raise CacheError(f"the cache folder {directory} cannot be used ({type(e).__name__}: {why}); "
-                         "give a writable --cache-dir or none") from None
+        raise CacheError(
+            f"the cache folder {directory} cannot be used ({type(e).__name__}: {why}); "
+            "give a writable --cache-dir or none"
+        ) from None
 
 
 def _widths(scorer) -> dict:
@@ -425,8 +440,9 @@ class EncodingCache:
     Thread-safe for lookups; :meth:`encode` is called by one thread at a time per cache.
     """
 
-    def __init__(self, scorer, items: int = 512, store: EncodingStore | None = None,
-                 memory: MutableMapping | None = None):
+    def __init__(
+        self, scorer, items: int = 512, store: EncodingStore | None = None, memory: MutableMapping | None = None
+    ):
         self.scorer = scorer
         self.items = int(items)
         self.store = store

@@ -157,13 +157,19 @@ class ScorerConfig:
         m = bundle.manifest
         resident = spec.is_gpu(provider) if self.device_resident is None else self.device_resident
         return self.replace(
-            backend=backend, provider=provider,
+            backend=backend,
+            provider=provider,
             graph_variant=bundle.resolve_variant(self.graph_variant, backend, provider),
-            fg_threshold=float(self.fg_threshold if self.fg_threshold is not None
-                               else m["scoring"].get("fg_threshold", DEFAULT_FG_THRESHOLD)),
+            fg_threshold=float(
+                self.fg_threshold
+                if self.fg_threshold is not None
+                else m["scoring"].get("fg_threshold", DEFAULT_FG_THRESHOLD)
+            ),
             naflex_max_patches=int(self.naflex_max_patches or m["image"]["max_num_patches"]),
-            device_resident=resident, cp_head=self.cp_head or ("graph" if resident else "numpy"),
-            backend_options=spec.resolve_options(self.options))
+            device_resident=resident,
+            cp_head=self.cp_head or ("graph" if resident else "numpy"),
+            backend_options=spec.resolve_options(self.options),
+        )
 
     def replace(self, **changes: Any) -> "ScorerConfig":
         """A copy with ``changes`` applied (checked like a new config)."""
@@ -183,10 +189,16 @@ class ScorerConfig:
         own run settings). The keys are the ones masc-run has always fingerprinted, so journals
         and caches written before this class existed stay valid.
         """
-        return {"stripper": self.stripper,
-                "fg_threshold": None if self.fg_threshold is None else float(self.fg_threshold),
-                "budget": self.naflex_max_patches, "provider": self.provider, "cp_head": self.cp_head,
-                "backend": self.backend, "precision": self.precision, "graph_variant": self.graph_variant}
+        return {
+            "stripper": self.stripper,
+            "fg_threshold": None if self.fg_threshold is None else float(self.fg_threshold),
+            "budget": self.naflex_max_patches,
+            "provider": self.provider,
+            "cp_head": self.cp_head,
+            "backend": self.backend,
+            "precision": self.precision,
+            "graph_variant": self.graph_variant,
+        }
 
     def option_identity(self) -> dict[str, Any]:
         """:meth:`identity` keyed by the command-line option that sets each value (what a rerun
@@ -210,9 +222,16 @@ class ScorerConfig:
 
 #: :meth:`ScorerConfig.identity` keys -> the command-line option that sets each (the threshold is
 #: the bundle's; no option sets it).
-IDENTITY_OPTIONS = {"stripper": "--stripper", "fg_threshold": "fg_threshold", "budget": "--max-num-patches",
-                    "provider": "--provider", "cp_head": "--cp-head", "backend": "--backend",
-                    "precision": "--precision", "graph_variant": "--graph-variant"}
+IDENTITY_OPTIONS = {
+    "stripper": "--stripper",
+    "fg_threshold": "fg_threshold",
+    "budget": "--max-num-patches",
+    "provider": "--provider",
+    "cp_head": "--cp-head",
+    "backend": "--backend",
+    "precision": "--precision",
+    "graph_variant": "--graph-variant",
+}
 
 
 def bundle_backend(bundle: Bundle) -> str:

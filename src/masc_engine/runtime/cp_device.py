@@ -73,9 +73,15 @@ class GraphCP:
             ``None``: host numpy arrays through ``runner.run``.
     """
 
-    def __init__(self, runner: Runner, fg_threshold: float = DEFAULT_FG_THRESHOLD, max_outs_per_ref: int = 64,
-                 max_refs_per_call: int = 16, max_sims: int = DEFAULT_MAX_SIMS,
-                 device: ArrayDevice | None = None) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        fg_threshold: float = DEFAULT_FG_THRESHOLD,
+        max_outs_per_ref: int = 64,
+        max_refs_per_call: int = 16,
+        max_sims: int = DEFAULT_MAX_SIMS,
+        device: ArrayDevice | None = None,
+    ) -> None:
         self.runner = runner
         self.device = device
         self.fg_threshold = float(fg_threshold)
@@ -90,8 +96,9 @@ class GraphCP:
             self.max_refs_per_call = min(self.max_refs_per_call, max(1, int(refs)))
         self.max_sims = max(1, int(max_sims))
 
-    def score(self, ref_tokens: np.ndarray, ref_weights: np.ndarray,
-              outputs: Sequence[np.ndarray]) -> list[tuple[float, dict[str, Any]]]:
+    def score(
+        self, ref_tokens: np.ndarray, ref_weights: np.ndarray, outputs: Sequence[np.ndarray]
+    ) -> list[tuple[float, dict[str, Any]]]:
         """One reference against many outputs: ``[(cp, extras)]`` per output."""
         return self.score_items([CPItem(ref_tokens, ref_weights, o) for o in outputs])
 
@@ -113,15 +120,20 @@ class GraphCP:
             if it.out_tokens.ndim != 2 or it.out_tokens.shape[0] == 0:
                 raise ValueError(f"item {i}: output tokens must be [M >= 1, D], got {it.out_tokens.shape}")
             if it.ref_tokens.ndim != 2 or it.ref_tokens.shape[1] != it.out_tokens.shape[1]:
-                raise ValueError(f"item {i}: reference {it.ref_tokens.shape} and output {it.out_tokens.shape} "
-                                 "tokens must be [N, D] and [M, D]")
+                raise ValueError(
+                    f"item {i}: reference {it.ref_tokens.shape} and output {it.out_tokens.shape} "
+                    "tokens must be [N, D] and [M, D]"
+                )
             keep = np.asarray(cp_keep(it.ref_weights, self.fg_threshold))
             key = (id(it.ref_tokens), keep.tobytes())
             groups.setdefault(key, []).append(i)
             keeps[key] = keep
         # Slots: (reference key, item indices), at most max_outs_per_ref items each.
-        slots = [(key, idx[s:s + self.max_outs_per_ref])
-                 for key, idx in groups.items() for s in range(0, len(idx), self.max_outs_per_ref)]
+        slots = [
+            (key, idx[s : s + self.max_outs_per_ref])
+            for key, idx in groups.items()
+            for s in range(0, len(idx), self.max_outs_per_ref)
+        ]
         for call in self._pack(slots, items):
             self._run_call(call, items, keeps, results, return_best)
         return results
@@ -142,8 +154,14 @@ class GraphCP:
         if call:
             yield call
 
-    def _run_call(self, call: list[_Slot], items: list[CPItem], keeps: dict[_Key, np.ndarray], results: list[Any],
-                  return_best: bool) -> None:
+    def _run_call(
+        self,
+        call: list[_Slot],
+        items: list[CPItem],
+        keeps: dict[_Key, np.ndarray],
+        results: list[Any],
+        return_best: bool,
+    ) -> None:
         first = items[call[0][1][0]]
         d = first.ref_tokens.shape[1]
         r = len(call)
@@ -158,12 +176,12 @@ class GraphCP:
         valid = np.zeros((r, k, m), bool)
         for a, (key, idx) in enumerate(call):
             rt = items[idx[0]].ref_tokens
-            ref[a, :rt.shape[0]] = rt
-            ref_keep[a, :rt.shape[0]] = keeps[key]
+            ref[a, : rt.shape[0]] = rt
+            ref_keep[a, : rt.shape[0]] = keeps[key]
             for b, i in enumerate(idx):
                 ot = items[i].out_tokens
-                out[a, b, :ot.shape[0]] = ot
-                valid[a, b, :ot.shape[0]] = True
+                out[a, b, : ot.shape[0]] = ot
+                valid[a, b, : ot.shape[0]] = True
         feeds = {"ref_tokens": ref, "ref_keep": ref_keep, "out_tokens": out, "out_valid": valid}
         if dev is None:
             res = self.runner.run(feeds)
@@ -178,8 +196,11 @@ class GraphCP:
             n_fg = int(keep.sum())
             for b, i in enumerate(idx):
                 it = items[i]
-                extras: dict[str, Any] = {"cp_n_ref_fg": n_fg, "cp_n_ref_total": int(it.ref_tokens.shape[0]),
-                          "cp_fg_frac_ref": float(np.mean(it.ref_weights, dtype=np.float32))}
+                extras: dict[str, Any] = {
+                    "cp_n_ref_fg": n_fg,
+                    "cp_n_ref_total": int(it.ref_tokens.shape[0]),
+                    "cp_fg_frac_ref": float(np.mean(it.ref_weights, dtype=np.float32)),
+                }
                 if return_best and best is not None:  # (best is read back whenever return_best)
-                    extras["best"] = np.array(best[a, b, :it.ref_tokens.shape[0]])
+                    extras["best"] = np.array(best[a, b, : it.ref_tokens.shape[0]])
                 results[i] = (float("nan") if n_fg == 0 else float(cp[a, b]), extras)

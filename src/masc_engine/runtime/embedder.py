@@ -66,8 +66,14 @@ class Embedder(Encoder):
     KIND = KIND
     GRAPHS = ("image", "text")
 
-    def __init__(self, bundle: str | Path | Bundle, runners: RunnerSettings | None = None, *, batch_size: int = 32,
-                 verify: bool | str = True):
+    def __init__(
+        self,
+        bundle: str | Path | Bundle,
+        runners: RunnerSettings | None = None,
+        *,
+        batch_size: int = 32,
+        verify: bool | str = True,
+    ):
         super().__init__(bundle, runners or RunnerSettings(), batch_size=batch_size, verify=verify)
         self.recipe = ImageRecipe.from_manifest(self.bundle.manifest.get(RECIPE_KEY))
         graphs = self.bundle.manifest.get("graphs") or {}
@@ -121,8 +127,10 @@ class Embedder(Encoder):
             return np.zeros((0, self.dim), np.float32)
         names = list(self.runner("image").input_names)
         if len(names) != 1:
-            raise BundleError(f"bundle {self.bundle.path}: its image graph takes {', '.join(names)}; an embedder's "
-                              "image graph takes one input, the normalised pixels")
+            raise BundleError(
+                f"bundle {self.bundle.path}: its image graph takes {', '.join(names)}; an embedder's "
+                "image graph takes one input, the normalised pixels"
+            )
         return self._run_batches("image", [{names[0]: p} for p in pixels], [p.shape for p in pixels])
 
     def tokenize(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +154,7 @@ class Embedder(Encoder):
             if self.text_settings.padding_side == "right":
                 mask[i, :n] = 1
             else:
-                mask[i, length - n:] = 1
+                mask[i, length - n :] = 1
         return ids, mask
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
@@ -174,8 +182,10 @@ class Embedder(Encoder):
         names = list(runner.input_names)
         missing = [n for n in names if n not in items[0]]
         if missing:
-            raise BundleError(f"bundle {self.bundle.path}: its {graph} graph takes {', '.join(names)}; an embedder "
-                              f"feeds {' or '.join(items[0])}")
+            raise BundleError(
+                f"bundle {self.bundle.path}: its {graph} graph takes {', '.join(names)}; an embedder "
+                f"feeds {' or '.join(items[0])}"
+            )
         out: list = [None] * len(items)
         for batch in self.batches(keys):
             feeds = {n: np.stack([items[i][n] for i in batch]) for n in names}
@@ -272,5 +282,8 @@ class EmbeddingCache:
 
     def stats(self) -> dict:
         """``{"images_embedded", "texts_embedded", "embedding_cache_hits"}`` since it was made."""
-        return {"images_embedded": self.images_embedded, "texts_embedded": self.texts_embedded,
-                "embedding_cache_hits": self.cache_hits}
+        return {
+            "images_embedded": self.images_embedded,
+            "texts_embedded": self.texts_embedded,
+            "embedding_cache_hits": self.cache_hits,
+        }

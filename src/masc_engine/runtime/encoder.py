@@ -44,6 +44,7 @@ from .text import PromptTokenizer, TextSettings
 
 _E = TypeVar("_E", bound="Encoder")
 
+
 class LRU(cachetools.LRUCache[Any, Any]):
     """``cachetools.LRUCache`` that drops a value larger than the whole cache instead of raising.
 
@@ -89,7 +90,7 @@ def batches_by_shape(keys: Sequence[Hashable], batch_size: int) -> list[list[int
     groups: dict[Hashable, list[int]] = {}
     for i, k in enumerate(keys):
         groups.setdefault(k, []).append(i)
-    return [m[s:s + batch_size] for m in groups.values() for s in range(0, len(m), batch_size)]
+    return [m[s : s + batch_size] for m in groups.values() for s in range(0, len(m), batch_size)]
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,15 @@ class RunnerSettings:
 
 def _load_runner(bundle: Bundle, settings: RunnerSettings, graph: str) -> Runner:
     """``bundle.runner(graph)`` with ``settings``."""
-    return bundle.runner(graph, backend=settings.backend, provider=settings.provider,
-                         intra_op_threads=settings.intra_op_threads, precision=settings.precision,
-                         variant=settings.variant, options=None if settings.options is None else dict(settings.options))
+    return bundle.runner(
+        graph,
+        backend=settings.backend,
+        provider=settings.provider,
+        intra_op_threads=settings.intra_op_threads,
+        precision=settings.precision,
+        variant=settings.variant,
+        options=None if settings.options is None else dict(settings.options),
+    )
 
 
 def runner_property(graph: str) -> property:
@@ -176,8 +183,9 @@ class Encoder:
     #: Said after the backends to use when another backend is asked for (e.g. the providers).
     BACKENDS_HINT: str = ""
 
-    def __init__(self, bundle: str | Path | Bundle, runners: RunnerSettings, *, batch_size: int,
-                 verify: bool | str = True):
+    def __init__(
+        self, bundle: str | Path | Bundle, runners: RunnerSettings, *, batch_size: int, verify: bool | str = True
+    ):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         self.bundle = self.open_bundle(bundle, verify)
@@ -186,9 +194,11 @@ class Encoder:
         m = self.bundle.manifest
         self.image_settings = ImageSettings.from_manifest(m["image"]) if "image" in m else None
         self.text_settings = TextSettings.from_manifest(m["text"]) if "text" in m else None
-        self.tokenizer = (None if self.text_settings is None else
-                          PromptTokenizer(self.bundle.checked_file(self.text_settings.tokenizer_file),
-                                          self.text_settings))
+        self.tokenizer = (
+            None
+            if self.text_settings is None
+            else PromptTokenizer(self.bundle.checked_file(self.text_settings.tokenizer_file), self.text_settings)
+        )
         self._make_runner: Callable[[str], Any] | None = runners.factory(self.bundle)
         self._runners: dict[str, Runner] = {}
         self._runner_lock = threading.Lock()
@@ -238,8 +248,10 @@ class Encoder:
         """
         s = self.runner_settings
         if self.BACKENDS is not None and s.backend not in self.BACKENDS:
-            raise BackendUnavailableError(f"backend {s.backend!r} does not run {self.KIND} bundles; use "
-                                          f"{' or '.join(self.BACKENDS)}{self.BACKENDS_HINT}")
+            raise BackendUnavailableError(
+                f"backend {s.backend!r} does not run {self.KIND} bundles; use "
+                f"{' or '.join(self.BACKENDS)}{self.BACKENDS_HINT}"
+            )
         get_backend(s.backend).check_available(s.provider)
 
     def runner(self, graph: str) -> Runner:
@@ -331,13 +343,16 @@ class Encoder:
         """What decides this encoder's outputs, as plain JSON-able values: the bundle's fingerprint
         (its graphs and settings), the backend and provider (float32 kernels differ in the last
         bits) and the graphs' precision."""
-        return {"fingerprint": self.bundle.fingerprint, "backend": self.backend, "provider": self.provider,
-                "precision": self.precision}
+        return {
+            "fingerprint": self.bundle.fingerprint,
+            "backend": self.backend,
+            "provider": self.provider,
+            "precision": self.precision,
+        }
 
     def describe(self) -> dict[str, Any]:
         """The encoder for a run's sidecar: its bundle folder, source model and :meth:`identity`."""
-        return {"bundle": str(self.bundle.path), "source_model": self.bundle.manifest.get("source"),
-                **self.identity()}
+        return {"bundle": str(self.bundle.path), "source_model": self.bundle.manifest.get("source"), **self.identity()}
 
     def close(self) -> None:
         """Release the runners now (TensorRT contexts, engines and their device memory, ONNX Runtime

@@ -76,8 +76,9 @@ def best_match_cosines(ref_tokens: Array, out_tokens: Array, xp: Any = np) -> Ar
     return cosine_matrix(ref_tokens, out_tokens, xp).max(axis=1)  # [N, M] -> [N]
 
 
-def masked_maxcos(ref_tokens: Array, out_tokens: Array, ref_weights: Array,
-                  fg_threshold: float = DEFAULT_FG_THRESHOLD, xp: Any = np) -> tuple[float, dict[str, Any]]:
+def masked_maxcos(
+    ref_tokens: Array, out_tokens: Array, ref_weights: Array, fg_threshold: float = DEFAULT_FG_THRESHOLD, xp: Any = np
+) -> tuple[float, dict[str, Any]]:
     """CP: mean over reference foreground patches of their best cosine to any output patch.
 
     Args:
@@ -94,16 +95,20 @@ def masked_maxcos(ref_tokens: Array, out_tokens: Array, ref_weights: Array,
         (mean mask weight), as masc-metric 0.3.0.
     """
     keep = cp_keep(ref_weights, fg_threshold)
-    extras = {"cp_n_ref_fg": int(keep.sum()), "cp_n_ref_total": int(ref_tokens.shape[0]),
-              "cp_fg_frac_ref": float(xp.mean(ref_weights, dtype=xp.float32))}
+    extras = {
+        "cp_n_ref_fg": int(keep.sum()),
+        "cp_n_ref_total": int(ref_tokens.shape[0]),
+        "cp_fg_frac_ref": float(xp.mean(ref_weights, dtype=xp.float32)),
+    }
     if not keep.any():
         return float("nan"), extras
     best = best_match_cosines(ref_tokens[keep], out_tokens, xp)
     return float(xp.mean(best, dtype=xp.float32)), extras
 
 
-def cp_forward(ref_tokens: Array, ref_keep: Array, out_tokens: Array, out_valid: Array, xp: Any = np,
-               gemm_dtype: str = "float32") -> dict[str, Array]:
+def cp_forward(
+    ref_tokens: Array, ref_keep: Array, out_tokens: Array, out_valid: Array, xp: Any = np, gemm_dtype: str = "float32"
+) -> dict[str, Array]:
     """CP for packed pairs, in the layout and arithmetic of the bundle's ``cp`` graph.
 
     The same normalisation and cosine as :func:`masked_maxcos`; padding output patches get

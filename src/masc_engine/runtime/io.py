@@ -95,8 +95,9 @@ def _refused_path(e: Exception, path: str, kind: str) -> InputError:
     if isinstance(e, FileNotFoundError) or getattr(e, "errno", None) == errno.ENOTDIR:
         return InputError("missing_file", f"{kind} {path} does not exist")
     if getattr(e, "errno", None) == errno.ENAMETOOLONG:
-        return InputError("bad_path", f"{kind} path {path[:60]!r}... ({len(path)} characters): "
-                                      f"{getattr(e, 'strerror', None)}")
+        return InputError(
+            "bad_path", f"{kind} path {path[:60]!r}... ({len(path)} characters): {getattr(e, 'strerror', None)}"
+        )
     return InputError(f"unreadable_{kind}", f"{path}: {getattr(e, 'strerror', None) or e}")
 
 
@@ -107,8 +108,9 @@ def _check_stat(st: os.stat_result, path: str, kind: str, cap: int) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"unreadable_{kind}", f"{kind} {path} is not a regular file")
     if st.st_size > cap:
-        raise InputError("file_too_large", f"{kind} {path}: {st.st_size} bytes, over the cap of {cap} bytes "
-                                           "(--max-file-mb)")
+        raise InputError(
+            "file_too_large", f"{kind} {path}: {st.st_size} bytes, over the cap of {cap} bytes (--max-file-mb)"
+        )
 
 
 def read_bytes(path: str, kind: str, max_bytes: int | None = None) -> bytes:
@@ -185,7 +187,9 @@ class _Guard:
         warnings.simplefilter("ignore", UserWarning)  # palette-transparency and EXIF notices
         return self
 
-    def __exit__(self, tp: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> Literal[False]:
+    def __exit__(
+        self, tp: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         self._w.__exit__(tp, e, tb)
         if e is not None and isinstance(e, Exception) and not isinstance(e, InputError):
             raise _refuse(e, self.path, self.kind) from e
@@ -246,7 +250,9 @@ def _to_8bit(im: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.round(arr.astype(np.float64) * (255.0 / top)), 0, 255).astype(np.uint8), "L")
 
 
-def image_from_opened(im: Image.Image, path: str = "<bytes>", exif: str = "apply") -> tuple[Image.Image, tuple[str, ...]]:
+def image_from_opened(
+    im: Image.Image, path: str = "<bytes>", exif: str = "apply"
+) -> tuple[Image.Image, tuple[str, ...]]:
     """Decode an image opened by :func:`open_image` to an RGB PIL image: ``(image, notes)``.
 
     Raises:

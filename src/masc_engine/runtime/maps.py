@@ -32,8 +32,15 @@ def _lut() -> np.ndarray:
 LUT = _lut()
 
 
-def overlay(image: Image.Image, grid: tuple[int, int], values: np.ndarray, paint: np.ndarray,
-            vmin: float = 0.0, vmax: float = 1.0, alpha: float = 0.6) -> Image.Image:
+def overlay(
+    image: Image.Image,
+    grid: tuple[int, int],
+    values: np.ndarray,
+    paint: np.ndarray,
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    alpha: float = 0.6,
+) -> Image.Image:
     """Blend per-patch ``values [Hp*Wp]`` (colour-mapped on ``[vmin, vmax]``) over ``image``
     where ``paint [Hp*Wp] bool``; other patches are shown darkened. Returns an RGB image of the
     image's size."""
@@ -42,15 +49,21 @@ def overlay(image: Image.Image, grid: tuple[int, int], values: np.ndarray, paint
     rgb = LUT[np.round(v * 255).astype(np.int64)].reshape(hp, wp, 3)
     a = np.where(np.asarray(paint).reshape(hp, wp), alpha, 0.0)
     colour = np.asarray(Image.fromarray(rgb, "RGB").resize(image.size, Image.Resampling.NEAREST), np.float64)
-    weight = np.asarray(Image.fromarray((a * 255).astype(np.uint8), "L").resize(image.size, Image.Resampling.NEAREST),
-                        np.float64)[..., None] / 255.0
+    weight = (
+        np.asarray(
+            Image.fromarray((a * 255).astype(np.uint8), "L").resize(image.size, Image.Resampling.NEAREST), np.float64
+        )[..., None]
+        / 255.0
+    )
     base = np.asarray(image.convert("RGB"), np.float64)
     dim = np.where(weight > 0, 1.0, 0.45)  # darken what the score ignores
     out = base * dim * (1 - weight) + colour * weight
     return Image.fromarray(np.clip(out, 0, 255).astype(np.uint8), "RGB")
 
 
-def cp_map(ref_image: Image.Image, grid: tuple[int, int], best: np.ndarray, ref_weights: np.ndarray, threshold: float) -> Image.Image:
+def cp_map(
+    ref_image: Image.Image, grid: tuple[int, int], best: np.ndarray, ref_weights: np.ndarray, threshold: float
+) -> Image.Image:
     """The CP overlay: best cosine per reference patch, on the reference foreground."""
     return overlay(ref_image, grid, best, cp_keep(ref_weights, threshold), 0.0, 1.0)
 

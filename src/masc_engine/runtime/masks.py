@@ -160,8 +160,16 @@ class MaskPolicy:
             raise ValueError(f"mask_size_policy must be one of {MASK_SIZE_POLICIES}, got {mask_size_policy!r}")
         return cls(stretch=mask_size_policy == "stretch")
 
-    def check(self, image_hw: tuple[int, int], mask_shape: tuple[int, ...], what: str, name: str = "", *,
-              exif: str | None = None, remedy: str = "") -> str | None:
+    def check(
+        self,
+        image_hw: tuple[int, int],
+        mask_shape: tuple[int, ...],
+        what: str,
+        name: str = "",
+        *,
+        exif: str | None = None,
+        remedy: str = "",
+    ) -> str | None:
         """Whether a mask of shape ``mask_shape`` may be scored with an image of ``image_hw``.
 
         Args:
@@ -191,13 +199,17 @@ class MaskPolicy:
         if self.stretch:
             return note
         if (h, w) == (iw, ih):
-            raise InputError("mask_orientation_mismatch",
-                             f"{label} is {w}x{h}, its image {iw}x{ih}: they fit only rotated by 90 degrees "
-                             f"(EXIF orientation applied to one of them?{f' --exif is {exif}' if exif else ''})")
+            raise InputError(
+                "mask_orientation_mismatch",
+                f"{label} is {w}x{h}, its image {iw}x{ih}: they fit only rotated by 90 degrees "
+                f"(EXIF orientation applied to one of them?{f' --exif is {exif}' if exif else ''})",
+            )
         if abs(h - ih) <= self.size_tolerance and abs(w - iw) <= self.size_tolerance:
             return note
-        raise InputError("mask_size_mismatch", f"{label} is {w}x{h} (WxH) but its image is {iw}x{ih}"
-                                               + (f" ({remedy})" if remedy else ""))
+        raise InputError(
+            "mask_size_mismatch",
+            f"{label} is {w}x{h} (WxH) but its image is {iw}x{ih}" + (f" ({remedy})" if remedy else ""),
+        )
 
 
 def _linear_indices(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -240,4 +252,3 @@ def mask_to_patch_grid(mask: np.ndarray, spatial_shape: tuple[int, int]) -> np.n
     out = t0 * yl0[:, None] + t1 * yl1[:, None]
     weights: np.ndarray = np.clip(out, 0.0, 1.0).astype(np.float32).reshape(-1)
     return weights
-

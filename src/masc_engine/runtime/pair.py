@@ -71,8 +71,9 @@ class Pair:
     object_name: str | None = None
 
 
-def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPolicy(),
-                         segmenter: Segmenter | None = None) -> None:
+def check_pair_arguments(
+    p: Pair, where: str = "", policy: MaskPolicy = MaskPolicy(), segmenter: Segmenter | None = None
+) -> None:
     """Check one pair's arguments before any inference (the API boundary).
 
     Args:
@@ -95,8 +96,9 @@ def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPoli
     for name in ("ref_image", "out_image"):
         im = getattr(p, name)
         if not isinstance(im, Image.Image):
-            raise TypeError(f"{where}{name} must be a PIL.Image.Image (open files with PIL.Image.open), "
-                            f"got {type(im).__name__}")
+            raise TypeError(
+                f"{where}{name} must be a PIL.Image.Image (open files with PIL.Image.open), got {type(im).__name__}"
+            )
     for name, image_name, what in (("ref_mask", "ref_image", "reference"), ("out_mask", "out_image", "output")):
         m = getattr(p, name)
         if m is None and segmenter is not None:
@@ -104,9 +106,10 @@ def check_pair_arguments(p: Pair, where: str = "", policy: MaskPolicy = MaskPoli
             continue
         if not isinstance(m, np.ndarray) or m.dtype.kind not in "biuf":
             got = type(m).__name__ if not isinstance(m, np.ndarray) else f"an array of {m.dtype}"
-            raise TypeError(f"{where}{name} must be a numpy array [H, W] (uint8 0..255, float 0..1 or bool), "
-                            f"got {got}" + (" (or make the scorer with segmenter=... to compute masks)" if m is None
-                                            else ""))
+            raise TypeError(
+                f"{where}{name} must be a numpy array [H, W] (uint8 0..255, float 0..1 or bool), "
+                f"got {got}" + (" (or make the scorer with segmenter=... to compute masks)" if m is None else "")
+            )
         if m.ndim != 2:
             raise InputError("bad_mask", f"{where}{name} must be 2-D [H, W], got shape {m.shape}")
         im = getattr(p, image_name)

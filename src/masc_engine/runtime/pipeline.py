@@ -37,8 +37,11 @@ def plan_batches(images: Sequence[Image.Image], scorer: Scorer) -> list[tuple[in
     groups: dict[int, list[int]] = {}
     for i, im in enumerate(images):
         groups.setdefault(patch_count(im, scorer), []).append(i)
-    return [(n, members[s:s + scorer.batch_size]) for n, members in groups.items()
-            for s in range(0, len(members), scorer.batch_size)]
+    return [
+        (n, members[s : s + scorer.batch_size])
+        for n, members in groups.items()
+        for s in range(0, len(members), scorer.batch_size)
+    ]
 
 
 def encode_images_overlapped(scorer: Scorer, images: Sequence[Image.Image]) -> list[ImageEncoding]:

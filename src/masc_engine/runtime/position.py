@@ -57,6 +57,6 @@ def position_weights(grid_size: int, spatial_shape: tuple[int, int], max_length:
     full = (wh[:, None, :, None] * ww[None, :, None, :]).reshape(hp * wp, grid_size * grid_size)
     out = np.empty((max_length, grid_size * grid_size), dtype=np.float32)
     out[: hp * wp] = full
-    out[hp * wp:] = full[0]
+    out[hp * wp :] = full[0]
     out.setflags(write=False)
     return out

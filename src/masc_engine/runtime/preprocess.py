@@ -59,9 +59,13 @@ class ImageSettings:
         """The settings of a manifest's ``image`` section."""
         size = d.get("image_size")
         return cls(
-            mode=d["mode"], patch_size=int(d["patch_size"]), max_num_patches=int(d["max_num_patches"]),
-            image_size=tuple(size) if size else None, resample=d["resample"],
-            rescale_factor=float(d["rescale_factor"]), image_mean=tuple(d["image_mean"]),
+            mode=d["mode"],
+            patch_size=int(d["patch_size"]),
+            max_num_patches=int(d["max_num_patches"]),
+            image_size=tuple(size) if size else None,
+            resample=d["resample"],
+            rescale_factor=float(d["rescale_factor"]),
+            image_mean=tuple(d["image_mean"]),
             image_std=tuple(d["image_std"]),
         )
 
@@ -80,8 +84,16 @@ class ImageSettings:
         """The same settings with another NaFlex patch budget (``--max-num-patches``)."""
         if self.mode != "naflex":
             raise ValueError("a patch budget applies to NaFlex models only")
-        return ImageSettings(self.mode, self.patch_size, int(max_num_patches), None, self.resample,
-                             self.rescale_factor, self.image_mean, self.image_std)
+        return ImageSettings(
+            self.mode,
+            self.patch_size,
+            int(max_num_patches),
+            None,
+            self.resample,
+            self.rescale_factor,
+            self.image_mean,
+            self.image_std,
+        )
 
 
 @dataclass
@@ -101,8 +113,9 @@ class PreprocessedImage:
 
 
 @lru_cache(maxsize=4096)
-def naflex_target_size(height: int, width: int, patch_size: int, max_num_patches: int,
-                       eps: float = 1e-5) -> tuple[int, int]:
+def naflex_target_size(
+    height: int, width: int, patch_size: int, max_num_patches: int, eps: float = 1e-5
+) -> tuple[int, int]:
     """Resized ``(height, width)`` in pixels for a NaFlex image: the largest scale whose patch grid
     fits ``max_num_patches``, each side a multiple of ``patch_size`` and at least one patch.
 

@@ -198,22 +198,46 @@ class ImageRecipe:
 #: ``CLIPImageProcessor`` of ``openai/clip-vit-base-patch32``; transformers
 #: ``models/clip/image_processing_pil_clip.py`` defaults): shortest edge 224 bicubic, HF centre
 #: crop 224 (offset ``(h - 224) // 2``), OpenAI CLIP mean/std.
-CLIP_B32_DREAMBENCH = ImageRecipe("shortest_edge", 224, "bicubic", (224, 224), "hf_floor", CLIP_MEAN, CLIP_STD,
-                                  follows="transformers CLIPImageProcessor (PIL), as DreamBench++ clip_score.py")
+CLIP_B32_DREAMBENCH = ImageRecipe(
+    "shortest_edge",
+    224,
+    "bicubic",
+    (224, 224),
+    "hf_floor",
+    CLIP_MEAN,
+    CLIP_STD,
+    follows="transformers CLIPImageProcessor (PIL), as DreamBench++ clip_score.py",
+)
 
 #: DINO v1 (ViT-S/16 or S/8) as DreamBooth-style evaluations and DreamBench++
 #: (``dreambench_plus/metrics/dino_score.py``; facebookresearch/dino ``eval_knn.py``) compute it:
 #: torchvision ``Resize(256, BICUBIC)`` on the short side, ``CenterCrop(224)`` (offset
 #: ``int(round((h - 224) / 2.0))``, half to even), ``ToTensor``, ImageNet mean/std.
-DINO_V1_EVAL = ImageRecipe("shortest_edge", 256, "bicubic", (224, 224), "torchvision_round", IMAGENET_MEAN,
-                           IMAGENET_STD, follows="torchvision Resize(256, bicubic) + CenterCrop(224), "
-                                                 "facebookresearch/dino eval_knn.py, DreamBench++ dino_score.py")
+DINO_V1_EVAL = ImageRecipe(
+    "shortest_edge",
+    256,
+    "bicubic",
+    (224, 224),
+    "torchvision_round",
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    follows="torchvision Resize(256, bicubic) + CenterCrop(224), "
+    "facebookresearch/dino eval_knn.py, DreamBench++ dino_score.py",
+)
 
 #: DINOv2 as DreamBench++ computes it (``dino_score.py`` ``Dinov2Score``: ``BitImageProcessor`` of
 #: ``facebook/dinov2-small``; transformers ``models/bit/image_processing_pil_bit.py``): shortest edge
 #: 256 bicubic, HF centre crop 224, ImageNet mean/std.
-DINOV2_HF = ImageRecipe("shortest_edge", 256, "bicubic", (224, 224), "hf_floor", IMAGENET_MEAN, IMAGENET_STD,
-                        follows="transformers BitImageProcessor (PIL), as DreamBench++ dino_score.py")
+DINOV2_HF = ImageRecipe(
+    "shortest_edge",
+    256,
+    "bicubic",
+    (224, 224),
+    "hf_floor",
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    follows="transformers BitImageProcessor (PIL), as DreamBench++ dino_score.py",
+)
 
 #: torchmetrics' ``CLIPScore`` image side (Lightning-AI/torchmetrics 1.9.0
 #: ``functional/multimodal/clip_score.py`` ``_get_features``: ``CLIPProcessor.from_pretrained`` of
@@ -222,13 +246,24 @@ DINOV2_HF = ImageRecipe("shortest_edge", 256, "bicubic", (224, 224), "hf_floor",
 #: :data:`CLIP_B32_DREAMBENCH`'s (transformers' PIL processor gives the same pixels from a uint8
 #: tensor as from the PIL image). Where transformers 5 loads the torchvision backend instead
 #: (torchvision installed), torchmetrics' pixels differ from these by up to ~0.0175.
-CLIP_L14_TORCHMETRICS = ImageRecipe("shortest_edge", 224, "bicubic", (224, 224), "hf_floor", CLIP_MEAN, CLIP_STD,
-                                    follows="transformers CLIPImageProcessor (PIL) of openai/clip-vit-large-patch14, "
-                                            "as torchmetrics CLIPScore")
+CLIP_L14_TORCHMETRICS = ImageRecipe(
+    "shortest_edge",
+    224,
+    "bicubic",
+    (224, 224),
+    "hf_floor",
+    CLIP_MEAN,
+    CLIP_STD,
+    follows="transformers CLIPImageProcessor (PIL) of openai/clip-vit-large-patch14, as torchmetrics CLIPScore",
+)
 
 #: The named recipes, by the name a manifest or a report may give.
-NAMED_RECIPES = {"clip_b32_dreambench": CLIP_B32_DREAMBENCH, "dino_v1_eval": DINO_V1_EVAL,
-                 "dinov2_hf": DINOV2_HF, "clip_l14_torchmetrics": CLIP_L14_TORCHMETRICS}
+NAMED_RECIPES = {
+    "clip_b32_dreambench": CLIP_B32_DREAMBENCH,
+    "dino_v1_eval": DINO_V1_EVAL,
+    "dinov2_hf": DINOV2_HF,
+    "clip_l14_torchmetrics": CLIP_L14_TORCHMETRICS,
+}
 
 
 def has_transparency(image: Image.Image) -> bool:

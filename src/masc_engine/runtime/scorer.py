@@ -103,12 +103,23 @@ class Scorer(Encoder):
     pool = runner_property("pool")
     text = runner_property("text")
 
-    def __init__(self, bundle: str | Path | Bundle, config: ScorerConfig | None = None, *,
-                 verify: bool | str = True, array_device=None, segmenter=None, text_store=None, **settings):
+    def __init__(
+        self,
+        bundle: str | Path | Bundle,
+        config: ScorerConfig | None = None,
+        *,
+        verify: bool | str = True,
+        array_device=None,
+        segmenter=None,
+        text_store=None,
+        **settings,
+    ):
         config = _merge_settings(config, settings)
         if segmenter is not None and not isinstance(segmenter, (str, Path, SegmenterConfig, Segmenter)):
-            raise TypeError(f"segmenter must be a segmenter bundle folder, a SegmenterConfig or a Segmenter, got "
-                            f"{type(segmenter).__name__}")
+            raise TypeError(
+                f"segmenter must be a segmenter bundle folder, a SegmenterConfig or a Segmenter, got "
+                f"{type(segmenter).__name__}"
+            )
         if config.stripper == "spacy":  # fail now, not mid-evaluation (as the reference does)
             from .stripping import SpacySubjectStripper
 
@@ -116,9 +127,19 @@ class Scorer(Encoder):
         bundle = self.open_bundle(bundle, verify)
         config = config.resolve(bundle)
         spec = get_backend(config.backend)
-        super().__init__(bundle, RunnerSettings(config.backend, config.provider, config.precision,
-                                                config.intra_op_threads, config.graph_variant, config.options),
-                         batch_size=config.batch_size, verify=verify)
+        super().__init__(
+            bundle,
+            RunnerSettings(
+                config.backend,
+                config.provider,
+                config.precision,
+                config.intra_op_threads,
+                config.graph_variant,
+                config.options,
+            ),
+            batch_size=config.batch_size,
+            verify=verify,
+        )
         if config.naflex_max_patches != self.image_settings.max_num_patches:
             self.image_settings = self.image_settings.with_budget(config.naflex_max_patches)
         self.position_grid = self.bundle.manifest["image"].get("position_grid")
@@ -157,8 +178,10 @@ class Scorer(Encoder):
         if self.config.precision in (None, "fp32"):
             return None
         rec = dict(self.bundle.manifest.get("precision") or {"mode": self.config.precision})
-        rec.setdefault("claim", f"{self.config.precision} scores: validated against fp32 by the export gates, "
-                                "not bit-equal to fp32")
+        rec.setdefault(
+            "claim",
+            f"{self.config.precision} scores: validated against fp32 by the export gates, not bit-equal to fp32",
+        )
         return rec
 
     # Read-only views of the resolved config (one home for each setting: ``self.config``).
@@ -237,8 +260,7 @@ class Scorer(Encoder):
             feeds = {
                 "pixel_values": np.stack([p.pixel_values[:n] for p in chunk]),
                 "pixel_attention_mask": np.stack([p.pixel_attention_mask[:n] for p in chunk]),
-                "position_weights": np.stack([position_weights(self.position_grid, p.spatial_shape, n)
-                                              for p in chunk]),
+                "position_weights": np.stack([position_weights(self.position_grid, p.spatial_shape, n) for p in chunk]),
             }
         else:
             feeds = {"pixel_values": np.stack([p.pixel_values for p in chunk])}
@@ -284,8 +306,9 @@ class Scorer(Encoder):
         text, extras = pf_prompt(prompt, object_name, stripper or self.stripper)
         return PreparedPrompt(text, extras, self.tokenizer.encode([text])[0])
 
-    def encode_texts(self, texts: Sequence[str],
-                     tokenized: dict[str, EncodedPrompt] | None = None) -> tuple[np.ndarray, list]:
+    def encode_texts(
+        self, texts: Sequence[str], tokenized: dict[str, EncodedPrompt] | None = None
+    ) -> tuple[np.ndarray, list]:
         """Tokenize and encode prompts: ``([B, P] float32 text embeddings, [EncodedPrompt])``.
 
         ``tokenized``: token ids already made for some of the texts (not tokenized again).
@@ -325,8 +348,10 @@ class Scorer(Encoder):
         except MascEngineError:
             raise
         except Exception as e:  # noqa: BLE001 - ONNX Runtime / OpenVINO raise their own kinds
-            raise BundleError(f"bundle {self.bundle.path}: the text graph failed on token ids up to {int(ids.max())} "
-                              f"(does tokenizer.json match the text tower?): {one_line(e)}") from None
+            raise BundleError(
+                f"bundle {self.bundle.path}: the text graph failed on token ids up to {int(ids.max())} "
+                f"(does tokenizer.json match the text tower?): {one_line(e)}"
+            ) from None
 
     def pool_background(self, encs: Sequence[ImageEncoding], kpms: Sequence[np.ndarray]) -> tuple[np.ndarray, list]:
         """Background-pooled embeddings: ``([B, D] float32, [attention [Hp*Wp] float32])``.
@@ -356,7 +381,7 @@ class Scorer(Encoder):
                 res = {k: dev.to_host(v) for k, v in self.pool.run_device(feeds, dev).items()}
             for j, i in enumerate(sel):
                 pooled[i] = res["pooled"][j]
-                attn[i] = res["attention"][j, :encs[i].tokens.shape[0]]
+                attn[i] = res["attention"][j, : encs[i].tokens.shape[0]]
         return pooled, attn
 
     # ------------------------------------------------------------------ scoring
@@ -370,8 +395,15 @@ class Scorer(Encoder):
         self.mask_policy.check((image.height, image.width), np.shape(mask), what)
         return mask_to_patch_grid(mask, grid)
 
-    def score(self, ref_image: Image.Image, ref_mask: np.ndarray | None = None, out_image: Image.Image = None,
-              out_mask: np.ndarray | None = None, prompt: str = None, object_name: str | None = None) -> MaSCResult:
+    def score(
+        self,
+        ref_image: Image.Image,
+        ref_mask: np.ndarray | None = None,
+        out_image: Image.Image = None,
+        out_mask: np.ndarray | None = None,
+        prompt: str = None,
+        object_name: str | None = None,
+    ) -> MaSCResult:
         """Score one (reference, output, prompt) sample, as ``masc.MaSC.score``.
 
         Args:
@@ -430,8 +462,9 @@ class Scorer(Encoder):
         computed: list[dict] = [{} for _ in pairs]
         if not need:
             return pairs, computed
-        masks = self.segmenter.segment([getattr(pairs[i], f"{side}_image") for i, side in need],
-                                       [pairs[i].object_name for i, _ in need])
+        masks = self.segmenter.segment(
+            [getattr(pairs[i], f"{side}_image") for i, side in need], [pairs[i].object_name for i, _ in need]
+        )
         for (i, side), m in zip(need, masks):
             computed[i][f"{side}_mask"] = m.mask
         return [dataclasses.replace(p, **computed[i]) if computed[i] else p for i, p in enumerate(pairs)], computed
@@ -447,13 +480,21 @@ class Scorer(Encoder):
         items = []
         for p in pairs:
             r, o = encs[id(p.ref_image)], encs[id(p.out_image)]
-            items.append(EncodedPair(r, self.mask_weights(p.ref_image, p.ref_mask, r.grid, "reference"),
-                                     o, self.mask_weights(p.out_image, p.out_mask, o.grid, "output"),
-                                     p.prompt, p.object_name))
+            items.append(
+                EncodedPair(
+                    r,
+                    self.mask_weights(p.ref_image, p.ref_mask, r.grid, "reference"),
+                    o,
+                    self.mask_weights(p.out_image, p.out_mask, o.grid, "output"),
+                    p.prompt,
+                    p.object_name,
+                )
+            )
         return self.score_encoded(items)
 
-    def score_encoded(self, items: Sequence["EncodedPair"], with_arrays: bool = False,
-                      stripper: str | None = None) -> list[MaSCResult]:
+    def score_encoded(
+        self, items: Sequence["EncodedPair"], with_arrays: bool = False, stripper: str | None = None
+    ) -> list[MaSCResult]:
         """Score pairs whose images are already encoded and masks already on the patch grid
         (the entry point of ``masc-run``, which caches encodings across rows). The other pair
         metrics of a run (the ``--baselines`` family, ...) read these results and encodings:
@@ -466,22 +507,30 @@ class Scorer(Encoder):
                 the scorer's).
         """
         stripper = stripper or self.stripper
-        prompts = [(it.prepared.text, it.prepared.extras) if it.prepared is not None
-                   else pf_prompt(it.prompt, it.object_name, stripper) for it in items]
+        prompts = [
+            (it.prepared.text, it.prepared.extras)
+            if it.prepared is not None
+            else pf_prompt(it.prompt, it.object_name, stripper)
+            for it in items
+        ]
         texts = sorted({t for t, _ in prompts})
-        text_emb, text_enc = self.encode_texts(texts, {it.prepared.text: it.prepared.encoded for it in items
-                                                       if it.prepared is not None})
+        text_emb, text_enc = self.encode_texts(
+            texts, {it.prepared.text: it.prepared.encoded for it in items if it.prepared is not None}
+        )
         text_row = {t: i for i, t in enumerate(texts)}
         kpms = [heads.background_key_padding_mask(it.out_weights, self.fg_threshold) for it in items]
         pooled, attention = self.pool_background([it.out_enc for it in items], kpms)
         if self._graph_cp is not None:
             from .cp_device import CPItem
 
-            cps = self._graph_cp.score_items([CPItem(it.ref_enc.tokens, it.ref_weights, it.out_enc.tokens)
-                                              for it in items])
+            cps = self._graph_cp.score_items(
+                [CPItem(it.ref_enc.tokens, it.ref_weights, it.out_enc.tokens) for it in items]
+            )
         else:
-            cps = [heads.masked_maxcos(it.ref_enc.tokens, it.out_enc.tokens, it.ref_weights, self.fg_threshold)
-                   for it in items]
+            cps = [
+                heads.masked_maxcos(it.ref_enc.tokens, it.out_enc.tokens, it.ref_weights, self.fg_threshold)
+                for it in items
+            ]
         results = []
         host_tokens = HostTokens(self.host_encoding)  # maps read tokens on the host: one copy per image
         for i, it in enumerate(items):
@@ -492,20 +541,34 @@ class Scorer(Encoder):
             n_fg = int(kpms[i].sum())
             n_bg = int((~kpms[i]).sum())
             pf = float("nan") if n_bg == 0 else heads.cosine(pooled[i], text_emb[k])
-            res = MaSCResult(cp=cp, pf=pf, extras={
-                "prompt_text": text, **strip_extras, **cp_extras,
-                "pf_n_fg": n_fg, "pf_n_total": o.grid[0] * o.grid[1], "pf_n_bg_pooled": n_bg,
-                "prompt_truncated": bool(text_enc[k].truncated), "prompt_n_tokens": int(text_enc[k].n_tokens),
-                "ref_grid": list(r.grid), "out_grid": list(o.grid),
-            })
+            res = MaSCResult(
+                cp=cp,
+                pf=pf,
+                extras={
+                    "prompt_text": text,
+                    **strip_extras,
+                    **cp_extras,
+                    "pf_n_fg": n_fg,
+                    "pf_n_total": o.grid[0] * o.grid[1],
+                    "pf_n_bg_pooled": n_bg,
+                    "prompt_truncated": bool(text_enc[k].truncated),
+                    "prompt_n_tokens": int(text_enc[k].n_tokens),
+                    "ref_grid": list(r.grid),
+                    "out_grid": list(o.grid),
+                },
+            )
             if np.isnan(cp):
                 res.extras["cp_undefined"] = f"no reference patch has mask weight > {self.fg_threshold}"
             if np.isnan(pf):
                 res.extras["pf_undefined"] = "the output mask hides every patch: no background to pool"
             if with_arrays:  # maps need the tokens on the host: copied only when asked for
-                res.arrays = {"cp_best": heads.best_match_cosines(host_tokens(r), host_tokens(o)),
-                              "pf_attention": attention[i] if attention[i] is not None
-                              else np.zeros(o.tokens.shape[0], np.float32), "pf_hidden": kpms[i]}
+                res.arrays = {
+                    "cp_best": heads.best_match_cosines(host_tokens(r), host_tokens(o)),
+                    "pf_attention": attention[i]
+                    if attention[i] is not None
+                    else np.zeros(o.tokens.shape[0], np.float32),
+                    "pf_hidden": kpms[i],
+                }
             results.append(res)
         return results
 
@@ -517,8 +580,9 @@ def _segmenter(segmenter, verify, config: ScorerConfig) -> Segmenter | None:
     if segmenter is None or isinstance(segmenter, Segmenter):
         return segmenter
     if isinstance(segmenter, (str, Path)):
-        segmenter = SegmenterConfig(str(segmenter), intra_op_threads=config.intra_op_threads,
-                                    batch_size=config.batch_size)
+        segmenter = SegmenterConfig(
+            str(segmenter), intra_op_threads=config.intra_op_threads, batch_size=config.batch_size
+        )
     if segmenter.provider is None and config.provider in ("cpu", "cuda"):
         segmenter = dataclasses.replace(segmenter, provider=config.provider)
     return segmenter.load(verify=verify)
@@ -534,8 +598,11 @@ def _merge_settings(config: ScorerConfig | None, settings: dict) -> ScorerConfig
         raise TypeError(f"config must be a masc_engine.ScorerConfig, got {type(config).__name__}")
     config = config or ScorerConfig()
     if "ort_memory" in settings:
-        settings["backend_options"] = {**config.options, **dict(settings.get("backend_options", ())),
-                                       "ort_memory": settings.pop("ort_memory")}
+        settings["backend_options"] = {
+            **config.options,
+            **dict(settings.get("backend_options", ())),
+            "ort_memory": settings.pop("ort_memory"),
+        }
     unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(ScorerConfig)})
     if unknown:
         raise TypeError(f"Scorer got unexpected setting(s) {', '.join(unknown)}; see masc_engine.ScorerConfig")

@@ -104,8 +104,9 @@ class MaskRecipe:
 
     def with_options(self, threshold: float | None = None, prompt_template: str | None = None) -> "MaskRecipe":
         """This recipe with the options that are given (not None) replaced."""
-        changes: dict[str, Any] = {k: v for k, v in (("threshold", threshold), ("prompt_template", prompt_template))
-                                   if v is not None}
+        changes: dict[str, Any] = {
+            k: v for k, v in (("threshold", threshold), ("prompt_template", prompt_template)) if v is not None
+        }
         return replace(self, **changes) if changes else self
 
     def prompt(self, subject_name: str) -> str:
@@ -119,8 +120,10 @@ class MaskRecipe:
             raise InputError("empty_prompt", f"no subject name to prompt the segmenter with ({subject_name!r})")
         text = self.prompt_template.replace("{}", subject_name.strip()).strip()
         if len(text) > MAX_PROMPT_CHARS:
-            raise InputError("prompt_too_long", f"segmenter prompt of {len(text)} characters "
-                                                f"(budget {MAX_PROMPT_CHARS}): {text[:60]!r}...")
+            raise InputError(
+                "prompt_too_long",
+                f"segmenter prompt of {len(text)} characters (budget {MAX_PROMPT_CHARS}): {text[:60]!r}...",
+            )
         return text
 
     def describe(self) -> dict[str, Any]:
@@ -143,8 +146,11 @@ class MaskRecipe:
             InputError: not a recipe this masc-engine implements (another ``version``).
         """
         if int(d.get("version", -1)) != RECIPE_VERSION:
-            raise InputError("unsupported_recipe", f"mask recipe version {d.get('version')!r}; this masc-engine "
-                                                   f"implements version {RECIPE_VERSION}. Re-export the segmenter.")
+            raise InputError(
+                "unsupported_recipe",
+                f"mask recipe version {d.get('version')!r}; this masc-engine "
+                f"implements version {RECIPE_VERSION}. Re-export the segmenter.",
+            )
         return cls(threshold=float(d["threshold"]), prompt_template=str(d["prompt_template"]))
 
 
@@ -182,8 +188,9 @@ def mask_from_logits(logits: np.ndarray, size: tuple[int, int], recipe: MaskReci
     return threshold_mask(probability_map(logits, size), recipe.threshold)
 
 
-def mask_cache_key(image_digest: str, prompt: str, segmenter_fingerprint: str, recipe_identity: str,
-                   exif: str = "apply") -> str:
+def mask_cache_key(
+    image_digest: str, prompt: str, segmenter_fingerprint: str, recipe_identity: str, exif: str = "apply"
+) -> str:
     """The content key of one computed mask (64 hex digits).
 
     Args:
@@ -295,9 +302,15 @@ class SegmenterConfig:
         """
         bundle = Bundle(self.bundle, verify=verify, kind=KIND)
         recipe = MaskRecipe.from_manifest(bundle.manifest["recipe"]).with_options(self.threshold, self.prompt_template)
-        return Segmenter(bundle, recipe=recipe, backend=self.backend, provider=self.provider or "cpu",
-                         precision=self.precision, intra_op_threads=self.intra_op_threads,
-                         batch_size=self.batch_size)
+        return Segmenter(
+            bundle,
+            recipe=recipe,
+            backend=self.backend,
+            provider=self.provider or "cpu",
+            precision=self.precision,
+            intra_op_threads=self.intra_op_threads,
+            batch_size=self.batch_size,
+        )
 
 
 class Segmenter(Encoder):
@@ -345,18 +358,36 @@ class Segmenter(Encoder):
     text = runner_property("text")
     decoder = runner_property("decoder")
 
-    def __init__(self, bundle: str | Path | Bundle, *, recipe: MaskRecipe | None = None, backend: str = "onnxruntime",
-                 provider: str = "cpu", precision: str | None = None, intra_op_threads: int | None = None,
-                 batch_size: int = 8, text_cache_size: int = 4096, verify: bool = True):
-        super().__init__(bundle, RunnerSettings(backend, provider, precision, intra_op_threads),
-                         batch_size=batch_size, verify=verify)
+    def __init__(
+        self,
+        bundle: str | Path | Bundle,
+        *,
+        recipe: MaskRecipe | None = None,
+        backend: str = "onnxruntime",
+        provider: str = "cpu",
+        precision: str | None = None,
+        intra_op_threads: int | None = None,
+        batch_size: int = 8,
+        text_cache_size: int = 4096,
+        verify: bool = True,
+    ):
+        super().__init__(
+            bundle, RunnerSettings(backend, provider, precision, intra_op_threads), batch_size=batch_size, verify=verify
+        )
         m = self.bundle.manifest
         self.recipe = recipe if recipe is not None else MaskRecipe.from_manifest(m["recipe"])
         self.fingerprint = self.bundle.fingerprint
         #: The resolved :class:`SegmenterConfig` (the recipe's options filled in): what Ray workers receive.
-        self.config = SegmenterConfig(str(Path(self.bundle.path).resolve()), self.recipe.threshold,
-                                      self.recipe.prompt_template, backend, provider, precision, intra_op_threads,
-                                      self.batch_size)
+        self.config = SegmenterConfig(
+            str(Path(self.bundle.path).resolve()),
+            self.recipe.threshold,
+            self.recipe.prompt_template,
+            backend,
+            provider,
+            precision,
+            intra_op_threads,
+            self.batch_size,
+        )
         self.check_backend()  # a missing provider fails now, not at the first mask
         from ..engine.backends.onnxruntime import check_graph_precision
 
@@ -381,8 +412,11 @@ class Segmenter(Encoder):
 
     def _check_tokens(self, prompt: str, encoded: EncodedPrompt) -> None:
         if encoded.truncated:
-            raise InputError("prompt_too_long", f"segmenter prompt of {encoded.n_tokens} tokens "
-                                                f"(budget {self.text_recipe.max_length}): {prompt[:60]!r}")
+            raise InputError(
+                "prompt_too_long",
+                f"segmenter prompt of {encoded.n_tokens} tokens "
+                f"(budget {self.text_recipe.max_length}): {prompt[:60]!r}",
+            )
 
     def cache_key(self, image_digest: str, subject_name: str, exif: str = "apply") -> str:
         """:func:`mask_cache_key` for an image (content hash) and subject name under this
@@ -396,15 +430,24 @@ class Segmenter(Encoder):
         options). masc-run's resume fingerprint and sidecar record it; a mask cached under other
         values is never reused."""
         base = super().identity()
-        return {"fingerprint": base.pop("fingerprint"), "recipe": self.recipe.identity(),
-                "threshold": self.recipe.threshold, "prompt_template": self.recipe.prompt_template, **base}
+        return {
+            "fingerprint": base.pop("fingerprint"),
+            "recipe": self.recipe.identity(),
+            "threshold": self.recipe.threshold,
+            "prompt_template": self.recipe.prompt_template,
+            **base,
+        }
 
     def option_identity(self) -> dict[str, Any]:
         """:meth:`identity` keyed by the command-line option that sets each value (what a rerun with
         other settings names: ``--mask-threshold: 0.5 -> 0.4``)."""
         i = self.identity()
-        return {"--segmenter": i["fingerprint"], "--mask-threshold": i["threshold"],
-                "--mask-prompt-template": i["prompt_template"], "--segmenter-provider": i["provider"]}
+        return {
+            "--segmenter": i["fingerprint"],
+            "--mask-threshold": i["threshold"],
+            "--mask-prompt-template": i["prompt_template"],
+            "--segmenter-provider": i["provider"],
+        }
 
     def describe(self) -> dict[str, Any]:
         """The segmenter for a run's sidecar: its folder, source model, identity and the whole recipe."""
@@ -468,8 +511,12 @@ class Segmenter(Encoder):
             for p, e in zip(todo, enc):
                 self._check_tokens(p, e)
             ids = np.stack([e.input_ids for e in enc])
-            emb = np.concatenate([self.text.run({"input_ids": ids[sel]})["conditional_embeddings"]
-                                  for sel in self.batches([None] * len(todo))])
+            emb = np.concatenate(
+                [
+                    self.text.run({"input_ids": ids[sel]})["conditional_embeddings"]
+                    for sel in self.batches([None] * len(todo))
+                ]
+            )
             found.update(zip(todo, emb))
             with self._lock:
                 self.texts_encoded += len(todo)
@@ -479,8 +526,10 @@ class Segmenter(Encoder):
     def encode_images(self, images: Sequence[Image.Image]) -> np.ndarray:
         """Vision activations ``[n, K, T, D] float32``, ``batch_size`` images per call."""
         pixels = [self.preprocess(im).pixel_values for im in images]
-        out = [self.vision.run({"pixel_values": np.stack([pixels[i] for i in sel])})["activations"]
-               for sel in self.batches([None] * len(pixels))]
+        out = [
+            self.vision.run({"pixel_values": np.stack([pixels[i] for i in sel])})["activations"]
+            for sel in self.batches([None] * len(pixels))
+        ]
         with self._lock:
             self.images_encoded += len(pixels)
         return np.concatenate(out)
@@ -517,8 +566,10 @@ class Segmenter(Encoder):
         rows = np.array([slot[id(im)] for im in images], dtype=np.int64)
         where = {p: i for i, p in enumerate(distinct_prompts)}
         cond_rows = np.array([where[p] for p in prompts], dtype=np.int64)
-        out = [self.decoder.run({"activations": acts[rows[sel]], "conditional_embeddings": cond[cond_rows[sel]]})["logits"]
-               for sel in self.batches([None] * len(rows))]
+        out = [
+            self.decoder.run({"activations": acts[rows[sel]], "conditional_embeddings": cond[cond_rows[sel]]})["logits"]
+            for sel in self.batches([None] * len(rows))
+        ]
         return np.concatenate(out)
 
     def probabilities(self, images: Sequence[Image.Image], subject_names: Sequence[str]) -> list[np.ndarray]:

@@ -30,6 +30,7 @@ stripper=...)`` and ``pf_prompt``:
   See `SpacySubjectStripper` for the exact rule and its known limits.
 - ``"none"``: returns the prompt unchanged.
 """
+
 from __future__ import annotations
 
 import re
@@ -153,9 +154,7 @@ def pf_prompt(prompt: str, object_name: Optional[str], stripper: str) -> tuple[s
         raise ValueError(f"stripper must be one of {STRIPPERS}, got {stripper!r}")
     if not (object_name and object_name.strip()):
         return prompt, {"prompt_stripped": False, "stripper": None, "stripper_model": None}
-    stripper_model = (
-        SpacySubjectStripper.load().model_name if stripper == "spacy" else None
-    )
+    stripper_model = SpacySubjectStripper.load().model_name if stripper == "spacy" else None
     text = strip_subject_from_prompt(prompt, object_name, stripper=stripper)
     return text, {
         # Whitespace-insensitive: True only if the subject was found.
@@ -187,9 +186,7 @@ def _strip_regex(prompt: str, object_name: str) -> str:
 
 
 # Left dependents of the subject's head noun that belong to its noun phrase.
-_PRE_MODIFIER_DEPS = frozenset(
-    {"det", "predet", "poss", "nummod", "quantmod", "amod", "compound", "nmod", "nn"}
-)
+_PRE_MODIFIER_DEPS = frozenset({"det", "predet", "poss", "nummod", "quantmod", "amod", "compound", "nmod", "nn"})
 # Relations by which a mention can hang off a later word as a pre-modifier.
 _MODIFIER_OF_LATER_DEPS = frozenset({"amod", "compound", "nmod", "nn"})
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?])")
@@ -299,8 +296,7 @@ class SpacySubjectStripper:
                     # The reference's message, word for word (tests/test_stripping.py); it names
                     # the command, and the CLI prints it as one line.
                     raise MissingModelError(
-                        f"spaCy model {model!r} is not installed: "
-                        f"python -m spacy download {model}"
+                        f"spaCy model {model!r} is not installed: python -m spacy download {model}"
                     ) from e
                 version = nlp.meta.get("version")
                 if model == DEFAULT_SPACY_MODEL and version != REFERENCE_SPACY_MODEL_VERSION:
@@ -341,8 +337,7 @@ class SpacySubjectStripper:
         i = 0
         while i + n <= len(doc):
             window = doc[i : i + n]
-            if ([t.lemma_.lower() for t in window] == name_lemmas
-                    or [t.lower_ for t in window] == name_words):
+            if [t.lemma_.lower() for t in window] == name_lemmas or [t.lower_ for t in window] == name_words:
                 spans.append((i, i + n))
                 i += n
             else:
@@ -351,8 +346,7 @@ class SpacySubjectStripper:
             return spans
         root = name[:].root
         root_lemma = root.lemma_.lower()
-        return [(t.i, t.i + 1) for t in doc
-                if t.pos_ in ("NOUN", "PROPN") and t.lemma_.lower() == root_lemma]
+        return [(t.i, t.i + 1) for t in doc if t.pos_ in ("NOUN", "PROPN") and t.lemma_.lower() == root_lemma]
 
     def _removal_indices(self, doc: Doc, spans: list[tuple[int, int]]) -> set[int]:
         """Token indices to drop for `spans` (rule 2)."""
@@ -371,11 +365,9 @@ class SpacySubjectStripper:
             # the mention, unless the later word follows directly and is a noun
             # in its own right ("a motorcycle rider" keeps "a").
             outer = head.head
-            own_noun = (outer.i == right and outer.pos_ in ("NOUN", "PROPN")
-                        and not outer.lower_.endswith("ing"))
+            own_noun = outer.i == right and outer.pos_ in ("NOUN", "PROPN") and not outer.lower_.endswith("ing")
             node = head
-            while (not own_noun and node.dep_ in _MODIFIER_OF_LATER_DEPS
-                   and node.head.i > node.i):
+            while not own_noun and node.dep_ in _MODIFIER_OF_LATER_DEPS and node.head.i > node.i:
                 node = node.head
                 for child in node.lefts:
                     if child.dep_ in _PRE_MODIFIER_DEPS and child.right_edge.i < start:

@@ -42,8 +42,15 @@ class TextSettings:
     def from_manifest(cls, d: dict[str, Any]) -> "TextSettings":
         """The settings of a manifest's ``text`` section."""
         vocab = d.get("vocab_size")
-        return cls(d["tokenizer_file"], int(d["max_length"]), d["padding_side"], d["truncation_side"],
-                   int(d["pad_token_id"]), d["pad_token"], int(vocab) if vocab is not None else None)
+        return cls(
+            d["tokenizer_file"],
+            int(d["max_length"]),
+            d["padding_side"],
+            d["truncation_side"],
+            int(d["pad_token_id"]),
+            d["pad_token"],
+            int(vocab) if vocab is not None else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -70,14 +77,20 @@ class PromptTokenizer:
         tok.no_truncation()
         top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
         if settings.vocab_size is not None and not 0 <= top < settings.vocab_size:
-            raise BundleError(f"tokenizer {tokenizer_path} has token id {top}, past the text tower's vocabulary "
-                              f"(manifest text.vocab_size {settings.vocab_size}): the tokenizer is not the model's")
+            raise BundleError(
+                f"tokenizer {tokenizer_path} has token id {top}, past the text tower's vocabulary "
+                f"(manifest text.vocab_size {settings.vocab_size}): the tokenizer is not the model's"
+            )
         self.max_token_id = top
         self._full = tok  # for the untruncated length
         tok2 = Tokenizer.from_file(str(tokenizer_path))
         tok2.enable_truncation(settings.max_length, direction=settings.truncation_side)
-        tok2.enable_padding(direction=settings.padding_side, pad_id=settings.pad_token_id,
-                            pad_token=settings.pad_token, length=settings.max_length)
+        tok2.enable_padding(
+            direction=settings.padding_side,
+            pad_id=settings.pad_token_id,
+            pad_token=settings.pad_token,
+            length=settings.max_length,
+        )
         self._tok = tok2
 
     def encode(self, texts: Sequence[str]) -> list[EncodedPrompt]:
@@ -140,8 +153,9 @@ class PromptBudget:
         if text is None:
             return
         if len(text) > self.max_bytes:
-            raise InputError("prompt_too_long", f"{field}: {len(text)} characters, over the budget of "
-                                                f"{self.max_bytes} bytes")
+            raise InputError(
+                "prompt_too_long", f"{field}: {len(text)} characters, over the budget of {self.max_bytes} bytes"
+            )
         n = len(text.encode("utf-8", "surrogatepass"))
         if n > self.max_bytes:
             raise InputError("prompt_too_long", f"{field}: {n} bytes, over the budget of {self.max_bytes} bytes")

@@ -72,12 +72,22 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     from .. import __version__
 
     docs = {} if cfg.docs else {"docs_url": None, "redoc_url": None}  # Swagger UI / ReDoc load from a CDN
-    app = _GuardedApp(title="masc-serve", version=__version__, lifespan=lifespan, **docs,
-                      description="MaSC (masked SigLIP2 CP and PF) as an HTTP service; see docs/service.md.")
+    app = _GuardedApp(
+        title="masc-serve",
+        version=__version__,
+        lifespan=lifespan,
+        **docs,
+        description="MaSC (masked SigLIP2 CP and PF) as an HTTP service; see docs/service.md.",
+    )
     app.state.masc = state
     max_bytes = int(cfg.max_body_mb * 2**20)
-    app.guard_options = {"max_bytes": max_bytes, "body_timeout_s": cfg.body_timeout_s,
-                         "max_in_flight": cfg.max_connections, "metrics": state.metrics, "api_key": cfg.api_key}
+    app.guard_options = {
+        "max_bytes": max_bytes,
+        "body_timeout_s": cfg.body_timeout_s,
+        "max_in_flight": cfg.max_connections,
+        "metrics": state.metrics,
+        "api_key": cfg.api_key,
+    }
     app.add_middleware(RequestBodyLimitMiddleware, max_body_size=max_bytes)  # chunked bodies
     add_error_handlers(app, cfg, state)
     add_probe_routes(app, cfg, state)

@@ -42,8 +42,14 @@ class MicroBatcher:
         on_batch: ``on_batch(size, queue_waits_s, seconds)`` after each call (metrics).
     """
 
-    def __init__(self, fn: Callable[[list], Sequence], max_batch: int = 8, max_wait_ms: float = 5.0,
-                 max_queue: int = 256, on_batch: Callable | None = None):
+    def __init__(
+        self,
+        fn: Callable[[list], Sequence],
+        max_batch: int = 8,
+        max_wait_ms: float = 5.0,
+        max_queue: int = 256,
+        on_batch: Callable | None = None,
+    ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.fn = fn

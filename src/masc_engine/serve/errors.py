@@ -30,8 +30,14 @@ def error_response(status: int, error: str, field: str | None, detail: str, head
     return JSONResponse({"error": error, "field": field, "detail": detail}, status_code=status, headers=headers)
 
 
-_PYDANTIC_REASON = {"missing": "missing_field", "extra_forbidden": "unknown_field", "json_invalid": "malformed_json",
-                    "literal_error": "bad_value", "model_type": "wrong_type", "model_attributes_type": "wrong_type"}
+_PYDANTIC_REASON = {
+    "missing": "missing_field",
+    "extra_forbidden": "unknown_field",
+    "json_invalid": "malformed_json",
+    "literal_error": "bad_value",
+    "model_type": "wrong_type",
+    "model_attributes_type": "wrong_type",
+}
 
 
 def validation_error(e: ValidationError | RequestValidationError) -> ApiError:
@@ -60,8 +66,9 @@ def add_error_handlers(app: FastAPI, cfg, state) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
         if e.status_code == 413:
-            return await _api_error(request, ApiError(413, "body_too_large", None,
-                                                      f"the body is over --max-body-mb {cfg.max_body_mb:g}"))
+            return await _api_error(
+                request, ApiError(413, "body_too_large", None, f"the body is over --max-body-mb {cfg.max_body_mb:g}")
+            )
         reason = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
         return await _api_error(request, ApiError(e.status_code, reason, None, str(e.detail), e.headers))
 
@@ -72,8 +79,12 @@ def add_error_handlers(app: FastAPI, cfg, state) -> None:
     @app.exception_handler(ClientDisconnect)
     async def _client_gone(request: Request, e: ClientDisconnect):
         state.metrics.count_error("client_disconnected")
-        return error_response(CLIENT_CLOSED_STATUS, "client_disconnected", None,
-                              "the client closed the connection before its body was read")
+        return error_response(
+            CLIENT_CLOSED_STATUS,
+            "client_disconnected",
+            None,
+            "the client closed the connection before its body was read",
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _req_validation(request: Request, e: RequestValidationError):
@@ -83,5 +94,6 @@ def add_error_handlers(app: FastAPI, cfg, state) -> None:
     async def _internal(request: Request, e: Exception):
         # Starlette's error middleware answers with this, then re-raises to the guard (which logs).
         state.metrics.count_error("internal_error")
-        return error_response(500, "internal_error", None,
-                               "the server failed on this request (logged); it is not the request's fault")
+        return error_response(
+            500, "internal_error", None, "the server failed on this request (logged); it is not the request's fault"
+        )

@@ -169,10 +169,18 @@ class ServiceScorer:
             found, in memory.
     """
 
-    def __init__(self, scorer: Scorer, settings: RunSettings = RunSettings(), cache_bytes: int = 512 * 2**20,
-                 store: EncodingStore | None = None, strippers: tuple[str, ...] = DEFAULT_REQUEST_STRIPPERS,
-                 decoded_bytes: int | None = None, prompt_budget: PromptBudget = PromptBudget(),
-                 segmenter=None, embedders: dict | None = None):
+    def __init__(
+        self,
+        scorer: Scorer,
+        settings: RunSettings = RunSettings(),
+        cache_bytes: int = 512 * 2**20,
+        store: EncodingStore | None = None,
+        strippers: tuple[str, ...] = DEFAULT_REQUEST_STRIPPERS,
+        decoded_bytes: int | None = None,
+        prompt_budget: PromptBudget = PromptBudget(),
+        segmenter=None,
+        embedders: dict | None = None,
+    ):
         self.scorer = scorer
         self.default_stripper = scorer.stripper
         self.strippers = tuple(dict.fromkeys((scorer.stripper, *strippers)))
@@ -180,8 +188,15 @@ class ServiceScorer:
         self.cache = EncodingCache(scorer, store=store, memory=self.memory)
         self.budget = ByteBudget(decoded_bytes) if decoded_bytes else None
         self.prompt_budget = prompt_budget
-        self.job = PairsJob(scorer, settings, io_workers=1, cache=self.cache, decode_budget=self.budget,
-                            segmenter=segmenter, embedders=embedders)
+        self.job = PairsJob(
+            scorer,
+            settings,
+            io_workers=1,
+            cache=self.cache,
+            decode_budget=self.budget,
+            segmenter=segmenter,
+            embedders=embedders,
+        )
         self.hits = 0
         self.misses = 0
         self._count_lock = threading.Lock()
@@ -200,8 +215,9 @@ class ServiceScorer:
             except InputError as e:
                 raise FieldError(e.reason, label + name, e.detail) from None
 
-    def decode(self, data: dict[str, bytes | str], prompt: str, object_name: str | None, stripper: str | None,
-               label: str = "") -> ServiceItem:
+    def decode(
+        self, data: dict[str, bytes | str], prompt: str, object_name: str | None, stripper: str | None, label: str = ""
+    ) -> ServiceItem:
         """Decode one item (base64 text is decoded here), make its PF prompt ready, and check
         whether it can be scored.
 
@@ -211,12 +227,16 @@ class ServiceScorer:
         """
         stripper = stripper or self.default_stripper
         if stripper not in self.strippers:
-            why = (f"'{stripper}' is not enabled on this server (enabled: {', '.join(self.strippers)})"
-                   if stripper in STRIPPERS else f"must be one of {', '.join(STRIPPERS)}")
+            why = (
+                f"'{stripper}' is not enabled on this server (enabled: {', '.join(self.strippers)})"
+                if stripper in STRIPPERS
+                else f"must be one of {', '.join(STRIPPERS)}"
+            )
             raise FieldError("bad_stripper", f"{label}stripper", f"{label}stripper {why}")
         self.check_text(prompt, object_name, label)
-        files = {f: b64decode_field(data[f], label + f) if isinstance(data.get(f), str) else data.get(f)
-                 for f in BYTE_FIELDS}
+        files = {
+            f: b64decode_field(data[f], label + f) if isinstance(data.get(f), str) else data.get(f) for f in BYTE_FIELDS
+        }
         names = {f: label + f for f in BYTE_FIELDS}
         pair = self.job.decode_pair(files, prompt, object_name, names, stripper)
         del files
@@ -239,8 +259,9 @@ class ServiceScorer:
 
         Not thread-safe: one batch at a time (the batcher's single worker).
         """
-        refs = {it.pair.ref_image.sha256: it.pair.ref_image for it in items
-                if isinstance(it.pair.ref_image, DecodedImage)}
+        refs = {
+            it.pair.ref_image.sha256: it.pair.ref_image for it in items if isinstance(it.pair.ref_image, DecodedImage)
+        }
         with self._count_lock:
             for sha, ref in refs.items():
                 found = self.cache.cached(sha) is not None  # also refreshes its place in the LRU

@@ -45,8 +45,10 @@ log = logging.getLogger("masc_engine.serve")
 
 def _raw_response(status: int, error: str, detail: str) -> bytes:
     body = error_body(error, None, detail)
-    head = (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
     return head.encode("ascii") + body
 
 
@@ -162,8 +164,13 @@ class GuardedH11Protocol(H11Protocol):
             return
         partial = self.conn.their_state is not h11.IDLE or bool(self.conn.trailing_data[0])
         if partial:  # part of a request arrived, not all of its headers
-            self.transport.write(_raw_response(408, "header_timeout", "the request headers were not received "
-                                               f"within --header-timeout-s {self.header_timeout_s:g} s"))
+            self.transport.write(
+                _raw_response(
+                    408,
+                    "header_timeout",
+                    f"the request headers were not received within --header-timeout-s {self.header_timeout_s:g} s",
+                )
+            )
             if self.on_reject is not None:
                 self.on_reject("header_timeout", 408)
         self.transport.close()  # else an idle connection: closed without a word, as keep-alive does
@@ -173,8 +180,11 @@ class GuardedH11Protocol(H11Protocol):
         body = error_body("bad_http", None, f"not a valid HTTP/1.1 request: {msg}")
         headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
         try:
-            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                          h11.Data(data=body), h11.EndOfMessage()):
+            for event in (
+                h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                h11.Data(data=body),
+                h11.EndOfMessage(),
+            ):
                 self.transport.write(self.conn.send(event))
         except h11.LocalProtocolError:  # h11 cannot answer in this state: the raw bytes
             self.transport.write(_raw_response(400, "bad_http", f"not a valid HTTP/1.1 request: {msg}"))
@@ -183,8 +193,9 @@ class GuardedH11Protocol(H11Protocol):
             self.on_reject("bad_http", 400)
 
 
-def guarded_protocol(header_timeout_s: float, on_reject=None, linger_s: float = 30.0,
-                     linger_bytes: int = 64 * 2**20) -> type:
+def guarded_protocol(
+    header_timeout_s: float, on_reject=None, linger_s: float = 30.0, linger_bytes: int = 64 * 2**20
+) -> type:
     """An ``H11Protocol`` subclass with a header deadline, JSON 400/408 bodies and lingering close.
 
     Args:
@@ -197,7 +208,10 @@ def guarded_protocol(header_timeout_s: float, on_reject=None, linger_s: float = 
     Returns:
         the class, for ``uvicorn.run(..., http=cls)``.
     """
-    settings = {"header_timeout_s": header_timeout_s, "linger_s": linger_s, "linger_bytes": linger_bytes,
-                "on_reject": staticmethod(on_reject) if on_reject is not None else None}
+    settings = {
+        "header_timeout_s": header_timeout_s,
+        "linger_s": linger_s,
+        "linger_bytes": linger_bytes,
+        "on_reject": staticmethod(on_reject) if on_reject is not None else None,
+    }
     return type("GuardedH11Protocol", (GuardedH11Protocol,), settings)
-

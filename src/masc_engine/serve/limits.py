@@ -87,8 +87,15 @@ class RequestGuard:
         api_key: the bearer token every non-probe request must carry (None: no check).
     """
 
-    def __init__(self, app, max_bytes: int, body_timeout_s: float, max_in_flight: int | None, metrics,
-                 api_key: bytes | None = None):
+    def __init__(
+        self,
+        app,
+        max_bytes: int,
+        body_timeout_s: float,
+        max_in_flight: int | None,
+        metrics,
+        api_key: bytes | None = None,
+    ):
         self.app = app
         self.api_key = api_key
         self.max_bytes = int(max_bytes)
@@ -101,31 +108,56 @@ class RequestGuard:
     async def _answer(self, send, status: int, error: str, detail: str, headers=()) -> None:
         self.metrics.count_error(error)
         body = error_body(error, None, detail)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close"), *headers]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                    *headers,
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     def _refusal(self, scope) -> tuple | None:
         """An answer for a request refused before the app sees it, else None."""
         names = {k for k, _ in scope.get("headers", ())}
         if b"content-length" in names and b"transfer-encoding" in names:
-            return (400, "bad_http", "not a valid HTTP/1.1 request: both Content-Length and Transfer-Encoding "
-                                     "(ambiguous framing)", ())
+            return (
+                400,
+                "bad_http",
+                "not a valid HTTP/1.1 request: both Content-Length and Transfer-Encoding (ambiguous framing)",
+                (),
+            )
         if self.api_key is not None and scope["path"] not in PROBE_PATHS and not self._authorized(scope):
-            return (401, "unauthorized", "send Authorization: Bearer <key> (the key of --api-key-file)",
-                    ((b"www-authenticate", b"Bearer"),))
+            return (
+                401,
+                "unauthorized",
+                "send Authorization: Bearer <key> (the key of --api-key-file)",
+                ((b"www-authenticate", b"Bearer"),),
+            )
         for k, v in scope.get("headers", ()):
             if k == b"content-length":
                 n = int(v) if v.isdigit() else -1
                 if n < 0:
                     return 400, "bad_content_length", "Content-Length is not a number", ()
                 if n > self.max_bytes:
-                    return 413, "body_too_large", f"a body of {n} bytes is over --max-body-mb {self.max_bytes / 2**20:g}", ()
-        if (self.max_in_flight is not None and scope["path"] not in PROBE_PATHS
-                and self.in_flight >= self.max_in_flight):
-            return (503, "overloaded", f"{self.in_flight} requests are being handled (--max-connections "
-                                       f"{self.max_in_flight})", ((b"retry-after", b"1"),))
+                    return (
+                        413,
+                        "body_too_large",
+                        f"a body of {n} bytes is over --max-body-mb {self.max_bytes / 2**20:g}",
+                        (),
+                    )
+        if self.max_in_flight is not None and scope["path"] not in PROBE_PATHS and self.in_flight >= self.max_in_flight:
+            return (
+                503,
+                "overloaded",
+                f"{self.in_flight} requests are being handled (--max-connections {self.max_in_flight})",
+                ((b"retry-after", b"1"),),
+            )
         return None
 
     def _authorized(self, scope) -> bool:
@@ -165,8 +197,12 @@ class RequestGuard:
         except Exception:  # noqa: BLE001 - the documented JSON 500, whatever escaped the app
             log.exception("masc-serve: internal error on %s %s", scope.get("method"), scope["path"])
             if not status:
-                await self._answer(send_counted, 500, "internal_error",
-                                   "the server failed on this request (logged); it is not the request's fault")
+                await self._answer(
+                    send_counted,
+                    500,
+                    "internal_error",
+                    "the server failed on this request (logged); it is not the request's fault",
+                )
         finally:
             self.in_flight -= counted
             gauge.dec()

@@ -15,14 +15,16 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 class _CacheGauges:
     def __init__(self, reg: CollectorRegistry):
-        self.hits = Counter("masc_reference_cache_hits_total", "reference encodings found in the cache",
-                            ["tier"], registry=reg)
-        self.misses = Counter("masc_reference_cache_misses_total",
-                              "reference encodings found in no in-memory cache", registry=reg)
-        self.bytes = Gauge("masc_reference_cache_bytes", "patch-token bytes held by the in-memory reference LRU",
-                           registry=reg)
-        self.items = Gauge("masc_reference_cache_items", "encodings held by the in-memory reference LRU",
-                           registry=reg)
+        self.hits = Counter(
+            "masc_reference_cache_hits_total", "reference encodings found in the cache", ["tier"], registry=reg
+        )
+        self.misses = Counter(
+            "masc_reference_cache_misses_total", "reference encodings found in no in-memory cache", registry=reg
+        )
+        self.bytes = Gauge(
+            "masc_reference_cache_bytes", "patch-token bytes held by the in-memory reference LRU", registry=reg
+        )
+        self.items = Gauge("masc_reference_cache_items", "encodings held by the in-memory reference LRU", registry=reg)
         self._seen = {"memory": 0, "disk": 0, "miss": 0}
 
     def update(self, service) -> None:
@@ -49,20 +51,29 @@ class ServiceMetrics:
         reg = self.registry = CollectorRegistry()
         self.requests = Counter("masc_requests_total", "HTTP requests", ["path", "code"], registry=reg)
         self.errors = Counter("masc_errors_total", "requests refused, by reason", ["reason"], registry=reg)
-        self.latency = Histogram("masc_request_latency_seconds", "request latency", ["path"],
-                                 buckets=_LATENCY_BUCKETS, registry=reg)
+        self.latency = Histogram(
+            "masc_request_latency_seconds", "request latency", ["path"], buckets=_LATENCY_BUCKETS, registry=reg
+        )
         self.batch_size = Histogram("masc_batch_size", "items per micro-batch", buckets=_BATCH_BUCKETS, registry=reg)
-        self.queue_wait = Histogram("masc_queue_wait_seconds", "time an item waited for its batch to start",
-                                    buckets=_LATENCY_BUCKETS, registry=reg)
-        self.inference = Histogram("masc_batch_seconds", "time to score one micro-batch", buckets=_LATENCY_BUCKETS,
-                                   registry=reg)
+        self.queue_wait = Histogram(
+            "masc_queue_wait_seconds",
+            "time an item waited for its batch to start",
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.inference = Histogram(
+            "masc_batch_seconds", "time to score one micro-batch", buckets=_LATENCY_BUCKETS, registry=reg
+        )
         self.in_flight = Gauge("masc_requests_in_flight", "requests being handled", ["path"], registry=reg)
         self.queue_depth = Gauge("masc_queue_depth", "items waiting for a micro-batch", registry=reg)
         self.ready = Gauge("masc_ready", "1 once the bundle is loaded and warm", registry=reg)
         self.cache = _CacheGauges(reg)
-        self.cache_faults = Counter("masc_cache_faults_total", "persistent-cache (--cache-dir) operations not "
-                                    "served because of a storage fault (the cache is bypassed after the first)",
-                                    registry=reg)
+        self.cache_faults = Counter(
+            "masc_cache_faults_total",
+            "persistent-cache (--cache-dir) operations not "
+            "served because of a storage fault (the cache is bypassed after the first)",
+            registry=reg,
+        )
         self._cache_faults_seen = 0
 
     def update_cache_faults(self, store) -> None:

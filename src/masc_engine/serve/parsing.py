@@ -55,8 +55,12 @@ async def parse_multipart(request: Request, cfg) -> dict:
             raise  # 413: the body limit
         why = str(getattr(e, "detail", None) or e)
         if "exceeded maximum size" in why:  # Starlette's part limit, hit while parsing
-            raise ApiError(422, "prompt_too_long", None, f"a text field (prompt, object_name or stripper) is over "
-                                                         f"the budget of {cfg.max_prompt_bytes} bytes") from e
+            raise ApiError(
+                422,
+                "prompt_too_long",
+                None,
+                f"a text field (prompt, object_name or stripper) is over the budget of {cfg.max_prompt_bytes} bytes",
+            ) from e
         raise ApiError(400, "malformed_multipart", None, f"the multipart body cannot be parsed: {why}") from e
     known = set(BYTE_FIELDS) | {"prompt", "object_name", "stripper"}
     for k in form.keys():
@@ -73,16 +77,21 @@ async def parse_multipart(request: Request, cfg) -> dict:
         if v is None:
             raise ApiError(422, "missing_field", f, f"{f}: field required (a file upload, e.g. curl -F {f}=@file)")
         if not isinstance(v, UploadFile):
-            raise ApiError(422, "wrong_type", f, f"{f}: expected a file upload, got a text field "
-                                                 f"(curl -F {f}=@path, with the @)")
+            raise ApiError(
+                422, "wrong_type", f, f"{f}: expected a file upload, got a text field (curl -F {f}=@path, with the @)"
+            )
         data[f] = await v.read()
     texts = {k: await _text_part(form.get(k), k, cfg) for k in ("prompt", "object_name", "stripper")}
     if texts["prompt"] is None:
         raise ApiError(422, "missing_field", "prompt", "prompt: field required")
     if texts["stripper"] not in (None, *STRIPPERS):
         raise ApiError(422, "bad_value", "stripper", f"stripper: must be one of {', '.join(STRIPPERS)}")
-    return {"data": data, "prompt": texts["prompt"], "object_name": texts["object_name"] or None,
-            "stripper": texts["stripper"]}
+    return {
+        "data": data,
+        "prompt": texts["prompt"],
+        "object_name": texts["object_name"] or None,
+        "stripper": texts["stripper"],
+    }
 
 
 async def _text_part(v, name: str, cfg) -> str | None:
@@ -90,8 +99,9 @@ async def _text_part(v, name: str, cfg) -> str | None:
     if not isinstance(v, UploadFile):
         return v
     if v.size is not None and v.size > cfg.max_prompt_bytes:
-        raise ApiError(422, "prompt_too_long", name, f"{name}: {v.size} bytes, over the budget of "
-                                                     f"{cfg.max_prompt_bytes} bytes")
+        raise ApiError(
+            422, "prompt_too_long", name, f"{name}: {v.size} bytes, over the budget of {cfg.max_prompt_bytes} bytes"
+        )
     try:
         return (await v.read(cfg.max_prompt_bytes + 1)).decode("utf-8")
     except UnicodeDecodeError as e:

@@ -45,9 +45,14 @@ def add_probe_routes(app: FastAPI, cfg, state) -> None:
         if state.ready:
             scorer = state.service.scorer
             cert = scorer.certificate
-            ready = {"status": "ready", "bundle": {"fingerprint": scorer.bundle.fingerprint},
-                     "backend": scorer.backend, "precision": scorer.precision, "certificate": cert and cert["claim"],
-                     "cache": state.cache_status()}
+            ready = {
+                "status": "ready",
+                "bundle": {"fingerprint": scorer.bundle.fingerprint},
+                "backend": scorer.backend,
+                "precision": scorer.precision,
+                "certificate": cert and cert["claim"],
+                "cache": state.cache_status(),
+            }
             masks = state.service.job.masks
             if masks is not None:  # masks optional: say which segmenter and rule compute them
                 ready["segmenter"] = masks.segmenter.identity()
@@ -56,8 +61,13 @@ def add_probe_routes(app: FastAPI, cfg, state) -> None:
             return error_response(503, "load_failed", None, LOAD_FAILED_DETAIL)
         return error_response(503, "not_ready", None, "the bundle is still loading")
 
-    @_probe(app, "/metrics", summary="Prometheus metrics", response_class=Response,
-            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+    @_probe(
+        app,
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     async def metrics():
         if state.batcher is not None:
             state.metrics.queue_depth.set(state.batcher.depth())
@@ -94,8 +104,9 @@ class _Scoring:
             data, prompt, obj, strip = item["data"], item["prompt"], item["object_name"], item["stripper"]
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self.state.decode_pool, self.state.service.decode, data, prompt, obj,
-                                              strip, label)
+            return await loop.run_in_executor(
+                self.state.decode_pool, self.state.service.decode, data, prompt, obj, strip, label
+            )
         except FieldError as e:
             raise ApiError(422, e.reason, e.field, e.detail) from None
 
@@ -106,13 +117,21 @@ class _Scoring:
         except QueueFull as e:
             raise ApiError(503, "overloaded", None, str(e), {"Retry-After": "1"}) from e
         try:
-            return list(await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(f) for f in futs)),
-                                               self.cfg.request_timeout_s))
+            return list(
+                await asyncio.wait_for(
+                    asyncio.gather(*(asyncio.wrap_future(f) for f in futs)), self.cfg.request_timeout_s
+                )
+            )
         except asyncio.TimeoutError as e:
             for f in futs:
                 f.cancel()
-            raise ApiError(503, "timeout", None, f"not scored within --request-timeout-s "
-                                                 f"{self.cfg.request_timeout_s:g} s", {"Retry-After": "5"}) from e
+            raise ApiError(
+                503,
+                "timeout",
+                None,
+                f"not scored within --request-timeout-s {self.cfg.request_timeout_s:g} s",
+                {"Retry-After": "5"},
+            ) from e
 
     async def one(self, request: Request, multipart: bool | None = None) -> dict:
         """One item: ``/v1/score`` (JSON; multipart still read, for clients written before
@@ -145,8 +164,12 @@ class _Scoring:
             raise ApiError(415, "unsupported_media_type", None, f"content-type {ctype!r}: send application/json")
         batch = await parse_json(request, self.batch_model)
         if len(batch.items) > self.cfg.max_batch_items:
-            raise ApiError(422, "too_many_items", "items",
-                           f"items: {len(batch.items)} > --max-batch-items {self.cfg.max_batch_items}")
+            raise ApiError(
+                422,
+                "too_many_items",
+                "items",
+                f"items: {len(batch.items)} > --max-batch-items {self.cfg.max_batch_items}",
+            )
         for i, it in enumerate(batch.items):
             self.check_text(it.prompt, it.object_name, f"items[{i}].")
         items, batch = batch.items, None
@@ -166,20 +189,38 @@ def add_score_routes(app: FastAPI, cfg, state) -> None:
     def body(content_type: str, schema: dict) -> dict:
         return {"requestBody": {"required": True, "content": {content_type: {"schema": schema}}}}
 
-    @app.post("/v1/score", response_model=ScoreResult, response_model_exclude_unset=True, responses=ERRORS, operation_id="score",
-              openapi_extra=body("application/json", {"$ref": "#/components/schemas/ScoreItem"}),
-              summary="score one pair (JSON, the four files as base64)")
+    @app.post(
+        "/v1/score",
+        response_model=ScoreResult,
+        response_model_exclude_unset=True,
+        responses=ERRORS,
+        operation_id="score",
+        openapi_extra=body("application/json", {"$ref": "#/components/schemas/ScoreItem"}),
+        summary="score one pair (JSON, the four files as base64)",
+    )
     async def score(request: Request):
         return await scoring.one(request)
 
-    @app.post("/v1/score/upload", response_model=ScoreResult, response_model_exclude_unset=True, responses=ERRORS, operation_id="score_upload",
-              openapi_extra=body("multipart/form-data", multipart_schema(cfg.segmenter is not None)),
-              summary="score one pair (multipart/form-data, the four files as uploads)")
+    @app.post(
+        "/v1/score/upload",
+        response_model=ScoreResult,
+        response_model_exclude_unset=True,
+        responses=ERRORS,
+        operation_id="score_upload",
+        openapi_extra=body("multipart/form-data", multipart_schema(cfg.segmenter is not None)),
+        summary="score one pair (multipart/form-data, the four files as uploads)",
+    )
     async def score_upload(request: Request):
         return await scoring.one(request, multipart=True)
 
-    @app.post("/v1/score_batch", response_model=BatchResult, response_model_exclude_unset=True, responses=ERRORS, operation_id="score_batch",
-              openapi_extra=body("application/json", {"$ref": "#/components/schemas/ScoreBatch"}),
-              summary="score a list of pairs; results in order")
+    @app.post(
+        "/v1/score_batch",
+        response_model=BatchResult,
+        response_model_exclude_unset=True,
+        responses=ERRORS,
+        operation_id="score_batch",
+        openapi_extra=body("application/json", {"$ref": "#/components/schemas/ScoreBatch"}),
+        summary="score a list of pairs; results in order",
+    )
     async def score_batch(request: Request):
         return await scoring.batch(request)

@@ -28,10 +28,12 @@ class ScoreItem(BaseModel):
     out_image: str = Field(description="generated (output) image file, base64", json_schema_extra=_B64)
     out_mask: str = Field(description="output foreground mask file, base64", json_schema_extra=_B64)
     prompt: str = Field(description="the generation prompt")
-    object_name: str | None = Field(None, description="subject name stripped from the prompt for PF; "
-                                                      "null or absent: the prompt is not stripped")
+    object_name: str | None = Field(
+        None, description="subject name stripped from the prompt for PF; null or absent: the prompt is not stripped"
+    )
     stripper: Literal[STRIPPERS] | None = Field(  # type: ignore[valid-type]
-        None, description="PF prompt stripper; default: the server's --stripper")
+        None, description="PF prompt stripper; default: the server's --stripper"
+    )
 
 
 class ScoreBatch(BaseModel):
@@ -40,8 +42,10 @@ class ScoreBatch(BaseModel):
 
 
 #: A mask field's description when the server has a segmenter.
-_SEGMENTED = ("foreground mask file, base64; null or absent: the server's segmenter computes it from "
-              "object_name (the record's {side}_mask_source says which)")
+_SEGMENTED = (
+    "foreground mask file, base64; null or absent: the server's segmenter computes it from "
+    "object_name (the record's {side}_mask_source says which)"
+)
 #: Mask fields that may be left out when the server has a segmenter.
 MASK_FIELDS = ("ref_mask", "out_mask")
 
@@ -49,12 +53,29 @@ MASK_FIELDS = ("ref_mask", "out_mask")
 def _optional_masks() -> tuple[type[BaseModel], type[BaseModel]]:
     """:class:`ScoreItem` and :class:`ScoreBatch` with the mask fields optional (a server started
     with ``--segmenter``); named as the originals, so the OpenAPI document keeps its references."""
-    masks = {f: (str | None, Field(None, description=("reference " if f == "ref_mask" else "output ")
-                                   + _SEGMENTED.format(side=f[:3]), json_schema_extra=_B64)) for f in MASK_FIELDS}
-    item = create_model("ScoreItem", __base__=ScoreItem, __doc__=ScoreItem.__doc__ + " The masks are optional: "
-                        "the server's segmenter computes a missing one from object_name.", **masks)
-    batch = create_model("ScoreBatch", __base__=ScoreBatch, items=(list[item], Field(
-        description="pairs to score; results come back in this order")))
+    masks = {
+        f: (
+            str | None,
+            Field(
+                None,
+                description=("reference " if f == "ref_mask" else "output ") + _SEGMENTED.format(side=f[:3]),
+                json_schema_extra=_B64,
+            ),
+        )
+        for f in MASK_FIELDS
+    }
+    item = create_model(
+        "ScoreItem",
+        __base__=ScoreItem,
+        __doc__=ScoreItem.__doc__ + " The masks are optional: "
+        "the server's segmenter computes a missing one from object_name.",
+        **masks,
+    )
+    batch = create_model(
+        "ScoreBatch",
+        __base__=ScoreBatch,
+        items=(list[item], Field(description="pairs to score; results come back in this order")),
+    )
     return item, batch
 
 
@@ -96,8 +117,6 @@ class ScoreResult(BaseModel):
     out_mask_coverage: float | None = Field(None, description="foreground fraction of the output mask, [0, 1]")
     ref_mask_source: str | None = Field(None, description="with a segmenter: 'file' or 'segmenter'")
     out_mask_source: str | None = Field(None, description="with a segmenter: 'file' or 'segmenter'")
-
-
 
 
 #: The record's declared fields (CP, PF and masc-run's diagnostics).
@@ -143,8 +162,10 @@ def _opted_fields(metrics) -> dict:
             continue
         fields.update({c: (float | None, Field(None, description=f"{m.name}: {m.description}")) for c in m.columns})
         if m.status_column:
-            fields[m.status_column] = (str | None, Field(None, description=f"'ok' or why {m.name} is undefined "
-                                                                          f"({', '.join(m.statuses)})"))
+            fields[m.status_column] = (
+                str | None,
+                Field(None, description=f"'ok' or why {m.name} is undefined ({', '.join(m.statuses)})"),
+            )
     return fields
 
 
@@ -175,9 +196,16 @@ def multipart_schema(masks_optional: bool = False) -> dict:
     """The ``multipart/form-data`` body of ``/v1/score`` (the masks optional with a segmenter)."""
     files = {f: {"type": "string", "format": "binary"} for f in BYTE_FIELDS}
     required = [f for f in BYTE_FIELDS if not (masks_optional and f in MASK_FIELDS)]
-    return {"type": "object", "required": [*required, "prompt"],
-            "properties": {**files, "prompt": {"type": "string"}, "object_name": {"type": "string"},
-                           "stripper": {"type": "string", "enum": list(STRIPPERS)}}}
+    return {
+        "type": "object",
+        "required": [*required, "prompt"],
+        "properties": {
+            **files,
+            "prompt": {"type": "string"},
+            "object_name": {"type": "string"},
+            "stripper": {"type": "string", "enum": list(STRIPPERS)},
+        },
+    }
 
 
 def add_schemas(app: FastAPI, strippers: tuple[str, ...], cfg) -> None:
@@ -198,7 +226,9 @@ def add_schemas(app: FastAPI, strippers: tuple[str, ...], cfg) -> None:
             for k, v in s.pop("$defs", {}).items():
                 comps.setdefault(k, v)
             comps[model.__name__] = s
-        multipart = schema["paths"]["/v1/score/upload"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+        multipart = schema["paths"]["/v1/score/upload"]["post"]["requestBody"]["content"]["multipart/form-data"][
+            "schema"
+        ]
         for prop in (comps["ScoreItem"]["properties"]["stripper"], multipart["properties"]["stripper"]):
             for alt in [prop, *prop.get("anyOf", [])]:
                 if "enum" in alt:

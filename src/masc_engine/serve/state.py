@@ -122,20 +122,32 @@ class ServiceState:
                 self.store = EncodingStore(cfg.cache_dir, encoding_namespace(scorer, cfg.exif), **kw)
                 scorer.attach_text_store(self.store)
             settings = cfg.run_settings()
-            embedders = {k: _logged_warnings(lambda k=k: Embedder(cfg.embedders[k]))
-                         for k in settings.embedders_needed()}
-            service = ServiceScorer(scorer, settings, cache_bytes=int(cfg.cache_mb * 2**20), store=self.store,
-                                    strippers=cfg.extra_strippers, decoded_bytes=int(cfg.max_decoded_mb * 2**20),
-                                    prompt_budget=PromptBudget(cfg.max_prompt_bytes, cfg.max_prompt_tokens),
-                                    segmenter=segmenter, embedders=embedders)
+            embedders = {
+                k: _logged_warnings(lambda k=k: Embedder(cfg.embedders[k])) for k in settings.embedders_needed()
+            }
+            service = ServiceScorer(
+                scorer,
+                settings,
+                cache_bytes=int(cfg.cache_mb * 2**20),
+                store=self.store,
+                strippers=cfg.extra_strippers,
+                decoded_bytes=int(cfg.max_decoded_mb * 2**20),
+                prompt_budget=PromptBudget(cfg.max_prompt_bytes, cfg.max_prompt_tokens),
+                segmenter=segmenter,
+                embedders=embedders,
+            )
             warm_up(service)
             self.service = service
-            self.batcher = MicroBatcher(self._score_batch, cfg.max_batch, cfg.max_wait_ms, cfg.max_queue,
-                                        on_batch=self.metrics.observe_batch)
+            self.batcher = MicroBatcher(
+                self._score_batch, cfg.max_batch, cfg.max_wait_ms, cfg.max_queue, on_batch=self.metrics.observe_batch
+            )
             self.ready = True
             self.metrics.ready.set(1)
-            log.info("masc-serve: ready (bundle %s%s)", cfg.bundle,
-                     f", segmenter {cfg.segmenter.bundle}" if cfg.segmenter else "")
+            log.info(
+                "masc-serve: ready (bundle %s%s)",
+                cfg.bundle,
+                f", segmenter {cfg.segmenter.bundle}" if cfg.segmenter else "",
+            )
         except Exception as e:  # noqa: BLE001 - reported by /readyz and the log, the process stays up
             self.load_error = f"{type(e).__name__}: {e}"
             log.error("masc-serve: could not load the bundle: %s", self.load_error)
@@ -177,8 +189,9 @@ def warm_up(service: ServiceScorer) -> None:
     im = png(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
     m = np.zeros((64, 64), np.uint8)
     m[16:48, 16:48] = 255
-    item = service.decode({"ref_image": im, "ref_mask": png(m), "out_image": im, "out_mask": png(m)},
-                          "a photo of a thing", "thing", None)
+    item = service.decode(
+        {"ref_image": im, "ref_mask": png(m), "out_image": im, "out_mask": png(m)}, "a photo of a thing", "thing", None
+    )
     service.score([item])
     if service.job.masks is not None:  # the segmenter's graphs too (its mask is not cached)
         service.job.masks.segmenter.segment([Image.open(io.BytesIO(im))], ["thing"])

@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 
 #: ONNX tensor type strings (``NodeArg.type``) -> numpy dtypes, for the graphs' inputs and outputs.
 ORT_DTYPES: dict[str, np.dtype[Any]] = {
-    "tensor(float)": np.dtype(np.float32), "tensor(float16)": np.dtype(np.float16),
-    "tensor(int32)": np.dtype(np.int32), "tensor(int64)": np.dtype(np.int64),
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(int32)": np.dtype(np.int32),
+    "tensor(int64)": np.dtype(np.int64),
     "tensor(bool)": np.dtype(np.bool_),
 }
 
@@ -85,8 +87,9 @@ def provider_options(provider_name: str) -> dict[str, str]:
 ORT_MEMORY = BACKENDS["onnxruntime"].option("ort_memory").choices  # defined with the registry entry
 
 
-def session_options(ort: Any, intra_op_threads: int | None = None, inter_op_threads: int | None = None,
-                    memory: str = "lean") -> Any:
+def session_options(
+    ort: Any, intra_op_threads: int | None = None, inter_op_threads: int | None = None, memory: str = "lean"
+) -> Any:
     """``onnxruntime.SessionOptions`` for one of our graphs (see :data:`ORT_MEMORY`).
 
     Raises:
@@ -128,17 +131,26 @@ def check_graph_precision(bundle: BundleView, provider: str, precision: str | No
     if precision not in (None, own):
         raise BackendUnavailableError(
             f"bundle {bundle.path} holds {own} graphs; for precision {precision!r} export a bundle with "
-            f"masc-export --precision {precision} (the precision is in the graphs)")
+            f"masc-export --precision {precision} (the precision is in the graphs)"
+        )
     if own == "bf16" and provider in ("cpu", "CPUExecutionProvider"):
         # ONNX Runtime's CPU provider has no bf16 MatMul/Add/Mul/Tanh kernels (onnxruntime 1.32).
         raise BackendUnavailableError(
             f"bundle {bundle.path} holds bf16 graphs, which ONNX Runtime's CPU provider cannot run (no bf16 "
-            "kernels); use --provider cuda or --backend tensorrt on a GPU, or an fp16/fp32 bundle on CPU")
+            "kernels); use --provider cuda or --backend tensorrt on a GPU, or an fp16/fp32 bundle on CPU"
+        )
 
 
-def load_runner(bundle: BundleView, graph: str, *, provider: str = "cpu", precision: str | None = None,
-                intra_op_threads: int | None = None, variant: str = "portable",
-                options: Mapping[str, Any] | None = None) -> OrtRunner:
+def load_runner(
+    bundle: BundleView,
+    graph: str,
+    *,
+    provider: str = "cpu",
+    precision: str | None = None,
+    intra_op_threads: int | None = None,
+    variant: str = "portable",
+    options: Mapping[str, Any] | None = None,
+) -> OrtRunner:
     """An :class:`OrtRunner` for ``graph`` of ``bundle`` in graph ``variant`` (the registry's loader).
 
     Args:
@@ -158,12 +170,23 @@ def load_runner(bundle: BundleView, graph: str, *, provider: str = "cpu", precis
     from ..manifest import check_graph_io
 
     check_graph_precision(bundle, provider, precision)
-    runner = OrtRunner(bundle.graph_file(graph, variant), graph, provider=provider, intra_op_threads=intra_op_threads,
-                       ort_memory=(options or {}).get("ort_memory", "lean"), precision=bundle.graph_precision)
+    runner = OrtRunner(
+        bundle.graph_file(graph, variant),
+        graph,
+        provider=provider,
+        intra_op_threads=intra_op_threads,
+        ort_memory=(options or {}).get("ort_memory", "lean"),
+        precision=bundle.graph_precision,
+    )
     # The graph itself against its manifest entry, before any batch runs on it.
     sess = runner.session
-    check_graph_io(bundle.graph(graph), [(a.name, a.shape) for a in sess.get_inputs()],
-                   [(a.name, a.shape) for a in sess.get_outputs()], graph, str(bundle.path))
+    check_graph_io(
+        bundle.graph(graph),
+        [(a.name, a.shape) for a in sess.get_inputs()],
+        [(a.name, a.shape) for a in sess.get_outputs()],
+        graph,
+        str(bundle.path),
+    )
     return runner
 
 
@@ -177,8 +200,16 @@ class OrtRunner:
 
     backend = "onnxruntime"
 
-    def __init__(self, path: str | Path, name: str, provider: str = "cpu", intra_op_threads: int | None = None,
-                 inter_op_threads: int | None = None, ort_memory: str = "lean", precision: str = "fp32") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        name: str,
+        provider: str = "cpu",
+        intra_op_threads: int | None = None,
+        inter_op_threads: int | None = None,
+        ort_memory: str = "lean",
+        precision: str = "fp32",
+    ) -> None:
         import onnxruntime as ort
 
         self.precision = precision
@@ -187,15 +218,21 @@ class OrtRunner:
         opts = session_options(ort, intra_op_threads, inter_op_threads, ort_memory)
         self.ort_memory = ort_memory
         self.provider_options = provider_options(provider_name)
-        self.session = ort.InferenceSession(str(path), sess_options=opts,
-                                            providers=[(provider_name, self.provider_options)])
+        self.session = ort.InferenceSession(
+            str(path), sess_options=opts, providers=[(provider_name, self.provider_options)]
+        )
         got = self.session.get_providers()[0]
         if got != provider_name:
-            hint = (" (its CUDA/cuDNN libraries were not found or no GPU is visible: install onnxruntime-gpu[cuda,cudnn], "
-                    "which brings the matching NVIDIA CUDA and cuDNN wheels, or a system CUDA/cuDNN of the major "
-                    "versions onnxruntime-gpu names in its log above; docs/install.md, \"GPU install\")"
-                    if provider_name == "CUDAExecutionProvider" else "")
-            raise BackendUnavailableError(f"onnxruntime created {name} on {got}, not the requested {provider_name}{hint}")
+            hint = (
+                " (its CUDA/cuDNN libraries were not found or no GPU is visible: install onnxruntime-gpu[cuda,cudnn], "
+                "which brings the matching NVIDIA CUDA and cuDNN wheels, or a system CUDA/cuDNN of the major "
+                'versions onnxruntime-gpu names in its log above; docs/install.md, "GPU install")'
+                if provider_name == "CUDAExecutionProvider"
+                else ""
+            )
+            raise BackendUnavailableError(
+                f"onnxruntime created {name} on {got}, not the requested {provider_name}{hint}"
+            )
         self.name = name
         self.path = str(path)
         self.provider = provider_name
@@ -220,21 +257,26 @@ class OrtRunner:
         for name, arg in self._in_args.items():
             shape = input_shapes[name]
             if len(shape) != len(arg.shape):
-                raise ValueError(f"graph {self.name!r}: input {name} must have rank {len(arg.shape)} "
-                                 f"({arg.shape}), got shape {tuple(shape)}")
+                raise ValueError(
+                    f"graph {self.name!r}: input {name} must have rank {len(arg.shape)} "
+                    f"({arg.shape}), got shape {tuple(shape)}"
+                )
             for sym, n in zip(arg.shape, shape):
                 if isinstance(sym, str):
                     if dims.setdefault(sym, int(n)) != int(n):
-                        raise ValueError(f"graph {self.name!r}: dimension {sym!r} is {dims[sym]} in one input "
-                                         f"and {n} in {name}")
+                        raise ValueError(
+                            f"graph {self.name!r}: dimension {sym!r} is {dims[sym]} in one input and {n} in {name}"
+                        )
                 elif sym is not None and int(sym) != int(n):
                     raise ValueError(f"graph {self.name!r}: input {name} needs size {sym}, got shape {tuple(shape)}")
         out: dict[str, tuple[int, ...]] = {}
         for name, arg in self._out_args.items():
             missing = [d for d in arg.shape if isinstance(d, str) and d not in dims]
             if missing or any(d is None for d in arg.shape):
-                raise ValueError(f"graph {self.name!r}: output {name} has dimensions {arg.shape} that its inputs "
-                                 "do not determine; run_device needs named dynamic axes")
+                raise ValueError(
+                    f"graph {self.name!r}: output {name} has dimensions {arg.shape} that its inputs "
+                    "do not determine; run_device needs named dynamic axes"
+                )
             out[name] = tuple(dims[d] if isinstance(d, str) else int(d) for d in arg.shape)
         return out
 
@@ -256,8 +298,9 @@ class OrtRunner:
         """
         want = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
         if device.ort_device_type != want:
-            raise BackendUnavailableError(f"graph {self.name!r} runs on {self.provider}; it cannot use "
-                                          f"{device.name} memory")
+            raise BackendUnavailableError(
+                f"graph {self.name!r} runs on {self.provider}; it cannot use {device.name} memory"
+            )
         io = self.session.io_binding()
         bound: dict[str, DeviceArray] = {}
         for name in self.input_names:
@@ -275,8 +318,14 @@ class OrtRunner:
         outs: dict[str, DeviceArray] = {}
         for name, shape in self.output_shapes({k: tuple(v.shape) for k, v in bound.items()}).items():
             outs[name] = device.empty(shape, ORT_DTYPES[self._out_args[name].type])
-            io.bind_output(name, device.ort_device_type, device.device_id,
-                           ORT_DTYPES[self._out_args[name].type], list(shape), device.ptr(outs[name]))
+            io.bind_output(
+                name,
+                device.ort_device_type,
+                device.device_id,
+                ORT_DTYPES[self._out_args[name].type],
+                list(shape),
+                device.ptr(outs[name]),
+            )
         # ORT runs on its own CUDA stream and does not wait for others before Run
         # (onnxruntime issues #26609, #15438): finish our packing and its queued host copies first.
         device.synchronize()

@@ -82,8 +82,9 @@ def import_openvino() -> Any:
     except ImportError as e:
         from ...extras import install_hint
 
-        raise BackendUnavailableError(f"the OpenVINO backend needs openvino, which is not installed: "
-                                      f"{install_hint('openvino')}") from e
+        raise BackendUnavailableError(
+            f"the OpenVINO backend needs openvino, which is not installed: {install_hint('openvino')}"
+        ) from e
     return openvino
 
 
@@ -111,7 +112,9 @@ def hint_for(precision: str) -> str:
     try:
         return PRECISION_HINTS[precision]
     except KeyError:
-        raise ValueError(f"OpenVINO CPU precision must be one of {sorted(PRECISION_HINTS)}, got {precision!r}") from None
+        raise ValueError(
+            f"OpenVINO CPU precision must be one of {sorted(PRECISION_HINTS)}, got {precision!r}"
+        ) from None
 
 
 def check_available(provider: str = "cpu", precision: str | None = None) -> None:
@@ -126,18 +129,25 @@ def check_available(provider: str = "cpu", precision: str | None = None) -> None
     hint = hint_for(precision or "f32")
     import_openvino()
     if provider not in ("cpu", "CPUExecutionProvider"):
-        raise BackendUnavailableError(f"the OpenVINO backend runs on the CPU only; provider {provider!r} is not possible")
+        raise BackendUnavailableError(
+            f"the OpenVINO backend runs on the CPU only; provider {provider!r} is not possible"
+        )
     if hint == "bf16" and not cpu_supports_bf16():
         caps = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         raise BackendUnavailableError(
             f"bf16 on OpenVINO needs a CPU with native bf16 (AVX512_BF16 or AMX); this CPU reports {caps}. "
-            "Run fp32 (the default backend, ONNX Runtime) instead")
+            "Run fp32 (the default backend, ONNX Runtime) instead"
+        )
 
 
 def compile_config(precision: str, threads: int | None = None) -> dict[str, str | int]:
     """The CPU plugin properties of one compiled graph (see the module docstring for each)."""
-    cfg: dict[str, str | int] = {"INFERENCE_PRECISION_HINT": hint_for(precision), "PERFORMANCE_HINT": "LATENCY",
-           "EXECUTION_MODE_HINT": "PERFORMANCE", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+    cfg: dict[str, str | int] = {
+        "INFERENCE_PRECISION_HINT": hint_for(precision),
+        "PERFORMANCE_HINT": "LATENCY",
+        "EXECUTION_MODE_HINT": "PERFORMANCE",
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+    }
     if threads:
         cfg["INFERENCE_NUM_THREADS"] = int(threads)
     return cfg
@@ -232,8 +242,14 @@ def runtime_layers(compiled: Any) -> list[dict[str, str]]:
         def get(k: str) -> str:
             return str(rt[k].astype(str)) if k in rt else ""
 
-        out.append({"type": get("layerType"), "precision": get("runtimePrecision"),
-                    "outputs": get("outputPrecisions"), "names": get("originalLayersNames")})
+        out.append(
+            {
+                "type": get("layerType"),
+                "precision": get("runtimePrecision"),
+                "outputs": get("outputPrecisions"),
+                "names": get("originalLayersNames"),
+            }
+        )
     return out
 
 
@@ -257,13 +273,15 @@ def check_runtime_precision(layers: list[dict[str, str]], hint: str, what: str) 
         if bad:
             raise BackendUnavailableError(
                 f"{what}: OpenVINO compiled {len(bad)} nodes in bf16 although f32 was asked "
-                f"(first: {bad[0]['type']} {bad[0]['names'][:80]})")
+                f"(first: {bad[0]['type']} {bad[0]['names'][:80]})"
+            )
         return
     mm = [x for x in layers if x["type"] in MATMUL_LAYER_TYPES]
     if mm and not any(x["precision"] == "bf16" for x in mm):
         raise BackendUnavailableError(
             f"{what}: OpenVINO compiled no matrix multiplication in bf16 although bf16 was asked "
-            f"({precision_counts(layers)}); this CPU or openvino build does not run bf16")
+            f"({precision_counts(layers)}); this CPU or openvino build does not run bf16"
+        )
 
 
 class _CompiledSegment:
@@ -274,8 +292,9 @@ class _CompiledSegment:
         self.output_names = [o.get_any_name() for o in compiled.outputs]
         self.hint = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # in effect: "f32" / "bf16"
         if self.hint != seg.precision:
-            raise BackendUnavailableError(f"{what}: OpenVINO compiled with inference precision {self.hint}, "
-                                          f"not the {seg.precision} asked")
+            raise BackendUnavailableError(
+                f"{what}: OpenVINO compiled with inference precision {self.hint}, not the {seg.precision} asked"
+            )
         self.layers = runtime_layers(compiled)
         check_runtime_precision(self.layers, seg.precision, what)
 
@@ -308,9 +327,16 @@ class OpenVINORunner:
 
     backend = "openvino"
 
-    def __init__(self, path: str | Path, name: str, precision: str = "f32", threads: int | None = None,
-                 units: dict[str, Any] | None = None, keep_fp32: Sequence[str] = (),
-                 segments: Sequence[Segment] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        name: str,
+        precision: str = "f32",
+        threads: int | None = None,
+        units: dict[str, Any] | None = None,
+        keep_fp32: Sequence[str] = (),
+        segments: Sequence[Segment] | None = None,
+    ) -> None:
         hint = hint_for(precision)
         if keep_fp32 and units is None:
             raise ValueError("keep_fp32 needs the graph's unit table (units=)")
@@ -331,8 +357,10 @@ class OpenVINORunner:
             # A boundary that is not the only path between its two sides would pull earlier layers
             # into a later segment (computed twice, in the wrong precision): count the MatMuls.
             if sum(_matmul_count(p) for p in parts) != _matmul_count(model):
-                raise BundleError(f"graph {name!r}: segment boundaries {[s.end for s in self.segments[:-1]]} do not "
-                                  "cut it into disjoint parts (a layer's residual stream is not its only link)")
+                raise BundleError(
+                    f"graph {name!r}: segment boundaries {[s.end for s in self.segments[:-1]]} do not "
+                    "cut it into disjoint parts (a layer's residual stream is not its only link)"
+                )
         self._compiled: list[_CompiledSegment] = []
         for s, part in zip(self.segments, parts):
             compiled = c.compile_model(part, "CPU", compile_config(s.precision, threads))
@@ -344,8 +372,17 @@ class OpenVINORunner:
     def runtime_summary(self) -> list[dict[str, Any]]:
         """Per segment: precision asked, ``INFERENCE_PRECISION_HINT`` in effect, boundaries, units and
         the runtime model's ``{"<layerType>:<runtimePrecision>": count}``."""
-        return [{"precision": cs.segment.precision, "hint": cs.hint, "start": cs.segment.start, "end": cs.segment.end,
-                 "units": list(cs.segment.units), "runtime": precision_counts(cs.layers)} for cs in self._compiled]
+        return [
+            {
+                "precision": cs.segment.precision,
+                "hint": cs.hint,
+                "start": cs.segment.start,
+                "end": cs.segment.end,
+                "units": list(cs.segment.units),
+                "runtime": precision_counts(cs.layers),
+            }
+            for cs in self._compiled
+        ]
 
     def _requests(self) -> list[Any]:
         reqs = getattr(self._local, "requests", None)
@@ -375,8 +412,10 @@ class OpenVINORunner:
             BackendUnavailableError: a GPU token device.
         """
         if getattr(device, "ort_device_type", None) != "cpu":
-            raise BackendUnavailableError(f"graph {self.name!r} runs on OpenVINO's CPU plugin; it cannot use "
-                                          f"{getattr(device, 'name', device)} memory")
+            raise BackendUnavailableError(
+                f"graph {self.name!r} runs on OpenVINO's CPU plugin; it cannot use "
+                f"{getattr(device, 'name', device)} memory"
+            )
         out = self.run({k: np.asarray(device.to_host(v) if device.is_device_array(v) else v) for k, v in feeds.items()})
         return {k: device.from_host(v) for k, v in out.items()}
 
@@ -387,9 +426,16 @@ def certificate(manifest: dict[str, Any]) -> dict[str, Any] | None:
     return rec if rec.get("mode") == BF16_CPU_MODE else None
 
 
-def load_runner(bundle: BundleView, graph: str, *, provider: str = "cpu", precision: str | None = None,
-                intra_op_threads: int | None = None, variant: str = "portable",
-                options: Mapping[str, Any] | None = None) -> OpenVINORunner:
+def load_runner(
+    bundle: BundleView,
+    graph: str,
+    *,
+    provider: str = "cpu",
+    precision: str | None = None,
+    intra_op_threads: int | None = None,
+    variant: str = "portable",
+    options: Mapping[str, Any] | None = None,
+) -> OpenVINORunner:
     """An :class:`OpenVINORunner` for one of a bundle's graphs.
 
     Precision: ``None`` is the bundle's own: bf16 for a ``bf16-cpu`` bundle (its certified graphs in
@@ -407,13 +453,16 @@ def load_runner(bundle: BundleView, graph: str, *, provider: str = "cpu", precis
     cert = certificate(bundle.manifest)
     mode = (bundle.manifest.get("precision") or {}).get("mode", "fp32")
     if cert is None and mode != "fp32":
-        raise BackendUnavailableError(f"bundle {bundle.path} holds {mode} graphs; the OpenVINO backend runs an "
-                                      "fp32 bundle (in f32, or in bf16 once certified: masc-export --precision bf16-cpu)")
+        raise BackendUnavailableError(
+            f"bundle {bundle.path} holds {mode} graphs; the OpenVINO backend runs an "
+            "fp32 bundle (in f32, or in bf16 once certified: masc-export --precision bf16-cpu)"
+        )
     want = hint_for(precision) if precision is not None else ("bf16" if cert else "f32")
     if want == "bf16" and cert is None:
         raise BackendUnavailableError(
             f"bundle {bundle.path} is not certified for bf16 on the CPU: export it with masc-export --precision "
-            "bf16-cpu (scores the gates against fp32 and keeps in fp32 the layers that need it), or run fp32")
+            "bf16-cpu (scores the gates against fp32 and keeps in fp32 the layers that need it), or run fp32"
+        )
     units: dict[str, Any] | None = None
     keep: Sequence[str] = ()
     hint = "f32"
@@ -421,11 +470,13 @@ def load_runner(bundle: BundleView, graph: str, *, provider: str = "cpu", precis
         openvino = import_openvino()
 
         if cert.get("openvino") and cert["openvino"] != openvino.__version__:
-            warnings.warn(f"bundle {bundle.path} was certified for bf16 with openvino {cert['openvino']}; this is "
-                          f"{openvino.__version__}, whose kernels may round differently (re-certify to be sure)",
-                          UserWarning, stacklevel=2)
+            warnings.warn(
+                f"bundle {bundle.path} was certified for bf16 with openvino {cert['openvino']}; this is "
+                f"{openvino.__version__}, whose kernels may round differently (re-certify to be sure)",
+                UserWarning,
+                stacklevel=2,
+            )
         if graph in cert.get("graphs", ()):
             hint, units = "bf16", cert["units"][graph]
             keep = [u for u in cert.get("keep_fp32", ()) if u in units["names"]]
-    return OpenVINORunner(bundle.graph_file(graph), graph, hint, threads=intra_op_threads, units=units,
-                          keep_fp32=keep)
+    return OpenVINORunner(bundle.graph_file(graph), graph, hint, threads=intra_op_threads, units=units, keep_fp32=keep)

@@ -34,9 +34,17 @@ class BackendModule(Protocol):
         """Raise :class:`~masc_engine.errors.BackendUnavailableError` unless the backend can run."""
 
     # bundle: an engine/bundle.py Bundle (not imported here: bundle.py imports this registry).
-    def load_runner(self, bundle: Any, graph: str, *, provider: str, precision: str | None = None,
-                    intra_op_threads: int | None = None, variant: str = "portable",
-                    options: Mapping[str, Any] | None = None) -> Runner:
+    def load_runner(
+        self,
+        bundle: Any,
+        graph: str,
+        *,
+        provider: str,
+        precision: str | None = None,
+        intra_op_threads: int | None = None,
+        variant: str = "portable",
+        options: Mapping[str, Any] | None = None,
+    ) -> Runner:
         """A runner for ``graph`` of ``bundle``."""
 
 
@@ -88,13 +96,27 @@ class BackendSpec:
         """
         self._module().check_available(provider=provider or self.default_provider, precision=precision)
 
-    def load_runner(self, bundle: Any, graph: str, *, provider: str | None = None, precision: str | None = None,
-                    intra_op_threads: int | None = None, variant: str = "portable",
-                    options: Mapping[str, Any] | None = None) -> Runner:
+    def load_runner(
+        self,
+        bundle: Any,
+        graph: str,
+        *,
+        provider: str | None = None,
+        precision: str | None = None,
+        intra_op_threads: int | None = None,
+        variant: str = "portable",
+        options: Mapping[str, Any] | None = None,
+    ) -> Runner:
         """A runner for ``graph`` of ``bundle`` on this backend (see the module's ``load_runner``)."""
-        return self._module().load_runner(bundle, graph, provider=provider or self.default_provider,
-                                          precision=precision, intra_op_threads=intra_op_threads,
-                                          variant=variant, options=self.resolve_options(options))
+        return self._module().load_runner(
+            bundle,
+            graph,
+            provider=provider or self.default_provider,
+            precision=precision,
+            intra_op_threads=intra_op_threads,
+            variant=variant,
+            options=self.resolve_options(options),
+        )
 
     def is_gpu(self, provider: str | None = None) -> bool:
         """Whether this backend computes on a CUDA GPU with ``provider`` (default: its own)."""
@@ -120,22 +142,35 @@ class BackendSpec:
         for name, opt in mine.items():
             value = options.get(name, opt.choices[0])
             if value not in opt.choices:
-                raise ValueError(f"backend {self.name!r}: {name} must be one of {', '.join(map(str, opt.choices))}, "
-                                 f"got {value!r}")
+                raise ValueError(
+                    f"backend {self.name!r}: {name} must be one of {', '.join(map(str, opt.choices))}, got {value!r}"
+                )
             out[name] = value
         return MappingProxyType(out)
 
 
 _SPECS = (
-    BackendSpec("onnxruntime", "masc_engine.engine.backends.onnxruntime", "cpu",
-                gpu_providers=("cuda", "CUDAExecutionProvider"),
-                options=(BackendOption(
-                    "ort_memory", ("lean", "arena"),
-                    "ONNX Runtime CPU memory: lean (no CPU arena, no memory patterns: memory is weights + the batch "
-                    "in flight) or arena (ONNX Runtime's defaults; keeps its high-water mark)."),),
-                variants=("ort-cpu",)),
-    BackendSpec("tensorrt", "masc_engine.engine.backends.tensorrt", "cuda",
-                gpu_providers=("cuda", "cuda:0", "CUDAExecutionProvider")),
+    BackendSpec(
+        "onnxruntime",
+        "masc_engine.engine.backends.onnxruntime",
+        "cpu",
+        gpu_providers=("cuda", "CUDAExecutionProvider"),
+        options=(
+            BackendOption(
+                "ort_memory",
+                ("lean", "arena"),
+                "ONNX Runtime CPU memory: lean (no CPU arena, no memory patterns: memory is weights + the batch "
+                "in flight) or arena (ONNX Runtime's defaults; keeps its high-water mark).",
+            ),
+        ),
+        variants=("ort-cpu",),
+    ),
+    BackendSpec(
+        "tensorrt",
+        "masc_engine.engine.backends.tensorrt",
+        "cuda",
+        gpu_providers=("cuda", "cuda:0", "CUDAExecutionProvider"),
+    ),
     BackendSpec("openvino", "masc_engine.engine.backends.openvino", "cpu"),
 )
 

@@ -73,6 +73,7 @@ import numpy as np
 from ...errors import BackendUnavailableError, DeviceMemoryError, EngineCompatibilityError
 from ..device import ArrayDevice, CupyDevice, DeviceArray, Event, PinnedStaging, Stream
 from . import trt_profiles as tp
+
 # trt_build's and trt_device's public names, re-exported (importable from the backend's module).
 from .trt_build import EngineBuildError as EngineBuildError
 from .trt_build import build_engine as build_engine
@@ -114,8 +115,9 @@ class _InFlight:
     """A queued execution: its slot, device outputs, pinned host outputs (or None), the event
     recorded after its last copy, and its inputs (kept alive until it is done)."""
 
-    def __init__(self, slot: _Slot, outs: Arrays, pinned: dict[str, np.ndarray] | None, event: Event,
-                 inputs: object) -> None:
+    def __init__(
+        self, slot: _Slot, outs: Arrays, pinned: dict[str, np.ndarray] | None, event: Event, inputs: object
+    ) -> None:
         self.slot, self.outs, self.pinned, self.event, self.inputs = slot, outs, pinned, event, inputs
 
 
@@ -134,9 +136,17 @@ class TrtRunner:
 
     backend = "tensorrt"
 
-    def __init__(self, engine_path: str | Path, name: str, graph_entry: dict[str, Any], profile: tp.Profile,
-                 device: int = 0, need_bytes: int | None = None, bundle_dir: str | Path | None = None,
-                 precision: str | None = None) -> None:
+    def __init__(
+        self,
+        engine_path: str | Path,
+        name: str,
+        graph_entry: dict[str, Any],
+        profile: tp.Profile,
+        device: int = 0,
+        need_bytes: int | None = None,
+        bundle_dir: str | Path | None = None,
+        precision: str | None = None,
+    ) -> None:
         trt = import_tensorrt()
         self._trt = trt
         self.name = name
@@ -147,19 +157,29 @@ class TrtRunner:
         # on its own non-blocking stream, where its copies go too.
         self._dev = CupyDevice(device)
         if need_bytes is not None:  # refuse before the engine's weights are allocated
-            tp.check_fits(name, precision or "?", need_bytes, self._dev.mem_get_info()[0],
-                          getattr(self._dev, "name", "the GPU"), bundle_dir or Path(engine_path).parent.parent)
+            tp.check_fits(
+                name,
+                precision or "?",
+                need_bytes,
+                self._dev.mem_get_info()[0],
+                getattr(self._dev, "name", "the GPU"),
+                bundle_dir or Path(engine_path).parent.parent,
+            )
         self._stream = self._dev.new_stream()
         self._runtime = trt.Runtime(trt_logger(trt))
         self.engine = self._runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
         if self.engine is None:
-            raise EngineCompatibilityError(f"TensorRT {trt.__version__} could not deserialize {engine_path} "
-                                           "(built with another TensorRT version or for another GPU?)")
+            raise EngineCompatibilityError(
+                f"TensorRT {trt.__version__} could not deserialize {engine_path} "
+                "(built with another TensorRT version or for another GPU?)"
+            )
         self.context = self.engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
         if self.context is None:
-            raise DeviceMemoryError(f"TensorRT could not create an execution context for engine {name!r} "
-                                    f"(optimization profile 0, max shapes { {k: v['max'] for k, v in profile.items()} }, "
-                                    "user-managed memory)")
+            raise DeviceMemoryError(
+                f"TensorRT could not create an execution context for engine {name!r} "
+                f"(optimization profile 0, max shapes { {k: v['max'] for k, v in profile.items()} }, "
+                "user-managed memory)"
+            )
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
         self.input_names = [n for n in names if is_input[n]]
@@ -207,8 +227,9 @@ class TrtRunner:
             raise BackendUnavailableError(f"TensorRT engines cannot use {device.name} memory")
         return self._split(feeds, to_host=False)
 
-    def run_pipelined(self, batches: Iterable[Any], prepare: Callable[[Any], Mapping[str, Any]] | None = None,
-                      in_flight: int = 2) -> list[Arrays]:
+    def run_pipelined(
+        self, batches: Iterable[Any], prepare: Callable[[Any], Mapping[str, Any]] | None = None, in_flight: int = 2
+    ) -> list[Arrays]:
         """``[run(prepare(b)) for b in batches]`` with up to ``in_flight`` batches on the device at
         once, each on its own execution context, stream, context memory and pinned buffers.
 
@@ -230,11 +251,14 @@ class TrtRunner:
         with self._lock:
             for i, item in enumerate(batches):
                 feeds = prepare(item) if prepare is not None else item
-                runs = tp.plan_batches(self.name, self.graph_entry, {k: tuple(v.shape) for k, v in feeds.items()},
-                                       self.profile)
+                runs = tp.plan_batches(
+                    self.name, self.graph_entry, {k: tuple(v.shape) for k, v in feeds.items()}, self.profile
+                )
                 if len(runs) != 1:
-                    raise ValueError(f"graph {self.name!r}: batch {i} needs {len(runs)} runs of the profile; "
-                                     "run_pipelined takes batches that fit one run")
+                    raise ValueError(
+                        f"graph {self.name!r}: batch {i} needs {len(runs)} runs of the profile; "
+                        "run_pipelined takes batches that fit one run"
+                    )
                 if len(pending) >= in_flight:
                     results.append(self._finish(pending.pop(0)))
                 slot = self._slot(i % in_flight)
@@ -249,8 +273,10 @@ class TrtRunner:
         while len(self._slots) <= i:
             ctx = self.engine.create_execution_context(self._trt.ExecutionContextAllocationStrategy.USER_MANAGED)
             if ctx is None:
-                raise DeviceMemoryError(f"TensorRT could not create execution context {len(self._slots)} for engine "
-                                        f"{self.name!r} (a second batch in flight)")
+                raise DeviceMemoryError(
+                    f"TensorRT could not create execution context {len(self._slots)} for engine "
+                    f"{self.name!r} (a second batch in flight)"
+                )
             self._slots.append(_Slot(ctx, self._dev.new_stream(), PinnedStaging(self._dev)))
         return self._slots[i]
 
@@ -275,7 +301,9 @@ class TrtRunner:
             x = feeds[k]
             if dev.is_device_array(x):
                 if np.dtype(x.dtype) != self._dtypes[k]:  # as OrtRunner.run_device: no silent cast
-                    raise TypeError(f"TensorRT engine {self.name!r}: input {k} must be {self._dtypes[k]}, got {x.dtype}")
+                    raise TypeError(
+                        f"TensorRT engine {self.name!r}: input {k} must be {self._dtypes[k]}, got {x.dtype}"
+                    )
                 bufs[k] = dev.contiguous(x)
             else:
                 host[k] = slot.staging.stage(k, np.ascontiguousarray(x, dtype=self._dtypes[k]))
@@ -315,11 +343,14 @@ class TrtRunner:
         """Bind every input and output by address and queue the engine on ``stream``."""
         for k, x in [*bufs.items(), *outs.items()]:
             if not ctx.set_tensor_address(k, self._dev.ptr(x)):
-                raise TensorRTCallError(f"TensorRT engine {self.name!r}: set_tensor_address({k!r}) failed for "
-                                        f"shape {tuple(x.shape)}")
+                raise TensorRTCallError(
+                    f"TensorRT engine {self.name!r}: set_tensor_address({k!r}) failed for shape {tuple(x.shape)}"
+                )
         if not ctx.execute_async_v3(stream.ptr):
-            raise TensorRTCallError(f"TensorRT execution of {self.name!r} failed (input shapes "
-                                    f"{ {k: tuple(v.shape) for k, v in bufs.items()} })")
+            raise TensorRTCallError(
+                f"TensorRT execution of {self.name!r} failed (input shapes "
+                f"{ {k: tuple(v.shape) for k, v in bufs.items()} })"
+            )
 
     def _finish(self, job: _InFlight) -> Arrays:
         """Wait for a queued execution's event, then hand its outputs over (host copies out of the
@@ -334,17 +365,21 @@ class TrtRunner:
         for k in self.input_names:
             shape = tuple(int(n) for n in bufs[k].shape)
             if not ctx.set_input_shape(k, shape):
-                raise TensorRTCallError(f"TensorRT engine {self.name!r}: set_input_shape({k!r}, {shape}) failed "
-                                        "(shape outside the engine's optimization profile?)")
+                raise TensorRTCallError(
+                    f"TensorRT engine {self.name!r}: set_input_shape({k!r}, {shape}) failed "
+                    "(shape outside the engine's optimization profile?)"
+                )
 
     def _output_shapes(self, ctx: "trt.IExecutionContext") -> dict[str, tuple[int, ...]]:
         shapes: dict[str, tuple[int, ...]] = {}
         for k in self.output_names:
             shape = tuple(int(n) for n in ctx.get_tensor_shape(k))
             if any(n < 0 for n in shape):
-                raise TensorRTCallError(f"TensorRT engine {self.name!r}: output {k!r} has shape {shape} after the "
-                                        "input shapes were set (-1: a data-dependent dimension), so it cannot be "
-                                        "allocated; the bundle's graphs have none")
+                raise TensorRTCallError(
+                    f"TensorRT engine {self.name!r}: output {k!r} has shape {shape} after the "
+                    "input shapes were set (-1: a data-dependent dimension), so it cannot be "
+                    "allocated; the bundle's graphs have none"
+                )
             shapes[k] = shape
         return shapes
 
@@ -355,16 +390,20 @@ class TrtRunner:
         size = int(ctx.update_device_memory_size_for_shapes())
         shapes = {k: tuple(v.shape) for k, v in bufs.items()}
         if size <= 0:  # the binding reports failure with 0 (and an engine always needs some activation memory)
-            raise TensorRTCallError(f"TensorRT engine {self.name!r}: update_device_memory_size_for_shapes() returned "
-                                    f"{size} (failure) for input shapes {shapes}")
+            raise TensorRTCallError(
+                f"TensorRT engine {self.name!r}: update_device_memory_size_for_shapes() returned "
+                f"{size} (failure) for input shapes {shapes}"
+            )
         if slot.scratch is None or slot.scratch.nbytes < size:
             slot.scratch = None  # release the smaller buffer before asking for the larger one
             try:
                 slot.scratch = self._dev.empty((size,), np.uint8)
             except Exception as e:  # noqa: BLE001 - CuPy raises OutOfMemoryError
                 free = self._dev.mem_get_info()[0]
-                raise DeviceMemoryError(f"TensorRT engine {self.name!r} needs {size / tp.GIB:.2f} GiB of context "
-                                        f"memory for input shapes {shapes}; {free / tp.GIB:.2f} GiB are free ({e})") from e
+                raise DeviceMemoryError(
+                    f"TensorRT engine {self.name!r} needs {size / tp.GIB:.2f} GiB of context "
+                    f"memory for input shapes {shapes}; {free / tp.GIB:.2f} GiB are free ({e})"
+                ) from e
         ctx.set_device_memory(self._dev.ptr(slot.scratch), int(slot.scratch.nbytes))
 
 
@@ -381,13 +420,22 @@ def check_available(provider: str = "cuda", precision: str | None = None) -> Non
 
 def _check_provider(provider: str) -> None:
     if provider not in ("cuda", "cuda:0", "CUDAExecutionProvider"):
-        raise BackendUnavailableError(f"the TensorRT backend runs on CUDA GPUs only; provider {provider!r} "
-                                      "is not possible (use provider='cuda', or backend='onnxruntime')")
+        raise BackendUnavailableError(
+            f"the TensorRT backend runs on CUDA GPUs only; provider {provider!r} "
+            "is not possible (use provider='cuda', or backend='onnxruntime')"
+        )
 
 
-def load_runner(bundle: BundleView, graph: str, *, provider: str = "cuda", precision: str | None = None,
-                intra_op_threads: int | None = None, variant: str = "portable",
-                options: Mapping[str, Any] | None = None) -> TrtRunner:
+def load_runner(
+    bundle: BundleView,
+    graph: str,
+    *,
+    provider: str = "cuda",
+    precision: str | None = None,
+    intra_op_threads: int | None = None,
+    variant: str = "portable",
+    options: Mapping[str, Any] | None = None,
+) -> TrtRunner:
     """A :class:`TrtRunner` for one graph of a bundle's engine set, after every check.
 
     Order: TensorRT importable (else :class:`BackendUnavailableError` naming what to install);
@@ -406,17 +454,21 @@ def load_runner(bundle: BundleView, graph: str, *, provider: str = "cuda", preci
     if precision is None:
         have = tp.available_precisions(bundle.path)
         if len(have) != 1:
-            raise BundleError(f"bundle {bundle.path}: choose the TensorRT precision explicitly "
-                              f"(engine sets present: {have or 'none'}; build one with "
-                              f"{tp.rebuild_command(bundle.path, 'fp16')})")
+            raise BundleError(
+                f"bundle {bundle.path}: choose the TensorRT precision explicitly "
+                f"(engine sets present: {have or 'none'}; build one with "
+                f"{tp.rebuild_command(bundle.path, 'fp16')})"
+            )
         precision = have[0]
     sidecar = tp.read_sidecar(bundle.path, precision)
     tp.check_compatible(sidecar, current_device_info(), bundle.path, precision)
     tp.check_onnx_unchanged(sidecar, bundle.manifest, bundle.path, precision)
     entry = sidecar["engines"].get(graph)
     if entry is None:
-        raise BundleError(f"bundle {bundle.path}: the TensorRT {precision} engine set has no {graph!r} engine; "
-                          f"rebuild: {tp.rebuild_command(bundle.path, precision)}")
+        raise BundleError(
+            f"bundle {bundle.path}: the TensorRT {precision} engine set has no {graph!r} engine; "
+            f"rebuild: {tp.rebuild_command(bundle.path, precision)}"
+        )
     path = bundle.path / tp.engine_dir_name(precision) / entry["file"]
     if not path.is_file() or sha256_file(path) != entry["sha256"]:
         raise BundleError(f"{path} is missing or modified; rebuild: {tp.rebuild_command(bundle.path, precision)}")
@@ -427,8 +479,15 @@ def load_runner(bundle: BundleView, graph: str, *, provider: str = "cuda", preci
     tp.check_fits(graph, precision, need, free, name, bundle.path)
     key = (str(Path(bundle.path).resolve()), precision)
     check_bundle_fits(bundle.path, precision, sidecar, [r for r in list(_LIVE) if r.bundle_key == key], free, name)
-    runner = TrtRunner(path, graph, bundle.graph(graph), entry["profiles"][0], need_bytes=need,
-                       bundle_dir=bundle.path, precision=precision)
+    runner = TrtRunner(
+        path,
+        graph,
+        bundle.graph(graph),
+        entry["profiles"][0],
+        need_bytes=need,
+        bundle_dir=bundle.path,
+        precision=precision,
+    )
     runner.bundle_key = key
     _LIVE.add(runner)
     return runner
@@ -438,8 +497,9 @@ def load_runner(bundle: BundleView, graph: str, *, provider: str = "cuda", preci
 _LIVE: "weakref.WeakSet[TrtRunner]" = weakref.WeakSet()
 
 
-def check_bundle_fits(bundle_dir: Path, precision: str, sidecar: dict[str, Any], live: list[TrtRunner], free_bytes: int,
-                      device_name: str) -> None:
+def check_bundle_fits(
+    bundle_dir: Path, precision: str, sidecar: dict[str, Any], live: list[TrtRunner], free_bytes: int, device_name: str
+) -> None:
     """Refuse a load when the engines of the set still to come would not fit the free memory.
 
     What is still to come: every engine of ``engines.json`` that no open runner of this set holds
@@ -453,15 +513,18 @@ def check_bundle_fits(bundle_dir: Path, precision: str, sidecar: dict[str, Any],
             rebuild command.
     """
     folder = Path(bundle_dir) / tp.engine_dir_name(precision)
-    sizes = {g: (folder / e["file"]).stat().st_size if (folder / e["file"]).is_file() else 0  # checked at its own load
-             for g, e in sidecar["engines"].items()}
+    sizes = {
+        g: (folder / e["file"]).stat().st_size if (folder / e["file"]).is_file() else 0  # checked at its own load
+        for g, e in sidecar["engines"].items()
+    }
     need = {g: tp.engine_need_bytes(e, sizes[g]) for g, e in sidecar["engines"].items()}
     open_ = [r for r in live if r.context is not None and r.name in need]
     held = {r.name for r in open_}
     parts = {g: n for g, n in need.items() if g not in held}
     for r in open_:
-        parts[f"{r.name} (growth)"] = parts.get(f"{r.name} (growth)", 0) + max(0, need[r.name] - sizes[r.name]
-                                                                               - r.device_memory_bytes)
+        parts[f"{r.name} (growth)"] = parts.get(f"{r.name} (growth)", 0) + max(
+            0, need[r.name] - sizes[r.name] - r.device_memory_bytes
+        )
     total = sum(parts.values())
     if total > free_bytes:
         each = ", ".join(f"{g} {n / tp.GIB:.2f}" for g, n in parts.items())
@@ -469,4 +532,5 @@ def check_bundle_fits(bundle_dir: Path, precision: str, sidecar: dict[str, Any],
             f"TensorRT {precision} engines of {bundle_dir} need up to {total / tp.GIB:.2f} GiB of device memory "
             f"together at their profile maxima ({each} GiB; engines.json memory plan, text engine included), "
             f"{device_name} has {free_bytes / tp.GIB:.2f} GiB free; rebuild for this GPU's memory: "
-            f"{tp.rebuild_command(bundle_dir, precision)} --gpu-memory-budget {max(0.1, free_bytes / tp.GIB * 0.8):.1f}")
+            f"{tp.rebuild_command(bundle_dir, precision)} --gpu-memory-budget {max(0.1, free_bytes / tp.GIB * 0.8):.1f}"
+        )

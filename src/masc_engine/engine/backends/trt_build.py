@@ -26,8 +26,14 @@ from typing import TYPE_CHECKING, Any
 from ...errors import BackendUnavailableError
 from . import trt_profiles as tp
 from .trt_profiles import Profile
-from .trt_device import (TensorRTCallError, current_device_info, default_timing_cache, device_memory_info,
-                         import_tensorrt, trt_logger)
+from .trt_device import (
+    TensorRTCallError,
+    current_device_info,
+    default_timing_cache,
+    device_memory_info,
+    import_tensorrt,
+    trt_logger,
+)
 
 #: The backend's logger (engine/backends/tensorrt.py's name: build lines keep the name they had).
 logger = logging.getLogger(__package__ + ".tensorrt")
@@ -49,8 +55,9 @@ def network_flags(trt: Any) -> int:
     return 0 if flag is None else 1 << int(flag)
 
 
-def _parse(trt: Any, builder: "trt.Builder", onnx_path: Path,
-           graph: str) -> "tuple[trt.INetworkDefinition, trt.OnnxParser]":
+def _parse(
+    trt: Any, builder: "trt.Builder", onnx_path: Path, graph: str
+) -> "tuple[trt.INetworkDefinition, trt.OnnxParser]":
     """``(network, parser)``: the network TensorRT's ONNX parser makes of a graph (the parser is
     returned so that it outlives the network it filled, as TensorRT requires). unverified on a GPU.
 
@@ -75,7 +82,9 @@ def _parser_error(err: "trt.ParserError") -> str:
         return str(err)
 
 
-def _add_profiles(trt: Any, builder: "trt.Builder", config: "trt.IBuilderConfig", profiles: list[Profile], graph: str) -> None:
+def _add_profiles(
+    trt: Any, builder: "trt.Builder", config: "trt.IBuilderConfig", profiles: list[Profile], graph: str
+) -> None:
     """One optimization profile per entry of ``profiles``, each checked where TensorRT reports a
     refusal: ``set_shape`` raises on min > opt or opt > max, ``add_optimization_profile`` returns
     -1 for a profile the network does not accept. unverified on a GPU.
@@ -91,12 +100,16 @@ def _add_profiles(trt: Any, builder: "trt.Builder", config: "trt.IBuilderConfig"
             try:
                 profile.set_shape(name, s["min"], s["opt"], s["max"])
             except (RuntimeError, ValueError, TypeError) as e:
-                raise EngineBuildError(f"engine {graph!r}, optimization profile {i}: TensorRT refused input {name!r} "
-                                       f"min {s['min']} opt {s['opt']} max {s['max']} ({e})") from e
+                raise EngineBuildError(
+                    f"engine {graph!r}, optimization profile {i}: TensorRT refused input {name!r} "
+                    f"min {s['min']} opt {s['opt']} max {s['max']} ({e})"
+                ) from e
         if config.add_optimization_profile(profile) < 0:
-            raise EngineBuildError(f"engine {graph!r}: TensorRT refused optimization profile {i} "
-                                   f"({ {k: v['max'] for k, v in shapes.items()} } at max; every dynamic input needs "
-                                   "min <= opt <= max within its fixed dimensions)")
+            raise EngineBuildError(
+                f"engine {graph!r}: TensorRT refused optimization profile {i} "
+                f"({ {k: v['max'] for k, v in shapes.items()} } at max; every dynamic input needs "
+                "min <= opt <= max within its fixed dimensions)"
+            )
 
 
 def _builder_config(trt: Any, builder: "trt.Builder", graph: str, workspace_gib: float) -> "trt.IBuilderConfig":
@@ -127,8 +140,10 @@ def _use_timing_cache(config: "trt.IBuilderConfig", timing_cache: Path | None) -
     blob = timing_cache.read_bytes() if timing_cache.is_file() else b""
     cache = config.create_timing_cache(blob)
     if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
-        raise TensorRTCallError(f"TensorRT refused the timing cache {timing_cache} (another TensorRT version "
-                                "or GPU?); delete it or pass --timing-cache with a new path")
+        raise TensorRTCallError(
+            f"TensorRT refused the timing cache {timing_cache} (another TensorRT version "
+            "or GPU?); delete it or pass --timing-cache with a new path"
+        )
     return cache
 
 
@@ -146,7 +161,9 @@ def _measured_device_memory(trt: Any, data: bytes, graph: str, profiles: list[Pr
     engine = runtime.deserialize_cuda_engine(data)
     if engine is None:
         raise EngineBuildError(f"TensorRT could not deserialize the engine it just built for {graph!r}")
-    per_profile = [int(engine.get_device_memory_size_for_profile_v2(i)) for i in range(engine.num_optimization_profiles)]
+    per_profile = [
+        int(engine.get_device_memory_size_for_profile_v2(i)) for i in range(engine.num_optimization_profiles)
+    ]
     ctx = engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
     if ctx is None:
         raise EngineBuildError(f"TensorRT could not create a user-managed context for engine {graph!r}")
@@ -154,19 +171,28 @@ def _measured_device_memory(trt: Any, data: bytes, graph: str, profiles: list[Pr
     for point in ("min", "opt"):
         for name, s in profiles[0].items():
             if not ctx.set_input_shape(name, tuple(s[point])):
-                raise EngineBuildError(f"engine {graph!r}: set_input_shape({name!r}, {s[point]}) failed at the profile's "
-                                       f"{point} shapes")
+                raise EngineBuildError(
+                    f"engine {graph!r}: set_input_shape({name!r}, {s[point]}) failed at the profile's {point} shapes"
+                )
         size = int(ctx.update_device_memory_size_for_shapes())
         if size <= 0:
-            raise EngineBuildError(f"engine {graph!r}: update_device_memory_size_for_shapes() returned {size} (failure) "
-                                   f"at the profile's {point} shapes")
+            raise EngineBuildError(
+                f"engine {graph!r}: update_device_memory_size_for_shapes() returned {size} (failure) "
+                f"at the profile's {point} shapes"
+            )
         following[point] = size
     return {"device_memory_bytes": per_profile, "shape_following_bytes": following}
 
 
-def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
-                 profiles: list[Profile], timing_cache: str | Path | None = None,
-                 workspace_gib: float = 8.0, graph: str | None = None) -> dict[str, Any]:
+def build_engine(
+    onnx_path: str | Path,
+    engine_path: str | Path,
+    precision: str,
+    profiles: list[Profile],
+    timing_cache: str | Path | None = None,
+    workspace_gib: float = 8.0,
+    graph: str | None = None,
+) -> dict[str, Any]:
     """Build one serialized engine from an ONNX graph, as a strongly typed network.
 
     unverified on a GPU: never run with TensorRT.
@@ -213,9 +239,11 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
     cache = _use_timing_cache(config, timing_cache)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise EngineBuildError(f"TensorRT failed to build engine {graph!r} from {onnx_path} with profiles "
-                               f"{[{k: v['max'] for k, v in p.items()} for p in profiles]} at max and a "
-                               f"{workspace_gib:g} GiB workspace (TensorRT's log above says why)")
+        raise EngineBuildError(
+            f"TensorRT failed to build engine {graph!r} from {onnx_path} with profiles "
+            f"{[{k: v['max'] for k, v in p.items()} for p in profiles]} at max and a "
+            f"{workspace_gib:g} GiB workspace (TensorRT's log above says why)"
+        )
     engine_path = Path(engine_path)
     engine_path.parent.mkdir(parents=True, exist_ok=True)
     data = bytes(plan)
@@ -226,10 +254,17 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, precision: str,
         tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
         tmp.replace(timing_cache)
     secs = time.time() - t0
-    logger.info(f"built {engine_path.name} ({precision} graph, strongly typed, {network.num_layers} layers) in {secs:.1f}s")
-    return {"layers": int(network.num_layers), "seconds": round(secs, 1), "strongly_typed": True,
-            "sha256": hashlib.sha256(data).hexdigest(), "activation_resize": resize,
-            **_measured_device_memory(trt, data, graph, profiles)}
+    logger.info(
+        f"built {engine_path.name} ({precision} graph, strongly typed, {network.num_layers} layers) in {secs:.1f}s"
+    )
+    return {
+        "layers": int(network.num_layers),
+        "seconds": round(secs, 1),
+        "strongly_typed": True,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "activation_resize": resize,
+        **_measured_device_memory(trt, data, graph, profiles),
+    }
 
 
 def graph_weight_bytes(bundle_dir: Path, manifest: dict[str, Any], graph: str) -> int:
@@ -238,10 +273,16 @@ def graph_weight_bytes(bundle_dir: Path, manifest: dict[str, Any], graph: str) -
     return sum(p.stat().st_size for p in (f, f.with_name(f.name + ".data")) if p.is_file())
 
 
-def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batch: int = 16,
-                  max_outs_per_ref: int = 16, graphs: list[str] | None = None,
-                  timing_cache: str | Path | None = None, workspace_gib: float = 8.0,
-                  gpu_memory_budget: float | None = None) -> Path:
+def build_engines(
+    bundle_dir: str | Path,
+    precision: str | None = None,
+    max_batch: int = 16,
+    max_outs_per_ref: int = 16,
+    graphs: list[str] | None = None,
+    timing_cache: str | Path | None = None,
+    workspace_gib: float = 8.0,
+    gpu_memory_budget: float | None = None,
+) -> Path:
     """Build the engine set ``<bundle>/tensorrt-<precision>/`` for every graph of a bundle.
 
     Strongly typed: the engines' precision is the bundle's (``manifest["precision"]["mode"]``, set
@@ -267,18 +308,25 @@ def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batc
     info = current_device_info()
     major = int(str(info["compute_capability"]).split(".")[0])
     if precision == "bf16" and major < 8:
-        raise BackendUnavailableError(f"bf16 needs compute capability >= 8.0; {info['gpu_name']} is "
-                                      f"{info['compute_capability']}. Use --precision fp16.")
+        raise BackendUnavailableError(
+            f"bf16 needs compute capability >= 8.0; {info['gpu_name']} is "
+            f"{info['compute_capability']}. Use --precision fp16."
+        )
     graphs = graphs or list(manifest["graphs"])
     weights = {g: graph_weight_bytes(bundle_dir, manifest, g) for g in graphs}
     free, total = device_memory_info()
     budget = int(gpu_memory_budget * tp.GIB) if gpu_memory_budget else free
     ranges, plan = tp.choose_ranges(manifest, precision, weights, budget, max_batch, max_outs_per_ref, graphs)
-    plan["budget_source"] = (f"--gpu-memory-budget {gpu_memory_budget:g} GiB" if gpu_memory_budget else
-                             f"free device memory at build ({free / tp.GIB:.2f} of {total / tp.GIB:.2f} GiB)")
+    plan["budget_source"] = (
+        f"--gpu-memory-budget {gpu_memory_budget:g} GiB"
+        if gpu_memory_budget
+        else f"free device memory at build ({free / tp.GIB:.2f} of {total / tp.GIB:.2f} GiB)"
+    )
     if (plan["max_batch"], plan["max_outs_per_ref"]) != (max_batch, max_outs_per_ref):
-        logger.warning(f"profile maxima lowered to fit {budget / tp.GIB:.2f} GiB: --max-batch {plan['max_batch']}, "
-                       f"--max-outs-per-ref {plan['max_outs_per_ref']} (asked {max_batch}, {max_outs_per_ref})")
+        logger.warning(
+            f"profile maxima lowered to fit {budget / tp.GIB:.2f} GiB: --max-batch {plan['max_batch']}, "
+            f"--max-outs-per-ref {plan['max_outs_per_ref']} (asked {max_batch}, {max_outs_per_ref})"
+        )
     out = bundle_dir / tp.engine_dir_name(precision)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(timing_cache) if timing_cache else default_timing_cache(info)
@@ -286,24 +334,47 @@ def build_engines(bundle_dir: str | Path, precision: str | None = None, max_batc
     for graph in graphs:
         entry = manifest["graphs"][graph]
         shapes = tp.profile_shapes(entry, ranges)
-        facts = build_engine(bundle_dir / entry["file"], out / f"{graph}.engine", precision, [shapes],
-                             timing_cache=cache, workspace_gib=workspace_gib, graph=graph)
-        memory = {**plan["engines"][graph], "device_memory_bytes": facts.pop("device_memory_bytes"),
-                  "shape_following_bytes": facts.pop("shape_following_bytes"),
-                  "activation_resize": facts["activation_resize"]}
-        engines[graph] = {"file": f"{graph}.engine", "onnx_sha256": sha256_file(bundle_dir / entry["file"]),
-                          "profiles": [shapes], "memory": memory, **facts}
+        facts = build_engine(
+            bundle_dir / entry["file"],
+            out / f"{graph}.engine",
+            precision,
+            [shapes],
+            timing_cache=cache,
+            workspace_gib=workspace_gib,
+            graph=graph,
+        )
+        memory = {
+            **plan["engines"][graph],
+            "device_memory_bytes": facts.pop("device_memory_bytes"),
+            "shape_following_bytes": facts.pop("shape_following_bytes"),
+            "activation_resize": facts["activation_resize"],
+        }
+        engines[graph] = {
+            "file": f"{graph}.engine",
+            "onnx_sha256": sha256_file(bundle_dir / entry["file"]),
+            "profiles": [shapes],
+            "memory": memory,
+            **facts,
+        }
     plan["engines"] = {g: e["memory"] for g, e in engines.items()}
-    tp.write_sidecar(out, {
-        **info, "precision": precision, "engines": engines, "timing_cache": str(cache),
-        "network": "strongly typed (precision from the ONNX graphs)",
-        "precision_policy": manifest.get("precision", {}).get("policy"),
-        "axis_ranges": {k: v.to_list() for k, v in ranges.items()},
-        "memory_plan": {k: v for k, v in plan.items() if k != "engines"},
-        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    })
-    logger.info(f"TensorRT {precision} engines written: {out} (memory plan {plan['total_bytes'] / tp.GIB:.2f} GiB at the "
-                f"profile maxima, budget {budget / tp.GIB:.2f} GiB)")
+    tp.write_sidecar(
+        out,
+        {
+            **info,
+            "precision": precision,
+            "engines": engines,
+            "timing_cache": str(cache),
+            "network": "strongly typed (precision from the ONNX graphs)",
+            "precision_policy": manifest.get("precision", {}).get("policy"),
+            "axis_ranges": {k: v.to_list() for k, v in ranges.items()},
+            "memory_plan": {k: v for k, v in plan.items() if k != "engines"},
+            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    )
+    logger.info(
+        f"TensorRT {precision} engines written: {out} (memory plan {plan['total_bytes'] / tp.GIB:.2f} GiB at the "
+        f"profile maxima, budget {budget / tp.GIB:.2f} GiB)"
+    )
     return out
 
 
@@ -312,13 +383,15 @@ def _engine_precision(bundle_dir: Path, manifest: dict[str, Any], precision: str
 
     graph_precision = str(manifest.get("precision", {}).get("mode", "fp32"))
     if graph_precision not in tp.PRECISIONS:
-        raise BundleError(f"bundle {bundle_dir} holds {graph_precision} graphs, which TensorRT engines are not built "
-                          "from; export an fp32, fp16 or bf16 bundle")
+        raise BundleError(
+            f"bundle {bundle_dir} holds {graph_precision} graphs, which TensorRT engines are not built "
+            "from; export an fp32, fp16 or bf16 bundle"
+        )
     precision = precision or graph_precision
     if precision != graph_precision:
         raise BundleError(
             f"bundle {bundle_dir} holds {graph_precision} graphs; TensorRT builds strongly typed networks, so "
             f"{precision} engines need {precision} graphs: masc-export --model M --out B --precision {precision} "
-            f"--backend tensorrt")
+            f"--backend tensorrt"
+        )
     return precision
-

@@ -49,10 +49,12 @@ def trt_logger(trt: Any) -> "trt.Logger":
         return _LOGGER[1]
 
 
-INSTALL_HINT = ("the TensorRT backend needs NVIDIA TensorRT's Python package and a CUDA GPU: "
-                "pip install tensorrt (or tensorrt-cu13 / tensorrt-cu12 matching your CUDA major), plus "
-                "'cupy-cuda13x[ctk]' / 'cupy-cuda12x[ctk]' (the same CUDA major; docs/gpu.md) for device buffers; "
-                "or use --backend onnxruntime")
+INSTALL_HINT = (
+    "the TensorRT backend needs NVIDIA TensorRT's Python package and a CUDA GPU: "
+    "pip install tensorrt (or tensorrt-cu13 / tensorrt-cu12 matching your CUDA major), plus "
+    "'cupy-cuda13x[ctk]' / 'cupy-cuda12x[ctk]' (the same CUDA major; docs/gpu.md) for device buffers; "
+    "or use --backend onnxruntime"
+)
 
 
 def import_tensorrt() -> Any:
@@ -122,13 +124,18 @@ def _query_gpu(device: int) -> tuple[str, str]:
     import subprocess
 
     try:
-        out = subprocess.run(["nvidia-smi", f"--id={device}", "--query-gpu=name,compute_cap",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={device}", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         name, cc = [s.strip() for s in out.stdout.strip().split(",")[:2]]
         return name, cc
     except Exception as e:  # noqa: BLE001
-        raise BackendUnavailableError(f"no CUDA device {device} could be queried (cuda-python, cupy, torch, "
-                                      f"nvidia-smi all failed: {e})") from e
+        raise BackendUnavailableError(
+            f"no CUDA device {device} could be queried (cuda-python, cupy, torch, nvidia-smi all failed: {e})"
+        ) from e
 
 
 def device_memory_info(device: int = 0) -> tuple[int, int]:
@@ -150,8 +157,9 @@ def device_memory_info(device: int = 0) -> tuple[int, int]:
     try:
         return CupyDevice(device).mem_get_info()
     except Exception as e:  # noqa: BLE001
-        raise BackendUnavailableError(f"the free memory of CUDA device {device} could not be read "
-                                      f"(cuda-python, cupy): {e}") from e
+        raise BackendUnavailableError(
+            f"the free memory of CUDA device {device} could not be read (cuda-python, cupy): {e}"
+        ) from e
 
 
 def default_timing_cache(info: dict[str, str]) -> Path:
@@ -159,6 +167,7 @@ def default_timing_cache(info: dict[str, str]) -> Path:
     machine (all bundles and precisions), since a timing cache is specific to the GPU and the
     TensorRT version."""
     from ..cache_root import cache_root  # the one root (engine/cache_root.py)
+
     root = cache_root()
     cc = str(info["compute_capability"]).replace(".", "")
     return root / "tensorrt" / f"timing-trt{info['tensorrt_version']}-sm{cc}.cache"

@@ -68,15 +68,24 @@ class AxisRange:
         return [self.min, self.opt, self.max]
 
 
-def default_axis_ranges(manifest: Mapping[str, Any], max_batch: int = 16, max_outs_per_ref: int = 16) -> dict[str, AxisRange]:
+def default_axis_ranges(
+    manifest: Mapping[str, Any], max_batch: int = 16, max_outs_per_ref: int = 16
+) -> dict[str, AxisRange]:
     """Profile ranges per axis name for a bundle: patch axes up to the manifest's patch budget
     (``image.max_num_patches``), optimised for the full budget (the scorer pads a NaFlex batch to
     its longest image, usually near the budget); batch axes up to ``max_batch``."""
     budget = int(manifest["image"]["max_num_patches"])
     patches = AxisRange(1, budget, budget)
     batch = AxisRange(1, max(1, max_batch // 2), max_batch)
-    return {"batch": batch, "refs": batch, "outs_per_ref": AxisRange(1, max(1, max_outs_per_ref // 2), max_outs_per_ref),
-            "num_patches": patches, "num_tokens": patches, "ref_patches": patches, "out_patches": patches}
+    return {
+        "batch": batch,
+        "refs": batch,
+        "outs_per_ref": AxisRange(1, max(1, max_outs_per_ref // 2), max_outs_per_ref),
+        "num_patches": patches,
+        "num_tokens": patches,
+        "ref_patches": patches,
+        "out_patches": patches,
+    }
 
 
 def profile_shapes(graph_entry: Mapping[str, Any], ranges: Mapping[str, AxisRange]) -> Profile:
@@ -104,8 +113,12 @@ def profile_shapes(graph_entry: Mapping[str, Any], ranges: Mapping[str, AxisRang
     return shapes
 
 
-def plan_batches(graph: str, graph_entry: Mapping[str, Any], feed_shapes: Mapping[str, Sequence[int]],
-                 profile: Mapping[str, Mapping[str, Sequence[int]]]) -> list[slice]:
+def plan_batches(
+    graph: str,
+    graph_entry: Mapping[str, Any],
+    feed_shapes: Mapping[str, Sequence[int]],
+    profile: Mapping[str, Mapping[str, Sequence[int]]],
+) -> list[slice]:
     """Split a call into runs that fit an engine profile, or refuse it before inference.
 
     Args:
@@ -141,20 +154,28 @@ def plan_batches(graph: str, graph_entry: Mapping[str, Any], feed_shapes: Mappin
                 continue
             if not lo <= n <= hi:
                 what = f"axis {ax!r}" if isinstance(ax, str) else f"axis {i}"
-                hint = (" (the engine's profile covers the bundle's patch budget; rebuild the engines "
-                        "with a larger --max-num-patches bundle, or score with a smaller budget)"
-                        if ax in ("num_patches", "num_tokens", "ref_patches", "out_patches") else
-                        " (runtime/cp_device.py GraphCP packs within the engine's range when given the "
-                        "runner; to pack more outputs per call rebuild the engines with a larger "
-                        "--max-outs-per-ref)" if ax == "outs_per_ref" else "")
-                raise ProfileError(f"graph {graph!r}: input {name!r} {what} is {n}, outside the engine "
-                                   f"profile's allowed range [{lo}, {hi}]{hint}")
+                hint = (
+                    " (the engine's profile covers the bundle's patch budget; rebuild the engines "
+                    "with a larger --max-num-patches bundle, or score with a smaller budget)"
+                    if ax in ("num_patches", "num_tokens", "ref_patches", "out_patches")
+                    else " (runtime/cp_device.py GraphCP packs within the engine's range when given the "
+                    "runner; to pack more outputs per call rebuild the engines with a larger "
+                    "--max-outs-per-ref)"
+                    if ax == "outs_per_ref"
+                    else ""
+                )
+                raise ProfileError(
+                    f"graph {graph!r}: input {name!r} {what} is {n}, outside the engine "
+                    f"profile's allowed range [{lo}, {hi}]{hint}"
+                )
     if batch is None or max_batch is None:  # no batch-like axis: one run (max_batch is set with batch)
         return [slice(None)]
     return [slice(s, min(s + max_batch, batch)) for s in range(0, batch, max_batch)]
 
 
-def axis_max(graph_entry: Mapping[str, Any], profile: Mapping[str, Mapping[str, Sequence[int]]], axis: str) -> int | None:
+def axis_max(
+    graph_entry: Mapping[str, Any], profile: Mapping[str, Mapping[str, Sequence[int]]], axis: str
+) -> int | None:
     """The profile's largest size for a named dynamic axis (``outs_per_ref``, ``num_patches``...),
     from the first input that has it; None when no input has that axis."""
     for inp in graph_entry["inputs"]:
@@ -185,7 +206,9 @@ def _tower(manifest: Mapping[str, Any], graph: str) -> tuple[int, int, int]:
     return width, int(a.get("pool_heads", max(1, width // 64))), 4 * width
 
 
-def activation_bytes(graph: str, manifest: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], precision: str) -> int:
+def activation_bytes(
+    graph: str, manifest: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], precision: str
+) -> int:
     """On-paper estimate of the activation memory one execution of ``graph`` needs at these input
     shapes (what TensorRT's execution context reserves; inputs and outputs are bound separately,
     :func:`io_bytes`).
@@ -217,8 +240,11 @@ def activation_bytes(graph: str, manifest: Mapping[str, Any], shapes: Mapping[st
     if graph == "vision":
         pv = shapes["pixel_values"]
         b = pv[0]
-        n = pv[1] if len(pv) == 3 else (pv[2] // int(manifest["image"]["patch_size"])) * (
-            pv[3] // int(manifest["image"]["patch_size"]))
+        n = (
+            pv[1]
+            if len(pv) == 3
+            else (pv[2] // int(manifest["image"]["patch_size"])) * (pv[3] // int(manifest["image"]["patch_size"]))
+        )
     elif graph == "text":
         b, n = shapes["input_ids"]
     elif graph == "pool":
@@ -240,8 +266,10 @@ def resolve_shapes(graph_entry: Mapping[str, Any], input_shapes: Mapping[str, Se
         for ax, n in zip(inp["shape"], input_shapes[inp["name"]]):
             if isinstance(ax, str):
                 axes[ax] = int(n)
-    return {o["name"]: [axes.get(ax, 1) if isinstance(ax, str) else int(ax) for ax in o["shape"]]
-            for o in graph_entry["outputs"]}
+    return {
+        o["name"]: [axes.get(ax, 1) if isinstance(ax, str) else int(ax) for ax in o["shape"]]
+        for o in graph_entry["outputs"]
+    }
 
 
 def io_bytes(graph_entry: Mapping[str, Any], input_shapes: Mapping[str, Sequence[int]]) -> int:
@@ -262,8 +290,13 @@ def _prod(xs: Iterable[int]) -> int:
     return out
 
 
-def memory_plan(manifest: Mapping[str, Any], precision: str, ranges: Mapping[str, AxisRange], weights: Mapping[str, int],
-                graphs: Sequence[str] | None = None) -> dict[str, Any]:
+def memory_plan(
+    manifest: Mapping[str, Any],
+    precision: str,
+    ranges: Mapping[str, AxisRange],
+    weights: Mapping[str, int],
+    graphs: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """The device-memory plan of an engine set at its profile maxima (on paper).
 
     Args:
@@ -285,14 +318,23 @@ def memory_plan(manifest: Mapping[str, Any], precision: str, ranges: Mapping[str
         act = activation_bytes(graph, manifest, shapes, precision)
         io = io_bytes(entry, shapes)
         w = int(weights.get(graph, 0))
-        engines[graph] = {"weights_bytes": w, "profile_max": {"shapes": shapes, "activation_bytes": act, "io_bytes": io}}
+        engines[graph] = {
+            "weights_bytes": w,
+            "profile_max": {"shapes": shapes, "activation_bytes": act, "io_bytes": io},
+        }
         total += w + act + io
     return {"engines": engines, "total_bytes": int(total)}
 
 
-def choose_ranges(manifest: Mapping[str, Any], precision: str, weights: Mapping[str, int], budget_bytes: int,
-                  max_batch: int = 16, max_outs_per_ref: int = 16,
-                  graphs: Sequence[str] | None = None) -> tuple[dict[str, AxisRange], dict[str, Any]]:
+def choose_ranges(
+    manifest: Mapping[str, Any],
+    precision: str,
+    weights: Mapping[str, int],
+    budget_bytes: int,
+    max_batch: int = 16,
+    max_outs_per_ref: int = 16,
+    graphs: Sequence[str] | None = None,
+) -> tuple[dict[str, AxisRange], dict[str, Any]]:
     """Profile maxima that fit a device-memory budget: the requested ``max_batch`` and
     ``max_outs_per_ref``, halved (batch first, then outputs per reference) until the plan's total
     fits ``BUDGET_HEADROOM`` x ``budget_bytes``.
@@ -321,9 +363,15 @@ def choose_ranges(manifest: Mapping[str, Any], precision: str, weights: Mapping[
                 f"the {precision} engines need {plan['total_bytes'] / GIB:.2f} GiB of device memory even at batch 1 "
                 f"and 1 output per reference (weights {w / GIB:.2f} GiB), more than {BUDGET_HEADROOM:.0%} of the "
                 f"{budget_bytes / GIB:.2f} GiB budget; use a GPU with more memory or a smaller --max-num-patches "
-                "bundle")
-    plan.update(budget_bytes=int(budget_bytes), usable_bytes=usable, max_batch=mb, max_outs_per_ref=mo,
-                requested={"max_batch": int(max_batch), "max_outs_per_ref": int(max_outs_per_ref)})
+                "bundle"
+            )
+    plan.update(
+        budget_bytes=int(budget_bytes),
+        usable_bytes=usable,
+        max_batch=mb,
+        max_outs_per_ref=mo,
+        requested={"max_batch": int(max_batch), "max_outs_per_ref": int(max_outs_per_ref)},
+    )
     return ranges, plan
 
 
@@ -338,8 +386,9 @@ def engine_need_bytes(sidecar_engine: Mapping[str, Any], engine_file_bytes: int)
     return int(engine_file_bytes + act + int(plan.get("profile_max", {}).get("io_bytes", 0)))
 
 
-def check_fits(graph: str, precision: str, need_bytes: int, free_bytes: int, device_name: str,
-               bundle_dir: str | Path) -> None:
+def check_fits(
+    graph: str, precision: str, need_bytes: int, free_bytes: int, device_name: str, bundle_dir: str | Path
+) -> None:
     """Refuse, before anything is loaded, an engine whose plan exceeds the device's free memory.
 
     Raises:
@@ -350,7 +399,8 @@ def check_fits(graph: str, precision: str, need_bytes: int, free_bytes: int, dev
             f"TensorRT {precision} engine {graph!r} needs up to {need_bytes / GIB:.2f} GiB of device memory at its "
             f"profile maxima (engines.json memory plan), {device_name} has {free_bytes / GIB:.2f} GiB free; rebuild "
             f"for this GPU's memory: {rebuild_command(bundle_dir, precision)} --gpu-memory-budget "
-            f"{max(0.1, free_bytes / GIB * 0.8):.1f}")
+            f"{max(0.1, free_bytes / GIB * 0.8):.1f}"
+        )
 
 
 # --------------------------------------------------------------------------- sidecar
@@ -372,16 +422,26 @@ def read_sidecar(bundle_dir: str | Path, precision: str) -> dict[str, Any]:
     """
     path = Path(bundle_dir) / engine_dir_name(precision) / SIDECAR_NAME
     if not path.is_file():
-        raise BundleError(f"bundle {bundle_dir} has no TensorRT {precision} engines ({path} is missing); "
-                          f"build them on the GPU that will run them: {rebuild_command(bundle_dir, precision)}")
+        raise BundleError(
+            f"bundle {bundle_dir} has no TensorRT {precision} engines ({path} is missing); "
+            f"build them on the GPU that will run them: {rebuild_command(bundle_dir, precision)}"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise BundleError(f"{path}: not valid JSON ({one_line(e)}); rebuild: {rebuild_command(bundle_dir, precision)}") from None
-    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT or data.get("format_version") != SIDECAR_VERSION:
+        raise BundleError(
+            f"{path}: not valid JSON ({one_line(e)}); rebuild: {rebuild_command(bundle_dir, precision)}"
+        ) from None
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != SIDECAR_FORMAT
+        or data.get("format_version") != SIDECAR_VERSION
+    ):
         data = data if isinstance(data, dict) else {}
-        raise BundleError(f"{path}: format {data.get('format')!r} v{data.get('format_version')!r}, expected "
-                          f"{SIDECAR_FORMAT!r} v{SIDECAR_VERSION}; rebuild: {rebuild_command(bundle_dir, precision)}")
+        raise BundleError(
+            f"{path}: format {data.get('format')!r} v{data.get('format_version')!r}, expected "
+            f"{SIDECAR_FORMAT!r} v{SIDECAR_VERSION}; rebuild: {rebuild_command(bundle_dir, precision)}"
+        )
     engines = data.get("engines", {})
     entries: Iterable[tuple[str, object]] = engines.items() if isinstance(engines, dict) else [("?", None)]
     for graph, entry in entries:
@@ -396,11 +456,12 @@ def available_precisions(bundle_dir: str | Path) -> list[str]:
 
 
 #: What must match between the machine that built an engine set and the one loading it.
-COMPAT_KEYS = (("tensorrt_version", "TensorRT"), ("compute_capability", "compute capability"),
-               ("gpu_name", "GPU"))
+COMPAT_KEYS = (("tensorrt_version", "TensorRT"), ("compute_capability", "compute capability"), ("gpu_name", "GPU"))
 
 
-def check_compatible(recorded: Mapping[str, Any], current: Mapping[str, Any], bundle_dir: str | Path, precision: str) -> None:
+def check_compatible(
+    recorded: Mapping[str, Any], current: Mapping[str, Any], bundle_dir: str | Path, precision: str
+) -> None:
     """Refuse engines built for another TensorRT version, compute capability or GPU model.
 
     TensorRT plans are specific to the TensorRT version and the GPU they were built on (a plan
@@ -411,16 +472,22 @@ def check_compatible(recorded: Mapping[str, Any], current: Mapping[str, Any], bu
     Raises:
         EngineCompatibilityError: naming built-for vs. this machine and the rebuild command.
     """
-    diffs = [f"{label}: built with {recorded.get(key)!r}, this machine has {current.get(key)!r}"
-             for key, label in COMPAT_KEYS if str(recorded.get(key)) != str(current.get(key))]
+    diffs = [
+        f"{label}: built with {recorded.get(key)!r}, this machine has {current.get(key)!r}"
+        for key, label in COMPAT_KEYS
+        if str(recorded.get(key)) != str(current.get(key))
+    ]
     if diffs:
         raise EngineCompatibilityError(
             f"the TensorRT {precision} engines in {bundle_dir} were built for another machine ("
-            + "; ".join(diffs) + f"). Rebuild them here: {rebuild_command(bundle_dir, precision)}"
+            + "; ".join(diffs)
+            + f"). Rebuild them here: {rebuild_command(bundle_dir, precision)}"
         )
 
 
-def check_onnx_unchanged(sidecar: Mapping[str, Any], manifest: Mapping[str, Any], bundle_dir: str | Path, precision: str) -> None:
+def check_onnx_unchanged(
+    sidecar: Mapping[str, Any], manifest: Mapping[str, Any], bundle_dir: str | Path, precision: str
+) -> None:
     """Refuse engines built from other ONNX graphs than the bundle's (a re-export).
 
     Raises:

@@ -57,8 +57,20 @@ schema), ``settings`` (:class:`RunSettings`, fingerprinted; :class:`RunOptions`,
 ``run`` (:func:`run_pairs`).
 """
 
-from .columns import (BASELINE_COLUMNS, FILE_COLUMNS, MAP_COLUMNS, MASK_COLUMNS, REQUIRED_COLUMNS, RESULT_COLUMNS,
-                      RESULT_SCHEMA_VERSION, SCORED_COLUMNS, PairsFileError, read_pairs, result_schema, row_key)
+from .columns import (
+    BASELINE_COLUMNS,
+    FILE_COLUMNS,
+    MAP_COLUMNS,
+    MASK_COLUMNS,
+    REQUIRED_COLUMNS,
+    RESULT_COLUMNS,
+    RESULT_SCHEMA_VERSION,
+    SCORED_COLUMNS,
+    PairsFileError,
+    read_pairs,
+    result_schema,
+    row_key,
+)
 from .job import PairsJob, _ray_factory, build_pairs_job
 from .outcome import RowOutcome
 from .run import choose_executor, run_pairs
@@ -66,7 +78,29 @@ from .settings import RunOptions, RunSettings, encoding_namespace
 from .metadata import sidecar, write_sidecar
 from .summary import Summary
 
-__all__ = ["BASELINE_COLUMNS", "FILE_COLUMNS", "MAP_COLUMNS", "MASK_COLUMNS", "REQUIRED_COLUMNS", "RESULT_COLUMNS",
-           "RESULT_SCHEMA_VERSION", "SCORED_COLUMNS", "PairsFileError", "PairsJob", "RowOutcome", "RunOptions",
-           "RunSettings", "Summary", "build_pairs_job", "choose_executor", "encoding_namespace", "read_pairs",
-           "result_schema", "row_key", "run_pairs", "sidecar", "write_sidecar", "_ray_factory"]
+__all__ = [
+    "BASELINE_COLUMNS",
+    "FILE_COLUMNS",
+    "MAP_COLUMNS",
+    "MASK_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "RESULT_COLUMNS",
+    "RESULT_SCHEMA_VERSION",
+    "SCORED_COLUMNS",
+    "PairsFileError",
+    "PairsJob",
+    "RowOutcome",
+    "RunOptions",
+    "RunSettings",
+    "Summary",
+    "build_pairs_job",
+    "choose_executor",
+    "encoding_namespace",
+    "read_pairs",
+    "result_schema",
+    "row_key",
+    "run_pairs",
+    "sidecar",
+    "write_sidecar",
+    "_ray_factory",
+]

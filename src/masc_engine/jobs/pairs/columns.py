@@ -29,8 +29,9 @@ class PairsFileError(TableError):
     """The pairs file itself is unusable (missing, no header, missing columns)."""
 
 
-def read_pairs(csv_path: str | Path, masks_optional: bool = False,
-               max_bytes: int | None = DEFAULT_MAX_PAIRS_BYTES) -> tuple[list[str], list[dict]]:
+def read_pairs(
+    csv_path: str | Path, masks_optional: bool = False, max_bytes: int | None = DEFAULT_MAX_PAIRS_BYTES
+) -> tuple[list[str], list[dict]]:
     """Read a pairs table with the job layer's reader (:func:`~masc_engine.jobs.tables.read_table`;
     CSV: UTF-8, byte-order mark tolerated, quoted commas/newlines allowed).
 
@@ -48,14 +49,19 @@ def read_pairs(csv_path: str | Path, masks_optional: bool = False,
     """
     try:
         required = [c for c in REQUIRED_COLUMNS if not (masks_optional and c in MASK_COLUMNS)]
-        t = read_table(csv_path, required, "pairs", extra_fields="ignore", max_bytes=max_bytes,
-                       budget_option="--max-pairs-mb")
+        t = read_table(
+            csv_path, required, "pairs", extra_fields="ignore", max_bytes=max_bytes, budget_option="--max-pairs-mb"
+        )
     except TableError as e:
-        hint = ("; without mask columns, give a segmenter (--segmenter): masks from each row's object_name"
-                if not masks_optional and "missing column" in e.detail and "_mask" in e.detail.split(";")[0] else "")
+        hint = (
+            "; without mask columns, give a segmenter (--segmenter): masks from each row's object_name"
+            if not masks_optional and "missing column" in e.detail and "_mask" in e.detail.split(";")[0]
+            else ""
+        )
         raise PairsFileError(e.reason, e.detail + hint) from None
-    return t.columns, [{k: (_cell(v) if k in REQUIRED_COLUMNS else ("" if v is None else v)) for k, v in r.items()}
-                       for r in t.rows]
+    return t.columns, [
+        {k: (_cell(v) if k in REQUIRED_COLUMNS else ("" if v is None else v)) for k, v in r.items()} for r in t.rows
+    ]
 
 
 def _cell(v) -> str:
@@ -83,8 +89,15 @@ def row_key(row: dict, base: Path) -> str:
 
 
 #: Result columns every scored pair fills from its ``MaSCResult.extras``, in order.
-SCORED_COLUMNS = ("prompt_text", "prompt_stripped", "prompt_truncated", "cp_n_ref_fg", "cp_n_ref_total",
-                  "pf_n_bg_pooled", "pf_n_total")
+SCORED_COLUMNS = (
+    "prompt_text",
+    "prompt_stripped",
+    "prompt_truncated",
+    "cp_n_ref_fg",
+    "cp_n_ref_total",
+    "pf_n_bg_pooled",
+    "pf_n_total",
+)
 
 #: The layout's version: with the built-in metrics of :data:`BUILTIN_METRICS` it is the layout of
 #: every output written before the version was recorded, so it enters the resume fingerprint only
@@ -97,8 +110,11 @@ BUILTIN_METRICS = (
     {"name": "pf", "version": 1, "columns": ["pf"]},
     {"name": "cp_global", "version": 1, "columns": ["cp_global"]},
     {"name": "cp_mnn", "version": 1, "columns": ["cp_mnn", "cp_mnn_frac"]},
-    {"name": "pf_pooling", "version": 1, "columns": [f"pf_{r}_{k}" for r in ("full", "bg", "fg")
-                                                     for k in ("stripped", "unstripped")]},
+    {
+        "name": "pf_pooling",
+        "version": 1,
+        "columns": [f"pf_{r}_{k}" for r in ("full", "bg", "fg") for k in ("stripped", "unstripped")],
+    },
 )
 
 
@@ -133,8 +149,9 @@ def schema_identity(computed: tuple[PairMetric, ...] = ()) -> dict:
 def schema_label(identity: dict) -> str:
     """The schema of an identity as one short label for messages (``v1: cp, pf, ...``)."""
     schema = identity.get("result_schema") or {"version": 1, "metrics": list(BUILTIN_METRICS)}
-    return f"v{schema['version']}: " + ", ".join(f"{m['name']}" + (f" v{m['version']}" if m["version"] != 1 else "")
-                                                 for m in schema["metrics"])
+    return f"v{schema['version']}: " + ", ".join(
+        f"{m['name']}" + (f" v{m['version']}" if m["version"] != 1 else "") for m in schema["metrics"]
+    )
 
 
 def result_columns(metrics: tuple[PairMetric, ...]) -> tuple[str, ...]:
@@ -143,9 +160,19 @@ def result_columns(metrics: tuple[PairMetric, ...]) -> tuple[str, ...]:
     coverages, then the other always-computed metrics' columns."""
     head = [m for m in metrics if m.headline]
     rest = [m for m in metrics if not m.headline and m.option is None]
-    return ("row_index", "row_key", *(c for m in head for c in m.columns), "status", "status_detail",
-            *(m.status_column for m in head if m.status_column), "prompt_empty", *SCORED_COLUMNS,
-            "ref_mask_coverage", "out_mask_coverage", *columns_of(rest))
+    return (
+        "row_index",
+        "row_key",
+        *(c for m in head for c in m.columns),
+        "status",
+        "status_detail",
+        *(m.status_column for m in head if m.status_column),
+        "prompt_empty",
+        *SCORED_COLUMNS,
+        "ref_mask_coverage",
+        "out_mask_coverage",
+        *columns_of(rest),
+    )
 
 
 def option_columns(option: str) -> tuple[str, ...]:

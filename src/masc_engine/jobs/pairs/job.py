@@ -16,8 +16,17 @@ from ...runtime.scorer import EncodedPair, Scorer
 from ...runtime.segmenter import Segmenter, SegmenterConfig
 from ...runtime.text import PreparedPrompt
 from ..executors import Chunk
-from ..items import (DecodedImage, DecodedMask, DecodedPair, PairError, array_mask, check_mask, decode_image,
-                     decode_mask, reduce_image)
+from ..items import (
+    DecodedImage,
+    DecodedMask,
+    DecodedPair,
+    PairError,
+    array_mask,
+    check_mask,
+    decode_image,
+    decode_mask,
+    reduce_image,
+)
 from ..loading import ByteBudget, load_all
 from ..mask_source import MASK_SOURCE_COLUMNS, SAVED_MASK_COLUMNS, SEGMENTER, SegmenterMasks
 from ..results import output_errors
@@ -60,10 +69,18 @@ class PairsJob:
             ``embedders``.
     """
 
-    def __init__(self, scorer: Scorer, settings: RunSettings = RunSettings(), store: EncodingStore | None = None,
-                 io_workers: int = 4, cache_items: int = 512, cache: EncodingCache | None = None,
-                 decode_budget: ByteBudget | None = None, segmenter: Segmenter | None = None,
-                 embedders: dict | None = None):
+    def __init__(
+        self,
+        scorer: Scorer,
+        settings: RunSettings = RunSettings(),
+        store: EncodingStore | None = None,
+        io_workers: int = 4,
+        cache_items: int = 512,
+        cache: EncodingCache | None = None,
+        decode_budget: ByteBudget | None = None,
+        segmenter: Segmenter | None = None,
+        embedders: dict | None = None,
+    ):
         if settings.save_masks is not None and segmenter is None:
             raise ValueError("save_masks (--save-masks) needs a segmenter (--segmenter)")
         missing = [k for k in settings.embedders_needed() if k not in (embedders or {})]
@@ -78,11 +95,17 @@ class PairsJob:
         self.decode_budget = decode_budget
         self._encoders = {e for m in settings.run_metrics() for e in m.encoders}
         #: Each embedder's embeddings by content (memory, then the persistent store).
-        self.embeddings = {k: EmbeddingCache(e, store if store is not None else self.cache.store)
-                           for k, e in self.embedders.items()}
+        self.embeddings = {
+            k: EmbeddingCache(e, store if store is not None else self.cache.store) for k, e in self.embedders.items()
+        }
         #: The segmenter's masks for pairs without one, or None (every mask from a file).
-        self.masks = None if segmenter is None else SegmenterMasks(
-            segmenter, settings.exif, store if store is not None else self.cache.store, settings.save_masks)
+        self.masks = (
+            None
+            if segmenter is None
+            else SegmenterMasks(
+                segmenter, settings.exif, store if store is not None else self.cache.store, settings.save_masks
+            )
+        )
 
     @property
     def images_encoded(self) -> int:
@@ -115,10 +138,28 @@ class PairsJob:
         keep = self.settings.save_maps is not None
         try:
             if isinstance(v, (bytes, bytearray, memoryview)):
-                return decode_image(bytes(v), name, self.scorer, self.cache, self.settings.exif, self.decode_budget,
-                                    keep_image=keep, masks=self.masks, subjects=subjects, embedders=self.embedders)
-            return reduce_image(v, name, self.scorer, self.cache, keep_image=keep, masks=self.masks, subjects=subjects,
-                                embedders=self.embedders)
+                return decode_image(
+                    bytes(v),
+                    name,
+                    self.scorer,
+                    self.cache,
+                    self.settings.exif,
+                    self.decode_budget,
+                    keep_image=keep,
+                    masks=self.masks,
+                    subjects=subjects,
+                    embedders=self.embedders,
+                )
+            return reduce_image(
+                v,
+                name,
+                self.scorer,
+                self.cache,
+                keep_image=keep,
+                masks=self.masks,
+                subjects=subjects,
+                embedders=self.embedders,
+            )
         except InputError as e:
             return e
 
@@ -167,8 +208,10 @@ class PairsJob:
         """``prompt_too_long`` / ``object_name_too_long`` for text over the byte budget (nothing
         tokenized; a text with more characters than the budget has bytes is not even encoded)."""
         budget = self.settings.prompt_budget()
-        for name, text, reason in (("prompt", prompt, "prompt_too_long"),
-                                   ("object_name", subject, "object_name_too_long")):
+        for name, text, reason in (
+            ("prompt", prompt, "prompt_too_long"),
+            ("object_name", subject, "object_name_too_long"),
+        ):
             try:
                 budget.check_text(text, name)
             except InputError as e:
@@ -186,8 +229,10 @@ class PairsJob:
         if subject.strip():
             n = self.scorer.tokenizer.encode([subject])[0].n_tokens
             if n > budget.max_tokens:
-                return InputError("object_name_too_long", f"object_name: {n} tokens, over the budget of "
-                                                          f"{budget.max_tokens} tokens (--max-prompt-tokens)")
+                return InputError(
+                    "object_name_too_long",
+                    f"object_name: {n} tokens, over the budget of {budget.max_tokens} tokens (--max-prompt-tokens)",
+                )
         prepared = self.scorer.prepare_prompt(prompt, subject or None)
         try:
             budget.check_tokens(prepared, "prompt")
@@ -234,8 +279,16 @@ class PairsJob:
 
         return images, load_all(paired, mask, self.io_workers), texts
 
-    def decode_pair(self, files: dict, prompt: str, object_name: str | None = None, names: dict | None = None,
-                    stripper: str | None = None, row_index: int = 1, cells: dict | None = None) -> DecodedPair:
+    def decode_pair(
+        self,
+        files: dict,
+        prompt: str,
+        object_name: str | None = None,
+        names: dict | None = None,
+        stripper: str | None = None,
+        row_index: int = 1,
+        cells: dict | None = None,
+    ) -> DecodedPair:
         """Decode one in-memory pair (each file an independent result, as masc-run's loader) and
         make its PF prompt ready (stripped with ``stripper``, tokenized): everything but
         inference, for a thread other than the one that batches inference.
@@ -268,8 +321,16 @@ class PairsJob:
                 decoded[m_c] = self._segmented(im, subject)
             sources.append("file" if given else (SEGMENTER if segment else ""))
         prepared = self.scorer.prepare_prompt(prompt or "", object_name or None, stripper)
-        return DecodedPair(**decoded, prompt=prompt or "", object_name=subject, names=names, prepared=prepared,
-                           row_index=row_index, cells=dict(cells or {}), mask_sources=tuple(sources))
+        return DecodedPair(
+            **decoded,
+            prompt=prompt or "",
+            object_name=subject,
+            names=names,
+            prepared=prepared,
+            row_index=row_index,
+            cells=dict(cells or {}),
+            mask_sources=tuple(sources),
+        )
 
     # ---------------------------------------------------------------- encoding
 
@@ -301,21 +362,26 @@ class PairsJob:
         cp_path, pf_path = d / f"{row_index:07d}_cp.png", d / f"{row_index:07d}_pf.png"
         with output_errors(d, "--save-maps folder"):
             d.mkdir(parents=True, exist_ok=True)
-            cp_map(ref.image, it.ref_enc.grid, sc.arrays["cp_best"], it.ref_weights, self.scorer.fg_threshold).save(cp_path)
+            cp_map(ref.image, it.ref_enc.grid, sc.arrays["cp_best"], it.ref_weights, self.scorer.fg_threshold).save(
+                cp_path
+            )
             pf_map(out.image, it.out_enc.grid, sc.arrays["pf_attention"], sc.arrays["pf_hidden"]).save(pf_path)
         return {"cp_map": str(cp_path.resolve()), "pf_map": str(pf_path.resolve())}
 
-    def score_rows(self, rows: list[dict], base: str | Path, first_index: int = 1, loaded=None,
-                   indices: list[int] | None = None) -> list[dict]:
+    def score_rows(
+        self, rows: list[dict], base: str | Path, first_index: int = 1, loaded=None, indices: list[int] | None = None
+    ) -> list[dict]:
         """Score rows; ``indices`` are their 1-based row indices (default ``first_index``,
         ``first_index + 1``, ...). Results in input order."""
         images, masks, texts = loaded if loaded is not None else self.load(rows, base)
         indices = indices if indices is not None else list(range(first_index, first_index + len(rows)))
-        return self.score_decoded([self._row_pair(i, row, base, images, masks, texts[_row_text(row)])
-                                   for i, row in zip(indices, rows)])
+        return self.score_decoded(
+            [self._row_pair(i, row, base, images, masks, texts[_row_text(row)]) for i, row in zip(indices, rows)]
+        )
 
-    def _row_pair(self, index: int, row: dict, base, images: dict, masks: dict,
-                  text: PreparedPrompt | InputError) -> DecodedPair:
+    def _row_pair(
+        self, index: int, row: dict, base, images: dict, masks: dict, text: PreparedPrompt | InputError
+    ) -> DecodedPair:
         """One row's :class:`DecodedPair` from the loaded files and its prepared ``text`` (the
         text's error first: its files were not read; then a ``bad_row`` for an empty cell the run
         cannot fill)."""
@@ -335,8 +401,16 @@ class PairsJob:
             else:
                 names[m_c], objs[m_c] = f"segmenter mask of {image}", self._segmented(images[image], obj)
             sources.append("file" if mask is not None else (SEGMENTER if self._subject_error(obj) is None else ""))
-        return DecodedPair(**objs, prompt=prompt, object_name=obj, names=names, prepared=text, row_index=index,
-                           cells=row, mask_sources=tuple(sources))
+        return DecodedPair(
+            **objs,
+            prompt=prompt,
+            object_name=obj,
+            names=names,
+            prepared=text,
+            row_index=index,
+            cells=row,
+            mask_sources=tuple(sources),
+        )
 
     def score_chunk(self, chunk: Chunk, loaded=None) -> list[dict]:
         """Score a chunk's rows (executor interface); each result carries its ``row_key``."""
@@ -345,8 +419,17 @@ class PairsJob:
             r["row_key"] = k
         return results
 
-    def score_item(self, ref_image, ref_mask, out_image, out_mask, prompt: str, object_name: str = "",
-                   row_index: int = 1, extra: dict | None = None) -> dict:
+    def score_item(
+        self,
+        ref_image,
+        ref_mask,
+        out_image,
+        out_mask,
+        prompt: str,
+        object_name: str = "",
+        row_index: int = 1,
+        extra: dict | None = None,
+    ) -> dict:
         """Score one in-memory pair; returns the very result record masc-run writes for a row.
 
         Args:
@@ -385,8 +468,9 @@ class PairsJob:
         st, notes = self.settings, []
         for im_c, m_c, what in (("ref_image", "ref_mask", "reference"), ("out_image", "out_mask", "output")):
             try:
-                notes.append(check_mask(item.file(im_c), item.file(m_c), what, item.names[m_c],
-                                        st.mask_size_tolerance, st.exif))
+                notes.append(
+                    check_mask(item.file(im_c), item.file(m_c), what, item.names[m_c], st.mask_size_tolerance, st.exif)
+                )
             except InputError as e:
                 raise PairError(e.reason, e.detail, m_c) from None
         return [n for n in notes if n] + list(item.ref_image.notes) + list(item.out_image.notes)
@@ -416,11 +500,18 @@ class PairsJob:
                 o.values.update(self._mask_columns(o.item))
         encs = self.encode([o for it in items for o in (it.ref_image, it.out_image) if isinstance(o, DecodedImage)])
         ready = [o for o in outcomes if self._admit(o, encs)]
-        scored = self.scorer.score_encoded([o.pair for o in ready], with_arrays=self.settings.save_maps is not None,
-                                           stripper=stripper)
-        batch = MetricBatch([o.pair for o in ready], scored, HostTokens(self.scorer.host_encoding),
-                            self.scorer.fg_threshold, [o.item.ref_mask.any_foreground for o in ready],
-                            [o.item.names["ref_mask"] for o in ready], scorer=self.scorer)
+        scored = self.scorer.score_encoded(
+            [o.pair for o in ready], with_arrays=self.settings.save_maps is not None, stripper=stripper
+        )
+        batch = MetricBatch(
+            [o.pair for o in ready],
+            scored,
+            HostTokens(self.scorer.host_encoding),
+            self.scorer.fg_threshold,
+            [o.item.ref_mask.any_foreground for o in ready],
+            [o.item.names["ref_mask"] for o in ready],
+            scorer=self.scorer,
+        )
         # Metrics that read no SigLIP2 encoder (the classic ones) need no mask: every pair whose
         # two images decoded gets them, the pairs CP and PF could not score included.
         maskless = [m for m in metrics if m.encoders and not any(e.startswith("siglip2.") for e in m.encoders)]
@@ -428,9 +519,15 @@ class PairsJob:
         if self.embedders:
             self._embed(batch, [o.item for o in imaged])
             batch.image_keys = [(o.item.ref_image.sha256, o.item.out_image.sha256) for o in ready]
-        plain = MetricBatch([o.item for o in imaged], [], batch.host_tokens, batch.fg_threshold,
-                            image_keys=[(o.item.ref_image.sha256, o.item.out_image.sha256) for o in imaged],
-                            embeddings=batch.embeddings, text_embeddings=batch.text_embeddings)
+        plain = MetricBatch(
+            [o.item for o in imaged],
+            [],
+            batch.host_tokens,
+            batch.fg_threshold,
+            image_keys=[(o.item.ref_image.sha256, o.item.out_image.sha256) for o in imaged],
+            embeddings=batch.embeddings,
+            text_embeddings=batch.text_embeddings,
+        )
         for m in maskless:
             for o, values in zip(imaged, m.compute(plain)):
                 o.take(m, values)
@@ -447,8 +544,9 @@ class PairsJob:
         each distinct prompt as given."""
         images = {d.sha256: d for it in items for d in (it.ref_image, it.out_image)}
         for name, cache in self.embeddings.items():
-            batch.embeddings[name] = cache.images({k: d.embed_pixels[name] for k, d in images.items()
-                                                   if name in d.embed_pixels})
+            batch.embeddings[name] = cache.images(
+                {k: d.embed_pixels[name] for k, d in images.items() if name in d.embed_pixels}
+            )
             if f"{name}.text" in self._encoders:  # CLIP-T: the prompts as given
                 batch.text_embeddings[name] = cache.texts([it.prompt for it in items])
 
@@ -468,13 +566,21 @@ class PairsJob:
             o.notes = list(self.check_pair(it))
             o.coverage = (it.ref_mask.coverage, it.out_mask.coverage)
             for frac, cov, reason, what in (
-                    (st.min_reference_mask_frac, it.ref_mask.coverage, "filtered_reference_mask", "reference"),
-                    (st.min_output_mask_frac, it.out_mask.coverage, "filtered_output_mask", "output")):
+                (st.min_reference_mask_frac, it.ref_mask.coverage, "filtered_reference_mask", "reference"),
+                (st.min_output_mask_frac, it.out_mask.coverage, "filtered_output_mask", "output"),
+            ):
                 if frac is not None and cov < frac:
                     raise InputError(reason, f"{what} mask covers {cov:.2%} < {frac:.2%} of the image")
             r, out = encs[it.ref_image.sha256], encs[it.out_image.sha256]
-            o.pair = EncodedPair(r, it.ref_mask.weights[r.grid], out, it.out_mask.weights[out.grid], it.prompt,
-                                 it.object_name or None, it.prepared)
+            o.pair = EncodedPair(
+                r,
+                it.ref_mask.weights[r.grid],
+                out,
+                it.out_mask.weights[out.grid],
+                it.prompt,
+                it.object_name or None,
+                it.prepared,
+            )
             return True
         except InputError as e:
             o.fail(e)
@@ -491,8 +597,10 @@ class PairsJob:
             o.notes.append("no object_name: the PF prompt was not stripped")
         if not ex["prompt_text"].strip():
             o.prompt_empty = True
-            o.notes.append("prompt_empty: PF compares with an empty text" + (
-                "" if not it.prompt.strip() else f" (the prompt is only the subject {it.object_name!r})"))
+            o.notes.append(
+                "prompt_empty: PF compares with an empty text"
+                + ("" if not it.prompt.strip() else f" (the prompt is only the subject {it.object_name!r})")
+            )
         if ex["prompt_truncated"]:
             o.notes.append(f"prompt truncated to {s.text_settings.max_length} tokens")
 
@@ -502,9 +610,16 @@ def _images_decoded(item: DecodedPair) -> bool:
     return item.error is None and isinstance(item.ref_image, DecodedImage) and isinstance(item.out_image, DecodedImage)
 
 
-def build_pairs_job(bundle_dir: str, config: ScorerConfig, settings: dict, io_workers: int,
-                    cache_dir: str | None = None, cache_size_limit: int | None = None,
-                    segmenter: SegmenterConfig | None = None, embedders: dict | None = None) -> PairsJob:
+def build_pairs_job(
+    bundle_dir: str,
+    config: ScorerConfig,
+    settings: dict,
+    io_workers: int,
+    cache_dir: str | None = None,
+    cache_size_limit: int | None = None,
+    segmenter: SegmenterConfig | None = None,
+    embedders: dict | None = None,
+) -> PairsJob:
     """A :class:`PairsJob` on a fresh scorer with the driver's resolved ``config`` (and a fresh
     segmenter from the driver's resolved ``segmenter`` config): the factory Ray workers call
     (picklable through :func:`functools.partial`, so executors need not know this module). The
@@ -518,12 +633,21 @@ def build_pairs_job(bundle_dir: str, config: ScorerConfig, settings: dict, io_wo
     store = RunOptions(cache_dir=cache_dir, cache_size_limit=cache_size_limit).store(scorer, run_settings.exif)
     scorer.attach_text_store(store)
     seg = None if segmenter is None else segmenter.load(verify=False)
-    embs = {k: Embedder(path, runners, batch_size=bs, verify=False) for k, (path, runners, bs) in (embedders or {}).items()}
+    embs = {
+        k: Embedder(path, runners, batch_size=bs, verify=False) for k, (path, runners, bs) in (embedders or {}).items()
+    }
     return PairsJob(scorer, run_settings, store=store, io_workers=io_workers, segmenter=seg, embedders=embs)
 
 
-def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int, cache_dir=None, cache_size_limit=None,
-                 segmenter: Segmenter | None = None, embedders: dict | None = None):
+def _ray_factory(
+    scorer: Scorer,
+    settings: RunSettings,
+    io_workers: int,
+    cache_dir=None,
+    cache_size_limit=None,
+    segmenter: Segmenter | None = None,
+    embedders: dict | None = None,
+):
     if scorer.bundle.verify:
         # The workers load the bundle unverified (one hash per run, not per worker): the driver
         # checks every graph file (and weights) they will load, the text graph included, which the
@@ -538,6 +662,14 @@ def _ray_factory(scorer: Scorer, settings: RunSettings, io_workers: int, cache_d
         if e.bundle.verify:
             e.check_graphs()
         specs[k] = (str(Path(e.bundle.path).resolve()), e.runner_settings, e.batch_size)
-    return functools.partial(build_pairs_job, str(Path(scorer.bundle.path).resolve()), scorer.config, settings.as_dict(),
-                             io_workers, None if cache_dir is None else str(Path(cache_dir).resolve()), cache_size_limit,
-                             None if segmenter is None else segmenter.config, specs or None)
+    return functools.partial(
+        build_pairs_job,
+        str(Path(scorer.bundle.path).resolve()),
+        scorer.config,
+        settings.as_dict(),
+        io_workers,
+        None if cache_dir is None else str(Path(cache_dir).resolve()),
+        cache_size_limit,
+        None if segmenter is None else segmenter.config,
+        specs or None,
+    )

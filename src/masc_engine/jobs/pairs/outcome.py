@@ -70,8 +70,15 @@ class RowOutcome:
         """The row's masc-run record: the item's cells, ``row_index`` and the result columns."""
         it = self.item
         detail = self.error.detail if self.error is not None else "; ".join(n for n in self.notes if n)
-        rec = {**it.cells, "row_index": it.row_index, **self.scores, "status": self.status,
-               "status_detail": detail, **self.statuses, "prompt_empty": self.prompt_empty}
+        rec = {
+            **it.cells,
+            "row_index": it.row_index,
+            **self.scores,
+            "status": self.status,
+            "status_detail": detail,
+            **self.statuses,
+            "prompt_empty": self.prompt_empty,
+        }
         if self.coverage is not None:
             rec["ref_mask_coverage"], rec["out_mask_coverage"] = self.coverage
         rec.update(self.values)

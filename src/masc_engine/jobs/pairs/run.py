@@ -23,9 +23,15 @@ from .metadata import write_sidecar
 from .summary import Summary
 
 
-def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settings: RunSettings = RunSettings(),
-              options: RunOptions = RunOptions(), segmenter: Segmenter | None = None,
-              embedders: dict | None = None) -> Summary:
+def run_pairs(
+    csv_path: str | Path,
+    scorer: Scorer,
+    out_path: str | Path,
+    settings: RunSettings = RunSettings(),
+    options: RunOptions = RunOptions(),
+    segmenter: Segmenter | None = None,
+    embedders: dict | None = None,
+) -> Summary:
     """Score every row of ``csv_path`` into ``out_path`` (format by extension), resumably.
 
     With a ``segmenter`` the mask columns are optional: a side without a mask gets the segmenter's
@@ -61,8 +67,15 @@ def run_pairs(csv_path: str | Path, scorer: Scorer, out_path: str | Path, settin
         return _run_locked(Path(csv_path), scorer, out_path, settings, options, segmenter, embedders or {})
 
 
-def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSettings, opts: RunOptions,
-                segmenter: Segmenter | None, embedders: dict) -> Summary:
+def _run_locked(
+    csv_path: Path,
+    scorer: Scorer,
+    out_path: Path,
+    settings: RunSettings,
+    opts: RunOptions,
+    segmenter: Segmenter | None,
+    embedders: dict,
+) -> Summary:
     """The run, once the output's lock is held: resume, score what is missing, write the output."""
     t0 = time.time()
     if settings.save_masks is not None and segmenter is None:
@@ -75,14 +88,22 @@ def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSet
     keys = [row_key(r, base) for r in rows]
     summary = Summary(duplicates=_duplicates(rows))
     journal = Journal(out_path)
-    prior = resume(journal, settings.fingerprint(scorer, segmenter, embedders), settings.identity(scorer, segmenter, embedders), keys,
-                   str(csv_path), opts.overwrite)
+    prior = resume(
+        journal,
+        settings.fingerprint(scorer, segmenter, embedders),
+        settings.identity(scorer, segmenter, embedders),
+        keys,
+        str(csv_path),
+        opts.overwrite,
+    )
     summary.journal_repaired, summary.resumed = prior.repaired, len(prior.done)
     done = prior.done
     todo = [i for i in range(1, len(rows) + 1) if i not in done]
     # Chunks are runs of consecutive row indices only where nothing was done.
-    chunks = [Chunk(tuple(c), tuple(rows[i - 1] for i in c), tuple(keys[i - 1] for i in c), str(base))
-              for c in (todo[i:i + opts.chunk_size] for i in range(0, len(todo), opts.chunk_size))]
+    chunks = [
+        Chunk(tuple(c), tuple(rows[i - 1] for i in c), tuple(keys[i - 1] for i in c), str(base))
+        for c in (todo[i : i + opts.chunk_size] for i in range(0, len(todo), opts.chunk_size))
+    ]
     store = opts.store(scorer, settings.exif)
     if store is not None:
         scorer.attach_text_store(store)
@@ -97,26 +118,48 @@ def _run_locked(csv_path: Path, scorer: Scorer, out_path: Path, settings: RunSet
     summary.take_stats(runner.stats())  # Ray: summed over the workers' reports
     _write_output(out_path, settings.result_columns(segmenter is not None), fieldnames, rows, done, summary)
     summary.seconds = time.time() - run.t0
-    write_sidecar(csv_path, scorer, out_path, settings, summary, prior.earlier_runs, run,
-                  {"executor": opts.executor, "chunk_size": opts.chunk_size}, segmenter, embedders)
+    write_sidecar(
+        csv_path,
+        scorer,
+        out_path,
+        settings,
+        summary,
+        prior.earlier_runs,
+        run,
+        {"executor": opts.executor, "chunk_size": opts.chunk_size},
+        segmenter,
+        embedders,
+    )
     journal.remove()  # last: a fault before this leaves the journal, and the same command finishes the job
     return summary
 
 
-def choose_executor(scorer: Scorer, settings: RunSettings, opts: RunOptions, store: EncodingStore | None,
-                    segmenter: Segmenter | None = None, embedders: dict | None = None):
+def choose_executor(
+    scorer: Scorer,
+    settings: RunSettings,
+    opts: RunOptions,
+    store: EncodingStore | None,
+    segmenter: Segmenter | None = None,
+    embedders: dict | None = None,
+):
     """The executor ``opts.executor`` names (jobs/executors.py): a :class:`LocalExecutor` over one
     :class:`PairsJob` on ``scorer``, ``store`` and ``segmenter``, or a :class:`RayExecutor` whose
     workers each build their own job (:func:`build_pairs_job`: the same settings, store folder and
     resolved scorer and segmenter configs, the embedders' bundle folders and runner settings), on a GPU
     slot when the scorer's backend computes on one."""
     if opts.executor == "ray":
-        factory = _ray_factory(scorer, settings, opts.io_workers, opts.cache_dir, opts.cache_size_limit, segmenter,
-                               embedders)
-        return RayExecutor(factory, gpu=get_backend(scorer.backend).is_gpu(scorer.provider), address=opts.ray_address,
-                           workers=opts.ray_workers)
-    return LocalExecutor(PairsJob(scorer, settings, store=store, io_workers=opts.io_workers, segmenter=segmenter,
-                                  embedders=embedders))
+        factory = _ray_factory(
+            scorer, settings, opts.io_workers, opts.cache_dir, opts.cache_size_limit, segmenter, embedders
+        )
+        return RayExecutor(
+            factory,
+            gpu=get_backend(scorer.backend).is_gpu(scorer.provider),
+            address=opts.ray_address,
+            workers=opts.ray_workers,
+        )
+    return LocalExecutor(
+        PairsJob(scorer, settings, store=store, io_workers=opts.io_workers, segmenter=segmenter, embedders=embedders)
+    )
 
 
 def check_embedders(settings: RunSettings, embedders: dict, executor: str = "local") -> None:
@@ -144,8 +187,9 @@ def _duplicates(rows: list[dict]) -> list[tuple[int, int]]:
     return dups
 
 
-def _score_chunks(runner, chunks: list[Chunk], journal: Journal, run: RunRecord, done: dict, total: int,
-                  progress: bool) -> None:
+def _score_chunks(
+    runner, chunks: list[Chunk], journal: Journal, run: RunRecord, done: dict, total: int, progress: bool
+) -> None:
     """Score the chunks, journaling each one's rows (tagged with the run) and then the run's figures."""
     from tqdm import tqdm
 
@@ -163,8 +207,9 @@ def _score_chunks(runner, chunks: list[Chunk], journal: Journal, run: RunRecord,
         bar.close()
 
 
-def _write_output(out_path: Path, result_cols: tuple[str, ...], fieldnames: list[str], rows: list[dict],
-                  done: dict, summary: Summary) -> None:
+def _write_output(
+    out_path: Path, result_cols: tuple[str, ...], fieldnames: list[str], rows: list[dict], done: dict, summary: Summary
+) -> None:
     """Write the output in input order (input columns, then ``result_cols``) and count each row
     into ``summary``; map and saved-mask paths relative to the output's folder."""
     method_col = "method" if "method" in fieldnames else None

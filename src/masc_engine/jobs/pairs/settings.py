@@ -108,8 +108,13 @@ class RunSettings:
     def result_columns(self, segmenter: bool = False) -> tuple[str, ...]:
         """The result columns a run with these settings (and a segmenter or not) writes, in order."""
         opted = columns_of(tuple(m for m in self.run_metrics() if m.option is not None))
-        return (result_columns(self.run_metrics()) + (MASK_SOURCE_COLUMNS if segmenter else ()) + opted
-                + (MAP_COLUMNS if self.save_maps else ()) + (SAVED_MASK_COLUMNS if self.save_masks else ()))
+        return (
+            result_columns(self.run_metrics())
+            + (MASK_SOURCE_COLUMNS if segmenter else ())
+            + opted
+            + (MAP_COLUMNS if self.save_maps else ())
+            + (SAVED_MASK_COLUMNS if self.save_masks else ())
+        )
 
     def _budget_identity(self) -> dict:
         """The budgets set away from their defaults, under their masc-run options."""
@@ -126,11 +131,17 @@ class RunSettings:
         output compares (jobs/results.py ``settings_diff``). The same settings as
         :meth:`fingerprint`. ``embedders``: name -> runtime/embedder.py ``Embedder``; those the
         metrics read enter under ``--embedder NAME``."""
-        d = {"--bundle": scorer.bundle.fingerprint, "--exif": self.exif, **scorer.config.option_identity(),
-             "--min-reference-mask-frac": self.min_reference_mask_frac,
-             "--min-output-mask-frac": self.min_output_mask_frac,
-             "--mask-size-tolerance": self.mask_size_tolerance, "--baselines": self.baselines,
-             "--save-maps": self.save_maps, **self._budget_identity()}
+        d = {
+            "--bundle": scorer.bundle.fingerprint,
+            "--exif": self.exif,
+            **scorer.config.option_identity(),
+            "--min-reference-mask-frac": self.min_reference_mask_frac,
+            "--min-output-mask-frac": self.min_output_mask_frac,
+            "--mask-size-tolerance": self.mask_size_tolerance,
+            "--baselines": self.baselines,
+            "--save-maps": self.save_maps,
+            **self._budget_identity(),
+        }
         schema = schema_identity(self.run_metrics())
         if schema:
             d["result schema"] = schema_label(schema)
@@ -154,8 +165,12 @@ class RunSettings:
         than the built-in one: jobs/pairs/columns.py ``schema_identity``) enter only when they are set,
         so a run without them keeps the fingerprint it always had; the embedders the metrics read
         (``Embedder.identity()``) enter likewise."""
-        d = {"run": self.as_dict(), "bundle": scorer.bundle.fingerprint, **scorer.config.identity(),
-             **schema_identity(self.run_metrics())}
+        d = {
+            "run": self.as_dict(),
+            "bundle": scorer.bundle.fingerprint,
+            **scorer.config.identity(),
+            **schema_identity(self.run_metrics()),
+        }
         if self._embedder_identity(embedders):
             d["embedders"] = self._embedder_identity(embedders)
         if segmenter is not None:
@@ -164,10 +179,18 @@ class RunSettings:
 
 
 #: Settings recorded (and fingerprinted) only when they differ from these defaults.
-_OPTIONAL_SETTINGS = {"save_masks": None, "max_prompt_bytes": DEFAULT_MAX_PROMPT_BYTES,
-                      "max_prompt_tokens": DEFAULT_MAX_PROMPT_TOKENS, "max_file_bytes": None, "metrics": None}
-_BUDGET_OPTIONS = {"max_prompt_bytes": "--max-prompt-bytes", "max_prompt_tokens": "--max-prompt-tokens",
-                   "max_file_bytes": "--max-file-mb"}
+_OPTIONAL_SETTINGS = {
+    "save_masks": None,
+    "max_prompt_bytes": DEFAULT_MAX_PROMPT_BYTES,
+    "max_prompt_tokens": DEFAULT_MAX_PROMPT_TOKENS,
+    "max_file_bytes": None,
+    "metrics": None,
+}
+_BUDGET_OPTIONS = {
+    "max_prompt_bytes": "--max-prompt-bytes",
+    "max_prompt_tokens": "--max-prompt-tokens",
+    "max_file_bytes": "--max-file-mb",
+}
 
 
 def encoding_namespace(scorer: Scorer, exif: str) -> dict:
@@ -213,5 +236,8 @@ class RunOptions:
         """The persistent encoding store these options name, or None."""
         if self.cache_dir is None:
             return None
-        return EncodingStore(self.cache_dir, encoding_namespace(scorer, exif),
-                             **({"size_limit": self.cache_size_limit} if self.cache_size_limit else {}))
+        return EncodingStore(
+            self.cache_dir,
+            encoding_namespace(scorer, exif),
+            **({"size_limit": self.cache_size_limit} if self.cache_size_limit else {}),
+        )

@@ -56,8 +56,10 @@ class Summary:
 
     def lines(self) -> list[str]:
         """The console summary, one line per item."""
-        out = [f"rows: {self.rows}  ok: {self.ok}  not ok: {self.rows - self.ok}  resumed: {self.resumed}  "
-               f"({self.seconds:.1f}s, {self.images_encoded} images encoded, {self.cache_hits} cache hits)"]
+        out = [
+            f"rows: {self.rows}  ok: {self.ok}  not ok: {self.rows - self.ok}  resumed: {self.resumed}  "
+            f"({self.seconds:.1f}s, {self.images_encoded} images encoded, {self.cache_hits} cache hits)"
+        ]
         for status, n in sorted(self.statuses.items()):
             if status != "ok":
                 out.append(f"  {status}: {n}")
@@ -66,12 +68,16 @@ class Summary:
             out.append(f"  duplicate input rows: {len(self.duplicates)} (row=first seen: {shown})")
         if self.masks:
             m = self.masks
-            out.append(f"  masks: {m.get('masks_segmented', 0)} segmented ({m.get('segmenter_images_encoded', 0)} images "
-                       f"through the segmenter), {m.get('mask_cache_hits', 0)} from the cache")
+            out.append(
+                f"  masks: {m.get('masks_segmented', 0)} segmented ({m.get('segmenter_images_encoded', 0)} images "
+                f"through the segmenter), {m.get('mask_cache_hits', 0)} from the cache"
+            )
         if self.embeddings:
             e = self.embeddings
-            out.append(f"  embeddings: {e.get('images_embedded', 0)} images and {e.get('texts_embedded', 0)} prompts "
-                       f"through the embedders, {e.get('embedding_cache_hits', 0)} from the cache")
+            out.append(
+                f"  embeddings: {e.get('images_embedded', 0)} images and {e.get('texts_embedded', 0)} prompts "
+                f"through the embedders, {e.get('embedding_cache_hits', 0)} from the cache"
+            )
         if self.journal_repaired:
             out.append("  a torn last line of the previous run's journal was repaired")
         if self.lost_workers:
@@ -99,6 +105,13 @@ class Summary:
 
     def counts(self) -> dict:
         """The counts recorded in ``<out>.meta.json``."""
-        return {"rows": self.rows, "ok": self.ok, "resumed": self.resumed, "statuses": dict(self.statuses),
-                "duplicate_rows": len(self.duplicates), "images_encoded": self.images_encoded,
-                "cache_hits": self.cache_hits, **({"embeddings": dict(self.embeddings)} if self.embeddings else {})}
+        return {
+            "rows": self.rows,
+            "ok": self.ok,
+            "resumed": self.resumed,
+            "statuses": dict(self.statuses),
+            "duplicate_rows": len(self.duplicates),
+            "images_encoded": self.images_encoded,
+            "cache_hits": self.cache_hits,
+            **({"embeddings": dict(self.embeddings)} if self.embeddings else {}),
+        }

@@ -104,7 +104,9 @@ def _alpha_direct(data: np.ndarray, level: str) -> float:
     return 1.0 - (n - 1) * w / b
 
 
-def krippendorff_alpha(ratings: Any, level: str = "interval", *, value_domain: Sequence[float] | None = None) -> Estimate:
+def krippendorff_alpha(
+    ratings: Any, level: str = "interval", *, value_domain: Sequence[float] | None = None
+) -> Estimate:
     """Krippendorff's alpha for a coders x units matrix.
 
     Args:
@@ -159,7 +161,11 @@ def krippendorff_alpha(ratings: Any, level: str = "interval", *, value_domain: S
         )
     if uniq.size <= _PACKAGE_MAX_DOMAIN:
         kd = _require("krippendorff")
-        domain = np.unique(np.concatenate([uniq, np.asarray(value_domain, dtype=np.float64)])) if value_domain is not None else uniq
+        domain = (
+            np.unique(np.concatenate([uniq, np.asarray(value_domain, dtype=np.float64)]))
+            if value_domain is not None
+            else uniq
+        )
         # Units with fewer than two values carry no weight; dropping them keeps
         # the package's arrays small and does not change alpha.
         value = float(kd.alpha(reliability_data=data[:, pairable], value_domain=domain, level_of_measurement=level))
@@ -418,4 +424,3 @@ def _fast_metric_human_alpha(
         return float(np.mean(vals)) if vals else float("nan")
 
     return run
-

@@ -9,6 +9,7 @@ import numpy as np
 from .bootstrap import _percentile_bootstrap, _unit_arrays
 from .estimate import CI, Estimate, _require
 
+
 def _as_labels(is_within: Any) -> np.ndarray:
     lab = np.asarray(is_within)
     if lab.dtype == bool:
@@ -104,4 +105,3 @@ def within_vs_cross_auc(
     return _percentile_bootstrap(
         roc_auc, arrs, n, n_resamples=n_resamples, confidence=confidence, seed=seed, strata=lab, resampled=fast
     )
-

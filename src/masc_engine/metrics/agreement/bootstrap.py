@@ -11,6 +11,7 @@ import numpy as np
 
 from .estimate import CI, Estimate
 
+
 def _as_estimate(out: Any, n: int) -> Estimate:
     if isinstance(out, Estimate):
         return out
@@ -75,7 +76,9 @@ def _percentile_bootstrap(
             vals.append(est.value)
     n_valid = len(vals)
     if n_valid == 0:
-        return CI(point, float("nan"), float("nan"), confidence, n_resamples, 0, "statistic undefined in every resample")
+        return CI(
+            point, float("nan"), float("nan"), confidence, n_resamples, 0, "statistic undefined in every resample"
+        )
     alpha = 1.0 - confidence
     low, high = np.quantile(np.asarray(vals), [alpha / 2.0, 1.0 - alpha / 2.0])
     note = None
@@ -119,7 +122,9 @@ def bootstrap_ci(
         ValueError: No arrays, unit-axis mismatch, bad confidence / n_resamples / strata.
     """
     arrs, n = _unit_arrays(arrays)
-    return _percentile_bootstrap(statistic, arrs, n, n_resamples=n_resamples, confidence=confidence, seed=seed, strata=strata)
+    return _percentile_bootstrap(
+        statistic, arrs, n, n_resamples=n_resamples, confidence=confidence, seed=seed, strata=strata
+    )
 
 
 def bootstrap_diff_ci(
@@ -152,5 +157,6 @@ def bootstrap_diff_ci(
             return Estimate.undefined(eb.n, f"second statistic undefined: {eb.reason}")
         return Estimate(ea.value - eb.value, min(ea.n, eb.n))
 
-    return _percentile_bootstrap(diff, arrs, n, n_resamples=n_resamples, confidence=confidence, seed=seed, strata=strata)
-
+    return _percentile_bootstrap(
+        diff, arrs, n, n_resamples=n_resamples, confidence=confidence, seed=seed, strata=strata
+    )

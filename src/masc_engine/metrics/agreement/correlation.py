@@ -11,6 +11,7 @@ import numpy as np
 from ..ranked import RankedPairs, spearman_rho
 from .estimate import Estimate, _as_metric_human, _check_agg, _mean_over_raters
 
+
 def spearman(x: Any, y: Any) -> Estimate:
     """Spearman's rank correlation, ties as average ranks.
 
@@ -41,7 +42,9 @@ def spearman(x: Any, y: Any) -> Estimate:
         return Estimate.undefined(n, f"{n} complete pair(s); need >= 2")
     for name, v in (("x", a), ("y", b)):
         if np.all(v == v[0]):
-            return Estimate.undefined(n, f"{name} is constant (all {n} values equal {v[0]:g}); rank correlation is undefined")
+            return Estimate.undefined(
+                n, f"{name} is constant (all {n} values equal {v[0]:g}); rank correlation is undefined"
+            )
     return Estimate(spearman_rho(a, b), n)
 
 

@@ -15,6 +15,7 @@ from .bootstrap import _percentile_bootstrap, _unit_arrays
 from .correlation import _fast_metric_human_spearman, metric_human_spearman
 from .estimate import CI, Estimate, _categories, _check_agg, _check_level
 
+
 @dataclass(frozen=True)
 class Joined:
     """Score rows joined with human ratings on the key.

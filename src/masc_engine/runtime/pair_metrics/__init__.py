@@ -5,8 +5,19 @@
 the classic metrics (CLIP-I, CLIP-T, DINO, DINOv2) asked for by name (``masc-run --metrics``).
 """
 
-from .base import (HostTokens, compute_all, MetricBatch, PairMetric, columns_of, get_metric, headline_metrics, metrics_for, register,
-                   registered, score_metrics)
+from .base import (
+    HostTokens,
+    compute_all,
+    MetricBatch,
+    PairMetric,
+    columns_of,
+    get_metric,
+    headline_metrics,
+    metrics_for,
+    register,
+    registered,
+    score_metrics,
+)
 
 # The built-in metrics, registered on import in this order (registration order is column order):
 # MaSC's scores first, then the opt-in baselines, then the classic metrics. A new metric module is
@@ -27,5 +38,16 @@ def _load_plugins() -> None:
 
 _load_plugins()
 
-__all__ = ["HostTokens", "compute_all", "MetricBatch", "PairMetric", "columns_of", "get_metric", "headline_metrics", "metrics_for", "register",
-           "registered", "score_metrics"]
+__all__ = [
+    "HostTokens",
+    "compute_all",
+    "MetricBatch",
+    "PairMetric",
+    "columns_of",
+    "get_metric",
+    "headline_metrics",
+    "metrics_for",
+    "register",
+    "registered",
+    "score_metrics",
+]

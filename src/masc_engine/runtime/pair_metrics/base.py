@@ -19,8 +19,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HostTokens", "MetricBatch", "PairMetric", "register", "registered", "get_metric", "headline_metrics", "score_metrics",
-           "metrics_for", "columns_of", "compute_all"]
+__all__ = [
+    "HostTokens",
+    "MetricBatch",
+    "PairMetric",
+    "register",
+    "registered",
+    "get_metric",
+    "headline_metrics",
+    "score_metrics",
+    "metrics_for",
+    "columns_of",
+    "compute_all",
+]
 
 
 @dataclass

@@ -42,8 +42,9 @@ def _global_pool(batch: MetricBatch) -> dict[int, np.ndarray]:
         encs.setdefault(id(it.ref_enc), it.ref_enc)
         encs.setdefault(id(it.out_enc), it.out_enc)
     keys = list(encs)
-    full, _ = batch.scorer.pool_background([encs[k] for k in keys],
-                                           [np.zeros(encs[k].tokens.shape[0], np.bool_) for k in keys])
+    full, _ = batch.scorer.pool_background(
+        [encs[k] for k in keys], [np.zeros(encs[k].tokens.shape[0], np.bool_) for k in keys]
+    )
     return {k: full[j] for j, k in enumerate(keys)}
 
 
@@ -62,8 +63,12 @@ def _cp_mnn(batch: MetricBatch) -> list[dict[str, Any]]:
         sims = heads.cosine_matrix(batch.host_tokens(it.ref_enc)[keep], batch.host_tokens(it.out_enc))
         j = sims.argmax(axis=1)
         mutual = sims.argmax(axis=0)[j] == np.arange(sims.shape[0])
-        out.append({"cp_mnn": float(np.mean(np.where(mutual, sims.max(axis=1), 0.0), dtype=np.float32)),
-                    "cp_mnn_frac": float(mutual.mean())})
+        out.append(
+            {
+                "cp_mnn": float(np.mean(np.where(mutual, sims.max(axis=1), 0.0), dtype=np.float32)),
+                "cp_mnn_frac": float(mutual.mean()),
+            }
+        )
     return out
 
 
@@ -82,30 +87,56 @@ def _pf_pooling(batch: MetricBatch) -> list[dict[str, Any]]:
         d = {}
         for region, vec in (("full", full[id(it.out_enc)]), ("bg", pooled_bg[i]), ("fg", pooled_fg[i])):
             for kind, text in (("stripped", stripped[i]), ("unstripped", it.prompt)):
-                d[f"pf_{region}_{kind}"] = (float("nan") if not np.isfinite(vec).all()
-                                            else heads.cosine(vec, emb[row[text]]))
+                d[f"pf_{region}_{kind}"] = (
+                    float("nan") if not np.isfinite(vec).all() else heads.cosine(vec, emb[row[text]])
+                )
         out.append(d)
     return out
 
 
-def _baseline(name: str, columns: tuple[str, ...], compute: Compute, description: str, reference: str,
-              encoders: tuple[str, ...] = ("siglip2.vision", "siglip2.pool")) -> PairMetric:
-    return register(PairMetric(name=name, columns=columns, compute=compute, option=BASELINES,
-                               encoders=encoders, description=description, reference=reference))
+def _baseline(
+    name: str,
+    columns: tuple[str, ...],
+    compute: Compute,
+    description: str,
+    reference: str,
+    encoders: tuple[str, ...] = ("siglip2.vision", "siglip2.pool"),
+) -> PairMetric:
+    return register(
+        PairMetric(
+            name=name,
+            columns=columns,
+            compute=compute,
+            option=BASELINES,
+            encoders=encoders,
+            description=description,
+            reference=reference,
+        )
+    )
 
 
 CP_GLOBAL = _baseline(
-    "cp_global", ("cp_global",), _cp_global,
+    "cp_global",
+    ("cp_global",),
+    _cp_global,
     "cosine of the reference's and the output's global pooled embeddings (pooling head, nothing hidden), [-1, 1]",
-    "arXiv 2605.22469 Table 4")
+    "arXiv 2605.22469 Table 4",
+)
 CP_MNN = _baseline(
-    "cp_mnn", ("cp_mnn", "cp_mnn_frac"), _cp_mnn,
+    "cp_mnn",
+    ("cp_mnn", "cp_mnn_frac"),
+    _cp_mnn,
     "CP counting a reference foreground patch only when its best output match is mutual (else 0), [-1, 1]; "
     "cp_mnn_frac: the share of mutual matches, [0, 1]",
-    "arXiv 2605.22469 Sec. 4.4 (our reading; unverified against the paper's code)", encoders=("siglip2.vision",))
+    "arXiv 2605.22469 Sec. 4.4 (our reading; unverified against the paper's code)",
+    encoders=("siglip2.vision",),
+)
 PF_POOLING = _baseline(
-    "pf_pooling", tuple(f"pf_{r}_{k}" for r in ("full", "bg", "fg") for k in ("stripped", "unstripped")),
+    "pf_pooling",
+    tuple(f"pf_{r}_{k}" for r in ("full", "bg", "fg") for k in ("stripped", "unstripped")),
     _pf_pooling,
     "PF with the pooling head over all patches, the background or the foreground, against the stripped or "
     "the original prompt, [-1, 1] (pf_bg_stripped is PF)",
-    "arXiv 2605.22469 Sec. 4.4", encoders=("siglip2.vision", "siglip2.pool", "siglip2.text"))
+    "arXiv 2605.22469 Sec. 4.4",
+    encoders=("siglip2.vision", "siglip2.pool", "siglip2.text"),
+)

@@ -34,14 +34,31 @@ import numpy as np
 
 from .base import MetricBatch, PairMetric, register
 
-__all__ = ["CLASSIC", "EMBEDDER_OF", "COLUMN_RECIPES", "CLIP_I", "CLIP_T", "DINO", "DINO_S8", "DINOV2", "CLIP_SCORE_TM",
-           "cosine100", "clip_score_tm_aggregate"]
+__all__ = [
+    "CLASSIC",
+    "EMBEDDER_OF",
+    "COLUMN_RECIPES",
+    "CLIP_I",
+    "CLIP_T",
+    "DINO",
+    "DINO_S8",
+    "DINOV2",
+    "CLIP_SCORE_TM",
+    "cosine100",
+    "clip_score_tm_aggregate",
+]
 
 #: The run option of these metrics: each is asked for by name (``RunSettings.metrics``).
 CLASSIC = "classic"
 #: Metric name -> the embedder (``masc-run --embedder NAME=BUNDLE``) it reads.
-EMBEDDER_OF = {"clip_i": "clip", "clip_t": "clip", "dino": "dino", "dino_s8": "dino_s8", "dinov2": "dinov2",
-               "clip_score_tm": "clip_l14"}
+EMBEDDER_OF = {
+    "clip_i": "clip",
+    "clip_t": "clip",
+    "dino": "dino",
+    "dino_s8": "dino_s8",
+    "dinov2": "dinov2",
+    "clip_score_tm": "clip_l14",
+}
 
 _DREAMBENCH = "yuangpeng/dreambench_plus dreambench_plus/metrics/"
 
@@ -110,69 +127,138 @@ def clip_score_tm_aggregate(values: Sequence[float] | np.ndarray) -> float:
 
 
 def _classic(name: str, compute, encoders: tuple[str, ...], description: str, reference: str) -> PairMetric:
-    return register(PairMetric(name=name, columns=(name,), compute=compute, status_column=f"{name}_status",
-                               statuses=("no_embedding",), encoders=encoders, option=CLASSIC,
-                               description=description, reference=reference, version=1))
+    return register(
+        PairMetric(
+            name=name,
+            columns=(name,),
+            compute=compute,
+            status_column=f"{name}_status",
+            statuses=("no_embedding",),
+            encoders=encoders,
+            option=CLASSIC,
+            description=description,
+            reference=reference,
+            version=1,
+        )
+    )
 
 
 CLIP_I = _classic(
-    "clip_i", _image_pair("clip_i"), ("clip.image",),
+    "clip_i",
+    _image_pair("clip_i"),
+    ("clip.image",),
     "100 x cosine of the reference's and the output's CLIP image projections, [-100, 100], no clamp",
-    _DREAMBENCH + "clip_score.py")
+    _DREAMBENCH + "clip_score.py",
+)
 CLIP_T = _classic(
-    "clip_t", _image_text("clip_t"), ("clip.image", "clip.text"),
+    "clip_t",
+    _image_text("clip_t"),
+    ("clip.image", "clip.text"),
     "100 x cosine of the output's CLIP image projection and the prompt's text projection (prompt as given), "
-    "[-100, 100], no clamp", _DREAMBENCH + "clip_score.py")
+    "[-100, 100], no clamp",
+    _DREAMBENCH + "clip_score.py",
+)
 DINO = _classic(
-    "dino", _image_pair("dino"), ("dino.image",),
+    "dino",
+    _image_pair("dino"),
+    ("dino.image",),
     "100 x cosine of the reference's and the output's DINO ViT-S/16 CLS embeddings, [-100, 100]",
-    "facebookresearch/dino eval_knn.py, hubconf.py; " + _DREAMBENCH + "dino_score.py")
+    "facebookresearch/dino eval_knn.py, hubconf.py; " + _DREAMBENCH + "dino_score.py",
+)
 DINO_S8 = _classic(
-    "dino_s8", _image_pair("dino_s8"), ("dino_s8.image",),
+    "dino_s8",
+    _image_pair("dino_s8"),
+    ("dino_s8.image",),
     "100 x cosine of the reference's and the output's DINO ViT-S/8 CLS embeddings, [-100, 100]",
-    _DREAMBENCH + "dino_score.py (its default backbone)")
+    _DREAMBENCH + "dino_score.py (its default backbone)",
+)
 DINOV2 = _classic(
-    "dinov2", _image_pair("dinov2"), ("dinov2.image",),
+    "dinov2",
+    _image_pair("dinov2"),
+    ("dinov2.image",),
     "100 x cosine of the reference's and the output's DINOv2-small CLS embeddings, [-100, 100]",
-    _DREAMBENCH + "dino_score.py (Dinov2Model)")
+    _DREAMBENCH + "dino_score.py (Dinov2Model)",
+)
 CLIP_SCORE_TM = _classic(
-    "clip_score_tm", _image_text("clip_score_tm"), ("clip_l14.image", "clip_l14.text"),
+    "clip_score_tm",
+    _image_text("clip_score_tm"),
+    ("clip_l14.image", "clip_l14.text"),
     "torchmetrics CLIPScore's per-sample score: 100 x cosine of the output's CLIP L/14 image projection and "
     "the prompt's text projection, [-100, 100], unclamped (torchmetrics clamps the mean: clip_score_tm_aggregate)",
-    "Lightning-AI/torchmetrics 1.9.0 src/torchmetrics/functional/multimodal/clip_score.py")
+    "Lightning-AI/torchmetrics 1.9.0 src/torchmetrics/functional/multimodal/clip_score.py",
+)
 
-_CLIP_TEXT = ("CLIP BPE of the prompt as given (subject name kept), padded to 77, truncated at 77 keeping "
-              "end-of-text; embedding at end-of-text, text projection")
+_CLIP_TEXT = (
+    "CLIP BPE of the prompt as given (subject name kept), padded to 77, truncated at 77 keeping "
+    "end-of-text; embedding at end-of-text, text projection"
+)
 #: Each classic column's recipe as data (the sidecar and docs/metrics.md give these): checkpoint,
 #: image recipe (runtime/recipes.py ``NAMED_RECIPES`` key), text, embedding, scale, clamp, pairing,
 #: the source it follows.
 COLUMN_RECIPES: dict[str, dict] = {
-    "clip_i": {"checkpoint": "openai/clip-vit-base-patch32", "image_recipe": "clip_b32_dreambench", "text": None,
-               "embedding": "visual_projection(post_layernorm(CLS)), L2-normalised", "scale": "100 x cosine",
-               "clamp": None, "pairing": "one reference <-> one output", "follows": CLIP_I.reference},
-    "clip_t": {"checkpoint": "openai/clip-vit-base-patch32", "image_recipe": "clip_b32_dreambench",
-               "text": _CLIP_TEXT, "embedding": "image and text projections, L2-normalised", "scale": "100 x cosine",
-               "clamp": None, "pairing": "output <-> its prompt", "follows": CLIP_T.reference},
-    "dino": {"checkpoint": "facebook/dino-vits16 (LayerNorm eps 1e-6)", "image_recipe": "dino_v1_eval", "text": None,
-             "embedding": "CLS after the final norm, L2-normalised", "scale": "100 x cosine", "clamp": None,
-             "pairing": "one reference <-> one output", "follows": DINO.reference},
-    "dino_s8": {"checkpoint": "facebook/dino-vits8 (LayerNorm eps 1e-6)", "image_recipe": "dino_v1_eval", "text": None,
-                "embedding": "CLS after the final norm, L2-normalised", "scale": "100 x cosine", "clamp": None,
-                "pairing": "one reference <-> one output", "follows": DINO_S8.reference},
-    "dinov2": {"checkpoint": "facebook/dinov2-small", "image_recipe": "dinov2_hf", "text": None,
-               "embedding": "CLS after the layer norm, L2-normalised", "scale": "100 x cosine", "clamp": None,
-               "pairing": "one reference <-> one output", "follows": DINOV2.reference},
+    "clip_i": {
+        "checkpoint": "openai/clip-vit-base-patch32",
+        "image_recipe": "clip_b32_dreambench",
+        "text": None,
+        "embedding": "visual_projection(post_layernorm(CLS)), L2-normalised",
+        "scale": "100 x cosine",
+        "clamp": None,
+        "pairing": "one reference <-> one output",
+        "follows": CLIP_I.reference,
+    },
+    "clip_t": {
+        "checkpoint": "openai/clip-vit-base-patch32",
+        "image_recipe": "clip_b32_dreambench",
+        "text": _CLIP_TEXT,
+        "embedding": "image and text projections, L2-normalised",
+        "scale": "100 x cosine",
+        "clamp": None,
+        "pairing": "output <-> its prompt",
+        "follows": CLIP_T.reference,
+    },
+    "dino": {
+        "checkpoint": "facebook/dino-vits16 (LayerNorm eps 1e-6)",
+        "image_recipe": "dino_v1_eval",
+        "text": None,
+        "embedding": "CLS after the final norm, L2-normalised",
+        "scale": "100 x cosine",
+        "clamp": None,
+        "pairing": "one reference <-> one output",
+        "follows": DINO.reference,
+    },
+    "dino_s8": {
+        "checkpoint": "facebook/dino-vits8 (LayerNorm eps 1e-6)",
+        "image_recipe": "dino_v1_eval",
+        "text": None,
+        "embedding": "CLS after the final norm, L2-normalised",
+        "scale": "100 x cosine",
+        "clamp": None,
+        "pairing": "one reference <-> one output",
+        "follows": DINO_S8.reference,
+    },
+    "dinov2": {
+        "checkpoint": "facebook/dinov2-small",
+        "image_recipe": "dinov2_hf",
+        "text": None,
+        "embedding": "CLS after the layer norm, L2-normalised",
+        "scale": "100 x cosine",
+        "clamp": None,
+        "pairing": "one reference <-> one output",
+        "follows": DINOV2.reference,
+    },
     "clip_score_tm": {
         "checkpoint": "openai/clip-vit-large-patch14 (torchmetrics' default model_name_or_path)",
         "image_recipe": "clip_l14_torchmetrics",
         "text": "CLIP BPE of the prompt as given, padded to the longest in the batch (padding=True), attention "
-                "mask passed; equal to the engine's for prompts of at most 77 tokens. A longer prompt: torchmetrics "
-                "keeps its first 77 ids (end-of-text dropped, the pooled token is then the highest id among them), "
-                "the engine keeps end-of-text at position 77: such rows differ",
+        "mask passed; equal to the engine's for prompts of at most 77 tokens. A longer prompt: torchmetrics "
+        "keeps its first 77 ids (end-of-text dropped, the pooled token is then the highest id among them), "
+        "the engine keeps end-of-text at position 77: such rows differ",
         "embedding": "get_image_features / get_text_features (pooler_output unwrapped), L2-normalised",
         "scale": "100 x cosine per sample",
         "clamp": "max(mean, 0) on the mean over the rows (clip_score_tm_aggregate), never per row: the column "
-                 "holds the unclamped per-sample score",
-        "pairing": "output <-> its prompt", "follows": CLIP_SCORE_TM.reference + " (_clip_score_update, clip_score); "
-                                                     "src/torchmetrics/multimodal/clip_score.py (CLIPScore.compute)"},
+        "holds the unclamped per-sample score",
+        "pairing": "output <-> its prompt",
+        "follows": CLIP_SCORE_TM.reference + " (_clip_score_update, clip_score); "
+        "src/torchmetrics/multimodal/clip_score.py (CLIPScore.compute)",
+    },
 }

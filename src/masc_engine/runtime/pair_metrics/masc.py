@@ -23,13 +23,16 @@ def _cp(batch: MetricBatch) -> list[dict[str, Any]]:
         if math.isnan(res.cp):
             name = batch.ref_mask_names[i] if batch.ref_mask_names else "the reference mask"
             if batch.ref_any_foreground and not batch.ref_any_foreground[i]:
-                row.update(status="empty_reference_mask",
-                           note=f"{name} has no foreground pixel: CP undefined, PF scored")
+                row.update(
+                    status="empty_reference_mask", note=f"{name} has no foreground pixel: CP undefined, PF scored"
+                )
             else:
                 g = it.ref_enc.grid
-                row.update(status="reference_mask_below_threshold",
-                           note=f"{name}: no patch of the {g[0]}x{g[1]} grid has mask weight > "
-                                f"{batch.fg_threshold}: CP undefined, PF scored")
+                row.update(
+                    status="reference_mask_below_threshold",
+                    note=f"{name}: no patch of the {g[0]}x{g[1]} grid has mask weight > "
+                    f"{batch.fg_threshold}: CP undefined, PF scored",
+                )
         out.append(row)
     return out
 
@@ -44,18 +47,35 @@ def _pf(batch: MetricBatch) -> list[dict[str, Any]]:
     return out
 
 
-CP = register(PairMetric(
-    name="cp", columns=("cp",), compute=_cp, status_column="cp_status", headline=True,
-    statuses=("empty_reference_mask", "reference_mask_below_threshold"), encoders=("siglip2.vision",),
-    label="CP (concept preservation)",
-    description="Concept Preservation (masked_maxcos): mean over reference foreground patches of the best "
-                "cosine to any output patch, [-1, 1]; NaN when no reference patch is foreground",
-    reference="arXiv 2605.22469 Sec. 3.1; masc-metric 0.3.0 masc/metric.py"))
+CP = register(
+    PairMetric(
+        name="cp",
+        columns=("cp",),
+        compute=_cp,
+        status_column="cp_status",
+        headline=True,
+        statuses=("empty_reference_mask", "reference_mask_below_threshold"),
+        encoders=("siglip2.vision",),
+        label="CP (concept preservation)",
+        description="Concept Preservation (masked_maxcos): mean over reference foreground patches of the best "
+        "cosine to any output patch, [-1, 1]; NaN when no reference patch is foreground",
+        reference="arXiv 2605.22469 Sec. 3.1; masc-metric 0.3.0 masc/metric.py",
+    )
+)
 
-PF = register(PairMetric(
-    name="pf", columns=("pf",), compute=_pf, status_column="pf_status", headline=True,
-    statuses=("no_background",), encoders=("siglip2.vision", "siglip2.text"), label="PF (prompt following)",
-    description="Prompt Following: cosine of the attention-pooled output background (foreground patches in the "
-                "key_padding_mask) and the subject-stripped prompt's text embedding, [-1, 1]; NaN when the "
-                "output mask hides every patch",
-    reference="arXiv 2605.22469 Sec. 3.2; masc-metric 0.3.0 masc/metric.py"))
+PF = register(
+    PairMetric(
+        name="pf",
+        columns=("pf",),
+        compute=_pf,
+        status_column="pf_status",
+        headline=True,
+        statuses=("no_background",),
+        encoders=("siglip2.vision", "siglip2.text"),
+        label="PF (prompt following)",
+        description="Prompt Following: cosine of the attention-pooled output background (foreground patches in the "
+        "key_padding_mask) and the subject-stripped prompt's text embedding, [-1, 1]; NaN when the "
+        "output mask hides every patch",
+        reference="arXiv 2605.22469 Sec. 3.2; masc-metric 0.3.0 masc/metric.py",
+    )
+)
