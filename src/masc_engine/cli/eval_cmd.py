@@ -20,7 +20,7 @@ from ..jobs import eval_tables as et
 from ..jobs import evaluation as ev
 from ..jobs.tables import TableError, read_table, write_table
 from ..metrics import agreement as ag
-from .eval_tables_cmd import compare_cmd, parse_metrics, table_cmd, warn_random_weights
+from .eval_tables_cmd import compare_cmd, parse_metrics, sample_options, table_cmd, warn_random_weights
 
 T = TypeVar("T")
 
@@ -85,30 +85,12 @@ def _score_column_help() -> str:
 
 _COMMON = [
     click.option("--score-column", default="cp", show_default=True, help=_score_column_help()),
-    click.option(
-        "--status-column",
-        default="status",
-        show_default=True,
-        help="Only rows whose status is an --ok-status are used; ignored if the column is absent. Empty string "
-        "disables. Left at 'status' with a masc-run file, the score's own <score-column>_status is used, so "
+    *sample_options(
+        status_help="Only rows whose status is an --ok-status are used; ignored if the column is absent. Empty "
+        "string disables. Left at 'status' with a masc-run file, the score's own <score-column>_status is used, so "
         "a PF defined on a row whose CP is undefined still counts.",
-    ),
-    click.option(
-        "--ok-status",
-        "ok_statuses",
-        multiple=True,
-        default=("ok",),
-        show_default=True,
-        help="Status value(s) whose rows are used; repeatable (e.g. add no_background for CP, whose CP is valid).",
-    ),
-    click.option(
-        "--n-resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples."
-    ),
-    click.option(
-        "--confidence", default=0.95, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True)
-    ),
-    click.option(
-        "--seed", default=0, show_default=True, type=int, help="Bootstrap seed (results are deterministic per seed)."
+        ok_help="Status value(s) whose rows are used; repeatable (e.g. add no_background for CP, whose CP is valid).",
+        seed_help="Bootstrap seed (results are deterministic per seed).",
     ),
     click.option(
         "--out",

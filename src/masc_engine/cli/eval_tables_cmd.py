@@ -8,6 +8,7 @@ A thin shell over :mod:`masc_engine.jobs.eval_tables` (units, means, paired diff
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -17,7 +18,7 @@ from ..jobs import eval_tables as et
 from ..jobs.evaluation import DataError
 from ..jobs.tables import TableError, read_table
 
-__all__ = ["table_cmd", "compare_cmd", "warn_random_weights", "emit", "parse_metrics"]
+__all__ = ["table_cmd", "compare_cmd", "warn_random_weights", "emit", "parse_metrics", "sample_options"]
 
 
 def parse_metrics(text: str | None) -> tuple[str, ...]:
@@ -62,6 +63,32 @@ def emit(text: str, out: str | None) -> None:
         click.echo(f"\nwrote {out}")
 
 
+def sample_options(status_help: str, ok_help: str, seed_help: str) -> list[Callable[[Any], Any]]:
+    """The click options of :class:`~masc_engine.jobs.evaluation.SampleOptions`, shared by every
+    masc-eval command: ``--status-column``, ``--ok-status`` (repeatable, into ``ok_statuses``),
+    ``--n-resamples``, ``--confidence`` and ``--seed``, with the defaults of the dataclass.
+
+    Args:
+        status_help: the command's help text of ``--status-column``.
+        ok_help: the command's help text of ``--ok-status``.
+        seed_help: the command's help text of ``--seed``.
+
+    Returns:
+        The five decorators, in the order the help lists them.
+    """
+    return [
+        click.option("--status-column", default="status", show_default=True, help=status_help),
+        click.option("--ok-status", "ok_statuses", multiple=True, default=("ok",), show_default=True, help=ok_help),
+        click.option(
+            "--n-resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples."
+        ),
+        click.option(
+            "--confidence", default=0.95, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True)
+        ),
+        click.option("--seed", default=0, show_default=True, type=int, help=seed_help),
+    ]
+
+
 _OPTIONS = [
     click.option(
         "--metrics",
@@ -89,27 +116,11 @@ _OPTIONS = [
         help="Average the rows sharing the method and --key into one unit (one generated image "
         "scored against several references).",
     ),
-    click.option(
-        "--status-column",
-        default="status",
-        show_default=True,
-        help="As in agreement: a column's own <column>_status when the file has it, else this.",
+    *sample_options(
+        status_help="As in agreement: a column's own <column>_status when the file has it, else this.",
+        ok_help="Status value(s) whose rows count; repeatable.",
+        seed_help="Bootstrap seed.",
     ),
-    click.option(
-        "--ok-status",
-        "ok_statuses",
-        multiple=True,
-        default=("ok",),
-        show_default=True,
-        help="Status value(s) whose rows count; repeatable.",
-    ),
-    click.option(
-        "--n-resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples."
-    ),
-    click.option(
-        "--confidence", default=0.95, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True)
-    ),
-    click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap seed."),
     click.option(
         "--format",
         "fmt",

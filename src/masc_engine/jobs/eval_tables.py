@@ -85,7 +85,7 @@ def metric_columns(columns: Sequence[str], requested: Sequence[str] = (), source
 
 
 @dataclass(frozen=True)
-class TableOptions:
+class TableOptions(ev.SampleOptions):
     """What :func:`score_units` reads and the tables compute (masc-eval table / compare options).
 
     Attributes:
@@ -104,20 +104,15 @@ class TableOptions:
     subject_column: str | None = "subject"
     key: str | tuple[str, ...] = ("subject", "prompt")
     average_references: bool = False
-    status_column: str | None = "status"
-    ok_statuses: tuple[str, ...] = ("ok",)
-    n_resamples: int = 1000
-    confidence: float = 0.95
-    seed: int | None = 0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         key = tuple(c.strip() for c in self.key.split(",")) if isinstance(self.key, str) else tuple(self.key)
         if not key or any(not c for c in key):
             raise ValueError(f"key must name at least one column, got {self.key!r}")
         object.__setattr__(self, "key", key)
         object.__setattr__(self, "metrics", ev._strings(self.metrics))
-        object.__setattr__(self, "ok_statuses", ev._strings(self.ok_statuses))
-        for name in ("method_column", "subject_column", "status_column"):
+        for name in ("method_column", "subject_column"):
             object.__setattr__(self, name, getattr(self, name) or None)
 
 

@@ -42,6 +42,7 @@ from .tables import Table, parse_bool, parse_number, read_table
 __all__ = [
     "POOLED",
     "DataError",
+    "SampleOptions",
     "AgreementOptions",
     "AucOptions",
     "AgreementTable",
@@ -71,7 +72,34 @@ def _strings(v: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class AgreementOptions:
+class SampleOptions:
+    """The options every masc-eval table shares: which rows count and the bootstrap's settings.
+
+    The base of :class:`AgreementOptions`, :class:`AucOptions` and
+    :class:`~masc_engine.jobs.eval_tables.TableOptions` (all fields keyword-only in use).
+
+    Attributes:
+        status_column: only rows whose status is one of ``ok_statuses`` are used (see the module
+            docstring for ``<score>_status``); None (or ``""``): no status filter.
+        ok_statuses: status values whose rows are used (a string: one value).
+        n_resamples: bootstrap resamples (>= 1).
+        confidence: the interval's coverage, in (0, 1).
+        seed: the bootstrap's seed (results are deterministic per seed); None: fresh entropy.
+    """
+
+    status_column: str | None = "status"
+    ok_statuses: tuple[str, ...] = ("ok",)
+    n_resamples: int = 1000
+    confidence: float = 0.95
+    seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status_column", self.status_column or None)
+        object.__setattr__(self, "ok_statuses", _strings(self.ok_statuses))
+
+
+@dataclass(frozen=True)
+class AgreementOptions(SampleOptions):
     """What :func:`agreement_table` joins and computes (masc-eval agreement's options).
 
     Attributes:
@@ -99,23 +127,17 @@ class AgreementOptions:
     rating_columns: tuple[str, ...] = ()
     key: str | tuple[str, ...] = "key"
     method_column: str | None = "method"
-    status_column: str | None = "status"
-    ok_statuses: tuple[str, ...] = ("ok",)
     scale: tuple[float, ...] | None = None
     levels: tuple[str, ...] = DEFAULT_LEVELS
     mapping: str = "quantile"
     human_agg: str = "per_rater"
-    n_resamples: int = 1000
-    confidence: float = 0.95
-    seed: int | None = 0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         norm = {
             "rating_columns": _strings(self.rating_columns),
             "key": self.key if isinstance(self.key, str) else tuple(self.key),
             "method_column": self.method_column or None,
-            "status_column": self.status_column or None,
-            "ok_statuses": _strings(self.ok_statuses),
             "scale": None if self.scale is None else tuple(float(v) for v in self.scale),
             "levels": _strings(self.levels) or DEFAULT_LEVELS,
         }
@@ -129,7 +151,7 @@ class AgreementOptions:
 
 
 @dataclass(frozen=True)
-class AucOptions:
+class AucOptions(SampleOptions):
     """What :func:`auc_table` reads and computes (masc-eval auc's options; masc-report's
     within- vs cross-subject section).
 
@@ -148,16 +170,10 @@ class AucOptions:
     within_column: str = "within"
     within_value: str | None = None
     group_column: str | None = None
-    status_column: str | None = "status"
-    ok_statuses: tuple[str, ...] = ("ok",)
-    n_resamples: int = 1000
-    confidence: float = 0.95
-    seed: int | None = 0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         object.__setattr__(self, "group_column", self.group_column or None)
-        object.__setattr__(self, "status_column", self.status_column or None)
-        object.__setattr__(self, "ok_statuses", _strings(self.ok_statuses))
 
 
 # --------------------------------------------------------------------------
