@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from ..engine.manifest import write_manifest
-from ..runtime.recipes import CLIP_L14_TORCHMETRICS
+from ..runtime.recipes import CLIP_B32_DREAMBENCH, CLIP_L14_TORCHMETRICS, DINO_V1_EVAL, DINOV2_HF
 from .checkpoint import OFFLINE_HINT, CheckpointError, checkpoint_source, pin_revision
 from .random_models import EMBEDDER_PRESETS
 
@@ -85,55 +85,13 @@ RECIPE_FIELDS = {
     "alpha": '"composite_on_white": an image with alpha is composited on white, then converted to RGB',
     "follows": "str: the reference pipeline the recipe reproduces",
 }
-_CLIP_MEAN, _CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
-_IMAGENET_MEAN, _IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-_COMMON = {"rescale_factor": 1 / 255, "exif_transpose": True, "alpha": "composite_on_white"}
-#: family -> (recipe, image rule). Sources: yuangpeng/dreambench_plus ``metrics/clip_score.py`` and
-#: ``metrics/dino_score.py``; facebookresearch/dino ``eval_knn.py`` (docs/export.md "Embedder bundles").
+#: family -> (recipe, image rule): the manifest tables of the runtime's named recipes
+#: (runtime/recipes.py, which cites the sources: yuangpeng/dreambench_plus ``metrics/clip_score.py``
+#: and ``metrics/dino_score.py``; facebookresearch/dino ``eval_knn.py``; docs/export.md "Embedder bundles").
 RECIPES = {
-    "clip": (
-        {
-            "resize_mode": "shortest_edge",
-            "size": 224,
-            "interpolation": "bicubic",
-            "crop_size": [224, 224],
-            "crop_rounding": "hf_floor",
-            "image_mean": _CLIP_MEAN,
-            "image_std": _CLIP_STD,
-            **_COMMON,
-            "follows": "transformers CLIPImageProcessor (PIL), as DreamBench++ clip_score.py",
-        },
-        "clip_image_projection",
-    ),
-    "dino": (
-        {
-            "resize_mode": "shortest_edge",
-            "size": 256,
-            "interpolation": "bicubic",
-            "crop_size": [224, 224],
-            "crop_rounding": "torchvision_round",
-            "image_mean": _IMAGENET_MEAN,
-            "image_std": _IMAGENET_STD,
-            **_COMMON,
-            "follows": "torchvision Resize(256, bicubic) + CenterCrop(224), facebookresearch/dino "
-            "eval_knn.py, DreamBench++ dino_score.py",
-        },
-        "cls_final_norm",
-    ),
-    "dinov2": (
-        {
-            "resize_mode": "shortest_edge",
-            "size": 256,
-            "interpolation": "bicubic",
-            "crop_size": [224, 224],
-            "crop_rounding": "hf_floor",
-            "image_mean": _IMAGENET_MEAN,
-            "image_std": _IMAGENET_STD,
-            **_COMMON,
-            "follows": "transformers BitImageProcessor (PIL), as DreamBench++ dino_score.py",
-        },
-        "cls_layernorm",
-    ),
+    "clip": (CLIP_B32_DREAMBENCH.to_manifest(), "clip_image_projection"),
+    "dino": (DINO_V1_EVAL.to_manifest(), "cls_final_norm"),
+    "dinov2": (DINOV2_HF.to_manifest(), "cls_layernorm"),
 }
 
 #: The ``follows`` of a CLIP bundle at patch 14 (openai/clip-vit-large-patch14's layout): the same
