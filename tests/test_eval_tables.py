@@ -437,3 +437,33 @@ def test_docs_examples_run_on_the_shipped_scores(tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert r"cp & 8 & " in out.read_text() and r"method\_a - method\_b" in out.read_text()
+
+
+def test_table_shows_torchmetrics_clip_score_with_the_clamp_on_the_mean(tmp_path):
+    """clip_score_tm's torchmetrics column is max(mean, 0) of the group's rows, by hand: a group
+    whose mean is negative reports 0 (a per-row clamp would not), the plain mean stays unclamped;
+    a row whose status is not ok is left out, as a sample torchmetrics was never given."""
+    # method, clip_score_tm, its status
+    cells = [("a", -20.0, "ok"), ("a", 50.0, "ok"), ("b", -30.0, "ok"), ("b", 10.0, "ok"), ("b", 90.0, "no_image")]
+    rows = [
+        {"subject": "cat", "method": m, "prompt": f"p{i}", "clip_score_tm": v, "clip_score_tm_status": st}
+        for i, (m, v, st) in enumerate(cells)
+    ]
+    t = et.means_table(et.score_units(rows, et.TableOptions(n_resamples=50)))
+    by = {r["method"]: r for r in t.rows}
+    assert by["a"]["clip_score_tm_torchmetrics"] == pytest.approx((-20 + 50) / 2)  # 15: a per-row clamp says 25
+    assert by["b"]["clip_score_tm"] == pytest.approx((-30 + 10) / 2)  # the plain mean, -10
+    assert by["b"]["clip_score_tm_torchmetrics"] == 0.0  # max(-10, 0)
+    assert by["pooled"]["clip_score_tm_torchmetrics"] == pytest.approx((-20 + 50 - 30 + 10) / 4)
+    headers, body, cols = fm.means_layout(t)
+    assert headers == ["method", "n", "clip_score_tm", "clip_score_tm [torchmetrics: max(mean, 0)]"]
+    assert [r[3] for r in body] == ["15.000", "0.000", "2.500"]
+    assert cols[-1] == "clip_score_tm_torchmetrics"
+    path = _write_csv(tmp_path / "tm.csv", rows, columns=list(rows[0]))
+    r = CliRunner().invoke(eval_main, ["table", path, "--n-resamples", "50"])
+    assert r.exit_code == 0, r.output
+    assert "| clip_score_tm [torchmetrics: max(mean, 0)] |" in r.output and "| 0.000 |" in r.output
+    assert "clamped at 0 (the clamp is on the mean, not per row" in r.output
+    r = CliRunner().invoke(eval_main, ["table", path, "--n-resamples", "50", "--format", "csv"])
+    got = {row["method"]: row["clip_score_tm_torchmetrics"] for row in csv.DictReader(io.StringIO(r.output))}
+    assert got == {"a": "15.0", "b": "0.0", "pooled": "2.5"}

@@ -196,7 +196,8 @@ def table_cmd(scores: str, by_subject: bool, fmt: str | None, out: str | None, m
     caption = f"{Path(scores).name}: mean [{u.options.confidence * 100:g}% CI] per " + (
         "subject and method" if by_subject else "method"
     )
-    emit(fm.render(fmt, headers, body, notes=_notes(u, line), caption=caption, rows=t.rows, columns=columns), out)
+    notes = [*_notes(u, line), *fm.means_notes(t)]
+    emit(fm.render(fmt, headers, body, notes=notes, caption=caption, rows=t.rows, columns=columns), out)
 
 
 @click.command("compare")

@@ -26,6 +26,9 @@ __all__ = [
     "num_cell",
     "ci_cell",
     "means_layout",
+    "means_notes",
+    "TORCHMETRICS_HEADER",
+    "TORCHMETRICS_NOTE",
     "compare_layout",
     "render",
     "csv_text",
@@ -170,12 +173,30 @@ def _pct(confidence: float) -> str:
     return f"{confidence * 100:g}%"
 
 
+#: The header of a metric's torchmetrics aggregate column (``{m}``: the metric column).
+TORCHMETRICS_HEADER = "{m} [torchmetrics: max(mean, 0)]"
+#: The note under a table that shows a torchmetrics aggregate column.
+TORCHMETRICS_NOTE = (
+    "{m} [torchmetrics: max(mean, 0)]: the number torchmetrics' CLIPScore reports for the group, "
+    "its per-sample scores averaged and then clamped at 0 (the clamp is on the mean, not per row; no "
+    "interval); the {m} column beside it is the plain mean of the unclamped per-row scores with its CI"
+)
+
+
+def _torchmetrics_columns(table: Any) -> set[str]:
+    return {m for m in table.units.metrics if table.rows and f"{m}_torchmetrics" in table.rows[0]}
+
+
 def means_layout(table: Any) -> tuple[list[str], list[list[str]], list[str]]:
     """The cells of a :class:`~masc_engine.jobs.eval_tables.MeansTable`: ``(headers, body,
-    csv_columns)``; a metric cell whose ``n`` is below the row's says ``n=k``."""
-    metrics = table.units.metrics
+    csv_columns)``; a metric cell whose ``n`` is below the row's says ``n=k``. A metric with a
+    torchmetrics aggregate (``clip_score_tm``) is followed by that number's column, headed
+    :data:`TORCHMETRICS_HEADER` (CSV: ``<metric>_torchmetrics``)."""
+    metrics, tm = table.units.metrics, _torchmetrics_columns(table)
     lead = ["subject", "method"] if table.by_subject else ["method"]
-    headers = [*lead, "n", *metrics]
+    headers = [*lead, "n"]
+    for m in metrics:
+        headers += [m, TORCHMETRICS_HEADER.format(m=m)] if m in tm else [m]
     body = []
     for r in table.rows:
         cells = [str(r[c]) for c in lead] + [str(r["n"])]
@@ -183,10 +204,20 @@ def means_layout(table: Any) -> tuple[list[str], list[list[str]], list[str]]:
             c = ci_cell(r[m], r[f"{m}_low"], r[f"{m}_high"], r[f"{m}_note"])
             if r[f"{m}_n"] != r["n"] and not r[f"{m}_note"]:
                 c += f" n={r[f'{m}_n']}"
-            cells.append(c)
+            cells += [c, num_cell(r[f"{m}_torchmetrics"])] if m in tm else [c]
         body.append(cells)
-    columns = ["scope", *lead, "n", *(f"{m}{s}" for m in metrics for s in ("_n", "", "_low", "_high", "_note"))]
+    columns = ["scope", *lead, "n"]
+    for m in metrics:
+        columns += [f"{m}{s}" for s in ("_n", "", "_low", "_high", "_note")]
+        columns += [f"{m}_torchmetrics"] if m in tm else []
     return headers, body, columns
+
+
+def means_notes(table: Any) -> list[str]:
+    """The lines a :class:`~masc_engine.jobs.eval_tables.MeansTable` adds under itself: one
+    :data:`TORCHMETRICS_NOTE` per metric with a torchmetrics aggregate column."""
+    tm = _torchmetrics_columns(table)
+    return [TORCHMETRICS_NOTE.format(m=m) for m in table.units.metrics if m in tm]
 
 
 def compare_layout(table: Any) -> tuple[list[str], list[list[str]], list[str]]:

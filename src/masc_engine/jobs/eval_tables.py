@@ -30,12 +30,14 @@ import numpy as np
 from ..metrics import agreement as ag
 from ..metrics.score_tables import mean_ci, paired_mean_diff, average_over
 from ..runtime.pair_metrics import registered
+from ..runtime.pair_metrics.classic import clip_score_tm_aggregate
 from . import evaluation as ev
 from .evaluation import DataError, _score, _status, as_table, score_status_column
 from .results import SidecarError, read_meta
 from .tables import Table
 
 __all__ = [
+    "TORCHMETRICS_AGGREGATES",
     "TableOptions",
     "ScoreUnits",
     "MeansTable",
@@ -50,6 +52,13 @@ __all__ = [
     "random_weights_line",
     "scores_sidecar",
 ]
+
+
+#: Metric columns whose reference reports another number than the mean of the rows, and how it is
+#: computed from a group's values: torchmetrics' ``CLIPScore`` is ``max(mean, 0)`` (the clamp is
+#: on the mean, never per row; runtime/pair_metrics/classic.py ``clip_score_tm_aggregate``).
+#: :func:`means_table` adds it to each group as ``<metric>_torchmetrics`` beside the plain mean.
+TORCHMETRICS_AGGREGATES = {"clip_score_tm": clip_score_tm_aggregate}
 
 
 def metric_columns(columns: Sequence[str], requested: Sequence[str] = (), source: str = "scores") -> tuple[str, ...]:
@@ -233,7 +242,8 @@ class MeansTable:
     Attributes:
         rows: one dict per group: ``scope`` (``method``, ``subject`` or ``pooled``), ``subject``
             (per-subject rows), ``method``, ``n`` (units), then per metric ``m``: ``m_n``, ``m``
-            (the mean), ``m_low``, ``m_high`` (NaN: no interval) and ``m_note``.
+            (the mean), ``m_low``, ``m_high`` (NaN: no interval) and ``m_note``; for ``clip_score_tm``
+            also ``clip_score_tm_torchmetrics`` (torchmetrics' ``max(mean, 0)``).
         units: the units.
         by_subject: whether the rows are per subject and method.
     """
@@ -281,6 +291,8 @@ def means_table(units: ScoreUnits, by_subject: bool = False) -> MeansTable:
             d.update(
                 {f"{m}_n": ci.n, m: ci.value, f"{m}_low": ci.low, f"{m}_high": ci.high, f"{m}_note": ci.note or ""}
             )
+            if m in TORCHMETRICS_AGGREGATES:
+                d[f"{m}_torchmetrics"] = TORCHMETRICS_AGGREGATES[m](units.values[idx, j])
         rows.append(d)
     return MeansTable(rows, units, by_subject)
 
