@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from support import export_tiny, photo_sets
+from support import EmbedderBundles, export_tiny, photo_sets
 
 
 def pytest_configure(config):
@@ -140,6 +140,13 @@ def reference_model(seg_bundle):
 
     model, processor, _ = load_segmenter("random:clipseg-tiny")
     return model, processor
+
+
+@pytest.fixture(scope="session")
+def embedder_bundles(tmp_path_factory, cache_dir) -> EmbedderBundles:
+    """Random-weight embedder bundles by preset (``embedder_bundles["clip-tiny"]``), each exported
+    once per session on first use (tests/support ``EmbedderBundles``)."""
+    return EmbedderBundles(tmp_path_factory)
 
 
 @pytest.fixture(scope="session", params=["naflex", "fixed"])

@@ -51,13 +51,9 @@ def _invoke(args):
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory, naflex_bundle):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from masc_engine.export.embedders import export_embedder_bundle
-
-    root = tmp_path_factory.mktemp("classic-embedders")
-    return {k: export_embedder_bundle(f"random:{v}", root / k) for k, v in KEYS.items()}
+def bundles(embedder_bundles, naflex_bundle):
+    """The session's clip and dino bundles (conftest ``embedder_bundles``: one export per preset)."""
+    return {k: embedder_bundles[v] for k, v in KEYS.items()}
 
 
 def _classic_args(bundles) -> list:
@@ -296,12 +292,9 @@ def _torchmetrics_reference(path, images, prompts) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def l14_bundle(tmp_path_factory, naflex_bundle):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from masc_engine.export.embedders import export_embedder_bundle
-
-    return export_embedder_bundle("random:clip-tiny-l14", tmp_path_factory.mktemp("clip-l14") / "b")
+def l14_bundle(embedder_bundles, naflex_bundle):
+    """The session's clip-tiny-l14 bundle (conftest ``embedder_bundles``)."""
+    return embedder_bundles["clip-tiny-l14"]
 
 
 @pytest.mark.slow

@@ -92,13 +92,9 @@ def test_a_second_cache_on_the_same_store_runs_no_graph_and_another_recipe_misse
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory, naflex_bundle):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from masc_engine.export.embedders import export_embedder_bundle
-
-    root = tmp_path_factory.mktemp("classic-run-embedders")
-    return {k: export_embedder_bundle(f"random:{v}", root / k) for k, v in KEYS.items()}
+def bundles(embedder_bundles, naflex_bundle):
+    """The session's clip and dino bundles (conftest ``embedder_bundles``: one export per preset)."""
+    return {k: embedder_bundles[v] for k, v in KEYS.items()}
 
 
 class _Counting:

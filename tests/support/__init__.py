@@ -109,3 +109,27 @@ def export_tiny(kind: str, tmp_path_factory, cache_dir, precision: str = "fp32")
 
     out = tmp_path_factory.mktemp(f"bundle-{kind}-{precision}")
     return export_bundle(f"random:tiny-{kind}", out, precision=precision)
+
+
+class EmbedderBundles:
+    """Random-weight embedder bundles by preset name (``export/random_models.py``
+    ``EMBEDDER_PRESETS``: ``clip-tiny``, ``dino-tiny-s16``, ``clip-tiny-l14``...), each exported
+    (fp32, validated) on first use into a folder of ``tmp_path_factory`` and kept: one export per
+    preset for as long as the object lives (the session, through conftest's ``embedder_bundles``).
+
+    Indexing skips the test without the export extra (torch, transformers).
+    """
+
+    def __init__(self, tmp_path_factory) -> None:
+        self._factory = tmp_path_factory
+        self._bundles: dict[str, Path] = {}
+
+    def __getitem__(self, preset: str) -> Path:
+        if preset not in self._bundles:
+            pytest.importorskip("torch", reason="exporting an embedder bundle needs the export extra (torch)")
+            pytest.importorskip("transformers", reason="exporting an embedder bundle needs transformers")
+            from masc_engine.export.embedders import export_embedder_bundle
+
+            out = self._factory.mktemp(f"embedder-{preset}") / "bundle"
+            self._bundles[preset] = export_embedder_bundle(f"random:{preset}", out)
+        return self._bundles[preset]
