@@ -105,7 +105,7 @@ def _alpha_direct(data: np.ndarray, level: str) -> float:
 
 
 def krippendorff_alpha(
-    ratings: Any, level: str = "interval", *, value_domain: Sequence[float] | None = None
+    ratings: Any, level: str = "interval", *, value_domain: Sequence[float] | np.ndarray | None = None
 ) -> Estimate:
     """Krippendorff's alpha for a coders x units matrix.
 
@@ -176,7 +176,9 @@ def krippendorff_alpha(
     return Estimate(value, n_pairable)
 
 
-def quantile_bin(metric_scores: Any, human_scores: Any, categories: Sequence[float] | None = None) -> np.ndarray:
+def quantile_bin(
+    metric_scores: Any, human_scores: Any, categories: Sequence[float] | np.ndarray | None = None
+) -> np.ndarray:
     """Rank-bin a continuous metric into the human scale's categories.
 
     The metric's values are ranked (ties share their average rank, so tied
@@ -225,7 +227,9 @@ def quantile_bin(metric_scores: Any, human_scores: Any, categories: Sequence[flo
     return out
 
 
-def linear_map(metric_scores: Any, categories: Sequence[float], *, round_to_scale: bool = False) -> np.ndarray:
+def linear_map(
+    metric_scores: Any, categories: Sequence[float] | np.ndarray, *, round_to_scale: bool = False
+) -> np.ndarray:
     """Min-max rescale the metric onto [min(categories), max(categories)].
 
     With ``round_to_scale`` each value is then snapped to the nearest
@@ -255,7 +259,7 @@ def map_to_scale(
     human_scores: Any,
     level: str,
     mapping: str = "quantile",
-    categories: Sequence[float] | None = None,
+    categories: Sequence[float] | np.ndarray | None = None,
 ) -> np.ndarray:
     """Apply ``mapping`` ("quantile", "linear" or "none") for ``level``.
 
@@ -293,7 +297,7 @@ def metric_human_alpha(
     level: str = "interval",
     *,
     mapping: str = "quantile",
-    categories: Sequence[float] | None = None,
+    categories: Sequence[float] | np.ndarray | None = None,
     human_agg: str = "per_rater",
 ) -> Estimate:
     """Krippendorff's alpha between a metric and human ratings.
@@ -381,7 +385,7 @@ class _CountsAlpha:
         outer[:, np.arange(v), np.arange(v)] -= counts
         self.o_units = (outer * scale[:, np.newaxis, np.newaxis]).reshape(n_units, v * v)
         if level == "interval":
-            self.d_fixed = (self.dom[:, np.newaxis] - self.dom[np.newaxis, :]) ** 2
+            self.d_fixed: np.ndarray | None = (self.dom[:, np.newaxis] - self.dom[np.newaxis, :]) ** 2
         elif level == "nominal":
             self.d_fixed = 1.0 - np.eye(v)
         elif level == "ratio":

@@ -122,7 +122,7 @@ def _as_metric_human(metric_scores: Any, human_scores: Any) -> tuple[np.ndarray,
     return m, h
 
 
-def _categories(h: np.ndarray, categories: Sequence[float] | None) -> np.ndarray:
+def _categories(h: np.ndarray, categories: Sequence[float] | np.ndarray | None) -> np.ndarray:
     pool = h[~np.isnan(h)]
     if categories is None:
         cats = np.unique(pool)

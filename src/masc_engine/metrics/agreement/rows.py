@@ -141,7 +141,6 @@ def agreement_rows(
     def rho_stat(mm: np.ndarray, hh: np.ndarray) -> Estimate:
         return metric_human_spearman(mm, hh, human_agg=human_agg)
 
-    kw = dict(n_resamples=n_resamples, confidence=confidence, seed=seed)
     rows = []
     for scope, name, idx in groups_in_order(joined.methods, m.size, "method"):
         row: dict[str, Any] = {"scope": scope, "method": name, "n": int(idx.size)}
@@ -154,14 +153,32 @@ def agreement_rows(
                 used = ~np.isnan(mm) & (~np.isnan(hh)).any(axis=0)
                 if used.all():
                     fast = _fast_metric_human_alpha(mm, hh, lv, cats, human_agg)
-            ci = _percentile_bootstrap(alpha_stat(lv), arrs, n_units, strata=None, resampled=fast, **kw)
+            ci = _percentile_bootstrap(
+                alpha_stat(lv),
+                arrs,
+                n_units,
+                strata=None,
+                resampled=fast,
+                n_resamples=n_resamples,
+                confidence=confidence,
+                seed=seed,
+            )
             row.update(_ci_cols(f"alpha_{lv}", ci))
             for t in (ci.reason, ci.note if ci.estimate.defined else None):
                 if t:
                     notes.append(f"alpha_{lv}: {t}")
         arrs, n_units = _unit_arrays((m[idx], h[:, idx]))
         fast_rho = _fast_metric_human_spearman(m[idx], h[:, idx], human_agg)
-        ci = _percentile_bootstrap(rho_stat, arrs, n_units, strata=None, resampled=fast_rho, **kw)
+        ci = _percentile_bootstrap(
+            rho_stat,
+            arrs,
+            n_units,
+            strata=None,
+            resampled=fast_rho,
+            n_resamples=n_resamples,
+            confidence=confidence,
+            seed=seed,
+        )
         row.update(_ci_cols("spearman", ci))
         for t in (ci.reason, ci.note if ci.estimate.defined else None):
             if t:
