@@ -343,7 +343,7 @@ def _echo_auc(t: ev.AucTable | list[dict[str, Any]], scores: str, o: ev.AucOptio
     """An AUC table: one score column (an :class:`~masc_engine.jobs.evaluation.AucTable`) or the
     rows of several (:func:`masc_engine.jobs.eval_tables.auc_tables`, led by ``metric``)."""
     many = isinstance(t, list)
-    rows = t if many else t.rows
+    rows = t if isinstance(t, list) else t.rows
     pct = f"{o.confidence * 100:g}%"
     if fmt == "text":
         if many:
@@ -351,7 +351,7 @@ def _echo_auc(t: ev.AucTable | list[dict[str, Any]], scores: str, o: ev.AucOptio
                 f"scores: {scores} [{', '.join(dict.fromkeys(r['metric'] for r in rows))}]   within: "
                 f"{o.within_column}" + (f" = {o.within_value}" if o.within_value is not None else "")
             )
-        else:
+        elif isinstance(t, ev.AucTable):
             u = t.units
             missing = f", {u.missing} without a score" if u.missing else ""
             click.echo(
@@ -537,7 +537,7 @@ def auc_cmd(ctx: click.Context, scores: str, out: str | None, metrics: str | Non
         raise click.ClickException(
             f"{scores}: no usable rows ({table.units.skipped} skipped by status, {table.units.missing} without a score)"
         )
-    if opts.group_column and all(g is None for g in table.units.groups):
+    if opts.group_column and all(g is None for g in table.units.groups or ()):
         raise click.UsageError(f"--group-column {opts.group_column!r}: no such column (or all empty) in {scores}")
     warn_random_weights(scores)
     _echo_auc(table, scores, opts, fmt)

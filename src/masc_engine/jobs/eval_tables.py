@@ -218,8 +218,9 @@ def score_units(scores: Any, options: TableOptions = TableOptions()) -> ScoreUni
     keys = [_key(r, options.key, t.where(i)) for i, r in enumerate(t.rows)] if has_key else None
     per_unit = np.ones(len(t.rows), dtype=np.int64)
     if options.average_references:
+        assert keys is not None  # averaging needs the key columns: refused above without them
         ids = [((methods or [None] * len(t.rows))[i], keys[i]) for i in range(len(t.rows))]
-        first = {}
+        first: dict[tuple[str | None, tuple[str, ...]], int] = {}
         for i, k in enumerate(ids):
             first.setdefault(k, i)
         _, vals, per_unit = average_over(ids, vals)
@@ -332,12 +333,10 @@ def _pick_methods(u: ScoreUnits, a: str | None, b: str | None) -> tuple[str, str
     present = list(dict.fromkeys(m for m in u.methods if m is not None))
     if a is None and b is None and len(present) == 2:
         return present[0], present[1]
-    for m in (a, b):
-        if m is None or m not in present:
-            raise DataError(
-                f"{u.source}: name two methods to compare (--a, --b), "
-                f"got {a!r} and {b!r}; methods: {', '.join(present)}"
-            )
+    if a is None or b is None or a not in present or b not in present:
+        raise DataError(
+            f"{u.source}: name two methods to compare (--a, --b), got {a!r} and {b!r}; methods: {', '.join(present)}"
+        )
     if a == b:
         raise DataError(f"{u.source}: --a and --b are both {a!r}")
     return a, b
@@ -345,7 +344,7 @@ def _pick_methods(u: ScoreUnits, a: str | None, b: str | None) -> tuple[str, str
 
 def _index(u: ScoreUnits, method: str) -> dict[tuple[str, ...], int]:
     out: dict[tuple[str, ...], int] = {}
-    for i, (m, k) in enumerate(zip(u.methods, u.keys)):
+    for i, (m, k) in enumerate(zip(u.methods or [], u.keys or [])):  # both present: checked by the caller
         if m != method:
             continue
         if k in out:
@@ -504,7 +503,7 @@ def random_weights_line(meta: Mapping[str, Any] | None) -> str | None:
     None when :func:`random_weights` is false."""
     from ..engine.bundle import random_weights_note
 
-    if not random_weights(meta):
+    if meta is None or not random_weights(meta):
         return None
     src = meta.get("source_model")
     source = dict(src) if isinstance(src, Mapping) else {"model": src}

@@ -28,9 +28,10 @@ shared filesystem), and masc-engine installed on every node::
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ..errors import BackendUnavailableError
 
@@ -80,21 +81,29 @@ class LocalExecutor:
         return dict(self.job.stats())
 
 
+class _ChunkScorer(Protocol):
+    """What a Ray actor needs of the job it builds (jobs/pairs ``PairsJob``)."""
+
+    def score_chunk(self, chunk: Chunk, loaded: Any = None) -> list[dict]: ...
+
+    def stats(self) -> Mapping[str, int]: ...
+
+
 def _actor_class(ray):
     @ray.remote
     class JobActor:
-        def __init__(self, make_job: Callable[[], object]):
+        def __init__(self, make_job: Callable[[], _ChunkScorer]):
             import warnings
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # e.g. RandomWeightsWarning, already shown by the driver
                 self.job = make_job()
-            self.reported: Counter = Counter()
+            self.reported: Counter[str] = Counter()
 
         def score(self, chunk: Chunk) -> tuple[list[dict], dict]:
             # Counters travel with the results as deltas, so a restarted actor never reports twice.
             results = self.job.score_chunk(chunk)
-            now = Counter(self.job.stats())
+            now: Counter[str] = Counter(self.job.stats())
             delta = {k: now[k] - self.reported[k] for k in now}
             self.reported = now
             return results, delta
@@ -156,8 +165,8 @@ class RayExecutor:
             return
         started_here = not ray.is_initialized()
         if started_here:
-            local = {} if self.address or not self.workers else {"num_cpus": int(self.workers)}
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False, **local)
+            num_cpus = None if self.address or not self.workers else int(self.workers)  # None: Ray's default
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False, num_cpus=num_cpus)
         slot = "GPU" if self.gpu else "CPU"
         actor = _actor_class(ray).options(num_gpus=1 if self.gpu else 0, num_cpus=0 if self.gpu else 1, max_restarts=0)
         try:

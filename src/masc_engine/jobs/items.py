@@ -254,7 +254,7 @@ def _segmented(masks, subjects, im, sha: str, name: str, grid) -> dict:
     full-size mask is not kept)."""
     if masks is None or not subjects:
         return {}
-    out = {}
+    out: dict[str, DecodedMask | InputError] = {}
     for subject, m in masks(im, sha, name, subjects).items():
         if isinstance(m, InputError):
             out[subject] = m

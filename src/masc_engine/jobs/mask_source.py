@@ -98,7 +98,9 @@ class SegmenterMasks:
         self.exif = exif
         self.store = store
         self.save_dir = None if save_dir is None else Path(save_dir)
-        self.memory = LRUCache(maxsize=max(1, int(memory_bytes)), getsizeof=lambda v: len(v[1]) + 64)
+        self.memory: LRUCache[str, tuple[tuple[int, ...], bytes]] = LRUCache(
+            maxsize=max(1, int(memory_bytes)), getsizeof=lambda v: len(v[1]) + 64
+        )
         self.scope = f"{segmenter.config.backend}/{segmenter.config.provider}"
         self._lock = threading.Lock()
         self._prompts: dict = {}  # subject name -> its prompt, or the InputError it gives
@@ -216,6 +218,7 @@ class SegmenterMasks:
         path = self.saved_path(name, prompt, key)
         if path is None:
             return ""
+        assert self.save_dir is not None  # saved_path is None without it
         if not path.is_file():  # the same name is the same image, prompt and rule: written once
             with output_errors(self.save_dir, "--save-masks folder"):
                 save_mask_png(mask, path, overwrite=True)

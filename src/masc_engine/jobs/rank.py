@@ -199,10 +199,11 @@ def _encode_paths(
         images = load_all(part, load_image, workers)
         ok = [p for p in part if not isinstance(images[p], InputError)]
         for p in part:
-            if isinstance(images[p], InputError):
-                feats[p] = images[p]
+            im = images[p]
+            if isinstance(im, InputError):
+                feats[p] = im
             else:
-                sizes[p] = (images[p].height, images[p].width)
+                sizes[p] = (im.height, im.width)
         if ok:
             if similarity == "maxcos":
                 for p, enc in zip(ok, encoder.encode([images[p] for p in ok])):
@@ -434,8 +435,10 @@ def _similarities(
             "level 'class' needs the query's class (class column, or an identity with one class in the gallery)",
         )
     if similarity == "global":
+        assert gal.emb is not None  # the gallery of "global" holds embeddings
         return cosine_scores(f, gal.emb), None
     keep = _query_keep(q, f, sizes, masks, fg)
+    assert gal.tokens is not None  # the gallery of "maxcos" holds tokens
     return maxcos_scores(f.tokens, gal.tokens, keep), int(f.tokens.shape[0] if keep is None else keep.sum())
 
 
@@ -451,14 +454,14 @@ def _rank_into(res: dict, q: _Item, label: str, scores: np.ndarray, gal: _Galler
             top1_identity=top.identity,
             top1_score=float(scores[include][r.top_index]),
         )
-    if not r.defined:
+    if r.first_rank is None:  # not r.defined
         res.update(
             status="no_relevant_gallery_item",
             status_detail=f"no gallery image of {level} {label!r} (after excluding the query itself): "
             "AP undefined, left out of mAP",
         )
         return
-    res.update(ap=r.ap, first_rank=r.first_rank, top1=int(r.top(1)), top5=int(r.top(5)))
+    res.update(ap=r.ap, first_rank=r.first_rank, top1=int(r.first_rank <= 1), top5=int(r.first_rank <= 5))
 
 
 def run_rank(

@@ -66,7 +66,7 @@ def cosine_scores(query: np.ndarray, gallery: np.ndarray) -> np.ndarray:
     """
     q = heads.l2_normalize(np.asarray(query, np.float32)[None])[0]
     g = heads.l2_normalize(np.asarray(gallery, np.float32))
-    return np.sum(g * q[None], axis=1, dtype=np.float32)
+    return (g * q[None]).sum(axis=1, dtype=np.float32)
 
 
 #: Upper bound on the ``[N_query, M_chunk]`` cosine block of :func:`maxcos_scores` (floats).
@@ -243,7 +243,11 @@ def manifest_preprocess(image, m: EncoderManifest) -> np.ndarray:
     """One PIL image -> ``[3, H, W]`` (NCHW) or ``[H, W, 3]`` (NHWC) float32 as the manifest says."""
     from PIL import Image
 
-    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}[m.interpolation]
+    resample = {
+        "bilinear": Image.Resampling.BILINEAR,
+        "bicubic": Image.Resampling.BICUBIC,
+        "nearest": Image.Resampling.NEAREST,
+    }[m.interpolation]
     im = image.convert("RGB")
     h, w = m.input_size
     mean = np.asarray(m.mean, np.float32)

@@ -30,11 +30,15 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 from .. import extras
 from ..errors import MascEngineError
 from .tables import json_cell as _json_safe, read_table, write_table
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +187,7 @@ class OutputWriteError(MascEngineError):
             errno.EROFS: "make it writable or choose another --out",
             errno.EACCES: "fix its permissions or choose another --out",
             errno.EPERM: "fix its permissions or choose another --out",
-        }.get(e.errno, "fix the cause")
+        }.get(e.errno or 0, "fix the cause")  # no errno: no hint
         then = (
             ", then run the same command again (the rows finished so far are kept in the journal)"
             if what != "lock file"
@@ -244,7 +248,7 @@ class OutputLock:
     def __init__(self, out: str | Path):
         self.path = lock_path(out)
         self.out = Path(out)
-        self._lock = None
+        self._lock: BaseFileLock | None = None
 
     def __enter__(self) -> "OutputLock":
         from filelock import FileLock, Timeout

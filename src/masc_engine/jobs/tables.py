@@ -250,7 +250,9 @@ def _parse_json(text: str, bad: str, where: str, whole_file: bool = False) -> An
             where = f"{where}, line {text.count(chr(10), 0, m.start()) + 1}"
         raise TableError(bad, f"{where}: a number of more than {_max_digits()} digits") from None
     if "\\u" in text and (bad_text := _lone_surrogate(obj)) is not None:
-        i = _SURROGATE.search(bad_text).start()
+        found = _SURROGATE.search(bad_text)
+        assert found is not None  # _lone_surrogate returned a text holding one
+        i = found.start()
         raise TableError(
             bad,
             f"{where}: a string holds a lone UTF-16 surrogate ({bad_text[i]!a}), not text "
