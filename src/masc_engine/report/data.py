@@ -305,7 +305,7 @@ def method_stats(
 
 
 def within_cross(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[dict[str, Any]],
     metric: str,
     opts: ReportOptions,
     columns: Sequence[str] | None = None,
@@ -325,7 +325,10 @@ def within_cross(
     Raises:
         DataError: the within column is absent, or (boolean reading) a scored row's cell is not
             a boolean.
+        ValueError: ``opts.within_column`` is None.
     """
+    if opts.within_column is None:
+        raise ValueError("within_cross needs opts.within_column (the within- vs cross-subject column)")
     if columns is None:
         columns = [c for c in ev.as_table(list(rows), source).columns if c != "_row"]
     # prepare_rows gave every row every score (NaN when absent): a file without PF has no PF units
@@ -342,7 +345,7 @@ def within_cross(
     return ev.auc_table(table, options)
 
 
-def extremes(rows: Sequence[Mapping[str, Any]], metric: str, k: int, best: bool) -> list[dict]:
+def extremes(rows: Sequence[Mapping[str, Any]], metric: str, k: int, best: bool) -> list[Mapping[str, Any]]:
     """The ``k`` rows with the highest (``best``) or lowest ``metric`` among rows that have one;
     ties by row index."""
     have = [r for r in rows if not math.isnan(r[metric])]
@@ -536,7 +539,7 @@ class ExtremeRow:
     (``figures``: what the ``figures`` callback of :func:`extremes_tables` gave)."""
 
     rank: int
-    row: dict
+    row: Mapping[str, Any]
     ident: list[tuple[str, str]]
     prompt: str
     figures: list = field(default_factory=list)

@@ -16,8 +16,12 @@ import hashlib
 import io
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # matplotlib is the report extra's, imported where a plot is drawn
+    from matplotlib.typing import RcKeyType
 
 # tab10, the palette people read plots in (matplotlib's default cycle)
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -26,7 +30,7 @@ STRIP_MAX_POINTS = 400  # points drawn per method in a strip plot (the box uses 
 
 #: Every label is drawn as the text it is: method names come from the score file, and mathtext would
 #: read ``$x^{2}$`` as a formula and fail the whole report on ``$\foo$`` (``text.parse_math``).
-_RC = {
+_RC: dict[RcKeyType, Any] = {
     "text.parse_math": False,
     "text.usetex": False,
     "svg.fonttype": "none",

@@ -160,11 +160,11 @@ class Thumbnails:
         white), or the reason it cannot be read (prefixed ``what``)."""
         from PIL import Image, ImageOps
 
-        path, why = self._readable(path, what)
-        if path is None:
+        real, why = self._readable(path, what)
+        if real is None:
             return None, why
         try:
-            with _open_image(path, self.max_pixels, what) as im:
+            with _open_image(real, self.max_pixels, what) as im:
                 im.draft("RGB", (self.px * 2, self.px * 2))  # JPEG: decode at a reduced scale
                 im = ImageOps.exif_transpose(im)
                 if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
