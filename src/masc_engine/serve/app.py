@@ -71,12 +71,13 @@ def create_app(cfg: ServeConfig) -> FastAPI:
 
     from .. import __version__
 
-    docs = {} if cfg.docs else {"docs_url": None, "redoc_url": None}  # Swagger UI / ReDoc load from a CDN
     app = _GuardedApp(
         title="masc-serve",
         version=__version__,
         lifespan=lifespan,
-        **docs,
+        # FastAPI's default paths, or none: Swagger UI / ReDoc load from a CDN
+        docs_url="/docs" if cfg.docs else None,
+        redoc_url="/redoc" if cfg.docs else None,
         description="MaSC (masked SigLIP2 CP and PF) as an HTTP service; see docs/service.md.",
     )
     app.state.masc = state

@@ -129,11 +129,11 @@ class MicroBatcher:
         # Drain anything queued after the stop marker (submit refuses new items by then).
         while True:
             try:
-                p = self._q.get_nowait()
+                left = self._q.get_nowait()
             except queue.Empty:
                 break
-            if p is not None and p.future.set_running_or_notify_cancel():
+            if left is not None and left.future.set_running_or_notify_cancel():
                 try:
-                    p.future.set_result(self.fn([p.item])[0])
+                    left.future.set_result(self.fn([left.item])[0])
                 except Exception as e:  # noqa: BLE001
-                    p.future.set_exception(e)
+                    left.future.set_exception(e)

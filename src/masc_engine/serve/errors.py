@@ -4,6 +4,8 @@ reason)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -22,7 +24,9 @@ class ApiError(Exception):
     """An answer other than a result: HTTP ``status``, ``error`` (the reason), the request
     ``field`` at fault (or None), one line of ``detail`` and extra response headers."""
 
-    def __init__(self, status: int, error: str, field: str | None, detail: str, headers: dict | None = None):
+    def __init__(
+        self, status: int, error: str, field: str | None, detail: str, headers: Mapping[str, str] | None = None
+    ):
         self.status, self.error, self.field, self.detail, self.headers = status, error, field, detail, headers
 
 
@@ -47,7 +51,7 @@ def validation_error(e: ValidationError | RequestValidationError) -> ApiError:
     name = ""
     for p in loc:
         name += f"[{p}]" if isinstance(p, int) else (f".{p}" if name else str(p))
-    t = first.get("type", "")
+    t = str(first.get("type", ""))
     reason = _PYDANTIC_REASON.get(t, "wrong_type" if t.endswith("_type") else "bad_value")
     if reason == "malformed_json":
         return ApiError(400, reason, None, f"the body is not valid JSON: {first.get('msg')}")

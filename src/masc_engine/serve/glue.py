@@ -46,6 +46,7 @@ from ..jobs.items import DecodedImage, DecodedPair, PairError
 from ..jobs.loading import ByteBudget
 from ..jobs.pairs import FILE_COLUMNS, PairsJob, RunSettings
 from ..runtime.cache import EncodingCache, EncodingStore
+from ..runtime.pair import ImageEncoding
 from ..runtime.scorer import Scorer
 from ..runtime.stripping import STRIPPERS
 from ..runtime.text import PromptBudget
@@ -112,7 +113,9 @@ class ReferenceMemory(MutableMapping):
 
     def __init__(self, max_bytes: int):
         self.enabled = max_bytes > 0
-        self.lru = LRUCache(maxsize=max(1, int(max_bytes)), getsizeof=lambda e: int(e.tokens.nbytes))
+        self.lru: LRUCache[str, ImageEncoding] = LRUCache(
+            maxsize=max(1, int(max_bytes)), getsizeof=lambda e: int(e.tokens.nbytes)
+        )
         self.admit: set[str] = set()
 
     def __getitem__(self, key):
@@ -234,12 +237,11 @@ class ServiceScorer:
             )
             raise FieldError("bad_stripper", f"{label}stripper", f"{label}stripper {why}")
         self.check_text(prompt, object_name, label)
-        files = {
-            f: b64decode_field(data[f], label + f) if isinstance(data.get(f), str) else data.get(f) for f in BYTE_FIELDS
-        }
+        files = {f: b64decode_field(v, label + f) if isinstance(v := data.get(f), str) else v for f in BYTE_FIELDS}
         names = {f: label + f for f in BYTE_FIELDS}
         pair = self.job.decode_pair(files, prompt, object_name, names, stripper)
         del files
+        assert pair.prepared is not None  # decode_pair prepares the PF prompt
         try:
             self.prompt_budget.check_tokens(pair.prepared, label + "prompt")
         except InputError as e:
@@ -248,7 +250,7 @@ class ServiceScorer:
         try:
             self.job.check_pair(pair)
         except PairError as e:
-            error = FieldError(e.reason, names.get(e.field), e.detail)
+            error = FieldError(e.reason, names.get(e.field or ""), e.detail)  # no field: None
         return ServiceItem(pair, label, error)
 
     # ------------------------------------------------------------------ the batch thread

@@ -32,8 +32,10 @@ fail while clients stall.
 
 from __future__ import annotations
 
+import asyncio
 import http
 import logging
+from typing import cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -88,11 +90,14 @@ class GuardedH11Protocol(H11Protocol):
     linger_s: float = 30.0
     linger_bytes: int = 64 * 2**20
     on_reject = None  # staticmethod(callable) or None
+    # uvicorn types it asyncio.Transport; connection_made hands uvicorn the wrapper, which
+    # delegates every other attribute to the real transport (a duck, not a subclass).
+    transport: _LingeringTransport  # type: ignore[assignment]
 
     def connection_made(self, transport) -> None:
-        super().connection_made(_LingeringTransport(transport, self))
-        self._header_timer = None
-        self._linger_timer = None
+        super().connection_made(cast(asyncio.Transport, _LingeringTransport(transport, self)))
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
         self._discarded = 0
         self._arm()
 

@@ -132,7 +132,7 @@ class RequestGuard:
                 "not a valid HTTP/1.1 request: both Content-Length and Transfer-Encoding (ambiguous framing)",
                 (),
             )
-        if self.api_key is not None and scope["path"] not in PROBE_PATHS and not self._authorized(scope):
+        if self.api_key is not None and scope["path"] not in PROBE_PATHS and not self._authorized(scope, self.api_key):
             return (
                 401,
                 "unauthorized",
@@ -160,13 +160,13 @@ class RequestGuard:
             )
         return None
 
-    def _authorized(self, scope) -> bool:
+    def _authorized(self, scope, api_key: bytes) -> bool:
         """Whether the request's ``Authorization: Bearer`` token is the key (constant-time compare)."""
         given = b""
         for k, v in scope.get("headers", ()):
             if k == b"authorization" and v[:7].lower() == b"bearer ":
                 given = v[7:].strip()
-        return hmac.compare_digest(given, self.api_key)
+        return hmac.compare_digest(given, api_key)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

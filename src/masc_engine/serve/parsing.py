@@ -68,7 +68,7 @@ async def parse_multipart(request: Request, cfg) -> dict:
             raise ApiError(422, "unknown_field", k, f"{k}: not a field of /v1/score")
         if len(form.getlist(k)) > 1:
             raise ApiError(422, "bad_value", k, f"{k}: sent more than once")
-    data = {}
+    data: dict[str, bytes | None] = {}  # None: the segmenter's mask
     for f in BYTE_FIELDS:
         v = form.get(f)
         if v is None and cfg.segmenter is not None and f in ("ref_mask", "out_mask"):

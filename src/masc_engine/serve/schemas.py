@@ -6,16 +6,17 @@ field), so :func:`add_schemas` puts the request models into the document's compo
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic.json_schema import JsonDict
 
 from ..runtime.pair_metrics import score_metrics
 from ..runtime.stripping import STRIPPERS
 from .glue import BYTE_FIELDS
 
-_B64 = {"format": "byte", "contentEncoding": "base64"}
+_B64: JsonDict = {"format": "byte", "contentEncoding": "base64"}
 
 
 class ScoreItem(BaseModel):
@@ -53,7 +54,7 @@ MASK_FIELDS = ("ref_mask", "out_mask")
 def _optional_masks() -> tuple[type[BaseModel], type[BaseModel]]:
     """:class:`ScoreItem` and :class:`ScoreBatch` with the mask fields optional (a server started
     with ``--segmenter``); named as the originals, so the OpenAPI document keeps its references."""
-    masks = {
+    masks: dict[str, Any] = {  # field -> (type, FieldInfo): create_model's field keywords
         f: (
             str | None,
             Field(
@@ -67,14 +68,15 @@ def _optional_masks() -> tuple[type[BaseModel], type[BaseModel]]:
     item = create_model(
         "ScoreItem",
         __base__=ScoreItem,
-        __doc__=ScoreItem.__doc__ + " The masks are optional: "
+        __doc__=(ScoreItem.__doc__ or "") + " The masks are optional: "
         "the server's segmenter computes a missing one from object_name.",
         **masks,
     )
     batch = create_model(
         "ScoreBatch",
         __base__=ScoreBatch,
-        items=(list[item], Field(description="pairs to score; results come back in this order")),
+        # a model built at run time
+        items=(list[item], Field(description="pairs to score; results come back in this order")),  # type: ignore[valid-type]
     )
     return item, batch
 
@@ -146,11 +148,11 @@ def _score_result() -> type[BaseModel]:
 
 
 #: The response record of a scored pair, every registered metric's columns typed.
-ScoreResult = _score_result()
+ScoreResult = _score_result()  # type: ignore[misc, assignment]  # the class above, or its subclass built at import
 
 
 class BatchResult(BaseModel):
-    results: list[ScoreResult]  # type: ignore[valid-type]
+    results: list[ScoreResult]
 
 
 def _opted_fields(metrics) -> dict:
@@ -178,7 +180,7 @@ def result_models(metrics=()) -> tuple[type[BaseModel], type[BaseModel]]:
     if not extra:
         return ScoreResult, BatchResult
     record = create_model("ScoreResult", __base__=ScoreResult, __doc__=ScoreResult.__doc__, **extra)
-    batch = create_model("BatchResult", __base__=BaseModel, results=(list[record], ...))
+    batch = create_model("BatchResult", __base__=BaseModel, results=(list[record], ...))  # type: ignore[valid-type]  # built at run time
     return record, batch
 
 
@@ -189,7 +191,7 @@ class ErrorBody(BaseModel):
 
 
 #: The error answers every scoring route documents.
-ERRORS = {c: {"model": ErrorBody} for c in (400, 408, 413, 415, 422, 500, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorBody} for c in (400, 408, 413, 415, 422, 500, 503)}
 
 
 def multipart_schema(masks_optional: bool = False) -> dict:
@@ -241,4 +243,4 @@ def add_schemas(app: FastAPI, strippers: tuple[str, ...], cfg) -> None:
         app.openapi_schema = schema
         return schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the document

@@ -8,6 +8,7 @@ import logging
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..runtime.config import ScorerConfig
 from ..runtime.segmenter import SegmenterConfig
@@ -15,6 +16,9 @@ from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .batcher import MicroBatcher
 from .glue import DEFAULT_REQUEST_STRIPPERS, ServiceScorer
 from .metrics import ServiceMetrics
+
+if TYPE_CHECKING:
+    from ..runtime.cache import EncodingStore
 
 log = logging.getLogger("masc_engine.serve")
 
@@ -95,7 +99,7 @@ class ServiceState:
         self.service: ServiceScorer | None = None
         self.batcher: MicroBatcher | None = None
         self.decode_pool = ThreadPoolExecutor(cfg.decode_workers, thread_name_prefix="masc-decode")
-        self.store = None
+        self.store: EncodingStore | None = None
 
     def load(self) -> None:
         """Load the bundle (and the segmenter), run their graphs once, then mark ready (runs in a
@@ -123,7 +127,7 @@ class ServiceState:
                 scorer.attach_text_store(self.store)
             settings = cfg.run_settings()
             embedders = {
-                k: _logged_warnings(lambda k=k: Embedder(cfg.embedders[k])) for k in settings.embedders_needed()
+                k: _logged_warnings(lambda k=k: Embedder((cfg.embedders or {})[k])) for k in settings.embedders_needed()
             }
             service = ServiceScorer(
                 scorer,
