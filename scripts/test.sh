@@ -18,5 +18,14 @@ if [ "$needs_browser" = 1 ] && ! command -v chromium >/dev/null 2>&1 && [ "$(id 
   (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core) >/dev/null 2>&1 \
     || echo "test: could not install chromium; the report's browser-render test will skip (fail under CI=true)" >&2
 fi
+# The whole suite (or a -m selection of it) runs on MASC_TEST_WORKERS pytest-xdist workers (default 2:
+# the CI machine's cores), a test file per worker (--dist loadfile: module fixtures are built once); the session's bundles are built once
+# per run whatever the number of workers (tests/support build_once). A named test file or test, or -n
+# given, runs as asked.
+workers=()
+named=0
+explicit=0
+for a in "$@"; do case "$a" in *.py|*::*|tests/*) named=1;; -n|-n*|--numprocesses*) explicit=1;; esac; done
+if [ "$named" = 0 ] && [ "$explicit" = 0 ]; then workers=(-n "${MASC_TEST_WORKERS:-2}" --dist loadfile); fi
 . .venv/bin/activate
-python -m pytest -q -rs -p no:cacheprovider "$@"
+python -m pytest -q -rs -p no:cacheprovider "${workers[@]}" "$@"

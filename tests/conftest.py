@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from support import EmbedderBundles, export_tiny, photo_sets
+from support import EmbedderBundles, build_once, export_tiny, photo_sets, run_shared_dir
 
 
 def pytest_configure(config):
@@ -82,8 +82,10 @@ def _pillow_pixel_limit():
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    # Random checkpoints are cached per session unless MASC_ENGINE_CACHE points elsewhere.
-    d = Path(os.environ.get("MASC_ENGINE_CACHE") or tmp_path_factory.mktemp("masc-cache"))
+    # Random checkpoints are cached per test run (shared by its xdist workers: the cache's writes
+    # are atomic renames) unless MASC_ENGINE_CACHE points elsewhere.
+    d = Path(os.environ.get("MASC_ENGINE_CACHE") or run_shared_dir(tmp_path_factory) / "masc-cache")
+    d.mkdir(parents=True, exist_ok=True)
     os.environ["MASC_ENGINE_CACHE"] = str(d)
     return d
 
@@ -112,8 +114,10 @@ def base_bundle(tmp_path_factory, cache_dir) -> Path:
     pytest.importorskip("torch", reason="exporting a test bundle needs the export extra (torch)")
     from masc_engine.export.exporter import export_bundle
 
-    out = tmp_path_factory.mktemp("bundle-base")
-    return export_bundle("random:base-naflex", out, max_num_patches=256, validate=False)
+    def build(out: Path) -> Path:
+        return export_bundle("random:base-naflex", out, max_num_patches=256, validate=False)
+
+    return build_once(tmp_path_factory, "bundle-base", build)
 
 
 @pytest.fixture(scope="session")
@@ -126,10 +130,13 @@ def seg_bundle(tmp_path_factory, cache_dir) -> Path:
 
     from masc_engine.cli.export_cmd import main
 
-    out = tmp_path_factory.mktemp("segmenter") / "clipseg"
-    res = CliRunner().invoke(main, ["--model", "random:clipseg-tiny", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    return out
+    def build(folder: Path) -> Path:
+        out = folder / "clipseg"
+        res = CliRunner().invoke(main, ["--model", "random:clipseg-tiny", "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        return out
+
+    return build_once(tmp_path_factory, "segmenter", build)
 
 
 @pytest.fixture(scope="session")
@@ -145,7 +152,7 @@ def reference_model(seg_bundle):
 @pytest.fixture(scope="session")
 def embedder_bundles(tmp_path_factory, cache_dir) -> EmbedderBundles:
     """Random-weight embedder bundles by preset (``embedder_bundles["clip-tiny"]``), each exported
-    once per session on first use (tests/support ``EmbedderBundles``)."""
+    once per run on first use (tests/support ``EmbedderBundles``)."""
     return EmbedderBundles(tmp_path_factory)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -99,23 +100,58 @@ def with_baselines(scorer, items, **kw):
     return res
 
 
+def run_shared_dir(tmp_path_factory) -> Path:
+    """The temporary folder every process of one test run shares.
+
+    Under pytest-xdist each worker has its own base temporary folder (``.../pytest-N/popen-gw0``);
+    their parent is the run's (the pattern pytest-xdist documents for session fixtures built once).
+    Without xdist it is the run's own base temporary folder.
+    """
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def build_once(tmp_path_factory, name: str, build) -> Path:
+    """``build(folder) -> Path`` run once per test run, whatever the number of xdist workers.
+
+    The first worker to ask builds under a file lock into ``<run shared dir>/once/<name>/`` and
+    records the returned path; the others wait on the lock and get that path. A build that raises
+    records nothing (the next worker tries again and meets the same error or skip).
+    """
+    from filelock import FileLock
+
+    root = run_shared_dir(tmp_path_factory) / "once"
+    root.mkdir(exist_ok=True)
+    with FileLock(str(root / f"{name}.lock")):
+        done = root / f"{name}.done"
+        if done.is_file():
+            return Path(done.read_text(encoding="utf-8"))
+        folder = root / name
+        folder.mkdir(exist_ok=True)
+        out = Path(build(folder))
+        done.write_text(str(out), encoding="utf-8")
+        return out
+
+
 def export_tiny(kind: str, tmp_path_factory, cache_dir, precision: str = "fp32") -> Path:
-    """``random:tiny-<kind>`` exported at ``precision`` into a fresh temporary folder (skips without
-    the export extra); ``cache_dir`` is the session's random-checkpoint cache (asked for so that it
-    is set first)."""
+    """``random:tiny-<kind>`` exported at ``precision`` once per test run (every xdist worker
+    shares it, :func:`build_once`); skips without the export extra. ``cache_dir`` is the run's
+    random-checkpoint cache (asked for so that it is set first)."""
     pytest.importorskip("torch", reason="exporting a test bundle needs the export extra (torch)")
     pytest.importorskip("transformers", reason="exporting a test bundle needs transformers")
     from masc_engine.export.exporter import export_bundle
 
-    out = tmp_path_factory.mktemp(f"bundle-{kind}-{precision}")
-    return export_bundle(f"random:tiny-{kind}", out, precision=precision)
+    def build(out: Path) -> Path:
+        return export_bundle(f"random:tiny-{kind}", out, precision=precision)
+
+    return build_once(tmp_path_factory, f"bundle-{kind}-{precision}", build)
 
 
 class EmbedderBundles:
     """Random-weight embedder bundles by preset name (``export/random_models.py``
     ``EMBEDDER_PRESETS``: ``clip-tiny``, ``dino-tiny-s16``, ``clip-tiny-l14``...), each exported
-    (fp32, validated) on first use into a folder of ``tmp_path_factory`` and kept: one export per
-    preset for as long as the object lives (the session, through conftest's ``embedder_bundles``).
+    (fp32, validated) on first use and kept: one export per preset per test run, whatever the
+    number of xdist workers (:func:`build_once`; conftest's session fixture ``embedder_bundles``).
 
     Indexing skips the test without the export extra (torch, transformers).
     """
@@ -130,6 +166,8 @@ class EmbedderBundles:
             pytest.importorskip("transformers", reason="exporting an embedder bundle needs transformers")
             from masc_engine.export.embedders import export_embedder_bundle
 
-            out = self._factory.mktemp(f"embedder-{preset}") / "bundle"
-            self._bundles[preset] = export_embedder_bundle(f"random:{preset}", out)
+            def build(folder: Path) -> Path:
+                return export_embedder_bundle(f"random:{preset}", folder / "bundle")
+
+            self._bundles[preset] = build_once(self._factory, f"embedder-{preset}", build)
         return self._bundles[preset]
