@@ -34,6 +34,7 @@ import numpy as np
 from PIL import Image
 
 from ..engine.bundle import Bundle
+from ..engine.stage_clock import timed
 from ..errors import BundleError
 from .cache import EncodingStore, embedding_scope, sha256_bytes
 from .encoder import LRU, Encoder, RunnerSettings
@@ -96,6 +97,7 @@ class Embedder(Encoder):
         not the manifest's ``recipe`` table, and the recipe decides the pixels."""
         return {**super().identity(), "recipe": self.recipe.to_manifest()}
 
+    @timed("preprocess:embedders")
     def preprocess_image(self, image: Image.Image) -> np.ndarray:
         """One image by the manifest's recipe: ``[3, H, W] float32`` (runtime/recipes.py ``preprocess``)."""
         return preprocess(image, self.recipe)

@@ -37,6 +37,7 @@ from PIL import Image
 from ..engine.backends.base import Runner
 from ..engine.backends.registry import get_backend
 from ..engine.bundle import PORTABLE, Bundle
+from ..engine.stage_clock import timed
 from ..errors import BackendUnavailableError, BundleError
 from .preprocess import ImageSettings, PreprocessedImage, preprocess_image
 from .text import PromptTokenizer, TextSettings
@@ -329,6 +330,7 @@ class Encoder:
             raise BundleError(f"bundle {self.bundle.path} has no text section: it encodes no prompts")
         return self.text_settings
 
+    @timed("preprocess:siglip2")
     def preprocess(self, image: Image.Image) -> PreprocessedImage:
         """One image by the manifest's image recipe (runtime/preprocess.py ``preprocess_image``)."""
         return preprocess_image(image, self.image_recipe)

@@ -55,6 +55,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image, ImageOps
 
+from ..engine.stage_clock import timed
 from ..errors import InputError
 from .masks import mask_coverage  # noqa: F401  (re-exported: coverage lives beside the mask rule)
 
@@ -250,6 +251,7 @@ def _to_8bit(im: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.round(arr.astype(np.float64) * (255.0 / top)), 0, 255).astype(np.uint8), "L")
 
 
+@timed("decode:image")
 def image_from_opened(
     im: Image.Image, path: str = "<bytes>", exif: str = "apply"
 ) -> tuple[Image.Image, tuple[str, ...]]:
@@ -272,6 +274,7 @@ def image_from_opened(
         return im, tuple(notes)
 
 
+@timed("decode:mask")
 def mask_from_opened(im: Image.Image, path: str = "<bytes>", exif: str = "apply") -> np.ndarray:
     """Decode a mask opened by :func:`open_image` to ``[H, W] uint8`` (foreground = non-zero).
 

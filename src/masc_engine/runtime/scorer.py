@@ -27,6 +27,7 @@ from PIL import Image
 from ..engine.backends.registry import get_backend
 from ..engine.bundle import Bundle
 from ..engine.manifest import one_line
+from ..engine.stage_clock import timed
 from ..errors import BundleError, MascEngineError
 from . import heads
 from .config import ScorerConfig
@@ -492,6 +493,7 @@ class Scorer(Encoder):
             )
         return self.score_encoded(items)
 
+    @timed("score_encoded (text, pool, CP/PF heads)")
     def score_encoded(
         self, items: Sequence["EncodedPair"], with_arrays: bool = False, stripper: str | None = None
     ) -> list[MaSCResult]:

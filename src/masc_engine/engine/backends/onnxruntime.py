@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import BackendUnavailableError
+from ..stage_clock import stage
 from .registry import BACKENDS
 
 if TYPE_CHECKING:
@@ -107,6 +108,12 @@ def session_options(
         opts.enable_cpu_mem_arena = False
         opts.enable_mem_pattern = False
     return opts
+
+
+def graph_label(path: str | Path, name: str) -> str:
+    """``<bundle folder>/<graph>``: how a graph's stages are named in the stage split
+    (engine/stage_clock.py)."""
+    return f"{Path(path).parent.name}/{name}"
 
 
 def check_available(provider: str = "cpu", precision: str | None = None) -> None:
@@ -218,9 +225,11 @@ class OrtRunner:
         opts = session_options(ort, intra_op_threads, inter_op_threads, ort_memory)
         self.ort_memory = ort_memory
         self.provider_options = provider_options(provider_name)
-        self.session = ort.InferenceSession(
-            str(path), sess_options=opts, providers=[(provider_name, self.provider_options)]
-        )
+        self.stage = graph_label(path, name)
+        with stage(f"session:{self.stage}"):
+            self.session = ort.InferenceSession(
+                str(path), sess_options=opts, providers=[(provider_name, self.provider_options)]
+            )
         got = self.session.get_providers()[0]
         if got != provider_name:
             hint = (
@@ -243,7 +252,8 @@ class OrtRunner:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the graph on host arrays: every input name -> an array of the graph's dtype."""
-        outs = self.session.run(self.output_names, {k: feeds[k] for k in self.input_names})
+        with stage(f"run:{self.stage}"):
+            outs = self.session.run(self.output_names, {k: feeds[k] for k in self.input_names})
         return dict(zip(self.output_names, outs))
 
     def output_shapes(self, input_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -330,6 +340,7 @@ class OrtRunner:
         # (onnxruntime issues #26609, #15438): finish our packing and its queued host copies first.
         device.synchronize()
         io.synchronize_inputs()
-        self.session.run_with_iobinding(io)
+        with stage(f"run:{self.stage}"):
+            self.session.run_with_iobinding(io)
         io.synchronize_outputs()
         return outs

@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...errors import InputError
+from ...engine.stage_clock import stage, timed
 from ...runtime.cache import EncodingCache, EncodingStore
 from ...runtime.config import ScorerConfig
 from ...runtime.embedder import EmbeddingCache, Embedder
@@ -240,6 +241,7 @@ class PairsJob:
             return InputError(e.reason, f"{e.detail} (--max-prompt-tokens)")
         return prepared
 
+    @timed("load (decode, preprocess, text; its threads)")
     def load(self, rows, base: str | Path) -> tuple[dict, dict, dict]:
         """Check and prepare the rows' text (:meth:`prepare_text`, once per distinct prompt and
         object name), then, for the rows whose text is within budget, decode the distinct images
@@ -528,10 +530,11 @@ class PairsJob:
             embeddings=batch.embeddings,
             text_embeddings=batch.text_embeddings,
         )
-        for m in maskless:
-            for o, values in zip(imaged, m.compute(plain)):
-                o.take(m, values)
-        computed = [(m, m.compute(batch)) for m in metrics if m not in maskless]
+        with stage("metrics"):
+            for m in maskless:
+                for o, values in zip(imaged, m.compute(plain)):
+                    o.take(m, values)
+            computed = [(m, m.compute(batch)) for m in metrics if m not in maskless]
         for k, (o, sc) in enumerate(zip(ready, scored)):
             for m, values in computed:
                 o.take(m, values[k])

@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from ...engine import stage_clock
 from ...engine.backends.registry import get_backend
 from ...runtime.cache import EncodingStore
 from ...runtime.pair_metrics import headline_metrics
@@ -78,6 +79,7 @@ def _run_locked(
 ) -> Summary:
     """The run, once the output's lock is held: resume, score what is missing, write the output."""
     t0 = time.time()
+    stage_clock.mark("run_pairs")
     if settings.save_masks is not None and segmenter is None:
         raise ValueError("save_masks (--save-masks) needs a segmenter (--segmenter)")
     check_embedders(settings, embedders, opts.executor)
@@ -116,7 +118,9 @@ def _run_locked(
             store.close()
             scorer.detach_text_store()
     summary.take_stats(runner.stats())  # Ray: summed over the workers' reports
-    _write_output(out_path, settings.result_columns(segmenter is not None), fieldnames, rows, done, summary)
+    stage_clock.mark("scored")
+    with stage_clock.stage("write"):
+        _write_output(out_path, settings.result_columns(segmenter is not None), fieldnames, rows, done, summary)
     summary.seconds = time.time() - run.t0
     write_sidecar(
         csv_path,
@@ -130,6 +134,7 @@ def _run_locked(
         segmenter,
         embedders,
     )
+    stage_clock.mark("written")
     journal.remove()  # last: a fault before this leaves the journal, and the same command finishes the job
     return summary
 
