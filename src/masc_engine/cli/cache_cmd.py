@@ -21,6 +21,7 @@ from ..engine.cache_root import (
     CHECKPOINTS,
     SUBFOLDERS,
     TENSORRT,
+    RUNTIME,
     CacheRootError,
     cache_root_and_rule,
     check_cleanable,
@@ -33,6 +34,7 @@ from ..engine.cache_root import (
 DESCRIPTIONS = {
     CHECKPOINTS: "random-weight checkpoints (masc-export --model random:<preset>)",
     TENSORRT: "TensorRT timing caches (masc-export --backend tensorrt)",
+    RUNTIME: "OpenVINO compiled models, hashed-graph records (a cold run's start-up)",
 }
 
 

@@ -33,6 +33,8 @@ from .manifest import (
     read_manifest,
     verify_files,
 )
+from . import verified_files
+from .stage_clock import stage
 from .onnx_wire import WireError, external_data_locations
 
 
@@ -85,7 +87,9 @@ class Bundle:
             verify: ``True`` (default): every listed file must exist now, and each file's sha256
                 is checked before its first use (a runner's graph and weights, the tokenizer), so
                 a run hashes only what it loads (start-up time: the fused and portable
-                graphs of a base bundle are 1.3 GB). ``"all"``: hash every file now. ``False``:
+                graphs of a base bundle are 1.3 GB), and a file an earlier process hashed to
+                the same digest and that has not changed since is not read again
+                (engine/verified_files.py). ``"all"``: hash every file now. ``False``:
                 no check.
             kind: the bundle kind the caller runs: ``scorer`` (SigLIP2 graphs; manifests written
                 before kinds existed are scorers) or ``segmenter`` (runtime/segmenter.py).
@@ -175,7 +179,13 @@ class Bundle:
                 f"bundle {self.path}: {name} is not listed in the manifest, so its bytes cannot be "
                 "checked; re-export the bundle with masc-export"
             )
-        verify_files(self.path, {"files": {name: self.manifest["files"][name]}})
+        digest, path = self.manifest["files"][name], confined(self.path, name, "manifest files")
+        with stage("bundle_hash"):
+            # A file an earlier process hashed to this digest and that has not changed since is
+            # not read again (engine/verified_files.py).
+            if not verified_files.known(path, digest):
+                verify_files(self.path, {"files": {name: digest}})
+                verified_files.remember(path, digest)
         self._verified.add(name)
 
     def _check_external_data(self, graph: str, name: str) -> None:

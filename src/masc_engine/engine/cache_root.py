@@ -3,7 +3,8 @@
 Everything masc-engine keeps between runs without being told where lives under :func:`cache_root`,
 one subfolder per kind (:data:`SUBFOLDERS`): the random-weight checkpoints that
 ``masc-export --model random:<preset>`` builds for tests and demos (``random-models/``, 3.4 GB for
-``random:so400m``) and the TensorRT timing cache (``tensorrt/``). ``masc-cache info`` reports their
+``random:so400m``), the TensorRT timing cache (``tensorrt/``) and what a cold process reuses to
+start faster (``runtime/``: OpenVINO's compiled models, records of graph files already hashed). ``masc-cache info`` reports their
 sizes and ``masc-cache clean`` removes them (cli/cache_cmd.py). Bundles, scores, maps and
 ``--cache-dir`` stores go where their options say, never here.
 """
@@ -26,8 +27,13 @@ ENV_VAR = "MASC_ENGINE_CACHE"
 CHECKPOINTS = "random-models"
 #: Subfolder of the root holding the TensorRT timing caches (engine/backends/tensorrt.py).
 TENSORRT = "tensorrt"
+#: Subfolder of the root holding what makes a cold process start faster, with the same results:
+#: OpenVINO's compiled models per bundle (``openvino/<bundle fingerprint>``, engine/backends/
+#: openvino.py) and the stat records of graph files already hashed (``verified/``,
+#: engine/verified_files.py).
+RUNTIME = "runtime"
 #: Every subfolder masc-engine writes under the root, in the order ``masc-cache info`` lists them.
-SUBFOLDERS = (CHECKPOINTS, TENSORRT)
+SUBFOLDERS = (CHECKPOINTS, TENSORRT, RUNTIME)
 
 
 class CacheRootError(MascEngineError):

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from ...errors import BackendUnavailableError, BundleError
+from ..stage_clock import stage
 from ..vendor_telemetry import decline_openvino_telemetry
 
 if TYPE_CHECKING:
@@ -313,6 +314,8 @@ class OpenVINORunner:
         keep_fp32: unit names computed in fp32 inside a bf16 graph.
         segments: an explicit :class:`Segment` list instead of ``precision``/``units``/``keep_fp32``
             (benchmarks and tests: e.g. every boundary cut, all in f32).
+        cache_dir: OpenVINO's ``CACHE_DIR`` (its compiled-model cache: a later process compiling the
+            same segment with the same settings imports the blob instead of compiling), or None.
 
     Attributes:
         precision: ``"fp32"`` or ``"bf16"`` (bf16 when any segment computes in bf16).
@@ -336,6 +339,7 @@ class OpenVINORunner:
         units: dict[str, Any] | None = None,
         keep_fp32: Sequence[str] = (),
         segments: Sequence[Segment] | None = None,
+        cache_dir: str | Path | None = None,
     ) -> None:
         hint = hint_for(precision)
         if keep_fp32 and units is None:
@@ -362,8 +366,11 @@ class OpenVINORunner:
                     "cut it into disjoint parts (a layer's residual stream is not its only link)"
                 )
         self._compiled: list[_CompiledSegment] = []
+        self.stage = f"{Path(path).parent.name}/{name}"
+        extra = {"CACHE_DIR": str(cache_dir)} if cache_dir is not None else {}
         for s, part in zip(self.segments, parts):
-            compiled = c.compile_model(part, "CPU", compile_config(s.precision, threads))
+            with stage(f"compile:{self.stage}"):
+                compiled = c.compile_model(part, "CPU", {**compile_config(s.precision, threads), **extra})
             self._compiled.append(_CompiledSegment(s, compiled, f"graph {name!r} {list(s.units) or ''}"))
         self.threads = int(self._compiled[0].compiled.get_property("INFERENCE_NUM_THREADS"))
         self.precision = "bf16" if any(s.precision == "bf16" for s in self.segments) else "fp32"
@@ -398,7 +405,8 @@ class OpenVINORunner:
         for i, (cs, req) in enumerate(zip(self._compiled, self._requests())):
             # Intermediate outputs are read straight from the request's buffer by the next segment
             # (share_outputs): this thread does not reuse the request before the call ends.
-            res = req.infer({k: values[k] for k in cs.input_names}, share_inputs=True, share_outputs=i < last)
+            with stage(f"run:{self.stage}"):
+                res = req.infer({k: values[k] for k in cs.input_names}, share_inputs=True, share_outputs=i < last)
             if i < last:
                 values[cs.segment.end] = res[0]
             else:
@@ -479,4 +487,27 @@ def load_runner(
         if graph in cert.get("graphs", ()):
             hint, units = "bf16", cert["units"][graph]
             keep = [u for u in cert.get("keep_fp32", ()) if u in units["names"]]
-    return OpenVINORunner(bundle.graph_file(graph), graph, hint, threads=intra_op_threads, units=units, keep_fp32=keep)
+    return OpenVINORunner(
+        bundle.graph_file(graph),
+        graph,
+        hint,
+        threads=intra_op_threads,
+        units=units,
+        keep_fp32=keep,
+        cache_dir=compiled_cache_dir(bundle),
+    )
+
+
+def compiled_cache_dir(bundle: BundleView) -> Path | None:
+    """Where OpenVINO keeps ``bundle``'s compiled models: ``<cache root>/runtime/openvino/<bundle
+    fingerprint>`` (engine/cache_root.py; ``masc-cache clean --all`` removes it), created; None
+    (no caching, every process compiles) when it cannot be created."""
+    from ..cache_root import RUNTIME, cache_root
+    from ..manifest import fingerprint
+
+    path = cache_root() / RUNTIME / "openvino" / fingerprint(bundle.manifest)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path
