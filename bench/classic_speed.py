@@ -37,10 +37,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import platform
+import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,21 +50,6 @@ from workloads import dreambench_pairs  # noqa: E402
 
 METRICS = "cp,pf,clip_i,clip_t,dino"
 COLUMNS = ("cp", "pf", "clip_i", "clip_t", "dino")
-#: CPU flags worth knowing for the figure (AVX-512 bf16, AMX: what a bf16 bundle could use).
-ISA_FLAGS = (
-    "sse4_2",
-    "avx",
-    "avx2",
-    "fma",
-    "avx512f",
-    "avx512bw",
-    "avx512_vnni",
-    "avx512_bf16",
-    "avx_vnni",
-    "amx_tile",
-    "amx_bf16",
-    "amx_int8",
-)
 
 
 def photo_root() -> Path:
@@ -211,75 +194,20 @@ def child_reference(siglip: str, clip: str, dino: str, pairs: str, budget: int) 
 
 
 def masc_run_process(
-    bundle: Path, clip: Path, dino: Path, pairs: Path, out: Path, batch_size: int
-) -> tuple[dict, float]:
-    """One cold ``masc-run`` with the five columns; returns (its sidecar, wall seconds spawn -> exit)."""
-    exe = Path(sys.executable).parent / "masc-run"
-    for p in (out, Path(f"{out}.meta.json"), Path(f"{out}.journal.jsonl"), Path(f"{out}.lock")):
-        p.unlink(missing_ok=True)  # a fresh output each repetition: nothing to resume
-    cmd = [
-        str(exe),
-        str(pairs),
-        "--bundle",
-        str(bundle),
-        "--out",
-        str(out),
-        "--no-progress",
-        "--metrics",
-        METRICS,
-        "--embedder",
-        f"clip={clip}",
-        "--embedder",
-        f"dino={dino}",
-        "--batch-size",
-        str(batch_size),
-    ]
-    t = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    if res.returncode:
-        raise RuntimeError(f"masc-run failed:\n{res.stderr[-4000:]}")
-    return json.loads(Path(f"{out}.meta.json").read_text()), wall
+    bundle: Path, clip: Path, dino: Path, pairs: Path, out: Path, batch_size: int, stages: Path | None, env: dict
+) -> tuple[dict, float, dict | None]:
+    """One cold ``masc-run`` with the five columns; returns (its sidecar, wall seconds spawn -> exit,
+    its stage split (bench/workloads.py ``stage_split``) when ``stages`` names a file)."""
+    extra = ["--metrics", METRICS, "--embedder", f"clip={clip}", "--embedder", f"dino={dino}"]
+    return workloads.masc_run(pairs, bundle, out, [*extra, "--batch-size", str(batch_size)], stages, env)
 
 
 # ----------------------------------------------------------------------------- machine and bundles
 
 
 def machine() -> dict:
-    """CPU model, cores, memory, ISA flags of :data:`ISA_FLAGS` present, library versions."""
-    cpu, flags = "unknown", set()
-    try:
-        lines = open("/proc/cpuinfo").read().splitlines()
-        cpu = next(ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name"))
-        flags = set(next(ln.split(":", 1)[1] for ln in lines if ln.startswith("flags")).split())
-    except (OSError, StopIteration):
-        pass
-    mem = "unknown"
-    try:
-        mem = f"{int(open('/proc/meminfo').readline().split()[1]) / 2**20:.0f} GiB"
-    except (OSError, ValueError, IndexError):
-        pass
-    import onnxruntime
-    import torch
-    import transformers
-
-    try:
-        from importlib.metadata import version
-
-        masc_metric = version("masc-metric")
-    except Exception:  # noqa: BLE001 - recorded as unknown
-        masc_metric = "unknown"
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory": mem,
-        "python": platform.python_version(),
-        "isa_flags": {f: f in flags for f in ISA_FLAGS},
-        "onnxruntime": onnxruntime.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "masc_metric": masc_metric,
-    }
+    """bench/workloads.py ``machine`` with masc-metric's version."""
+    return workloads.machine(("onnxruntime", "openvino", "torch", "transformers", "masc-metric"))
 
 
 def bundles(work: Path, siglip: str, clip: str, dino: str, budget: int) -> dict[str, Path]:
@@ -302,10 +230,6 @@ def _checkpoint(bundle: Path) -> str:
 
     src = json.loads((bundle / "manifest.json").read_text())["source"]
     return src.get("checkpoint_dir") or str(random_checkpoint_dir(src["model"]))
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def compare(rows: list[dict], ref: dict) -> dict:
@@ -338,6 +262,39 @@ def compare(rows: list[dict], ref: dict) -> dict:
     return out
 
 
+def limit_section(probe: dict, siglip: Path, n_imgs: int, masc_run_s: float, reps: list[dict]) -> dict:
+    """The GEMM probe and what it says of the SigLIP2 vision work: its FLOP (2 x the vision
+    graph's weights x patches per image, a lower bound: attention's matmuls are left out), the time
+    it needs at the fp32 probe rate, and that time as a fraction of the vision graph's measured run
+    time and of the whole masc-run."""
+    import numpy as np
+    import onnx
+
+    budget = json.loads((siglip / "manifest.json").read_text())["image"]["max_num_patches"]
+    model = onnx.load(str(siglip / "vision.onnx"), load_external_data=False)
+    params = 0
+    for init in model.graph.initializer:
+        if len(init.dims) == 2:  # the linear layers' weights
+            params += int(np.prod(init.dims))
+    gflop = 2 * params * budget / 1e9
+    fp32 = workloads.limit_rate(probe, "fp32")
+    vision_s = [sum(v for k, v in r["masc_run_stages"]["graph_run_s"].items() if k.endswith("/vision")) for r in reps]
+    at_limit = n_imgs * gflop / fp32 if fp32 else None
+    return {
+        "gemm_probe": probe,
+        "vision_gflop_per_image (linear layers, at the full patch budget)": round(gflop, 2),
+        "distinct_images": n_imgs,
+        "vision_s_at_fp32_limit": round(at_limit, 2) if at_limit else None,
+        "vision_graph_run_s_per_repetition": [round(v, 2) for v in vision_s],
+        "vision_fraction_of_fp32_limit_per_repetition": [round(at_limit / v, 3) for v in vision_s]
+        if at_limit
+        else None,
+        "vision_at_limit_share_of_masc_run_median": round(at_limit / masc_run_s, 3) if at_limit else None,
+        "note": "the probe runs once, before the repetitions, on a machine that may be shared (load averages "
+        "per repetition); the vision FLOP leave out attention's matmuls, so the fractions are upper bounds",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default=str(REPO / "out" / "bench-classic"))
@@ -352,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clip-preset", default="clip-b32")
     ap.add_argument("--dino-preset", default="dino-s16")
     ap.add_argument("--load-note", default="", help="what else runs on the machine (recorded)")
+    ap.add_argument(
+        "--profile-stages",
+        action="store_true",
+        help="record each masc-run's stage split (MASC_PROFILE_STAGES) and the machine's GEMM limit",
+    )
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "classic_speed.json"))
     a = ap.parse_args(argv)
     work = Path(a.work)
@@ -362,15 +324,22 @@ def main(argv: list[str] | None = None) -> int:
     b = bundles(work, a.siglip_preset, a.clip_preset, a.dino_preset, a.budget)
     export_s = time.perf_counter() - t
     ckpt = {k: _checkpoint(v) for k, v in b.items()}
+    # masc-run's cache root (hashed-graph records, compiled models) starts empty: the first
+    # repetition is a machine's first run, the later ones find what it kept.
+    root = work / "cache-root"
+    shutil.rmtree(root, ignore_errors=True)
+    env = {"MASC_ENGINE_CACHE": str(root)}
+    probe = workloads.gemm_probe() if a.profile_stages else None
     from masc_engine.jobs.results import read_output
 
     reps, rows, ref = [], None, None
     for i in range(a.reps):
-        before, timed = _load(), {}
+        before, timed = workloads.loadavg(), {}
         for side in ("masc_run", "reference") if i % 2 == 0 else ("reference", "masc_run"):
             if side == "masc_run":
-                meta, timed["masc_run"] = masc_run_process(
-                    b["siglip"], b["clip"], b["dino"], pairs, work / "scores.csv", a.batch_size
+                stages = work / "stages.json" if a.profile_stages else None
+                meta, timed["masc_run"], split = masc_run_process(
+                    b["siglip"], b["clip"], b["dino"], pairs, work / "scores.csv", a.batch_size, stages, env
                 )
                 rows = read_output(work / "scores.csv")
             else:
@@ -388,9 +357,12 @@ def main(argv: list[str] | None = None) -> int:
                 "reference_import_s": ref["import_s"],
                 "reference_models_load_s": ref["models_load_s"],
                 "loadavg_before": before,
-                "loadavg_after": _load(),
+                "loadavg_after": workloads.loadavg(),
+                "cache_root": "empty (first run on the machine)" if i == 0 else "kept from the earlier repetitions",
             }
         )
+        if a.profile_stages:
+            reps[-1]["masc_run_stages"] = split
         print(json.dumps(reps[-1]), flush=True)
     n_imgs = len({r["ref_image"] for r in rows} | {r["out_image"] for r in rows})
     med = {k: statistics.median(r[k] for r in reps) for k in ("masc_run_s", "reference_s")}
@@ -430,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         "goal": ">= 4x with fp32",
         "scores_vs_reference": compare(rows, ref),
     }
+    if probe is not None:
+        result["machine_limit"] = limit_section(probe, b["siglip"], n_imgs, med["masc_run_s"], reps)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("median_s", "ratio_of_medians", "scores_vs_reference")}, indent=1))

@@ -33,8 +33,6 @@ import argparse
 import csv
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -341,55 +339,24 @@ def run_child(fn: str, *args) -> tuple[dict, float]:
     return workloads.run_child("cpu_throughput", fn, *args)
 
 
-def masc_run_process(bundle: Path, pairs: Path, out: Path, extra: list[str]) -> tuple[dict, float]:
-    """``masc-run`` as a user runs it, in a fresh process; returns (its meta.json, wall seconds)."""
+def masc_run_process(
+    bundle: Path, pairs: Path, out: Path, extra: list[str], stages: Path | None = None
+) -> tuple[dict, float, dict | None]:
+    """``masc-run`` as a user runs it, in a fresh process (bench/workloads.py ``masc_run``); returns
+    (its meta.json, wall seconds, its stage split when ``stages`` names a file)."""
     import resource
 
-    exe = Path(sys.executable).parent / "masc-run"
-    for p in (out, Path(str(out) + ".meta.json")):
-        p.unlink(missing_ok=True)
-    t = time.perf_counter()
-    res = subprocess.run(
-        [str(exe), str(pairs), "--bundle", str(bundle), "--out", str(out), "--no-progress", *extra],
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - t
-    if res.returncode:
-        raise RuntimeError(f"masc-run failed:\n{res.stderr[-4000:]}")
-    meta = json.loads(Path(str(out) + ".meta.json").read_text())
+    meta, wall, split = workloads.masc_run(pairs, bundle, out, extra, stages)
     meta["peak_rss_mb_children"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return meta, wall
+    return meta, wall, split
 
 
 def machine() -> dict:
-    cpu = "unknown"
-    try:
-        cpu = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")][0]
-    except (OSError, IndexError):
-        pass
-    import onnxruntime
-    import torch
-    import transformers
-
-    mem = "unknown"
-    try:
-        mem = f"{int(open('/proc/meminfo').readline().split()[1]) / 2**20:.0f} GiB"
-    except (OSError, ValueError, IndexError):
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory": mem,
-        "python": platform.python_version(),
-        "onnxruntime": onnxruntime.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
+    """bench/workloads.py ``machine`` (CPU, cores, memory, ISA flags, versions)."""
+    return workloads.machine(("onnxruntime", "openvino", "torch", "transformers"))
 
 
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
+_load = workloads.loadavg
 
 
 def part_vision(a, work: Path) -> list[dict]:
@@ -422,7 +389,10 @@ def part_job(a, work: Path) -> dict:
     checkpoint = manifest["source"]["checkpoint_dir"]
     before = _load()
     startup, _ = run_child("child_startup", str(bundle), a.batch_size)
-    meta, wall_ours = masc_run_process(bundle, pairs, work / "scores.csv", ["--batch-size", str(a.batch_size)])
+    stages = work / "stages.json" if a.profile_stages else None
+    meta, wall_ours, split = masc_run_process(
+        bundle, pairs, work / "scores.csv", ["--batch-size", str(a.batch_size)], stages
+    )
     ref, wall_ref = run_child("child_masc_metric", checkpoint, str(pairs), a.budget)
     after = _load()
     rows = read_output(work / "scores.csv")
@@ -465,8 +435,24 @@ def part_job(a, work: Path) -> dict:
             "nan_mismatch": int(np.sum(np.isnan([float(r["cp"]) for r in rows]) != np.isnan(ref["cp"]))),
         },
         "masc_run_startup": startup,
+        "masc_run_stages": split,
         "loadavg_before": before,
         "loadavg_after": after,
+    }
+
+
+def vision_fraction(job: dict, probe: dict, budget: int) -> dict:
+    """The vision graph's measured run time against the time its FLOP need at the probe's GEMM rate
+    (fp32; base vision tower ~46.3 GFLOP per image at 256 patches, its linear layers and attention)."""
+    gflop = 46.3 * budget / 256
+    fp32 = workloads.limit_rate(probe, "fp32")
+    run = sum(v for k, v in job["masc_run_stages"]["graph_run_s"].items() if k.endswith("/vision"))
+    need = job["workload"]["distinct_images"] * gflop / fp32 if fp32 and run else None
+    return {
+        "vision_graph_run_s": run,
+        "vision_s_at_fp32_limit": need,
+        "fraction_of_limit": need / run if need else None,
+        "job_fraction_at_vision_limit": need / job["masc_run"]["whole_process_s"] if need else None,
     }
 
 
@@ -488,6 +474,10 @@ def main() -> None:
     ap.add_argument("--methods", type=int, default=2)
     ap.add_argument("--budget", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument(
+        "--profile-stages", action="store_true", help="job part: masc-run's stage split (MASC_PROFILE_STAGES)"
+    )
+    ap.add_argument("--no-probe", action="store_true", help="skip the GEMM probe of the machine's limit")
     ap.add_argument("--int8", action="store_true", help="also quantize, gate and time an int8 bundle (job part)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu_throughput.json"))
     a = ap.parse_args()
@@ -505,11 +495,17 @@ def main() -> None:
         load_note="load averages are recorded per part; ratios are side by side in one run",
     )
     parts = a.parts.split(",")
+    if not a.no_probe:
+        result["machine_limit"] = workloads.gemm_probe()
     if "vision" in parts:
         result["vision_per_image"] = part_vision(a, work)
         out.write_text(json.dumps(result, indent=2) + "\n")
     if "job" in parts:
         result["job"] = part_job(a, work)
+        if "machine_limit" in result and result["job"].get("masc_run_stages"):
+            result["job"]["vision_fraction_of_limit"] = vision_fraction(
+                result["job"], result["machine_limit"], a.budget
+            )
         out.write_text(json.dumps(result, indent=2) + "\n")
         if a.int8:
             result["int8"] = _int8(a, work)
@@ -535,7 +531,7 @@ def _int8(a, work: Path) -> dict:
         }
         timed = refused
     pairs = work / "pairs.csv"
-    _, wall = masc_run_process(timed, pairs, work / "scores-int8.csv", ["--batch-size", str(a.batch_size)])
+    _, wall, _ = masc_run_process(timed, pairs, work / "scores-int8.csv", ["--batch-size", str(a.batch_size)])
     entry.update(whole_process_s=wall, fp32_reference_graphs="ort-cpu (fused)", int8_graphs="portable, quantized")
     return entry
 

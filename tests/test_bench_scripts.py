@@ -78,6 +78,7 @@ def test_classic_speed_runs_on_tiny_shapes_with_scores_equal_to_the_reference(tm
                 "clip-tiny",
                 "--dino-preset",
                 "dino-tiny-s16",
+                "--profile-stages",
                 "--out",
                 str(out),
             ]
@@ -86,6 +87,14 @@ def test_classic_speed_runs_on_tiny_shapes_with_scores_equal_to_the_reference(tm
     )
     res = json.loads(out.read_text())
     assert res["workload"]["pairs"] == 4 and res["workload"]["distinct_images"] == 6
+    # the stage split of the masc-run process: each graph's session and run, start-up, decode
+    split = res["repetitions"][0]["masc_run_stages"]
+    graphs = {"vision", "text", "pool", "image"}
+    assert {k.rsplit("/", 1)[1] for k in split["graph_run_s"]} >= graphs
+    assert {k.rsplit("/", 1)[1] for k in split["session_or_compile_s"]} >= graphs
+    assert split["raw"]["stages"]["decode:image"]["calls"] == 6  # each distinct image decoded once
+    assert split["startup_s (process start -> run start: interpreter, imports, CLI, bundle manifests)"] > 0
+    assert res["machine_limit"]["gemm_probe"]["fp32_numpy_gflops"] > 0
     assert set(res["scores_vs_reference"]) == {"cp", "pf", "clip_i", "clip_t", "dino"}
     for col, d in res["scores_vs_reference"].items():
         assert d["within"] and d["nan_mismatch"] == 0, (col, d)
