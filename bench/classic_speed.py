@@ -28,6 +28,12 @@ compared row by row (max |diff| per column, masc-run against the reference loop)
 The machine may be shared: ``os.getloadavg()`` is recorded around each repetition; run it under
 ``nice -n 5`` there and say so with ``--load-note``.
 
+masc-run's cache root (``MASC_ENGINE_CACHE``: records of graph files already hashed, OpenVINO's
+compiled models) is ``<work>/cache-root``, emptied at the start: the first repetition is a
+machine's first run, the later ones find what it kept (each repetition says which).
+``--profile-stages``: each masc-run's stage split (``MASC_PROFILE_STAGES``, engine/stage_clock.py;
+bench/workloads.py ``stage_split``) and a GEMM probe of the machine's limit (``machine_limit``).
+
 Run (from the repo root, in the venv with the export extra and masc-metric 0.3.0):
     nice -n 5 python bench/classic_speed.py --out bench/results/classic_speed.json
 """

@@ -20,6 +20,11 @@ Parts (``--parts``, default all):
   on CPU, no persistent cache) and a Python process that imports masc-metric, loads ``MaSC`` and
   loops over ``MaSC.score``. Scores are compared pair by pair.
 
+Before the parts (unless ``--no-probe``), a GEMM probe at the encoder's matmul shape records the
+machine's limit (bench/workloads.py ``gemm_probe``: fp32 and bf16 rates, OpenVINO's CPU
+capabilities, AMX or not); with ``--profile-stages`` the job part records masc-run's stage split
+and the vision graph's run time as a fraction of that limit.
+
 Heavy (exports base and so400m random models): run under ``flock /tmp/masc-heavy.lock``. The
 machine may be shared: ``os.getloadavg()`` is recorded before and after each part.
 
