@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import BundleError
-from .backends.openvino import BF16_CPU_MODE
 
 MANIFEST_NAME = "manifest.json"
+
+#: ``manifest["precision"]["mode"]`` of a bundle certified for bf16 on OpenVINO's CPU plugin
+#: (export/cpu_precision.py writes it; its graphs are the fp32 export's, unchanged).
+BF16_CPU_MODE = "bf16-cpu"
 #: Largest manifest read, bytes (masc-export writes a few KiB).
 MAX_MANIFEST_BYTES = 16 * 2**20
 FORMAT = "masc-bundle"

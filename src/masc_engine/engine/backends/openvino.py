@@ -51,15 +51,13 @@ import numpy as np
 
 from ...errors import BackendUnavailableError, BundleError
 from ..stage_clock import stage
+from ..manifest import BF16_CPU_MODE as BF16_CPU_MODE  # its home is the manifest's vocabulary
 from ..vendor_telemetry import decline_openvino_telemetry
 
 if TYPE_CHECKING:
     from ..device import ArrayDevice, DeviceArray
     from .base import BundleView
 
-#: ``manifest["precision"]["mode"]`` of a bundle certified for bf16 on OpenVINO's CPU plugin
-#: (export/cpu_precision.py writes it; its graphs are the fp32 export's, unchanged).
-BF16_CPU_MODE = "bf16-cpu"
 
 #: Accepted precision names -> OpenVINO ``INFERENCE_PRECISION_HINT`` values.
 PRECISION_HINTS = {"fp32": "f32", "f32": "f32", "bf16": "bf16"}
