@@ -11,6 +11,17 @@ numbers, checked against ONNX Runtime. Where the hardware is unkind, so is the f
   that gives stale data every time (not by a race). Each task is logged on a fake clock
   (``INTERVALS``), so overlap is counted from the log, not from wall time. ``execute_async_v3`` takes the stream *handle* (an int), as
   pybind11 enforces: a stream object is a ``TypeError``.
+- **CUDA graphs, as CUDA captures them** (CuPy's ``Stream.begin_capture()`` / ``end_capture()``
+  / ``Graph.launch(stream)``). Work queued on a capturing stream is recorded, not run. A
+  synchronize (stream, event or device) or a device allocation during any capture raises
+  :class:`CUDARuntimeError` ``cudaErrorStreamCaptureUnsupported`` and invalidates it; a context
+  whose binding addresses, context memory or input shapes change during capture, or whose
+  ``execute_async_v3`` is captured before one plain enqueue at its current shapes (TensorRT's
+  shape-dependent setup), invalidates it: ``end_capture()`` then raises
+  ``cudaErrorStreamCaptureInvalidated``. ``Graph.launch`` queues the recorded work again with the
+  addresses, shapes and context memory captured, whatever the context holds now, so a runner that
+  re-binds new buffers instead of copying into the captured ones reads stale outputs, and one that
+  replays a graph for other shapes gets the old shapes' work.
 - **Device memory.** Every device allocation is charged to a ledger of ``MEMORY_LIMIT`` bytes
   (freed when the array is collected); past it allocation raises :class:`OutOfMemoryError` (as
   CuPy does) and ``create_execution_context`` returns ``None`` (as TensorRT does) when a static
@@ -39,7 +50,7 @@ numbers, checked against ONNX Runtime. Where the hardware is unkind, so is the f
   real one does (``False``, ``None``, -1 or 0): ``set_input_shape``, ``set_tensor_address``,
   ``execute_async_v3``, ``build`` (no plan), ``add_optimization_profile``,
   ``create_execution_context``, ``create_network`` (None), ``deserialize_cuda_engine`` (None),
-  ``update_device_memory_size_for_shapes`` (0); ``data_dependent`` makes output shapes -1. Context
+  ``update_device_memory_size_for_shapes`` (0), ``capture`` (``end_capture`` raises); ``data_dependent`` makes output shapes -1. Context
   growth out of memory comes from ``MEMORY_LIMIT``.
 
 Every class, method, property and enum member it offers exists in the real TensorRT 11.4 bindings
@@ -87,6 +98,8 @@ RUNS: list[dict] = []  # input shapes of each execution
 BUILD_ERRORS: list[str] = []  # why builds returned no plan (the real builder logs it)
 #: Every call on an execution context and on the device, in order (tests read it).
 CALLS: list[tuple] = []
+#: The stream of every capture that ended with a graph (tests count them).
+CAPTURES: list[int] = []
 LOGGERS: list = []  # every trt.Logger made
 
 
@@ -94,11 +107,39 @@ def reset(latency_s: float = 0.01, memory_limit: int = 1 << 40) -> None:
     """Back to a clean, generous fake (tests call it first)."""
     global LATENCY_S, MEMORY_LIMIT
     LATENCY_S, MEMORY_LIMIT = latency_s, memory_limit
-    for registry in (FAIL, BUILDS, RUNS, CALLS, LOGGERS, INTERVALS, BUILD_ERRORS):
+    for registry in (FAIL, BUILDS, RUNS, CALLS, CAPTURES, LOGGERS, INTERVALS, BUILD_ERRORS):
         registry.clear()
     HOST_CLOCK[0] = 0.0
     for stream in list(FakeStream._registry.values()):  # the clock starts again for every stream
         stream._ready_at = 0.0
+        stream._captured = stream._capture_invalid = None  # no capture survives a reset
+    _CAPTURING.clear()
+
+
+class CUDARuntimeError(RuntimeError):
+    """As ``cupy.cuda.runtime.CUDARuntimeError``: a CUDA runtime call failed (the message starts
+    with the error's name)."""
+
+
+#: Streams in capture now (a sync or allocation anywhere during a capture is refused, as in CUDA's
+#: global capture mode, CuPy's default).
+_CAPTURING: "weakref.WeakSet[FakeStream]" = weakref.WeakSet()
+
+
+def _refuse_during_capture(what: str) -> None:
+    """A synchronising or allocating call: refused, and every capture invalidated, while one runs."""
+    if len(_CAPTURING):
+        for stream in list(_CAPTURING):
+            stream._capture_invalid = f"{what} during capture"
+        raise CUDARuntimeError(
+            f"cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing ({what})"
+        )
+
+
+def _invalidate_captures(what: str) -> None:
+    """A change the captured work depends on: every capture running now is invalidated."""
+    for stream in list(_CAPTURING):
+        stream._capture_invalid = f"{what} during capture"
 
 
 class OutOfMemoryError(MemoryError):
@@ -153,6 +194,8 @@ class FakeStream:
         self.queued = 0  # tasks ever queued (an event records the count)
         self.done = 0
         self._registry[self.ptr] = self
+        self._captured: list | None = None  # the recorded work while capturing
+        self._capture_invalid: str | None = None
 
     @classmethod
     def from_handle(cls, handle: int) -> "FakeStream":
@@ -162,6 +205,9 @@ class FakeStream:
         return stream
 
     def enqueue(self, fn, label: str = "task") -> None:
+        if self._captured is not None:  # capturing: recorded, not run
+            self._captured.append((fn, label))
+            return
         with self._lock:
             start = max(self._ready_at, _host_now())
             self._ready_at = start + DURATION_S.get(label.split(":")[0], DURATION_S["task"])
@@ -170,7 +216,36 @@ class FakeStream:
 
     def synchronize(self) -> None:
         CALLS.append(("stream.synchronize", self.ptr))
+        _refuse_during_capture("cudaStreamSynchronize")
         self.run_until(None)
+
+    def begin_capture(self, mode=None) -> None:
+        """As ``cupy.cuda.Stream.begin_capture``: work queued from now on is recorded."""
+        CALLS.append(("begin_capture", self.ptr))
+        if self._captured is not None:
+            raise CUDARuntimeError("cudaErrorIllegalState: the stream is already capturing")
+        self._captured, self._capture_invalid = [], None
+        _CAPTURING.add(self)
+
+    def end_capture(self) -> "FakeGraph":
+        """As ``cupy.cuda.Stream.end_capture``: the recorded work as a graph; raises when the capture
+        was invalidated (the stream leaves capture mode either way)."""
+        CALLS.append(("end_capture", self.ptr))
+        if self._captured is None:
+            raise CUDARuntimeError("cudaErrorIllegalState: the stream is not capturing")
+        work, invalid = self._captured, self._capture_invalid
+        if "capture" in FAIL:
+            invalid = "capture refused (FAIL)"
+        self._captured, self._capture_invalid = None, None
+        _CAPTURING.discard(self)
+        if invalid is not None:
+            raise CUDARuntimeError(f"cudaErrorStreamCaptureInvalidated: {invalid}")
+        CAPTURES.append(self.ptr)
+        return FakeGraph(work)
+
+    def is_capturing(self) -> bool:
+        """As ``cupy.cuda.Stream.is_capturing``."""
+        return self._captured is not None
 
     def run_until(self, count) -> None:
         """Do the queued tasks up to task number ``count`` (all when None), in order."""
@@ -193,6 +268,21 @@ class FakeStream:
             raise RuntimeError(f"an asynchronous task on stream {self.ptr:#x} failed: {error}") from error
 
 
+class FakeGraph:
+    """``cupy.cuda.Graph``: the work recorded by one capture, with what it captured (addresses,
+    shapes, context memory); ``launch`` queues it again on a stream."""
+
+    def __init__(self, work: list):
+        self._work = list(work)
+
+    def launch(self, stream=None) -> None:
+        """Queue the recorded work on ``stream`` (CuPy's current stream, here the default, when None)."""
+        stream = FakeStream._default if stream is None else stream
+        CALLS.append(("graph.launch", stream.ptr))
+        for fn, label in self._work:
+            stream.enqueue(fn, label)
+
+
 class FakeEvent:
     """``cupy.cuda.Event`` recorded on a stream: ``synchronize()`` does that stream's tasks queued
     before the record (not later ones) and waits for them on the fake clock."""
@@ -202,6 +292,7 @@ class FakeEvent:
 
     def synchronize(self) -> None:
         CALLS.append(("event.synchronize", self._stream.ptr))
+        _refuse_during_capture("cudaEventSynchronize")
         self._stream.run_until(self._count)
 
 
@@ -677,6 +768,7 @@ class _Context:
 
     def __init__(self, engine, strategy):
         self._engine, self._strategy, self._shapes, self._addresses, self._memory = engine, strategy, {}, {}, None
+        self._warm_shapes: dict | None = None  # the shapes of the last enqueue outside capture
 
     def set_input_shape(self, name, shape):
         CALLS.append(("set_input_shape", name))
@@ -684,6 +776,8 @@ class _Context:
         shape = tuple(int(n) for n in shape)
         if "set_input_shape" in FAIL or len(shape) != len(lo) or any(not a <= s <= b for a, s, b in zip(lo, shape, hi)):
             return False
+        if self._shapes.get(name) != shape:
+            _invalidate_captures(f"set_input_shape({name!r})")
         self._shapes[name] = shape
         return True
 
@@ -691,6 +785,8 @@ class _Context:
         CALLS.append(("set_tensor_address", name))
         if "set_tensor_address" in FAIL:
             return False
+        if self._addresses.get(name) != memory:
+            _invalidate_captures(f"set_tensor_address({name!r}) to a new address")
         self._addresses[name] = memory
         return True
 
@@ -712,6 +808,8 @@ class _Context:
 
     def set_device_memory(self, memory, size):
         CALLS.append(("set_device_memory", size))
+        if self._memory != (memory, size):
+            _invalidate_captures("set_device_memory to a new address")
         self._memory = (memory, size)
 
     def execute_async_v3(self, stream_handle):
@@ -726,8 +824,14 @@ class _Context:
             return False  # the real one logs the reason (shapes, addresses or memory missing)
         inputs = {n: self._addresses[n] for n, _, _ in self._engine._inputs}
         outputs = {n: self._addresses[n] for n, _, _ in self._engine._outputs}
-        shapes = dict(self._shapes)
-        FakeStream.from_handle(stream_handle).enqueue(lambda: self._execute(inputs, outputs, shapes), "execute")
+        shapes, memory = dict(self._shapes), self._memory
+        stream = FakeStream.from_handle(stream_handle)
+        if stream.is_capturing():
+            if self._warm_shapes != shapes:  # shape-dependent setup would run (allocate, sync) inside capture
+                stream._capture_invalid = "execute_async_v3 captured before an enqueue at these shapes"
+        else:
+            self._warm_shapes = shapes
+        stream.enqueue(lambda: self._execute(inputs, outputs, shapes, memory), "execute")
         return True
 
     def _ready(self) -> bool:
@@ -745,7 +849,9 @@ class _Context:
                 return False
         return True
 
-    def _execute(self, inputs, outputs, shapes):
+    def _execute(self, inputs, outputs, shapes, memory=None):
+        if memory is not None and _MEMORY.get(memory[0]) is None:
+            raise RuntimeError("cudaErrorIllegalAddress: the context memory was freed")
         feeds = {n: _MEMORY[a] for n, a in inputs.items()}
         for n, a in feeds.items():
             assert a.shape == shapes[n], (n, a.shape, shapes[n])
@@ -787,7 +893,9 @@ class NumpyDevice:
 
     @staticmethod
     def _track(x):
-        """Register ``x`` as fake device memory: charged to the ledger until collected."""
+        """Register ``x`` as fake device memory: charged to the ledger until collected (refused
+        during a capture, as ``cudaMalloc`` is)."""
+        _refuse_during_capture("cudaMalloc")
         LEDGER.charge(int(x.nbytes))
         weakref.finalize(x, LEDGER.release, int(x.nbytes))
         _MEMORY[id(x)] = x
@@ -807,6 +915,7 @@ class NumpyDevice:
     def empty(self, shape, dtype=np.float32):
         """Uninitialised: NaN for floats (so a read before the kernel ran is visible), else 0x5A."""
         CALLS.append(("empty", tuple(shape)))
+        _refuse_during_capture("cudaMalloc")
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         LEDGER.charge(nbytes)  # fail before allocating host memory for it
         LEDGER.release(nbytes)
@@ -840,6 +949,7 @@ class NumpyDevice:
 
     def synchronize(self):
         CALLS.append(("synchronize", None))
+        _refuse_during_capture("cudaStreamSynchronize (the current stream)")
 
     def new_stream(self):
         return FakeStream()

@@ -170,6 +170,14 @@ _SPECS = (
         "masc_engine.engine.backends.tensorrt",
         "cuda",
         gpu_providers=("cuda", "cuda:0", "CUDAExecutionProvider"),
+        options=(
+            BackendOption(
+                "cuda_graphs",
+                ("on", "off"),
+                "CUDA graphs for repeated input shapes: on (one graph per shape set, captured after its first "
+                "run and replayed) or off (every run enqueued one by one).",
+            ),
+        ),
     ),
     BackendSpec("openvino", "masc_engine.engine.backends.openvino", "cpu"),
 )

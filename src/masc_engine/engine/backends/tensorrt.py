@@ -72,6 +72,7 @@ import numpy as np
 
 from ...errors import BackendUnavailableError, DeviceMemoryError, EngineCompatibilityError
 from ..device import ArrayDevice, CupyDevice, DeviceArray, Event, PinnedStaging, Stream
+from . import trt_graphs as tg
 from . import trt_profiles as tp
 
 # trt_build's and trt_device's public names, re-exported (importable from the backend's module).
@@ -109,16 +110,25 @@ class _Slot:
     def __init__(self, context: Any, stream: Stream, staging: PinnedStaging) -> None:
         self.context, self.stream, self.staging = context, stream, staging
         self.scratch: DeviceArray | None = None
+        self.graphs = tg.GraphCache()  # CUDA graphs of this slot's context, by input-shape set
 
 
 class _InFlight:
     """A queued execution: its slot, device outputs, pinned host outputs (or None), the event
-    recorded after its last copy, and its inputs (kept alive until it is done)."""
+    recorded after its last copy, its inputs (kept alive until it is done), and whether its device
+    outputs are a CUDA graph's buffers (which its next replay overwrites: handed over as copies)."""
 
     def __init__(
-        self, slot: _Slot, outs: Arrays, pinned: dict[str, np.ndarray] | None, event: Event, inputs: object
+        self,
+        slot: _Slot,
+        outs: Arrays,
+        pinned: dict[str, np.ndarray] | None,
+        event: Event,
+        inputs: object,
+        graph_owned: bool = False,
     ) -> None:
         self.slot, self.outs, self.pinned, self.event, self.inputs = slot, outs, pinned, event, inputs
+        self.graph_owned = graph_owned
 
 
 class TrtRunner:
@@ -130,6 +140,10 @@ class TrtRunner:
     profile is refused before inference (:class:`ProfileError` with the allowed range). The
     context's memory is user-managed: sized per call for the shapes run, grown when a call needs
     more, freed by :meth:`close`.
+
+    CUDA graphs (``cuda_graphs``, the backend option of that name): a call whose inputs are all
+    host arrays is captured into a CUDA graph after its shape set's first enqueue and replayed when
+    the shapes recur (:mod:`.trt_graphs`; ``graph_captures`` and ``graph_replays`` count them).
 
     unverified on a GPU: never run with TensorRT.
     """
@@ -146,6 +160,7 @@ class TrtRunner:
         need_bytes: int | None = None,
         bundle_dir: str | Path | None = None,
         precision: str | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         trt = import_tensorrt()
         self._trt = trt
@@ -188,6 +203,8 @@ class TrtRunner:
         self._lock = threading.Lock()  # calls are serialised; run_pipelined keeps two in flight within one
         self._slots = [_Slot(self.context, self._stream, PinnedStaging(self._dev))]
         self.bundle_key: tuple[str, str] | None = None  # (bundle path, precision), set by load_runner
+        self.cuda_graphs = cuda_graphs  # turned off after a failed capture (logged once)
+        self.graph_captures = self.graph_replays = 0
 
     def axis_limit(self, axis: str) -> int | None:
         """The engine profile's largest size for a named axis (``outs_per_ref`` for the CP head:
@@ -209,6 +226,7 @@ class TrtRunner:
                 if slot.stream is not None:
                     slot.stream.synchronize()
                 slot.context = slot.scratch = None
+                slot.graphs.clear()
                 slot.staging.clear()
             self.context = None
             self.engine = None
@@ -322,8 +340,17 @@ class TrtRunner:
         output shapes read and checked; context memory sized for these shapes; outputs allocated;
         *then* CuPy's current stream synchronised (packing done, and no block CuPy's pool hands out
         still read elsewhere); host-to-device copies, the engine and device-to-host copies queued
-        on the slot's stream, and an event recorded after them. Nothing is waited for."""
+        on the slot's stream, and an event recorded after them. Nothing is waited for.
+
+        With CUDA graphs on and host inputs only: a shape set seen before on this slot replays its
+        graph (:meth:`_replay`); a new one is enqueued as above (the warm-up) and then captured."""
         dev, stream, ctx = self._dev, slot.stream, slot.context
+        key = None
+        if self.cuda_graphs and not any(dev.is_device_array(feeds[k]) for k in self.input_names):
+            key = tg.shape_key(self.input_names, feeds)
+            graph = slot.graphs.get(key)
+            if graph is not None:
+                return self._replay(slot, graph, feeds, to_host)
         bufs, host = self._inputs(slot, feeds)
         self._set_shapes(ctx, bufs)
         outs = {k: dev.empty(s, self._dtypes[k]) for k, s in self._output_shapes(ctx).items()}
@@ -332,12 +359,45 @@ class TrtRunner:
         for k, x in host.items():
             dev.copy_to_device(x, bufs[k], stream)
         self._execute(ctx, stream, bufs, outs)
-        pinned = None
+        owned = key is not None and self._capture(slot, key, bufs, outs)
+        return self._copies_back(slot, outs, to_host, (bufs, host), owned)
+
+    def _copies_back(self, slot: _Slot, outs: Arrays, to_host: bool, inputs: object, owned: bool) -> _InFlight:
+        """Queue the device-to-host copies (when ``to_host``) and record the event after them."""
+        dev, pinned = self._dev, None
         if to_host:
             pinned = {k: slot.staging.buffer(k, v.shape, v.dtype) for k, v in outs.items()}
             for k in outs:
-                dev.copy_to_host(outs[k], pinned[k], stream)
-        return _InFlight(slot, outs, pinned, dev.record_event(stream), (bufs, host))
+                dev.copy_to_host(outs[k], pinned[k], slot.stream)
+        return _InFlight(slot, outs, pinned, dev.record_event(slot.stream), inputs, owned)
+
+    def _capture(self, slot: _Slot, key: tg.ShapeKey, bufs: Arrays, outs: Arrays) -> bool:
+        """Capture the execution just enqueued (its warm-up: same shapes, same bindings) into a CUDA
+        graph kept with its buffers and context memory. A failure turns graphs off, logged once.
+        unverified on a GPU."""
+        ctx, stream = slot.context, slot.stream
+        try:
+            graph = tg.capture(stream, lambda: bool(ctx.execute_async_v3(stream.ptr)))
+        except Exception as e:  # noqa: BLE001 - CuPy's CUDARuntimeError, or the enqueue's failure
+            self.cuda_graphs = False
+            tg.note_capture_failure(self.name, key, e)
+            return False
+        slot.graphs.add(key, tg.CapturedGraph(graph, bufs, outs, slot.scratch))
+        self.graph_captures += 1
+        return True
+
+    def _replay(self, slot: _Slot, g: tg.CapturedGraph, feeds: Mapping[str, Any], to_host: bool) -> _InFlight:
+        """Stage the host inputs, copy them into the graph's own input buffers, launch the graph on
+        the slot's stream and queue the copies back from its output buffers. unverified on a GPU."""
+        host = {
+            k: slot.staging.stage(k, np.ascontiguousarray(feeds[k], dtype=self._dtypes[k])) for k in self.input_names
+        }
+        self._dev.synchronize()
+        for k, x in host.items():
+            self._dev.copy_to_device(x, g.inputs[k], slot.stream)
+        g.graph.launch(slot.stream)
+        self.graph_replays += 1
+        return self._copies_back(slot, g.outputs, to_host, (g, host), True)
 
     def _execute(self, ctx: "trt.IExecutionContext", stream: Stream, bufs: Arrays, outs: Arrays) -> None:
         """Bind every input and output by address and queue the engine on ``stream``."""
@@ -359,6 +419,8 @@ class TrtRunner:
         job.slot.staging.next_call()
         if job.pinned is not None:
             return {k: np.array(v) for k, v in job.pinned.items()}
+        if job.graph_owned:  # the graph's buffers: its next replay overwrites them
+            return {k: self._dev.copy(v) for k, v in job.outs.items()}
         return job.outs
 
     def _set_shapes(self, ctx: "trt.IExecutionContext", bufs: Arrays) -> None:
@@ -487,6 +549,7 @@ def load_runner(
         need_bytes=need,
         bundle_dir=bundle.path,
         precision=precision,
+        cuda_graphs=(options or {}).get("cuda_graphs", "on") == "on",
     )
     runner.bundle_key = key
     _LIVE.add(runner)
