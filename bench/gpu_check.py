@@ -27,7 +27,8 @@ keeps what finished):
 - ``ort_cuda``, ``tensorrt``, ``masc_metric_gpu``: run only when onnxruntime-gpu, TensorRT, or
   masc-metric + transformers are importable; otherwise skipped with the reason. ``tensorrt`` builds
   the CP engine (fp32, fp16) with user-managed context memory and records TensorRT's activation
-  figure per profile next to the on-paper estimate (engine/backends/trt_profiles.py).
+  figure per profile next to the on-paper estimate (engine/backends/trt_profiles.py), and whether
+  CUDA graph replays give the plain enqueues' outputs bit for bit (``cuda_graphs``).
 - ``memory_plan``: the device-memory plan of an so400m engine set (fp16 and fp32) at the default
   profiles (batch 16, 16 outputs per reference, 1,024 patches) and at the shapes the scorer runs
   (batch 8; CP calls capped at 2**26 cosines), on paper, beside a 24 GB RTX 3090, a 141 GB H200 and
@@ -906,6 +907,7 @@ def section_tensorrt(cfg, ctx):
                     "context_memory": _context_memory_follows(
                         TrtRunner, Path(d) / f"cp.{prec}.engine", entry, shapes, facts
                     ),
+                    "cuda_graphs": _graph_replay_equals_plain(TrtRunner, Path(d) / f"cp.{prec}.engine", entry, shapes),
                 }
             except Exception as e:  # noqa: BLE001 - recorded next to the other precision's results
                 out[prec] = {
@@ -1128,6 +1130,32 @@ def section_memory_plan(cfg, ctx):
             _, chosen = tp.choose_ranges(m, precision, weights, int(size * gib), 64, 16)
             out[precision]["fits"][name]["max_batch_chosen_when_64_asked"] = chosen["max_batch"]
     return out
+
+
+def _graph_replay_equals_plain(runner_cls, engine, entry, shapes) -> dict:
+    """Shape sets min, max, min, max, min through a runner with CUDA graphs and one without: the
+    replayed graphs' outputs against the plain enqueues' (bit for bit), and the captures counted."""
+    rng = np.random.default_rng(7)
+    graphs = runner_cls(engine, "cp", entry, shapes, cuda_graphs=True)
+    plain = runner_cls(engine, "cp", entry, shapes, cuda_graphs=False)
+    diffs = []
+    for end in ("min", "max", "min", "max", "min"):
+        feeds = {  # random floats; masks and other inputs all ones, as _context_memory_follows
+            k: rng.uniform(-1, 1, shapes[k][end]).astype(t) if t.kind == "f" else np.ones(shapes[k][end], t)
+            for k, t in ((k, graphs._dtypes[k]) for k in graphs.input_names)
+        }
+        a, b = graphs.run(feeds), plain.run(feeds)
+        diffs += [float(np.max(np.abs(a[k].astype(np.float64) - b[k]), initial=0.0)) for k in a]
+    res = {
+        "captures": graphs.graph_captures,
+        "replays": graphs.graph_replays,
+        "graphs_on": graphs.cuda_graphs,
+        "max_abs_diff": max(diffs),
+        "bit_identical": max(diffs) == 0.0,
+    }
+    graphs.close()
+    plain.close()
+    return res
 
 
 def section_pipeline(cfg, ctx):

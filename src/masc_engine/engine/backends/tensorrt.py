@@ -119,16 +119,10 @@ class _InFlight:
     outputs are a CUDA graph's buffers (which its next replay overwrites: handed over as copies)."""
 
     def __init__(
-        self,
-        slot: _Slot,
-        outs: Arrays,
-        pinned: dict[str, np.ndarray] | None,
-        event: Event,
-        inputs: object,
-        graph_owned: bool = False,
+        self, slot: _Slot, outs: Arrays, pinned: dict | None, event: Event, inputs: object, owned: bool
     ) -> None:
         self.slot, self.outs, self.pinned, self.event, self.inputs = slot, outs, pinned, event, inputs
-        self.graph_owned = graph_owned
+        self.graph_owned = owned
 
 
 class TrtRunner:
@@ -377,7 +371,7 @@ class TrtRunner:
         unverified on a GPU."""
         ctx, stream = slot.context, slot.stream
         try:
-            graph = tg.capture(stream, lambda: bool(ctx.execute_async_v3(stream.ptr)))
+            graph = tg.capture(stream, lambda: self._enqueue(ctx, stream))
         except Exception as e:  # noqa: BLE001 - CuPy's CUDARuntimeError, or the enqueue's failure
             self.cuda_graphs = False
             tg.note_capture_failure(self.name, key, e)
@@ -406,11 +400,15 @@ class TrtRunner:
                 raise TensorRTCallError(
                     f"TensorRT engine {self.name!r}: set_tensor_address({k!r}) failed for shape {tuple(x.shape)}"
                 )
-        if not ctx.execute_async_v3(stream.ptr):
+        if not self._enqueue(ctx, stream):
             raise TensorRTCallError(
                 f"TensorRT execution of {self.name!r} failed (input shapes "
                 f"{ {k: tuple(v.shape) for k, v in bufs.items()} })"
             )
+
+    def _enqueue(self, ctx: "trt.IExecutionContext", stream: Stream) -> bool:
+        """``execute_async_v3`` on ``stream``'s handle (outside or inside a capture)."""
+        return bool(ctx.execute_async_v3(stream.ptr))
 
     def _finish(self, job: _InFlight) -> Arrays:
         """Wait for a queued execution's event, then hand its outputs over (host copies out of the

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..device import DeviceArray
 
@@ -83,7 +83,7 @@ class GraphCache:
         self._graphs.clear()
 
 
-def shape_key(names: list[str], bufs: dict[str, DeviceArray]) -> ShapeKey:
+def shape_key(names: list[str], bufs: Mapping[str, DeviceArray]) -> ShapeKey:
     """The input-shape set of one execution: ``((name, shape), ...)`` in the engine's input order."""
     return tuple((k, tuple(int(n) for n in bufs[k].shape)) for k in names)
 
