@@ -229,3 +229,18 @@ def test_a_replay_uses_the_captured_addresses_not_the_bound_ones(engines):
     stream.synchronize()
     assert np.isnan(fresh).all()
     np.testing.assert_array_equal(bufs["pooled"], captured)
+
+
+def test_a_replay_after_a_shape_change_runs_the_captured_shapes(engines):
+    runner, dev, ctx, bufs, mem = _context(engines, (2, 30))
+    stream = dev.new_stream()
+    ctx.execute_async_v3(stream.ptr)
+    stream.begin_capture()
+    ctx.execute_async_v3(stream.ptr)
+    graph = stream.end_capture()
+    stream.synchronize()
+    for k in runner.input_names:  # new shapes set on the context, no new capture
+        ctx.set_input_shape(k, (2, 22, *bufs[k].shape[2:]))
+    graph.launch(stream)
+    stream.synchronize()
+    assert fake_tensorrt.RUNS[-1] == {k: tuple(bufs[k].shape) for k in runner.input_names}  # (2, 30): the old ones

@@ -102,6 +102,7 @@ if TYPE_CHECKING:  # the annotations name TensorRT's classes; the module itself 
 
 #: Arrays by tensor name (device arrays, or host numpy arrays where the docstring says so).
 Arrays = dict[str, DeviceArray]
+HostArrays = dict[str, np.ndarray]
 
 
 class _Slot:
@@ -119,7 +120,7 @@ class _InFlight:
     outputs are a CUDA graph's buffers (which its next replay overwrites: handed over as copies)."""
 
     def __init__(
-        self, slot: _Slot, outs: Arrays, pinned: dict | None, event: Event, inputs: object, owned: bool
+        self, slot: _Slot, outs: Arrays, pinned: HostArrays | None, event: Event, inputs: object, owned: bool
     ) -> None:
         self.slot, self.outs, self.pinned, self.event, self.inputs = slot, outs, pinned, event, inputs
         self.graph_owned = owned
