@@ -806,7 +806,7 @@ def test_execute_async_v3_takes_the_stream_handle(trt_engines):
 
     check(real_module())
     with pytest.raises(TypeError, match="(?s)incompatible function arguments.*stream_handle: int"):
-        check(mutant("if not ctx.execute_async_v3(stream.ptr):", "if not ctx.execute_async_v3(stream):"))
+        check(mutant("ctx.execute_async_v3(stream.ptr))", "ctx.execute_async_v3(stream))"))
 
 
 # ------------------------------------------------------------------ device memory: plan, budget, user-managed contexts
