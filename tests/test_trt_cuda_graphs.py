@@ -58,7 +58,7 @@ SIZES = [(4, 30), (4, 30), (2, 30), (4, 30), (4, 22), (2, 30), (4, 30), (4, 22)]
 
 def _runners(engines):
     mod, bundle = engines
-    return mod.load_runner(bundle, "pool"), mod.load_runner(bundle, "pool", options={"cuda_graphs": "off"})
+    return mod.load_runner(bundle, "pool", options={"cuda_graphs": "on"}), mod.load_runner(bundle, "pool")
 
 
 def test_graph_replay_equals_plain_enqueue_and_captures_once_per_shape_set(engines):
@@ -124,10 +124,10 @@ def test_a_failed_capture_falls_back_to_plain_enqueues_logged_once(engines, capl
     assert len(warnings) == 1 and "cudaErrorStreamCaptureInvalidated" in warnings[0].getMessage()
 
 
-def test_the_backend_option_turns_graphs_off(engines):
+def test_graphs_are_off_by_default_until_a_gpu_has_run_them(engines):
     from masc_engine.engine.backends.registry import get_backend
 
-    assert get_backend("tensorrt").resolve_options(None)["cuda_graphs"] == "on"
+    assert get_backend("tensorrt").resolve_options(None)["cuda_graphs"] == "off"
     _, plain = _runners(engines)
     plain.run(_pool_batches([(2, 30)])[0])
     plain.run(_pool_batches([(2, 30)])[0])

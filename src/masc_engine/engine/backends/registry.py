@@ -173,9 +173,10 @@ _SPECS = (
         options=(
             BackendOption(
                 "cuda_graphs",
-                ("on", "off"),
-                "CUDA graphs for repeated input shapes: on (one graph per shape set, captured after its first "
-                "run and replayed) or off (every run enqueued one by one).",
+                ("off", "on"),
+                "CUDA graphs for repeated input shapes: off (every run enqueued one by one) or on (one graph "
+                "per shape set, captured after its first run and replayed; checked on the test fake only, "
+                "unverified on a GPU until bench/gpu_check.py runs, hence off by default).",
             ),
         ),
     ),

@@ -548,7 +548,7 @@ def load_runner(
         need_bytes=need,
         bundle_dir=bundle.path,
         precision=precision,
-        cuda_graphs=(options or {}).get("cuda_graphs", "on") == "on",
+        cuda_graphs=(options or {}).get("cuda_graphs", "off") == "on",  # off until a GPU has run it
     )
     runner.bundle_key = key
     _LIVE.add(runner)
