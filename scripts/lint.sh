@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 if [ -f .venv/bin/activate ]; then . .venv/bin/activate; fi  # else: the active environment
 ruff check src tests scripts bench
 ruff format --check src tests scripts bench
-(cd src && lint-imports --config ../pyproject.toml)
+(cd src && lint-imports --no-logo ../pyproject.toml)
 mypy
