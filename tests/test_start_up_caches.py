@@ -89,6 +89,26 @@ def test_a_record_of_another_digest_is_not_a_match(naflex_bundle, tmp_path, own_
     assert not verified_files.known(path, digest)
 
 
+def test_a_planted_record_is_not_read_past_its_budget(tmp_path, own_root):
+    """A record under the cache root is read only when it is a regular file within
+    MAX_RECORD_BYTES, opened without following links and without blocking on a FIFO: a valid
+    record padded past the budget, a link to /dev/zero and a FIFO are all "not known"."""
+    path = tmp_path / "g.onnx"
+    path.write_bytes(b"graph")
+    digest = manifest_mod.sha256_file(path)
+    assert verified_files.remember(path, digest) and verified_files.known(path, digest)
+    rec = verified_files.record_path(path)
+    valid = rec.read_text()
+    rec.write_text(valid + " " * verified_files.MAX_RECORD_BYTES)  # still valid JSON, over the budget
+    assert not verified_files.known(path, digest)
+    rec.unlink()
+    os.symlink("/dev/zero", rec)
+    assert not verified_files.known(path, digest)
+    rec.unlink()
+    os.mkfifo(rec)
+    assert not verified_files.known(path, digest)
+
+
 def test_runtime_folder_is_one_the_clean_command_removes():
     assert RUNTIME in SUBFOLDERS
 

@@ -16,12 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
+from typing import Any
 
 from .cache_root import RUNTIME, cache_root
 
 #: Subfolder of the cache root's :data:`~masc_engine.engine.cache_root.RUNTIME` holding the records.
 VERIFIED = "verified"
+
+#: The largest record read, in bytes: a record is ~250 bytes (path, digest, five integers); a larger
+#: file, a link or anything but a regular file under the cache root is not read (not known).
+MAX_RECORD_BYTES = 4096
 
 
 def stat_key(path: str | Path) -> list[int]:
@@ -44,10 +50,24 @@ def known(path: str | Path, digest: str) -> bool:
     """Whether ``path`` was hashed to ``digest`` (hex sha256) by an earlier process and has not
     changed since (:func:`stat_key`). Any unreadable or malformed record is "not known"."""
     try:
-        rec = json.loads(record_path(path).read_text())
-        return bool(rec.get("sha256") == digest and rec.get("key") == stat_key(path))
+        rec = _read_record(record_path(path))
+        return bool(rec is not None and rec.get("sha256") == digest and rec.get("key") == stat_key(path))
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def _read_record(target: Path) -> Any:
+    """The JSON of a record file, or None when it is not a regular file of at most
+    :data:`MAX_RECORD_BYTES` (checked on the open descriptor, before reading; links are not
+    followed and a FIFO does not block the open)."""
+    fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORD_BYTES:
+            return None
+        return json.loads(os.read(fd, MAX_RECORD_BYTES + 1))
+    finally:
+        os.close(fd)
 
 
 def remember(path: str | Path, digest: str) -> bool:
