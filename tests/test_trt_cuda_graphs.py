@@ -3,9 +3,11 @@ whose capture records work instead of running it, refuses a sync or an allocatio
 and whose replay runs the recorded work on the captured addresses and shapes only.
 
 Checked: a graph per distinct input-shape set, captured after that set's first enqueue and
-replayed when it recurs, with outputs bit-identical to plain enqueues; captures counted (never
-timed); the LRU bound; the fallback to plain enqueues, logged once, when capture fails; the fake's
-capture rules themselves. Unverified on a GPU: docs/gpu.md.
+replayed when it recurs, with outputs bit-identical to plain enqueues, for host, device-resident and
+mixed inputs (device ones copied device to device into the graph's own buffers on the slot's
+stream); captures counted (never timed); the LRU bound; the fallback to plain enqueues, logged
+once, when capture fails; the fake's capture and copy rules themselves. Unverified on a GPU:
+docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 from doubles import fake_tensorrt
 from masc_engine.engine.backends import trt_graphs
 from masc_engine.engine.bundle import Bundle
+from masc_engine.engine.device import DeviceCopyError, HostDevice
 
 INFO = ("NVIDIA H200", "9.0")
 
@@ -132,6 +135,160 @@ def test_graphs_are_off_by_default_until_a_gpu_has_run_them(engines):
     plain.run(_pool_batches([(2, 30)])[0])
     plain.run(_pool_batches([(2, 30)])[0])
     assert plain.cuda_graphs is False and not fake_tensorrt.CAPTURES
+
+
+# ------------------------------------------------------------------ device-resident and mixed inputs
+
+
+def _on_device(runner, feeds, names=None):
+    """``feeds`` with the inputs in ``names`` (all when None) as fake device arrays of the engine's dtypes."""
+    dev = fake_tensorrt.NumpyDevice()
+    names = runner.input_names if names is None else names
+    return {k: dev.from_host(v.astype(runner._dtypes[k])) if k in names else v for k, v in feeds.items()}
+
+
+@pytest.mark.parametrize("names", [None, ["hidden"], ["key_padding_mask"]], ids=["device", "mixed", "mixed-mask"])
+def test_device_resident_inputs_replay_with_the_plain_enqueues_outputs(engines, names):
+    graphs, plain = _runners(engines)
+    batches = _pool_batches(SIZES, seed=6)  # every batch new values; shapes repeat
+    want = [plain.run(b) for b in batches]
+    got = [graphs.run_device(_on_device(graphs, b, names)) for b in batches]
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a["pooled"], np.array(b["pooled"]))
+    distinct = len(set(SIZES))
+    assert graphs.graph_captures == len(fake_tensorrt.CAPTURES) == distinct
+    assert graphs.graph_replays == len(SIZES) - distinct
+    copies = [c for c in fake_tensorrt.CALLS if c[0] == "copy_on_stream"]
+    n_device = len(graphs.input_names) if names is None else len(names)
+    assert len(copies) == len(SIZES) * n_device  # the warm-up's and every replay's device inputs
+    assert {c[2] for c in copies} == {graphs._slots[0].stream.ptr}  # on the stream the graph runs on
+
+
+def test_a_replay_copies_the_new_device_values_and_leaves_the_callers_arrays_alone(engines):
+    graphs, plain = _runners(engines)
+    a, b = _pool_batches([(4, 30), (4, 30)], seed=7)
+    da, db = _on_device(graphs, a), _on_device(graphs, b)
+    kept = {k: np.array(v) for k, v in da.items()}
+    first = np.array(graphs.run_device(da)["pooled"])  # warm-up and capture
+    second = np.array(graphs.run_device(db)["pooled"])  # replay: b's values copied into the graph's buffers
+    assert graphs.graph_replays == 1
+    np.testing.assert_array_equal(first, plain.run(a)["pooled"])
+    np.testing.assert_array_equal(second, plain.run(b)["pooled"])
+    assert not np.array_equal(first, second)
+    for k, v in da.items():  # the caller's arrays are never a graph's buffers
+        np.testing.assert_array_equal(v, kept[k])
+
+
+def test_pipelined_device_inputs_copy_on_each_slots_own_stream(engines):
+    graphs, plain = _runners(engines)
+    batches = _pool_batches(SIZES, seed=8)
+    want = [plain.run(b) for b in batches]
+    got = graphs.run_pipelined(batches, prepare=lambda b: _on_device(graphs, b))
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a["pooled"], b["pooled"])
+    assert graphs.graph_replays == len(SIZES) - len({(i % 2, s) for i, s in enumerate(SIZES)}) > 0
+    streams = {c[2] for c in fake_tensorrt.CALLS if c[0] == "copy_on_stream"}
+    assert streams == {s.stream.ptr for s in graphs._slots} and len(streams) == 2
+
+
+def test_graph_cp_on_device_tokens_scores_equal_with_graphs_on_and_off(engines):
+    """The device-resident CP path (runtime/cp_device.py GraphCP: device tokens, host masks, so
+    mixed calls) repeats its shapes from one reference to the next: replays score as plain enqueues."""
+    from masc_engine.runtime.cp_device import GraphCP
+
+    mod, bundle = engines
+    on = mod.load_runner(bundle, "cp", options={"cuda_graphs": "on"})
+    off = mod.load_runner(bundle, "cp")
+    dev = fake_tensorrt.NumpyDevice()
+    rng = np.random.default_rng(9)
+    for _ in range(3):  # same shapes, new values
+        ref = rng.normal(size=(20, 64)).astype(np.float32)
+        w = rng.random(20).astype(np.float32)
+        outs = [rng.normal(size=(m, 64)).astype(np.float32) for m in (5, 9, 12)]
+        got = GraphCP(on, device=dev).score(ref, w, outs)
+        want = GraphCP(off, device=dev).score(ref, w, outs)
+        assert [c for c, _ in got] == [c for c, _ in want] and not np.isnan([c for c, _ in got]).any()
+    assert on.graph_captures >= 1 and on.graph_replays >= 2 and off.graph_replays == 0
+
+
+def test_a_device_input_of_another_dtype_is_refused_on_replay_too(engines):
+    graphs, _ = _runners(engines)
+    (a,) = _pool_batches([(2, 30)], seed=10)
+    graphs.run_device(_on_device(graphs, a))
+    bad = {**_on_device(graphs, a), "hidden": fake_tensorrt.NumpyDevice().from_host(a["hidden"].astype(np.float64))}
+    with pytest.raises(TypeError, match="hidden must be float32"):
+        graphs.run_device(bad)
+
+
+# ------------------------------------------------------------------ the fake's device-to-device copy
+
+
+def test_a_device_copy_is_ordered_on_its_stream_only():
+    dev = fake_tensorrt.NumpyDevice()
+    a, b = dev.new_stream(), dev.new_stream()
+    src, dst = dev.from_host(np.arange(6, dtype=np.float32)), dev.empty((6,), np.float32)
+    out = np.full(6, -1, np.float32)
+    dev.copy_on_stream(src, dst, b)  # the wrong stream for the read queued on a
+    dev.copy_to_host(dst, out, a)
+    a.synchronize()
+    assert np.isnan(out).all()  # not ordered before a's work
+    assert np.isnan(dst).all()  # and not done before b runs it
+    b.synchronize()
+    np.testing.assert_array_equal(dst, np.arange(6))
+    dst2 = dev.empty((6,), np.float32)
+    dev.copy_on_stream(src, dst2, a)  # in stream order: the read after it sees it
+    dev.copy_to_host(dst2, out, a)
+    a.synchronize()
+    np.testing.assert_array_equal(out, np.arange(6))
+
+
+def test_a_device_copy_during_capture_is_recorded_and_replayed():
+    dev = fake_tensorrt.NumpyDevice()
+    stream = dev.new_stream()
+    src, dst = dev.from_host(np.zeros(3, np.float32)), dev.empty((3,), np.float32)
+    stream.begin_capture()
+    dev.copy_on_stream(src, dst, stream)  # allocates nothing: allowed during capture
+    graph = stream.end_capture()
+    assert np.isnan(dst).all()
+    src[...] = [1, 2, 3]
+    graph.launch(stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(dst, [1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        (np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float32)),  # same bytes, other shape
+        (np.zeros((2, 3), np.float32), np.zeros((2, 3), np.int32)),  # same bytes, other dtype
+        (np.zeros((1, 3), np.float32), np.zeros((2, 3), np.float32)),  # numpy would broadcast
+        (np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float64)),  # numpy would cast
+        (np.zeros((4, 3), np.float32)[::2], np.zeros((2, 3), np.float32)),  # not contiguous
+    ],
+    ids=["shape", "dtype", "broadcast", "cast", "strided"],
+)
+@pytest.mark.parametrize("device", ["fake", "host"])
+def test_a_mismatched_device_copy_is_refused_before_it_is_queued(src, dst, device):
+    if device == "fake":
+        dev = fake_tensorrt.NumpyDevice()
+        base = dev.from_host(src.base if src.base is not None else src)
+        src = base[::2] if src.base is not None else base
+        dst = dev.from_host(dst)
+    else:
+        dev = HostDevice()
+    stream = dev.new_stream()
+    before = np.array(dst)
+    with pytest.raises(DeviceCopyError, match="device copy refused"):
+        dev.copy_on_stream(src, dst, stream)
+    if device == "fake":
+        assert not stream._pending
+    np.testing.assert_array_equal(dst, before)
+
+
+def test_a_device_copy_from_host_memory_is_invalid_on_the_fake():
+    dev = fake_tensorrt.NumpyDevice()
+    with pytest.raises(fake_tensorrt.CUDARuntimeError, match="cudaErrorInvalidValue"):
+        dev.copy_on_stream(np.zeros(3, np.float32), dev.empty((3,), np.float32), dev.new_stream())
 
 
 # ------------------------------------------------------------------ the fake's capture rules

@@ -5,8 +5,8 @@ What it stands in for cannot run here (TensorRT needs libnvinfer and a GPU; CuPy
 execution context runs the graph with ONNX Runtime CPU, so a TrtRunner over the fake gives real
 numbers, checked against ONNX Runtime. Where the hardware is unkind, so is the fake:
 
-- **Asynchronous.** ``execute_async_v3`` and the device's ``copy_to_device`` / ``copy_to_host``
-  only queue work on the stream whose handle they get; it is done when that stream's
+- **Asynchronous.** ``execute_async_v3`` and the device's ``copy_to_device`` / ``copy_to_host`` /
+  ``copy_on_stream`` only queue work on the stream whose handle they get; it is done when that stream's
   ``synchronize()`` is called, never before. Output buffers start as NaN, so reading them before
   that gives stale data every time (not by a race). Each task is logged on a fake clock
   (``INTERVALS``), so overlap is counted from the log, not from wall time. ``execute_async_v3`` takes the stream *handle* (an int), as
@@ -72,6 +72,8 @@ from pathlib import Path
 
 import numpy as np
 
+from masc_engine.engine.device import check_copy
+
 #: ONNX ops the ONNX-TensorRT parser imports: its ``DEFINE_BUILTIN_OP_IMPORTER`` registrations, read
 #: from onnxOpImporters.cpp by scripts/extract_onnx_trt_ops.py into tests/data/onnx_tensorrt_ops.json.
 #: The sources read are onnx-tensorrt's 10.1-GA release (commit 96e7811): the newest ref of
@@ -84,7 +86,7 @@ SUPPORTED_OPS = frozenset(json.loads(OPS_FILE.read_text())["ops"])
 #: Seconds of wall time a queued kernel or copy takes when its stream is synchronized.
 LATENCY_S = 0.01
 #: Fake-clock seconds per queued task, by kind (``execute``, ``h2d``, ``d2h``; ``task`` otherwise).
-DURATION_S = {"execute": 0.030, "h2d": 0.003, "d2h": 0.001, "task": 0.001}
+DURATION_S = {"execute": 0.030, "h2d": 0.003, "d2h": 0.001, "d2d": 0.001, "task": 0.001}
 #: The host's fake clock (one cell, so that it can be advanced in place) and the interval log:
 #: ``(stream handle or "host", label, start, end)`` in fake seconds.
 HOST_CLOCK = [0.0]
@@ -937,7 +939,13 @@ class NumpyDevice:
         return id(x)
 
     def contiguous(self, x):
+        """``x`` itself when C-contiguous, a view of device memory included (as
+        ``cupy.ascontiguousarray``: bound in place, so a write through its address lands in the
+        caller's array); else a new device buffer."""
         if _MEMORY.get(id(x)) is x and x.flags.c_contiguous:
+            return x
+        if x.flags.c_contiguous and self.is_device_array(x):
+            _MEMORY[id(x)] = x  # an address into its base's memory (not charged again)
             return x
         return self._track(np.ascontiguousarray(x).copy())  # a new device buffer, as cupy.ascontiguousarray
 
@@ -970,6 +978,18 @@ class NumpyDevice:
     def copy_to_host(self, src, out, stream):
         CALLS.append(("copy_to_host", tuple(src.shape)))
         stream.enqueue(lambda: np.copyto(out, src), "d2h")
+
+    def copy_on_stream(self, src, dst, stream):
+        """Device to device, queued on ``stream`` as ``cudaMemcpyAsync``: done when that stream runs
+        it (its ``synchronize()``, or an event recorded after it), so work on another stream does
+        not see it. Checked as ``CupyDevice.copy_on_stream`` checks (``DeviceCopyError`` for
+        shapes, dtypes or bytes that differ); a source or destination that is not device memory is
+        ``cudaErrorInvalidValue``. Nothing is allocated (allowed during a capture, recorded)."""
+        CALLS.append(("copy_on_stream", tuple(dst.shape), stream.ptr))
+        if not self.is_device_array(src) or _MEMORY.get(id(dst)) is not dst:
+            raise CUDARuntimeError("cudaErrorInvalidValue: a device-to-device copy between non-device memory")
+        check_copy(src, dst)
+        stream.enqueue(lambda: np.copyto(dst, src, casting="no"), "d2d")
 
     def record_event(self, stream):
         CALLS.append(("record_event", stream.ptr))

@@ -19,9 +19,10 @@ on CPU with a fake device.
 Streams, pinned host memory and asynchronous copies (what the TensorRT runner needs to overlap
 copies with compute): :meth:`ArrayDevice.new_stream`, :meth:`~ArrayDevice.pinned_empty` (page-
 locked host memory, which a DMA engine can read while the GPU computes; a copy from pageable
-memory is staged by the driver and does not overlap), :meth:`~ArrayDevice.copy_to_device` and
-:meth:`~ArrayDevice.copy_to_host` (queued on a stream; the data is there only after that stream's
-``synchronize()``), :meth:`~ArrayDevice.mem_get_info` (free and total device memory, for the
+memory is staged by the driver and does not overlap), :meth:`~ArrayDevice.copy_to_device`,
+:meth:`~ArrayDevice.copy_to_host` and :meth:`~ArrayDevice.copy_on_stream` (device to device; all
+queued on a stream: the data is there only after that stream's ``synchronize()``, or for work
+queued after it on the same stream), :meth:`~ArrayDevice.mem_get_info` (free and total device memory, for the
 TensorRT memory plan). :func:`overlapped` is the double-buffered loop: preparing batch n+1 (decode,
 preprocess) on a worker thread while batch n runs. tests/doubles/fake_tensorrt.py ``NumpyDevice`` stands in
 for CuPy with copies and kernels that complete on a background thread, so a missing
@@ -47,6 +48,36 @@ P = TypeVar("P")
 DeviceArray = Any
 #: An array shape: an int (1-D) or a sequence of ints.
 ShapeLike = int | Sequence[int]
+
+
+class DeviceCopyError(ValueError):
+    """A device-to-device copy between arrays whose shapes, dtypes or byte counts differ (refused
+    before anything is queued: a raw ``cudaMemcpyAsync`` would copy bytes, never broadcast)."""
+
+
+def check_copy(src: DeviceArray, dst: DeviceArray) -> int:
+    """Check that ``src`` can be copied byte for byte into ``dst``.
+
+    Args:
+        src: the source array, C-contiguous, any shape and dtype.
+        dst: the destination array, C-contiguous, of ``src``'s shape and dtype.
+
+    Returns:
+        the bytes to copy (``src.nbytes``).
+
+    Raises:
+        DeviceCopyError: shapes, dtypes or byte counts differ, or either array is not C-contiguous
+            (one line naming both sides).
+    """
+    same = tuple(src.shape) == tuple(dst.shape) and np.dtype(src.dtype) == np.dtype(dst.dtype)
+    contiguous = bool(src.flags.c_contiguous) and bool(dst.flags.c_contiguous)
+    if not same or int(src.nbytes) != int(dst.nbytes) or not contiguous:
+        raise DeviceCopyError(
+            f"device copy refused: source {tuple(src.shape)} {np.dtype(src.dtype)} ({int(src.nbytes)} bytes) into "
+            f"destination {tuple(dst.shape)} {np.dtype(dst.dtype)} ({int(dst.nbytes)} bytes); both must be "
+            "C-contiguous with the same shape and dtype"
+        )
+    return int(src.nbytes)
 
 
 class Event(Protocol):
@@ -128,6 +159,22 @@ class ArrayDevice:
         ``out`` holds the data once ``stream.synchronize()`` returns."""
         raise NotImplementedError
 
+    def copy_on_stream(self, src: DeviceArray, dst: DeviceArray, stream: Stream) -> None:
+        """Queue a device-to-device copy of ``src`` into ``dst`` on ``stream`` (asynchronous: work
+        queued after it on the same stream sees the data; work on another stream is not ordered
+        after it, and the host sees it after ``stream.synchronize()``). Nothing is allocated, so it
+        may precede a CUDA graph's launch on that stream (engine/backends/trt_graphs.py).
+
+        Args:
+            src: C-contiguous device array, any shape and dtype; must stay alive until the copy ran.
+            dst: C-contiguous device array of ``src``'s shape and dtype.
+            stream: the stream the copy is ordered on (the one whose work reads ``dst``).
+
+        Raises:
+            DeviceCopyError: shapes, dtypes or byte counts differ (:func:`check_copy`).
+        """
+        raise NotImplementedError
+
     def record_event(self, stream: Stream) -> Event:
         """An event recorded on ``stream`` after the work queued so far: ``.synchronize()`` waits for
         that work only (not for what is queued after it)."""
@@ -195,6 +242,15 @@ class HostDevice(ArrayDevice):
 
     def copy_to_host(self, src: DeviceArray, out: np.ndarray, stream: Stream) -> None:
         np.copyto(out, src)
+
+    def copy_on_stream(self, src: DeviceArray, dst: DeviceArray, stream: Stream) -> None:
+        """Copy ``src`` into ``dst`` now (host work is done when its call returns).
+
+        Raises:
+            DeviceCopyError: shapes, dtypes or byte counts differ (no broadcast, no cast).
+        """
+        check_copy(src, dst)
+        np.copyto(dst, src, casting="no")
 
     def record_event(self, stream: Stream) -> Event:
         return _HostStream()  # host work is done when its call returns
@@ -290,6 +346,19 @@ class CupyDevice(ArrayDevice):
     def copy_to_host(self, src: DeviceArray, out: np.ndarray, stream: Stream) -> None:
         # into pinned memory: cudaMemcpyAsync, returns at once; wait on an event (record_event)
         src.get(stream=stream, out=out, blocking=False)  # unverified on a GPU
+
+    def copy_on_stream(self, src: DeviceArray, dst: DeviceArray, stream: Stream) -> None:
+        """``cudaMemcpyAsync`` device to device on ``stream``: CuPy's
+        ``MemoryPointer.copy_from_device_async(src, size, stream)`` (cupy/cupy cupy/cuda/memory.pyx:
+        ``runtime.memcpyAsync(self.ptr, src.ptr, size, memcpyDefault, stream.ptr)``; it allocates
+        nothing and does not synchronise). unverified on a GPU.
+
+        Raises:
+            DeviceCopyError: shapes, dtypes or byte counts differ (checked first: the raw copy
+                would copy bytes whatever the shapes).
+        """
+        nbytes = check_copy(src, dst)
+        dst.data.copy_from_device_async(src.data, nbytes, stream)
 
     def record_event(self, stream: Stream) -> Event:
         """``cupy.cuda.Event`` recorded on ``stream`` (``.synchronize()`` waits for it). unverified on a GPU."""

@@ -136,8 +136,8 @@ class TrtRunner:
     context's memory is user-managed: sized per call for the shapes run, grown when a call needs
     more, freed by :meth:`close`.
 
-    CUDA graphs (``cuda_graphs``, the backend option of that name): a call whose inputs are all
-    host arrays is captured into a CUDA graph after its shape set's first enqueue and replayed when
+    CUDA graphs (``cuda_graphs``, the backend option of that name): a call (host, device or mixed
+    inputs) is captured into a CUDA graph after its shape set's first enqueue and replayed when
     the shapes recur (:mod:`.trt_graphs`; ``graph_captures`` and ``graph_replays`` count them).
 
     unverified on a GPU: never run with TensorRT.
@@ -304,12 +304,12 @@ class TrtRunner:
         join = (lambda xs: np.concatenate(xs, axis=0)) if to_host else self._dev.concat
         return {k: join([p[k] for p in parts]) for k in self.output_names}
 
-    def _inputs(self, slot: _Slot, feeds: Mapping[str, DeviceArray]) -> tuple[Arrays, dict[str, np.ndarray]]:
-        """Device inputs as given (dtype checked); host inputs staged in the slot's pinned memory,
-        with the device buffers they will be copied into."""
+    def _inputs(self, slot: _Slot, feeds: Mapping[str, DeviceArray]) -> tuple[HostArrays, Arrays]:
+        """Host inputs staged in the slot's pinned memory; device inputs as given (dtype checked,
+        contiguous). Raises TypeError for a device input of another dtype (no silent cast)."""
         dev = self._dev
-        bufs: Arrays = {}
-        host: dict[str, np.ndarray] = {}
+        host: HostArrays = {}
+        moved: Arrays = {}
         for k in self.input_names:
             x = feeds[k]
             if dev.is_device_array(x):
@@ -317,11 +317,10 @@ class TrtRunner:
                     raise TypeError(
                         f"TensorRT engine {self.name!r}: input {k} must be {self._dtypes[k]}, got {x.dtype}"
                     )
-                bufs[k] = dev.contiguous(x)
+                moved[k] = dev.contiguous(x)
             else:
                 host[k] = slot.staging.stage(k, np.ascontiguousarray(x, dtype=self._dtypes[k]))
-                bufs[k] = dev.empty(host[k].shape, self._dtypes[k])
-        return bufs, host
+        return host, moved
 
     def _run_once(self, feeds: Mapping[str, DeviceArray], to_host: bool) -> Arrays:
         """One execution on slot 0, waited for before it returns (:meth:`_submit`, :meth:`_finish`)."""
@@ -337,25 +336,26 @@ class TrtRunner:
         still read elsewhere); host-to-device copies, the engine and device-to-host copies queued
         on the slot's stream, and an event recorded after them. Nothing is waited for.
 
-        With CUDA graphs on and host inputs only: a shape set seen before on this slot replays its
-        graph (:meth:`_replay`); a new one is enqueued as above (the warm-up) and then captured."""
+        With CUDA graphs on: a shape set seen before on this slot replays its graph (:meth:`_replay`);
+        a new one is enqueued as above (the warm-up) into buffers of its own, device inputs copied
+        into them on the slot's stream as host ones are, and then captured."""
         dev, stream, ctx = self._dev, slot.stream, slot.context
         key = None
-        if self.cuda_graphs and not any(dev.is_device_array(feeds[k]) for k in self.input_names):
+        if self.cuda_graphs:
             key = tg.shape_key(self.input_names, feeds)
             graph = slot.graphs.get(key)
             if graph is not None:
                 return self._replay(slot, graph, feeds, to_host)
-        bufs, host = self._inputs(slot, feeds)
+        host, moved = self._inputs(slot, feeds)
+        bufs = tg.input_buffers(dev, self.input_names, host, moved, self._dtypes, own=key is not None)
         self._set_shapes(ctx, bufs)
         outs = {k: dev.empty(s, self._dtypes[k]) for k, s in self._output_shapes(ctx).items()}
         self._context_memory(slot, ctx, bufs)
         dev.synchronize()
-        for k, x in host.items():
-            dev.copy_to_device(x, bufs[k], stream)
+        tg.copy_inputs(dev, stream, bufs, host, moved)
         self._execute(ctx, stream, bufs, outs)
         owned = key is not None and self._capture(slot, key, bufs, outs)
-        return self._copies_back(slot, outs, to_host, (bufs, host), owned)
+        return self._copies_back(slot, outs, to_host, (bufs, host, moved), owned)
 
     def _copies_back(self, slot: _Slot, outs: Arrays, to_host: bool, inputs: object, owned: bool) -> _InFlight:
         """Queue the device-to-host copies (when ``to_host``) and record the event after them."""
@@ -382,17 +382,15 @@ class TrtRunner:
         return True
 
     def _replay(self, slot: _Slot, g: tg.CapturedGraph, feeds: Mapping[str, Any], to_host: bool) -> _InFlight:
-        """Stage the host inputs, copy them into the graph's own input buffers, launch the graph on
-        the slot's stream and queue the copies back from its output buffers. unverified on a GPU."""
-        host = {
-            k: slot.staging.stage(k, np.ascontiguousarray(feeds[k], dtype=self._dtypes[k])) for k in self.input_names
-        }
+        """Copy the inputs into the graph's own input buffers on the slot's stream (host ones through
+        the pinned buffers, device ones device to device), launch the graph on that stream and
+        queue the copies back from its output buffers. unverified on a GPU."""
+        host, moved = self._inputs(slot, feeds)
         self._dev.synchronize()
-        for k, x in host.items():
-            self._dev.copy_to_device(x, g.inputs[k], slot.stream)
+        tg.copy_inputs(self._dev, slot.stream, g.inputs, host, moved)
         g.graph.launch(slot.stream)
         self.graph_replays += 1
-        return self._copies_back(slot, g.outputs, to_host, (g, host), True)
+        return self._copies_back(slot, g.outputs, to_host, (g, host, moved), True)
 
     def _execute(self, ctx: "trt.IExecutionContext", stream: Stream, bufs: Arrays, outs: Arrays) -> None:
         """Bind every input and output by address and queue the engine on ``stream``."""

@@ -11,7 +11,11 @@ docs.nvidia.com/dl-cuda-graph/cuda-graph-basics/constraints.html):
   and no binding changes: the context's addresses were set for the warm-up and stay.
 - A graph replays the device addresses it captured: its input buffers, output buffers and context
   memory are kept with it, inputs are *copied into* its buffers before the launch (never re-bound),
-  and its outputs are read from its own buffers.
+  and its outputs are read from its own buffers. Host inputs go through pinned memory
+  (``copy_to_device``), device-resident ones device to device (``ArrayDevice.copy_on_stream``,
+  ``cudaMemcpyAsync``), both queued on the stream the graph is launched on, so they are ordered
+  before it without a host wait; the caller's device arrays are never a graph's buffers (a
+  replay would read the first call's arrays, which the caller may have changed or freed).
 - New shapes need a new capture; the context memory growing (a new address) drops the slot's graphs.
 
 CuPy's API (``cupy.cuda.Stream.begin_capture()``, ``.end_capture()`` returning a
@@ -29,7 +33,9 @@ import logging
 from collections import OrderedDict
 from typing import Any, Callable, Mapping
 
-from ..device import DeviceArray
+import numpy as np
+
+from ..device import ArrayDevice, DeviceArray, Stream
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +92,59 @@ class GraphCache:
 def shape_key(names: list[str], bufs: Mapping[str, DeviceArray]) -> ShapeKey:
     """The input-shape set of one execution: ``((name, shape), ...)`` in the engine's input order."""
     return tuple((k, tuple(int(n) for n in bufs[k].shape)) for k in names)
+
+
+def input_buffers(
+    dev: ArrayDevice,
+    names: list[str],
+    host: Mapping[str, np.ndarray],
+    moved: Mapping[str, DeviceArray],
+    dtypes: Mapping[str, np.dtype],
+    own: bool,
+) -> dict[str, DeviceArray]:
+    """The device buffers an execution binds, per input name (in ``names``' order).
+
+    Args:
+        dev: the token device (allocates the new buffers).
+        names: the engine's input names; each is in ``host`` or in ``moved``.
+        host: staged host inputs, each needing a device buffer of its shape and ``dtypes[name]``.
+        moved: device-resident inputs (C-contiguous, of the engine's dtype).
+        dtypes: the engine's dtype per input name.
+        own: True for an execution that will be captured: every input gets a new buffer of its
+            own (a graph replays the addresses it captured, so it must own them); False: device
+            inputs are bound as given, no copy.
+
+    Returns:
+        name -> device array of the input's shape and dtype.
+    """
+    bufs: dict[str, DeviceArray] = {}
+    for k in names:
+        if k in moved and not own:
+            bufs[k] = moved[k]
+        else:
+            bufs[k] = dev.empty(tuple((host[k] if k in host else moved[k]).shape), dtypes[k])
+    return bufs
+
+
+def copy_inputs(
+    dev: ArrayDevice,
+    stream: Stream,
+    dst: Mapping[str, DeviceArray],
+    host: Mapping[str, np.ndarray],
+    moved: Mapping[str, DeviceArray],
+) -> None:
+    """Queue on ``stream`` the copies of an execution's inputs into the buffers it binds: pinned
+    host arrays host to device, device arrays device to device (skipped where ``dst`` is the array
+    itself). Asynchronous; ordered before the engine or graph launch queued next on ``stream``.
+
+    Raises:
+        DeviceCopyError: a device input whose shape or dtype differs from its buffer's.
+    """
+    for k, x in host.items():
+        dev.copy_to_device(x, dst[k], stream)
+    for k, y in moved.items():
+        if dst[k] is not y:
+            dev.copy_on_stream(y, dst[k], stream)
 
 
 def capture(stream: Any, enqueue: Callable[[], bool]) -> Any:
