@@ -211,6 +211,80 @@ def test_graph_cp_on_device_tokens_scores_equal_with_graphs_on_and_off(engines):
     assert on.graph_captures >= 1 and on.graph_replays >= 2 and off.graph_replays == 0
 
 
+def test_the_device_resident_scorer_scores_equal_with_graphs_on_and_off(engines):
+    """The scorer's device path (vision tokens stay on the device and feed pool and CP) with graphs
+    on replays on repeated shapes, device to device, and scores as with graphs off, bit for bit."""
+    from support import blob_mask
+    from masc_engine.export.validate import synthetic_image
+    from masc_engine.runtime.scorer import Pair, Scorer
+
+    _, bundle = engines
+    sizes = [(224, 288), (160, 480), (224, 288), (160, 480)]  # the second half repeats the shapes
+    pairs = [
+        Pair(
+            synthetic_image(h, w, i),
+            blob_mask(h, w, i),
+            synthetic_image(w, h, i + 50),
+            blob_mask(w, h, i + 50, frac=0.2),
+            "a dog on the beach",
+            "dog",
+        )
+        for i, (h, w) in enumerate(sizes)
+    ]
+
+    def scores(graphs):
+        scorer = Scorer(
+            bundle,
+            backend="tensorrt",
+            provider="cuda",
+            device_resident=True,
+            array_device=fake_tensorrt.NumpyDevice(),
+            batch_size=2,
+            backend_options={"cuda_graphs": graphs},
+        )
+        return [(r.cp, r.pf) for r in scorer.score_batch(pairs[:2]) + scorer.score_batch(pairs[2:])]
+
+    want = scores("off")
+    assert not any(c[0] in ("graph.launch", "copy_on_stream") for c in fake_tensorrt.CALLS)
+    fake_tensorrt.CALLS.clear()
+    got = scores("on")
+    assert got == want and not np.isnan(got).any()
+    assert any(c[0] == "graph.launch" for c in fake_tensorrt.CALLS)
+    assert any(c[0] == "copy_on_stream" for c in fake_tensorrt.CALLS)
+
+
+class _CupyMemory:
+    """``cupy.cuda.MemoryPointer``'s copy, recorded."""
+
+    def __init__(self):
+        self.copies = []
+
+    def copy_from_device_async(self, src, size, stream=None):
+        self.copies.append((src, size, stream))
+
+
+class _CupyLike:
+    """What ``CupyDevice.copy_on_stream`` reads of a ``cupy.ndarray``: shape, dtype, nbytes, flags, data."""
+
+    def __init__(self, a):
+        self.shape, self.dtype, self.nbytes, self.flags, self.data = a.shape, a.dtype, a.nbytes, a.flags, _CupyMemory()
+
+
+def test_cupy_device_checks_then_queues_one_async_device_copy_on_the_stream():
+    """CupyDevice.copy_on_stream (no GPU here: its CuPy call recorded) checks the pair, then calls
+    ``dst.data.copy_from_device_async(src.data, nbytes, stream)`` once (CuPy's signature)."""
+    from masc_engine.engine.device import CupyDevice
+
+    dev = object.__new__(CupyDevice)  # without CuPy: only copy_on_stream is called
+    src, dst, stream = _CupyLike(np.zeros((2, 3), np.float32)), _CupyLike(np.zeros((2, 3), np.float32)), object()
+    dev.copy_on_stream(src, dst, stream)
+    assert dst.data.copies == [(src.data, 24, stream)] and not src.data.copies
+    other = _CupyLike(np.zeros((3, 2), np.float32))
+    with pytest.raises(DeviceCopyError, match=r"\(2, 3\) float32 \(24 bytes\) into destination \(3, 2\)"):
+        dev.copy_on_stream(src, other, stream)
+    assert not other.data.copies
+
+
 def test_a_device_input_of_another_dtype_is_refused_on_replay_too(engines):
     graphs, _ = _runners(engines)
     (a,) = _pool_batches([(2, 30)], seed=10)
