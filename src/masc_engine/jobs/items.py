@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +42,9 @@ from ..runtime.masks import MaskPolicy, mask_coverage, mask_to_patch_grid
 from ..runtime.preprocess import PreprocessedImage, patch_grid
 from ..runtime.scorer import ImageEncoding
 from ..runtime.text import PreparedPrompt
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 #: The four file fields of a pair, in a pairs file's column order.
 FILE_FIELDS = ("ref_image", "ref_mask", "out_image", "out_mask")
@@ -71,7 +75,7 @@ class DecodedImage:
     notes: tuple[str, ...] = ()
     pre: PreprocessedImage | None = None
     encoding: ImageEncoding | None = None
-    image: object = None
+    image: Image.Image | None = None
     segmented: dict = field(default_factory=dict)
     embed_pixels: dict = field(default_factory=dict)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+from typing import TypeAlias
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ...errors import InputError
@@ -13,7 +15,8 @@ from ...runtime.config import ScorerConfig
 from ...runtime.embedder import EmbeddingCache, Embedder
 from ...runtime.io import read_bytes
 from ...runtime.pair_metrics import HostTokens, MetricBatch
-from ...runtime.scorer import EncodedPair, Scorer
+from ...runtime.encoder import RunnerSettings
+from ...runtime.scorer import EncodedPair, ImageEncoding, MaSCResult, Scorer
 from ...runtime.segmenter import Segmenter, SegmenterConfig
 from ...runtime.text import PreparedPrompt
 from ..executors import Chunk
@@ -35,6 +38,14 @@ from ..tables import resolve_path
 from .columns import FILE_COLUMNS, SCORED_COLUMNS
 from .outcome import RowOutcome, _raise, _row_text
 from .settings import RunOptions, RunSettings
+
+#: What :meth:`PairsJob.load` gives: images and masks by path, prepared texts by ``(prompt,
+#: object_name)``, each value the decoded object or the :class:`InputError` it raised.
+Loaded: TypeAlias = tuple[
+    dict[str, DecodedImage | InputError],
+    dict[str, DecodedMask | InputError],
+    dict[tuple[str, str], PreparedPrompt | InputError],
+]
 
 
 class PairsJob:
@@ -80,15 +91,16 @@ class PairsJob:
         cache: EncodingCache | None = None,
         decode_budget: ByteBudget | None = None,
         segmenter: Segmenter | None = None,
-        embedders: dict | None = None,
+        embedders: Mapping[str, Embedder] | None = None,
     ):
         if settings.save_masks is not None and segmenter is None:
             raise ValueError("save_masks (--save-masks) needs a segmenter (--segmenter)")
-        missing = [k for k in settings.embedders_needed() if k not in (embedders or {})]
+        given = embedders or {}
+        missing = [k for k in settings.embedders_needed() if k not in given]
         if missing:
             raise ValueError(f"--metrics reads the {', '.join(missing)} embedder(s): give --embedder NAME=BUNDLE")
         #: The embedders the run's metrics read, by name.
-        self.embedders = {k: embedders[k] for k in settings.embedders_needed()}
+        self.embedders = {k: given[k] for k in settings.embedders_needed()}
         self.scorer = scorer
         self.settings = settings
         self.io_workers = io_workers
@@ -228,7 +240,7 @@ class PairsJob:
             return e
         budget = self.settings.prompt_budget()
         if subject.strip():
-            n = self.scorer.tokenizer.encode([subject])[0].n_tokens
+            n = self.scorer.prompt_tokenizer.encode([subject])[0].n_tokens
             if n > budget.max_tokens:
                 return InputError(
                     "object_name_too_long",
@@ -237,12 +249,12 @@ class PairsJob:
         prepared = self.scorer.prepare_prompt(prompt, subject or None)
         try:
             budget.check_tokens(prepared, "prompt")
-        except InputError as e:
-            return InputError(e.reason, f"{e.detail} (--max-prompt-tokens)")
+        except InputError as over:
+            return InputError(over.reason, f"{over.detail} (--max-prompt-tokens)")
         return prepared
 
     @timed("load (decode, preprocess, text; its threads)")
-    def load(self, rows, base: str | Path) -> tuple[dict, dict, dict]:
+    def load(self, rows: Iterable[dict], base: str | Path) -> Loaded:
         """Check and prepare the rows' text (:meth:`prepare_text`, once per distinct prompt and
         object name), then, for the rows whose text is within budget, decode the distinct images
         (each segmented for the subject names of its mask-less rows), then the distinct masks
@@ -270,16 +282,16 @@ class PairsJob:
 
         cap = self.settings.file_cap()
 
-        def image(p: str) -> DecodedImage:
+        def load_image(p: str) -> DecodedImage:
             return _raise(self._image(read_bytes(p, "image", cap), p, sorted(subjects.get(p, ()))))
 
-        images = load_all(image_paths, image, self.io_workers)
+        images = load_all(image_paths, load_image, self.io_workers)
 
-        def mask(p: str) -> DecodedMask:
-            grids = {images[i].grid for i in paired[p] if isinstance(images[i], DecodedImage)}
+        def load_mask(p: str) -> DecodedMask:
+            grids = {im.grid for im in (images[i] for i in paired[p]) if isinstance(im, DecodedImage)}
             return _raise(self._mask(read_bytes(p, "mask", cap), p, sorted(grids)))
 
-        return images, load_all(paired, mask, self.io_workers), texts
+        return images, load_all(paired, load_mask, self.io_workers), texts
 
     def decode_pair(
         self,
@@ -311,27 +323,32 @@ class PairsJob:
         """
         names = {**{c: c for c in FILE_COLUMNS}, **(names or {})}
         subject = object_name or ""
-        decoded, sources = {}, []
+        ims: list[DecodedImage | InputError] = []
+        masks: list[DecodedMask | InputError] = []
+        sources: list[str] = []
         for im_c, m_c in (("ref_image", "ref_mask"), ("out_image", "out_mask")):
             given = files.get(m_c) is not None
             segment = not given and self._subject_error(subject) is None
             im = self._image(files[im_c], names[im_c], [subject] if segment else ())
-            decoded[im_c] = im
+            ims.append(im)
             if given:
-                decoded[m_c] = self._mask(files[m_c], names[m_c], [im.grid] if isinstance(im, DecodedImage) else [])
+                masks.append(self._mask(files[m_c], names[m_c], [im.grid] if isinstance(im, DecodedImage) else []))
             else:
-                decoded[m_c] = self._segmented(im, subject)
+                masks.append(self._segmented(im, subject))
             sources.append("file" if given else (SEGMENTER if segment else ""))
         prepared = self.scorer.prepare_prompt(prompt or "", object_name or None, stripper)
         return DecodedPair(
-            **decoded,
+            ims[0],
+            masks[0],
+            ims[1],
+            masks[1],
             prompt=prompt or "",
             object_name=subject,
             names=names,
             prepared=prepared,
             row_index=row_index,
             cells=dict(cells or {}),
-            mask_sources=tuple(sources),
+            mask_sources=(sources[0], sources[1]),
         )
 
     # ---------------------------------------------------------------- encoding
@@ -351,7 +368,9 @@ class PairsJob:
 
     # ---------------------------------------------------------------- scoring
 
-    def _save_maps(self, row_index: int, ref: DecodedImage, out: DecodedImage, it: EncodedPair, sc) -> dict:
+    def _save_maps(
+        self, folder: str, row_index: int, ref: DecodedImage, out: DecodedImage, it: EncodedPair, sc: MaSCResult
+    ) -> dict:
         """Write the pair's CP and PF overlays; returns their paths (absolute; run_pairs makes
         them relative to the output file).
 
@@ -360,7 +379,9 @@ class PairsJob:
         """
         from ...runtime.maps import cp_map, pf_map
 
-        d = Path(self.settings.save_maps)
+        if ref.image is None or out.image is None:  # kept by every decode while save_maps is set
+            raise ValueError("attribution maps need the decoded PIL images (keep_image)")
+        d = Path(folder)
         cp_path, pf_path = d / f"{row_index:07d}_cp.png", d / f"{row_index:07d}_pf.png"
         with output_errors(d, "--save-maps folder"):
             d.mkdir(parents=True, exist_ok=True)
@@ -371,7 +392,12 @@ class PairsJob:
         return {"cp_map": str(cp_path.resolve()), "pf_map": str(pf_path.resolve())}
 
     def score_rows(
-        self, rows: list[dict], base: str | Path, first_index: int = 1, loaded=None, indices: list[int] | None = None
+        self,
+        rows: list[dict],
+        base: str | Path,
+        first_index: int = 1,
+        loaded: Loaded | None = None,
+        indices: list[int] | None = None,
     ) -> list[dict]:
         """Score rows; ``indices`` are their 1-based row indices (default ``first_index``,
         ``first_index + 1``, ...). Results in input order."""
@@ -395,26 +421,35 @@ class PairsJob:
             empty = [c for c in FILE_COLUMNS if not (row.get(c) or "").strip()]
             e = InputError("bad_row", f"empty column(s): {', '.join(empty)}")
             return DecodedPair(e, e, e, e, prompt, obj, row_index=index, cells=row, error=e)
-        objs, names, sources = {}, {}, []
+        ims: list[DecodedImage | InputError] = []
+        side_masks: list[DecodedMask | InputError] = []
+        names: dict[str, str] = {}
+        sources: list[str] = []
         for (image, mask), im_c, m_c in zip(sides, ("ref_image", "out_image"), ("ref_mask", "out_mask")):
-            names[im_c], objs[im_c] = image, images[image]
+            names[im_c] = image
+            ims.append(images[image])
             if mask is not None:
-                names[m_c], objs[m_c] = mask, masks[mask]
+                names[m_c] = mask
+                side_masks.append(masks[mask])
             else:
-                names[m_c], objs[m_c] = f"segmenter mask of {image}", self._segmented(images[image], obj)
+                names[m_c] = f"segmenter mask of {image}"
+                side_masks.append(self._segmented(images[image], obj))
             sources.append("file" if mask is not None else (SEGMENTER if self._subject_error(obj) is None else ""))
         return DecodedPair(
-            **objs,
+            ims[0],
+            side_masks[0],
+            ims[1],
+            side_masks[1],
             prompt=prompt,
             object_name=obj,
             names=names,
             prepared=text,
             row_index=index,
             cells=row,
-            mask_sources=tuple(sources),
+            mask_sources=(sources[0], sources[1]),
         )
 
-    def score_chunk(self, chunk: Chunk, loaded=None) -> list[dict]:
+    def score_chunk(self, chunk: Chunk, loaded: Loaded | None = None) -> list[dict]:
         """Score a chunk's rows (executor interface); each result carries its ``row_key``."""
         results = self.score_rows(list(chunk.rows), chunk.base, loaded=loaded, indices=list(chunk.indices))
         for r, k in zip(results, chunk.keys):
@@ -475,7 +510,7 @@ class PairsJob:
                 )
             except InputError as e:
                 raise PairError(e.reason, e.detail, m_c) from None
-        return [n for n in notes if n] + list(item.ref_image.notes) + list(item.out_image.notes)
+        return [n for n in notes if n] + list(_raise(item.ref_image).notes) + list(_raise(item.out_image).notes)
 
     def score_decoded(self, items: list[DecodedPair], stripper: str | None = None) -> list[dict]:
         """Score decoded pairs; one masc-run record per item, in order.
@@ -503,14 +538,14 @@ class PairsJob:
         encs = self.encode([o for it in items for o in (it.ref_image, it.out_image) if isinstance(o, DecodedImage)])
         ready = [o for o in outcomes if self._admit(o, encs)]
         scored = self.scorer.score_encoded(
-            [o.pair for o in ready], with_arrays=self.settings.save_maps is not None, stripper=stripper
+            [o.encoded for o in ready], with_arrays=self.settings.save_maps is not None, stripper=stripper
         )
         batch = MetricBatch(
-            [o.pair for o in ready],
+            [o.encoded for o in ready],
             scored,
             HostTokens(self.scorer.host_encoding),
             self.scorer.fg_threshold,
-            [o.item.ref_mask.any_foreground for o in ready],
+            [_raise(o.item.ref_mask).any_foreground for o in ready],
             [o.item.names["ref_mask"] for o in ready],
             scorer=self.scorer,
         )
@@ -520,13 +555,13 @@ class PairsJob:
         imaged = [o for o in outcomes if _images_decoded(o.item)] if maskless else []
         if self.embedders:
             self._embed(batch, [o.item for o in imaged])
-            batch.image_keys = [(o.item.ref_image.sha256, o.item.out_image.sha256) for o in ready]
+            batch.image_keys = [_image_keys(o.item) for o in ready]
         plain = MetricBatch(
             [o.item for o in imaged],
             [],
             batch.host_tokens,
             batch.fg_threshold,
-            image_keys=[(o.item.ref_image.sha256, o.item.out_image.sha256) for o in imaged],
+            image_keys=[_image_keys(o.item) for o in imaged],
             embeddings=batch.embeddings,
             text_embeddings=batch.text_embeddings,
         )
@@ -536,8 +571,8 @@ class PairsJob:
                     o.take(m, values)
             computed = [(m, m.compute(batch)) for m in metrics if m not in maskless]
         for k, (o, sc) in enumerate(zip(ready, scored)):
-            for m, values in computed:
-                o.take(m, values[k])
+            for m, per_pair in computed:
+                o.take(m, per_pair[k])
             self._fill(o, sc)
         return [o.record() for o in outcomes]
 
@@ -545,7 +580,7 @@ class PairsJob:
         """Fill ``batch``'s embeddings: each distinct image of ``items`` embedded by each embedder
         (batched; those its :class:`EmbeddingCache` holds are not run again), and with a text graph
         each distinct prompt as given."""
-        images = {d.sha256: d for it in items for d in (it.ref_image, it.out_image)}
+        images = {d.sha256: d for it in items for d in (_raise(it.ref_image), _raise(it.out_image))}
         for name, cache in self.embeddings.items():
             batch.embeddings[name] = cache.images(
                 {k: d.embed_pixels[name] for k, d in images.items() if name in d.embed_pixels}
@@ -561,25 +596,27 @@ class PairsJob:
                 d[col] = m.saved if isinstance(m, DecodedMask) else ""
         return d
 
-    def _admit(self, o: RowOutcome, encs: dict) -> bool:
+    def _admit(self, o: RowOutcome, encs: dict[str, ImageEncoding]) -> bool:
         """Check one pair (files, masks, the coverage filter) and make its :class:`EncodedPair`;
         False (with the row's failure in ``o``) when it cannot be scored."""
         st, it = self.settings, o.item
         try:
             o.notes = list(self.check_pair(it))
-            o.coverage = (it.ref_mask.coverage, it.out_mask.coverage)
+            ref_mask, out_mask = _raise(it.ref_mask), _raise(it.out_mask)  # check_pair passed: decoded
+            o.coverage = (ref_mask.coverage, out_mask.coverage)
             for frac, cov, reason, what in (
-                (st.min_reference_mask_frac, it.ref_mask.coverage, "filtered_reference_mask", "reference"),
-                (st.min_output_mask_frac, it.out_mask.coverage, "filtered_output_mask", "output"),
+                (st.min_reference_mask_frac, ref_mask.coverage, "filtered_reference_mask", "reference"),
+                (st.min_output_mask_frac, out_mask.coverage, "filtered_output_mask", "output"),
             ):
                 if frac is not None and cov < frac:
                     raise InputError(reason, f"{what} mask covers {cov:.2%} < {frac:.2%} of the image")
-            r, out = encs[it.ref_image.sha256], encs[it.out_image.sha256]
+            ref_key, out_key = _image_keys(it)
+            r, out = encs[ref_key], encs[out_key]
             o.pair = EncodedPair(
                 r,
-                it.ref_mask.weights[r.grid],
+                ref_mask.weights[r.grid],
                 out,
-                it.out_mask.weights[out.grid],
+                out_mask.weights[out.grid],
                 it.prompt,
                 it.object_name or None,
                 it.prepared,
@@ -589,13 +626,14 @@ class PairsJob:
             o.fail(e)
             return False
 
-    def _fill(self, o: RowOutcome, sc) -> None:
+    def _fill(self, o: RowOutcome, sc: MaSCResult) -> None:
         """Put one scored pair's diagnostics, maps and notes into its outcome (its metrics' values
         and statuses are in already: :meth:`RowOutcome.take`)."""
         s, st, ex, it = self.scorer, self.settings, sc.extras, o.item
         o.values.update({k: ex[k] for k in SCORED_COLUMNS})
         if st.save_maps is not None:
-            o.values.update(self._save_maps(it.row_index, it.ref_image, it.out_image, o.pair, sc))
+            ref, out = _raise(it.ref_image), _raise(it.out_image)
+            o.values.update(self._save_maps(st.save_maps, it.row_index, ref, out, o.encoded, sc))
         if not it.object_name.strip():
             o.notes.append("no object_name: the PF prompt was not stripped")
         if not ex["prompt_text"].strip():
@@ -605,7 +643,12 @@ class PairsJob:
                 + ("" if not it.prompt.strip() else f" (the prompt is only the subject {it.object_name!r})")
             )
         if ex["prompt_truncated"]:
-            o.notes.append(f"prompt truncated to {s.text_settings.max_length} tokens")
+            o.notes.append(f"prompt truncated to {s.text_recipe.max_length} tokens")
+
+
+def _image_keys(item: DecodedPair) -> tuple[str, str]:
+    """``(reference, output)`` content hashes of a pair whose images decoded."""
+    return _raise(item.ref_image).sha256, _raise(item.out_image).sha256
 
 
 def _images_decoded(item: DecodedPair) -> bool:
@@ -621,7 +664,7 @@ def build_pairs_job(
     cache_dir: str | None = None,
     cache_size_limit: int | None = None,
     segmenter: SegmenterConfig | None = None,
-    embedders: dict | None = None,
+    embedders: dict[str, tuple[str, RunnerSettings, int]] | None = None,
 ) -> PairsJob:
     """A :class:`PairsJob` on a fresh scorer with the driver's resolved ``config`` (and a fresh
     segmenter from the driver's resolved ``segmenter`` config): the factory Ray workers call
@@ -634,7 +677,8 @@ def build_pairs_job(
     scorer = Scorer(bundle_dir, config, verify=False)
     run_settings = RunSettings(**settings)
     store = RunOptions(cache_dir=cache_dir, cache_size_limit=cache_size_limit).store(scorer, run_settings.exif)
-    scorer.attach_text_store(store)
+    if store is not None:  # none without a cache folder: the scorer keeps no text store
+        scorer.attach_text_store(store)
     seg = None if segmenter is None else segmenter.load(verify=False)
     embs = {
         k: Embedder(path, runners, batch_size=bs, verify=False) for k, (path, runners, bs) in (embedders or {}).items()
@@ -649,8 +693,8 @@ def _ray_factory(
     cache_dir=None,
     cache_size_limit=None,
     segmenter: Segmenter | None = None,
-    embedders: dict | None = None,
-):
+    embedders: Mapping[str, Embedder] | None = None,
+) -> functools.partial[PairsJob]:
     if scorer.bundle.verify:
         # The workers load the bundle unverified (one hash per run, not per worker): the driver
         # checks every graph file (and weights) they will load, the text graph included, which the
@@ -660,8 +704,9 @@ def _ray_factory(
     if segmenter is not None and segmenter.bundle.verify:
         segmenter.check_graphs()
     specs = {}
+    given = embedders or {}
     for k in settings.embedders_needed():  # those the metrics read: as the local job keeps them
-        e = embedders[k]
+        e = given[k]
         if e.bundle.verify:
             e.check_graphs()
         specs[k] = (str(Path(e.bundle.path).resolve()), e.runner_settings, e.batch_size)

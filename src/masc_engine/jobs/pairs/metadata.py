@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+from ...runtime.embedder import Embedder
 from ...runtime.pair_metrics.classic import COLUMN_RECIPES
 from ...runtime.scorer import Scorer
 from ...runtime.segmenter import Segmenter
@@ -42,7 +44,7 @@ def write_sidecar(
     run: RunRecord,
     how: dict,
     segmenter: Segmenter | None = None,
-    embedders: dict | None = None,
+    embedders: Mapping[str, Embedder] | None = None,
 ) -> dict:
     """Write ``<out>.meta.json`` (:func:`sidecar`) with this run's finished record appended to
     the earlier runs'; returns it.
@@ -67,7 +69,7 @@ def sidecar(
     all_runs: list[dict],
     how: dict,
     segmenter: Segmenter | None = None,
-    embedders: dict | None = None,
+    embedders: Mapping[str, Embedder] | None = None,
 ) -> dict:
     """The sidecar ``<out>.meta.json``: cumulative over every run that produced this output (a
     resumed or repeated command adds its record to ``runs`` and never erases what the earlier
@@ -102,7 +104,8 @@ def sidecar(
     }
     if segmenter is not None:
         meta["segmenter"] = segmenter.describe()
-    used = {k: embedders[k].describe() for k in settings.embedders_needed() if k in (embedders or {})}
+    given = embedders or {}
+    used = {k: given[k].describe() for k in settings.embedders_needed() if k in given}
     if used:
         meta["embedders"] = used
     recipes = {m: COLUMN_RECIPES[m] for m in settings.metrics or () if m in COLUMN_RECIPES}

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ...errors import InputError
 from ...runtime.pair_metrics import PairMetric
 from ...runtime.scorer import EncodedPair
 from ..items import DecodedPair
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -62,6 +65,17 @@ class RowOutcome:
             self.notes.append(computed["note"])
 
     @property
+    def encoded(self) -> EncodedPair:
+        """:attr:`pair`, for the code that runs on admitted pairs only.
+
+        Raises:
+            ValueError: the pair was not admitted (no :attr:`pair`).
+        """
+        if self.pair is None:
+            raise ValueError(f"row {self.item.row_index} was not admitted: it has no encoded pair")
+        return self.pair
+
+    @property
     def status(self) -> str:
         """``ok``, or the first reason a score is undefined (in metric order: CP's, then PF's)."""
         return next((x for x in self.statuses.values() if x != "ok"), "ok")
@@ -90,7 +104,7 @@ def _row_text(row: dict) -> tuple[str, str]:
     return row.get("prompt") or "", row.get("object_name") or ""
 
 
-def _raise(v):
+def _raise(v: T | InputError) -> T:
     """A loader's result, raising it when it is an :class:`InputError` (load_all keeps it)."""
     if isinstance(v, InputError):
         raise v

@@ -7,7 +7,10 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
+from collections.abc import Mapping
+
 from ...runtime.cache import EncodingStore
+from ...runtime.embedder import Embedder
 from ...runtime.io import default_max_file_bytes
 from ...runtime.pair_metrics import PairMetric, columns_of, metrics_for, registered
 from ...runtime.scorer import Scorer
@@ -125,7 +128,9 @@ class RunSettings:
                 d[option] = v / 2**20 if k == "max_file_bytes" else v
         return d
 
-    def identity(self, scorer: Scorer, segmenter: Segmenter | None = None, embedders: dict | None = None) -> dict:
+    def identity(
+        self, scorer: Scorer, segmenter: Segmenter | None = None, embedders: Mapping[str, Embedder] | None = None
+    ) -> dict:
         """The settings a row's result depends on, each under the masc-run option that sets it
         (``--bundle``, ``--segmenter``: their content fingerprints): what a rerun on the same
         output compares (jobs/results.py ``settings_diff``). The same settings as
@@ -152,11 +157,14 @@ class RunSettings:
             d.update({**segmenter.option_identity(), "--save-masks": self.save_masks})
         return d
 
-    def _embedder_identity(self, embedders: dict | None) -> dict:
+    def _embedder_identity(self, embedders: Mapping[str, Embedder] | None) -> dict:
         """``name -> Embedder.identity()`` of the embedders the computed metrics read (given ones only)."""
-        return {k: embedders[k].identity() for k in self.embedders_needed() if k in (embedders or {})}
+        given = embedders or {}
+        return {k: given[k].identity() for k in self.embedders_needed() if k in given}
 
-    def fingerprint(self, scorer: Scorer, segmenter: Segmenter | None = None, embedders: dict | None = None) -> str:
+    def fingerprint(
+        self, scorer: Scorer, segmenter: Segmenter | None = None, embedders: Mapping[str, Embedder] | None = None
+    ) -> str:
         """16 hex digits identifying these settings with the scorer's (a journal is reused only
         under the same fingerprint): the run settings, the bundle's fingerprint, the scorer's
         ``config.identity()`` and, with a segmenter, its ``identity()``.
