@@ -135,16 +135,22 @@ def load_embedder(model: str, revision: str | None = None):
                 f"model_type {config.model_type!r} is not an embedder ({', '.join(EMBEDDER_MODEL_TYPES)})"
             )
         config_eps, processor = float(getattr(config, "layer_norm_eps", 0.0) or 0.0), None
+        m: CLIPModel | ViTModel | Dinov2Model
+        # transformers annotates ``revision`` as str; None is its own default (the main branch)
         if family == "clip":
-            m = CLIPModel.from_pretrained(path, revision=revision, attn_implementation="eager")
+            m = CLIPModel.from_pretrained(path, revision=revision, attn_implementation="eager")  # type: ignore[arg-type]
             processor = AutoProcessor.from_pretrained(path, revision=revision)
         elif family == "dino":
             config.layer_norm_eps = DINO_LAYER_NORM_EPS
             m = ViTModel.from_pretrained(
-                path, revision=revision, config=config, add_pooling_layer=False, attn_implementation="eager"
+                path,
+                revision=revision,  # type: ignore[arg-type]  # transformers says str; None is its default
+                config=config,
+                add_pooling_layer=False,
+                attn_implementation="eager",
             )
         else:
-            m = Dinov2Model.from_pretrained(path, revision=revision, attn_implementation="eager")
+            m = Dinov2Model.from_pretrained(path, revision=revision, attn_implementation="eager")  # type: ignore[arg-type]
     except OSError as e:
         raise CheckpointError(
             f"cannot load {model!r} as an embedder Hugging Face id or local checkpoint: "

@@ -6,10 +6,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from .graphs import GraphSpec, TensorSpec
+
+if TYPE_CHECKING:
+    from transformers import Dinov2Model
 
 #: The graphs' fixed input side, pixels (every recipe crops to 224 x 224).
 INPUT_SIZE = 224
@@ -53,12 +58,15 @@ class Dinov2Cls(nn.Module):
     position embeddings transformers interpolates for that size (bicubic ``size=``) computed once
     here and stored as a constant."""
 
-    def __init__(self, model: nn.Module, size: int = INPUT_SIZE):
+    def __init__(self, model: Dinov2Model, size: int = INPUT_SIZE):
         super().__init__()
         self.m = model
         emb = model.embeddings
+        patch = model.config.patch_size
+        if not isinstance(patch, int):  # the config allows a (height, width) pair; checkpoints give one int
+            raise ValueError(f"DINOv2 with a non-square patch {patch!r} is not exported")
         with torch.no_grad():
-            n = (size // model.config.patch_size) ** 2
+            n = (size // patch) ** 2
             dummy = torch.zeros(1, n + 1, model.config.hidden_size)
             pos = (
                 emb.interpolate_pos_encoding(dummy, size, size)
@@ -90,11 +98,17 @@ def _image_spec(module: nn.Module, dim: int) -> GraphSpec:
 
 
 def graph_specs(m, family: str, text: dict | None) -> list[GraphSpec]:
-    """The graphs of ``family`` (``clip``: image and text; ``dino``, ``dinov2``: image)."""
+    """The graphs of ``family`` (``clip``: image and text; ``dino``, ``dinov2``: image).
+
+    Raises:
+        ValueError: ``clip`` without ``text`` settings.
+    """
     if family == "dino":
         return [_image_spec(ViTCls(m), int(m.config.hidden_size))]
     if family == "dinov2":
         return [_image_spec(Dinov2Cls(m), int(m.config.hidden_size))]
+    if text is None:
+        raise ValueError("a clip embedder's text graph needs its text settings (the processor's)")
     p, length, vocab = int(m.config.projection_dim), int(text["max_length"]), int(m.config.text_config.vocab_size)
 
     def example():

@@ -97,7 +97,7 @@ def validate_graph(graph: str, path: Path, m, processor, family: str, text: dict
 
     Raises:
         ExportValidationError: the max relative error is past the graph's budget.
-        ValueError: an unknown graph name.
+        ValueError: an unknown graph name; the text graph without ``text`` settings.
     """
     if graph not in ("image", "text"):
         raise ValueError(f"no embedder validation for graph {graph!r}")
@@ -106,6 +106,8 @@ def validate_graph(graph: str, path: Path, m, processor, family: str, text: dict
     if graph == "image":
         for pv in pixel_cases():
             cases.append(error_stats(runner.run({"pixel_values": pv})["image_embeds"], reference_image(m, family, pv)))
+    elif text is None:
+        raise ValueError("the text graph is validated with the bundle's text settings: none given")
     else:
         for ids, mask in text_cases(processor.tokenizer, int(text["max_length"])):
             cases.append(error_stats(runner.run({"input_ids": ids})["text_embeds"], reference_text(m, ids, mask)))
