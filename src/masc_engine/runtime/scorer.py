@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence, TypeVar, cast
 
 import numpy as np
 from PIL import Image
@@ -40,6 +40,22 @@ from .preprocess import PreprocessedImage
 from .segmenter import Segmenter, SegmenterConfig
 from .stripping import pf_prompt
 from .text import EncodedPrompt, PreparedPrompt
+
+if TYPE_CHECKING:
+    from ..engine.device import ArrayDevice
+
+T = TypeVar("T")
+
+
+class TextStore(Protocol):
+    """What the scorer reads and writes of a persistent text-embedding store (runtime/cache.py
+    ``EncodingStore`` is one)."""
+
+    def get_text(self, text: str) -> np.ndarray | None:
+        """The stored ``[P] float32`` embedding of ``text``, or None."""
+
+    def put_text(self, text: str, embedding: np.ndarray) -> None:
+        """Store ``text``'s ``[P] float32`` embedding."""
 
 
 class Scorer(Encoder):
@@ -69,16 +85,16 @@ class Scorer(Encoder):
             stripper; the manifest's threshold and patch budget).
         verify: check the sha256 of each bundle file the scorer loads, before loading it
             (``"all"``: every file, at once; see :class:`Bundle`).
-        array_device (ArrayDevice | None): the token device to use instead of the one the backend's registry entry
+        array_device: the token device to use instead of the one the backend's registry entry
             gives (an engine/device.py ``ArrayDevice``; tests pass a strict fake).
-        segmenter (str | SegmenterConfig | Segmenter | None): masks for pairs that come without one (``ref_mask`` / ``out_mask`` None), from
+        segmenter: masks for pairs that come without one (``ref_mask`` / ``out_mask`` None), from
             the pair's ``object_name``: a segmenter bundle folder, a
             :class:`~masc_engine.runtime.segmenter.SegmenterConfig` or a
             :class:`~masc_engine.runtime.segmenter.Segmenter` (docs/segmenter.md).
-        text_store (EncodingStore | None): a persistent text-embedding store (runtime/cache.py
+        text_store: a persistent text-embedding store (runtime/cache.py
             ``EncodingStore``) prompts are looked up in before the text tower and written to after
             it (:attr:`text_store`); None: none (:meth:`attach_text_store` can add one later).
-        **settings (Any): :class:`~masc_engine.runtime.config.ScorerConfig` fields (see there for each:
+        **settings: :class:`~masc_engine.runtime.config.ScorerConfig` fields (see there for each:
             ``backend``, ``provider``, ``precision``, ``graph_variant``, ``stripper``,
             ``fg_threshold``, ``naflex_max_patches``, ``batch_size``, ``intra_op_threads``,
             ``cp_head``, ``device_resident``, ``mask_size_policy``, ``backend_options``), and
@@ -110,11 +126,11 @@ class Scorer(Encoder):
         config: ScorerConfig | None = None,
         *,
         verify: bool | str = True,
-        array_device=None,
-        segmenter=None,
-        text_store=None,
-        **settings,
-    ):
+        array_device: ArrayDevice | None = None,
+        segmenter: str | Path | SegmenterConfig | Segmenter | None = None,
+        text_store: TextStore | None = None,
+        **settings: Any,
+    ) -> None:
         config = _merge_settings(config, settings)
         if segmenter is not None and not isinstance(segmenter, (str, Path, SegmenterConfig, Segmenter)):
             raise TypeError(
@@ -141,19 +157,24 @@ class Scorer(Encoder):
             batch_size=config.batch_size,
             verify=verify,
         )
-        if config.naflex_max_patches != self.image_settings.max_num_patches:
-            self.image_settings = self.image_settings.with_budget(config.naflex_max_patches)
+        budget = _resolved(config.naflex_max_patches, "naflex_max_patches")
+        if budget != self.image_recipe.max_num_patches:
+            self.image_settings = self.image_recipe.with_budget(budget)
         self.position_grid = self.bundle.manifest["image"].get("position_grid")
         self._text_store = text_store
         self._text_store_lock = threading.Lock()
         #: The token device (engine/device.py) when device-resident, else None (host numpy).
         #: Chosen before any session is made, so a missing backend or CuPy fails at once.
-        self.device = None
+        self.device: ArrayDevice | None = None
         if config.device_resident:
             from ..engine.device import device_for
 
             spec.check_available(config.provider, config.precision)  # the missing backend is the first thing to say
-            self.device = array_device if array_device is not None else device_for(config.backend, config.provider)
+            self.device = (
+                array_device
+                if array_device is not None
+                else device_for(config.backend, _resolved(config.provider, "provider"))
+            )
         # vision and pool now (a missing backend or graph fails here); the text runner on first
         # use: masc-rank and runs whose prompts all come from the persistent cache never pay for it.
         # The precision the runners report (TensorRT picks the engine set when none is named): it
@@ -166,11 +187,13 @@ class Scorer(Encoder):
         if config.cp_head == "graph":
             from .cp_device import GraphCP
 
-            self._graph_cp = GraphCP(self.runner("cp"), config.fg_threshold, device=self.device)
+            self._graph_cp = GraphCP(
+                self.runner("cp"), _resolved(config.fg_threshold, "fg_threshold"), device=self.device
+            )
         self.segmenter = _segmenter(segmenter, verify, self.config)
 
     @property
-    def certificate(self) -> dict | None:
+    def certificate(self) -> dict[str, Any] | None:
         """How far these scores may be from fp32, or None when they are fp32 scores (the oracle's
         arithmetic): the bundle's precision record (``manifest["precision"]``: the mode, the gates it
         passed at export, and for ``bf16-cpu`` the layers kept in fp32) whenever the scorer runs in
@@ -197,13 +220,13 @@ class Scorer(Encoder):
     mask_size_policy = property(lambda self: self.config.mask_size_policy)
 
     @property
-    def text_store(self):
+    def text_store(self) -> TextStore | None:
         """The persistent text-embedding store (runtime/cache.py ``EncodingStore``) prompts are
         looked up in and written to, or None. Read-only: given to the constructor, or attached for
         one run with :meth:`attach_text_store`."""
         return self._text_store
 
-    def attach_text_store(self, store) -> None:
+    def attach_text_store(self, store: TextStore) -> None:
         """Look prompts up in ``store`` (and write new ones there) until :meth:`detach_text_store`.
 
         For a scorer made before its store: the store's namespace is computed from the scorer
@@ -211,7 +234,7 @@ class Scorer(Encoder):
         are identical with or without it.
 
         Args:
-            store (EncodingStore): the store (anything with ``get_text(text)`` and
+            store: the store (anything with ``get_text(text)`` and
                 ``put_text(text, embedding)``).
 
         Raises:
@@ -222,7 +245,7 @@ class Scorer(Encoder):
                 raise RuntimeError("this Scorer has a text store already; detach it first")
             self._text_store = store
 
-    def detach_text_store(self):
+    def detach_text_store(self) -> TextStore | None:
         """Stop using the text store (a run closes it after); returns it, or None when none was attached."""
         with self._text_store_lock:
             store, self._text_store = self._text_store, None
@@ -248,16 +271,16 @@ class Scorer(Encoder):
         tests/test_batch_invariance.py check equality, not closeness). Images of a dataset at one
         resolution share a patch count, so this costs nothing there; mixed sizes cost more calls.
         """
-        out: list[ImageEncoding | None] = [None] * len(items)
+        out: dict[int, ImageEncoding] = {}
         for sel in self.batches([int(p.spatial_shape[0] * p.spatial_shape[1]) for p in items]):
             n = int(items[sel[0]].spatial_shape[0] * items[sel[0]].spatial_shape[1])
             for i, enc in zip(sel, self._encode_batch([items[i] for i in sel], n)):
                 out[i] = enc
-        return out
+        return [out[i] for i in range(len(items))]
 
     def _encode_batch(self, chunk: Sequence[PreprocessedImage], n: int) -> list[ImageEncoding]:
         """One vision call on images that all have ``n`` real patches."""
-        if self.image_settings.mode == "naflex":
+        if self.image_recipe.mode == "naflex":
             feeds = {
                 "pixel_values": np.stack([p.pixel_values[:n] for p in chunk]),
                 "pixel_attention_mask": np.stack([p.pixel_attention_mask[:n] for p in chunk]),
@@ -305,11 +328,11 @@ class Scorer(Encoder):
             stripper: ``regex``, ``spacy`` or ``none``; default: the scorer's.
         """
         text, extras = pf_prompt(prompt, object_name, stripper or self.stripper)
-        return PreparedPrompt(text, extras, self.tokenizer.encode([text])[0])
+        return PreparedPrompt(text, extras, self.prompt_tokenizer.encode([text])[0])
 
     def encode_texts(
         self, texts: Sequence[str], tokenized: dict[str, EncodedPrompt] | None = None
-    ) -> tuple[np.ndarray, list]:
+    ) -> tuple[np.ndarray, list[EncodedPrompt]]:
         """Tokenize and encode prompts: ``([B, P] float32 text embeddings, [EncodedPrompt])``.
 
         ``tokenized``: token ids already made for some of the texts (not tokenized again).
@@ -318,7 +341,7 @@ class Scorer(Encoder):
         texts = list(texts)
         tokenized = tokenized or {}
         todo_tok = [t for t in texts if t not in tokenized]
-        made = dict(zip(todo_tok, self.tokenizer.encode(todo_tok))) if todo_tok else {}
+        made = dict(zip(todo_tok, self.prompt_tokenizer.encode(todo_tok))) if todo_tok else {}
         encoded = [tokenized[t] if t in tokenized else made[t] for t in texts]
         width = int(self.bundle.manifest["architecture"]["text_projection"])
         out = np.zeros((len(texts), width), np.float32)
@@ -345,7 +368,8 @@ class Scorer(Encoder):
         bundle's one-line :class:`BundleError`, not a library traceback.
         """
         try:
-            return self.text.run({"input_ids": ids})["text_embeds"]
+            emb: np.ndarray = self.text.run({"input_ids": ids})["text_embeds"]
+            return emb
         except MascEngineError:
             raise
         except Exception as e:  # noqa: BLE001 - ONNX Runtime / OpenVINO raise their own kinds
@@ -354,14 +378,16 @@ class Scorer(Encoder):
                 f"(does tokenizer.json match the text tower?): {one_line(e)}"
             ) from None
 
-    def pool_background(self, encs: Sequence[ImageEncoding], kpms: Sequence[np.ndarray]) -> tuple[np.ndarray, list]:
+    def pool_background(
+        self, encs: Sequence[ImageEncoding], kpms: Sequence[np.ndarray]
+    ) -> tuple[np.ndarray, list[np.ndarray | None]]:
         """Background-pooled embeddings: ``([B, D] float32, [attention [Hp*Wp] float32])``.
 
         Rows whose mask hides every patch are not run (their PF is NaN); their row is NaN.
         """
         d = encs[0].tokens.shape[1] if encs else 0
         pooled = np.full((len(encs), d), np.nan, dtype=np.float32)
-        attn: list = [None] * len(encs)
+        attn: list[np.ndarray | None] = [None] * len(encs)
         # Batches of one sequence length only: no padding slot, so a pooled vector is the same
         # bits in any batch (see encode_preprocessed).
         rows = [i for i, k in enumerate(kpms) if not k.all()]
@@ -400,9 +426,9 @@ class Scorer(Encoder):
         self,
         ref_image: Image.Image,
         ref_mask: np.ndarray | None = None,
-        out_image: Image.Image = None,
+        out_image: Image.Image | None = None,
         out_mask: np.ndarray | None = None,
-        prompt: str = None,
+        prompt: str | None = None,
         object_name: str | None = None,
     ) -> MaSCResult:
         """Score one (reference, output, prompt) sample, as ``masc.MaSC.score``.
@@ -428,7 +454,9 @@ class Scorer(Encoder):
                 match); a mask left to the segmenter without an ``object_name``
                 (``no_mask_source``). Raised before any inference.
         """
-        pair = Pair(ref_image, ref_mask, out_image, out_mask, prompt, object_name)
+        # The caller's arguments as given: check_pair_arguments refuses a None out_image or prompt
+        # (a TypeError naming it), as it refuses any other wrong type.
+        pair = Pair(ref_image, ref_mask, cast(Image.Image, out_image), out_mask, cast(str, prompt), object_name)
         check_pair_arguments(pair, "", self.mask_policy, segmenter=self.segmenter)
         return self.score_batch([pair])[0]
 
@@ -456,19 +484,28 @@ class Scorer(Encoder):
                     res.extras[f"{side}_source"] = "segmenter" if side in made else "file"
         return results
 
-    def _segment_missing(self, pairs: list[Pair]) -> tuple[list[Pair], list[dict]]:
+    def _segment_missing(self, pairs: list[Pair]) -> tuple[list[Pair], list[dict[str, np.ndarray]]]:
         """The pairs with their None masks computed by the segmenter (one call for all), and per
         pair the masks computed (``{"ref_mask": array, ...}``)."""
         need = [(i, side) for i, p in enumerate(pairs) for side in ("ref", "out") if getattr(p, f"{side}_mask") is None]
-        computed: list[dict] = [{} for _ in pairs]
+        computed: list[dict[str, np.ndarray]] = [{} for _ in pairs]
         if not need:
             return pairs, computed
-        masks = self.segmenter.segment(
-            [getattr(pairs[i], f"{side}_image") for i, side in need], [pairs[i].object_name for i, _ in need]
+        # check_pair_arguments let a mask be None only with a segmenter and an object_name
+        segmenter = _resolved(self.segmenter, "segmenter")
+        masks = segmenter.segment(
+            [getattr(pairs[i], f"{side}_image") for i, side in need],
+            [_resolved(pairs[i].object_name, "object_name") for i, _ in need],
         )
         for (i, side), m in zip(need, masks):
             computed[i][f"{side}_mask"] = m.mask
-        return [dataclasses.replace(p, **computed[i]) if computed[i] else p for i, p in enumerate(pairs)], computed
+        filled = [
+            dataclasses.replace(p, ref_mask=c.get("ref_mask", p.ref_mask), out_mask=c.get("out_mask", p.out_mask))
+            if c
+            else p
+            for p, c in zip(pairs, computed)
+        ]
+        return filled, computed
 
     def _score_pairs(self, pairs: list[Pair]) -> list[MaSCResult]:
         """Score checked pairs with their masks: each distinct image object encoded once."""
@@ -481,12 +518,13 @@ class Scorer(Encoder):
         items = []
         for p in pairs:
             r, o = encs[id(p.ref_image)], encs[id(p.out_image)]
+            ref_mask, out_mask = _resolved(p.ref_mask, "ref_mask"), _resolved(p.out_mask, "out_mask")
             items.append(
                 EncodedPair(
                     r,
-                    self.mask_weights(p.ref_image, p.ref_mask, r.grid, "reference"),
+                    self.mask_weights(p.ref_image, ref_mask, r.grid, "reference"),
                     o,
-                    self.mask_weights(p.out_image, p.out_mask, o.grid, "output"),
+                    self.mask_weights(p.out_image, out_mask, o.grid, "output"),
                     p.prompt,
                     p.object_name,
                 )
@@ -575,7 +613,21 @@ class Scorer(Encoder):
         return results
 
 
-def _segmenter(segmenter, verify, config: ScorerConfig) -> Segmenter | None:
+def _resolved(value: T | None, name: str) -> T:
+    """``value``, which the scorer's checks (``ScorerConfig.resolve``, ``check_pair_arguments``)
+    have set by the time it is read.
+
+    Raises:
+        ValueError: it is None all the same (a broken invariant, named).
+    """
+    if value is None:
+        raise ValueError(f"Scorer: {name} is unset where the scorer's checks set it")
+    return value
+
+
+def _segmenter(
+    segmenter: str | Path | SegmenterConfig | Segmenter | None, verify: bool | str, config: ScorerConfig
+) -> Segmenter | None:
     """The scorer's segmenter from what was passed: a folder or a config is loaded on the
     scorer's provider when it is one ONNX Runtime runs the segmenter on (``cpu``, ``cuda``) and
     the config names none; a :class:`Segmenter` is used as it is."""
@@ -587,10 +639,11 @@ def _segmenter(segmenter, verify, config: ScorerConfig) -> Segmenter | None:
         )
     if segmenter.provider is None and config.provider in ("cpu", "cuda"):
         segmenter = dataclasses.replace(segmenter, provider=config.provider)
-    return segmenter.load(verify=verify)
+    loaded: Segmenter = segmenter.load(verify=verify)
+    return loaded
 
 
-def _merge_settings(config: ScorerConfig | None, settings: dict) -> ScorerConfig:
+def _merge_settings(config: ScorerConfig | None, settings: dict[str, Any]) -> ScorerConfig:
     """``config`` with the keyword settings applied (``ort_memory`` into ``backend_options``).
 
     Raises:
