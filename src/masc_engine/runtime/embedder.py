@@ -27,7 +27,8 @@ distinct image across chunks, runs and files.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,7 @@ class Embedder(Encoder):
     """
 
     KIND = KIND
-    GRAPHS = ("image", "text")
+    GRAPHS: tuple[str, ...] = ("image", "text")
 
     def __init__(
         self,
@@ -74,7 +75,7 @@ class Embedder(Encoder):
         *,
         batch_size: int = 32,
         verify: bool | str = True,
-    ):
+    ) -> None:
         super().__init__(bundle, runners or RunnerSettings(), batch_size=batch_size, verify=verify)
         self.recipe = ImageRecipe.from_manifest(self.bundle.manifest.get(RECIPE_KEY))
         graphs = self.bundle.manifest.get("graphs") or {}
@@ -92,7 +93,7 @@ class Embedder(Encoder):
         """The embedding width D (``manifest["embedding"]["dim"]``)."""
         return int((self.bundle.manifest.get("embedding") or {}).get("dim") or 0)
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """:meth:`Encoder.identity` with the recipe: the bundle fingerprint covers the graph files,
         not the manifest's ``recipe`` table, and the recipe decides the pixels."""
         return {**super().identity(), "recipe": self.recipe.to_manifest()}
@@ -147,13 +148,13 @@ class Embedder(Encoder):
         """
         if self.tokenizer is None or not self.has_text:
             raise BundleError(f"bundle {self.bundle.path} has no text graph: it embeds images only")
-        length = self.text_settings.max_length
+        length = self.text_recipe.max_length
         encoded = self.tokenizer.encode(list(texts))
         ids = np.stack([e.input_ids for e in encoded]) if encoded else np.zeros((0, length), np.int64)
         mask = np.zeros(ids.shape, np.int64)
         for i, e in enumerate(encoded):
             n = min(e.n_tokens, length)
-            if self.text_settings.padding_side == "right":
+            if self.text_recipe.padding_side == "right":
                 mask[i, :n] = 1
             else:
                 mask[i, length - n :] = 1
@@ -175,7 +176,7 @@ class Embedder(Encoder):
         feeds = [{"input_ids": ids[i], "attention_mask": mask[i]} for i in range(len(ids))]
         return self._run_batches("text", feeds, [ids.shape[1]] * len(ids))
 
-    def _run_batches(self, graph: str, items: list[dict], keys: list) -> np.ndarray:
+    def _run_batches(self, graph: str, items: list[dict[str, np.ndarray]], keys: Sequence[Hashable]) -> np.ndarray:
         """Run ``graph`` over ``items`` (one feed dict per item, each array without the batch axis),
         batched by ``keys``; the first output of each batch, in item order, as float32."""
         if not items:
@@ -188,13 +189,13 @@ class Embedder(Encoder):
                 f"bundle {self.bundle.path}: its {graph} graph takes {', '.join(names)}; an embedder "
                 f"feeds {' or '.join(items[0])}"
             )
-        out: list = [None] * len(items)
+        out: dict[int, np.ndarray] = {}
         for batch in self.batches(keys):
             feeds = {n: np.stack([items[i][n] for i in batch]) for n in names}
             result = np.asarray(runner.run(feeds)[runner.output_names[0]], dtype=np.float32)
             for j, i in enumerate(batch):
                 out[i] = result[j]
-        return np.stack(out)
+        return np.stack([out[i] for i in range(len(items))])
 
 
 class EmbeddingCache:
@@ -256,12 +257,13 @@ class EmbeddingCache:
         """
         out = {k: self._get("image", k, k) for k in pixels}
         todo = [k for k, v in out.items() if v is None]
+        made: dict[str, np.ndarray] = {}
         if todo:
             for k, v in zip(todo, self.embedder.embed_preprocessed([pixels[k] for k in todo])):
-                out[k] = v
+                made[k] = v
                 self._put("image", k, k, v)
             self.images_embedded += len(todo)
-        return out
+        return {k: made[k] if v is None else v for k, v in out.items()}
 
     def texts(self, prompts: Sequence[str]) -> dict[str, np.ndarray]:
         """Text embeddings of ``prompts`` (as given; the key is the prompt's sha256 in the store).
@@ -275,14 +277,15 @@ class EmbeddingCache:
         keys = list(dict.fromkeys(prompts))
         out = {p: self._get("text", p, sha256_bytes(p.encode())) for p in keys}
         todo = [p for p, v in out.items() if v is None]
+        made: dict[str, np.ndarray] = {}
         if todo:
             for p, v in zip(todo, self.embedder.embed_texts(todo)):
-                out[p] = v
+                made[p] = v
                 self._put("text", p, sha256_bytes(p.encode()), v)
             self.texts_embedded += len(todo)
-        return out
+        return {p: made[p] if v is None else v for p, v in out.items()}
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         """``{"images_embedded", "texts_embedded", "embedding_cache_hits"}`` since it was made."""
         return {
             "images_embedded": self.images_embedded,

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, fields
+from typing import Any, NoReturn
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -63,42 +65,44 @@ class RecipeError(BundleError, ValueError):
     range; the one-line message names the field, the value and what is accepted."""
 
 
-def _fail(field: str, value, accepted: str):
+def _fail(field: str, value: object, accepted: str) -> NoReturn:
     shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
     raise RecipeError(f"image recipe {field} is {shown}; it must be {accepted}")
 
 
-def _int_field(field: str, value, lo: int, hi: int) -> int:
+def _int_field(field: str, value: Any, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
         _fail(field, value, f"an integer from {lo} to {hi}")
     return int(value)
 
 
-def _number(field: str, value, positive: bool) -> float:
+def _number(field: str, value: Any, positive: bool) -> float:
     ok = not isinstance(value, bool) and isinstance(value, (int, float, np.floating)) and math.isfinite(value)
     if not ok or (positive and value <= 0):
         _fail(field, value, "a finite number above 0" if positive else "a finite number")
     return float(value)
 
 
-def _triple(field: str, value, positive: bool) -> tuple[float, float, float]:
+def _triple(field: str, value: Any, positive: bool) -> tuple[float, float, float]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 3:
         _fail(field, value, "3 numbers, one a channel (R, G, B)")
-    return tuple(_number(field, v, positive) for v in value)
+    r, g, b = (_number(field, v, positive) for v in value)
+    return r, g, b
 
 
-def _choice(field: str, value, allowed) -> str:
+def _choice(field: str, value: Any, allowed: Collection[str]) -> str:
     if not isinstance(value, str) or value not in allowed:
         _fail(field, value, "one of " + ", ".join(map(repr, allowed)))
     return value
 
 
-def _crop(value) -> tuple[int, int] | None:
+def _crop(value: Any) -> tuple[int, int] | None:
     if value is None:
         return None
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
         _fail("crop_size", value, "[height, width] in pixels, or null (no crop)")
-    return tuple(_int_field("crop_size", v, 1, MAX_RECIPE_SIDE) for v in value)
+    h, w = (_int_field("crop_size", v, 1, MAX_RECIPE_SIDE) for v in value)
+    return h, w
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ class ImageRecipe:
     alpha: str = "composite_on_white"
     follows: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _choice("resize_mode", self.resize_mode, RESIZE_MODES)
         size = _int_field("size", self.size, 1, MAX_RECIPE_SIDE)
         _choice("interpolation", self.interpolation, tuple(INTERPOLATIONS))
@@ -162,7 +166,7 @@ class ImageRecipe:
         set_("rescale_factor", _number("rescale_factor", self.rescale_factor, positive=True))
 
     @classmethod
-    def from_manifest(cls, d: dict) -> "ImageRecipe":
+    def from_manifest(cls, d: object) -> "ImageRecipe":
         """The recipe a manifest records (the keys are the field names, every one required).
 
         Args:
@@ -186,7 +190,7 @@ class ImageRecipe:
             raise RecipeError(f"image recipe lacks field(s) {', '.join(missing)}")
         return cls(**{n: d[n] for n in names})
 
-    def to_manifest(self) -> dict:
+    def to_manifest(self) -> dict[str, Any]:
         """The recipe as a JSON-able table (:meth:`from_manifest` reads it back equal)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         for key in ("crop_size", "image_mean", "image_std"):
@@ -335,7 +339,10 @@ def to_uint8_before_normalise(image: Image.Image, recipe: ImageRecipe) -> np.nda
         rgb = rgb.resize((w, h), resample=INTERPOLATIONS[recipe.interpolation])
     if recipe.crop_size is not None:
         ch, cw = recipe.crop_size
-        top, left = crop_offset(h, ch, recipe.crop_rounding), crop_offset(w, cw, recipe.crop_rounding)
+        rounding = recipe.crop_rounding
+        if rounding is None:  # a recipe with a crop has its rounding (ImageRecipe checks it)
+            raise RecipeError("image recipe crop_rounding is None with a crop_size")
+        top, left = crop_offset(h, ch, rounding), crop_offset(w, cw, rounding)
         rgb = rgb.crop((left, top, left + cw, top + ch))
     return np.asarray(rgb, dtype=np.uint8)
 
@@ -346,8 +353,8 @@ def normalise(pixels: np.ndarray, recipe: ImageRecipe) -> np.ndarray:
     Returns:
         ``[3, H, W] float32``, C-contiguous.
     """
-    x = (pixels.astype(np.float64) * recipe.rescale_factor).astype(np.float32)
-    x = (x - np.asarray(recipe.image_mean, dtype=np.float32)) / np.asarray(recipe.image_std, dtype=np.float32)
+    scaled = (pixels.astype(np.float64) * recipe.rescale_factor).astype(np.float32)
+    x = (scaled - np.asarray(recipe.image_mean, dtype=np.float32)) / np.asarray(recipe.image_std, dtype=np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 

@@ -28,11 +28,12 @@ recipe as data: :data:`COLUMN_RECIPES`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from .base import MetricBatch, PairMetric, register
+from .base import Compute, MetricBatch, PairMetric, register
 
 __all__ = [
     "CLASSIC",
@@ -70,16 +71,16 @@ def cosine100(a: np.ndarray, b: np.ndarray) -> float:
     return float(100.0 * np.dot(a64 / np.linalg.norm(a64), b64 / np.linalg.norm(b64)))
 
 
-def _missing(name: str, what: str) -> dict:
+def _missing(name: str, what: str) -> dict[str, Any]:
     return {name: float("nan"), "status": "no_embedding", "note": f"{name}: no {what} embedding"}
 
 
-def _image_pair(name: str) -> Callable[[MetricBatch], list[dict]]:
+def _image_pair(name: str) -> Compute:
     """compute for a reference <-> output image metric reading embedder ``EMBEDDER_OF[name]``."""
 
-    def compute(batch: MetricBatch) -> list[dict]:
+    def compute(batch: MetricBatch) -> list[dict[str, Any]]:
         table = batch.embeddings.get(EMBEDDER_OF[name], {})
-        out = []
+        out: list[dict[str, Any]] = []
         for ref, img in batch.image_keys:
             if ref not in table or img not in table:
                 out.append(_missing(name, "image"))
@@ -90,14 +91,14 @@ def _image_pair(name: str) -> Callable[[MetricBatch], list[dict]]:
     return compute
 
 
-def _image_text(name: str) -> Callable[[MetricBatch], list[dict]]:
+def _image_text(name: str) -> Compute:
     """compute for an output <-> prompt metric reading embedder ``EMBEDDER_OF[name]``: the
     per-row ``100 x cosine``, unclamped (CLIP-T; CLIPScore's per-sample score)."""
 
-    def compute(batch: MetricBatch) -> list[dict]:
+    def compute(batch: MetricBatch) -> list[dict[str, Any]]:
         images = batch.embeddings.get(EMBEDDER_OF[name], {})
         texts = batch.text_embeddings.get(EMBEDDER_OF[name], {})
-        out = []
+        out: list[dict[str, Any]] = []
         for it, (_, img) in zip(batch.items, batch.image_keys):
             if img not in images or it.prompt not in texts:
                 out.append(_missing(name, "image or prompt"))
@@ -126,7 +127,7 @@ def clip_score_tm_aggregate(values: Sequence[float] | np.ndarray) -> float:
     return float("nan") if v.size == 0 else max(float(v.mean()), 0.0)
 
 
-def _classic(name: str, compute, encoders: tuple[str, ...], description: str, reference: str) -> PairMetric:
+def _classic(name: str, compute: Compute, encoders: tuple[str, ...], description: str, reference: str) -> PairMetric:
     return register(
         PairMetric(
             name=name,
@@ -195,7 +196,7 @@ _CLIP_TEXT = (
 #: Each classic column's recipe as data (the sidecar and docs/metrics.md give these): checkpoint,
 #: image recipe (runtime/recipes.py ``NAMED_RECIPES`` key), text, embedding, scale, clamp, pairing,
 #: the source it follows.
-COLUMN_RECIPES: dict[str, dict] = {
+COLUMN_RECIPES: dict[str, dict[str, str | None]] = {
     "clip_i": {
         "checkpoint": "openai/clip-vit-base-patch32",
         "image_recipe": "clip_b32_dreambench",
