@@ -47,15 +47,21 @@ import sqlite3
 import stat
 import struct
 import threading
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from ..errors import MascEngineError
 from .preprocess import PreprocessedImage
 from .encoder import LRU
-from .scorer import ImageEncoding
+from .scorer import ImageEncoding, Scorer
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+T = TypeVar("T")
 
 DEFAULT_SIZE_LIMIT = 8 * 2**30  # 8 GiB
 #: diskcache settings: a rollback journal and no memory map, so a storage fault is an error, not SIGBUS.
@@ -84,35 +90,35 @@ class StoreValueError(ValueError):
 _VALUE_FILE = re.compile(r"[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val")
 
 
-def _safe_disk():
+def _safe_disk() -> type[Any]:
     """A ``diskcache.Disk`` that stores and reads bytes only and never unpickles a key or a value."""
     import diskcache
     from diskcache.core import MODE_BINARY, MODE_RAW, UNKNOWN
 
-    class SafeDisk(diskcache.Disk):
-        def put(self, key):
+    class SafeDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no types: its Disk is Any
+        def put(self, key: object) -> Any:
             if type(key) is not str:
                 raise TypeError(f"the encoding store's keys are strings, not {type(key).__name__}")
             return super().put(key)
 
-        def get(self, key, raw):
+        def get(self, key: object, raw: bool) -> str:
             if not raw or type(key) is not str:
                 raise StoreValueError("a stored key is not a string")
             return key
 
-        def store(self, value, read, key=UNKNOWN):
+        def store(self, value: object, read: bool, key: object = UNKNOWN) -> Any:
             if type(value) is not bytes:
                 raise TypeError(f"the encoding store keeps bytes, not {type(value).__name__}")
             return super().store(value, read, key)
 
-        def fetch(self, mode, filename, value, read):
+        def fetch(self, mode: int, filename: object, value: object, read: bool) -> bytes:
             if mode == MODE_RAW and isinstance(value, (bytes, memoryview)) and not read:
                 return bytes(value)
             if mode == MODE_BINARY and not read:
                 return self._read_file(filename)
             raise StoreValueError(f"a stored value of mode {mode} is not bytes of this store")
 
-        def _inside(self, filename) -> str | None:
+        def _inside(self, filename: object) -> str | None:
             """The full path of a value file of this store's layout inside its folder, else None."""
             if not isinstance(filename, str) or not _VALUE_FILE.fullmatch(filename):
                 return None
@@ -120,14 +126,14 @@ def _safe_disk():
             root = os.path.realpath(self._directory)
             return full if os.path.realpath(full).startswith(root + os.sep) else None
 
-        def _read_file(self, filename) -> bytes:
+        def _read_file(self, filename: object) -> bytes:
             full = self._inside(filename)
             if full is None or not stat.S_ISREG(os.stat(full).st_mode):
                 raise StoreValueError("a stored value file is outside the store or not a regular file")
             with open(full, "rb") as f:
                 return f.read()
 
-        def remove(self, file_path):
+        def remove(self, file_path: object) -> None:
             if self._inside(file_path) is not None:  # never delete outside the store's own files
                 super().remove(file_path)
 
@@ -142,7 +148,9 @@ def _pack(kind: bytes, dims: tuple[int, ...], payload: bytes) -> bytes:
     return _MAGIC + kind + struct.pack(f"<B{len(dims)}Q", len(dims), *dims) + payload
 
 
-def _unpack(blob: bytes, kind: bytes, ndim: int, nbytes) -> tuple[tuple[int, ...], memoryview]:
+def _unpack(
+    blob: bytes, kind: bytes, ndim: int, nbytes: Callable[[tuple[int, ...]], int]
+) -> tuple[tuple[int, ...], memoryview]:
     """``(dims, payload)`` of a value written by :func:`_pack`.
 
     Raises:
@@ -159,11 +167,11 @@ def _unpack(blob: bytes, kind: bytes, ndim: int, nbytes) -> tuple[tuple[int, ...
     return dims, payload
 
 
-def _f32(payload: memoryview, shape) -> np.ndarray:
+def _f32(payload: memoryview, shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(payload, dtype="<f4").reshape(shape).astype(np.float32, copy=False)
 
 
-def _image_nbytes(dims) -> int:
+def _image_nbytes(dims: tuple[int, ...]) -> int:
     n, d, gh, gw = dims
     return 4 * n * d if n == gh * gw and n > 0 and d > 0 else -1
 
@@ -202,7 +210,7 @@ class EncodingStore:
         CacheError: the folder cannot be created, opened or written.
     """
 
-    def __init__(self, directory: str | Path, namespace: dict, size_limit: int = DEFAULT_SIZE_LIMIT):
+    def __init__(self, directory: str | Path, namespace: dict[str, Any], size_limit: int = DEFAULT_SIZE_LIMIT) -> None:
         self.cache = open_cache(directory, size_limit)
         self.directory = str(directory)
         self.ns = hashlib.sha256(json.dumps(namespace, sort_keys=True).encode()).hexdigest()[:16]
@@ -234,7 +242,7 @@ class EncodingStore:
                 self.fault,
             )
 
-    def _do(self, op, *args):
+    def _do(self, op: Callable[..., T], *args: object) -> T | None:
         """``op(*args)`` on the store; a storage error disables the store (logged once) and gives None."""
         if self.fault is not None:
             self.faults += 1
@@ -245,7 +253,7 @@ class EncodingStore:
             self._failed(e)
             return None
 
-    def _read(self, key: str, parse):
+    def _read(self, key: str, parse: Callable[[bytes], T]) -> T | None:
         """``parse(stored bytes)`` under ``key``, or None: absent, a storage fault (:meth:`_do`),
         or an entry not of this store's format (refused: a miss, counted and logged once)."""
         if self.fault is not None:
@@ -353,7 +361,7 @@ class EncodingStore:
             pass
 
 
-def embedding_scope(identity: dict, side: str) -> str:
+def embedding_scope(identity: dict[str, Any], side: str) -> str:
     """The store scope of an embedder's embeddings of one side (``image`` or ``text``): 16 hex
     digits of the sha256 of its identity (runtime/embedder.py ``Embedder.identity``: bundle
     fingerprint, backend, provider, precision, image recipe), then the side."""
@@ -369,10 +377,11 @@ def _unpack_text(blob: bytes) -> np.ndarray:
 def _unpack_mask(blob: bytes) -> np.ndarray:
     (h, w), payload = _unpack(blob, b"msk", 2, lambda d: (d[0] * d[1] + 7) // 8 if d[0] * d[1] > 0 else -1)
     bits = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=h * w)
-    return (bits.reshape(h, w) * np.uint8(255)).astype(np.uint8)
+    mask: np.ndarray = (bits.reshape(h, w) * np.uint8(255)).astype(np.uint8)
+    return mask
 
 
-def open_cache(directory: str | Path, size_limit: int = DEFAULT_SIZE_LIMIT):
+def open_cache(directory: str | Path, size_limit: int = DEFAULT_SIZE_LIMIT) -> Any:
     """The ``diskcache.Cache`` in ``directory`` (rollback journal, no memory map), checked writable.
 
     Args:
@@ -408,7 +417,7 @@ def open_cache(directory: str | Path, size_limit: int = DEFAULT_SIZE_LIMIT):
         ) from None
 
 
-def _widths(scorer) -> dict:
+def _widths(scorer: Scorer) -> dict[str, int]:
     """``{image_width, text_width}`` of ``scorer``'s bundle (its manifest's architecture), or {}."""
     try:
         arch = scorer.bundle.manifest["architecture"]
@@ -425,7 +434,7 @@ class EncodingCache:
     holds host float32 copies, so a hit from disk is bit-identical to a fresh encoding.
 
     Args:
-        scorer (Scorer): the :class:`~masc_engine.runtime.scorer.Scorer` that encodes misses (and moves
+        scorer: the :class:`~masc_engine.runtime.scorer.Scorer` that encodes misses (and moves
             encodings between host and its token device).
         items: in-memory LRU size in images (so400m at 1,024 patches: 4.7 MB each).
         store: an :class:`EncodingStore` (``--cache-dir``), or None for memory only.
@@ -441,15 +450,19 @@ class EncodingCache:
     """
 
     def __init__(
-        self, scorer, items: int = 512, store: EncodingStore | None = None, memory: MutableMapping | None = None
-    ):
+        self,
+        scorer: Scorer,
+        items: int = 512,
+        store: EncodingStore | None = None,
+        memory: MutableMapping[str, ImageEncoding] | None = None,
+    ) -> None:
         self.scorer = scorer
         self.items = int(items)
         self.store = store
         # Any mapping with its own eviction policy may be the memory level (masc-serve's holds the
         # batch in flight and a byte-bounded reference LRU, serve/glue.py); by default an LRU of
         # ``items`` encodings.
-        self.memory: MutableMapping = memory if memory is not None else LRU(self.items)
+        self.memory: MutableMapping[str, ImageEncoding] = memory if memory is not None else LRU(self.items)
         if store is not None:
             store.expect(**_widths(scorer))  # a stored entry of another width is a miss, not a crash
         self._lock = threading.Lock()
@@ -485,7 +498,7 @@ class EncodingCache:
                 self._lru_put(digest, enc)
         return enc
 
-    def encode(self, sources: Mapping[str, object]) -> dict[str, ImageEncoding]:
+    def encode(self, sources: Mapping[str, PreprocessedImage | Image.Image]) -> dict[str, ImageEncoding]:
         """Encodings by content hash; only images in neither level go through the vision tower.
 
         Args:
@@ -496,7 +509,7 @@ class EncodingCache:
             ``{digest: ImageEncoding}`` for every key of ``sources``.
         """
         out: dict[str, ImageEncoding] = {}
-        todo: dict[str, object] = {}
+        todo: dict[str, PreprocessedImage | Image.Image] = {}
         for digest, src in sources.items():
             enc = self.get(digest)
             if enc is None:
