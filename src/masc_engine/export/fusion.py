@@ -53,6 +53,7 @@ import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -184,7 +185,19 @@ def _residual_add(g: _Graph, softmax) -> tuple | None:
     return node, list(node.input).index(prev.output[0])
 
 
-def canonicalize_attention(model, head_dim: int) -> dict:
+class AttentionReport(TypedDict):
+    """What :func:`canonicalize_attention` found and rewrote: attention blocks, padding masks made
+    canonical, constant all-visible masks dropped, unmasked blocks, and the additive mask value
+    (None: no padding mask)."""
+
+    attention_blocks: int
+    padding_masks: int
+    constant_masks_dropped: int
+    unmasked: int
+    mask_value: float | None
+
+
+def canonicalize_attention(model, head_dim: int) -> AttentionReport:
     """Rewrite ``model`` (an ``onnx.ModelProto``, in place) so that ONNX Runtime's attention
     fusion recognises every attention block (see the module docstring for the three rewrites).
 
@@ -204,7 +217,7 @@ def canonicalize_attention(model, head_dim: int) -> dict:
     from onnx import TensorProto, helper
 
     g = _Graph(model.graph)
-    report = {"attention_blocks": 0, "padding_masks": 0, "constant_masks_dropped": 0, "unmasked": 0, "mask_value": None}
+    report = AttentionReport(attention_blocks=0, padding_masks=0, constant_masks_dropped=0, unmasked=0, mask_value=None)
     canonical: dict[str, str] = {}  # graph input -> canonical additive mask tensor
     new_nodes, new_inits = [], []
     inv_scale_name = None
@@ -373,7 +386,7 @@ def fuse_graph(src: str | Path, dst: str | Path, num_heads: int, hidden_size: in
     }
 
 
-def share_packed_qkv(model, index: dict) -> int:
+def share_packed_qkv(model, index: external_data.TensorIndex) -> tuple[int, int]:
     """Replace each ``Attention`` node's packed QKV weight ``[D, 3D]`` whose three ``[D, D]``
     column blocks are tensors of ``index`` (the portable graph's separate Q, K and V weights) by a
     ``Concat`` of those three, pointing at the portable graph's data (in place).
@@ -401,9 +414,10 @@ def share_packed_qkv(model, index: dict) -> int:
             for p, x in zip(np.split(numpy_helper.to_array(w), 3, axis=1), "qkv")
         ]
         hits = [index.get(external_data.tensor_key(t.data_type, t.dims, t.raw_data)) for t in parts]
-        if any(h is None for h in hits):
+        found = [h for h in hits if h is not None]
+        if len(found) != len(hits):
             continue
-        for t, hit in zip(parts, hits):
+        for t, hit in zip(parts, found):
             external_data.point_at(t, *hit)
             saved += hit[2]
         blocks += parts

@@ -101,7 +101,7 @@ def score_references_vision(vision_model, processor, image: dict) -> dict:
     }
 
 
-def score_prompt_ids(text: dict, bundle_dir: Path) -> np.ndarray:
+def score_prompt_ids(text: dict, bundle_dir: str | Path) -> np.ndarray:
     """Token ids of :data:`SCORE_PROMPTS` from the bundle's tokenizer (no PyTorch)."""
     from ..runtime.text import PromptTokenizer, TextSettings
 

@@ -16,8 +16,10 @@ do both in one process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypedDict
 
 import numpy as np
 from PIL import Image
@@ -224,7 +226,19 @@ def synthetic_image(height: int, width: int, seed: int) -> Image.Image:
 VALIDATION_SIZES = [(224, 288), (480, 160), (37, 41), (512, 512)]
 
 
-def vision_references(vision_model, processor, image: dict) -> list[dict]:
+class VisionCase(TypedDict):
+    """One case of the vision check (:func:`vision_references`): the graph's ``feeds``, the
+    reference ``ref`` tokens, the NaFlex ``valid`` patches and ``grids`` (None on fixed-size
+    graphs), and ``pixel_values``: max |error| of the runtime's pixels against the processor's."""
+
+    grids: list[list[int]] | None
+    valid: np.ndarray | None
+    feeds: dict[str, np.ndarray]
+    ref: np.ndarray
+    pixel_values: float
+
+
+def vision_references(vision_model, processor, image: dict) -> list[VisionCase]:
     """PyTorch's side of the vision check, computed once before any ONNX session exists.
 
     Each case: ``feeds`` (the runtime's preprocessing and position resize: what the graph gets),
@@ -240,7 +254,8 @@ def vision_references(vision_model, processor, image: dict) -> list[dict]:
     for batch in ([VALIDATION_SIZES[0]], VALIDATION_SIZES[1:]):
         imgs = [synthetic_image(h, w, seed=h * 7 + w) for h, w in batch]
         pre = [preprocess_image(im, s) for im in imgs]
-        case = {"grids": None, "valid": None}
+        grids: list[list[int]] | None = None
+        valid: np.ndarray | None = None
         if s.mode == "naflex":
             ref_in = processor.image_processor(images=imgs, max_num_patches=s.max_num_patches, return_tensors="pt")
             with torch.no_grad():
@@ -249,27 +264,26 @@ def vision_references(vision_model, processor, image: dict) -> list[dict]:
                     pixel_attention_mask=ref_in["pixel_attention_mask"],
                     spatial_shapes=ref_in["spatial_shapes"],
                 ).last_hidden_state.numpy()
-            case["feeds"] = {
+            feeds = {
                 "pixel_values": np.stack([p.pixel_values for p in pre]),
                 "pixel_attention_mask": np.stack([p.pixel_attention_mask for p in pre]),
                 "position_weights": np.stack(
                     [position_weights(image["position_grid"], p.spatial_shape, s.max_num_patches) for p in pre]
                 ),
             }
-            case["valid"] = case["feeds"]["pixel_attention_mask"].astype(bool)
-            case["grids"] = [list(p.spatial_shape) for p in pre]
+            valid = feeds["pixel_attention_mask"].astype(bool)
+            grids = [list(p.spatial_shape) for p in pre]
         else:
             ref_in = processor.image_processor(images=imgs, return_tensors="pt")
             with torch.no_grad():
                 ref = vision_model(pixel_values=ref_in["pixel_values"]).last_hidden_state.numpy()
-            case["feeds"] = {"pixel_values": np.stack([p.pixel_values for p in pre])}
-        case["ref"] = ref
-        case["pixel_values"] = error_stats(case["feeds"]["pixel_values"], ref_in["pixel_values"].numpy())["max_abs"]
-        cases.append(case)
+            feeds = {"pixel_values": np.stack([p.pixel_values for p in pre])}
+        pixel_error = error_stats(feeds["pixel_values"], ref_in["pixel_values"].numpy())["max_abs"]
+        cases.append(VisionCase(grids=grids, valid=valid, feeds=feeds, ref=ref, pixel_values=pixel_error))
     return cases
 
 
-def check_vision(runner, cases: list[dict], gates: str = "fp32") -> dict:
+def check_vision(runner, cases: list[VisionCase], gates: str = "fp32") -> dict:
     """The vision graph in ``runner`` against :func:`vision_references`' cases, with ``gates``."""
     out = []
     for case in cases:
@@ -537,7 +551,11 @@ def check_graph(graph: str, path: Path, references: dict, gates: str = "fp32") -
 
     from .stages import release_memory
 
-    checks = {"vision": check_vision, "pool": check_pool, "text": check_text}
+    checks: dict[str, Callable[[Any, Any, str], dict]] = {
+        "vision": check_vision,
+        "pool": check_pool,
+        "text": check_text,
+    }
     if graph not in checks and graph != "cp":
         raise ValueError(f"no validation for graph {graph!r}")
     path = Path(path)
@@ -642,9 +660,15 @@ def validate_pairs(
 
     Raises:
         ExportValidationError: with the figures and the suggestion to export fp32.
+        ValueError: neither ``fp32_bundle`` nor ``fp32_scores``.
     """
     pairs = validation_pairs() if pairs is None else pairs
-    ref = fp32_scores if fp32_scores is not None else pair_scores(fp32_bundle, pairs)
+    if fp32_scores is not None:
+        ref = fp32_scores
+    elif fp32_bundle is not None:
+        ref = pair_scores(fp32_bundle, pairs)
+    else:
+        raise ValueError("validate_pairs needs fp32_bundle or fp32_scores")
     got = pair_scores(reduced_bundle, pairs)
     cp32, pf32 = np.array(ref["cp"]), np.array(ref["pf"])
     cpx, pfx = np.array(got["cp"]), np.array(got["pf"])
