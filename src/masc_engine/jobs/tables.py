@@ -6,6 +6,14 @@ byte-order mark tolerated and quoted commas / newlines allowed; ``.jsonl`` / ``.
 object per line); ``.json`` (an array of objects); ``.parquet`` (pyarrow). Every error is a
 :class:`TableError` whose message names the file, the line (or row) and the reason.
 
+Column names are one each: a CSV / TSV header naming a column twice, a JSON object holding a key
+twice, or a Parquet schema with two fields of one name is refused before any row is read (the
+file, the name and both positions named), never read as "the last one wins". Header names are
+compared with surrounding spaces and byte-order marks (U+FEFF) stripped, so ``prompt`` and
+`` prompt`` are one name twice (a leading byte-order mark of the file itself is dropped as it is
+read); the names themselves are kept as written. Empty header cells (a trailing comma) name no
+column and may repeat.
+
 Missing values in every output table (:func:`write_table`): a NaN number is written ``nan`` in
 CSV / TSV and ``null`` in JSON, JSON Lines and Parquet; ``None`` (a cell with no value, e.g. the
 rank of a query that was not ranked) is an empty CSV / TSV cell and ``null`` elsewhere. The reader
@@ -110,7 +118,9 @@ def read_table(
 
     Raises:
         TableError: the file is missing, of an unknown type, over ``max_bytes``, empty,
-            unparsable (file and line named), or a required column is missing.
+            unparsable (file and line named), names one column twice (a repeated header cell,
+            JSON key or Parquet field: the name and its positions named, see the module
+            docstring), or a required column is missing.
     """
     p = Path(path)
     bad = f"bad_{what}_file"
@@ -186,6 +196,7 @@ def _read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str, budget
         try:
             if not reader.fieldnames:
                 raise TableError(bad, f"{p} is empty (no header row)")
+            _check_unique(p, bad, reader.fieldnames, "the header")
             for row in reader:
                 if None in row:
                     if extra_fields == "error":
@@ -199,6 +210,68 @@ def _read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str, budget
         except UnicodeDecodeError as exc:
             raise TableError(bad, f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return Table(p, list(reader.fieldnames), rows, lines)
+
+
+def _header_key(name: str) -> str:
+    """A column name as compared for repeats: surrounding spaces and byte-order marks stripped."""
+    return name.strip(" \t\r\n\ufeff")
+
+
+def _check_unique(p: Path, bad: str, names: Sequence[str], where: str) -> None:
+    """Refuse a column name given twice in ``names`` (compared by :func:`_header_key`; empty names
+    are unnamed columns and may repeat), naming the file, the name and its 1-based positions."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        key = _header_key(name)
+        if not key:
+            continue
+        if key in seen:
+            first = seen[key]
+            raise TableError(
+                bad,
+                f"{p}: {where} names column {key!r} twice (columns {first + 1} and {i + 1}: "
+                f"{names[first]!r}, {name!r}); keep one column of each name",
+            )
+        seen[key] = i
+
+
+class _RepeatedKey(Exception):
+    """A JSON object held one key twice (raised by :func:`_unique_object`)."""
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict:
+    """``json.loads``'s ``object_pairs_hook``: the object as a dict, or :class:`_RepeatedKey`
+    naming the key and its 1-based positions among the object's keys."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    first: dict[str, int] = {}
+    for i, (k, _) in enumerate(pairs):
+        if k in first:
+            raise _RepeatedKey(f"key {k!r} appears twice in one object (keys {first[k] + 1} and {i + 1})")
+        first[k] = i
+    raise AssertionError("unreachable: fewer keys than pairs without a repeat")
+
+
+class _Repeats(dict):
+    """An object that held a repeated key, itself or in an object nested in it."""
+
+
+def _marking_object(pairs: list[tuple[str, Any]]) -> dict:
+    obj = dict(pairs)
+    nested = (v for v in obj.values() for v in (v if isinstance(v, list) else [v]))
+    return _Repeats(obj) if len(obj) < len(pairs) or any(isinstance(v, _Repeats) for v in nested) else obj
+
+
+def _repeat_row(text: str) -> int | None:
+    """The 1-based row of a ``.json`` array whose object holds a repeated key (parsed again, on
+    this error path only), or None."""
+    rows = json.loads(text, object_pairs_hook=_marking_object)
+    if isinstance(rows, list):
+        for i, r in enumerate(rows):
+            if isinstance(r, _Repeats):
+                return i + 1
+    return None
 
 
 def _columns_of(rows: list[dict]) -> list[str]:
@@ -235,11 +308,15 @@ def _max_digits() -> int:
 
 def _parse_json(text: str, bad: str, where: str, whole_file: bool = False) -> Any:
     """``json.loads(text)``; invalid JSON, nesting past Python's recursion limit, an integer past
-    Python's digit limit, or a string that
+    Python's digit limit, an object holding one key twice, or a string that
     is not text (a lone surrogate) is a :class:`TableError` naming ``where`` (and, for a
     ``whole_file``, the line of a syntax error)."""
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=_unique_object)
+    except _RepeatedKey as exc:
+        row = _repeat_row(text) if whole_file else None
+        where = f"{where}, row {row}" if row is not None else where
+        raise TableError(bad, f"{where}: {exc}; keep one column of each name") from None
     except json.JSONDecodeError as exc:
         where = f"{where}, line {exc.lineno}" if whole_file else where
         raise TableError(bad, f"{where}: invalid JSON ({exc.msg})") from None
@@ -335,6 +412,7 @@ def _read_parquet(p: Path, bad: str, max_bytes: int | None = None, budget: _RowB
         # text columns stay dictionary-encoded while read (a repeated value is held once), so the
         # budget below is checked before any cell is expanded
         schema = pq.read_schema(p)
+        _check_unique(p, bad, schema.names, "the schema")
         text = [
             f.name
             for f in schema
@@ -342,6 +420,8 @@ def _read_parquet(p: Path, bad: str, max_bytes: int | None = None, budget: _RowB
             or str(f.type).startswith("dictionary<values=string")
         ]
         t = pq.read_table(p, read_dictionary=text)
+    except TableError:
+        raise
     except Exception as exc:  # pyarrow's own errors (ArrowInvalid, OSError) for a damaged file
         raise TableError(bad, f"{p}: not a readable Parquet file ({exc})") from None
     if budget is not None:
