@@ -19,7 +19,9 @@ middleware, so it sees every response the app sends, 500s included):
   ``client_disconnected`` under code 499 ("client closed request").
 - **Bearer token** (``--api-key-file``, optional): every path but the probes (``/healthz``,
   ``/readyz``, ``/metrics``) needs ``Authorization: Bearer <key>``, compared in constant time
-  (``hmac.compare_digest``); else 401 ``unauthorized`` before any of the body is read.
+  (``hmac.compare_digest``); else 401 ``unauthorized`` before any of the body is read. Exactly
+  one such header: two (or one value joining two tokens with a comma) are 401 too, whichever
+  holds the key.
 - **Framing**: a request with both ``Content-Length`` and ``Transfer-Encoding`` is refused (400
   ``bad_http``): a proxy in front that reads the other header would see another request.
 - **Pixels** (``--max-pixels``): Pillow's decompression-bomb limit, ``Image.MAX_IMAGE_PIXELS``,
@@ -132,13 +134,10 @@ class RequestGuard:
                 "not a valid HTTP/1.1 request: both Content-Length and Transfer-Encoding (ambiguous framing)",
                 (),
             )
-        if self.api_key is not None and scope["path"] not in PROBE_PATHS and not self._authorized(scope, self.api_key):
-            return (
-                401,
-                "unauthorized",
-                "send Authorization: Bearer <key> (the key of --api-key-file)",
-                ((b"www-authenticate", b"Bearer"),),
-            )
+        if self.api_key is not None and scope["path"] not in PROBE_PATHS:
+            why = self._unauthorized(scope, self.api_key)
+            if why is not None:
+                return 401, "unauthorized", why, ((b"www-authenticate", b"Bearer"),)
         for k, v in scope.get("headers", ()):
             if k == b"content-length":
                 n = int(v) if v.isdigit() else -1
@@ -160,13 +159,17 @@ class RequestGuard:
             )
         return None
 
-    def _authorized(self, scope, api_key: bytes) -> bool:
-        """Whether the request's ``Authorization: Bearer`` token is the key (constant-time compare)."""
-        given = b""
-        for k, v in scope.get("headers", ()):
-            if k == b"authorization" and v[:7].lower() == b"bearer ":
-                given = v[7:].strip()
-        return hmac.compare_digest(given, api_key)
+    def _unauthorized(self, scope, api_key: bytes) -> str | None:
+        """Why the request is not authorized, or None: exactly one ``Authorization: Bearer``
+        header holding one token, the key (constant-time compare). Two headers, or one whose
+        value joins two with a comma (as a proxy folds repeated headers), are refused whichever
+        holds the key: a proxy in front may check one and the service another."""
+        values = [v for k, v in scope.get("headers", ()) if k == b"authorization"]
+        given = values[0][7:].strip() if len(values) == 1 and values[0][:7].lower() == b"bearer " else b""
+        ok = hmac.compare_digest(given, api_key)
+        if len(values) > 1 or (b"," in given and not ok):  # a key may itself hold a comma
+            return "one Authorization header is expected: send Authorization: Bearer <key> once"
+        return None if ok else "send Authorization: Bearer <key> (the key of --api-key-file)"
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
