@@ -4,6 +4,7 @@ forms with their text parts bounded while parsing."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 from fastapi import Request
 from pydantic import ValidationError
@@ -38,9 +39,38 @@ async def parse_json(request: Request, model):
     if not body:
         raise ApiError(400, "malformed_json", None, "the body is empty: send a JSON object")
     try:
-        return await asyncio.to_thread(model.model_validate_json, body)
+        return await asyncio.to_thread(_validate_once_each, model, body)
     except ValidationError as e:
         raise validation_error(e) from e
+
+
+class _RepeatedField(Exception):
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _once_each(pairs: list[tuple[str, object]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _RepeatedField(k)
+            seen.add(k)
+    return obj
+
+
+def _validate_once_each(model, body: bytearray):
+    """``model.model_validate_json(body)``, after refusing a JSON object (at any depth) that holds
+    one key twice, which pydantic would read as "the last one wins" (422 ``bad_value``, as a
+    multipart field sent twice). A body that is not JSON is left to the model's own error."""
+    try:
+        json.loads(body, object_pairs_hook=_once_each)
+    except _RepeatedField as e:
+        raise ApiError(422, "bad_value", e.key, f"{e.key}: sent more than once in one JSON object") from None
+    except (ValueError, RecursionError):
+        pass  # not JSON (or past Python's limits): the model's parser names it
+    return model.model_validate_json(body)
 
 
 async def parse_multipart(request: Request, cfg) -> dict:
