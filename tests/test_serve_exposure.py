@@ -99,6 +99,20 @@ def test_bearer_token_guards_everything_but_the_probes(keyed, item):
     assert ok.status_code == 200 and ok.json()["status"] == "ok"
 
 
+def test_two_authorization_headers_are_refused_whichever_holds_the_key(keyed, item):
+    for first, second in ((KEY, "wrong"), ("wrong", KEY), (KEY, KEY)):
+        headers = [("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {second}")]
+        r = httpx.post(keyed.url + "/v1/score", json=item, headers=headers, timeout=60)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", headers
+        assert r.json() == {
+            "error": "unauthorized",
+            "field": None,
+            "detail": "one Authorization header is expected: send Authorization: Bearer <key> once",
+        }
+    ok = httpx.post(keyed.url + "/v1/score", json=item, headers=[("Authorization", f"Bearer {KEY}")], timeout=120)
+    assert ok.status_code == 200 and ok.json()["status"] == "ok"
+
+
 def test_both_length_headers_are_refused(server):
     s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
     try:
