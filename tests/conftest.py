@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from support import EmbedderBundles, build_once, export_tiny, photo_sets, run_shared_dir
+from support import (
+    CommandExport,
+    EmbedderBundles,
+    build_once,
+    export_by_command,
+    export_tiny,
+    photo_sets,
+    run_shared_dir,
+)
 
 
 def pytest_configure(config):
@@ -91,8 +99,16 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def naflex_bundle(tmp_path_factory, cache_dir) -> Path:
-    return export_tiny("naflex", tmp_path_factory, cache_dir)
+def command_export(tmp_path_factory, cache_dir) -> CommandExport:
+    """``masc-export --model random:tiny-naflex`` run once as a user runs it (tests/support
+    ``CommandExport``): its bundle is ``naflex_bundle``; its output and log are the command's."""
+    return export_by_command(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def naflex_bundle(command_export) -> Path:
+    """The tiny NaFlex model exported by the command line (fp32, validated, with the ort-cpu variant)."""
+    return command_export.bundle
 
 
 @pytest.fixture(scope="session")

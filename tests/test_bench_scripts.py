@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -48,18 +49,28 @@ def test_gpu_throughput_dry_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_classic_speed_runs_on_tiny_shapes_with_scores_equal_to_the_reference(tmp_path):
+def test_classic_speed_runs_on_tiny_shapes_with_scores_equal_to_the_reference(
+    tmp_path, naflex_bundle, embedder_bundles
+):
     """bench/classic_speed.py end to end on tiny presets: one masc-run with the five columns and the
-    reference process (masc-metric plus the transformers loop) agree within the tolerances."""
+    reference process (masc-metric plus the transformers loop) agree within the tolerances. The
+    bench reuses the bundles it finds in its work folder: the run's own exports of the same presets
+    (the tiny SigLIP2 at its default budget, 1,024 patches)."""
     pytest.importorskip("masc")
     pytest.importorskip("transformers")
     bench = _load("classic_speed")
-    out = tmp_path / "classic.json"
+    out, work = tmp_path / "classic.json", tmp_path / "work"
+    for name, bundle in (
+        ("tiny-naflex-1024", naflex_bundle),
+        ("clip-tiny", embedder_bundles["clip-tiny"]),
+        ("dino-tiny-s16", embedder_bundles["dino-tiny-s16"]),
+    ):
+        shutil.copytree(bundle, work / name)
     assert (
         bench.main(
             [
                 "--work",
-                str(tmp_path / "work"),
+                str(work),
                 "--photos",
                 str(REPO / "examples" / "dreambooth"),
                 "--references",
@@ -71,7 +82,7 @@ def test_classic_speed_runs_on_tiny_shapes_with_scores_equal_to_the_reference(tm
                 "--reps",
                 "1",
                 "--budget",
-                "64",
+                "1024",
                 "--siglip-preset",
                 "tiny-naflex",
                 "--clip-preset",

@@ -207,11 +207,9 @@ def test_budget_falls_back_past_the_measured_width():
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory, cache_dir):
-    from masc_engine.export.embedders import export_embedder_bundle
-
-    root = tmp_path_factory.mktemp("embedders")
-    return {k: export_embedder_bundle(f"random:{k}", root / k) for k in EMBEDDER_TEST_PRESETS}
+def bundles(embedder_bundles):
+    """Every test preset's bundle, exported once per run (conftest ``embedder_bundles``)."""
+    return {k: embedder_bundles[k] for k in EMBEDDER_TEST_PRESETS}
 
 
 def _load(path):

@@ -352,12 +352,9 @@ FAMILIES = {"clip-tiny": "clip", "dino-tiny-s16": "dino", "dinov2-tiny": "dinov2
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, cache_dir):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    embedders = pytest.importorskip("masc_engine.export.embedders", reason="the embedder exporter is not installed")
-    root = tmp_path_factory.mktemp("exported-embedders")
-    return {k: embedders.export_embedder_bundle(f"random:{k}", root / k) for k in FAMILIES}
+def exported(embedder_bundles):
+    """Each family's tiny preset, exported once per run (conftest ``embedder_bundles``)."""
+    return {k: embedder_bundles[k] for k in FAMILIES}
 
 
 def _reference_model(key: str):

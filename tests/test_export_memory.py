@@ -180,25 +180,13 @@ def test_every_bundle_file_has_the_same_mode(naflex_bundle, tmp_path):
     assert uniform_file_modes(tmp_path) == want and f.stat().st_mode & 0o777 == want
 
 
-@pytest.mark.slow
-def test_the_exporter_process_never_imports_torch(tmp_path, cache_dir):
-    """PyTorch lives in the worker only: the exporter's own process never imports it, so no PyTorch
-    weights are resident while ONNX Runtime sessions and transforms run."""
-    code = (
-        "import sys; from masc_engine.export.exporter import export_bundle; "
-        f"export_bundle('random:tiny-naflex', {str(tmp_path / 'b')!r}); "
-        "print('torch imported:', 'torch' in sys.modules, 'transformers' in sys.modules)"
-    )
-    res = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, MASC_ENGINE_CACHE=str(cache_dir)),
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "torch imported: False False" in res.stdout
-    assert (tmp_path / "b" / "manifest.json").is_file() and not list(tmp_path.glob(".b.*"))
+def test_the_exporter_process_never_imports_torch(command_export):
+    """PyTorch lives in the worker only: the command's own process never imports it, so no PyTorch
+    weights are resident while ONNX Runtime sessions and transforms run (the run's one
+    ``masc-export --model random:tiny-naflex``, tests/support ``CommandExport``)."""
+    assert f"{command_export.IMPORTS} False False" in command_export.output, command_export.output[-2000:]
+    assert command_export.returncode == 0 and (command_export.bundle / "manifest.json").is_file()
+    assert not list(command_export.bundle.parent.glob(".naflex.*"))  # no staging folder left
 
 
 RESULTS = REPO / "bench" / "results" / "export_memory_so400m.json"

@@ -29,18 +29,12 @@ def test_warnings_are_counted_from_the_log_whoever_wrote_them(tmp_path):
     assert "(2 Python warnings)" in info.summary()
 
 
-@pytest.mark.slow
-def test_the_summary_gives_the_commands_wall_time(naflex_bundle, tmp_path):
-    from click.testing import CliRunner
-
-    from masc_engine.cli.export_cmd import main
-
-    r = CliRunner().invoke(main, ["--model", "random:tiny-naflex", "--out", str(tmp_path / "b")])
-    assert r.exit_code == 0, r.output
-    summary = [ln for ln in r.output.splitlines() if ln.startswith("library messages")]
-    assert len(summary) == 1 and "; the command took " in summary[0], r.output
+def test_the_summary_gives_the_commands_wall_time(command_export):
+    """``masc-export --model random:tiny-naflex`` as a user runs it (the run's one command export)."""
+    summary = [ln for ln in command_export.output.splitlines() if ln.startswith("library messages")]
+    assert len(summary) == 1 and "; the command took " in summary[0], command_export.output
     n = int(summary[0].split("(")[1].split(" Python warnings")[0])
-    assert n == (tmp_path / "b.export.log").read_text().count("Warning: ")  # each a one-line record here
+    assert n == command_export.log.read_text().count("Warning: ")  # each a one-line record here
 
 
 def test_the_log_keeps_no_terminal_colour_codes(tmp_path):

@@ -23,9 +23,14 @@ def _hostile_copy(naflex_bundle: Path, tmp_path: Path, record_vocab: bool) -> Pa
     b = tmp_path / "b"
     shutil.copytree(naflex_bundle, b)
     words = "a cat on the beach backpack in jungle dog teapot <pad> <unk>".split()
-    tok = Tokenizer(models.WordLevel({w: 2_000_000_000 + i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(b / "tokenizer.json"))
+    # the ids moved into the billions in the JSON: tokenizers' own save of such a vocabulary
+    # takes ~30 s (it lays the vocabulary out by id); loading it is immediate
+    spec = json.loads(tok.to_str())
+    spec["model"]["vocab"] = {w: 2_000_000_000 + i for w, i in spec["model"]["vocab"].items()}
+    (b / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    assert Tokenizer.from_file(str(b / "tokenizer.json")).token_to_id("cat") == 2_000_000_001
     m = json.loads((b / "manifest.json").read_text())
     m["files"]["tokenizer.json"] = hashlib.sha256((b / "tokenizer.json").read_bytes()).hexdigest()
     if record_vocab:

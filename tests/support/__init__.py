@@ -147,6 +147,53 @@ def export_tiny(kind: str, tmp_path_factory, cache_dir, precision: str = "fp32")
     return build_once(tmp_path_factory, f"bundle-{kind}-{precision}", build)
 
 
+class CommandExport:
+    """``masc-export --model random:tiny-naflex --out <folder>/naflex`` run once per test run as a
+    user runs it (a child process, the command line's own entry point): the bundle, everything the
+    command printed (stdout and stderr, in order), its exit status and whether the command's process
+    ever imported torch or transformers (printed by the child once the command ended). Tests of the
+    command's own output read it instead of exporting again."""
+
+    #: What the child prints after the command: whether torch and transformers were imported.
+    IMPORTS = "torch imported:"
+
+    def __init__(self, folder: Path) -> None:
+        self.bundle = folder / "naflex"
+        self.log = folder / "naflex.export.log"  # the command's library log, beside --out
+        self.output = (folder / "command.out").read_text(encoding="utf-8")
+        self.returncode = int((folder / "command.rc").read_text(encoding="utf-8"))
+
+    @classmethod
+    def run(cls, folder: Path) -> Path:
+        """Run the command into ``folder`` (:func:`build_once`'s builder); returns the bundle."""
+        import subprocess
+        import sys
+
+        code = (
+            "import sys\n"
+            "from masc_engine.cli.export_cmd import main\n"
+            "rc = 0\n"
+            "try:\n"
+            f"    main(['--model', 'random:tiny-naflex', '--out', {str(folder / 'naflex')!r}])\n"
+            "except SystemExit as e:\n"
+            "    rc = e.code or 0\n"
+            f"print({cls.IMPORTS!r}, 'torch' in sys.modules, 'transformers' in sys.modules, flush=True)\n"
+            "sys.exit(rc)\n"
+        )
+        res = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        (folder / "command.out").write_text(res.stdout, encoding="utf-8")
+        (folder / "command.rc").write_text(str(res.returncode), encoding="utf-8")
+        assert res.returncode == 0, res.stdout[-3000:]
+        return folder / "naflex"
+
+
+def export_by_command(tmp_path_factory) -> CommandExport:
+    """The run's :class:`CommandExport` (built on first use; skips without the export extra)."""
+    pytest.importorskip("torch", reason="exporting a test bundle needs the export extra (torch)")
+    pytest.importorskip("transformers", reason="exporting a test bundle needs transformers")
+    return CommandExport(build_once(tmp_path_factory, "command-export-naflex", CommandExport.run).parent)
+
+
 class EmbedderBundles:
     """Random-weight embedder bundles by preset name (``export/random_models.py``
     ``EMBEDDER_PRESETS``: ``clip-tiny``, ``dino-tiny-s16``, ``clip-tiny-l14``...), each exported
