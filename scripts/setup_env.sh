@@ -8,6 +8,17 @@ PY=${PYTHON:-python3}
 step() { echo "setup: $*" >&2; }
 [ -x .venv/bin/python ] || { step "creating .venv with $("$PY" --version 2>&1)"; "$PY" -m venv .venv; }
 . .venv/bin/activate
+# A second call with nothing changed returns at once (the test command calls this script; .ci/run
+# calls both): the stamp records what the last completed setup installed from (this script, the
+# package's requirements, the CI pins), for which mode, Python and checkout. Anything else: pip runs.
+MODE=runtime; [ "${1:-}" = "--test" ] && MODE=test
+STAMP=.venv/.masc-setup-$MODE
+want="$(cat scripts/setup_env.sh pyproject.toml constraints/ci.txt | sha256sum | cut -d' ' -f1) $(python --version 2>&1) $PWD"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  step "up to date (.venv was set up from these requirements; delete $STAMP to reinstall)"
+  exit 0
+fi
+rm -f "$STAMP"
 LOG=.venv/setup.log
 : >"$LOG"
 pipi() {
@@ -36,4 +47,5 @@ else
   step "masc-engine (editable) with the export, eval and report extras"
   pipi -e ".[export,eval,report]"
 fi
+echo "$want" >"$STAMP"
 step "done: activate it with  . .venv/bin/activate"
