@@ -33,7 +33,7 @@ SHAPES = {
         tol.EXPORT_VALIDATION_RTOL_BUDGETS,
         "base",
         [("tolerance_distributions_base-naflex.json", None)],
-        2,
+        10,
     ),
     "clipseg-tiny": (
         tol.SEGMENTER_VALIDATION_BUDGETS,
