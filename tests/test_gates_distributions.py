@@ -51,7 +51,7 @@ SHAPES = {
         tol.SEGMENTER_VALIDATION_BUDGETS,
         "clipseg-rd64",
         [("tolerance_distributions_clipseg-rd64.json", None)],
-        2,
+        6,
     ),
 }
 #: Shapes where one weight perturbed is not a wrong graph to the validation: clipseg-rd64's
