@@ -235,20 +235,32 @@ def _check_unique(p: Path, bad: str, names: Sequence[str], where: str) -> None:
         seen[key] = i
 
 
-class _RepeatedKey(Exception):
-    """A JSON object held one key twice (raised by :func:`_unique_object`)."""
+class RepeatedKeyError(Exception):
+    """A JSON object held one key twice (raised by :func:`unique_object`).
+
+    Attributes:
+        key (str): the repeated key.
+    """
+
+    def __init__(self, key: str, first: int, second: int) -> None:
+        super().__init__(f"key {key!r} appears twice in one object (keys {first} and {second})")
+        self.key = key
 
 
-def _unique_object(pairs: list[tuple[str, Any]]) -> dict:
-    """``json.loads``'s ``object_pairs_hook``: the object as a dict, or :class:`_RepeatedKey`
-    naming the key and its 1-based positions among the object's keys."""
+def unique_object(pairs: list[tuple[str, Any]]) -> dict:
+    """``json.loads``'s ``object_pairs_hook`` for input that must name each key once (input tables
+    here, masc-serve's JSON bodies): the object as a dict.
+
+    Raises:
+        RepeatedKeyError: a key is given twice (its 1-based positions among the object's keys).
+    """
     obj = dict(pairs)
     if len(obj) == len(pairs):
         return obj
     first: dict[str, int] = {}
     for i, (k, _) in enumerate(pairs):
         if k in first:
-            raise _RepeatedKey(f"key {k!r} appears twice in one object (keys {first[k] + 1} and {i + 1})")
+            raise RepeatedKeyError(k, first[k] + 1, i + 1)
         first[k] = i
     raise AssertionError("unreachable: fewer keys than pairs without a repeat")
 
@@ -312,8 +324,8 @@ def _parse_json(text: str, bad: str, where: str, whole_file: bool = False) -> An
     is not text (a lone surrogate) is a :class:`TableError` naming ``where`` (and, for a
     ``whole_file``, the line of a syntax error)."""
     try:
-        obj = json.loads(text, object_pairs_hook=_unique_object)
-    except _RepeatedKey as exc:
+        obj = json.loads(text, object_pairs_hook=unique_object)
+    except RepeatedKeyError as exc:
         row = _repeat_row(text) if whole_file else None
         where = f"{where}, row {row}" if row is not None else where
         raise TableError(bad, f"{where}: {exc}; keep one column of each name") from None

@@ -12,6 +12,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from ..jobs.tables import RepeatedKeyError, unique_object
 from ..runtime.stripping import STRIPPERS
 from .errors import ApiError, validation_error
 from .glue import BYTE_FIELDS
@@ -44,29 +45,13 @@ async def parse_json(request: Request, model):
         raise validation_error(e) from e
 
 
-class _RepeatedField(Exception):
-    def __init__(self, key: str):
-        self.key = key
-
-
-def _once_each(pairs: list[tuple[str, object]]) -> dict:
-    obj = dict(pairs)
-    if len(obj) < len(pairs):
-        seen: set[str] = set()
-        for k, _ in pairs:
-            if k in seen:
-                raise _RepeatedField(k)
-            seen.add(k)
-    return obj
-
-
 def _validate_once_each(model, body: bytearray):
     """``model.model_validate_json(body)``, after refusing a JSON object (at any depth) that holds
     one key twice, which pydantic would read as "the last one wins" (422 ``bad_value``, as a
     multipart field sent twice). A body that is not JSON is left to the model's own error."""
     try:
-        json.loads(body, object_pairs_hook=_once_each)
-    except _RepeatedField as e:
+        json.loads(body, object_pairs_hook=unique_object)
+    except RepeatedKeyError as e:
         raise ApiError(422, "bad_value", e.key, f"{e.key}: sent more than once in one JSON object") from None
     except (ValueError, RecursionError):
         pass  # not JSON (or past Python's limits): the model's parser names it
