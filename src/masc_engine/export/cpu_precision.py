@@ -363,11 +363,12 @@ def certificate_record(units: dict, keep_fp32: Sequence[str], graphs: Sequence[s
 class CandidateScoring:
     """What every reduced-precision search scores with (bf16-cpu here, FP8 in export/fp8.py): the
     fp32 ONNX Runtime reference of a pair set, scored once, and a candidate scorer's figures
-    against it. A subclass sets ``bundle``, ``threads``, ``configurations = 0`` and ``_ref = {}``
-    and defines ``candidate_scores``."""
+    against it. A subclass sets ``bundle``, ``threads``, ``unit_names`` (the searched units, in
+    graph order), ``configurations = 0`` and ``_ref = {}`` and defines ``candidate_scores``."""
 
     bundle: Any
     threads: int | None
+    unit_names: list[str]
     configurations: int
     _ref: dict[int, dict]
 
@@ -424,7 +425,7 @@ class Evaluator(CandidateScoring):
         return self.score_candidate(Scorer(b, backend="openvino", intra_op_threads=self.threads), pairs)
 
 
-def unit_sensitivity(ev: "Evaluator", pairs: Sequence) -> dict[str, float]:
+def unit_sensitivity(ev: CandidateScoring, pairs: Sequence) -> dict[str, float]:
     """``{unit: gate load on pairs with that unit alone in fp32, the rest in bf16}``."""
     out = {}
     for u in ev.unit_names:
@@ -440,7 +441,7 @@ def sensitivity_order(sensitivity: dict[str, float], names: Sequence[str]) -> li
 
 
 def search_keep_list(
-    ev: Evaluator, calibration: Sequence, heldout: Sequence, max_keep: int | None = None, mode: str = "bf16-cpu"
+    ev: CandidateScoring, calibration: Sequence, heldout: Sequence, max_keep: int | None = None, mode: str = "bf16-cpu"
 ) -> dict:
     """The accuracy-aware search (module docstring, step 4).
 
