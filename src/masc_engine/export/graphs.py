@@ -63,6 +63,18 @@ class FixedVisionTower(nn.Module):
         return self.vm.post_layernorm(x)
 
 
+def _pool_attention(head: nn.Module) -> nn.MultiheadAttention:
+    """The pooling head's ``attention``: a ``torch.nn.MultiheadAttention`` in SigLIP and SigLIP2.
+
+    Raises:
+        ValueError: ``head.attention`` is another module (not a SigLIP / SigLIP2 pooling head).
+    """
+    att = head.attention
+    if not isinstance(att, nn.MultiheadAttention):
+        raise ValueError(f"pooling head's attention is a {type(att).__name__}, not torch.nn.MultiheadAttention")
+    return att
+
+
 class MaskedPoolingHead(nn.Module):
     """``MultiheadAttentionPoolingHead.forward`` with a key_padding_mask threaded through the
     attention, written out (q/k/v projections from ``in_proj_weight``) so the graph is plain
@@ -74,7 +86,7 @@ class MaskedPoolingHead(nn.Module):
     def __init__(self, head: nn.Module):
         super().__init__()
         self.head = head
-        self.num_heads = head.attention.num_heads
+        self.num_heads = _pool_attention(head).num_heads
 
     def forward(self, hidden, key_padding_mask):
         att = self.head.attention
@@ -259,6 +271,8 @@ def export_graph(spec: GraphSpec, path, opset: int = 18) -> None:
             optimize=True,
         )
     external = spec.external_data or _needs_external_data(spec.module)
+    if prog is None:  # only without dynamo=True (the TorchScript exporter writes the file itself)
+        raise ValueError(f"torch.onnx.export returned no ONNX program for graph {spec.name}")
     if external:  # the writer appends to an existing data file
         Path(str(path) + ".data").unlink(missing_ok=True)
     prog.save(str(path), external_data=external)
