@@ -333,7 +333,7 @@ class PrecisionTransform:
     """fp16 / bf16 graphs by the converter under :func:`fp32_onnx_nodes` (an export/transforms.py
     :class:`~masc_engine.export.transforms.GraphTransform` that replaces each graph)."""
 
-    variant = None
+    variant: str | None = None  # replaces each graph (GraphTransform.variant)
 
     def __init__(self, precision: str):
         if precision not in ("fp16", "bf16"):

@@ -87,7 +87,11 @@ def load_segmenter(model: str, revision: str | None = None):
 
     path, source = checkpoint_source(model, revision, SHORT_NAMES)
     try:
-        m = CLIPSegForImageSegmentation.from_pretrained(path, revision=revision, attn_implementation="eager")
+        m = CLIPSegForImageSegmentation.from_pretrained(
+            path,
+            revision=revision,  # type: ignore[arg-type]  # transformers says str; None is its default
+            attn_implementation="eager",
+        )
         processor = AutoProcessor.from_pretrained(path, revision=revision)
     except OSError as e:
         raise CheckpointError(
@@ -302,6 +306,6 @@ def _reduce_precision(out: Path, manifest: dict, m, processor, precision: str, v
     section = {"mode": precision, "graphs": list(GRAPHS), "policy": policy(), "validated_on": "ONNX Runtime CPU"}
     if validate:
         write_manifest(out, {**manifest, "precision": section, "transforms": records})
-        section["masks"] = val.validate_reduced_masks(out, m, processor, precision)
-        logger.info(f"{precision} masks: min IoU {section['masks']['min_iou']:.4f} against transformers fp32")
+        section["masks"] = masks = val.validate_reduced_masks(out, m, processor, precision)
+        logger.info(f"{precision} masks: min IoU {masks['min_iou']:.4f} against transformers fp32")
     return records, section
