@@ -215,8 +215,8 @@ def dreambench_copies(examples: Path = EXAMPLES) -> list[tuple[Image.Image, np.n
         c = 4 + 6 * (k % 5)
         box = (c, c // 2, im.width - c // 2, im.height - c)
         w, h = sizes[k % len(sizes)]
-        im = ImageEnhance.Color(im.crop(box)).enhance(0.8 + 0.1 * (k % 4)).resize((w, h), Image.BICUBIC)
-        out.append((im, np.asarray(mask.crop(box).resize((w, h), Image.NEAREST)), cls))
+        im = ImageEnhance.Color(im.crop(box)).enhance(0.8 + 0.1 * (k % 4)).resize((w, h), Image.Resampling.BICUBIC)
+        out.append((im, np.asarray(mask.crop(box).resize((w, h), Image.Resampling.NEAREST)), cls))
     return out
 
 
@@ -459,7 +459,7 @@ def search_keep_list(
     """
     names = ev.unit_names
     max_keep = min(len(names), len(names) // 2 if max_keep is None else int(max_keep))
-    out = {"trajectory": [], "sensitivity": {}, "order": []}
+    out: dict[str, Any] = {"trajectory": [], "sensitivity": {}, "order": []}
     cal = ev.figures((), calibration)
     out["whole_graph"] = _summary(cal)
     low = mode.removesuffix("-cpu")
@@ -467,7 +467,7 @@ def search_keep_list(
     order: list[str] = []
     k = 0
     while True:
-        step = {"kept": k, "calibration": _summary(cal)}
+        step: dict[str, Any] = {"kept": k, "calibration": _summary(cal)}
         held = ev.figures(order[:k], heldout, FIDELITY_MIN_PAIRS) if cal["pass"] else None
         if held is not None:
             step["heldout"] = _summary(held)
