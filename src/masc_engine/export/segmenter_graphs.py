@@ -9,10 +9,15 @@ does for the scorer's; export/segmenter.py exports and validates them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from .graphs import GraphSpec, TensorSpec
+
+if TYPE_CHECKING:
+    from transformers import CLIPSegForImageSegmentation
 
 
 class CLIPSegVisionSide(nn.Module):
@@ -24,7 +29,7 @@ class CLIPSegVisionSide(nn.Module):
     (``hidden_states[i + 1] for i in extract_layers``).
     """
 
-    def __init__(self, model: nn.Module, image_size: int):
+    def __init__(self, model: CLIPSegForImageSegmentation, image_size: int):
         super().__init__()
         vm = model.clip.vision_model
         self.vm = vm
@@ -52,7 +57,7 @@ class CLIPSegVisionSide(nn.Module):
 class CLIPSegTextSide(nn.Module):
     """``input_ids [B, L]`` -> ``conditional_embeddings [B, P]`` (``clip.get_text_features``)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: CLIPSegForImageSegmentation):
         super().__init__()
         self.clip = model.clip
 
@@ -64,7 +69,7 @@ class CLIPSegDecoderSide(nn.Module):
     """``activations [B, K, T, D]``, ``conditional_embeddings [B, P]`` -> ``logits [B, S, S]``
     (``CLIPSegDecoder`` on the activations in ``extract_layers`` order)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: CLIPSegForImageSegmentation):
         super().__init__()
         self.decoder = model.decoder
         self.k = len(model.extract_layers)
