@@ -56,6 +56,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 RANDOM_PREFIX = "random:"
 
@@ -368,7 +369,8 @@ def _train_tokenizer(save_dir: Path):
     bpe.train_from_iterator(lines, trainer)
     spec = json.loads(bpe.to_str())
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["model"]["merges"]]
-    tok = Siglip2Tokenizer(vocab=spec["model"]["vocab"], merges=merges, model_max_length=64)
+    # merges: transformers types them list[str]; it hands them to tokenizers.models.BPE, which takes (a, b) pairs
+    tok = Siglip2Tokenizer(vocab=spec["model"]["vocab"], merges=merges, model_max_length=64)  # type: ignore[arg-type]
     tok.save_pretrained(save_dir)
     return tok
 
@@ -385,6 +387,8 @@ def build_random_checkpoint(name: str, save_dir: str | Path) -> Path:
     """
     import torch
     from transformers import (
+        PreTrainedModel,
+        ProcessorMixin,
         Siglip2Config,
         Siglip2Model,
         Siglip2Processor,
@@ -426,11 +430,13 @@ def build_random_checkpoint(name: str, save_dir: str | Path) -> Path:
         patch_size=p.patch_size,
     )
     torch.manual_seed(p.seed)
+    model: PreTrainedModel
+    processor: ProcessorMixin
     if p.naflex:
-        config = Siglip2Config(text_config=text, vision_config={**vision, "num_patches": p.num_patches})
-        model = Siglip2Model(config)
-        image_processor = Siglip2ImageProcessorPil(patch_size=p.patch_size, max_num_patches=p.max_num_patches)
-        processor = Siglip2Processor(image_processor=image_processor, tokenizer=tok)
+        naflex_config = Siglip2Config(text_config=text, vision_config={**vision, "num_patches": p.num_patches})
+        model = Siglip2Model(naflex_config)
+        naflex_images = Siglip2ImageProcessorPil(patch_size=p.patch_size, max_num_patches=p.max_num_patches)
+        processor = Siglip2Processor(image_processor=naflex_images, tokenizer=tok)
     else:
         config = SiglipConfig(text_config=text, vision_config={**vision, "image_size": p.image_size})
         model = SiglipModel(config)
@@ -490,11 +496,12 @@ def _train_clip_tokenizer(save_dir: Path):
     spec = json.loads(bpe.to_str())
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["model"]["merges"]]
     vocab: dict[str, int] = {}
-    for tok in alphabet + [a + "</w>" for a in alphabet] + ["".join(m) for m in merges]:
-        vocab.setdefault(tok, len(vocab))
-    for tok in ("<|startoftext|>", "<|endoftext|>"):
-        vocab[tok] = len(vocab)
-    tok = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77)
+    for sym in alphabet + [a + "</w>" for a in alphabet] + ["".join(m) for m in merges]:
+        vocab.setdefault(sym, len(vocab))
+    for sym in ("<|startoftext|>", "<|endoftext|>"):
+        vocab[sym] = len(vocab)
+    # merges: transformers types them list[str]; it hands them to tokenizers.models.BPE, which takes (a, b) pairs
+    tok = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77)  # type: ignore[arg-type]
     tok.save_pretrained(save_dir)
     return tok
 
@@ -569,7 +576,7 @@ def random_embedder_model(key: str, seed: int | None = None, vocab_size: int = _
     from transformers import CLIPConfig, CLIPModel, Dinov2Config, Dinov2Model, ViTConfig, ViTModel
 
     e = EMBEDDER_PRESETS[key]
-    tower = dict(
+    tower: dict[str, Any] = dict(  # ints and a float: the shared config keyword arguments
         hidden_size=e.width,
         num_hidden_layers=e.layers,
         num_attention_heads=e.heads,
