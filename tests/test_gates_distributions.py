@@ -51,11 +51,13 @@ SHAPES = {
         tol.SEGMENTER_VALIDATION_BUDGETS,
         "clipseg-rd64",
         [("tolerance_distributions_clipseg-rd64.json", None)],
-        6,
+        10,
     ),
 }
-#: Shapes where one weight perturbed is not a wrong graph to the validation: clipseg-rd64's
-#: trained-like draw moves the logits less by the FiLM bias off by 0.5 than by float32 (tolerances.py).
+#: Shapes where one weight perturbed is a wrong graph to the validation only at the default scale:
+#: at clipseg-rd64 the FiLM bias off by 0.5 moves the logits by 36 .. 200 times float32's own error
+#: (default draws), refused but near the budget, and on trained-like draws by less than float32's
+#: own error (tolerances.py SEGMENTER_NOISE_FACTORS).
 WITHIN_FLOAT32 = {"clipseg-rd64"}
 #: The clipseg-tiny-3-shaped checkpoint refused before these budgets (relative error; tolerances.py
 #: SEGMENTER_VALIDATION_BUDGETS): the floors of the decoder and end to end cover it.
@@ -112,7 +114,7 @@ def test_every_measured_initialisation_passes_with_the_margin(shape):
 
 
 def test_budgets_do_not_drift_far_above_what_they_cover():
-    """Each per-shape constant within 10 x margin x the largest figure it covers (the floor of the
+    """Each per-shape constant from margin to 10 x margin x the largest figure it covers (the floor of the
     decoder and end to end: of the default family and of the checkpoint once refused, which it
     holds); the noise factor within 10 x margin x the largest error / float32-error ratio measured."""
     worst: dict = {(id(tol.SEGMENTER_VALIDATION_BUDGETS), "clipseg-tiny", c): v for c, v in ONCE_REFUSED.items()}
@@ -129,7 +131,11 @@ def test_budgets_do_not_drift_far_above_what_they_cover():
                 worst[k] = max(worst.get(k, 0.0), f["max_rel"])
     tables = {id(t): t for t, _, _, _ in SHAPES.values()}
     for (tid, key, check), w in worst.items():
-        assert tables[tid][key][check] <= w * tol.VALIDATION_BUDGET_MARGIN * 10, (key, check, w)
+        assert w * tol.VALIDATION_BUDGET_MARGIN <= tables[tid][key][check] <= w * tol.VALIDATION_BUDGET_MARGIN * 10, (
+            key,
+            check,
+            w,
+        )
     assert set(ratios) == set(tol.SEGMENTER_NOISE_FACTORS)
     for key, r in ratios.items():
         assert max(r) * tol.VALIDATION_BUDGET_MARGIN <= tol.SEGMENTER_NOISE_FACTORS[key] <= max(r) * 30, key
@@ -148,6 +154,17 @@ def test_a_perturbed_weight_stays_far_above_the_budget(shape):
             assert f["max_rel"] >= MIN_SEPARATION * budget_of(shape, check, f), (shape, r["seed"], check, f)
     if shape.startswith("clipseg"):
         assert seen >= 2 * SHAPES[shape][3]  # decoder and end to end of every run
+
+
+@pytest.mark.parametrize("shape", sorted(WITHIN_FLOAT32))
+def test_a_perturbed_weight_is_refused_on_every_default_draw(shape):
+    """Where the perturbation is weak (WITHIN_FLOAT32): on every default-family initialisation some
+    check of the wrong graph is past the budget it is held to, so its export is refused."""
+    runs = [r for r in _runs(shape) if r["family"] == "default"]
+    assert len(runs) >= SHAPES[shape][3] // 2
+    for r in runs:
+        figures = r["perturbed"]
+        assert any(f["max_rel"] > budget_of(shape, c, f) for c, f in figures.items()), (shape, r["seed"], figures)
 
 
 def _bench():
