@@ -30,7 +30,7 @@ from ..export.plan import PRECISION_OPTIONS
     "random:dino-s16) make an embedder bundle, fp32 (docs/export.md).",
 )
 @click.option(
-    "--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle directory to write."
+    "--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle directory to write: absent, empty, or a bundle masc-export wrote (replaced)."
 )
 @click.option(
     "--max-num-patches",

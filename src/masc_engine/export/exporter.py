@@ -174,8 +174,7 @@ def export_bundle(
     if precision != "fp32" and not validate:
         raise ValueError(f"{precision} bundles are kept only if they pass their gates: validate=True")
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "manifest.json").is_file())):
-        raise BundleError(f"{out} exists and is not an empty directory or a bundle; choose another --out")
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_stages(out)
     stage = out.with_name(f".{out.name}.{os.getpid()}.partial")
@@ -208,6 +207,51 @@ def export_bundle(
         raise
     logger.info(f"bundle written: {out} ({plan.mode})")
     return out
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse an ``--out`` that a new bundle may not replace: one that exists and is neither an
+    empty folder nor a bundle masc-export wrote, i.e. a ``manifest.json`` of format
+    ``masc-bundle`` (engine/manifest.py ``read_manifest``) with nothing beside the files it lists
+    and the TensorRT engine sets built into it (``tensorrt-<precision>/``). Replacing anything
+    else would erase what the user keeps there (a folder that merely holds some file called
+    ``manifest.json``, or a bundle folder with the user's notes in it).
+
+    Raises:
+        BundleError: ``out`` is a file, a folder without a masc-bundle manifest, or a bundle
+            holding files its manifest does not list (the first few named); the way out is
+            another ``--out``.
+    """
+    from ..engine.manifest import MANIFEST_NAME, read_manifest
+
+    if out.is_symlink():
+        raise BundleError(f"{out} is a link; give the folder itself (or another --out)")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise BundleError(f"{out} exists and is not a directory; choose another --out")
+    if not any(out.iterdir()):
+        return
+    try:
+        manifest = read_manifest(out)
+    except BundleError as e:
+        raise BundleError(f"{out} exists and is neither empty nor a bundle ({e}); choose another --out") from None
+    files = manifest.get("files")
+    allowed = (set(files) if isinstance(files, dict) else set()) | {MANIFEST_NAME}
+    extra: list[str] = []
+    for root, dirs, names in os.walk(out):  # links are not followed: a linked folder is one entry
+        here = Path(root)
+        if here == out:  # the engine sets built into the bundle are its own
+            dirs[:] = [d for d in dirs if not d.startswith("tensorrt-") or (here / d).is_symlink()]
+        linked = [d for d in dirs if (here / d).is_symlink()]
+        rel = here.relative_to(out)
+        extra += [n for n in ((rel / f).as_posix() for f in names + linked) if n not in allowed]
+    if extra:
+        shown = ", ".join(sorted(extra)[:3]) + (", ..." if len(extra) > 3 else "")
+        raise BundleError(
+            f"{out} is a bundle but also holds {len(extra)} file(s) its manifest does not list ({shown}); "
+            "replacing it would erase them: choose another --out or move them"
+        )
 
 
 def remove_stale_stages(out: Path) -> list[str]:
