@@ -58,6 +58,29 @@ def test_value_conventions_follow_the_reference():
         normalize_mask(np.zeros((2, 2, 3)))
 
 
+def _png(arr: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_16_bit_masks_read_as_their_8_bit_equivalents():
+    """A 16-bit 0/1 label mask covers what its 1s cover, as an 8-bit 0/1 mask does; other 16-bit
+    masks are scaled to 8 bits (65535 -> 255, 32768 -> 128), never clipped to white."""
+    from masc_engine.runtime.io import mask_from_bytes
+
+    labels = np.zeros((8, 8), np.uint16)
+    labels[2:6, 1:7] = 1
+    as_8bit = normalize_mask(mask_from_bytes(_png(labels.astype(np.uint8))))
+    assert as_8bit.sum() == 24
+    np.testing.assert_array_equal(normalize_mask(mask_from_bytes(_png(labels))), as_8bit)
+    np.testing.assert_array_equal(normalize_mask(mask_from_bytes(_png(labels * 65535))), as_8bit)
+    soft = mask_from_bytes(_png(np.array([[0, 32768, 65535]], np.uint16)))
+    np.testing.assert_array_equal(soft, [[0, 128, 255]])
+
+
 # ---------------------------------------------------------------------- the size rule (MaskPolicy)
 
 

@@ -287,6 +287,9 @@ def mask_from_opened(im: Image.Image, path: str = "<bytes>", exif: str = "apply"
         if im.mode == "P":  # palette: the indices are the labels
             return np.where(np.asarray(im) != 0, 255, 0).astype(np.uint8)
         if im.mode in ("I;16", "I;16B", "I;16L", "I"):
+            labels = np.asarray(im)
+            if labels.size and 0 <= labels.min() and labels.max() <= 1:  # a 0/1 label mask: its 1s are
+                return labels.astype(np.uint8)  # the foreground, read as 0..1 (runtime/masks.py), as 8-bit 0/1
             im = _to_8bit(im)
         return np.asarray(im.convert("L"))
 
