@@ -339,6 +339,30 @@ def test_manifest_that_is_not_an_object_is_one_line(bundle):
         Bundle(bundle)
 
 
+BAD_SECTIONS = [  # each was a KeyError / AttributeError / TypeError traceback at load or first use
+    (lambda m: m.pop("scoring"), "manifest has no scoring table"),
+    (lambda m: m.pop("image"), "manifest has no image table"),
+    (lambda m: m.pop("architecture"), "manifest has no architecture table"),
+    (lambda m: m.update(precision="fp32"), "manifest precision is 'fp32', not a table"),
+    (lambda m: m.update(variants="x"), "manifest variants is 'x', not a table"),
+    (lambda m: m["graphs"]["vision"].update(inputs="x"), "manifest graphs.vision.inputs is 'x', not a list of tensor"),
+    (lambda m: m["graphs"]["pool"].update(outputs=[1]), r"manifest graphs.pool.outputs is \[1\], not a list of tensor"),
+    (lambda m: m["files"].update({"vision.onnx": None}), "manifest files.vision.onnx is None, not a sha256 digest"),
+    (lambda m: m["files"].update({"pool.onnx": "abc"}), "manifest files.pool.onnx is 'abc', not a sha256 digest"),
+]
+
+
+@pytest.mark.parametrize(
+    "change,expect",
+    BAD_SECTIONS,
+    ids=[b[1].split(" is")[0].split(" has")[0] + str(i) for i, b in enumerate(BAD_SECTIONS)],
+)
+def test_manifest_sections_of_the_wrong_type_are_one_line(bundle, change, expect):
+    _edit(bundle, change)
+    with pytest.raises(BundleError, match=rf"bundle {bundle}: {expect}.*re-export the bundle"):
+        Bundle(bundle, verify=False)
+
+
 # ------------------------------------------------------------------ the other commands
 
 

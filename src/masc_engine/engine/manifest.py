@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import math
 import os
 import posixpath
@@ -469,12 +470,7 @@ def check_ranges(manifest: dict[str, Any], where: str) -> None:
     Raises:
         BundleError: naming the bundle, the field, its value and the accepted range.
     """
-    for key in ("image", "text", "architecture", "scoring", "recipe", "source"):
-        if key in manifest and not isinstance(manifest[key], dict):
-            raise BundleError(
-                f"bundle {where}: manifest {key} is {type(manifest[key]).__name__}, not a table "
-                "(re-export the bundle with masc-export)"
-            )
+    _check_structure(manifest, where)
     if "image" in manifest:
         _check_image(manifest["image"], where)
     if "text" in manifest:
@@ -492,6 +488,42 @@ def check_ranges(manifest: dict[str, Any], where: str) -> None:
 
 
 _THRESHOLD = {"scoring": "fg_threshold", "recipe": "threshold"}
+
+#: The tables a manifest holds when present, and those each bundle kind cannot load without
+#: (export/exporter.py and export/segmenter.py write them; an embedder's are checked by
+#: :func:`check_embedder`).
+TABLES = ("image", "text", "architecture", "scoring", "recipe", "source", "precision", "variants", "validation")
+REQUIRED_TABLES = {
+    "scorer": ("image", "text", "architecture", "scoring"),
+    "segmenter": ("image", "text", "architecture", "recipe"),
+}
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _check_structure(manifest: dict[str, Any], where: str) -> None:
+    """Each section of the type the loaders read it as: the tables (:data:`TABLES`, those of
+    :data:`REQUIRED_TABLES` present), ``files`` digests as sha256 hex, each graph's ``inputs`` /
+    ``outputs`` a list of tables; one line naming the field, not a ``KeyError`` later."""
+    kind = manifest.get("kind", "scorer")
+    for key in TABLES:
+        if (key in manifest or key in REQUIRED_TABLES.get(str(kind), ())) and not isinstance(manifest.get(key), dict):
+            what = f"{key} is {_shown(manifest[key])}, not a table" if key in manifest else f"has no {key} table"
+            raise BundleError(f"bundle {where}: manifest {what} (re-export the bundle with masc-export)")
+    for name, digest in (manifest.get("files") or {}).items():
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise BundleError(
+                f"bundle {where}: manifest files.{name} is {_shown(digest)}, not a sha256 digest "
+                "(re-export the bundle with masc-export)"
+            )
+    for g, entry in (manifest.get("graphs") or {}).items():
+        for side in ("inputs", "outputs"):
+            tensors = entry.get(side, []) if isinstance(entry, dict) else None
+            if not isinstance(tensors, list) or not all(isinstance(t, dict) for t in tensors):
+                raise BundleError(
+                    f"bundle {where}: manifest graphs.{g}.{side} is {_shown(tensors)}, not a list of tensor "
+                    "tables (re-export the bundle with masc-export)"
+                )
+
 
 #: An embedder bundle's recipe choices and embedding rules (export/embedders.py ``RECIPE_FIELDS``).
 EMBEDDER_RESIZE_MODES = ("shortest_edge", "fixed")
