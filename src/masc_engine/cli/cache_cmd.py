@@ -17,6 +17,8 @@ from pathlib import Path
 
 import click
 
+from .logs import echo
+
 from ..engine.cache_root import (
     CHECKPOINTS,
     SUBFOLDERS,
@@ -65,7 +67,7 @@ def info() -> None:
             else "  (not created yet)"
         )
     )
-    click.echo(f"cache root: {root}  (from {rule}){state}")
+    echo(f"cache root: {root}  (from {rule}){state}")
     total = 0
     for name in SUBFOLDERS:
         path = root / name
@@ -75,15 +77,15 @@ def info() -> None:
         except OSError as e:
             raise click.ClickException(f"cannot read {path}: {e.strerror or e}") from None
         total += n
-        click.echo(_size_line(name, n, "a symbolic link, not followed" if link else DESCRIPTIONS[name]))
-    click.echo(_size_line("total", total))
+        echo(_size_line(name, n, "a symbolic link, not followed" if link else DESCRIPTIONS[name]))
+    echo(_size_line("total", total))
     if exists:
         try:
             other = sorted(set(os.listdir(root)) - set(SUBFOLDERS))
         except OSError as e:
             raise click.ClickException(f"cannot list {root}: {e.strerror or e}") from None
         if other:
-            click.echo(f"not masc-engine's (not sized; masc-cache clean refuses this root): {', '.join(other)}")
+            echo(f"not masc-engine's (not sized; masc-cache clean refuses this root): {', '.join(other)}")
 
 
 @main.command()
@@ -105,11 +107,11 @@ def clean(checkpoints: bool, tensorrt: bool, all_: bool, dry_run: bool) -> None:
         raise click.ClickException(str(e)) from None
     verb = "would remove" if dry_run else "removed"
     for r in removed:
-        click.echo(f"{verb} {r.path}  {human_bytes(r.bytes)} ({r.bytes:,} bytes)")
+        echo(f"{verb} {r.path}  {human_bytes(r.bytes)} ({r.bytes:,} bytes)")
     freed = sum(r.bytes for r in removed)
     if not removed:
-        click.echo(f"nothing to remove in {root} ({', '.join(n + '/' for n in names)} absent)")
-    click.echo(f"{'would free' if dry_run else 'freed'} {human_bytes(freed)} ({freed:,} bytes)")
+        echo(f"nothing to remove in {root} ({', '.join(n + '/' for n in names)} absent)")
+    echo(f"{'would free' if dry_run else 'freed'} {human_bytes(freed)} ({freed:,} bytes)")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 import click
 
+from .logs import echo
+
 from ..jobs import eval_format as fm
 from ..jobs import eval_tables as et
 from ..jobs import evaluation as ev
@@ -234,14 +236,14 @@ def render_table(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
 def _echo_notes(rows: list[dict[str, Any]], label: str) -> None:
     notes = [f"  {r['metric'] + ' / ' if 'metric' in r else ''}{r[label]}: {r['note']}" for r in rows if r["note"]]
     if notes:
-        click.echo("\nnotes:")
-        click.echo("\n".join(notes))
+        echo("\nnotes:")
+        echo("\n".join(notes))
 
 
 def _write(out: str | None, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     if out:
         write_table(out, rows, list(rows[0]), meta=meta)
-        click.echo(f"\nwrote {out}")
+        echo(f"\nwrote {out}")
 
 
 def _show(
@@ -250,12 +252,12 @@ def _show(
     """The table: text (:func:`render_table` and the notes), or Markdown / LaTeX / CSV
     (:func:`masc_engine.jobs.eval_format.render`)."""
     if fmt == "text":
-        click.echo(render_table(headers, body))
+        echo(render_table(headers, body))
         _echo_notes(rows, label)
         return
     lead = (lambda r: f"{r['metric']} / {r[label]}") if rows and "metric" in rows[0] else (lambda r: str(r[label]))
     notes = [f"{lead(r)}: {r['note']}" for r in rows if r["note"]]
-    click.echo(fm.render(fmt, headers, body, notes=notes, caption=caption, rows=rows, columns=list(rows[0])), nl=False)
+    echo(fm.render(fmt, headers, body, notes=notes, caption=caption, rows=rows, columns=list(rows[0])), nl=False)
 
 
 def _agreement_cells(
@@ -281,16 +283,16 @@ def _echo_agreement(t: ev.AgreementTable, scores: str, ratings: str, fmt: str = 
     o, c = t.options, t.joined.counts
     pct = f"{o.confidence * 100:g}%"
     if fmt == "text":
-        click.echo(
+        echo(
             f"scores: {scores} [{o.score_column}]   ratings: {ratings} [{', '.join(t.joined.rating_columns)}]   "
             f"mapping: {o.mapping}   raters: {o.human_agg if len(t.joined.rating_columns) > 1 else 'single'}"
         )
-        click.echo(
+        echo(
             f"units: {c['units']} joined; skipped {c['not_ok']} not ok, {c['missing_score']} without score, "
             f"{c['unrated']} unrated, {c['unscored']} rating rows without score"
         )
-        click.echo(f"CI: {pct} percentile bootstrap over units, {o.n_resamples} resamples, seed {o.seed}")
-        click.echo("")
+        echo(f"CI: {pct} percentile bootstrap over units, {o.n_resamples} resamples, seed {o.seed}")
+        echo("")
     headers, body = _agreement_cells(o, t.rows, False)
     _show(fmt, headers, body, t.rows, "method", f"Agreement of {o.score_column} with {', '.join(o.raters)}")
 
@@ -302,12 +304,12 @@ def _echo_agreement_many(
     pct = f"{o.confidence * 100:g}%"
     raters = ", ".join(o.rating_columns) or "each metric's own column"
     if fmt == "text":
-        click.echo(
+        echo(
             f"scores: {scores} [{', '.join(dict.fromkeys(r['metric'] for r in rows))}]   ratings: {ratings} "
             f"[{raters}]   mapping: {o.mapping}"
         )
-        click.echo(f"CI: {pct} percentile bootstrap over units, {o.n_resamples} resamples, seed {o.seed}")
-        click.echo("")
+        echo(f"CI: {pct} percentile bootstrap over units, {o.n_resamples} resamples, seed {o.seed}")
+        echo("")
     headers, body = _agreement_cells(o, rows, True)
     _show(fmt, headers, body, rows, "method", f"Agreement with human ratings ({raters})")
 
@@ -347,20 +349,20 @@ def _echo_auc(t: ev.AucTable | list[dict[str, Any]], scores: str, o: ev.AucOptio
     pct = f"{o.confidence * 100:g}%"
     if fmt == "text":
         if many:
-            click.echo(
+            echo(
                 f"scores: {scores} [{', '.join(dict.fromkeys(r['metric'] for r in rows))}]   within: "
                 f"{o.within_column}" + (f" = {o.within_value}" if o.within_value is not None else "")
             )
         elif isinstance(t, ev.AucTable):
             u = t.units
             missing = f", {u.missing} without a score" if u.missing else ""
-            click.echo(
+            echo(
                 f"scores: {scores} [{o.score_column}]   within: {o.within_column}"
                 + (f" = {o.within_value}" if o.within_value is not None else "")
                 + f"   skipped {u.skipped} rows by status{missing}"
             )
-        click.echo(f"CI: {pct} percentile bootstrap stratified by class, {o.n_resamples} resamples, seed {o.seed}")
-        click.echo("")
+        echo(f"CI: {pct} percentile bootstrap stratified by class, {o.n_resamples} resamples, seed {o.seed}")
+        echo("")
     body = [
         [
             *([r["metric"]] if many else []),

@@ -13,9 +13,12 @@ from typing import Any
 
 import click
 
+from .logs import echo, secho
+
 from ..jobs import eval_format as fm
 from ..jobs import eval_tables as et
 from ..jobs.evaluation import DataError
+from ..jobs.results import write_text_atomic
 from ..jobs.tables import TableError, read_table
 
 __all__ = ["table_cmd", "compare_cmd", "warn_random_weights", "emit", "parse_metrics", "sample_options"]
@@ -34,7 +37,7 @@ def warn_random_weights(scores: str) -> str | None:
     ``WARNING: ...``, as every command prints it) and return it; None when not random."""
     line = et.random_weights_line(et.scores_sidecar(scores))
     if line:
-        click.secho(f"WARNING: {line}", fg="yellow", err=True)
+        secho(f"WARNING: {line}", fg="yellow", err=True)
     return line
 
 
@@ -53,14 +56,12 @@ def _format_of(fmt: str | None, out: str | None) -> str:
 
 def emit(text: str, out: str | None) -> None:
     """Print ``text``; with ``out`` also write it there (atomically, its folder made if need be)."""
-    click.echo(text, nl=False)
+    echo(text, nl=False)
     if out:
         p = Path(out)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".partial")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(p)
-        click.echo(f"\nwrote {out}")
+        write_text_atomic(p, text)
+        echo(f"\nwrote {out}")
 
 
 def sample_options(status_help: str, ok_help: str, seed_help: str) -> list[Callable[[Any], Any]]:

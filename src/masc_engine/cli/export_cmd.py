@@ -11,6 +11,8 @@ from contextlib import contextmanager
 
 import click
 
+from .logs import echo, secho
+
 from ..export.plan import PRECISION_OPTIONS
 
 
@@ -30,7 +32,12 @@ from ..export.plan import PRECISION_OPTIONS
     "random:dino-s16) make an embedder bundle, fp32 (docs/export.md).",
 )
 @click.option(
-    "--out", "-o", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle directory to write: absent, empty, or a bundle masc-export wrote (replaced)."
+    "--out",
+    "-o",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Bundle directory to write: absent, empty, or a bundle masc-export wrote (replaced).",
 )
 @click.option(
     "--max-num-patches",
@@ -266,7 +273,7 @@ def _export_onnx(plan, out_dir: str, accept_error: float | None = None) -> None:
         raise click.ClickException(
             f"the export failed: {type(e).__name__}: {one_line(e)} (traceback: {lib_log})"
         ) from e
-    click.echo(f"{lib.summary()}; the command took {time.monotonic() - started:.0f} s", err=True)
+    echo(f"{lib.summary()}; the command took {time.monotonic() - started:.0f} s", err=True)
     _warn_random_weights(out_dir)
 
 
@@ -306,7 +313,7 @@ def _warn_random_weights(out_dir: str) -> None:
 
     note = random_weights_note(out_dir, read_manifest(out_dir))
     if note:
-        click.secho(f"WARNING: {note}", fg="yellow", err=True)
+        secho(f"WARNING: {note}", fg="yellow", err=True)
 
 
 def _export_int8(plan, out_dir: str) -> None:
@@ -330,7 +337,7 @@ def _export_int8(plan, out_dir: str) -> None:
         raise click.ClickException(str(e)) from e
     except MascEngineError as e:
         raise click.ClickException(one_line(e)) from e
-    click.echo(f"int8 bundle written: {out_dir}", err=True)
+    echo(f"int8 bundle written: {out_dir}", err=True)
 
 
 def _export_fp8(plan, out_dir: str) -> None:
@@ -342,7 +349,7 @@ def _export_fp8(plan, out_dir: str) -> None:
         export_fp8(plan, out_dir)
     except MascEngineError as e:
         raise click.ClickException(str(e)) from e
-    click.echo(f"fp8 bundle written: {out_dir}", err=True)
+    echo(f"fp8 bundle written: {out_dir}", err=True)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,47 @@ masc-export has always printed), to stderr. masc-serve configures logging its ow
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from contextlib import contextmanager
+from typing import Any
+
+import click
 
 #: The logger every library module's logger sits under.
 LIBRARY_LOGGER = "masc_engine"
+
+#: C0 controls but tab and newline, DEL, and C1 controls: what a cell of a hostile pairs file (a
+#: method name, a key, a path) would carry to drive the user's terminal: ESC and CSI / OSC
+#: sequences (window title, clipboard writes through OSC 52, colours, cursor moves), a carriage
+#: return that overwrites the line, BEL.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    r"""``text`` with every terminal control character (:data:`_CONTROLS`) shown as its ``\xNN``
+    escape (ESC as ``\x1b``), so a line a command prints cannot drive the terminal; tabs and
+    newlines are kept."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def echo(message: Any = None, **kwargs: Any) -> None:
+    """``click.echo`` of :func:`printable` text: how every command prints (a file it writes keeps
+    the cells as they are)."""
+    click.echo(None if message is None else printable(str(message)), **kwargs)
+
+
+def secho(message: Any = None, **kwargs: Any) -> None:
+    """``click.secho`` of :func:`printable` text (the style click adds after is the command's own)."""
+    click.secho(None if message is None else printable(str(message)), **kwargs)
+
+
+class PrintableFormatter(logging.Formatter):
+    """``%(message)s`` lines passed through :func:`printable`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record's line, terminal controls escaped."""
+        return printable(super().format(record))
 
 
 class TerminalHandler(logging.StreamHandler):
@@ -26,7 +62,7 @@ class TerminalHandler(logging.StreamHandler):
     def __init__(self) -> None:
         logging.Handler.__init__(self)
         self._target = None
-        self.setFormatter(logging.Formatter("%(message)s"))
+        self.setFormatter(PrintableFormatter("%(message)s"))
 
     @property
     def stream(self):

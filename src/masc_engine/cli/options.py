@@ -14,6 +14,8 @@ import dataclasses
 
 import click
 
+from .logs import secho
+
 from ..engine.backends.registry import BACKENDS
 from ..jobs.pairs import RunOptions
 from ..runtime.cache import DEFAULT_SIZE_LIMIT
@@ -342,7 +344,7 @@ def _one_line_warnings(load):
         obj = load()
     for w in caught:
         if issubclass(w.category, RandomWeightsWarning):
-            click.secho(f"WARNING: {w.message}", fg="yellow", err=True)
+            secho(f"WARNING: {w.message}", fg="yellow", err=True)
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return obj

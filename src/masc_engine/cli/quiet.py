@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .logs import terminal_stream
+from .logs import printable, terminal_stream
 
 
 #: A Python warning as ``warnings.formatwarning`` writes it (``path:line: Category: message``), in
@@ -83,7 +83,7 @@ def libraries_to_log(log_path: str | Path):
     saved_streams = sys.stdout, sys.stderr
 
     def say(msg: str) -> None:
-        print(msg, file=term, flush=True)
+        print(printable(msg), file=term, flush=True)
 
     def show(message, category, filename, lineno, file=None, line=None):
         logf.write(warnings.formatwarning(message, category, filename, lineno, line))

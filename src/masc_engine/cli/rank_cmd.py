@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from .logs import echo
+
 from .options import (
     io_workers_option,
     load_scorer,
@@ -166,8 +168,8 @@ def main(
     except (MascEngineError, ValueError) as e:
         raise click.ClickException(str(e)) from e
     for line in report.lines():
-        click.echo(line)
-    click.echo(f"per-query results written to {out_path}; summary to {summary_path}")
+        echo(line)
+    echo(f"per-query results written to {out_path}; summary to {summary_path}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import click
 from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES
 from ..runtime.io import default_max_file_bytes
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
-from .logs import show_library_log
+from .logs import echo, secho, show_library_log
 from .options import (
     STORE_SIZE_GB,
     cache_options,
@@ -180,8 +180,8 @@ def main(**params) -> None:
     if params["print_scores"]:
         _print_scores(out_path)
     for line in summary.lines():
-        click.echo(line)
-    click.echo(f"scores written to {out_path} (metadata: {out_path}.meta.json)")
+        echo(line)
+    echo(f"scores written to {out_path} (metadata: {out_path}.meta.json)")
 
 
 def _run_options(p: dict):
@@ -218,7 +218,7 @@ def _score(p: dict, config, seg_config, out_path: str):
         scorer = load_scorer(p["bundle"], config)
         segmenter = load_segmenter(seg_config, scorer)
         if scorer.certificate is not None:
-            click.secho(
+            secho(
                 f"NOTE: {scorer.certificate['claim']} (the gates are in the bundle's manifest and "
                 f"{out_path}.meta.json)",
                 err=True,
@@ -229,7 +229,7 @@ def _score(p: dict, config, seg_config, out_path: str):
         from ..jobs.results import Journal
 
         journal = Journal(out_path)
-        click.echo(
+        echo(
             f"\ninterrupted: {journal.rows_saved()} finished rows are saved in {journal.path}; run the same "
             "command again to score only the rest",
             err=True,
@@ -276,13 +276,13 @@ def _print_scores(out_path: str) -> None:
 
     rows = read_output(out_path)
     label = next((c for c in ("key", "out_image") if c in rows[0]), "row_index") if rows else "row_index"
-    click.echo(f"{'row':>5}  {label:<34} {'method':<22} {'CP':>8} {'PF':>8}  status")
+    echo(f"{'row':>5}  {label:<34} {'method':<22} {'CP':>8} {'PF':>8}  status")
     for r in rows:
         cp, pf = (
             float(r["cp"] if r["cp"] not in ("", None) else "nan"),
             float(r["pf"] if r["pf"] not in ("", None) else "nan"),
         )
-        click.echo(
+        echo(
             f"{r['row_index']:>5}  {str(r.get(label, ''))[:34]:<34} {str(r.get('method', ''))[:22]:<22} "
             f"{cp:>8.4f} {pf:>8.4f}  {r['status']}"
         )

@@ -207,16 +207,27 @@ def output_errors(path: str | Path, what: str):
 
 
 def write_meta(path: str | Path, meta: dict) -> None:
-    """Write the sidecar atomically (temporary file + rename; the temporary file is removed if the
-    write fails)."""
+    """Write the sidecar atomically (:func:`write_text_atomic`)."""
+    check_sidecar(path, "sidecar")
+    write_text_atomic(path, json.dumps(meta, indent=2, default=str) + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through ``<path>.partial``, then rename it over ``path``:
+    a reader sees the old file or the new one, never half of one. The temporary file is created
+    afresh without following a link (one planted at that fixed name is removed, never written
+    through, so nothing outside the asked path is written) and removed if the write fails.
+
+    Raises:
+        OSError: the folder cannot be written (callers name the output: :func:`output_errors`).
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
-    check_sidecar(path, "sidecar")
     try:
         tmp.unlink(missing_ok=True)  # (a link there is removed, never written through)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
         with open(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(meta, indent=2, default=str) + "\n")
+            f.write(text)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -18,12 +18,12 @@ The public names of those modules are re-exported here, as they were when this m
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..jobs import evaluation as ev
+from ..jobs.results import write_text_atomic
 from .data import (
     METRICS,
     OK,
@@ -134,8 +134,6 @@ def write_report(scores_path: str | Path, out: str | Path, options: ReportOption
     rows, meta = load_scores(scores_path, options.max_scores_bytes)
     text = build_report(rows, meta, scores_path=scores_path, options=options)
     out = Path(out)
-    tmp = out.with_name(out.name + ".partial")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
+    write_text_atomic(out, text)
     logger.info("report written to %s (%.0f KiB, %d rows)", out, len(text) / 1024, len(rows))
     return out
