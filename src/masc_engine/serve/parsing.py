@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import aclosing
 
 from fastapi import Request
 from pydantic import ValidationError
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from ..jobs.tables import RepeatedKeyError, unique_object
@@ -58,17 +60,38 @@ def _validate_once_each(model, body: bytearray):
     return model.model_validate_json(body)
 
 
-async def parse_multipart(request: Request, cfg) -> dict:
+class _ClosedFormParser(MultiPartParser):
+    """Starlette's multipart parser, told whether python-multipart reached the closing delimiter
+    (``--<boundary>--``): python-multipart drops a last part that a body cut short leaves
+    unterminated, and Starlette's ``finalize`` does not check."""
+
+    closed = False
+
+    def on_end(self) -> None:
+        self.closed = True
+
+
+async def _read_form(request: Request, cfg) -> FormData:
+    """The multipart form of a body that ends with its closing delimiter.
+
+    Raises:
+        ApiError: 400 ``malformed_multipart`` (not multipart, or cut short: a part left out would
+            change the score), 422 ``prompt_too_long`` (a text part over ``--max-prompt-bytes``).
+    """
     try:
         # Text fields are cut off at the prompt budget while parsing (never held whole); file
         # parts are spooled by Starlette and bounded by --max-body-mb.
-        form = await request.form(max_files=len(BYTE_FIELDS), max_fields=8, max_part_size=cfg.max_prompt_bytes)
+        async with aclosing(request.stream()) as stream:
+            parser = _ClosedFormParser(
+                request.headers, stream, max_files=len(BYTE_FIELDS), max_fields=8, max_part_size=cfg.max_prompt_bytes
+            )
+            form = await parser.parse()
     except (BodyTimeout, ClientDisconnect):
         raise
     except Exception as e:  # noqa: BLE001 - python-multipart / Starlette raise several kinds
         if isinstance(e, StarletteHTTPException) and e.status_code != 400:
             raise  # 413: the body limit
-        why = str(getattr(e, "detail", None) or e)
+        why = str(getattr(e, "detail", None) or getattr(e, "message", None) or e)
         if "exceeded maximum size" in why:  # Starlette's part limit, hit while parsing
             raise ApiError(
                 422,
@@ -77,6 +100,33 @@ async def parse_multipart(request: Request, cfg) -> dict:
                 f"a text field (prompt, object_name or stripper) is over the budget of {cfg.max_prompt_bytes} bytes",
             ) from e
         raise ApiError(400, "malformed_multipart", None, f"the multipart body cannot be parsed: {why}") from e
+    if not parser.closed:
+        await form.close()
+        raise ApiError(
+            400,
+            "malformed_multipart",
+            None,
+            "the multipart body ends before its closing delimiter (--<boundary>--): it was cut short; send it whole",
+        )
+    return form
+
+
+async def parse_multipart(request: Request, cfg) -> dict:
+    """Read a multipart request: its four files' bytes (None: the segmenter's mask) and its text
+    fields, each checked (:func:`_read_form`, then the fields).
+
+    Raises:
+        ApiError: 400 ``malformed_multipart``, 422 ``unknown_field``, ``bad_value``,
+            ``missing_field``, ``wrong_type`` or ``prompt_too_long``, naming the field.
+    """
+    form = await _read_form(request, cfg)
+    try:
+        return await _fields(form, cfg)
+    finally:
+        await form.close()
+
+
+async def _fields(form: FormData, cfg) -> dict:
     known = set(BYTE_FIELDS) | {"prompt", "object_name", "stripper"}
     for k in form.keys():
         if k not in known:
