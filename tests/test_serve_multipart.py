@@ -97,3 +97,38 @@ def test_a_body_cut_inside_a_mask_is_refused_with_a_segmenter():
     assert whole.status_code == 200 and whole.json()["sizes"] == _sizes()
     r = _post(_client(segmenter=True), body[:-500])
     assert (r.status_code, r.json()) == (400, {"error": "malformed_multipart", "field": None})
+
+
+def test_text_fields_may_come_as_files_each_counted_once():
+    """``curl -F prompt=@prompt.txt``: every text field as a file upload (seven files in all) reads
+    as the same fields sent as text; a field sent twice is its own 422, whatever its kind."""
+    texts = {"prompt": b"a cat on the beach", "object_name": b"cat", "stripper": b"none"}
+    as_files = _files() + b"".join(_part(k, v, k + ".txt") for k, v in texts.items())
+    as_text = _files() + b"".join(_part(k, v) for k, v in texts.items())
+    want = {"sizes": _sizes(), "prompt": "a cat on the beach", "object_name": "cat", "stripper": "none"}
+    assert _post(_client(), _closed(as_files)).json() == want
+    assert _post(_client(), _closed(as_text)).json() == want
+    for twice in (_part("prompt", b"a", "p.txt"), _part("prompt", b"a"), _part("out_mask", b"m", "m.png")):
+        r = _post(_client(), _closed(as_files + twice))
+        field = "out_mask" if b'"out_mask"' in twice else "prompt"
+        assert (r.status_code, r.json()) == (422, {"error": "bad_value", "field": field})
+    r = _post(_client(), _closed(as_text + _part("notes", b"x", "n.txt")))
+    assert (r.status_code, r.json()) == (422, {"error": "unknown_field", "field": "notes"})
+
+
+@pytest.mark.parametrize("name", ["prompt", "object_name", "stripper"])
+@pytest.mark.parametrize("filename", [None, "t.txt"])
+def test_a_text_field_not_utf8_is_wrong_type_as_text_or_as_file(name, filename):
+    """``e9 74 e9`` ("été" in Latin-1) is not UTF-8: 422 ``wrong_type`` whether sent as text or as
+    a file, never read as Latin-1 (the JSON route cannot carry it either)."""
+    texts = {"prompt": b"a cat on the beach", "object_name": b"cat", "stripper": b"none", name: b"a cat \xe9t\xe9"}
+    body = _files() + b"".join(_part(k, v, filename if k == name else None) for k, v in texts.items())
+    r = _post(_client(), _closed(body))
+    assert (r.status_code, r.json()) == (422, {"error": "wrong_type", "field": name})
+    texts[name] = "a cat été".encode()  # the same text in UTF-8 reads back intact
+    body = _files() + b"".join(_part(k, v, filename if k == name else None) for k, v in texts.items())
+    r = _post(_client(), _closed(body))
+    if name == "stripper":
+        assert (r.status_code, r.json()) == (422, {"error": "bad_value", "field": "stripper"})
+    else:
+        assert r.status_code == 200 and r.json()[name] == "a cat été"

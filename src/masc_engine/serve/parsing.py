@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from contextlib import aclosing
+from typing import Any
 
 from fastapi import Request
 from pydantic import ValidationError
@@ -60,12 +61,47 @@ def _validate_once_each(model, body: bytearray):
     return model.model_validate_json(body)
 
 
-class _ClosedFormParser(MultiPartParser):
-    """Starlette's multipart parser, told whether python-multipart reached the closing delimiter
-    (``--<boundary>--``): python-multipart drops a last part that a body cut short leaves
-    unterminated, and Starlette's ``finalize`` does not check."""
+#: The text fields of a multipart request; each may come as text or as a file upload.
+TEXT_FIELDS = ("prompt", "object_name", "stripper")
+_FIELDS = (*BYTE_FIELDS, *TEXT_FIELDS)
+
+
+class _FormParser(MultiPartParser):
+    """Starlette's multipart parser with the request's rules applied as each part arrives.
+
+    - each part names a field of the request, once: counted per field, so a text field may come
+      as a file upload (``curl -F prompt=@prompt.txt``), and a fifth file is not "too many";
+    - a text field sent as text is UTF-8 (Starlette falls back to Latin-1), as one sent as a file;
+    - :attr:`closed`: whether python-multipart reached the closing delimiter (``--<boundary>--``):
+      it drops a last part that a body cut short leaves unterminated, and Starlette's
+      ``finalize`` does not check.
+
+    Raises:
+        ApiError: from ``parse``: 422 ``unknown_field``, ``bad_value`` (a field sent twice) or
+            ``wrong_type`` (a text field not UTF-8), naming the field.
+    """
 
     closed = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: set[str] = set()
+
+    def on_headers_finished(self) -> None:
+        super().on_headers_finished()
+        name = self._current_part.field_name
+        if name not in _FIELDS:
+            raise ApiError(422, "unknown_field", name, f"{name}: not a field of /v1/score")
+        if name in self.seen:
+            raise ApiError(422, "bad_value", name, f"{name}: sent more than once")
+        self.seen.add(name)
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None and part.field_name in TEXT_FIELDS:
+            self.items.append((part.field_name, _utf8(bytes(part.data), part.field_name)))
+        else:
+            super().on_part_end()
 
     def on_end(self) -> None:
         self.closed = True
@@ -76,17 +112,19 @@ async def _read_form(request: Request, cfg) -> FormData:
 
     Raises:
         ApiError: 400 ``malformed_multipart`` (not multipart, or cut short: a part left out would
-            change the score), 422 ``prompt_too_long`` (a text part over ``--max-prompt-bytes``).
+            change the score), 422 ``prompt_too_long`` (a text part over ``--max-prompt-bytes``),
+            422 ``unknown_field``, ``bad_value`` or ``wrong_type`` (:class:`_FormParser`).
     """
     try:
         # Text fields are cut off at the prompt budget while parsing (never held whole); file
         # parts are spooled by Starlette and bounded by --max-body-mb.
         async with aclosing(request.stream()) as stream:
-            parser = _ClosedFormParser(
-                request.headers, stream, max_files=len(BYTE_FIELDS), max_fields=8, max_part_size=cfg.max_prompt_bytes
-            )
+            # One part per field (_FormParser): Starlette's own counts are a backstop that an
+            # eighth part, refused by name first, never reaches.
+            n = len(_FIELDS) + 1
+            parser = _FormParser(request.headers, stream, max_files=n, max_fields=n, max_part_size=cfg.max_prompt_bytes)
             form = await parser.parse()
-    except (BodyTimeout, ClientDisconnect):
+    except (ApiError, BodyTimeout, ClientDisconnect):
         raise
     except Exception as e:  # noqa: BLE001 - python-multipart / Starlette raise several kinds
         if isinstance(e, StarletteHTTPException) and e.status_code != 400:
@@ -127,12 +165,6 @@ async def parse_multipart(request: Request, cfg) -> dict:
 
 
 async def _fields(form: FormData, cfg) -> dict:
-    known = set(BYTE_FIELDS) | {"prompt", "object_name", "stripper"}
-    for k in form.keys():
-        if k not in known:
-            raise ApiError(422, "unknown_field", k, f"{k}: not a field of /v1/score")
-        if len(form.getlist(k)) > 1:
-            raise ApiError(422, "bad_value", k, f"{k}: sent more than once")
     data: dict[str, bytes | None] = {}  # None: the segmenter's mask
     for f in BYTE_FIELDS:
         v = form.get(f)
@@ -146,7 +178,7 @@ async def _fields(form: FormData, cfg) -> dict:
                 422, "wrong_type", f, f"{f}: expected a file upload, got a text field (curl -F {f}=@path, with the @)"
             )
         data[f] = await v.read()
-    texts = {k: await _text_part(form.get(k), k, cfg) for k in ("prompt", "object_name", "stripper")}
+    texts = {k: await _text_part(form.get(k), k, cfg) for k in TEXT_FIELDS}
     if texts["prompt"] is None:
         raise ApiError(422, "missing_field", "prompt", "prompt: field required")
     if texts["stripper"] not in (None, *STRIPPERS):
@@ -167,7 +199,16 @@ async def _text_part(v, name: str, cfg) -> str | None:
         raise ApiError(
             422, "prompt_too_long", name, f"{name}: {v.size} bytes, over the budget of {cfg.max_prompt_bytes} bytes"
         )
+    return _utf8(await v.read(cfg.max_prompt_bytes + 1), name)
+
+
+def _utf8(data: bytes, name: str) -> str:
+    """A text field's bytes as UTF-8, whether sent as text or as a file.
+
+    Raises:
+        ApiError: 422 ``wrong_type`` naming the field.
+    """
     try:
-        return (await v.read(cfg.max_prompt_bytes + 1)).decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ApiError(422, "wrong_type", name, f"{name}: not UTF-8 text") from e
