@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
+from starlette.routing import Route
 
 from .errors import add_error_handlers
 from .limits import RequestGuard, set_pixel_budget
@@ -94,6 +95,7 @@ def create_app(cfg: ServeConfig) -> FastAPI:
     add_probe_routes(app, cfg, state)
     add_score_routes(app, cfg, state)
     add_schemas(app, strippers=tuple(dict.fromkeys((cfg.scorer.stripper, *cfg.extra_strippers))), cfg=cfg)
+    state.metrics.label_paths(r.path for r in app.routes if isinstance(r, Route))  # every route its own label
     return app
 
 

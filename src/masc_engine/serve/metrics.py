@@ -6,10 +6,11 @@ serves one registry: run replicas as separate processes and let Prometheus scrap
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-_PATHS = {"/v1/score", "/v1/score_batch", "/healthz", "/readyz", "/metrics"}
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -47,7 +48,7 @@ class ServiceMetrics:
     """Requests by path and status code (every code the server answers, 5xx included), errors by
     reason, batch sizes, queue wait, latency, inference time, cache."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         reg = self.registry = CollectorRegistry()
         self.requests = Counter("masc_requests_total", "HTTP requests", ["path", "code"], registry=reg)
         self.errors = Counter("masc_errors_total", "requests refused, by reason", ["reason"], registry=reg)
@@ -75,6 +76,16 @@ class ServiceMetrics:
             registry=reg,
         )
         self._cache_faults_seen = 0
+        self.paths: frozenset[str] = frozenset()
+
+    def label_paths(self, paths: Iterable[str]) -> None:
+        """Set the paths counted under their own ``path`` label: the app's routes (``create_app``
+        passes them once they are all added); any other path counts as ``"other"``.
+
+        Args:
+            paths: URL paths (``"/v1/score/upload"``), each a route's.
+        """
+        self.paths = frozenset(paths)
 
     def update_cache_faults(self, store) -> None:
         """Advance ``masc_cache_faults_total`` to the persistent store's running count.
@@ -89,9 +100,8 @@ class ServiceMetrics:
     def count_error(self, reason: str) -> None:
         self.errors.labels(reason).inc()
 
-    @staticmethod
-    def path_label(path: str) -> str:
-        return path if path in _PATHS else "other"  # a bounded label set, whatever paths clients try
+    def path_label(self, path: str) -> str:
+        return path if path in self.paths else "other"  # a bounded label set, whatever paths clients try
 
     def observe_request(self, path: str, code: int, seconds: float) -> None:
         path = self.path_label(path)
