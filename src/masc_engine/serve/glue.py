@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import threading
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -193,7 +194,10 @@ class ServiceScorer:
         self.prompt_budget = prompt_budget
         self.job = PairsJob(
             scorer,
-            settings,
+            # the job's text budget is the server's: masc-run's text rule (prepare_text) reads it
+            dataclasses.replace(
+                settings, max_prompt_bytes=prompt_budget.max_bytes, max_prompt_tokens=prompt_budget.max_tokens
+            ),
             io_workers=1,
             cache=self.cache,
             decode_budget=self.budget,
@@ -218,6 +222,23 @@ class ServiceScorer:
             except InputError as e:
                 raise FieldError(e.reason, label + name, e.detail) from None
 
+    def check_object_name(self, object_name: str | None, label: str = "") -> None:
+        """masc-run's rule for an object name: within the byte budget, then within the token budget
+        (the bundle's tokenizer). The rule's one home is the job's
+        :meth:`~masc_engine.jobs.pairs.decoding.PairDecoding.prepare_text`, asked here with an
+        empty prompt: it judges the object name alone, and the request's prompt is judged with the
+        request's own stripper once decoded (:meth:`decode`).
+
+        Raises:
+            FieldError: ``prompt_too_long`` (the service's reason for any text over its budget;
+                masc-run's row status is ``object_name_too_long``) naming ``object_name``.
+        """
+        if not object_name:
+            return
+        refused = self.job.prepare_text("", object_name)  # an empty prompt: no bytes, no tokens
+        if isinstance(refused, InputError):
+            raise FieldError("prompt_too_long", label + "object_name", label + refused.detail)
+
     def decode(
         self, data: dict[str, bytes | str], prompt: str, object_name: str | None, stripper: str | None, label: str = ""
     ) -> ServiceItem:
@@ -226,7 +247,7 @@ class ServiceScorer:
 
         Raises:
             FieldError: a request-shape problem: ``bad_stripper``, ``bad_base64``,
-                ``prompt_too_long`` (never a row status).
+                ``prompt_too_long`` (the prompt or the object name; never a row status).
         """
         stripper = stripper or self.default_stripper
         if stripper not in self.strippers:
@@ -237,6 +258,7 @@ class ServiceScorer:
             )
             raise FieldError("bad_stripper", f"{label}stripper", f"{label}stripper {why}")
         self.check_text(prompt, object_name, label)
+        self.check_object_name(object_name, label)  # before any file is decoded, as masc-run
         files = {f: b64decode_field(v, label + f) if isinstance(v := data.get(f), str) else v for f in BYTE_FIELDS}
         names = {f: label + f for f in BYTE_FIELDS}
         pair = self.job.decode_pair(files, prompt, object_name, names, stripper)
