@@ -145,7 +145,7 @@ from .options import (
     type=click.IntRange(1, 10**7),
     default=DEFAULT_MAX_PROMPT_TOKENS,
     show_default=True,
-    help="Longest stripped prompt in tokens (the text tower reads the first 64; 422 prompt_too_long past it).",
+    help="Longest stripped prompt, and longest object name, in tokens (the text tower reads the first 64; 422 prompt_too_long past it).",
 )
 @click.option(
     "--max-connections",
