@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from doubles.exported_graphs import graphs_from
 from masc_engine import tolerances as tol
 from masc_engine.errors import ExportValidationError
 from masc_engine.export import cpu_precision as cpp
@@ -153,7 +154,11 @@ def test_int8_report_shows_margins_and_the_refusal_names_them():
 NO_EXPORT_MEETS, OVERRIDE = 1e-12, 1e-3
 
 
-def _export_cli(tmp_path, monkeypatch, *extra):
+def _export_cli(naflex_bundle, tmp_path, monkeypatch, *extra):
+    """``masc-export --model random:tiny-naflex`` under a pool budget no export meets. The graphs
+    are those the run's command export traced from the same checkpoint (tests/doubles
+    ``graphs_from``): the PyTorch references, the validation and its refusal or override run as
+    usual, without tracing the four graphs again."""
     pytest.importorskip("torch", reason="masc-export needs the export extra (torch)")
     from click.testing import CliRunner
 
@@ -162,14 +167,15 @@ def _export_cli(tmp_path, monkeypatch, *extra):
     # a pool budget no export meets: the check is past it whatever the weights
     monkeypatch.setitem(tol.EXPORT_VALIDATION_RTOL_BUDGETS["tiny"], "pool", NO_EXPORT_MEETS)
     out = tmp_path / "bundle"
-    return out, CliRunner().invoke(main, ["--model", "random:tiny-naflex", "--out", str(out), *extra])
+    with graphs_from(naflex_bundle):
+        return out, CliRunner().invoke(main, ["--model", "random:tiny-naflex", "--out", str(out), *extra])
 
 
 @pytest.mark.slow
-def test_masc_export_accepts_past_budget_with_the_override_and_records_it(tmp_path, monkeypatch):
+def test_masc_export_accepts_past_budget_with_the_override_and_records_it(naflex_bundle, tmp_path, monkeypatch):
     import json
 
-    out, res = _export_cli(tmp_path, monkeypatch, "--accept-validation-error", str(OVERRIDE))
+    out, res = _export_cli(naflex_bundle, tmp_path, monkeypatch, "--accept-validation-error", str(OVERRIDE))
     assert res.exit_code == 0, res.output
     pool = json.loads((out / "manifest.json").read_text())["validation"]["pool"]
     o = pool["override"]
@@ -181,8 +187,8 @@ def test_masc_export_accepts_past_budget_with_the_override_and_records_it(tmp_pa
 
 
 @pytest.mark.slow
-def test_masc_export_refusal_names_the_way_out(tmp_path, monkeypatch):
-    out, res = _export_cli(tmp_path, monkeypatch)
+def test_masc_export_refusal_names_the_way_out(naflex_bundle, tmp_path, monkeypatch):
+    out, res = _export_cli(naflex_bundle, tmp_path, monkeypatch)
     assert res.exit_code == 1 and not out.exists()
     err = [ln for ln in res.output.splitlines() if ln.startswith("Error:")]
     assert len(err) == 1 and "graph 'pool' differs from PyTorch: max relative error" in err[0]

@@ -5,5 +5,7 @@
 - ``device``: CuPy's device-array rules on numpy (``DeviceArray``, ``StrictDeviceArray``,
   ``fake_xp``, ``StrictFakeDevice``);
 - ``runners``: graph runners that count what ran (``CountingRunner``) or run a graph's arithmetic
-  on an array module (``ArrayCPRunner``).
+  on an array module (``ArrayCPRunner``);
+- ``exported_graphs``: masc-export's graph tracing replayed from an earlier export of the same
+  checkpoint (``graphs_from``), for tests of what the export does around the tracing.
 """
