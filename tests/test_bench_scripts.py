@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from doubles.exported_graphs import graphs_from
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -30,11 +32,22 @@ def test_vision_flops_match_published_vit_b16():
 
 
 @pytest.mark.slow  # exports a bundle (a torch worker process)
-def test_gpu_throughput_dry_run(tmp_path):
+def test_gpu_throughput_dry_run(naflex_bundle, tmp_path):
+    """The bench's own export of random:tiny-naflex at 64 patches (references, validation, fused
+    variant, manifest), its graphs those the run's command export traced from the same checkpoint
+    (tests/doubles ``graphs_from``; the graphs do not depend on the patch budget)."""
     pytest.importorskip("masc")
     bench = _load("gpu_throughput")
     out = tmp_path / "dry.json"
-    assert bench.main(["--dry-run", "--precision", "fp32", "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
+    with graphs_from(naflex_bundle):
+        argv = ["--dry-run", "--precision", "fp32", "--work", str(tmp_path / "work"), "--out", str(out)]
+        assert bench.main(argv) == 0
+    assert (
+        json.loads((tmp_path / "work" / "tiny-naflex-64-fp32" / "manifest.json").read_text())["image"][
+            "max_num_patches"
+        ]
+        == 64
+    )
     res = json.loads(out.read_text())
     m = res["models"]["random:tiny-naflex"]
     for mode in ("fresh", "cached"):
