@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from support import export_tiny
+from doubles.exported_graphs import graphs_from
 from masc_engine.errors import ExportValidationError
 from masc_engine.export.onnx_check import check_graphs
 from masc_engine.export.precision import topological_sort
@@ -45,8 +45,15 @@ def test_fp16_bundle_passes(fp16_bundle):
 
 
 @pytest.mark.slow
-def test_bf16_bundle_passes(tmp_path_factory, cache_dir):
-    bundle = export_tiny("naflex", tmp_path_factory, cache_dir, precision="bf16")
+def test_bf16_bundle_passes(naflex_bundle, tmp_path):
+    """``export_bundle(random:tiny-naflex, precision="bf16")``: the bf16 transform, its gates and
+    the checker on the graphs the run's command export traced from the same checkpoint
+    (tests/doubles ``graphs_from``; the transform starts from the fp32 graphs either way)."""
+    pytest.importorskip("torch", reason="exporting a test bundle needs the export extra (torch)")
+    from masc_engine.export.exporter import export_bundle
+
+    with graphs_from(naflex_bundle):
+        bundle = export_bundle("random:tiny-naflex", tmp_path / "bf16", precision="bf16")
     assert len(_check_all(bundle)) == 4
 
 
