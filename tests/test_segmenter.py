@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from doubles.exported_graphs import graphs_from
 from support import EXAMPLES, REPO
 
 from masc_engine.errors import BundleError, ExportValidationError, InputError
@@ -415,15 +416,18 @@ def test_masks_without_torch(seg_bundle, seg):
 
 
 @pytest.mark.slow
-def test_fp16_segmenter_bundle(tmp_path, reference_model):
+def test_fp16_segmenter_bundle(tmp_path, seg_bundle, reference_model):
     """``--precision fp16``: export/precision.py's transform on the three graphs, each gated, then
-    the masks end to end against transformers fp32 (IoU gate); the runtime runs it on CPU."""
+    the masks end to end against transformers fp32 (IoU gate); the runtime runs it on CPU. The
+    fp32 graphs are those ``seg_bundle`` traced from the same checkpoint (tests/doubles
+    ``graphs_from``); the fp32 validation, the transform and its gates run as usual."""
     from masc_engine.export.segmenter import export_segmenter_bundle
     from masc_engine.export.segmenter_reference import reference_masks
     from masc_engine.export.segmenter_validate import mask_iou
     from masc_engine.tolerances import SEGMENTER_REDUCED_MIN_MASK_IOU
 
-    out = export_segmenter_bundle("random:clipseg-tiny", tmp_path / "fp16", precision="fp16")
+    with graphs_from(seg_bundle):
+        out = export_segmenter_bundle("random:clipseg-tiny", tmp_path / "fp16", precision="fp16")
     m = json.loads((out / "manifest.json").read_text())
     assert m["precision"]["mode"] == "fp16" and m["precision"]["graphs"] == ["vision", "text", "decoder"]
     assert [t["graph"] for t in m["transforms"]] == ["vision", "text", "decoder"]
