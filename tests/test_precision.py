@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from doubles.exported_graphs import graphs_from
 from support import REPO, checkpoint_dir, oracle_for, read_rows
 from masc_engine.engine.bundle import Bundle
 from masc_engine.errors import BackendUnavailableError, ExportValidationError
@@ -221,7 +222,9 @@ def test_transform_pipeline_order_variants_and_validation(naflex_bundle, tmp_pat
 @pytest.mark.slow
 def test_checkpoint_failing_fp16_gates_is_refused_and_leaves_nothing(naflex_bundle, tmp_path):
     """One MLP's up-projection scaled by 1e6: fp32 is fine (LayerNorm renormalises), fp16 overflows
-    (activations past 65504) -> refused with the figures and the suggestion to use fp32."""
+    (activations past 65504) -> refused with the figures and the suggestion to use fp32. Only the
+    vision graph holds the edited weights: it is traced; pool, text and cp are those ``naflex_bundle``
+    traced (tests/doubles ``graphs_from``), validated against the edited checkpoint all the same."""
     torch = pytest.importorskip("torch")
     from transformers import AutoModel
 
@@ -236,7 +239,7 @@ def test_checkpoint_failing_fp16_gates_is_refused_and_leaves_nothing(naflex_bund
         fc1.bias.mul_(1e6)
     model.save_pretrained(ckpt)
     out = tmp_path / "bundles" / "b16"
-    with pytest.raises(ExportValidationError) as e:
+    with pytest.raises(ExportValidationError) as e, graphs_from(naflex_bundle, only=("pool", "text", "cp")):
         export_bundle(str(ckpt), out, precision="fp16")
     msg = str(e.value)
     assert "fp16 graph 'vision' fails its gates" in msg and "--precision fp32" in msg and "cosine" in msg
