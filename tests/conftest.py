@@ -112,9 +112,10 @@ def naflex_bundle(command_export) -> Path:
 
 
 @pytest.fixture(scope="session")
-def fp16_bundle(tmp_path_factory, cache_dir) -> Path:
-    """The tiny NaFlex model exported with ``--precision fp16`` (mixed-precision graphs)."""
-    return export_tiny("naflex", tmp_path_factory, cache_dir, precision="fp16")
+def fp16_bundle(tmp_path_factory, cache_dir, naflex_bundle) -> Path:
+    """The tiny NaFlex model exported with ``--precision fp16`` (mixed-precision graphs), from the
+    fp32 graphs ``naflex_bundle`` traced (tests/doubles ``graphs_from``: not traced twice)."""
+    return export_tiny("naflex", tmp_path_factory, cache_dir, precision="fp16", graphs_of=naflex_bundle)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ Importable from any test (``from support import EXAMPLES, read_rows``): the test
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -133,16 +134,20 @@ def build_once(tmp_path_factory, name: str, build) -> Path:
         return out
 
 
-def export_tiny(kind: str, tmp_path_factory, cache_dir, precision: str = "fp32") -> Path:
+def export_tiny(kind: str, tmp_path_factory, cache_dir, precision: str = "fp32", graphs_of: Path | None = None) -> Path:
     """``random:tiny-<kind>`` exported at ``precision`` once per test run (every xdist worker
     shares it, :func:`build_once`); skips without the export extra. ``cache_dir`` is the run's
-    random-checkpoint cache (asked for so that it is set first)."""
+    random-checkpoint cache (asked for so that it is set first). ``graphs_of``: an fp32 bundle of
+    the same checkpoint whose graphs the export copies instead of tracing them again
+    (tests/doubles ``graphs_from``)."""
     pytest.importorskip("torch", reason="exporting a test bundle needs the export extra (torch)")
     pytest.importorskip("transformers", reason="exporting a test bundle needs transformers")
+    from doubles.exported_graphs import graphs_from
     from masc_engine.export.exporter import export_bundle
 
     def build(out: Path) -> Path:
-        return export_bundle(f"random:tiny-{kind}", out, precision=precision)
+        with graphs_from(graphs_of) if graphs_of else contextlib.nullcontext():
+            return export_bundle(f"random:tiny-{kind}", out, precision=precision)
 
     return build_once(tmp_path_factory, f"bundle-{kind}-{precision}", build)
 
