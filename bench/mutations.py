@@ -102,8 +102,8 @@ MUTATIONS = [
     (
         "fg_threshold truthiness",
         "runtime/config.py",
-        "float(self.fg_threshold if self.fg_threshold is not None",
-        "float(self.fg_threshold if self.fg_threshold",
+        'if self.fg_threshold is not None\n                else m["scoring"]',
+        'if self.fg_threshold\n                else m["scoring"]',
         [GATES + "::test_fg_threshold_zero_scores_at_zero"],
     ),
     (
