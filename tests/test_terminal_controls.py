@@ -46,3 +46,26 @@ def test_library_log_lines_show_escapes(capsys):
         assert f"cell {SHOWN}" in capsys.readouterr().err
     finally:
         logging.getLogger(logs.LIBRARY_LOGGER).removeHandler(handler)
+
+
+def test_an_error_line_quoting_a_cell_shows_escapes(tmp_path):
+    """The ``Error:`` line of a command (a ClickException whose message quotes the user's cell)."""
+    from click.testing import CliRunner
+
+    from masc_engine.cli.logs import PrintableCommand
+
+    import click
+
+    @click.command(cls=PrintableCommand)
+    def cmd() -> None:
+        raise click.ClickException(f"cell {HOSTILE}")
+
+    out = CliRunner().invoke(cmd, [])
+    assert out.exit_code == 1 and f"Error: cell {SHOWN}" in out.output and "\x1b" not in out.output
+
+
+def test_every_command_prints_its_errors_through_printable():
+    from masc_engine.cli import cache_cmd, eval_cmd, export_cmd, rank_cmd, report_cmd, run_cmd, serve_cmd
+
+    for m in (cache_cmd, eval_cmd, export_cmd, rank_cmd, report_cmd, run_cmd, serve_cmd):
+        assert isinstance(m.main, logs.PrintableErrors), m.__name__

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from .logs import echo
+from .logs import PrintableGroup, echo
 
 from ..engine.cache_root import (
     CHECKPOINTS,
@@ -44,7 +44,7 @@ def _size_line(label: str, n: int, note: str = "") -> str:
     return f"{label + ':':<15}{human_bytes(n):>10}  ({n:,} bytes){'  ' + note if note else ''}"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=PrintableGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Show or clean what masc-engine keeps in its cache root: $MASC_ENGINE_CACHE, else
     $XDG_CACHE_HOME/masc-engine, else ~/.cache/masc-engine."""

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .logs import echo
+from .logs import PrintableGroup, echo
 
 from ..jobs import eval_format as fm
 from ..jobs import eval_tables as et
@@ -410,7 +410,7 @@ def _auc_meta(t: ev.AucTable, scores: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------
 
 
-class _DefaultGroup(click.Group):
+class _DefaultGroup(PrintableGroup):
     """``masc-eval SCORES ...`` is short for ``masc-eval agreement SCORES ...``."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:

@@ -11,12 +11,12 @@ from contextlib import contextmanager
 
 import click
 
-from .logs import echo, secho
+from .logs import PrintableCommand, echo, secho
 
 from ..export.plan import PRECISION_OPTIONS
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=PrintableCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--model",
     "-m",

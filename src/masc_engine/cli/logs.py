@@ -46,6 +46,30 @@ def secho(message: Any = None, **kwargs: Any) -> None:
     click.secho(None if message is None else printable(str(message)), **kwargs)
 
 
+class PrintableErrors:
+    """Mixed into a click command or group: the ``Error:`` line of a :class:`click.ClickException`
+    raised while it runs (its message may quote a cell or a header of the user's file) goes through
+    :func:`printable` too."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a ClickException leaves with its message made printable."""
+        try:
+            return super().invoke(ctx)  # type: ignore[misc]
+        except click.ClickException as e:
+            # click types message Final; it is a plain attribute, rewritten here to keep the
+            # exception and its class (a UsageError keeps its exit code 2 and usage line)
+            e.message = printable(e.message)  # type: ignore[misc]
+            raise
+
+
+class PrintableCommand(PrintableErrors, click.Command):
+    """A click command whose error line is printable (:class:`PrintableErrors`)."""
+
+
+class PrintableGroup(PrintableErrors, click.Group):
+    """A click group whose subcommands' error lines are printable (:class:`PrintableErrors`)."""
+
+
 class PrintableFormatter(logging.Formatter):
     """``%(message)s`` lines passed through :func:`printable`."""
 

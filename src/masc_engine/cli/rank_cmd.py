@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .logs import echo
+from .logs import PrintableCommand, echo
 
 from .options import (
     io_workers_option,
@@ -25,7 +25,7 @@ from .options import (
 )
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=PrintableCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("queries_csv", required=False, type=click.Path(exists=True, dir_okay=False))
 @click.option(
     "--gallery",

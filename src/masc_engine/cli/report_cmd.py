@@ -7,10 +7,12 @@ from pathlib import Path
 
 import click
 
+from .logs import PrintableCommand
+
 from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=PrintableCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("scores", type=click.Path(dir_okay=False, exists=True))
 @click.option(
     "--out",

@@ -10,7 +10,7 @@ import click
 from ..jobs.tables import DEFAULT_MAX_PAIRS_BYTES
 from ..runtime.io import default_max_file_bytes
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
-from .logs import echo, secho, show_library_log
+from .logs import PrintableCommand, echo, secho, show_library_log
 from .options import (
     STORE_SIZE_GB,
     cache_options,
@@ -31,7 +31,7 @@ from .options import (
 )
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=PrintableCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("pairs_csv", type=click.Path(exists=True, dir_okay=False))
 @click.option(
     "--bundle", "-b", required=True, type=click.Path(exists=True, file_okay=False), help="Bundle from masc-export."

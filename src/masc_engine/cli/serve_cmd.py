@@ -9,6 +9,8 @@ import sys
 
 import click
 
+from .logs import PrintableCommand
+
 from ..runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .options import (
     STORE_SIZE_GB,
@@ -25,7 +27,7 @@ from .options import (
 )
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=PrintableCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--bundle", "-b", required=True, type=click.Path(file_okay=False, exists=True), help="Bundle from masc-export."
 )
