@@ -189,15 +189,59 @@ def _field_limit(file_bytes: int):
         csv.field_size_limit(old)
 
 
+#: A line :func:`_read_delimited` feeds the csv reader after the file's last line: a file that
+#: ends inside a quoted cell swallows it into that cell (the csv module, not strict, accepts the end
+#: of the file there); one that does not reads it as a row of its own, which is dropped.
+_EOF_LINE = "\ufffemasc-engine end of file"
+
+
+class _CountedLines:
+    """The lines of an open file, counted as the csv reader takes them (``n``: the line being
+    parsed, so a csv error names the line holding it), then :data:`_EOF_LINE`."""
+
+    def __init__(self, fh) -> None:
+        self.fh, self.n = fh, 0
+
+    def __iter__(self):
+        for line in self.fh:
+            self.n += 1
+            yield line
+        yield _EOF_LINE
+
+
+def _unclosed_quote(p: Path, bad: str, cells: dict, last_line: int) -> None:
+    """Refuse a row (or header) whose cell swallowed :data:`_EOF_LINE`: a quote opened in that
+    cell is never closed, so every later line of the file was read into it. The line named is
+    the one the quote opened on (the file's last line less the line breaks inside the cell)."""
+    for name, value in cells.items():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and v.endswith(_EOF_LINE):
+                text = v[: -len(_EOF_LINE)]
+                breaks = len(re.findall(r"\r\n|\r|\n", text))
+                opened = last_line - breaks + (1 if text.endswith(("\n", "\r")) else 0)
+                column = f" (column {name!r})" if isinstance(name, str) else ""
+                raise TableError(
+                    bad,
+                    f"{p}, line {opened}: a quote opening a cell{column} is never closed, so every "
+                    "later line would be read into that cell; close it, or write a quote inside a "
+                    'quoted cell as ""',
+                )
+
+
 def _read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str, budget: _RowBudget) -> Table:
     rows, lines = [], []
     with p.open(newline="", encoding="utf-8-sig") as fh, _field_limit(os.fstat(fh.fileno()).st_size):
-        reader = csv.DictReader(fh, delimiter=delimiter)
+        src = _CountedLines(fh)
+        reader = csv.DictReader(iter(src), delimiter=delimiter)
         try:
-            if not reader.fieldnames:
+            if not reader.fieldnames or reader.fieldnames == [_EOF_LINE]:
                 raise TableError(bad, f"{p} is empty (no header row)")
+            _unclosed_quote(p, bad, dict(enumerate(reader.fieldnames)), src.n)
             _check_unique(p, bad, reader.fieldnames, "the header")
             for row in reader:
+                if next(iter(row.values())) == _EOF_LINE:
+                    break
+                _unclosed_quote(p, bad, row, src.n)
                 if None in row:
                     if extra_fields == "error":
                         raise TableError(bad, f"{p}, line {reader.line_num}: more fields than the header has columns")

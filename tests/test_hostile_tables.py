@@ -1,0 +1,59 @@
+"""Hostile pairs files read by the job layer's one table reader (jobs/tables.py): a stray quote,
+cells the csv module misplaces, Parquet types JSON cannot hold. Each is read right or refused in
+one line naming the file, the line (or column) and the way out."""
+
+from __future__ import annotations
+
+import pytest
+
+from masc_engine.jobs.tables import TableError, read_table
+
+HEADER = "key,prompt,object_name\n"
+
+
+def _rows(n: int) -> str:
+    return "".join(f"k{i},a backpack in the jungle,backpack\n" for i in range(1, n + 1))
+
+
+def test_a_stray_opening_quote_refuses_the_file_naming_its_line_and_column(tmp_path):
+    p = tmp_path / "p.csv"
+    body = _rows(6).replace("k2,a backpack", 'k2,"12 inch backpack', 1)
+    p.write_text(HEADER + body)
+    with pytest.raises(TableError) as e:
+        read_table(p, what="pairs")
+    msg = str(e.value)
+    assert e.value.reason == "bad_pairs_file" and "\n" not in msg
+    assert f"{p}, line 3: a quote opening a cell (column 'prompt') is never closed" in msg
+
+
+@pytest.mark.parametrize("ending", ["\n", "\r\n", ""])
+def test_the_unclosed_quote_line_is_right_whatever_the_last_line_ending(tmp_path, ending):
+    p = tmp_path / "p.csv"
+    lines = [HEADER.strip(), "k1,ok,x", 'k2,"open,x', "k3,b,c", "k4,b,c"]
+    p.write_bytes((ending or "\n").join(lines).encode() + ending.encode())
+    with pytest.raises(TableError, match=r"line 3: a quote opening a cell \(column 'prompt'\)"):
+        read_table(p)
+
+
+def test_an_unclosed_quote_in_the_header_names_line_1(tmp_path):
+    p = tmp_path / "p.csv"
+    p.write_text('key,"prompt\nk1,a,b\n')
+    with pytest.raises(TableError, match=r"line 1: a quote opening a cell is never closed"):
+        read_table(p)
+
+
+def test_quotes_that_close_or_sit_mid_cell_are_read_as_before(tmp_path):
+    p = tmp_path / "p.csv"
+    p.write_text(HEADER + 'k1,a 12" backpack,bag\nk2,"two\nlines, quoted ""x""",bag\nk3,last,bag')
+    t = read_table(p)
+    assert [r["prompt"] for r in t.rows] == ['a 12" backpack', 'two\nlines, quoted "x"', "last"]
+    assert t.lines == [2, 4, 5] and t.columns == ["key", "prompt", "object_name"]
+
+
+def test_header_only_and_empty_files_read_as_before(tmp_path):
+    p = tmp_path / "p.csv"
+    p.write_text(HEADER)
+    assert read_table(p).rows == []
+    p.write_text("")
+    with pytest.raises(TableError, match="is empty"):
+        read_table(p)
