@@ -57,3 +57,12 @@ def test_header_only_and_empty_files_read_as_before(tmp_path):
     p.write_text("")
     with pytest.raises(TableError, match="is empty"):
         read_table(p)
+
+
+def test_a_cell_past_the_field_limit_is_named_on_its_own_line(tmp_path):
+    from masc_engine.jobs.tables import MAX_CELL_CHARS
+
+    p = tmp_path / "p.csv"
+    p.write_text(HEADER + _rows(1) + "k2," + "x" * (MAX_CELL_CHARS + 10) + ",bag\n" + _rows(1))
+    with pytest.raises(TableError, match=r"p\.csv, line 3: field larger than field limit"):
+        read_table(p, max_bytes=2**30)

@@ -250,7 +250,7 @@ def _read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str, budget
                 lines.append(reader.line_num)
                 budget.check(len(rows), f", line {reader.line_num}")
         except csv.Error as exc:
-            raise TableError(bad, f"{p}, line {reader.line_num}: {exc}") from None
+            raise TableError(bad, f"{p}, line {src.n}: {exc}") from None
         except UnicodeDecodeError as exc:
             raise TableError(bad, f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return Table(p, list(reader.fieldnames), rows, lines)
