@@ -431,6 +431,23 @@ def _changed(what: str, old: dict | None, new: dict) -> SettingsChangedError:
     )
 
 
+def _check_input(what: str, recorded, given: str) -> None:
+    """Refuse results made from another pairs file than ``given`` (a resolved path). Paths are
+    compared resolved (symbolic links and relative spellings followed, an old relative record
+    resolved against the current folder): the same file named another way is the same input. A
+    recorded input that no longer exists is taken as moved (its rows are reused by ``row_key``);
+    one that still exists and differs is another file."""
+    if not isinstance(recorded, str) or not recorded:
+        return  # written before the input was recorded
+    old = os.path.realpath(recorded)
+    if old == given or not os.path.exists(old):
+        return
+    raise SettingsChangedError(
+        f"{what} made from another pairs file (input: {old} -> {given}): nothing was scored or "
+        "erased; --overwrite replaces them, or choose another --out"
+    )
+
+
 def _matching(entries, keys: list[str]) -> dict[int, dict]:
     """Entries whose ``row_index`` is a row of this input with the same ``row_key``."""
     done = {}
@@ -470,23 +487,26 @@ def resume(
     Args:
         fingerprint, identity: this run's settings (``RunSettings.fingerprint`` / ``identity``).
         keys: this input's ``row_key`` per row (1-based row ``i`` is ``keys[i - 1]``).
-        input_path: the input file, recorded in the header.
+        input_path: the input file, recorded (resolved) in the header and compared with the
+            input the results there were made from (:func:`_check_input`).
 
     Raises:
-        SettingsChangedError: results there were made with other settings (the message names
-            what differs), or the output is not a masc-run output; nothing is changed then.
+        SettingsChangedError: results there were made with other settings or from another
+            pairs file (the message names what differs), or the output is not a masc-run output;
+            nothing is changed then.
         OutputWriteError: the journal cannot be read or written.
         SidecarError: the journal or the sidecar is a symbolic link or not a regular file.
     """
     out = journal.out
+    input_path = os.path.realpath(input_path)
     check_sidecar(meta_path(out), "sidecar")  # before anything is read or written
     header, entries, repaired = journal.read()
     rows_j = [e for e in entries if e.get("type") != "run"]
     if header is not None and not overwrite:
+        held = f"{journal.path} holds {len(rows_j)} rows of an interrupted run"
         if header.get("fingerprint") != fingerprint:
-            raise _changed(
-                f"{journal.path} holds {len(rows_j)} rows of an interrupted run", header.get("identity"), identity
-            )
+            raise _changed(held, header.get("identity"), identity)
+        _check_input(held, header.get("input"), input_path)
         earlier = list(header.get("earlier_runs") or []) + runs_of(entries)
         return PriorWork(_matching(rows_j, keys), earlier, next_run_id(earlier), repaired)
     done, earlier = {}, []
@@ -500,6 +520,7 @@ def resume(
             )
         if meta.get("fingerprint") != fingerprint:
             raise _changed(f"{out} holds results", meta.get("identity"), identity)
+        _check_input(f"{out} holds results", meta.get("input"), input_path)
         done, earlier = _matching(read_output(out), keys), list(meta.get("runs") or [])
     elif overwrite and (header is not None or out.exists()):
         logger.warning("masc-run: --overwrite: the results at %s are replaced when this run completes", out)
