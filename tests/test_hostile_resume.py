@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from masc_engine.jobs.results import Journal, SettingsChangedError, resume
+from masc_engine.jobs.results import DamagedResultsError, Journal, SettingsChangedError, SidecarError, resume
 
 FP = "f00d"
 
@@ -73,3 +73,103 @@ def test_overwrite_replaces_the_results_of_another_pairs_file(tmp_path, pairs):
     out = tmp_path / "o.csv"
     _finished(out, a)
     assert resume(Journal(out), FP, {}, ["ka", "kb"], str(b), overwrite=True).done == {}
+
+
+# ------------------------------------------------------------------ a journal masc-run did not write
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_journal_masc_run_did_not_write_is_refused_and_kept(tmp_path, pairs, overwrite):
+    a, _ = pairs
+    out = tmp_path / "o.csv"
+    notes = b'{"my": "notes"}\n{"my": "more notes"}\n'
+    (tmp_path / "o.csv.journal.jsonl").write_bytes(notes)
+    with pytest.raises(SidecarError) as e:
+        resume(Journal(out), FP, {}, ["ka", "kb"], str(a), overwrite=overwrite)
+    assert "is not a masc-run journal" in str(e.value) and "\n" not in str(e.value)
+    assert (tmp_path / "o.csv.journal.jsonl").read_bytes() == notes
+
+
+def test_a_journal_torn_in_its_header_starts_afresh(tmp_path, pairs):
+    a, _ = pairs
+    out = tmp_path / "o.csv"
+    (tmp_path / "o.csv.journal.jsonl").write_bytes(b'{"type": "header", "fingerpr')
+    prior = resume(Journal(out), FP, {}, ["ka", "kb"], str(a))
+    assert prior.done == {} and prior.repaired
+
+
+# ------------------------------------------------------------------ damaged results on a rerun
+
+
+def _drop_column(out, name):
+    lines = [line.split(",") for line in out.read_text().splitlines()]
+    j = lines[0].index(name)
+    out.write_text("".join(",".join(c for k, c in enumerate(line) if k != j) + "\n" for line in lines))
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (lambda out: _drop_column(out, "row_index"), "o.csv: it lacks the column(s) row_index masc-run writes"),
+        (lambda out: _drop_column(out, "status"), "o.csv: it lacks the column(s) status masc-run writes"),
+        (lambda out: out.write_bytes(out.read_bytes()[:-4]), "o.csv: it ends mid-row"),
+        (
+            lambda out: out.write_text(out.read_text().replace("2,kb", "two,kb")),
+            "o.csv, line 3: the row has no row_index",
+        ),
+        (lambda out: out.write_text(out.read_text().replace("kb,ok", "kb,")), "o.csv, line 3: the row has no status"),
+        (lambda out: out.write_bytes(b"\xff" + out.read_bytes()), "o.csv: not UTF-8 text"),
+    ],
+)
+def test_a_damaged_output_is_refused_naming_it_and_overwrite(tmp_path, pairs, damage, said):
+    a, _ = pairs
+    out = tmp_path / "o.csv"
+    _finished(out, a)
+    damage(out)
+    with pytest.raises(DamagedResultsError) as e:
+        resume(Journal(out), FP, {}, ["ka", "kb"], str(a))
+    msg = str(e.value)
+    assert said in msg and "--overwrite scores every row afresh" in msg and "\n" not in msg
+    assert resume(Journal(out), FP, {}, ["ka", "kb"], str(a), overwrite=True).done == {}
+
+
+def _journal_lines(out):
+    return (out.parent / (out.name + ".journal.jsonl")).read_bytes().split(b"\n")
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (
+            lambda d: json.dumps({k: v for k, v in json.loads(d).items() if k != "row_index"}).encode(),
+            ", line 2: the row has no row_index",
+        ),
+        (lambda d: json.dumps({**json.loads(d), "row_key": None}).encode(), ", line 2: the row has no row_key"),
+        (lambda d: d.replace(b'"ok"', b'"o\xff"'), ": line 2 is not UTF-8 text"),
+        (lambda d: b"[1, 2]", ": line 2 is not a JSON object"),
+    ],
+)
+def test_a_damaged_journal_line_is_refused_naming_its_line_and_overwrite(tmp_path, pairs, damage, said):
+    a, _ = pairs
+    out = tmp_path / "o.csv"
+    _interrupted(out, a, rows=(("1", "ka"), ("2", "kb")))
+    lines = _journal_lines(out)
+    lines[1] = damage(lines[1])
+    (out.parent / (out.name + ".journal.jsonl")).write_bytes(b"\n".join(lines))
+    with pytest.raises(DamagedResultsError) as e:
+        resume(Journal(out), FP, {}, ["ka", "kb"], str(a))
+    msg = str(e.value)
+    assert f"{out}.journal.jsonl{said}" in msg and "--overwrite scores every row afresh" in msg
+    assert "\n" not in msg
+    assert resume(Journal(out), FP, {}, ["ka", "kb"], str(a), overwrite=True).done == {}
+    assert _journal_lines(out)[0].startswith(b'{"type": "header"') and len(_journal_lines(out)) == 2
+
+
+def test_a_torn_last_journal_line_is_still_cut_off_and_the_rest_reused(tmp_path, pairs):
+    a, _ = pairs
+    out = tmp_path / "o.csv"
+    _interrupted(out, a, rows=(("1", "ka"), ("2", "kb")))
+    path = out.parent / (out.name + ".journal.jsonl")
+    path.write_bytes(path.read_bytes()[:-5])
+    prior = resume(Journal(out), FP, {}, ["ka", "kb"], str(a))
+    assert sorted(prior.done) == [1] and prior.repaired

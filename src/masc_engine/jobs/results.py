@@ -35,7 +35,11 @@ from pathlib import Path
 
 from .. import extras
 from ..errors import MascEngineError
-from .tables import json_cell as _json_safe, read_table, write_table
+from .reuse import DamagedResultsError as DamagedResultsError
+from .reuse import SettingsChangedError as SettingsChangedError
+from .reuse import SidecarError as SidecarError
+from .reuse import check_input, check_output, parse_journal, reusable
+from .tables import TableError, json_cell as _json_safe, read_table, write_table
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
@@ -73,11 +77,6 @@ def meta_path(out: str | Path) -> Path:
 MAX_META_BYTES = 64 * 2**20
 
 
-class SidecarError(MascEngineError):
-    """A journal or sidecar path is a symbolic link or not a regular file: refused before it is
-    read or written (one line naming it)."""
-
-
 def check_sidecar(path: str | Path, what: str) -> bool:
     """Whether ``path`` exists as a regular file (False: absent), never following a link.
 
@@ -113,40 +112,24 @@ def append_journal(path: Path, entries: list[dict]) -> None:
 def read_journal(path: Path) -> tuple[dict | None, list[dict], bool]:
     """Read a journal: ``(header, entries, repaired)``.
 
-    A torn last line (no newline, or not valid JSON) is cut off the file (``repaired=True``).
+    A torn last line (no newline, or not valid JSON) is cut off the file (``repaired=True``);
+    every other line is checked (jobs/reuse.py :func:`~masc_engine.jobs.reuse.parse_journal`).
 
     Raises:
-        ValueError: an invalid line elsewhere (the file is not a masc-run journal).
-        SidecarError: the journal is a symbolic link or not a regular file.
+        SidecarError: the journal is a symbolic link, not a regular file, or not masc-run's (it
+            does not begin with masc-run's header).
+        DamagedResultsError: a line elsewhere is not UTF-8 text or not a JSON object.
     """
     if not check_sidecar(path, "journal"):
         return None, [], False
     with open(_open_nofollow(path, os.O_RDONLY, "journal"), "rb") as f:
         data = f.read()
-    repaired = False
-    if data and not data.endswith(b"\n"):
-        data = data[: data.rfind(b"\n") + 1]
-        repaired = True
-    lines = data.decode("utf-8").splitlines()
-    entries = []
-    for i, line in enumerate(lines):
-        try:
-            entry = json.loads(line)
-            if not isinstance(entry, dict):
-                raise ValueError("not an object")
-            entries.append(entry)
-        except (ValueError, RecursionError):  # (JSONDecodeError is a ValueError; '[' * 10**5 recurses)
-            if i == len(lines) - 1:
-                lines = lines[:-1]
-                data = ("\n".join(lines) + "\n").encode() if lines else b""
-                repaired = True
-                break
-            raise ValueError(f"{path}: line {i + 1} is not JSON; not a masc-run journal") from None
+    entries, kept, repaired = parse_journal(path, data)
     if repaired:
         with open(_open_nofollow(path, os.O_WRONLY, "journal"), "wb") as f:
-            f.write(data)
+            f.write(kept)
             f.truncate()
-    if not entries or entries[0].get("type") != "header":
+    if not entries:
         return None, [], repaired
     return entries[0], entries[1:], repaired
 
@@ -305,11 +288,6 @@ class OutputLock:
 # ---------------------------------------------------------------------- what a rerun compares
 
 
-class SettingsChangedError(MascEngineError):
-    """A rerun's settings differ from those of the results already at ``--out``: nothing is
-    re-scored or erased unless asked (``--overwrite``)."""
-
-
 def _shown(v) -> str:
     if v is None or v is False:
         return "unset"
@@ -431,33 +409,6 @@ def _changed(what: str, old: dict | None, new: dict) -> SettingsChangedError:
     )
 
 
-def _check_input(what: str, recorded, given: str) -> None:
-    """Refuse results made from another pairs file than ``given`` (a resolved path). Paths are
-    compared resolved (symbolic links and relative spellings followed, an old relative record
-    resolved against the current folder): the same file named another way is the same input. A
-    recorded input that no longer exists is taken as moved (its rows are reused by ``row_key``);
-    one that still exists and differs is another file."""
-    if not isinstance(recorded, str) or not recorded:
-        return  # written before the input was recorded
-    old = os.path.realpath(recorded)
-    if old == given or not os.path.exists(old):
-        return
-    raise SettingsChangedError(
-        f"{what} made from another pairs file (input: {old} -> {given}): nothing was scored or "
-        "erased; --overwrite replaces them, or choose another --out"
-    )
-
-
-def _matching(entries, keys: list[str]) -> dict[int, dict]:
-    """Entries whose ``row_index`` is a row of this input with the same ``row_key``."""
-    done = {}
-    for e in entries:
-        i = int(e["row_index"])
-        if 1 <= i <= len(keys) and e.get("row_key") == keys[i - 1]:
-            done[i] = e
-    return done
-
-
 def read_meta(out: str | Path) -> dict | None:
     """An output's sidecar, or None (absent, unreadable, larger than :data:`MAX_META_BYTES`,
     nested too deep to parse, not an object).
@@ -488,27 +439,38 @@ def resume(
         fingerprint, identity: this run's settings (``RunSettings.fingerprint`` / ``identity``).
         keys: this input's ``row_key`` per row (1-based row ``i`` is ``keys[i - 1]``).
         input_path: the input file, recorded (resolved) in the header and compared with the
-            input the results there were made from (:func:`_check_input`).
+            input the results there were made from (jobs/reuse.py :func:`~masc_engine.jobs.reuse.check_input`).
 
     Raises:
         SettingsChangedError: results there were made with other settings or from another
             pairs file (the message names what differs), or the output is not a masc-run output;
             nothing is changed then.
+        DamagedResultsError: (a SettingsChangedError) the journal or the output cannot be reused
+            as it is (jobs/reuse.py: a line that is not text or JSON, a row without its
+            ``row_index``, ``row_key`` or ``status``, a truncated output); ``overwrite`` replaces it.
         OutputWriteError: the journal cannot be read or written.
-        SidecarError: the journal or the sidecar is a symbolic link or not a regular file.
+        SidecarError: the journal or the sidecar is a symbolic link or not a regular file, or the
+            journal is not masc-run's (refused even with ``overwrite``).
     """
     out = journal.out
     input_path = os.path.realpath(input_path)
     check_sidecar(meta_path(out), "sidecar")  # before anything is read or written
-    header, entries, repaired = journal.read()
-    rows_j = [e for e in entries if e.get("type") != "run"]
+    try:
+        header, entries, repaired = journal.read()
+    except DamagedResultsError:
+        if not overwrite:
+            raise
+        header, entries, repaired = {}, [], False  # (replaced below, as --overwrite asks)
+    lines_j = [(n + 2, e) for n, e in enumerate(entries) if e.get("type") != "run"]  # line 1: the header
+    rows_j = [e for _, e in lines_j]
     if header is not None and not overwrite:
         held = f"{journal.path} holds {len(rows_j)} rows of an interrupted run"
         if header.get("fingerprint") != fingerprint:
             raise _changed(held, header.get("identity"), identity)
-        _check_input(held, header.get("input"), input_path)
+        check_input(held, header.get("input"), input_path)
         earlier = list(header.get("earlier_runs") or []) + runs_of(entries)
-        return PriorWork(_matching(rows_j, keys), earlier, next_run_id(earlier), repaired)
+        done = reusable(rows_j, keys, lambda n: f"{journal.path}, line {lines_j[n][0]}")
+        return PriorWork(done, earlier, next_run_id(earlier), repaired)
     done, earlier = {}, []
     if out.exists() and not overwrite:
         meta = read_meta(out)
@@ -520,8 +482,8 @@ def resume(
             )
         if meta.get("fingerprint") != fingerprint:
             raise _changed(f"{out} holds results", meta.get("identity"), identity)
-        _check_input(f"{out} holds results", meta.get("input"), input_path)
-        done, earlier = _matching(read_output(out), keys), list(meta.get("runs") or [])
+        check_input(f"{out} holds results", meta.get("input"), input_path)
+        done, earlier = _reused_output(out, keys), list(meta.get("runs") or [])
     elif overwrite and (header is not None or out.exists()):
         logger.warning("masc-run: --overwrite: the results at %s are replaced when this run completes", out)
     journal.start(
@@ -529,6 +491,25 @@ def resume(
         list(done.values()),
     )
     return PriorWork(done, earlier, next_run_id(earlier), repaired)
+
+
+def _reused_output(out: Path, keys: list[str]) -> dict[int, dict]:
+    """The rows of the finished output ``out`` this input may reuse (jobs/reuse.py checks).
+
+    Raises:
+        DamagedResultsError: the output cannot be read back, lacks a column masc-run writes,
+            ends mid-row, or a row lacks its ``row_index``, ``row_key`` or ``status``.
+    """
+    output_format(out)
+    try:
+        table = read_table(out, what="scores")
+    except TableError as e:
+        raise DamagedResultsError(
+            f"{e.detail or e}; its results cannot be reused: nothing was "
+            "scored or erased; --overwrite scores every row afresh, or choose another --out"
+        ) from None
+    check_output(out, table.columns)
+    return reusable(table.rows, keys, table.where)
 
 
 class RunRecord:
