@@ -66,3 +66,34 @@ def test_a_cell_past_the_field_limit_is_named_on_its_own_line(tmp_path):
     p.write_text(HEADER + _rows(1) + "k2," + "x" * (MAX_CELL_CHARS + 10) + ",bag\n" + _rows(1))
     with pytest.raises(TableError, match=r"p\.csv, line 3: field larger than field limit"):
         read_table(p, max_bytes=2**30)
+
+
+@pytest.mark.parametrize("name", ["o.csv", "o.tsv", "o.jsonl", "o.json", "o.parquet"])
+def test_a_link_planted_at_the_temporary_name_is_never_written_through(tmp_path, name):
+    from masc_engine.jobs.tables import write_table
+
+    if name.endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / (name + ".partial")).symlink_to(victim)
+    write_table(tmp_path / name, [{"a": 1, "b": "x"}], ["a", "b"])
+    assert victim.read_text() == "precious"
+    assert (tmp_path / name).is_file() and not (tmp_path / name).is_symlink()
+    assert not (tmp_path / (name + ".partial")).exists() and not (tmp_path / (name + ".partial")).is_symlink()
+    assert read_table(tmp_path / name).rows[0]["b"] == "x"
+
+
+def test_a_map_written_over_a_planted_link_replaces_the_link(tmp_path):
+    from PIL import Image
+
+    from masc_engine.jobs.pairs.job import _save_png
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    target = tmp_path / "0000001_cp.png"
+    target.symlink_to(victim)
+    _save_png(Image.new("RGB", (4, 4), (255, 0, 0)), target)
+    assert victim.read_text() == "precious" and not target.is_symlink()
+    assert Image.open(target).getpixel((0, 0)) == (255, 0, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0000001_cp.png", "victim.txt"]

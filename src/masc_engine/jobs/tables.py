@@ -606,8 +606,8 @@ def write_table(
     path: str | Path, rows: Sequence[dict], columns: Sequence[str], *, fmt: str | None = None, meta: dict | None = None
 ) -> Path:
     """Write ``rows`` (dicts; ``columns`` in order, other keys ignored, absent keys missing)
-    atomically (a ``.partial`` file renamed into place), with the missing-value convention of
-    the module docstring.
+    atomically (a ``.partial`` file, created afresh by :func:`open_fresh`, renamed into place),
+    with the missing-value convention of the module docstring.
 
     Args:
         path: the output file.
@@ -631,7 +631,7 @@ def write_table(
     tmp = path.with_name(path.name + ".partial")
     try:
         if fmt in ("csv", "tsv"):
-            with open(tmp, "w", newline="", encoding="utf-8") as f:
+            with open_fresh(tmp, newline="") as f:
                 w = csv.DictWriter(
                     f, fieldnames=list(columns), extrasaction="ignore", delimiter="\t" if fmt == "tsv" else ","
                 )
@@ -639,10 +639,11 @@ def write_table(
                 for r in rows:
                     w.writerow({k: csv_cell(r.get(k)) for k in columns})
         elif fmt == "parquet":
-            _write_parquet(tmp, path, rows, columns)
+            with open_fresh(tmp, binary=True) as f:
+                _write_parquet(f, path, rows, columns)
         else:
             records = [{k: json_cell(r.get(k)) for k in columns} for r in rows]
-            with open(tmp, "w", encoding="utf-8") as f:
+            with open_fresh(tmp) as f:
                 if fmt == "jsonl":
                     f.writelines(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
                 else:
@@ -654,9 +655,23 @@ def write_table(
     return path
 
 
-def _write_parquet(tmp: Path, path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
+def open_fresh(tmp: Path, *, binary: bool = False, newline: str | None = None):
+    """A new file at the temporary name ``tmp``, opened for writing: whatever is there (a link
+    planted at the fixed name, a stale temporary file) is removed first, never written through,
+    and the file is created exclusively without following links (``O_CREAT | O_EXCL |
+    O_NOFOLLOW``: a link raced in between fails the write instead of redirecting it).
+
+    Raises:
+        OSError: it cannot be created (the folder is read-only, a folder stands at ``tmp``...).
+    """
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    return open(fd, "wb") if binary else open(fd, "w", newline=newline, encoding="utf-8")
+
+
+def _write_parquet(sink, path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
     from .. import extras
 
     pa = extras.require("pyarrow", f"{path}: Parquet")
     pq = extras.require("pyarrow.parquet", f"{path}: Parquet")
-    pq.write_table(pa.table({k: [json_cell(r.get(k)) for r in rows] for k in columns}), tmp)
+    pq.write_table(pa.table({k: [json_cell(r.get(k)) for r in rows] for k in columns}), sink)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from ..items import (
 from ..loading import ByteBudget
 from ..mask_source import MASK_SOURCE_COLUMNS, SAVED_MASK_COLUMNS, SegmenterMasks
 from ..results import output_errors
+from ..tables import open_fresh
 from .columns import FILE_COLUMNS, SCORED_COLUMNS
 from .decoding import Loaded, PairDecoding
 from .outcome import RowOutcome, _raise, _row_text
@@ -161,10 +163,9 @@ class PairsJob(PairDecoding):
         cp_path, pf_path = d / f"{row_index:07d}_cp.png", d / f"{row_index:07d}_pf.png"
         with output_errors(d, "--save-maps folder"):
             d.mkdir(parents=True, exist_ok=True)
-            cp_map(ref.image, it.ref_enc.grid, sc.arrays["cp_best"], it.ref_weights, self.scorer.fg_threshold).save(
-                cp_path
-            )
-            pf_map(out.image, it.out_enc.grid, sc.arrays["pf_attention"], sc.arrays["pf_hidden"]).save(pf_path)
+            cp = cp_map(ref.image, it.ref_enc.grid, sc.arrays["cp_best"], it.ref_weights, self.scorer.fg_threshold)
+            _save_png(cp, cp_path)
+            _save_png(pf_map(out.image, it.out_enc.grid, sc.arrays["pf_attention"], sc.arrays["pf_hidden"]), pf_path)
         return {"cp_map": str(cp_path.resolve()), "pf_map": str(pf_path.resolve())}
 
     def score_rows(
@@ -378,6 +379,19 @@ class PairsJob(PairDecoding):
             )
         if ex["prompt_truncated"]:
             o.notes.append(f"prompt truncated to {s.text_recipe.max_length} tokens")
+
+
+def _save_png(img, path: Path) -> None:
+    """Write ``img`` as PNG at ``path`` through a temporary file of its own (this process's, made
+    afresh: :func:`~masc_engine.jobs.tables.open_fresh`) renamed over ``path``: a link planted at
+    ``path`` is replaced by the map, never written through."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    try:
+        with open_fresh(tmp, binary=True) as f:
+            img.save(f, format="PNG")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _image_keys(item: DecodedPair) -> tuple[str, str]:
