@@ -29,7 +29,6 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,14 +137,18 @@ def read_table(
         raise TableError(bad, f"{p}: unknown file type {p.suffix!r}; expected one of {', '.join(FORMATS)}")
     budget = _RowBudget(p, bad, size, max_bytes, budget_option)
     if fmt in ("csv", "tsv"):
-        table = _read_delimited(p, "\t" if fmt == "tsv" else ",", bad, extra_fields, budget)
+        from .delimited import read_delimited  # (here: delimited.py reads this module's rules)
+
+        table = read_delimited(p, "\t" if fmt == "tsv" else ",", bad, extra_fields, budget)
     elif fmt == "jsonl":
         table = _read_jsonl(p, bad, budget)
     elif fmt == "json":
         table = _read_json(p, bad)
         budget.check(len(table.rows), "")
     else:
-        table = _read_parquet(p, bad, max_bytes, budget)
+        from .parquet import read_parquet  # (here: parquet.py reads this module's rules)
+
+        table = read_parquet(p, bad, max_bytes, budget)
     missing = [c for c in required if c not in table.columns]
     if missing:
         raise TableError(bad, f"{p}: missing column(s) {', '.join(missing)}; required: {', '.join(required)}")
@@ -173,87 +176,6 @@ class _RowBudget:
             f"({ROW_MEMORY_BYTES} bytes a row beside the file's {self.size}), over the budget "
             f"of {self.max_bytes} bytes" + (f" ({self.option})" if self.option else ""),
         )
-
-
-@contextmanager
-def _field_limit(file_bytes: int):
-    """Python's csv module refuses a field over 131,072 characters by default; here the bound is
-    :data:`MAX_CELL_CHARS` (or the file's size, if smaller): a long cell below it is the row's
-    business (masc-run's prompt budget makes it that row's status), one above it refuses the file
-    before it is held in memory. The module-wide limit is restored afterwards."""
-    old = csv.field_size_limit()
-    csv.field_size_limit(max(old, min(file_bytes + 1, MAX_CELL_CHARS, sys.maxsize)))
-    try:
-        yield
-    finally:
-        csv.field_size_limit(old)
-
-
-#: A line :func:`_read_delimited` feeds the csv reader after the file's last line: a file that
-#: ends inside a quoted cell swallows it into that cell (the csv module, not strict, accepts the end
-#: of the file there); one that does not reads it as a row of its own, which is dropped.
-_EOF_LINE = "\ufffemasc-engine end of file"
-
-
-class _CountedLines:
-    """The lines of an open file, counted as the csv reader takes them (``n``: the line being
-    parsed, so a csv error names the line holding it), then :data:`_EOF_LINE`."""
-
-    def __init__(self, fh) -> None:
-        self.fh, self.n = fh, 0
-
-    def __iter__(self):
-        for line in self.fh:
-            self.n += 1
-            yield line
-        yield _EOF_LINE
-
-
-def _unclosed_quote(p: Path, bad: str, cells: dict, last_line: int) -> None:
-    """Refuse a row (or header) whose cell swallowed :data:`_EOF_LINE`: a quote opened in that
-    cell is never closed, so every later line of the file was read into it. The line named is
-    the one the quote opened on (the file's last line less the line breaks inside the cell)."""
-    for name, value in cells.items():
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, str) and v.endswith(_EOF_LINE):
-                text = v[: -len(_EOF_LINE)]
-                breaks = len(re.findall(r"\r\n|\r|\n", text))
-                opened = last_line - breaks + (1 if text.endswith(("\n", "\r")) else 0)
-                column = f" (column {name!r})" if isinstance(name, str) else ""
-                raise TableError(
-                    bad,
-                    f"{p}, line {opened}: a quote opening a cell{column} is never closed, so every "
-                    "later line would be read into that cell; close it, or write a quote inside a "
-                    'quoted cell as ""',
-                )
-
-
-def _read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str, budget: _RowBudget) -> Table:
-    rows, lines = [], []
-    with p.open(newline="", encoding="utf-8-sig") as fh, _field_limit(os.fstat(fh.fileno()).st_size):
-        src = _CountedLines(fh)
-        reader = csv.DictReader(iter(src), delimiter=delimiter)
-        try:
-            if not reader.fieldnames or reader.fieldnames == [_EOF_LINE]:
-                raise TableError(bad, f"{p} is empty (no header row)")
-            _unclosed_quote(p, bad, dict(enumerate(reader.fieldnames)), src.n)
-            _check_unique(p, bad, reader.fieldnames, "the header")
-            for row in reader:
-                if next(iter(row.values())) == _EOF_LINE:
-                    break
-                _unclosed_quote(p, bad, row, src.n)
-                if None in row:
-                    if extra_fields == "error":
-                        raise TableError(bad, f"{p}, line {reader.line_num}: more fields than the header has columns")
-                    del row[None]
-                rows.append({k: ("" if v is None else v) for k, v in row.items()})
-                lines.append(reader.line_num)
-                budget.check(len(rows), f", line {reader.line_num}")
-        except csv.Error as exc:
-            raise TableError(bad, f"{p}, line {src.n}: {exc}") from None
-        except UnicodeDecodeError as exc:
-            raise TableError(bad, f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    return Table(p, list(reader.fieldnames), rows, lines)
 
 
 def _header_key(name: str) -> str:
@@ -428,71 +350,6 @@ def _read_json(p: Path, bad: str) -> Table:
     return Table(p, _columns_of(obj), obj, None)
 
 
-def _materialized_bytes(t) -> int:
-    """Bytes the text and binary cells of the Arrow table ``t`` take once turned into Python values
-    (a dictionary-encoded column counts each row's value, as ``to_pylist`` makes it); other
-    columns count their Arrow buffers."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    def text(typ) -> bool:
-        return (
-            pa.types.is_string(typ)
-            or pa.types.is_large_string(typ)
-            or pa.types.is_binary(typ)
-            or pa.types.is_large_binary(typ)
-        )
-
-    total = 0
-    for column in t.columns:
-        for chunk in column.chunks:
-            if pa.types.is_dictionary(chunk.type) and text(chunk.type.value_type):
-                lengths = pc.binary_length(chunk.dictionary).take(chunk.indices)
-            elif text(chunk.type):
-                lengths = pc.binary_length(chunk)
-            else:
-                total += chunk.nbytes
-                continue
-            total += int(pc.sum(lengths).as_py() or 0)
-    return total
-
-
-def _read_parquet(p: Path, bad: str, max_bytes: int | None = None, budget: _RowBudget | None = None) -> Table:
-    from .. import extras
-
-    try:
-        pq = extras.require("pyarrow.parquet", f"{p}: reading Parquet")
-    except ImportError as exc:  # MissingDependencyError: one line naming the [parquet] extra
-        raise TableError(bad, str(exc)) from None
-    try:
-        # text columns stay dictionary-encoded while read (a repeated value is held once), so the
-        # budget below is checked before any cell is expanded
-        schema = pq.read_schema(p)
-        _check_unique(p, bad, schema.names, "the schema")
-        text = [
-            f.name
-            for f in schema
-            if str(f.type) in ("string", "large_string", "binary", "large_binary")
-            or str(f.type).startswith("dictionary<values=string")
-        ]
-        t = pq.read_table(p, read_dictionary=text)
-    except TableError:
-        raise
-    except Exception as exc:  # pyarrow's own errors (ArrowInvalid, OSError) for a damaged file
-        raise TableError(bad, f"{p}: not a readable Parquet file ({exc})") from None
-    if budget is not None:
-        budget.check(t.num_rows, "")
-    if max_bytes is not None:  # a small file of repeated dictionary values can expand to gigabytes
-        n = _materialized_bytes(t)
-        if n > max_bytes:
-            raise TableError(
-                bad,
-                f"{p}: its cells hold {n} bytes once decoded (dictionary-encoded or "
-                f"compressed), over the budget of {max_bytes} bytes",
-            )
-    return Table(p, list(t.column_names), t.to_pylist(), None)
-
-
 # ---------------------------------------------------------------------------------- paths, cells
 
 
@@ -639,8 +496,10 @@ def write_table(
                 for r in rows:
                     w.writerow({k: csv_cell(r.get(k)) for k in columns})
         elif fmt == "parquet":
+            from .parquet import write_parquet
+
             with open_fresh(tmp, binary=True) as f:
-                _write_parquet(f, path, rows, columns)
+                write_parquet(f, path, rows, columns)
         else:
             records = [{k: json_cell(r.get(k)) for k in columns} for r in rows]
             with open_fresh(tmp) as f:
@@ -667,11 +526,3 @@ def open_fresh(tmp: Path, *, binary: bool = False, newline: str | None = None):
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
     return open(fd, "wb") if binary else open(fd, "w", newline=newline, encoding="utf-8")
-
-
-def _write_parquet(sink, path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
-    from .. import extras
-
-    pa = extras.require("pyarrow", f"{path}: Parquet")
-    pq = extras.require("pyarrow.parquet", f"{path}: Parquet")
-    pq.write_table(pa.table({k: [json_cell(r.get(k)) for r in rows] for k in columns}), sink)
