@@ -97,3 +97,38 @@ def test_a_map_written_over_a_planted_link_replaces_the_link(tmp_path):
     assert victim.read_text() == "precious" and not target.is_symlink()
     assert Image.open(target).getpixel((0, 0)) == (255, 0, 0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0000001_cp.png", "victim.txt"]
+
+
+def test_parquet_cells_json_has_no_word_for_are_read_as_text(tmp_path):
+    import datetime
+    import decimal
+    import json
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    p = tmp_path / "p.parquet"
+    cols = {
+        "prompt": pa.array(["a cat"]),
+        "created": pa.array([datetime.datetime(2024, 1, 2, 3, 4, 5)], pa.timestamp("us")),
+        "day": pa.array([datetime.date(2024, 1, 2)]),
+        "price": pa.array([decimal.Decimal("12.50")], pa.decimal128(5, 2)),
+        "took": pa.array([datetime.timedelta(seconds=90)], pa.duration("s")),
+        "blob": pa.array([b"\x00\xff"], pa.binary()),
+        "text_as_binary": pa.array(["a dog".encode()], pa.binary()),
+        "tags": pa.array([[datetime.date(2024, 1, 3)]]),
+        "n": pa.array([7]),
+    }
+    pq.write_table(pa.table(cols), p)
+    row = read_table(p).rows[0]
+    assert row == {
+        "prompt": "a cat",
+        "created": "2024-01-02T03:04:05",
+        "day": "2024-01-02",
+        "price": "12.50",
+        "took": "0:01:30",
+        "blob": "00ff",
+        "text_as_binary": "a dog",
+        "tags": ["2024-01-03"],
+        "n": 7,
+    }
+    assert json.loads(json.dumps(row)) == row

@@ -3,13 +3,16 @@
 or written.
 
 Reading: text columns stay dictionary-encoded until the byte budget has been checked against what
-they decode to.
+they decode to; cells of types JSON has no word for are read as text (:func:`_json_safe_value`: dates and
+timestamps as ISO 8601, decimals and durations as ``str``, binary as its UTF-8 text or hex), since
+every command journals, fingerprints and writes cells as JSON.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .tables import Table, TableError, _check_unique, _RowBudget, json_cell
 
@@ -46,7 +49,7 @@ def _materialized_bytes(t) -> int:
 def read_parquet(p: Path, bad: str, max_bytes: int | None = None, budget: _RowBudget | None = None) -> Table:
     """Read a ``.parquet`` table (:func:`~masc_engine.jobs.tables.read_table`'s Parquet reader):
     its schema checked for repeated names, its rows against ``budget``, its text cells against
-    ``max_bytes`` as they decode.
+    ``max_bytes`` as they decode, every cell JSON-safe (:func:`_parquet_rows`).
 
     Raises:
         TableError: pyarrow is missing, the file is unreadable, over its budget, names a column
@@ -84,7 +87,51 @@ def read_parquet(p: Path, bad: str, max_bytes: int | None = None, budget: _RowBu
                 f"{p}: its cells hold {n} bytes once decoded (dictionary-encoded or "
                 f"compressed), over the budget of {max_bytes} bytes",
             )
-    return Table(p, list(t.column_names), t.to_pylist(), None)
+    return Table(p, list(t.column_names), _parquet_rows(p, bad, t), None)
+
+
+def _parquet_rows(p: Path, bad: str, t) -> list[dict]:
+    """The rows of the Arrow table ``t`` as dicts of JSON-safe values (:func:`_json_safe_value`:
+    every command journals, fingerprints and writes cells as JSON)."""
+    rows = t.to_pylist()
+    import pyarrow as pa
+
+    simple = (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_floating)
+    odd = [
+        f.name
+        for f in t.schema
+        if not any(is_(f.type) for is_ in (*simple, pa.types.is_boolean, pa.types.is_null))
+        and not (pa.types.is_dictionary(f.type) and any(is_(f.type.value_type) for is_ in simple))
+    ]
+    for r in rows if odd else ():
+        for name in odd:
+            r[name] = _json_safe_value(r[name])
+    return rows
+
+
+def _json_safe_value(v: Any) -> Any:
+    """A Parquet cell of a type JSON has no word for, as text: a date, time or timestamp as ISO
+    8601 (``datetime.isoformat``), a duration and a decimal as ``str``, binary as its UTF-8 text
+    (hex where it is not UTF-8); lists and structs element by element; others as they are."""
+    import datetime
+    import decimal
+
+    if isinstance(v, (datetime.date, datetime.time)):  # (datetime.datetime is a date)
+        return v.isoformat()
+    if isinstance(v, (datetime.timedelta, decimal.Decimal)):
+        return str(v)
+    if isinstance(v, (bytes, bytearray)):
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError:
+            return bytes(v).hex()
+    if isinstance(v, list):
+        return [_json_safe_value(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _json_safe_value(x) for k, x in v.items()}
+    if isinstance(v, tuple):  # a map column: (key, value) pairs
+        return [_json_safe_value(x) for x in v]
+    return v
 
 
 def write_parquet(sink, path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
