@@ -132,3 +132,16 @@ def test_parquet_cells_json_has_no_word_for_are_read_as_text(tmp_path):
         "n": 7,
     }
     assert json.loads(json.dumps(row)) == row
+
+
+def test_a_parquet_text_column_that_is_not_utf8_names_file_column_and_row(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    b = pa.array([b"fine", b"a backpack \xff"], pa.binary())
+    prompt = pa.Array.from_buffers(pa.string(), len(b), b.buffers())
+    p = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"key": ["k1", "k2"], "prompt": prompt}), p)
+    with pytest.raises(TableError) as e:
+        read_table(p, what="pairs")
+    assert e.value.reason == "bad_pairs_file"
+    assert f"{p}, row 2: column 'prompt' is not UTF-8 text" in str(e.value)

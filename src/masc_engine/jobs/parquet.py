@@ -3,7 +3,8 @@
 or written.
 
 Reading: text columns stay dictionary-encoded until the byte budget has been checked against what
-they decode to; cells of types JSON has no word for are read as text (:func:`_json_safe_value`: dates and
+they decode to; a text column whose bytes are not UTF-8 refuses the file naming the column and the
+row; cells of types JSON has no word for are read as text (:func:`_json_safe_value`: dates and
 timestamps as ISO 8601, decimals and durations as ``str``, binary as its UTF-8 text or hex), since
 every command journals, fingerprints and writes cells as JSON.
 """
@@ -53,7 +54,7 @@ def read_parquet(p: Path, bad: str, max_bytes: int | None = None, budget: _RowBu
 
     Raises:
         TableError: pyarrow is missing, the file is unreadable, over its budget, names a column
-            twice.
+            twice, or a text column is not UTF-8 (file, column and row named).
     """
     from .. import extras
 
@@ -92,8 +93,15 @@ def read_parquet(p: Path, bad: str, max_bytes: int | None = None, budget: _RowBu
 
 def _parquet_rows(p: Path, bad: str, t) -> list[dict]:
     """The rows of the Arrow table ``t`` as dicts of JSON-safe values (:func:`_json_safe_value`:
-    every command journals, fingerprints and writes cells as JSON)."""
-    rows = t.to_pylist()
+    every command journals, fingerprints and writes cells as JSON).
+
+    Raises:
+        TableError: a text column holds bytes that are not UTF-8 (the file, column and row named).
+    """
+    try:
+        rows = t.to_pylist()
+    except UnicodeDecodeError:
+        raise _not_utf8(p, bad, t) from None
     import pyarrow as pa
 
     simple = (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_floating)
@@ -107,6 +115,19 @@ def _parquet_rows(p: Path, bad: str, t) -> list[dict]:
         for name in odd:
             r[name] = _json_safe_value(r[name])
     return rows
+
+
+def _not_utf8(p: Path, bad: str, t) -> TableError:
+    """The error for a text column of ``t`` whose bytes are not UTF-8, naming the first such cell."""
+    for name, column in zip(t.column_names, t.columns):
+        for i, v in enumerate(column):
+            try:
+                v.as_py()
+            except UnicodeDecodeError as exc:
+                return TableError(
+                    bad, f"{p}, row {i + 1}: column {name!r} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+                )
+    return TableError(bad, f"{p}: a text column is not UTF-8 text")
 
 
 def _json_safe_value(v: Any) -> Any:
