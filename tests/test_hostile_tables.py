@@ -145,3 +145,21 @@ def test_a_parquet_text_column_that_is_not_utf8_names_file_column_and_row(tmp_pa
         read_table(p, what="pairs")
     assert e.value.reason == "bad_pairs_file"
     assert f"{p}, row 2: column 'prompt' is not UTF-8 text" in str(e.value)
+
+
+def test_a_carried_column_of_mixed_types_is_written_to_parquet_as_text(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from masc_engine.jobs.tables import write_table
+
+    rows = [
+        {"batch": 7, "n": 1, "x": None, "big": 2**70},
+        {"batch": "seven", "n": 2, "x": {"a": [1]}, "big": 1},
+        {"batch": None, "n": 3, "x": "s", "big": 2},
+    ]
+    p = write_table(tmp_path / "o.parquet", rows, ["batch", "n", "x", "big"])
+    t = pq.read_table(p)
+    assert t.schema.field("batch").type == pa.string() and t.schema.field("n").type == pa.int64()
+    assert t.column("batch").to_pylist() == ["7", "seven", None]
+    assert t.column("x").to_pylist() == [None, '{"a": [1]}', "s"]
+    assert t.column("big").to_pylist() == [str(2**70), "1", "2"]

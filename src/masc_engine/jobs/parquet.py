@@ -11,6 +11,7 @@ every command journals, fingerprints and writes cells as JSON.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -166,4 +167,18 @@ def write_parquet(sink, path: Path, rows: Sequence[dict], columns: Sequence[str]
 
     pa = extras.require("pyarrow", f"{path}: Parquet")
     pq = extras.require("pyarrow.parquet", f"{path}: Parquet")
-    pq.write_table(pa.table({k: [json_cell(r.get(k)) for r in rows] for k in columns}), sink)
+    pq.write_table(pa.table({k: _column(pa, [json_cell(r.get(k)) for r in rows]) for k in columns}), sink)
+
+
+def _column(pa, values: list):
+    """One output column as an Arrow array, its type inferred from ``values``; a column whose
+    values mix types Arrow cannot hold in one (a carried-through JSON Lines column of ``7`` and
+    ``"seven"``) is written as text: each value as its JSON text (a string as itself), missing
+    values null."""
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        text = [
+            v if v is None or isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str) for v in values
+        ]
+        return pa.array(text, pa.string())
