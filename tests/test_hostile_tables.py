@@ -163,3 +163,34 @@ def test_a_carried_column_of_mixed_types_is_written_to_parquet_as_text(tmp_path)
     assert t.column("batch").to_pylist() == ["7", "seven", None]
     assert t.column("x").to_pylist() == [None, '{"a": [1]}', "s"]
     assert t.column("big").to_pylist() == [str(2**70), "1", "2"]
+
+
+def test_an_input_column_named_like_a_result_column_is_refused_before_anything_runs(tmp_path):
+    from masc_engine.jobs.pairs.columns import PairsFileError
+    from masc_engine.jobs.pairs.run import run_pairs
+
+    p = tmp_path / "p.csv"
+    p.write_text(
+        "ref_image,ref_mask,out_image,out_mask,prompt,object_name,cp,status,human\n"
+        "a.jpg,a.png,b.jpg,b.png,a cat,cat,0.7 (human),approved,yes\n"
+    )
+    with pytest.raises(PairsFileError) as e:
+        run_pairs(p, None, tmp_path / "o.csv")  # refused before the scorer is used
+    assert "column(s) 'cp', 'status' are also result columns masc-run writes" in str(e.value)
+    assert "rename them" in str(e.value) and "\n" not in str(e.value)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["p.csv"]
+
+
+def test_cells_under_repeated_empty_header_cells_are_refused_not_folded(tmp_path):
+    p = tmp_path / "p.csv"
+    p.write_text("key,prompt,,\nk1,a,,\nk2,b,first,second\n")
+    with pytest.raises(TableError, match=r"line 3: column 3 holds a cell \('first'\) under an empty header cell"):
+        read_table(p)
+    p.write_text("key,prompt,,\nk1,a,,\nk2,b,,last\n")
+    with pytest.raises(TableError, match=r"line 3: column 4 holds a cell \('last'\)"):
+        read_table(p)
+    p.write_text("key,prompt,,\nk1,a,,\nk2,b\n")  # empty (and short) unnamed columns: read as before
+    t = read_table(p)
+    assert t.columns == ["key", "prompt", "", ""] and t.rows[1] == {"key": "k2", "prompt": "b", "": ""}
+    p.write_text("key,prompt,\nk1,a,x\n")  # one unnamed column keeps its cells
+    assert read_table(p).rows[0][""] == "x"

@@ -10,6 +10,7 @@ import csv
 import os
 import re
 import sys
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -69,6 +70,52 @@ def _unclosed_quote(p: Path, bad: str, cells: dict, last_line: int) -> None:
                 )
 
 
+class _LastRow:
+    """A csv reader that keeps the last row it read (``row``): the cells a DictReader folds into
+    one key where the header repeats a name."""
+
+    def __init__(self, reader) -> None:
+        self.reader = reader
+        self.row: list[str] = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list:
+        self.row = next(self.reader)
+        return self.row
+
+    @property
+    def line_num(self) -> int:
+        return self.reader.line_num
+
+    @property
+    def dialect(self):
+        return self.reader.dialect
+
+
+def _shared_unnamed(names: Sequence[str]) -> list[int]:
+    """0-based positions of header cells whose (unnamed: empty once stripped) name another cell
+    repeats exactly: a row's dict holds only the last of their cells."""
+    seen: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        seen.setdefault(name, []).append(i)
+    return sorted(i for group in seen.values() if len(group) > 1 for i in group)
+
+
+def _check_unnamed(p: Path, bad: str, shared: list[int], cells: list, line: int) -> None:
+    """Refuse a row holding a cell under a header cell that has no name shared with another:
+    read as one key, all but one of them would be lost (or copied over the others on output)."""
+    for i in shared:
+        if i < len(cells) and cells[i].strip():
+            raise TableError(
+                bad,
+                f"{p}, line {line}: column {i + 1} holds a cell ({cells[i]!r:.40}) under an empty header "
+                f"cell that column(s) {', '.join(str(j + 1) for j in shared if j != i)} share, so one "
+                "would be lost; name these columns in the header (empty unnamed columns may repeat)",
+            )
+
+
 def read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str, budget: _RowBudget) -> Table:
     """Read a CSV (``delimiter=","``) or TSV (a tab) table (:func:`~masc_engine.jobs.tables.read_table`'s
     reader for them): UTF-8 with a byte-order mark tolerated, quoted commas and newlines, each row's
@@ -76,7 +123,8 @@ def read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str, budget:
 
     Raises:
         TableError: empty, not UTF-8, a cell past the field limit (its line named), a quote
-            never closed (:func:`_unclosed_quote`), a repeated header name, more cells than the
+            never closed (:func:`_unclosed_quote`), a repeated header name, a cell under an
+            unnamed header cell another shares (:func:`_check_unnamed`), more cells than the
             header (``extra_fields="error"``), or over ``budget``.
     """
     rows, lines = [], []
@@ -88,10 +136,16 @@ def read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str, budget:
                 raise TableError(bad, f"{p} is empty (no header row)")
             _unclosed_quote(p, bad, dict(enumerate(reader.fieldnames)), src.n)
             _check_unique(p, bad, reader.fieldnames, "the header")
+            shared = _shared_unnamed(reader.fieldnames)
+            last = _LastRow(reader.reader) if shared else None
+            if last is not None:
+                reader.reader = last  # type: ignore[assignment]  # (a reader that keeps its last row)
             for row in reader:
                 if next(iter(row.values())) == _EOF_LINE:
                     break
                 _unclosed_quote(p, bad, row, src.n)
+                if last is not None:
+                    _check_unnamed(p, bad, shared, last.row, reader.line_num)
                 if None in row:
                     if extra_fields == "error":
                         raise TableError(bad, f"{p}, line {reader.line_num}: more fields than the header has columns")

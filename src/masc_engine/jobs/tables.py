@@ -12,7 +12,7 @@ file, the name and both positions named), never read as "the last one wins". Hea
 compared with surrounding spaces and byte-order marks (U+FEFF) stripped, so ``prompt`` and
 `` prompt`` are one name twice (a leading byte-order mark of the file itself is dropped as it is
 read); the names themselves are kept as written. Empty header cells (a trailing comma) name no
-column and may repeat.
+column and may repeat while the cells under them are empty (jobs/delimited.py).
 
 Missing values in every output table (:func:`write_table`): a NaN number is written ``nan`` in
 CSV / TSV and ``null`` in JSON, JSON Lines and Parquet; ``None`` (a cell with no value, e.g. the

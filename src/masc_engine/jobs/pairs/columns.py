@@ -64,6 +64,23 @@ def read_pairs(
     ]
 
 
+def check_carried(csv_path: str | Path, fieldnames: list[str], result_columns: tuple[str, ...]) -> None:
+    """Refuse an input column named like a column the run writes (``cp``, ``status``): its cells
+    would be replaced by the results, silently. Names compare exactly, as the output writes them.
+
+    Raises:
+        PairsFileError: one line naming the column(s) and the way out (rename them).
+    """
+    clash = [c for c in fieldnames if c in result_columns]
+    if clash:
+        names = ", ".join(repr(c) for c in clash)
+        raise PairsFileError(
+            "bad_pairs_file",
+            f"{csv_path}: column(s) {names} are also result columns masc-run writes, so the results "
+            "would replace their cells; rename them in the pairs file (e.g. human_cp), nothing was scored",
+        )
+
+
 def _cell(v) -> str:
     """A required cell as text: JSON and Parquet tables can hold numbers (a numeric object_name or
     file name) or nulls (NaN from pandas); those are data, not a reason to stop the run."""

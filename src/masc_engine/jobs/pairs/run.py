@@ -17,7 +17,7 @@ from ..executors import Chunk, LocalExecutor, RayExecutor
 from ..mask_source import SAVED_MASK_COLUMNS
 from ..tables import number_or_nan
 from ..results import Journal, OutputLock, RunRecord, output_errors, output_format, resume, write_output
-from .columns import MAP_COLUMNS, read_pairs, row_key
+from .columns import MAP_COLUMNS, check_carried, read_pairs, row_key
 from .job import PairsJob, _ray_factory
 from .settings import RunOptions, RunSettings
 from .metadata import write_sidecar
@@ -86,6 +86,7 @@ def _run_locked(
     # A run whose metrics include some that read no mask (the classic ones) takes rows without masks.
     masks_optional = segmenter is not None or bool(settings.embedders_needed())
     fieldnames, rows = read_pairs(csv_path, masks_optional=masks_optional, max_bytes=opts.max_pairs_bytes)
+    check_carried(csv_path, fieldnames, settings.result_columns(segmenter is not None))
     base = csv_path.resolve().parent
     keys = [row_key(r, base) for r in rows]
     summary = Summary(duplicates=_duplicates(rows))
