@@ -165,6 +165,20 @@ def test_a_carried_column_of_mixed_types_is_written_to_parquet_as_text(tmp_path)
     assert t.column("big").to_pylist() == [str(2**70), "1", "2"]
 
 
+@pytest.mark.parametrize(
+    "ref_mask, out_mask, sources", [("m/0.png", "", ("file", "")), ("", "m/1.png", ("", "file")), ("", "", ("", ""))]
+)
+def test_a_row_refused_for_its_text_reports_a_mask_source_only_where_its_cell_names_a_file(ref_mask, out_mask, sources):
+    from masc_engine.errors import InputError
+    from masc_engine.jobs.pairs.decoding import PairDecoding
+
+    row = {"ref_image": "a.jpg", "ref_mask": ref_mask, "out_image": "b.jpg", "out_mask": out_mask}
+    row.update(prompt="a cat", object_name="a" * 5000)
+    e = InputError("object_name_too_long", "5000 tokens")
+    pair = PairDecoding._row_pair(None, 2, row, "/", {}, {}, e)  # (the text's refusal reads nothing of self)
+    assert pair.error is e and pair.mask_sources == sources
+
+
 def test_an_input_column_named_like_a_result_column_is_refused_before_anything_runs(tmp_path):
     from masc_engine.jobs.pairs.columns import PairsFileError
     from masc_engine.jobs.pairs.run import run_pairs

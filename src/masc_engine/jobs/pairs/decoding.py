@@ -30,7 +30,7 @@ from ..items import (
 from ..loading import ByteBudget, load_all
 from ..mask_source import SEGMENTER, SegmenterMasks
 from ..tables import resolve_path
-from .columns import FILE_COLUMNS
+from .columns import FILE_COLUMNS, MASK_COLUMNS
 from .outcome import _raise, _row_text
 from .settings import RunSettings
 
@@ -273,13 +273,18 @@ class PairDecoding:
         text's error first: its files were not read; then a ``bad_row`` for an empty cell the run
         cannot fill)."""
         prompt, obj = _row_text(row)
+        # a refused row's masks come from nowhere: "file" only where its cell names one
+        ref_m, out_m = ("file" if (row.get(c) or "").strip() else "" for c in MASK_COLUMNS)
+        named = (ref_m, out_m)
         if isinstance(text, InputError):
-            return DecodedPair(text, text, text, text, prompt, obj, row_index=index, cells=row, error=text)
+            return DecodedPair(
+                text, text, text, text, prompt, obj, row_index=index, cells=row, error=text, mask_sources=named
+            )
         sides = self._sides(row, base)
         if sides is None:
             empty = [c for c in FILE_COLUMNS if not (row.get(c) or "").strip()]
             e = InputError("bad_row", f"empty column(s): {', '.join(empty)}")
-            return DecodedPair(e, e, e, e, prompt, obj, row_index=index, cells=row, error=e)
+            return DecodedPair(e, e, e, e, prompt, obj, row_index=index, cells=row, error=e, mask_sources=named)
         ims: list[DecodedImage | InputError] = []
         side_masks: list[DecodedMask | InputError] = []
         names: dict[str, str] = {}
