@@ -173,3 +173,38 @@ def test_a_torn_last_journal_line_is_still_cut_off_and_the_rest_reused(tmp_path,
     path.write_bytes(path.read_bytes()[:-5])
     prior = resume(Journal(out), FP, {}, ["ka", "kb"], str(a))
     assert sorted(prior.done) == [1] and prior.repaired
+
+
+# ------------------------------------------------------------------ one output per --save-maps folder
+
+
+def test_a_maps_folder_holding_another_outputs_maps_is_refused_before_anything_runs(tmp_path):
+    from masc_engine.jobs.pairs.maps_owner import MARKER, claim_maps
+    from masc_engine.jobs.pairs.run import run_pairs
+    from masc_engine.jobs.pairs.settings import RunSettings
+
+    maps = tmp_path / "maps"
+    claim_maps(maps, tmp_path / "a.csv")
+    assert json.loads((maps / MARKER).read_text()) == {"output": str(tmp_path / "a.csv")}
+    p = tmp_path / "p.csv"
+    p.write_text("ref_image,ref_mask,out_image,out_mask,prompt,object_name\na.jpg,a.png,b.jpg,b.png,a cat,cat\n")
+    with pytest.raises(SettingsChangedError) as e:
+        run_pairs(p, None, tmp_path / "b.csv", RunSettings(save_maps=str(maps)))  # before the scorer is used
+    msg = str(e.value)
+    assert f"--save-maps {maps} holds the maps of {tmp_path / 'a.csv'}" in msg and "--overwrite" in msg
+    assert not (tmp_path / "b.csv.journal.jsonl").exists()
+
+
+def test_the_same_output_or_overwrite_may_use_the_folder(tmp_path, monkeypatch):
+    from masc_engine.jobs.pairs.maps_owner import MARKER, check_maps_owner, claim_maps
+
+    maps = tmp_path / "maps"
+    claim_maps(maps, tmp_path / "a.csv")
+    monkeypatch.chdir(tmp_path)
+    check_maps_owner(maps, tmp_path / "sub" / ".." / "a.csv", overwrite=False)  # one output, another spelling
+    check_maps_owner(maps, tmp_path / "b.csv", overwrite=True)
+    claim_maps(maps, tmp_path / "b.csv")
+    assert json.loads((maps / MARKER).read_text()) == {"output": str(tmp_path / "b.csv")}
+    with pytest.raises(SettingsChangedError, match="holds the maps of"):
+        check_maps_owner(maps, tmp_path / "a.csv", overwrite=False)
+    check_maps_owner(tmp_path / "fresh", tmp_path / "a.csv", overwrite=False)  # no marker: any output

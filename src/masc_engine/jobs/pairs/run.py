@@ -19,6 +19,7 @@ from ..tables import number_or_nan
 from ..results import Journal, OutputLock, RunRecord, output_errors, output_format, resume, write_output
 from .columns import MAP_COLUMNS, check_carried, read_pairs, row_key
 from .job import PairsJob, _ray_factory
+from .maps_owner import check_maps_owner, claim_maps
 from .settings import RunOptions, RunSettings
 from .metadata import write_sidecar
 from .summary import Summary
@@ -91,6 +92,8 @@ def _run_locked(
     keys = [row_key(r, base) for r in rows]
     summary = Summary(duplicates=_duplicates(rows))
     journal = Journal(out_path)
+    if settings.save_maps:
+        check_maps_owner(Path(settings.save_maps), out_path, opts.overwrite)
     prior = resume(
         journal,
         settings.fingerprint(scorer, segmenter, embedders),
@@ -100,6 +103,9 @@ def _run_locked(
         opts.overwrite,
     )
     summary.journal_repaired, summary.resumed = prior.repaired, len(prior.done)
+    if settings.save_maps:
+        with output_errors(settings.save_maps, "--save-maps folder"):
+            claim_maps(Path(settings.save_maps), out_path)
     done = prior.done
     todo = [i for i in range(1, len(rows) + 1) if i not in done]
     # Chunks are runs of consecutive row indices only where nothing was done.
