@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .tables import MAX_CELL_CHARS, Table, TableError, _check_unique, _RowBudget
+from .table_base import MAX_CELL_CHARS, Table, TableError, _check_unique, _RowBudget
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .tables import Table, TableError, _check_unique, _RowBudget, json_cell
+from .table_base import Table, TableError, _check_unique, _RowBudget, json_cell
 
 
 def _materialized_bytes(t) -> int:

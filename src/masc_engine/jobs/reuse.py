@@ -107,7 +107,8 @@ def reusable(entries: list[dict], keys: list[str], where) -> dict[int, dict]:
     Args:
         entries: rows of a journal (JSON) or of a finished output (CSV cells are text).
         keys: this input's ``row_key`` per row.
-        where: ``where(n)`` names the n-th entry (0-based) in messages (``"<file>, line 4"``).
+        where (Callable[[int], str]): ``where(n)`` names the n-th entry (0-based) in messages
+            (``"<file>, line 4"``).
 
     Raises:
         DamagedResultsError: an entry without an integer ``row_index`` (int, or its decimal

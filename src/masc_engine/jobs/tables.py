@@ -29,25 +29,22 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from .delimited import read_delimited
+from .parquet import read_parquet, write_parquet
+from .table_base import MAX_CELL_CHARS as MAX_CELL_CHARS
+from .table_base import ROW_MEMORY_BYTES as ROW_MEMORY_BYTES
+from .table_base import Table as Table
+from .table_base import TableError as TableError
+from .table_base import _RowBudget
+from .table_base import json_cell as json_cell
+from .table_base import open_fresh as open_fresh
 
 #: Default byte budget of a pairs file (masc-run ``--max-pairs-mb``), checked from its size before
 #: it is read: every row is held in memory, so the file is bounded (1 GiB: millions of rows).
 DEFAULT_MAX_PAIRS_BYTES = 2**30
-#: Memory a row costs once read beyond its text (a Python dict, its keys and strings), counted
-#: against the same budget as the file's bytes: 5 million rows of two empty cells (a 10 MB file)
-#: took 3.4 GB, about 680 bytes a row, before this; 512 is the floor of that per-row cost.
-ROW_MEMORY_BYTES = 512
-#: Longest CSV/TSV cell read (characters): far above any prompt budget (masc-run's cells over their
-#: budget are row statuses up to here), far below what one cell of a file within
-#: DEFAULT_MAX_PAIRS_BYTES could hold (a 900 MB cell took 6.3 GB to parse). Longer: the file is
-#: refused in one line naming the line.
-MAX_CELL_CHARS = 16 * 2**20
-
 FORMATS = {
     ".csv": "csv",
     ".txt": "csv",
@@ -57,38 +54,6 @@ FORMATS = {
     ".json": "json",
     ".parquet": "parquet",
 }
-
-
-class TableError(InputError):
-    """A table file itself is unusable: missing, empty, unparsable, or lacking a required column.
-
-    ``reason`` is ``missing_file`` or ``bad_<what>_file``; the message names file, line and cause.
-    """
-
-
-@dataclass
-class Table:
-    """A table read by :func:`read_table`.
-
-    Attributes:
-        path: the file read.
-        columns: column names in file order (CSV/TSV header; first object's keys otherwise).
-        rows: one dict per data row, in file order. CSV/TSV cells are strings; a short row's
-            missing cells are ``""``.
-        lines: ``lines[i]`` is the 1-based source line where row ``i`` ends (CSV/TSV: the header
-            is line 1; JSON Lines: the object's line), or ``None`` for JSON arrays and Parquet.
-    """
-
-    path: Path
-    columns: list[str]
-    rows: list[dict[str, Any]]
-    lines: list[int] | None
-
-    def where(self, i: int) -> str:
-        """``"<file>, line N"`` (or ``"row N"`` where the format has no lines) for row ``i`` (0-based)."""
-        if self.lines is not None:
-            return f"{self.path}, line {self.lines[i]}"
-        return f"{self.path}, row {i + 1}"
 
 
 def read_table(
@@ -137,8 +102,6 @@ def read_table(
         raise TableError(bad, f"{p}: unknown file type {p.suffix!r}; expected one of {', '.join(FORMATS)}")
     budget = _RowBudget(p, bad, size, max_bytes, budget_option)
     if fmt in ("csv", "tsv"):
-        from .delimited import read_delimited  # (here: delimited.py reads this module's rules)
-
         table = read_delimited(p, "\t" if fmt == "tsv" else ",", bad, extra_fields, budget)
     elif fmt == "jsonl":
         table = _read_jsonl(p, bad, budget)
@@ -146,59 +109,11 @@ def read_table(
         table = _read_json(p, bad)
         budget.check(len(table.rows), "")
     else:
-        from .parquet import read_parquet  # (here: parquet.py reads this module's rules)
-
         table = read_parquet(p, bad, max_bytes, budget)
     missing = [c for c in required if c not in table.columns]
     if missing:
         raise TableError(bad, f"{p}: missing column(s) {', '.join(missing)}; required: {', '.join(required)}")
     return table
-
-
-@dataclass
-class _RowBudget:
-    """The byte budget of a table as it is read: the file's bytes plus :data:`ROW_MEMORY_BYTES` a
-    row, checked as rows arrive, so a file of millions of tiny rows is refused before it is held."""
-
-    path: Path
-    bad: str
-    size: int
-    max_bytes: int | None
-    option: str
-
-    def check(self, n_rows: int, where: str) -> None:
-        if self.max_bytes is None or self.size + n_rows * ROW_MEMORY_BYTES <= self.max_bytes:
-            return
-        raise TableError(
-            self.bad,
-            f"{self.path}{where}: {n_rows} rows would take about "
-            f"{(self.size + n_rows * ROW_MEMORY_BYTES) / 2**20:.0f} MiB once read "
-            f"({ROW_MEMORY_BYTES} bytes a row beside the file's {self.size}), over the budget "
-            f"of {self.max_bytes} bytes" + (f" ({self.option})" if self.option else ""),
-        )
-
-
-def _header_key(name: str) -> str:
-    """A column name as compared for repeats: surrounding spaces and byte-order marks stripped."""
-    return name.strip(" \t\r\n\ufeff")
-
-
-def _check_unique(p: Path, bad: str, names: Sequence[str], where: str) -> None:
-    """Refuse a column name given twice in ``names`` (compared by :func:`_header_key`; empty names
-    are unnamed columns and may repeat), naming the file, the name and its 1-based positions."""
-    seen: dict[str, int] = {}
-    for i, name in enumerate(names):
-        key = _header_key(name)
-        if not key:
-            continue
-        if key in seen:
-            first = seen[key]
-            raise TableError(
-                bad,
-                f"{p}: {where} names column {key!r} twice (columns {first + 1} and {i + 1}: "
-                f"{names[first]!r}, {name!r}); keep one column of each name",
-            )
-        seen[key] = i
 
 
 class RepeatedKeyError(Exception):
@@ -451,14 +366,6 @@ def csv_cell(v: Any) -> Any:
     return v
 
 
-def json_cell(v: Any) -> Any:
-    """A value for JSON, JSON Lines or Parquet: NaN -> ``None`` (null); numpy floats as Python
-    floats; anything else as it is."""
-    if isinstance(v, float):
-        return None if math.isnan(v) else float(v)
-    return v
-
-
 def write_table(
     path: str | Path, rows: Sequence[dict], columns: Sequence[str], *, fmt: str | None = None, meta: dict | None = None
 ) -> Path:
@@ -496,8 +403,6 @@ def write_table(
                 for r in rows:
                     w.writerow({k: csv_cell(r.get(k)) for k in columns})
         elif fmt == "parquet":
-            from .parquet import write_parquet
-
             with open_fresh(tmp, binary=True) as f:
                 write_parquet(f, path, rows, columns)
         else:
@@ -512,17 +417,3 @@ def write_table(
     finally:
         tmp.unlink(missing_ok=True)  # a failed write (a full disk) leaves no partial file behind
     return path
-
-
-def open_fresh(tmp: Path, *, binary: bool = False, newline: str | None = None):
-    """A new file at the temporary name ``tmp``, opened for writing: whatever is there (a link
-    planted at the fixed name, a stale temporary file) is removed first, never written through,
-    and the file is created exclusively without following links (``O_CREAT | O_EXCL |
-    O_NOFOLLOW``: a link raced in between fails the write instead of redirecting it).
-
-    Raises:
-        OSError: it cannot be created (the folder is read-only, a folder stands at ``tmp``...).
-    """
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
-    return open(fd, "wb") if binary else open(fd, "w", newline=newline, encoding="utf-8")
