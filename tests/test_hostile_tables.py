@@ -208,3 +208,30 @@ def test_cells_under_repeated_empty_header_cells_are_refused_not_folded(tmp_path
     assert t.columns == ["key", "prompt", "", ""] and t.rows[1] == {"key": "k2", "prompt": "b", "": ""}
     p.write_text("key,prompt,\nk1,a,x\n")  # one unnamed column keeps its cells
     assert read_table(p).rows[0][""] == "x"
+
+
+def test_wide_rows_count_their_cells_against_the_byte_budget(tmp_path):
+    from masc_engine.jobs.tables import CELL_MEMORY_BYTES, ROW_MEMORY_BYTES
+
+    p = tmp_path / "p.csv"
+    p.write_text("ref_image," + ",".join(f"c{i}" for i in range(1000)) + "\n" + ("a.jpg" + ",x" * 1000 + "\n") * 50)
+    need = p.stat().st_size + 50 * ROW_MEMORY_BYTES + 50 * 999 * CELL_MEMORY_BYTES
+    assert len(read_table(p, max_bytes=need).rows) == 50
+    with pytest.raises(TableError) as e:
+        read_table(p, max_bytes=need - 1, budget_option="--max-pairs-mb")
+    assert "line 51: 50 rows would take" in str(e.value) and "20 a cell past a row's first two (49950)" in str(e.value)
+    j = tmp_path / "p.jsonl"
+    j.write_text(('{"a": 1, "b": 2, "c": 3, "d": 4}\n') * 10)
+    with pytest.raises(TableError, match="line 10: 10 rows"):
+        read_table(j, max_bytes=j.stat().st_size + 10 * ROW_MEMORY_BYTES + 19 * CELL_MEMORY_BYTES)
+
+
+def test_a_json_array_is_estimated_against_the_budget_before_it_is_parsed(tmp_path):
+    from masc_engine.jobs.tables import ROW_MEMORY_BYTES
+
+    p = tmp_path / "p.json"
+    p.write_text("[" + ",".join(['{"a":1}'] * 5000) + "]")
+    with pytest.raises(TableError) as e:
+        read_table(p, max_bytes=p.stat().st_size + 1000 * ROW_MEMORY_BYTES)
+    assert "p.json (estimated before parsing it): 5000 rows would take" in str(e.value)
+    assert len(read_table(p, max_bytes=p.stat().st_size + 5000 * ROW_MEMORY_BYTES).rows) == 5000

@@ -127,7 +127,7 @@ def read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str, budget:
             unnamed header cell another shares (:func:`_check_unnamed`), more cells than the
             header (``extra_fields="error"``), or over ``budget``.
     """
-    rows, lines = [], []
+    rows, lines, wide = [], [], 0
     with p.open(newline="", encoding="utf-8-sig") as fh, _field_limit(os.fstat(fh.fileno()).st_size):
         src = _CountedLines(fh)
         reader = csv.DictReader(iter(src), delimiter=delimiter)
@@ -152,7 +152,8 @@ def read_delimited(p: Path, delimiter: str, bad: str, extra_fields: str, budget:
                     del row[None]
                 rows.append({k: ("" if v is None else v) for k, v in row.items()})
                 lines.append(reader.line_num)
-                budget.check(len(rows), f", line {reader.line_num}")
+                wide += max(0, len(row) - 2)
+                budget.check(len(rows), f", line {reader.line_num}", wide)
         except csv.Error as exc:
             raise TableError(bad, f"{p}, line {src.n}: {exc}") from None
         except UnicodeDecodeError as exc:

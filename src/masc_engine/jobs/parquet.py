@@ -80,7 +80,7 @@ def read_parquet(p: Path, bad: str, max_bytes: int | None = None, budget: _RowBu
     except Exception as exc:  # pyarrow's own errors (ArrowInvalid, OSError) for a damaged file
         raise TableError(bad, f"{p}: not a readable Parquet file ({exc})") from None
     if budget is not None:
-        budget.check(t.num_rows, "")
+        budget.check(t.num_rows, "", t.num_rows * max(0, t.num_columns - 2))
     if max_bytes is not None:  # a small file of repeated dictionary values can expand to gigabytes
         n = _materialized_bytes(t)
         if n > max_bytes:

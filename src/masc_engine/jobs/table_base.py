@@ -19,6 +19,10 @@ from ..errors import InputError
 #: against the same budget as the file's bytes: 5 million rows of two empty cells (a 10 MB file)
 #: took 3.4 GB, about 680 bytes a row, before this; 512 is the floor of that per-row cost.
 ROW_MEMORY_BYTES = 512
+#: Memory a cell costs once read beyond its text, past the first two of a row (ROW_MEMORY_BYTES was
+#: measured on rows of two cells): a CSV of 50 rows of 10,001 cells held 20 bytes a cell of one
+#: character (a shared string) and 70 of two characters (tracemalloc, this reader); 20 is the floor.
+CELL_MEMORY_BYTES = 20
 #: Longest CSV/TSV cell read (characters): far above any prompt budget (masc-run's cells over their
 #: budget are row statuses up to here), far below what one cell of a file within
 #: DEFAULT_MAX_PAIRS_BYTES could hold (a 900 MB cell took 6.3 GB to parse). Longer: the file is
@@ -69,14 +73,22 @@ class _RowBudget:
     max_bytes: int | None
     option: str
 
-    def check(self, n_rows: int, where: str) -> None:
-        if self.max_bytes is None or self.size + n_rows * ROW_MEMORY_BYTES <= self.max_bytes:
+    def check(self, n_rows: int, where: str, wide_cells: int = 0) -> None:
+        """Refuse ``n_rows`` rows holding ``wide_cells`` cells past the first two of each row
+        (:data:`CELL_MEMORY_BYTES` each) once they would exceed the budget (``where``: the place
+        named, e.g. ``", line 12"``).
+
+        Raises:
+            TableError: over the budget (the rows, cells, estimate and option named).
+        """
+        cost = self.size + n_rows * ROW_MEMORY_BYTES + wide_cells * CELL_MEMORY_BYTES
+        if self.max_bytes is None or cost <= self.max_bytes:
             return
+        cells = f" and {CELL_MEMORY_BYTES} a cell past a row's first two ({wide_cells})" if wide_cells else ""
         raise TableError(
             self.bad,
-            f"{self.path}{where}: {n_rows} rows would take about "
-            f"{(self.size + n_rows * ROW_MEMORY_BYTES) / 2**20:.0f} MiB once read "
-            f"({ROW_MEMORY_BYTES} bytes a row beside the file's {self.size}), over the budget "
+            f"{self.path}{where}: {n_rows} rows would take about {cost / 2**20:.0f} MiB once read "
+            f"({ROW_MEMORY_BYTES} bytes a row{cells} beside the file's {self.size}), over the budget "
             f"of {self.max_bytes} bytes" + (f" ({self.option})" if self.option else ""),
         )
 

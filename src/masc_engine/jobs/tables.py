@@ -34,6 +34,7 @@ from typing import Any
 
 from .delimited import read_delimited
 from .parquet import read_parquet, write_parquet
+from .table_base import CELL_MEMORY_BYTES as CELL_MEMORY_BYTES
 from .table_base import MAX_CELL_CHARS as MAX_CELL_CHARS
 from .table_base import ROW_MEMORY_BYTES as ROW_MEMORY_BYTES
 from .table_base import Table as Table
@@ -106,8 +107,8 @@ def read_table(
     elif fmt == "jsonl":
         table = _read_jsonl(p, bad, budget)
     elif fmt == "json":
-        table = _read_json(p, bad)
-        budget.check(len(table.rows), "")
+        table = _read_json(p, bad, budget)
+        budget.check(len(table.rows), "", sum(max(0, len(r) - 2) for r in table.rows))
     else:
         table = read_parquet(p, bad, max_bytes, budget)
     missing = [c for c in required if c not in table.columns]
@@ -232,7 +233,7 @@ def _parse_json(text: str, bad: str, where: str, whole_file: bool = False) -> An
 
 
 def _read_jsonl(p: Path, bad: str, budget: _RowBudget) -> Table:
-    rows, lines = [], []
+    rows, lines, wide = [], [], 0
     with p.open("rb") as fh:  # decoded line by line, so that a decoding error names its line
         for lineno, raw in enumerate(fh, start=1):
             try:
@@ -248,15 +249,19 @@ def _read_jsonl(p: Path, bad: str, budget: _RowBudget) -> Table:
                 raise TableError(bad, f"{p}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
             rows.append(obj)
             lines.append(lineno)
-            budget.check(len(rows), f", line {lineno}")
+            wide += max(0, len(obj) - 2)
+            budget.check(len(rows), f", line {lineno}", wide)
     return Table(p, _columns_of(rows), rows, lines)
 
 
-def _read_json(p: Path, bad: str) -> Table:
+def _read_json(p: Path, bad: str, budget: _RowBudget) -> Table:
     try:
         text = p.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise TableError(bad, f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    # estimated before parsing (an array is parsed whole): at most one row per "{", one cell per ":"
+    objects, colons = text.count("{"), text.count(":")
+    budget.check(objects, " (estimated before parsing it)", max(0, colons - 2 * objects))
     obj = _parse_json(text, bad, str(p), whole_file=True)
     if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
         raise TableError(
