@@ -63,10 +63,14 @@ def test_repeated_header_names_are_refused_naming_both_positions(tmp_path, heade
 
 def test_empty_header_cells_may_repeat_and_distinct_names_still_read(tmp_path):
     p = tmp_path / "t.tsv"
-    p.write_text("prompt\tPrompt\t\t\nhello\tHi\tx\ty\n", encoding="utf-8")
+    p.write_text("prompt\tPrompt\t\t\nhello\tHi\t\t\n", encoding="utf-8")
     t = read_table(p, required=["prompt"], what="pairs")
     assert t.columns == ["prompt", "Prompt", "", ""]
     assert t.rows[0]["prompt"] == "hello" and t.rows[0]["Prompt"] == "Hi"
+    # cells under them would fold into one key, all but one lost: refused (jobs/delimited.py)
+    p.write_text("prompt\tPrompt\t\t\nhello\tHi\tx\ty\n", encoding="utf-8")
+    with pytest.raises(TableError, match="line 2: column 3 holds a cell"):
+        read_table(p, required=["prompt"], what="pairs")
 
 
 def test_a_json_lines_row_holding_a_key_twice_is_refused_naming_the_line(tmp_path):
