@@ -39,7 +39,7 @@ from .reuse import DamagedResultsError as DamagedResultsError
 from .reuse import SettingsChangedError as SettingsChangedError
 from .reuse import SidecarError as SidecarError
 from .reuse import check_input, check_output, parse_journal, reusable
-from .tables import TableError, json_cell as _json_safe, read_table, write_table
+from .tables import TableError, json_cell as _json_safe, open_fresh, read_table, write_table
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
@@ -207,9 +207,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
     try:
-        tmp.unlink(missing_ok=True)  # (a link there is removed, never written through)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
-        with open(fd, "w", encoding="utf-8") as f:
+        with open_fresh(tmp) as f:  # (a link there is removed, never written through)
             f.write(text)
         os.replace(tmp, path)
     finally:
