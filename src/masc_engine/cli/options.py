@@ -432,7 +432,8 @@ def embedder_paths(specs) -> dict[str, str]:
 
 
 def load_embedders(paths: dict[str, str]) -> dict:
-    """The ``Embedder`` of each bundle folder (runtime/embedder.py), by name."""
+    """The ``Embedder`` of each bundle folder (runtime/embedder.py), by name; a random-weights
+    bundle says so in one ``WARNING:`` line, as the scorer's and the segmenter's do."""
     from ..runtime.embedder import Embedder
 
-    return {k: Embedder(v) for k, v in paths.items()}
+    return {k: _one_line_warnings(lambda v=v: Embedder(v)) for k, v in paths.items()}
