@@ -467,3 +467,17 @@ def test_table_shows_torchmetrics_clip_score_with_the_clamp_on_the_mean(tmp_path
     r = CliRunner().invoke(eval_main, ["table", path, "--n-resamples", "50", "--format", "csv"])
     got = {row["method"]: row["clip_score_tm_torchmetrics"] for row in csv.DictReader(io.StringIO(r.output))}
     assert got == {"a": "15.0", "b": "0.0", "pooled": "2.5"}
+
+
+def test_the_shipped_illustrative_scores_use_masc_runs_scales():
+    """cp and pf are cosines in [-1, 1]; the classic metrics 100 x cosine in [-100, 100]
+    (docs/metrics.md), as masc-run writes them: a column on another scale would make the tables
+    built from the file disagree with a real run's."""
+    from support import EXAMPLES
+
+    rows = list(csv.DictReader(open(EXAMPLES / "scores_illustrative.csv")))
+    for col, top in (("cp", 1.0), ("pf", 1.0), ("clip_i", 100.0), ("clip_t", 100.0), ("dino", 100.0)):
+        values = np.array([float(r[col]) for r in rows if r[col] not in ("", "nan")])
+        assert len(values) >= len(rows) - 2 and np.all(np.abs(values) <= top), col  # a failed row or two
+        if top == 100.0:
+            assert np.median(np.abs(values)) > 1.0, col  # not a cosine
