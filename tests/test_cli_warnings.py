@@ -16,7 +16,9 @@ class _RandomEmbedder:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        warnings.warn(f"bundle {path} was exported from random weights (random:clip-tiny)", RandomWeightsWarning)
+        warnings.warn(
+            f"bundle {path} was exported from random weights (random:clip-tiny)", RandomWeightsWarning, stacklevel=2
+        )
 
 
 def test_a_random_weights_embedder_is_one_warning_line(monkeypatch, capsys):
