@@ -35,6 +35,12 @@ SHAPES = {
         [("tolerance_distributions_base-naflex.json", None)],
         10,
     ),
+    "so400m-naflex": (
+        tol.EXPORT_VALIDATION_RTOL_BUDGETS,
+        "so400m",
+        [("tolerance_distributions_so400m-naflex.json", None)],
+        2,
+    ),
     "clipseg-tiny": (
         tol.SEGMENTER_VALIDATION_BUDGETS,
         "clipseg-tiny",
