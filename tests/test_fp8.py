@@ -195,7 +195,20 @@ def test_fp8_is_refused_with_figures_where_the_gates_fail(naflex_bundle, tmp_pat
     assert "(whole graph in fp8: " in msg and "bf16" not in msg
     dcp = float(re.search(r"max \|dCP\| ([0-9.e+-]+)", msg).group(1))
     assert dcp > FIDELITY_MAX_ABS_DELTA
-    assert not (tmp_path / "out").exists() and not (tmp_path / "out.fp8-stage").exists()
+    assert list(tmp_path.iterdir()) == []  # no bundle, no staging folder left
+
+
+def test_fp8_never_removes_a_folder_beside_its_output(naflex_bundle, tmp_path, small_gates):
+    """A folder the user keeps beside ``out`` under the name a fixed staging folder would have
+    survives a refused (or written) FP8 export: the stage is a fresh folder of its own."""
+    kept = tmp_path / "out.fp8-stage"
+    kept.mkdir()
+    (kept / "notes.md").write_text("mine")
+    cal, held = cross_pairs(synthetic_images(8, 1), 2), cross_pairs(synthetic_images(12, 2), 3)
+    with pytest.raises(CertificationError):
+        fp8.certify_fp8(naflex_bundle, tmp_path / "out", calibration=cal, heldout=held, max_keep=0)
+    assert (kept / "notes.md").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.fp8-stage"]
 
 
 def test_a_certified_fp8_bundle_is_written_and_scores(naflex_bundle, tmp_path, small_gates, caplog):

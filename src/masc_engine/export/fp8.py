@@ -31,6 +31,7 @@ import ast
 import copy
 import logging
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -313,9 +314,11 @@ def certify_fp8(
         )
     logger.info(f"fp8 calibration: {len(cal)} pairs ({cal_info['source']})")
     amax = calibrate(src, cal, threads)
-    stage = out.with_name(out.name + ".fp8-stage")
-    shutil.rmtree(stage, ignore_errors=True)
-    shutil.copytree(src.path, stage)
+    # a staging folder of its own (a fresh name beside out): a folder the user keeps under some
+    # fixed name is never removed
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".fp8-stage", dir=out.parent))
+    shutil.copytree(src.path, stage, dirs_exist_ok=True)
     try:
         ev = Fp8Evaluator(src.path, amax, stage, threads)
         found = search_keep_list(ev, cal, held, max_keep, mode="fp8")
