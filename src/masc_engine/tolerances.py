@@ -88,20 +88,21 @@ VALIDATION_BUDGET_MARGIN = 3
 #:   pool   9.2e-7 / 1.1e-6 (1.1e-6 / 1.1e-6) -> budget 4e-6
 #:   text   5.4e-6 / 2.3e-5 (8.3e-7 / 2.3e-5) -> budget 7e-5
 #: so400m-naflex (width 1152, 27 layers): bench/results/tolerance_distributions_so400m-naflex.json,
-#: 2 initialisations only (seed 100 default, 101 trained-like; 13-26 minutes per export on the 2
-#: shared cores), relative error default / trained-like:
+#: 4 initialisations only (seeds 100, 102 default; 101, 103 trained-like; 6-26 minutes per export
+#: on the 2 cores), relative error max default / max trained-like:
 #:   vision 1.3e-6 / 8.0e-5 -> budget 4e-4 (base's x 2, which holds it at a margin of 5)
 #:   pool   1.1e-6 / 1.2e-6 -> budget 8e-6 (base's x 2; margin 6.8)
-#:   text   7.1e-7 / 9.1e-5 -> budget 3e-4 (base's x 2, 1.4e-4, left the trained-like draw a margin of
-#:                             1.5: raised to VALIDATION_BUDGET_MARGIN x it, rounded up)
-#: Two draws are a first sample, not the 10 of the other shapes. A wrong graph stays far above: an output LayerNorm bias off by 0.5 in one channel
-#: gives 9.3e-3 .. 0.13 at base (>= 130x its budget over the 10; bench/tolerance_distributions.py ``perturbed``), 8.9e-3 .. 0.11
-#: at so400m (>= 31x), an
+#:   text   7.8e-7 / 1.05e-4 -> budget 4e-4 (base's x 2, 1.4e-4, left trained-like seed 101 a
+#:                              margin of 1.5 and seed 103 of 1.3: VALIDATION_BUDGET_MARGIN x the
+#:                              max, rounded up)
+#: Four draws are a first sample, not the 10 of the other shapes. A wrong graph stays far above: an output LayerNorm bias off by 0.5 in one channel
+#: gives 9.3e-3 .. 0.13 at base (>= 130x its budget over the 10; bench/tolerance_distributions.py ``perturbed``), 6.6e-3 .. 0.13
+#: at so400m (>= 16x), an
 #: fp16-rounded pool output ~2e-4 (tests/test_export_validation.py).
 EXPORT_VALIDATION_RTOL_BUDGETS: dict[str, dict] = {
     "tiny": {"width": 64, "layers": 2, "vision": 3e-5, "pool": 2e-6, "text": 7e-6},
     "base": {"width": 768, "layers": 12, "vision": 2e-4, "pool": 4e-6, "text": 7e-5},
-    "so400m": {"width": 1152, "layers": 27, "vision": 4e-4, "pool": 8e-6, "text": 3e-4},
+    "so400m": {"width": 1152, "layers": 27, "vision": 4e-4, "pool": 8e-6, "text": 4e-4},
 }
 #: The relative bound for a model wider than every measured shape (no measurement; an export bug
 #: gives relative errors >= 1e-3 on these graphs).
