@@ -44,6 +44,23 @@ def test_on_it_counts_calls_and_writes_json(monkeypatch, tmp_path):
     assert got["process_start"] is not None and got["process_start"] <= got["clock_imported"] <= got["ended"]
 
 
+@pytest.mark.slow  # spawns Python processes
+def test_process_start_falls_between_the_spawn_and_the_child_reading_it():
+    # The start-up stage is measured from here: btime (whole seconds) put it up to 1 s before the
+    # process existed. An ordering check, not a timing bound: spawn <= start <= read.
+    import subprocess
+    import sys
+    import time
+
+    code = "import time; from masc_engine.engine import stage_clock as c; print(c.process_start(), time.time())"
+    for _ in range(3):
+        spawned = time.time()
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        start, read = map(float, out.split())
+        # 10 ms: /proc's clock-tick resolution; the spawn is taken before the fork.
+        assert spawned - 0.011 <= start <= read
+
+
 def test_a_pairs_run_names_each_stage_per_graph(naflex_bundle, tmp_path, monkeypatch):
     from masc_engine.jobs.pairs import RunOptions, run_pairs
     from masc_engine.runtime.scorer import Scorer

@@ -94,9 +94,11 @@ def process_start() -> float | None:
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         ticks = int(fields[19])  # field 22 (starttime), counted after the command's closing paren
-        btime = next(int(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        # The age from /proc/uptime (10 ms), not btime + ticks: btime is whole seconds and put the
+        # start up to 1 s off, more than a small job's start-up.
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return None
 
 
