@@ -24,7 +24,13 @@ shape, NaFlex budget 256 / 1024):
   (jobs/pairs.py ``run_pairs``, what masc-run runs) with ONNX Runtime fp32, with OpenVINO f32 and
   with the certified bf16 bundle on OpenVINO, and a masc-metric 0.3.0 loop over ``MaSC.score``.
   Ratios are against the masc-metric loop; scores are compared pair by pair (fp32 sides against
-  masc-metric, the bf16 side against fp32 ONNX Runtime).
+  masc-metric, the bf16 side against fp32 ONNX Runtime). masc-run is also timed as users run it
+  with its stage split (``MASC_PROFILE_STAGES``): fp32, and the certified bundle on OpenVINO once
+  on an empty cache root (every graph compiled) and once on the same root (compiled graphs
+  imported). With the GEMM probe (unless ``--no-probe``: bench/workloads.py ``gemm_probe``, run
+  first) each ratio is also stated as a fraction of the machine's limit in its precision.
+- ``profile`` (only when asked): OpenVINO's per-node timings of one bf16 vision call, by node type
+  and kernel.
 
 Timings are meaningful only on an idle machine: load averages are recorded before and after each
 part. Run (repo root, test venv with the openvino extra):
@@ -236,6 +242,43 @@ def child_per_image(
     return res
 
 
+def child_vision_profile(info: dict, batch: int, threads: int) -> dict:
+    """OpenVINO's per-node timings (``PERF_COUNT``) of one call of the certified bf16 vision graph on
+    ``batch`` square images filling the budget: milliseconds per node type and per (node type,
+    kernel), e.g. ``FullyConnected`` on ``brgemm_avx512_amx_bf16``; where the vision time goes
+    besides the linear layers the GEMM probe rates."""
+    _quiet()
+    from collections import Counter
+
+    from masc_engine.engine.backends.openvino import compile_config, core
+    from masc_engine.engine.bundle import Bundle
+
+    b = Bundle(info["bf16_bundle"] if info["certified"] else info["fp32_bundle"])
+    feeds, _ = _square_feeds(b, batch)
+    cfg = {**compile_config("bf16", threads), "PERF_COUNT": True}
+    req = core().compile_model(core().read_model(str(b.graph_file("vision"))), "CPU", cfg).create_infer_request()
+    for _ in range(2):
+        req.infer(feeds)
+    t = time.perf_counter()
+    req.infer(feeds)
+    wall = time.perf_counter() - t
+    by_type, by_kernel = Counter(), Counter()
+    for p in req.profiling_info:
+        ms = p.real_time.total_seconds() * 1e3
+        by_type[p.node_type] += ms
+        by_kernel[f"{p.node_type}:{p.exec_type}"] += ms
+    total = sum(by_type.values())
+    return {
+        "batch": batch,
+        "call_s": wall,
+        "node_ms_total": total,
+        "ms_by_node_type": {k: round(v, 2) for k, v in by_type.most_common() if v >= 0.05},
+        "share_by_node_type": {k: round(v / total, 4) for k, v in by_type.most_common() if v >= 0.05},
+        "ms_by_kernel": {k: round(v, 2) for k, v in by_kernel.most_common() if v >= 0.05},
+        "whole_graph_bf16": not (info.get("record") or {}).get("keep_fp32"),
+    }
+
+
 # ----------------------------------------------------------------------------- frontier fidelity
 
 
@@ -428,6 +471,7 @@ def part_job(a, info: dict, work: Path) -> dict:
     manifest = json.loads((Path(fp32) / "manifest.json").read_text())
     before = [round(x, 2) for x in os.getloadavg()]
     sides = {"masc_run_cli_ort_fp32": (None, _masc_run(fp32, pairs, work / "job" / "cli.csv", a.batch_size))}
+    cli = _cli_sides(a, info, pairs, work / "job")
     engines = [("ort_fp32", fp32, "onnxruntime", None), ("openvino_f32", fp32, "openvino", "fp32")]
     if info["certified"]:  # the scorer never runs an uncertified bundle in bf16 (per_image/frontier time it)
         engines.append(("openvino_bf16_certified", bf16, "openvino", None))
@@ -458,7 +502,73 @@ def part_job(a, info: dict, work: Path) -> dict:
             g = gate_figures({"cp": ort[0], "pf": ort[1]}, {"cp": cp, "pf": pf})
             entry["vs_ort_fp32"] = {k: v["value"] for k, v in g["gates"].items()}
         out[name] = entry
+    for name, entry in cli.items():
+        cp, pf = _scores(work / "job" / f"{name}.csv")
+        entry["ratio_vs_masc_metric"] = wall_ref / entry["whole_process_s"]
+        g = gate_figures({"cp": ort[0], "pf": ort[1]}, {"cp": cp, "pf": pf})
+        entry["vs_ort_fp32"] = {k: v["value"] for k, v in g["gates"].items()}
+        out[name] = entry
+    if getattr(a, "probe", None):
+        out["limit"] = job_limit(a.probe, fp32, pairs, wall_ref, out)
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
+def _cli_sides(a, info: dict, pairs: Path, work: Path) -> dict:
+    """masc-run as a user runs it, each a cold process with its stage split (MASC_PROFILE_STAGES):
+    fp32 (ONNX Runtime, the default) and, on a certified bundle, bf16 on OpenVINO (``--backend
+    auto`` picks it) twice on one cache root: first empty (OpenVINO compiles and stores each graph),
+    then warm (it imports the compiled graphs: what every later process of a job pays)."""
+    extra = ["--batch-size", str(a.batch_size)]
+    runs = [("masc_run_cli_fp32_profiled", info["fp32_bundle"], "cache-fp32")]
+    if info["certified"]:
+        runs += [
+            ("masc_run_cli_bf16_empty_cache", info["bf16_bundle"], "cache-bf16"),
+            ("masc_run_cli_bf16_warm_cache", info["bf16_bundle"], "cache-bf16"),
+        ]
+    for d in {c for _, _, c in runs}:
+        shutil.rmtree(work / d, ignore_errors=True)
+    out = {}
+    for name, bundle, cache in runs:
+        env = {"MASC_ENGINE_CACHE": str(work / cache)}
+        meta, wall, split = workloads.masc_run(
+            pairs, Path(bundle), work / f"{name}.csv", extra, work / f"{name}.stages.json", env
+        )
+        split.pop("raw", None)
+        out[name] = {
+            "whole_process_s": wall,
+            "backend": meta["settings"].get("backend"),
+            "precision": meta["settings"].get("precision"),
+            "stages": split,
+            "loadavg_after": workloads.loadavg(),
+        }
+    return out
+
+
+def job_limit(probe: dict, bundle: str, pairs: Path, wall_ref: float, job: dict) -> dict:
+    """The job's physical limit from the GEMM probe: the vision tower's FLOP on each distinct image
+    (padded to the NaFlex budget, as the graph runs it; bench/gpu_throughput.py ``flops_per_image``)
+    at the probe's best rate per precision, against the masc-metric loop's wall; each side's ratio
+    as a fraction of the limit ratio of its precision."""
+    from gpu_throughput import flops_per_image
+
+    m = json.loads((Path(bundle) / "manifest.json").read_text())
+    cfg = json.loads((Path(m["source"]["checkpoint_dir"]) / "config.json").read_text())["vision_config"]
+    budget = m["image"]["max_num_patches"]
+    gflop = flops_per_image(cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], budget) / 1e9
+    rows = list(csv.DictReader(open(pairs)))
+    images = len({r["ref_image"] for r in rows} | {r["out_image"] for r in rows})
+    out = {"distinct_images": images, "vision_gflop_per_image": gflop}
+    for prec in ("fp32", "bf16"):
+        rate = workloads.limit_rate(probe, prec)
+        if not rate:
+            out[prec] = "no native rate measured"
+            continue
+        vision_s = images * gflop / rate
+        out[prec] = {"gemm_gflops": rate, "vision_s_at_limit": vision_s, "limit_ratio": wall_ref / vision_s}
+        for name, side in job.items():
+            if isinstance(side, dict) and "ratio_vs_masc_metric" in side and (prec == "bf16") == ("bf16" in name):
+                out[prec][f"fraction_of_limit:{name}"] = side["ratio_vs_masc_metric"] / (wall_ref / vision_s)
     return out
 
 
@@ -496,11 +606,14 @@ def run_shape(a, shape: str, work: Path) -> tuple[dict, list[dict] | None]:
     preset, budget = shape.split(":")
     info, _ = run_child("child_prepare", preset, int(budget), str(work))
     res = {"certificate": {k: v for k, v in info.items() if k != "report"}}
-    order, _ = run_child("child_order", info)
+    parts = a.parts.split(",")
+    # The sensitivity order (one bf16 compile and calibration run per unit when the whole graph
+    # passed) is only the frontier's.
+    order = run_child("child_order", info)[0] if "frontier" in parts else []
     units = info["record"]["units"]["vision"] if info.get("certified") else None
     n_units = len(units["names"]) if units else len(order)
     ks = _ks(a.frontier_ks, n_units)
-    parts, rows = a.parts.split(","), None
+    rows = None
     if "per_image" in parts or "frontier" in parts:
         res["per_image"], _ = run_child(
             "child_per_image",
@@ -512,6 +625,8 @@ def run_shape(a, shape: str, work: Path) -> tuple[dict, list[dict] | None]:
             a.threads,
             not a.no_torch,
         )
+    if "profile" in parts:
+        res["vision_profile"], _ = run_child("child_vision_profile", info, a.batch_size, a.threads)
     if "frontier" in parts:
         res["frontier_fidelity"], _ = run_child("child_frontier_fidelity", info, order, ks)
         rows = frontier_rows(res["per_image"], res["frontier_fidelity"], ks)
@@ -526,7 +641,7 @@ def main() -> None:
     show_library_log()  # the export's stage lines on stderr
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="base:256,so400m:1024", help="preset:budget list (tiny:64 for a check)")
-    ap.add_argument("--parts", default="per_image,frontier,job")
+    ap.add_argument("--parts", default="per_image,frontier,job", help="comma list; also: profile (OpenVINO per node)")
     ap.add_argument("--work", default=str(REPO / "out" / "bench-cpu-precision"))
     ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"))
     ap.add_argument("--batch", type=int, default=4, help="images per vision call (per-image part)")
@@ -538,6 +653,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--methods", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=8, help="job part: the scorer's batch size")
+    ap.add_argument("--no-probe", action="store_true", help="skip the GEMM probe of the machine's limit")
     a = ap.parse_args()
     work, out_dir = Path(a.work), Path(a.out_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -550,6 +666,9 @@ def main() -> None:
         "shapes": {},
         "note": "ratios are side by side in one run; load averages recorded per part",
     }
+    if not a.no_probe:
+        result["machine_limit"] = a.probe = workloads.gemm_probe()
+        print(json.dumps(a.probe), flush=True)
     frontiers, tables = {}, []
     for shape in a.shapes.split(","):
         result["shapes"][shape], rows = run_shape(a, shape, work)
