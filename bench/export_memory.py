@@ -135,6 +135,8 @@ def export_once(model: str, precision: str, out: Path, args) -> dict:
         "--precision",
         precision,
     ] + (["--max-num-patches", str(args.max_num_patches)] if args.max_num_patches else [])
+    if precision == "int8":  # int8 is kept only if it passes its gates on pairs (masc-export refuses without)
+        cmd += ["--gate-pairs", str(args.gate_pairs)]
     time_file = out.with_name(out.name + ".time.txt")
     if shutil.which("time") or Path("/usr/bin/time").is_file():
         cmd = ["/usr/bin/time", "-v", "-o", str(time_file)] + cmd
@@ -336,6 +338,11 @@ def main(argv=None) -> int:
         help="score the shipped pairs with the fp32 bundle and with a one-copy-per-graph layout of it",
     )
     ap.add_argument("--keep", action="store_true", help="keep the bundles under --work")
+    ap.add_argument(
+        "--gate-pairs",
+        default=str(REPO / "examples" / "dreambooth" / "pairs.csv"),
+        help="int8: the pairs its gates score (masc-export --gate-pairs)",
+    )
     ap.add_argument(
         "--compare-bundle",
         default=None,
