@@ -404,7 +404,10 @@ def check_config_budget(
     """
     params, shapes = estimate_parameters(config)
     plan = plan_memory(
-        {g: n * FP32 for g, n in params.items()}, precision if precision in ("fp16", "bf16") else "fp32", fused=fused
+        {g: n * FP32 for g, n in params.items()},
+        precision if precision in ("fp16", "bf16") else "fp32",
+        fused=fused,
+        certify=precision == "bf16-cpu",
     )
     what = f"estimated from its config.json before building the model: {_describe(shapes)}"
     try:

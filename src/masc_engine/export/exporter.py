@@ -171,6 +171,10 @@ def export_bundle(
         from ..engine.backends.openvino import check_available
 
         check_available(precision="bf16")  # before the long export: openvino installed, native bf16 on this CPU
+        if into is None:  # the certification's memory too, from the config, before anything is built
+            from .config_budget import preflight
+
+            preflight(model, revision, SHORT_NAMES, max_memory_gb, BF16_CPU, ort_cpu_variant)
     if precision != "fp32" and not validate:
         raise ValueError(f"{precision} bundles are kept only if they pass their gates: validate=True")
     out = Path(out_dir)
