@@ -70,6 +70,12 @@ WITHIN_FLOAT32 = {"clipseg-rd64"}
 ONCE_REFUSED = {"decoder": 6.02e-6, "end_to_end": 1.55e-5}
 #: A wrong graph (one weight perturbed) must give at least this many times its budget.
 MIN_SEPARATION = 10
+#: The same on the unseen draws, measured on whatever CPU runs the tests: the segmenter's budget is
+#: a multiple of transformers' own float32 error there, and that error depends on the CPU's kernels.
+#: On the ill-conditioned clipseg-tiny seed 9002 (trained-like) the refusal was 12x the decoder's
+#: budget on a 2-core AMD EPYC (AVX2) and 8.5x on an Intel Xeon with AMX (AVX-512); 5 leaves the
+#: second a margin of 1.7.
+UNSEEN_MIN_SEPARATION = 5
 
 
 def _runs(shape: str, full_only: bool = False) -> list[dict]:
@@ -226,11 +232,11 @@ def test_unseen_initialisations_export_and_a_perturbed_weight_is_refused(shape, 
     # the same graphs against the checkpoint with one weight perturbed: every check past its budget
     wrong = bench.perturbed(shape, ckpt, out)
     assert set(wrong) == ({"decoder", "end_to_end"} if shape.startswith("clipseg") else {"vision", "pool", "text"})
-    # every check refuses it; the refusal (the check farthest past its budget) by >= MIN_SEPARATION.
+    # every check refuses it; the refusal (the check farthest past its budget) by >= UNSEEN_MIN_SEPARATION.
     # End to end alone can be nearer: on an ill-conditioned checkpoint (clipseg-tiny seed 9002,
     # trained-like: float32 error 1.2e-4 relative) it refuses at 2x its budget, float32 allowing no more.
     assert all(f["past_budget"] and f["max_rel"] > f["rtol"] for f in wrong.values()), wrong
-    assert max(f["max_rel"] / f["rtol"] for f in wrong.values()) >= MIN_SEPARATION, wrong
+    assert max(f["max_rel"] / f["rtol"] for f in wrong.values()) >= UNSEEN_MIN_SEPARATION, wrong
     print({c: round(f["max_rel"] / f["rtol"], 1) for c, f in wrong.items()})  # the separations, with -s
     with pytest.raises(ExportValidationError, match="differs from"):
         bench.perturbed(shape, ckpt, out, accept=None)
