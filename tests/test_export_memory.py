@@ -228,6 +228,26 @@ def test_the_bf16_cpu_plan_covers_its_certification():
     assert planned >= run["tree_peak_rss_gb"] and "certify stage" in line
 
 
+@pytest.mark.parametrize("from_config", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_a_bf16_cpu_export_plans_its_certification_once_from_config_and_weights(from_config, tmp_path, monkeypatch):
+    """``export_bundle(certify="bf16-cpu")`` has one memory plan, and it includes the certification:
+    from the config before the model is built, then from the weights once the checkpoint is open
+    (export/exporter.py). The certify stage is made the peak here (a tiny model's own certification
+    is below the torch stage), so a limit between the torch stage and it refuses from each plan in turn."""
+    from masc_engine.engine.backends import openvino
+    from masc_engine.export import config_budget
+    from masc_engine.export.exporter import export_bundle
+
+    monkeypatch.setattr(openvino, "check_available", lambda **_: None)  # no certification runs here
+    monkeypatch.setitem(stages.MEMORY_MODEL, "certify", (5.0, 0.0, 0.0))
+    if not from_config:  # the config's plan passes: the weights' plan must refuse
+        monkeypatch.setattr(config_budget, "preflight", lambda *a, **k: None)
+    with pytest.raises(stages.ExportMemoryError, match="certify stage") as e:
+        export_bundle("random:tiny-naflex", tmp_path / "b", certify="bf16-cpu", max_memory_gb=3)
+    assert ("config.json" in str(e.value)) is from_config
+    assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b.*"))
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_so400m_measurement_meets_the_budgets_and_the_plan_covers_it(precision):
     """bench/results/export_memory_so400m.json (random:so400m-naflex): peak RSS <= 10 GB for fp32

@@ -23,6 +23,7 @@ before the weights are read.
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import logging
@@ -171,10 +172,6 @@ def export_bundle(
         from ..engine.backends.openvino import check_available
 
         check_available(precision="bf16")  # before the long export: openvino installed, native bf16 on this CPU
-        if into is None:  # the certification's memory too, from the config, before anything is built
-            from .config_budget import preflight
-
-            preflight(model, revision, SHORT_NAMES, max_memory_gb, BF16_CPU, ort_cpu_variant)
     if precision != "fp32" and not validate:
         raise ValueError(f"{precision} bundles are kept only if they pass their gates: validate=True")
     out = Path(out_dir)
@@ -185,7 +182,8 @@ def export_bundle(
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
     try:
-        (into or _export_into)(
+        # one memory plan, from the config and then the weights, that includes the certification
+        (into or functools.partial(_export_into, certify=bool(certify)))(
             stage,
             model,
             max_num_patches,
@@ -340,6 +338,7 @@ class _Job:
     fused: bool
     max_memory_gb: float | None
     clock: StageClock
+    certify: bool = False  # bf16-cpu: the memory plan includes the certification after the stages
     info: dict = field(default_factory=dict)  # the checkpoint: settings, architecture, weight sizes
     refs: dict = field(default_factory=dict)  # PyTorch outputs the validation compares against
     graphs: dict = field(default_factory=dict)  # the manifest's graphs section
@@ -355,7 +354,9 @@ def _export_into(
     transforms: list,
     ort_cpu_variant: bool = True,
     max_memory_gb: float | None = None,
+    certify: bool = False,
 ) -> None:
+    from ..engine.backends.openvino import BF16_CPU_MODE
     from .config_budget import preflight
     from .torch_worker import TorchWorker
 
@@ -371,9 +372,10 @@ def _export_into(
         ort_cpu_variant and precision == "fp32",
         max_memory_gb,
         StageClock(),
+        certify,
     )
     # the config's shapes against the budget before transformers builds a layer (export/config_budget.py)
-    preflight(model, revision, SHORT_NAMES, max_memory_gb, precision, job.fused)
+    preflight(model, revision, SHORT_NAMES, max_memory_gb, BF16_CPU_MODE if certify else precision, job.fused)
     with TorchWorker(job.clock) as worker:
         _open_checkpoint(job, worker)
         _torch_stages(job, worker)
@@ -421,7 +423,7 @@ def _open_checkpoint(job: _Job, worker) -> None:
         job.max_num_patches,
         str(job.out),
     )
-    plan = plan_memory(job.info["tower_bytes"], job.precision, fused=job.fused)
+    plan = plan_memory(job.info["tower_bytes"], job.precision, fused=job.fused, certify=job.certify)
     logger.info(check_memory_plan(plan, job.max_memory_gb, job.model))
 
 
