@@ -28,6 +28,14 @@ compared row by row (max |diff| per column, masc-run against the reference loop)
 The machine may be shared: ``os.getloadavg()`` is recorded around each repetition; run it under
 ``nice -n 5`` there and say so with ``--load-note``.
 
+``--bf16-cpu`` adds a third side, ``masc_run_bf16``: the same masc-run with the SigLIP2 bundle
+certified for bf16 on OpenVINO's CPU plugin (a copy of the fp32 bundle, certified once with
+export/cpu_precision.py ``certify_bundle``'s default calibration and held-out pairs; ``--backend
+auto`` picks OpenVINO for it), the CLIP and DINO bundles fp32 as before; its own cache root, so its
+first repetition compiles every OpenVINO graph and the later ones import them. Its CP/PF are held to
+the certification's gates against the reference (tolerances ``FIDELITY_MAX_ABS_DELTA``), the other
+columns to the same tolerances as fp32. Goal of that side: >= 6x the reference.
+
 masc-run's cache root (``MASC_ENGINE_CACHE``: records of graph files already hashed, OpenVINO's
 compiled models) is ``<work>/cache-root``, emptied at the start: the first repetition is a
 machine's first run, the later ones find what it kept (each repetition says which).
@@ -216,18 +224,47 @@ def machine() -> dict:
     return workloads.machine(("onnxruntime", "openvino", "torch", "transformers", "masc-metric"))
 
 
-def bundles(work: Path, siglip: str, clip: str, dino: str, budget: int) -> dict[str, Path]:
-    """Export (or reuse) the SigLIP2 bundle and the two embedder bundles of the given presets."""
+def bundles(work: Path, siglip: str, clip: str, dino: str, budget: int, bf16_cpu: bool = False) -> dict:
+    """Export (or reuse) the SigLIP2 bundle and the two embedder bundles of the given presets; with
+    ``bf16_cpu`` also a copy of the SigLIP2 bundle certified for bf16 (``siglip_bf16``; None when
+    refused) and the certification's summary (``bf16_certification``)."""
     from masc_engine.export.embedders import export_embedder_bundle
     from masc_engine.export.exporter import export_bundle
 
-    out = {"siglip": work / f"{siglip}-{budget}", "clip": work / clip, "dino": work / dino}
+    out: dict = {"siglip": work / f"{siglip}-{budget}", "clip": work / clip, "dino": work / dino}
     if not (out["siglip"] / "manifest.json").is_file():
         export_bundle(f"random:{siglip}", out["siglip"], max_num_patches=budget)
     for key, preset in (("clip", clip), ("dino", dino)):
         if not (out[key] / "manifest.json").is_file():
             export_embedder_bundle(f"random:{preset}", out[key])
+    if bf16_cpu:
+        out["siglip_bf16"], out["bf16_certification"] = _certified_copy(out["siglip"])
     return out
+
+
+def _certified_copy(fp32: Path) -> tuple[Path | None, dict]:
+    """A copy of the fp32 bundle certified for bf16-cpu (made once, kept in the work folder)."""
+    from masc_engine.export.cpu_precision import CertificationError, certify_bundle
+
+    cert, info_path = fp32.with_name(fp32.name + "-bf16cpu"), fp32.with_name(fp32.name + "-bf16cpu.json")
+    if not info_path.is_file():
+        shutil.rmtree(cert, ignore_errors=True)
+        shutil.copytree(fp32, cert)
+        t = time.perf_counter()
+        try:
+            rec = certify_bundle(cert)
+            held = rec["gates"]["heldout"]
+            info = {
+                "certified": True,
+                "keep_fp32": rec["keep_fp32"],
+                "heldout": {k: held[k] for k in ("pairs", "max_abs_dcp", "max_abs_dpf", "spearman_cp", "spearman_pf")},
+            }
+        except CertificationError as e:
+            info = {"certified": False, "refused": str(e)}
+        info["certify_seconds"] = round(time.perf_counter() - t, 1)
+        info_path.write_text(json.dumps(info, indent=1, default=float))
+    info = json.loads(info_path.read_text())
+    return (cert if info["certified"] else None), info
 
 
 def _checkpoint(bundle: Path) -> str:
@@ -238,11 +275,12 @@ def _checkpoint(bundle: Path) -> str:
     return src.get("checkpoint_dir") or str(random_checkpoint_dir(src["model"]))
 
 
-def compare(rows: list[dict], ref: dict) -> dict:
-    """Per column: max |masc-run - reference|, NaN mismatches and both means (side by side)."""
+def compare(rows: list[dict], ref: dict, bf16: bool = False) -> dict:
+    """Per column: max |masc-run - reference|, NaN mismatches and both means (side by side).
+    ``bf16``: CP and PF come from a bf16-certified bundle, held to its gates instead of the oracle's."""
     import numpy as np
 
-    from masc_engine.tolerances import CLASSIC_METRIC_ATOL, ORACLE_SCORE_ATOL
+    from masc_engine.tolerances import CLASSIC_METRIC_ATOL, FIDELITY_MAX_ABS_DELTA, ORACLE_SCORE_ATOL
 
     out = {}
     for c in COLUMNS:
@@ -255,11 +293,12 @@ def compare(rows: list[dict], ref: dict) -> dict:
             "mean_masc_run": float(np.nanmean(ours)),
             "mean_reference": float(np.nanmean(theirs)),
         }
-        tol, name = (
-            (ORACLE_SCORE_ATOL, "tolerances.ORACLE_SCORE_ATOL")
-            if c in ("cp", "pf")
-            else (CLASSIC_METRIC_ATOL, "tolerances.CLASSIC_METRIC_ATOL")
-        )
+        if c not in ("cp", "pf"):
+            tol, name = CLASSIC_METRIC_ATOL, "tolerances.CLASSIC_METRIC_ATOL"
+        elif bf16:
+            tol, name = FIDELITY_MAX_ABS_DELTA, "tolerances.FIDELITY_MAX_ABS_DELTA (the bf16 certification's gate)"
+        else:
+            tol, name = ORACLE_SCORE_ATOL, "tolerances.ORACLE_SCORE_ATOL"
         out[c].update(
             tolerance=tol,
             tolerance_name=name,
@@ -320,6 +359,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="record each masc-run's stage split (MASC_PROFILE_STAGES) and the machine's GEMM limit",
     )
+    ap.add_argument(
+        "--bf16-cpu",
+        action="store_true",
+        help="also time masc-run with the SigLIP2 bundle certified for bf16 on OpenVINO (a third side)",
+    )
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "classic_speed.json"))
     a = ap.parse_args(argv)
     work = Path(a.work)
@@ -327,34 +371,49 @@ def main(argv: list[str] | None = None) -> int:
     root = (Path(a.photos) if a.photos else photo_root()).resolve()
     pairs = dreambench_pairs(work, root, subjects_of(root)[: a.references], a.prompts, a.methods)
     t = time.perf_counter()
-    b = bundles(work, a.siglip_preset, a.clip_preset, a.dino_preset, a.budget)
+    b = bundles(work, a.siglip_preset, a.clip_preset, a.dino_preset, a.budget, a.bf16_cpu)
     export_s = time.perf_counter() - t
-    ckpt = {k: _checkpoint(v) for k, v in b.items()}
+    ckpt = {k: _checkpoint(b[k]) for k in ("siglip", "clip", "dino")}
     # masc-run's cache root (hashed-graph records, compiled models) starts empty: the first
     # repetition is a machine's first run, the later ones find what it kept.
-    root = work / "cache-root"
-    shutil.rmtree(root, ignore_errors=True)
+    root, root_bf16 = work / "cache-root", work / "cache-root-bf16"
+    for r in (root, root_bf16):
+        shutil.rmtree(r, ignore_errors=True)
     env = {"MASC_ENGINE_CACHE": str(root)}
+    sides = ["masc_run", "reference"] + (["masc_run_bf16"] if b.get("siglip_bf16") else [])
     probe = workloads.gemm_probe() if a.profile_stages else None
     from masc_engine.jobs.results import read_output
 
-    reps, rows, ref = [], None, None
+    reps, rows, rows_bf16, ref, splits = [], None, None, None, {}
     for i in range(a.reps):
         before, timed = workloads.loadavg(), {}
-        for side in ("masc_run", "reference") if i % 2 == 0 else ("reference", "masc_run"):
+        for side in sides if i % 2 == 0 else sides[::-1]:
             if side == "masc_run":
                 stages = work / "stages.json" if a.profile_stages else None
-                meta, timed["masc_run"], split = masc_run_process(
+                meta, timed["masc_run"], splits["masc_run"] = masc_run_process(
                     b["siglip"], b["clip"], b["dino"], pairs, work / "scores.csv", a.batch_size, stages, env
                 )
                 rows = read_output(work / "scores.csv")
+            elif side == "masc_run_bf16":
+                stages = work / "stages-bf16.json" if a.profile_stages else None
+                _, timed["masc_run_bf16"], splits["masc_run_bf16"] = masc_run_process(
+                    b["siglip_bf16"],
+                    b["clip"],
+                    b["dino"],
+                    pairs,
+                    work / "scores-bf16.csv",
+                    a.batch_size,
+                    stages,
+                    {"MASC_ENGINE_CACHE": str(root_bf16)},
+                )
+                rows_bf16 = read_output(work / "scores-bf16.csv")
             else:
                 ref, timed["reference"] = workloads.run_child(
                     "classic_speed", "child_reference", ckpt["siglip"], ckpt["clip"], ckpt["dino"], str(pairs), a.budget
                 )
         reps.append(
             {
-                "order": "masc_run first" if i % 2 == 0 else "reference first",
+                "order": " > ".join(sides if i % 2 == 0 else sides[::-1]),
                 "masc_run_s": timed["masc_run"],
                 "reference_s": timed["reference"],
                 "ratio": timed["reference"] / timed["masc_run"],
@@ -367,11 +426,21 @@ def main(argv: list[str] | None = None) -> int:
                 "cache_root": "empty (first run on the machine)" if i == 0 else "kept from the earlier repetitions",
             }
         )
+        if "masc_run_bf16" in timed:
+            reps[-1].update(
+                masc_run_bf16_s=timed["masc_run_bf16"], ratio_bf16=timed["reference"] / timed["masc_run_bf16"]
+            )
         if a.profile_stages:
-            reps[-1]["masc_run_stages"] = split
+            reps[-1]["masc_run_stages"] = splits["masc_run"]
+            if "masc_run_bf16" in splits:
+                reps[-1]["masc_run_bf16_stages"] = splits["masc_run_bf16"]
         print(json.dumps(reps[-1]), flush=True)
     n_imgs = len({r["ref_image"] for r in rows} | {r["out_image"] for r in rows})
-    med = {k: statistics.median(r[k] for r in reps) for k in ("masc_run_s", "reference_s")}
+    med = {
+        k: statistics.median(r[k] for r in reps)
+        for k in ("masc_run_s", "reference_s", "masc_run_bf16_s")
+        if k in reps[0]
+    }
     result = {
         "script": "bench/classic_speed.py",
         "command": " ".join([sys.executable, *sys.argv]),
@@ -408,6 +477,19 @@ def main(argv: list[str] | None = None) -> int:
         "goal": ">= 4x with fp32",
         "scores_vs_reference": compare(rows, ref),
     }
+    if a.bf16_cpu:
+        result["bf16_cpu"] = {
+            "siglip_bundle": "the fp32 SigLIP2 bundle certified for bf16 on OpenVINO's CPU plugin (--backend auto "
+            "picks OpenVINO); CLIP and DINO fp32 on ONNX Runtime; its own cache root (repetition 1 compiles)",
+            "certification": b["bf16_certification"],
+        }
+        if rows_bf16 is not None:
+            result["bf16_cpu"].update(
+                ratio_of_medians=med["reference_s"] / med["masc_run_bf16_s"],
+                ratio_warm_repetitions=[r["ratio_bf16"] for r in reps[1:]],
+                goal=">= 6x with a certified bf16 bundle",
+                scores_vs_reference=compare(rows_bf16, ref, bf16=True),
+            )
     if probe is not None:
         result["machine_limit"] = limit_section(probe, b["siglip"], n_imgs, med["masc_run_s"], reps)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
