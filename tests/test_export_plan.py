@@ -146,12 +146,13 @@ def test_export_bundle_refuses_a_certification_of_reduced_graphs_before_any_work
 @pytest.fixture
 def library_handler():
     """The CLI's handler on the masc_engine logger, removed afterwards (level restored)."""
-    lib = logging.getLogger("masc_engine")
-    level, before = lib.level, list(lib.handlers)
+    lib, root = logging.getLogger("masc_engine"), logging.getLogger()
+    level, before, before_root = lib.level, list(lib.handlers), list(root.handlers)
     yield logs.show_library_log()
-    for h in lib.handlers[:]:
-        if h not in before:
-            lib.removeHandler(h)
+    for logger, kept in ((lib, before), (root, before_root)):
+        for h in logger.handlers[:]:
+            if h not in kept:
+                logger.removeHandler(h)
     lib.setLevel(level)
 
 
@@ -163,6 +164,23 @@ def test_library_lines_reach_stderr_as_their_message_alone(library_handler, caps
     err = capsys.readouterr().err
     assert err.splitlines().count("validated vision [validate vision: 1.0 s]") == 1
     assert "profile maxima lowered\n" in err and "WARNING" not in err and "not shown" not in err
+
+
+def test_another_librarys_root_warning_does_not_double_the_library_lines(library_handler, monkeypatch, capsys):
+    """ONNX Runtime's quantizer warns through ``logging.warning()`` on the root logger. With no
+    handler there, that call ran ``logging.basicConfig()`` and masc-export --precision int8 then
+    printed every line twice (``INFO:masc_engine.export.stages:...`` beside it, in its log). The
+    warning itself is shown once, naming its logger."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # a command's process: no pytest capture handlers
+    logs.show_library_log()
+    logging.warning("Please consider to run pre-processing before quantization.")
+    logging.getLogger("masc_engine.export.stages").info("quantized vision -> int8")
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "root WARNING: Please consider to run pre-processing before quantization.",
+        "quantized vision -> int8",
+    ]
 
 
 def test_library_lines_stay_on_the_terminal_while_library_output_goes_to_the_log(library_handler, tmp_path, capsys):

@@ -4,7 +4,9 @@ The library reports progress through module loggers (``logging.getLogger(__name_
 ``masc_engine`` logger: the export's stage lines, certification steps, TensorRT builds) and
 configures no handler, so a program that imports it decides what is shown. A command installs
 :func:`show_library_log`: records at INFO and above, written as their message alone (the lines
-masc-export has always printed), to stderr. masc-serve configures logging its own way
+masc-export has always printed), to stderr, and other libraries' warnings once each, naming their
+logger (a library's module-level ``logging.warning()`` would otherwise install a second handler
+that doubles every line). masc-serve configures logging its own way
 (``--log-level``, timestamps) and installs no handler of this module.
 """
 
@@ -97,9 +99,35 @@ class TerminalHandler(logging.StreamHandler):
         self._target = value
 
 
+class _OtherLoggers(logging.Filter):
+    """Passes the records of loggers outside :data:`LIBRARY_LOGGER` (the library's have their own handler)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name != LIBRARY_LOGGER and not record.name.startswith(LIBRARY_LOGGER + ".")
+
+
+def _root_handler() -> None:
+    """A handler on the root logger for other libraries' warnings, shown as ``<logger> <LEVEL>: line``.
+
+    Without one, the first module-level ``logging.warning()`` of a library (ONNX Runtime's
+    quantizer makes one) runs ``logging.basicConfig()``, whose handler then printed every
+    masc_engine record a second time (``INFO:masc_engine...:``), since they propagate to the root.
+    """
+    root = logging.getLogger()
+    if any(isinstance(f, _OtherLoggers) for h in root.handlers for f in h.filters):
+        return
+    handler = TerminalHandler()
+    handler.setLevel(logging.WARNING)
+    handler.addFilter(_OtherLoggers())
+    handler.setFormatter(PrintableFormatter("%(name)s %(levelname)s: %(message)s"))
+    root.addHandler(handler)
+
+
 def show_library_log(level: int = logging.INFO) -> TerminalHandler:
     """Show the library's records at ``level`` and above as one line each on stderr (installed
-    once: a second call returns the handler already there). Returns the handler."""
+    once: a second call returns the handler already there), and other libraries' warnings once
+    each (:func:`_root_handler`). Returns the library's handler."""
+    _root_handler()
     lib = logging.getLogger(LIBRARY_LOGGER)
     lib.setLevel(level)
     for h in lib.handlers:
