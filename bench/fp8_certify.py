@@ -18,23 +18,13 @@ from pathlib import Path
 
 
 def _machine() -> dict:
-    import os
-    import platform
-
-    import numpy
-    import onnx
-    import onnxruntime
+    """bench/workloads.py ``machine``: CPU model, ISA flags, cores, memory, library versions."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import workloads
 
     return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "loadavg_1_5_15": list(os.getloadavg()),
-        "versions": {
-            "python": platform.python_version(),
-            "numpy": numpy.__version__,
-            "onnx": onnx.__version__,
-            "onnxruntime": onnxruntime.__version__,
-        },
+        **workloads.machine(("numpy", "onnx", "onnxruntime")),
+        "loadavg_1_5_15": list(__import__("os").getloadavg()),
     }
 
 
@@ -47,6 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="random:tiny-naflex")
     ap.add_argument("--max-num-patches", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--note", default="", help="what else ran on the machine (recorded)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="fp8-"))
@@ -62,7 +53,7 @@ def main(argv=None) -> int:
             record = certify_fp8(work / "fp32", work / "fp8", threads=args.threads)
             result = {"certified": True, "precision": record}
         except CertificationError as e:
-            result = {"certified": False, "refusal": str(e)}
+            result = {"certified": False, "refusal": str(e), "report": e.report}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result.update(
@@ -71,6 +62,7 @@ def main(argv=None) -> int:
         machine=_machine(),
         model=args.model,
         max_num_patches=args.max_num_patches,
+        note=args.note or "not stated",
         seconds=round(time.time() - t0, 1),
         log=lines,
     )
