@@ -368,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    root = (Path(a.photos) if a.photos else photo_root()).resolve()
-    pairs = dreambench_pairs(work, root, subjects_of(root)[: a.references], a.prompts, a.methods)
+    photos = (Path(a.photos) if a.photos else photo_root()).resolve()
+    pairs = dreambench_pairs(work, photos, subjects_of(photos)[: a.references], a.prompts, a.methods)
     t = time.perf_counter()
     b = bundles(work, a.siglip_preset, a.clip_preset, a.dino_preset, a.budget, a.bf16_cpu)
     export_s = time.perf_counter() - t
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             "methods": a.methods,
             "distinct_images": n_imgs,
             "reference_image_encodes_per_model": 2 * len(rows),
-            "photos": str(root),
+            "photos": str(photos),
         },
         "repetitions": reps,
         "median_s": med,
