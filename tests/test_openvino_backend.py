@@ -378,7 +378,11 @@ def test_keeping_the_fragile_layer_in_fp32_passes(naflex_bundle, tmp_path, monke
         cpc, "FIDELITY_GATES", dataclasses.replace(cpc.FIDELITY_GATES, max_abs_dcp=5e-3, max_abs_dpf=5e-3)
     )
     cal, held = _pairs(10, 4, 5), _pairs(33, 31, 6)
+    compiled = tmp_path / "cache" / "runtime" / "openvino"
+    monkeypatch.setenv("MASC_ENGINE_CACHE", str(tmp_path / "cache"))
     rec = cpc.certify_bundle(bundle, calibration=cal, heldout=held)
+    # the candidates scored are compiled in memory: nothing of theirs in the compiled-model cache
+    assert not compiled.exists() or not list(compiled.iterdir())
     assert not rec["search"]["whole_graph"]["pass"]  # the whole graph in bf16 fails ...
     assert rec["search"]["order"][0] == "vision.layers.1"
     assert rec["keep_fp32"] == ["vision.layers.1"]  # ... one layer kept in fp32 passes
@@ -392,6 +396,7 @@ def test_keeping_the_fragile_layer_in_fp32_passes(naflex_bundle, tmp_path, monke
         fp32 = Scorer(bundle, backend="onnxruntime")  # ONNX Runtime still runs the bundle's fp32 graphs
     assert scorer.precision == "bf16" and fp32.precision == "fp32"
     assert (default.backend, default.precision) == ("openvino", "bf16")
+    assert len(list(compiled.iterdir())) == 1  # the certified bundle's own folder, for later processes
     segs = scorer.vision.runtime_summary()
     assert [s["units"] for s in segs] == [
         ["vision.embeddings", "vision.layers.0"],

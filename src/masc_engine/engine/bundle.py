@@ -112,6 +112,11 @@ class Bundle:
         if self.kind == "scorer":
             check_consistency(self.manifest, str(self.path))
         self.verify = verify
+        # False: OpenVINO compiles this bundle's graphs in memory only, nothing in its compiled-model
+        # cache (a bf16 certification's candidates: each an in-memory manifest scored once, whose
+        # compiled graphs no later process would import: 3.3 GB each at so400m/1024, 0.7 GB at
+        # base/256; 49 such folders, 22 GB, were found in one machine's cache root).
+        self.compiled_model_cache = True
         self._verified: set[str] = set()
         self._graphs_checked: set[str] = set()
         if verify == "all":

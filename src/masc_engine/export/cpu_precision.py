@@ -422,6 +422,7 @@ class Evaluator(CandidateScoring):
 
         b = copy.copy(self.bundle)  # shares the sha256 checks already done
         b.manifest = {**self.bundle.manifest, "precision": certificate_record(self.units, keep_fp32, self.graphs)}
+        b.compiled_model_cache = False  # a candidate's compiled graphs are never imported again
         return self.score_candidate(Scorer(b, backend="openvino", intra_op_threads=self.threads), pairs)
 
 

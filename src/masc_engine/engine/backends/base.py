@@ -18,6 +18,8 @@ class BundleView(Protocol):
 
     path: Path
     manifest: dict[str, Any]
+    #: Whether a backend may keep compiled graphs of this bundle across processes (OpenVINO's cache).
+    compiled_model_cache: bool
 
     @property
     def graph_precision(self) -> str:

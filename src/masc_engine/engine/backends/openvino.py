@@ -499,9 +499,13 @@ def load_runner(
 def compiled_cache_dir(bundle: BundleView) -> Path | None:
     """Where OpenVINO keeps ``bundle``'s compiled models: ``<cache root>/runtime/openvino/<bundle
     fingerprint>`` (engine/cache_root.py; ``masc-cache clean --all`` removes it), created; None
-    (no caching, every process compiles) when it cannot be created."""
+    (no caching, every process compiles) when it cannot be created or the bundle asks for none
+    (``compiled_model_cache`` False)."""
     from ..cache_root import RUNTIME, cache_root
     from ..manifest import fingerprint
+
+    if not getattr(bundle, "compiled_model_cache", True):
+        return None
 
     path = cache_root() / RUNTIME / "openvino" / fingerprint(bundle.manifest)
     try:
