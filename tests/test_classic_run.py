@@ -286,6 +286,17 @@ def test_masc_run_cli_resumes_a_run_with_embedders_and_prints_their_counters(bun
     assert res.exit_code == 0 and "embeddings: 44 images and 0 prompts through the embedders" in res.output, res.output
     meta = json.loads(Path(f"{out}.meta.json").read_text())
     assert meta["counts"]["embeddings"]["images_embedded"] == 44
+    # the per-method table has a count and mean for every metric of the run, the classic ones too
+    head = next(ln for ln in res.output.splitlines() if ln.startswith("method "))
+    assert [w for w in head.split() if w.isupper()] == ["CP", "CP", "PF", "PF", "CLIP_I", "CLIP_I", "DINO", "DINO"]
+    assert "CLIP_T" not in head
+    rows = _rows(out)
+    for method in {r["method"] for r in rows}:
+        line = next(ln for ln in res.output.splitlines() if ln.startswith(method + " "))
+        cells = line.split()[2:]  # n and mean per metric
+        for i, col in enumerate(("cp", "pf", "clip_i", "dino")):
+            vals = [float(r[col]) for r in rows if r["method"] == method and r[col] not in ("", "nan")]
+            assert cells[2 * i : 2 * i + 2] == [str(len(vals)), f"{sum(vals) / len(vals):.4f}"], (method, col, line)
 
 
 def test_a_default_server_keeps_the_built_in_response_models():

@@ -90,7 +90,7 @@ def _run_locked(
     check_carried(csv_path, fieldnames, settings.result_columns(segmenter is not None))
     base = csv_path.resolve().parent
     keys = [row_key(r, base) for r in rows]
-    summary = Summary(duplicates=_duplicates(rows))
+    summary = Summary(duplicates=_duplicates(rows), metric_names=tuple(m.name for m in settings.run_metrics()))
     journal = Journal(out_path)
     if settings.save_maps:
         check_maps_owner(Path(settings.save_maps), out_path, opts.overwrite)

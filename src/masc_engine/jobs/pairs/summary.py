@@ -17,7 +17,11 @@ EMBEDDING_COUNTERS = ("images_embedded", "texts_embedded", "embedding_cache_hits
 
 
 def _method_stats() -> dict:
-    return {"n": 0, **{m.name: [] for m in headline_metrics()}}
+    return {"n": 0}
+
+
+def _headline_names() -> tuple[str, ...]:
+    return tuple(m.name for m in headline_metrics())
 
 
 @dataclass
@@ -40,6 +44,9 @@ class Summary:
     #: The embedders' counters (``images_embedded``, ``texts_embedded``, ``embedding_cache_hits``),
     #: when the run had embedders (the classic metrics).
     embeddings: dict = field(default_factory=dict)
+    #: The score columns the per-method table shows, in order: the run's metrics (the headline CP
+    #: and PF, and the classic metrics a run adds with --metrics).
+    metric_names: tuple = field(default_factory=_headline_names)
 
     def add(self, row: dict, method: str | None) -> None:
         """Count one output row (``method``: its method column's value, or None)."""
@@ -49,10 +56,10 @@ class Summary:
         if method is not None:
             m = self.by_method[method]
             m["n"] += 1
-            for k in (m.name for m in headline_metrics()):
+            for k in self.metric_names:
                 v = row.get(k)
                 if isinstance(v, (int, float)) and not math.isnan(v):
-                    m[k].append(float(v))
+                    m.setdefault(k, []).append(float(v))
 
     def lines(self) -> list[str]:
         """The console summary, one line per item."""
@@ -87,12 +94,16 @@ class Summary:
         return out
 
     def _method_table(self) -> list[str]:
-        """Rows and, per headline score, its count and mean, one line per method."""
-        names = [m.name for m in headline_metrics()]
-        head = "".join(f" {'n ' + n.upper():>6} {'mean ' + n.upper():>9}" for n in names)
+        """Rows and, per score of the run (:attr:`metric_names`), its count and mean, one line per method."""
+        names = self.metric_names
+        w = {n: max(6, len(n) + 2) for n in names}
+        head = "".join(f" {'n ' + n.upper():>{w[n]}} {'mean ' + n.upper():>{w[n] + 3}}" for n in names)
         lines = [f"{'method':<28} {'rows':>6}{head}"]
         for method, st in sorted(self.by_method.items()):
-            cells = "".join(f" {len(st[n]):>6} {(f'{np.mean(st[n]):.4f}' if st[n] else '-'):>9}" for n in names)
+            cells = "".join(
+                f" {len(st.get(n, ())):>{w[n]}} {(f'{np.mean(st[n]):.4f}' if st.get(n) else '-'):>{w[n] + 3}}"
+                for n in names
+            )
             lines.append(f"{method:<28} {st['n']:>6}{cells}")
         return lines
 
