@@ -228,6 +228,53 @@ def test_the_bf16_cpu_plan_covers_its_certification():
     assert planned >= run["tree_peak_rss_gb"] and "certify stage" in line
 
 
+def test_the_int8_plan_covers_its_quantizer_and_gates():
+    """masc-export --precision int8 at so400m/1024 (bench/results/export_memory_so400m1024_int8.json):
+    the tree peaked at 5.34 GB in ONNX Runtime's quantizer, after the fp32 stages, where the plan
+    then said 5.0 GB (it did not know the quantizer and the pair gates came next). The int8 plan has
+    both stages, each above its measurement, and a limit between the fp32 plan and it refuses
+    the int8 export from the config."""
+    from masc_engine.export.config_budget import check_config_budget, estimate_parameters
+    from masc_engine.export.random_models import preset_config
+
+    run = json.loads((REPO / "bench/results/export_memory_so400m1024_int8.json").read_text())["runs"][0]
+    assert run["precision"] == "int8" and not run["killed_by_watchdog"]
+    measured: dict = {}
+    for s in run["stages"]:
+        kind = (
+            "quantize" if s["stage"].startswith("quantize") else "pairs" if s["stage"].startswith("int8 gate") else None
+        )
+        if kind:
+            measured[kind] = max(measured.get(kind, 0.0), s["stage_peak_rss_gb"])
+    assert set(measured) == {"quantize", "pairs"} and max(measured.values()) == pytest.approx(
+        run["tree_peak_rss_gb"], abs=0.01
+    )
+    config = preset_config("so400m-naflex")
+    params, _ = estimate_parameters(config)
+    plan = stages.plan_memory({g: 4 * n for g, n in params.items()}, "fp32", fused=False, then="int8")
+    for kind, gb in measured.items():
+        assert plan.stages[kind] / 1e9 >= gb, (kind, plan.stages[kind] / 1e9, gb)
+    fp32_line = check_config_budget("random:so400m-naflex", config, 100, "fp32", fused=False)
+    fp32_peak = float(fp32_line.split("peak about ")[1].split(" GB")[0])
+    assert fp32_peak < run["tree_peak_rss_gb"]  # what the plan said before
+    with pytest.raises(stages.ExportMemoryError, match="pairs stage"):
+        check_config_budget("random:so400m-naflex", config, run["tree_peak_rss_gb"], "int8", fused=False)
+
+
+def test_the_fp32_export_an_int8_bundle_starts_from_plans_the_quantizer(tmp_path, monkeypatch):
+    """masc-export --precision int8 exports its fp32 source with ``then="int8"``
+    (export/plan_steps.py ``fp32_source``): the quantize stage, made the peak here, is refused from
+    the config before any model is built."""
+    from masc_engine.export.plan import ExportPlan
+    from masc_engine.export.plan_steps import fp32_source
+
+    monkeypatch.setitem(stages.MEMORY_MODEL, "quantize", (5.0, 0.0, 0.0))
+    plan = ExportPlan(model="random:tiny-naflex", precision="int8", gate_pairs="p.csv", max_memory_gb=3)
+    with pytest.raises(stages.ExportMemoryError, match="quantize stage.*config.json"):
+        fp32_source(plan, tmp_path / "fp32")
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("from_config", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_a_bf16_cpu_export_plans_its_certification_once_from_config_and_weights(from_config, tmp_path, monkeypatch):
     """``export_bundle(certify="bf16-cpu")`` has one memory plan, and it includes the certification:

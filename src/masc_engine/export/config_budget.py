@@ -24,7 +24,7 @@ from typing import Any
 
 from .checkpoint import CheckpointError
 from .random_models import is_random_model_id, preset_config
-from .stages import ExportMemoryError, check_memory_plan, plan_memory
+from .stages import THEN_STAGES, ExportMemoryError, check_memory_plan, plan_memory
 
 logger = logging.getLogger(__name__)
 
@@ -407,7 +407,7 @@ def check_config_budget(
         {g: n * FP32 for g, n in params.items()},
         precision if precision in ("fp16", "bf16") else "fp32",
         fused=fused,
-        certify=precision == "bf16-cpu",
+        then=precision if precision in THEN_STAGES else None,
     )
     what = f"estimated from its config.json before building the model: {_describe(shapes)}"
     try:

@@ -104,6 +104,7 @@ def export_bundle(
     into=None,
     max_memory_gb: float | None = None,
     certify: str | None = None,
+    then: str | None = None,
 ) -> Path:
     """Export ``model`` to a bundle in ``out_dir`` and validate it.
 
@@ -131,6 +132,9 @@ def export_bundle(
             ``bf16-cpu`` (masc-export's spelling) is ``precision="fp32", certify="bf16-cpu"``.
         certify: None, or ``bf16-cpu``: the staged fp32 bundle certified for bf16 on OpenVINO's CPU
             plugin (export/cpu_precision.py; refused with the figures); manifest mode ``bf16-cpu``.
+        then: None, or ``int8``: the caller quantizes and gates the written fp32 bundle next, in
+            this process (masc-export --precision int8), so the memory plan includes those stages
+            (export/stages.py ``THEN_STAGES``).
         transforms: further export/transforms.py :class:`~.transforms.GraphTransform` s, run in
             order after the precision transform, each validated and recorded in the manifest.
         ort_cpu_variant: fp32 only: also write the fused ONNX Runtime CPU graphs (the ``ort-cpu``
@@ -166,6 +170,8 @@ def export_bundle(
 
     if precision not in (*PRECISIONS, BF16_CPU):
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if then not in (None, "int8") or (then and (certify or precision != "fp32")):
+        raise ValueError(f"then must be None or 'int8' (after fp32 graphs, without certify), got {then!r}")
     plan = ExportPlan.from_option(precision, certify, model=str(model))  # bf16-cpu: fp32 graphs + certify
     precision, certify = plan.graph_precision, plan.certify
     if certify:  # fp32 graphs, certified on the stage below
@@ -182,8 +188,8 @@ def export_bundle(
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
     try:
-        # one memory plan, from the config and then the weights, that includes the certification
-        (into or functools.partial(_export_into, certify=bool(certify)))(
+        # one memory plan, from the config and then the weights, that includes what is made next
+        (into or functools.partial(_export_into, then=BF16_CPU if certify else then))(
             stage,
             model,
             max_num_patches,
@@ -338,7 +344,7 @@ class _Job:
     fused: bool
     max_memory_gb: float | None
     clock: StageClock
-    certify: bool = False  # bf16-cpu: the memory plan includes the certification after the stages
+    then: str | None = None  # bf16-cpu / int8: made next from these graphs (stages.THEN_STAGES, in the plan)
     info: dict = field(default_factory=dict)  # the checkpoint: settings, architecture, weight sizes
     refs: dict = field(default_factory=dict)  # PyTorch outputs the validation compares against
     graphs: dict = field(default_factory=dict)  # the manifest's graphs section
@@ -354,9 +360,8 @@ def _export_into(
     transforms: list,
     ort_cpu_variant: bool = True,
     max_memory_gb: float | None = None,
-    certify: bool = False,
+    then: str | None = None,
 ) -> None:
-    from ..engine.backends.openvino import BF16_CPU_MODE
     from .config_budget import preflight
     from .torch_worker import TorchWorker
 
@@ -372,10 +377,10 @@ def _export_into(
         ort_cpu_variant and precision == "fp32",
         max_memory_gb,
         StageClock(),
-        certify,
+        then,
     )
     # the config's shapes against the budget before transformers builds a layer (export/config_budget.py)
-    preflight(model, revision, SHORT_NAMES, max_memory_gb, BF16_CPU_MODE if certify else precision, job.fused)
+    preflight(model, revision, SHORT_NAMES, max_memory_gb, then or precision, job.fused)
     with TorchWorker(job.clock) as worker:
         _open_checkpoint(job, worker)
         _torch_stages(job, worker)
@@ -423,7 +428,7 @@ def _open_checkpoint(job: _Job, worker) -> None:
         job.max_num_patches,
         str(job.out),
     )
-    plan = plan_memory(job.info["tower_bytes"], job.precision, fused=job.fused, certify=job.certify)
+    plan = plan_memory(job.info["tower_bytes"], job.precision, fused=job.fused, then=job.then)
     logger.info(check_memory_plan(plan, job.max_memory_gb, job.model))
 
 

@@ -126,6 +126,7 @@ def fp32_source(plan: ExportPlan, out_dir: str | Path) -> Path:
         revision=plan.revision,
         ort_cpu_variant=False,
         max_memory_gb=plan.max_memory_gb,
+        then="int8" if plan.precision == "int8" else None,  # its quantizer and gates in the plan
     )
 
 

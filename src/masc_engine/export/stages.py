@@ -212,7 +212,16 @@ MEMORY_MODEL = {
     # Measured 11.29 GB at so400m/1024 (bench/results/export_memory_so400m1024_bf16cpu.json; the
     # only measurement: base not measured), where its weights are 3.36 GB.
     "certify": (0.8, 0.0, 3.4),
+    # ONNX Runtime's dynamic int8 quantizer on one fp32 graph (masc-export --precision int8): it
+    # loads the graph with its weights and writes the quantized copy. Measured 5.29 GB (vision)
+    # and 5.34 GB (text) at so400m, where each tower holds 1.65 GB of fp32 weights
+    # (bench/results/export_memory_so400m1024_int8.json; the only measurement: base not measured).
+    # The int8 gates that follow score the pairs with both bundles: the "pairs" stage (4.94 GB there).
+    "quantize": (0.8, 3.0, 0.0),
 }
+#: What is made from the exported fp32 graphs in the same process, and the stages it adds to the
+#: plan: the bf16-cpu certification, or int8's quantizer and its pair gates.
+THEN_STAGES = {"bf16-cpu": ("certify",), "int8": ("quantize", "pairs")}
 
 
 @dataclass(frozen=True)
@@ -228,7 +237,7 @@ class MemoryPlan:
 
 
 def plan_memory(
-    tower_bytes: dict[str, int], precision: str = "fp32", fused: bool = True, certify: bool = False
+    tower_bytes: dict[str, int], precision: str = "fp32", fused: bool = True, then: str | None = None
 ) -> MemoryPlan:
     """The export plan's estimated peak per stage kind, from :data:`MEMORY_MODEL`.
 
@@ -236,14 +245,15 @@ def plan_memory(
         tower_bytes: fp32 bytes of each exported graph's weights (``vision``, ``pool``, ``text``).
         precision: ``fp32``, ``fp16`` or ``bf16`` (the reduced ones add the converter's stage).
         fused: whether the fused ``ort-cpu`` variant is made.
-        certify: whether the bundle is then certified for bf16 on the CPU (``bf16-cpu``).
+        then: what the same process makes from the fp32 bundle next (:data:`THEN_STAGES`):
+            ``bf16-cpu`` (the certification) or ``int8`` (quantizer and pair gates); None: nothing.
     """
     largest, total = max(tower_bytes.values()), sum(tower_bytes.values())
     kinds = (
         ["torch", "validate"]
         + (["fuse"] if fused else [])
         + ([] if precision == "fp32" else ["precision", "pairs"])
-        + (["certify"] if certify else [])
+        + list(THEN_STAGES[then] if then else ())
     )
     stages = {}
     for k in kinds:
