@@ -86,3 +86,36 @@ def test_summary_counts_and_means_per_method():
     assert lines[-3].split() == ["method", "rows", "n", "CP", "mean", "CP", "n", "PF", "mean", "PF"]
     assert lines[-2].split() == ["a", "3", "3", "0.7333", "1", "0.2500"]
     assert lines[-1].split() == ["b", "1", "0", "-", "0", "-"]
+
+
+def test_summary_table_has_each_score_column_of_the_run_aligned():
+    """The per-method table of a run with --metrics and --baselines: CP, PF, the classic metric and
+    each baseline's own column (cp_global, cp_mnn; pf_pooling's six variants are left to the file),
+    counted and averaged from the row's cells under those names, NaN skipped, every line as wide as
+    the header whatever the column name's length."""
+    from masc_engine.jobs.pairs.summary import table_columns
+
+    metrics = [pm.get_metric(n) for n in ("cp", "pf", "clip_i", "cp_global", "cp_mnn", "pf_pooling")]
+    cols = table_columns(metrics)
+    assert cols == ("cp", "pf", "clip_i", "cp_global", "cp_mnn")
+    s = Summary(score_columns=cols)
+    s.add({"status": "ok", "cp": 0.5, "pf": 0.1, "clip_i": 80.0, "cp_global": 0.2, "cp_mnn": 0.3}, "method_a")
+    s.add({"status": "ok", "cp": 0.7, "pf": 0.3, "clip_i": float("nan"), "cp_global": 0.4, "cp_mnn": 0.5}, "method_a")
+    table = s.lines()[-2:]
+    head = [w for w in table[0].split() if w.isupper()]
+    assert head == [w for c in cols for w in (c.upper(), c.upper())]
+    assert table[1].split() == [
+        "method_a",
+        "2",
+        "2",
+        "0.6000",
+        "2",
+        "0.2000",
+        "1",
+        "80.0000",
+        "2",
+        "0.3000",
+        "2",
+        "0.4000",
+    ]
+    assert len({len(line) for line in table}) == 1

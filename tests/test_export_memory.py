@@ -261,6 +261,17 @@ def test_the_int8_plan_covers_its_quantizer_and_gates():
         check_config_budget("random:so400m-naflex", config, run["tree_peak_rss_gb"], "int8", fused=False)
 
 
+@pytest.mark.parametrize(
+    "options", [dict(then="bogus"), dict(then="int8", certify="bf16-cpu"), dict(then="int8", precision="fp16")]
+)
+def test_then_is_int8_after_fp32_graphs_only(options, tmp_path):
+    from masc_engine.export.exporter import export_bundle
+
+    with pytest.raises(ValueError, match="then must be None or 'int8'"):
+        export_bundle("random:tiny-naflex", tmp_path / "b", **options)
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_fp32_export_an_int8_bundle_starts_from_plans_the_quantizer(tmp_path, monkeypatch):
     """masc-export --precision int8 exports its fp32 source with ``then="int8"``
     (export/plan_steps.py ``fp32_source``): the quantize stage, made the peak here, is refused from

@@ -176,11 +176,30 @@ def test_another_librarys_root_warning_does_not_double_the_library_lines(library
     logs.show_library_log()
     logging.warning("Please consider to run pre-processing before quantization.")
     logging.getLogger("masc_engine.export.stages").info("quantized vision -> int8")
+    logs.show_library_log()  # a second command in the process: no second root handler
+    logging.getLogger("masc_engineering").warning("a name that only starts like ours")
+    noisy = logging.getLogger("onnxruntime.quantization")
+    monkeypatch.setattr(noisy, "level", logging.INFO)
+    noisy.info("an INFO record of another library: not shown")
     err = capsys.readouterr().err
     assert err.splitlines() == [
         "root WARNING: Please consider to run pre-processing before quantization.",
         "quantized vision -> int8",
+        "masc_engineering WARNING: a name that only starts like ours",
     ]
+
+
+def test_a_programs_own_root_handler_is_left_to_show_other_libraries(library_handler, monkeypatch, capsys):
+    """A program that configured logging before calling a command's main in-process keeps its root
+    handler as the only one: another library's warning is shown once, in the program's format."""
+    root = logging.getLogger()
+    mine = logging.StreamHandler(sys.stderr)
+    mine.setFormatter(logging.Formatter("PROGRAM %(name)s %(message)s"))
+    monkeypatch.setattr(root, "handlers", [mine])
+    logs.show_library_log()
+    logging.getLogger("onnxruntime").warning("ort warns")
+    assert root.handlers == [mine]
+    assert capsys.readouterr().err.splitlines() == ["PROGRAM onnxruntime ort warns"]
 
 
 def test_library_lines_stay_on_the_terminal_while_library_output_goes_to_the_log(library_handler, tmp_path, capsys):

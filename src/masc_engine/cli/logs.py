@@ -112,9 +112,11 @@ def _root_handler() -> None:
     Without one, the first module-level ``logging.warning()`` of a library (ONNX Runtime's
     quantizer makes one) runs ``logging.basicConfig()``, whose handler then printed every
     masc_engine record a second time (``INFO:masc_engine...:``), since they propagate to the root.
+    Installed only on a root logger without handlers: that is when ``basicConfig()`` would run,
+    and a program's own handler there would otherwise show each warning twice.
     """
     root = logging.getLogger()
-    if any(isinstance(f, _OtherLoggers) for h in root.handlers for f in h.filters):
+    if root.handlers:  # a program that configured logging (or this handler, installed before) decides
         return
     handler = TerminalHandler()
     handler.setLevel(logging.WARNING)

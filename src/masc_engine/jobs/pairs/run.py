@@ -22,7 +22,7 @@ from .job import PairsJob, _ray_factory
 from .maps_owner import check_maps_owner, claim_maps
 from .settings import RunOptions, RunSettings
 from .metadata import write_sidecar
-from .summary import Summary
+from .summary import Summary, table_columns
 
 
 def run_pairs(
@@ -90,7 +90,7 @@ def _run_locked(
     check_carried(csv_path, fieldnames, settings.result_columns(segmenter is not None))
     base = csv_path.resolve().parent
     keys = [row_key(r, base) for r in rows]
-    summary = Summary(duplicates=_duplicates(rows), metric_names=tuple(m.name for m in settings.run_metrics()))
+    summary = Summary(duplicates=_duplicates(rows), score_columns=table_columns(settings.run_metrics()))
     journal = Journal(out_path)
     if settings.save_maps:
         check_maps_owner(Path(settings.save_maps), out_path, opts.overwrite)

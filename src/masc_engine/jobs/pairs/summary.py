@@ -20,8 +20,16 @@ def _method_stats() -> dict:
     return {"n": 0}
 
 
-def _headline_names() -> tuple[str, ...]:
-    return tuple(m.name for m in headline_metrics())
+def table_columns(metrics) -> tuple[str, ...]:
+    """The score columns the per-method table shows for ``metrics`` (PairMetrics), in order: the
+    value column of each metric that writes one (CP, PF, the classic metrics, cp_global), and of a
+    metric writing several the one named like it (cp_mnn, not cp_mnn_frac); a family of variants
+    without such a column (pf_pooling's six) is left to the output file."""
+    return tuple(c for m in metrics for c in m.columns if len(m.columns) == 1 or c == m.name)
+
+
+def _headline_columns() -> tuple[str, ...]:
+    return table_columns(headline_metrics())
 
 
 @dataclass
@@ -44,9 +52,9 @@ class Summary:
     #: The embedders' counters (``images_embedded``, ``texts_embedded``, ``embedding_cache_hits``),
     #: when the run had embedders (the classic metrics).
     embeddings: dict = field(default_factory=dict)
-    #: The score columns the per-method table shows, in order: the run's metrics (the headline CP
-    #: and PF, and the classic metrics a run adds with --metrics).
-    metric_names: tuple = field(default_factory=_headline_names)
+    #: The score columns the per-method table shows, in order (:func:`table_columns` of the run's
+    #: metrics: CP and PF, and those a run adds with --metrics or --baselines).
+    score_columns: tuple = field(default_factory=_headline_columns)
 
     def add(self, row: dict, method: str | None) -> None:
         """Count one output row (``method``: its method column's value, or None)."""
@@ -56,7 +64,7 @@ class Summary:
         if method is not None:
             m = self.by_method[method]
             m["n"] += 1
-            for k in self.metric_names:
+            for k in self.score_columns:
                 v = row.get(k)
                 if isinstance(v, (int, float)) and not math.isnan(v):
                     m.setdefault(k, []).append(float(v))
@@ -94,8 +102,8 @@ class Summary:
         return out
 
     def _method_table(self) -> list[str]:
-        """Rows and, per score of the run (:attr:`metric_names`), its count and mean, one line per method."""
-        names = self.metric_names
+        """Rows and, per score column of the run (:attr:`score_columns`), its count and mean, one line per method."""
+        names = self.score_columns
         w = {n: max(6, len(n) + 2) for n in names}
         head = "".join(f" {'n ' + n.upper():>{w[n]}} {'mean ' + n.upper():>{w[n] + 3}}" for n in names)
         lines = [f"{'method':<28} {'rows':>6}{head}"]
