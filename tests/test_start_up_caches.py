@@ -135,3 +135,16 @@ def test_openvino_second_compile_reuses_the_cached_model(naflex_bundle, own_root
     feeds["key_padding_mask"][:, 0] = False
     a, c = first.run(feeds), second.run(feeds)
     assert all(np.array_equal(a[k], c[k]) for k in a)
+
+
+def test_a_bundle_that_asks_for_no_compiled_model_cache_writes_none(naflex_bundle, own_root):
+    """``Bundle.compiled_model_cache = False`` (a bf16 certification's candidates, export/cpu_precision.py):
+    OpenVINO compiles the graph in memory; the cache root gets no folder for it (fp32 pool graph:
+    runs on any CPU)."""
+    from masc_engine.engine.backends import openvino as ovb
+
+    bundle = _bundle(naflex_bundle)
+    bundle.compiled_model_cache = False
+    assert ovb.compiled_cache_dir(bundle) is None
+    ovb.load_runner(bundle, "pool")
+    assert not (own_root / RUNTIME / "openvino").exists() or not list((own_root / RUNTIME / "openvino").iterdir())
