@@ -240,3 +240,42 @@ def test_unseen_initialisations_export_and_a_perturbed_weight_is_refused(shape, 
     print({c: round(f["max_rel"] / f["rtol"], 1) for c, f in wrong.items()})  # the separations, with -s
     with pytest.raises(ExportValidationError, match="differs from"):
         bench.perturbed(shape, ckpt, out, accept=None)
+
+
+# ------------------------------------------------------------------ the run-time gates at base/256
+
+GATE_RESULTS = RESULTS / "gate_distributions_base256.json"
+
+
+def _passes_fidelity(f: dict) -> bool:
+    return (
+        max(f["max_abs_dcp"], f["max_abs_dpf"]) <= tol.FIDELITY_MAX_ABS_DELTA
+        and min(f["spearman_cp"], f["spearman_pf"]) >= tol.FIDELITY_MIN_SPEARMAN
+    )
+
+
+def test_the_run_time_gates_were_measured_over_initialisations_of_both_scales():
+    """bench/gate_distributions.py at base/256: 10 initialisations, both families, each with its
+    bf16-cpu certification and int8 gate figures recorded."""
+    res = json.loads(GATE_RESULTS.read_text())
+    assert (res["shape"], res["budget"]) == ("base-naflex", 256)
+    runs = res["runs"]
+    assert len({r["seed"] for r in runs}) >= 10 and {r["family"] for r in runs} == {"default", "trained-like"}
+    assert res["summary"]["all"]["bf16_cpu_certified"] == sum(r["bf16_cpu"]["certified"] for r in runs)
+
+
+def test_each_recorded_outcome_follows_from_todays_gates():
+    """A certified bundle's held-out figures pass today's bf16-cpu gates (and its pairs are enough);
+    a refused one's whole graph fails them; an int8 bundle was kept exactly when its figures pass
+    today's int8 gates. A gate's value changed without a new measurement fails here."""
+    for r in json.loads(GATE_RESULTS.read_text())["runs"]:
+        b, i = r["bf16_cpu"], r["int8"]
+        if b["certified"]:
+            assert _passes_fidelity(b["heldout"]) and b["heldout"]["pairs"] >= tol.FIDELITY_MIN_PAIRS, r["seed"]
+        else:
+            assert not _passes_fidelity(b["whole_graph"]), r["seed"]
+        passes = (
+            i["max_abs_dcp"] <= tol.INT8_MAX_ABS_DCP
+            and min(i["spearman_cp"], i["spearman_pf"]) >= tol.INT8_MIN_SPEARMAN
+        )
+        assert i["kept"] == passes, (r["seed"], i)

@@ -1,0 +1,184 @@
+"""The run-time gates over many random initialisations of a real shape: bf16-cpu and int8.
+
+The bf16-cpu certification (export/cpu_precision.py ``certify_bundle``) and the int8 gates
+(jobs/int8_gate.py ``quantize_bundle``) hold a user's checkpoint to fixed score gates
+(tolerances.py: bf16-cpu max |dCP|, |dPF| <= ``FIDELITY_MAX_ABS_DELTA`` and Spearman >=
+``FIDELITY_MIN_SPEARMAN`` on calibration and >= ``FIDELITY_MIN_PAIRS`` held-out pairs; int8
+``INT8_MAX_ABS_DCP`` and ``INT8_MIN_SPEARMAN``). Whether a checkpoint passes depends on its
+weights; one random initialisation says little. For each of ``--seeds`` initialisations of
+``--shape`` (bench/tolerance_distributions.py ``build``: seeds from ``FIRST_SEED``, the families
+``default`` and ``trained-like`` alternating), this script exports the fp32 bundle at the patch
+budget ``--budget`` (masc-export's code, fp32 validation accepted whatever its figure: the gates
+are measured here, not the export), then:
+
+- certifies a copy for bf16-cpu with the default calibration and held-out sets and records the
+  figures: the whole graph in bf16 on calibration, the units kept in fp32, the chosen plan's
+  held-out figures and each gate's margin, or the refusal with its figures;
+- quantizes a copy to int8 and scores ``--int8-pairs`` (default the shared DreamBooth pairs when
+  present, else the shipped ones) with both bundles, recording the gate report (kept or refused).
+
+Per family (and ``all``): n, how many passed, and median / max of each figure. The results file
+is rewritten after every initialisation (``--resume`` measures only the seeds it lacks).
+
+    python bench/gate_distributions.py --shape base-naflex --budget 256 --seeds 10 \\
+        --out bench/results/gate_distributions_base256.json
+    python bench/gate_distributions.py --shape tiny-naflex --seeds 2 --out /tmp/gates_tiny.json  # a check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+SHARED_PAIRS = REPO.parent / "shared" / "data" / "dreambooth" / "pairs.csv"
+EXAMPLE_PAIRS = REPO / "examples" / "dreambooth" / "pairs.csv"
+FIGURES = ("max_abs_dcp", "max_abs_dpf", "spearman_cp", "spearman_pf")
+
+
+def _gates(report: dict) -> dict:
+    """A gate report's figures and margins (metrics/certification.py layout)."""
+    return {k: report[k] for k in (*FIGURES, "pairs", "pass", "load") if k in report} | {
+        "margins": report.get("margins", {})
+    }
+
+
+def bf16_cpu(bundle: Path, work: Path) -> dict:
+    """Certify a copy of ``bundle`` for bf16-cpu; the figures, or the refusal's."""
+    from masc_engine.export.cpu_precision import CertificationError, certify_bundle
+
+    cert = work / "bf16cpu"
+    shutil.rmtree(cert, ignore_errors=True)
+    shutil.copytree(bundle, cert)
+    t0 = time.time()
+    try:
+        rec = certify_bundle(cert)
+        out = {
+            "certified": True,
+            "keep_fp32": rec["keep_fp32"],
+            "whole_graph": _gates(rec["search"]["whole_graph"]),
+            "calibration": _gates(rec["gates"]["calibration"]),
+            "heldout": _gates(rec["gates"]["heldout"]),
+        }
+    except CertificationError as e:
+        rep = e.report or {}
+        out = {"certified": False, "refusal": str(e), "whole_graph": _gates(rep.get("whole_graph", {}))}
+    out["seconds"] = round(time.time() - t0, 1)
+    shutil.rmtree(cert, ignore_errors=True)
+    return out
+
+
+def int8(bundle: Path, work: Path, pairs: Path) -> dict:
+    """Quantize a copy of ``bundle`` to int8 and gate it on ``pairs``; the gate report."""
+    from masc_engine.jobs.int8_gate import Int8GateError, quantize_bundle
+
+    out_dir = work / "int8"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    t0 = time.time()
+    try:
+        rep = quantize_bundle(bundle, out_dir, pairs)
+        kept = True
+    except Int8GateError as e:
+        rep, kept = e.report, False
+    shutil.rmtree(out_dir, ignore_errors=True)
+    figs = {k: v for k, v in rep.items() if isinstance(v, (int, float, bool))}
+    return {"kept": kept, **figs, "margins": rep.get("margins", {}), "seconds": round(time.time() - t0, 1)}
+
+
+def measure(shape: str, seed: int, family: str, budget: int | None, work: Path, pairs: Path) -> dict:
+    """One initialisation: its fp32 export, then both gates."""
+    from masc_engine.export.exporter import export_bundle
+    from masc_engine.export.validate import accept_validation_error
+    from tolerance_distributions import ACCEPT_ALL, build
+
+    ckpt = build(shape, seed, family, work)
+    bundle = work / (ckpt.name + ".bundle")
+    t0 = time.time()
+    with accept_validation_error(ACCEPT_ALL), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        export_bundle(str(ckpt), bundle, max_num_patches=budget)
+    row = {"shape": shape, "seed": seed, "family": family, "export_seconds": round(time.time() - t0, 1)}
+    row["bf16_cpu"] = bf16_cpu(bundle, work)
+    row["int8"] = int8(bundle, work, pairs)
+    shutil.rmtree(bundle, ignore_errors=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return row
+
+
+def _stats(vals: list[float]) -> dict:
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else {}
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Per family and ``all``: counts passed and the spread of every figure."""
+    out: dict = {}
+    for family in ["all", *dict.fromkeys(r["family"] for r in rows)]:
+        fam = [r for r in rows if family in ("all", r["family"])]
+        b = [r["bf16_cpu"] for r in fam]
+        s: dict = {
+            "n": len(fam),
+            "bf16_cpu_certified": sum(x["certified"] for x in b),
+            "bf16_cpu_units_kept": _stats([len(x["keep_fp32"]) for x in b if x["certified"]]),
+            "int8_kept": sum(r["int8"]["kept"] for r in fam),
+        }
+        for part in ("whole_graph", "heldout"):
+            for f in FIGURES:
+                s[f"bf16_cpu_{part}_{f}"] = _stats([x[part][f] for x in b if f in x.get(part, {})])
+        for f in ("max_abs_dcp", "spearman_cp", "spearman_pf"):
+            s[f"int8_{f}"] = _stats([r["int8"][f] for r in fam if f in r["int8"]])
+        out[family] = s
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(REPO / "bench"))
+    import workloads
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="tiny-naflex")
+    ap.add_argument("--budget", type=int, default=None, help="NaFlex patch budget (default: the export's, 1024)")
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--families", default="default,trained-like")
+    ap.add_argument("--int8-pairs", type=Path, default=SHARED_PAIRS if SHARED_PAIRS.is_file() else EXAMPLE_PAIRS)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/gate-distributions"))
+    ap.add_argument("--note", default="", help="what else ran on the machine (recorded)")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    from tolerance_distributions import FIRST_SEED
+
+    families = a.families.split(",")
+    rows = json.loads(a.out.read_text())["runs"] if a.resume and a.out.is_file() else []
+    done = {(r["seed"], r["family"]) for r in rows}
+    a.work.mkdir(parents=True, exist_ok=True)
+    for i in range(a.seeds):
+        seed, family = FIRST_SEED + i, families[i % len(families)]
+        if (seed, family) in done:
+            continue
+        rows.append(measure(a.shape, seed, family, a.budget, a.work, a.int8_pairs))
+        print(json.dumps(rows[-1])[:400], flush=True)
+        result = {
+            "script": "bench/gate_distributions.py",
+            "command": " ".join([sys.executable, *sys.argv]),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": workloads.machine(("onnxruntime", "openvino", "torch", "transformers")),
+            "note": a.note or "not stated",
+            "shape": a.shape,
+            "budget": a.budget,
+            "int8_pairs": str(a.int8_pairs),
+            "summary": summarise(rows),
+            "runs": rows,
+        }
+        a.out.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
