@@ -15,13 +15,18 @@ are measured here, not the export), then:
   figures: the whole graph in bf16 on calibration, the units kept in fp32, the chosen plan's
   held-out figures and each gate's margin, or the refusal with its figures;
 - quantizes a copy to int8 and scores ``--int8-pairs`` (default the shared DreamBooth pairs when
-  present, else the shipped ones) with both bundles, recording the gate report (kept or refused).
+  present, else the shipped ones) with both bundles, recording the gate report (kept or refused);
+- with ``--gates fp16``: exports the checkpoint with ``precision="fp16"`` (the GPU graphs) and
+  records its export-time pair gates (export/validate.py ``validate_pairs``: max |dCP|, |dPF| <=
+  ``FIDELITY_MAX_ABS_DELTA`` against the same export's fp32 graphs), kept or refused.
 
 Per family (and ``all``): n, how many passed, and median / max of each figure. The results file
 is rewritten after every initialisation (``--resume`` measures only the seeds it lacks).
 
     python bench/gate_distributions.py --shape base-naflex --budget 256 --seeds 10 \\
         --out bench/results/gate_distributions_base256.json
+    python bench/gate_distributions.py --shape base-naflex --budget 256 --seeds 10 --gates fp16 \
+        --out bench/results/gate_distributions_base256_fp16.json
     python bench/gate_distributions.py --shape tiny-naflex --seeds 2 --out /tmp/gates_tiny.json  # a check
 """
 
@@ -92,22 +97,53 @@ def int8(bundle: Path, work: Path, pairs: Path) -> dict:
     return {"kept": kept, **figs, "margins": rep.get("margins", {}), "seconds": round(time.time() - t0, 1)}
 
 
-def measure(shape: str, seed: int, family: str, budget: int | None, work: Path, pairs: Path) -> dict:
-    """One initialisation: its fp32 export, then both gates."""
+def fp16(ckpt: Path, work: Path, budget: int | None) -> dict:
+    """Export ``ckpt`` with fp16 graphs; its pair gates' figures (kept) or the refusal's."""
+    from masc_engine.errors import ExportValidationError
+    from masc_engine.export.exporter import export_bundle
+    from masc_engine.export.validate import accept_validation_error
+    from tolerance_distributions import ACCEPT_ALL
+
+    out = work / "fp16"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.time()
+    try:
+        # the graphs' own validation accepted whatever its figure: the pair gates are measured here
+        with accept_validation_error(ACCEPT_ALL), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            export_bundle(str(ckpt), out, max_num_patches=budget, precision="fp16")
+        rep, kept = json.loads((out / "manifest.json").read_text())["precision"]["pair_gates"], True
+    except ExportValidationError as e:
+        rep, kept = e.report, False
+    shutil.rmtree(out, ignore_errors=True)
+    figs = {k: rep[k] for k in ("max_abs_dcp", "max_abs_dpf", "pairs", "finite_where_fp32_finite") if k in rep}
+    return {"kept": kept, **figs, "seconds": round(time.time() - t0, 1)}
+
+
+def measure(
+    shape: str, seed: int, family: str, budget: int | None, work: Path, pairs: Path, gates: tuple[str, ...]
+) -> dict:
+    """One initialisation: the gates asked for (bf16-cpu and int8 share one fp32 export)."""
     from masc_engine.export.exporter import export_bundle
     from masc_engine.export.validate import accept_validation_error
     from tolerance_distributions import ACCEPT_ALL, build
 
     ckpt = build(shape, seed, family, work)
-    bundle = work / (ckpt.name + ".bundle")
-    t0 = time.time()
-    with accept_validation_error(ACCEPT_ALL), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        export_bundle(str(ckpt), bundle, max_num_patches=budget)
-    row = {"shape": shape, "seed": seed, "family": family, "export_seconds": round(time.time() - t0, 1)}
-    row["bf16_cpu"] = bf16_cpu(bundle, work)
-    row["int8"] = int8(bundle, work, pairs)
-    shutil.rmtree(bundle, ignore_errors=True)
+    row: dict = {"shape": shape, "seed": seed, "family": family}
+    if "fp16" in gates:
+        row["fp16"] = fp16(ckpt, work, budget)
+    if {"bf16-cpu", "int8"} & set(gates):
+        bundle = work / (ckpt.name + ".bundle")
+        t0 = time.time()
+        with accept_validation_error(ACCEPT_ALL), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            export_bundle(str(ckpt), bundle, max_num_patches=budget)
+        row["export_seconds"] = round(time.time() - t0, 1)
+        if "bf16-cpu" in gates:
+            row["bf16_cpu"] = bf16_cpu(bundle, work)
+        if "int8" in gates:
+            row["int8"] = int8(bundle, work, pairs)
+        shutil.rmtree(bundle, ignore_errors=True)
     shutil.rmtree(ckpt, ignore_errors=True)
     return row
 
@@ -121,18 +157,23 @@ def summarise(rows: list[dict]) -> dict:
     out: dict = {}
     for family in ["all", *dict.fromkeys(r["family"] for r in rows)]:
         fam = [r for r in rows if family in ("all", r["family"])]
-        b = [r["bf16_cpu"] for r in fam]
-        s: dict = {
-            "n": len(fam),
-            "bf16_cpu_certified": sum(x["certified"] for x in b),
-            "bf16_cpu_units_kept": _stats([len(x["keep_fp32"]) for x in b if x["certified"]]),
-            "int8_kept": sum(r["int8"]["kept"] for r in fam),
-        }
-        for part in ("whole_graph", "heldout"):
-            for f in FIGURES:
-                s[f"bf16_cpu_{part}_{f}"] = _stats([x[part][f] for x in b if f in x.get(part, {})])
-        for f in ("max_abs_dcp", "spearman_cp", "spearman_pf"):
-            s[f"int8_{f}"] = _stats([r["int8"][f] for r in fam if f in r["int8"]])
+        s: dict = {"n": len(fam)}
+        b = [r["bf16_cpu"] for r in fam if "bf16_cpu" in r]
+        if b:
+            s["bf16_cpu_certified"] = sum(x["certified"] for x in b)
+            s["bf16_cpu_units_kept"] = _stats([len(x["keep_fp32"]) for x in b if x["certified"]])
+            for part in ("whole_graph", "heldout"):
+                for f in FIGURES:
+                    s[f"bf16_cpu_{part}_{f}"] = _stats([x[part][f] for x in b if f in x.get(part, {})])
+        for gate, figs in (
+            ("int8", ("max_abs_dcp", "spearman_cp", "spearman_pf")),
+            ("fp16", ("max_abs_dcp", "max_abs_dpf")),
+        ):
+            g = [r[gate] for r in fam if gate in r]
+            if g:
+                s[f"{gate}_kept"] = sum(x["kept"] for x in g)
+                for f in figs:
+                    s[f"{gate}_{f}"] = _stats([x[f] for x in g if f in x])
         out[family] = s
     return out
 
@@ -146,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=None, help="NaFlex patch budget (default: the export's, 1024)")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--families", default="default,trained-like")
+    ap.add_argument("--gates", default="bf16-cpu,int8", help="comma-separated: bf16-cpu, int8, fp16")
     ap.add_argument("--int8-pairs", type=Path, default=SHARED_PAIRS if SHARED_PAIRS.is_file() else EXAMPLE_PAIRS)
     ap.add_argument("--work", type=Path, default=Path("/tmp/gate-distributions"))
     ap.add_argument("--note", default="", help="what else ran on the machine (recorded)")
@@ -162,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         seed, family = FIRST_SEED + i, families[i % len(families)]
         if (seed, family) in done:
             continue
-        rows.append(measure(a.shape, seed, family, a.budget, a.work, a.int8_pairs))
+        rows.append(measure(a.shape, seed, family, a.budget, a.work, a.int8_pairs, tuple(a.gates.split(","))))
         print(json.dumps(rows[-1])[:400], flush=True)
         result = {
             "script": "bench/gate_distributions.py",
@@ -172,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             "note": a.note or "not stated",
             "shape": a.shape,
             "budget": a.budget,
+            "gates": a.gates,
             "int8_pairs": str(a.int8_pairs),
             "summary": summarise(rows),
             "runs": rows,

@@ -279,3 +279,16 @@ def test_each_recorded_outcome_follows_from_todays_gates():
             and min(i["spearman_cp"], i["spearman_pf"]) >= tol.INT8_MIN_SPEARMAN
         )
         assert i["kept"] == passes, (r["seed"], i)
+
+
+def test_the_fp16_export_gates_were_measured_over_initialisations_and_follow_from_todays_gates():
+    """bench/gate_distributions.py --gates fp16 at base/256: 10 initialisations of both families;
+    each fp16 export kept exactly when its pair gates' figures pass today's gate."""
+    res = json.loads((RESULTS / "gate_distributions_base256_fp16.json").read_text())
+    runs = res["runs"]
+    assert (res["shape"], res["budget"], res["gates"]) == ("base-naflex", 256, "fp16")
+    assert len({r["seed"] for r in runs}) >= 10 and {r["family"] for r in runs} == {"default", "trained-like"}
+    for r in runs:
+        f = r["fp16"]
+        passes = max(f["max_abs_dcp"], f["max_abs_dpf"]) <= tol.FIDELITY_MAX_ABS_DELTA and f["finite_where_fp32_finite"]
+        assert f["kept"] == passes, (r["seed"], f)
