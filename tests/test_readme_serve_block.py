@@ -79,9 +79,10 @@ def _blocks(page: Path, lang: str) -> list[str]:
 
 
 def test_service_page_blocks_run_as_pasted(naflex_bundle, tmp_path):
-    """docs/service.md's "Calling it": its bash block (server in the background, wait, upload) then
-    its Python client (standard library only) against that server, then the ``kill %1`` the page
-    names; every output as the page says."""
+    """docs/service.md's "Calling it": its bash block (server in the background, wait, upload; its
+    ``pip install`` line dropped as in the README's test) then its Python client (standard library
+    only) against that server, then the ``kill $SERVER; wait $SERVER`` the page names; every output
+    as the page says."""
     _needs_serve_and_curl()
     page = REPO / "docs" / "service.md"
     [shell] = [b for b in _blocks(page, "bash") if "masc-serve --bundle" in b]
@@ -89,7 +90,8 @@ def test_service_page_blocks_run_as_pasted(naflex_bundle, tmp_path):
     _demo_layout(tmp_path, naflex_bundle)
     port = str(_free_port())
     (tmp_path / "client.py").write_text(python.replace("8000", port))
-    script = (shell + f'\n"{sys.executable}" client.py\nkill %1; wait %1; echo "exit status $?"\n').replace(
+    shell = "\n".join(ln for ln in shell.splitlines() if not ln.startswith("pip install"))
+    script = (shell + f'\n"{sys.executable}" client.py\nkill $SERVER; wait $SERVER; echo "exit status $?"\n').replace(
         "8000", port
     )
     done = _run_block(script, tmp_path)
