@@ -243,27 +243,17 @@ def bundles(work: Path, siglip: str, clip: str, dino: str, budget: int, bf16_cpu
 
 
 def _certified_copy(fp32: Path) -> tuple[Path | None, dict]:
-    """A copy of the fp32 bundle certified for bf16-cpu (made once, kept in the work folder)."""
-    from masc_engine.export.cpu_precision import CertificationError, certify_bundle
-
-    cert, info_path = fp32.with_name(fp32.name + "-bf16cpu"), fp32.with_name(fp32.name + "-bf16cpu.json")
-    if not info_path.is_file():
-        shutil.rmtree(cert, ignore_errors=True)
-        shutil.copytree(fp32, cert)
-        t = time.perf_counter()
-        try:
-            rec = certify_bundle(cert)
-            held = rec["gates"]["heldout"]
-            info = {
-                "certified": True,
-                "keep_fp32": rec["keep_fp32"],
-                "heldout": {k: held[k] for k in ("pairs", "max_abs_dcp", "max_abs_dpf", "spearman_cp", "spearman_pf")},
-            }
-        except CertificationError as e:
-            info = {"certified": False, "refused": str(e)}
-        info["certify_seconds"] = round(time.perf_counter() - t, 1)
-        info_path.write_text(json.dumps(info, indent=1, default=float))
-    info = json.loads(info_path.read_text())
+    """A copy of the fp32 bundle certified for bf16-cpu (made once, kept in the work folder;
+    bench/workloads.py ``certified_copy``) and a summary of its certificate."""
+    cert = fp32.with_name(fp32.name + "-bf16cpu")
+    full = workloads.certified_copy(fp32, cert, fp32.with_name(fp32.name + "-bf16cpu.json"))
+    info: dict = {"certified": full["certified"], "certify_seconds": round(full["certify_seconds"], 1)}
+    if full["certified"]:
+        held = full["record"]["gates"]["heldout"]
+        info["keep_fp32"] = full["record"]["keep_fp32"]
+        info["heldout"] = {k: held[k] for k in ("pairs", "max_abs_dcp", "max_abs_dpf", "spearman_cp", "spearman_pf")}
+    else:
+        info["refused"] = full["refused"]
     return (cert if info["certified"] else None), info
 
 

@@ -73,7 +73,6 @@ def _quiet():
 def child_prepare(preset: str, budget: int, work: str) -> dict:
     """The fp32 bundle of ``random:<preset>-naflex`` at ``budget`` and its bf16-cpu copy (cached)."""
     _quiet()
-    from masc_engine.export.cpu_precision import CertificationError, certify_bundle
     from masc_engine.export.exporter import export_bundle
 
     fp32 = Path(work) / f"{preset}-{budget}"
@@ -86,18 +85,7 @@ def child_prepare(preset: str, budget: int, work: str) -> dict:
             max_num_patches=budget,
             validate=preset == "tiny",
         )
-    if not info_path.is_file():
-        shutil.rmtree(cert, ignore_errors=True)
-        shutil.copytree(fp32, cert)
-        t = time.perf_counter()
-        try:
-            rec = certify_bundle(cert)
-            info = {"certified": True, "record": rec}
-        except CertificationError as e:
-            info = {"certified": False, "refused": str(e), "report": e.report}
-        info["certify_seconds"] = time.perf_counter() - t
-        info_path.write_text(json.dumps(info, indent=1, default=float))
-    info = json.loads(info_path.read_text())
+    info = workloads.certified_copy(fp32, cert, info_path)
     info.update(fp32_bundle=str(fp32), bf16_bundle=str(cert))
     return info
 

@@ -56,15 +56,15 @@ def _gates(report: dict) -> dict:
 
 
 def bf16_cpu(bundle: Path, work: Path) -> dict:
-    """Certify a copy of ``bundle`` for bf16-cpu; the figures, or the refusal's."""
-    from masc_engine.export.cpu_precision import CertificationError, certify_bundle
+    """Certify a copy of ``bundle`` for bf16-cpu (bench/workloads.py ``certified_copy``, nothing
+    kept from an earlier initialisation); the figures, or the refusal's."""
+    import workloads
 
-    cert = work / "bf16cpu"
-    shutil.rmtree(cert, ignore_errors=True)
-    shutil.copytree(bundle, cert)
-    t0 = time.time()
-    try:
-        rec = certify_bundle(cert)
+    cert, info_path = work / "bf16cpu", work / "bf16cpu.json"
+    info_path.unlink(missing_ok=True)
+    full = workloads.certified_copy(bundle, cert, info_path)
+    if full["certified"]:
+        rec = full["record"]
         out = {
             "certified": True,
             "keep_fp32": rec["keep_fp32"],
@@ -72,11 +72,15 @@ def bf16_cpu(bundle: Path, work: Path) -> dict:
             "calibration": _gates(rec["gates"]["calibration"]),
             "heldout": _gates(rec["gates"]["heldout"]),
         }
-    except CertificationError as e:
-        rep = e.report or {}
-        out = {"certified": False, "refusal": str(e), "whole_graph": _gates(rep.get("whole_graph", {}))}
-    out["seconds"] = round(time.time() - t0, 1)
+    else:
+        out = {
+            "certified": False,
+            "refusal": full["refused"],
+            "whole_graph": _gates(full["report"].get("whole_graph", {})),
+        }
+    out["seconds"] = round(full["certify_seconds"], 1)
     shutil.rmtree(cert, ignore_errors=True)
+    info_path.unlink(missing_ok=True)
     return out
 
 

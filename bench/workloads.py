@@ -157,6 +157,28 @@ ISA_FLAGS = (
 ENCODER_GEMM = (8 * 256, 768, 3072)
 
 
+def certified_copy(fp32: Path, cert: Path, info_path: Path) -> dict:
+    """A copy ``cert`` of the fp32 bundle certified for bf16-cpu (export/cpu_precision.py
+    ``certify_bundle``, default pair sets), made once: the outcome is kept in ``info_path`` and read
+    back on later calls. Returns ``{"certified": True, "record"}`` (the manifest's certificate) or
+    ``{"certified": False, "refused", "report"}``, with ``certify_seconds``."""
+    import shutil
+
+    from masc_engine.export.cpu_precision import CertificationError, certify_bundle
+
+    if not info_path.is_file():
+        shutil.rmtree(cert, ignore_errors=True)
+        shutil.copytree(fp32, cert)
+        t = time.perf_counter()
+        try:
+            info = {"certified": True, "record": certify_bundle(cert)}
+        except CertificationError as e:
+            info = {"certified": False, "refused": str(e), "report": e.report}
+        info["certify_seconds"] = time.perf_counter() - t
+        info_path.write_text(json.dumps(info, indent=1, default=float))
+    return json.loads(info_path.read_text())
+
+
 def loadavg() -> list[float]:
     """``os.getloadavg()`` rounded (the machine may be shared: record it around each timing)."""
     import os
