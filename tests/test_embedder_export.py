@@ -133,13 +133,15 @@ def test_embedder_names_are_recognised_without_network():
         dict(precision="bf16"),
         dict(backend="tensorrt"),
         dict(max_num_patches=256),
-        dict(certify="bf16-cpu"),
+        dict(precision="fp16", certify="bf16-cpu"),
+        dict(certify="bf16-cpu", backend="tensorrt"),
     ],
 )
 def test_plan_refuses_other_than_fp32_onnx(options):
-    with pytest.raises(ExportPlanError, match="embedder bundle"):
+    with pytest.raises(ExportPlanError, match="embedder bundle|bf16-cpu"):
         ExportPlan(model="dino-vits16", kind="embedder", **options)
     ExportPlan(model="dino-vits16", kind="embedder")
+    ExportPlan(model="dino-vits16", kind="embedder", certify="bf16-cpu")  # fp32 graphs, certified
 
 
 def test_cli_refuses_fp16_in_one_line(tmp_path):

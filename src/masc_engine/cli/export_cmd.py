@@ -29,7 +29,7 @@ from ..export.plan import PRECISION_OPTIONS
     "random:clipseg-rd64) makes a segmenter bundle (docs/segmenter.md). clip-vit-b32, clip-vit-l14, dino-vits16, "
     "dino-vits8, dinov2-small (random:clip-tiny, random:clip-tiny-l14, random:dino-tiny-s16, "
     "random:dino-tiny-s8, random:dinov2-tiny; real shapes: random:clip-b32, random:clip-l14, "
-    "random:dino-s16) make an embedder bundle, fp32 (docs/export.md).",
+    "random:dino-s16) make an embedder bundle, fp32 or certified bf16-cpu (docs/export.md).",
 )
 @click.option(
     "--out",

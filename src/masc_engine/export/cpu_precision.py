@@ -99,6 +99,10 @@ def graph_units(onnx_path: str | Path, graph: str) -> dict:
 
     model = onnx.load(str(onnx_path), load_external_data=False)
     lns = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
+    if len(lns) % 2 == 0 and lns and _scopes(lns[0]) and not _in_layer(lns[0], 0):
+        # CLIP's vision tower normalises the embeddings before the encoder (``pre_layrnorm``): that
+        # LayerNorm is part of the embeddings unit, not a layer's.
+        lns = lns[1:]
     if len(lns) < 3 or len(lns) % 2 != 1:
         raise CertificationError(
             f"graph {graph!r} has {len(lns)} LayerNormalization nodes; per-layer precision "
@@ -107,15 +111,26 @@ def graph_units(onnx_path: str | Path, graph: str) -> dict:
     n_layers = (len(lns) - 1) // 2
     for i in range(n_layers):
         for node in lns[2 * i : 2 * i + 2]:
-            meta = {p.key: p.value for p in node.metadata_props}
-            scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
-            if scopes and not any(s.endswith(f"layers.{i}") for s in scopes):
+            if _scopes(node) and not _in_layer(node, i):
                 raise CertificationError(
-                    f"graph {graph!r}: LayerNormalization {node.name} is not in encoder layer {i} (scopes {scopes[:4]})"
+                    f"graph {graph!r}: LayerNormalization {node.name} is not in encoder layer {i} "
+                    f"(scopes {_scopes(node)[:4]})"
                 )
     bounds = [lns[2 * i].input[0] for i in range(n_layers)] + [lns[-1].input[0]]
     names = [f"{graph}.embeddings"] + [f"{graph}.layers.{i}" for i in range(n_layers)] + [f"{graph}.head"]
     return {"names": names, "boundaries": bounds}
+
+
+def _scopes(node) -> list[str]:
+    """The module scopes torch's exporter recorded on ``node`` (``pkg.torch.onnx.name_scopes``)."""
+    meta = {p.key: p.value for p in node.metadata_props}
+    return list(ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]")))
+
+
+def _in_layer(node, i: int) -> bool:
+    """Whether ``node`` sits in encoder layer ``i`` (a scope ending ``layers.<i>``, or ``layer.<i>``
+    as transformers' ViT and DINOv2 name theirs)."""
+    return any(s.endswith((f"layers.{i}", f"layer.{i}")) for s in _scopes(node))
 
 
 # --------------------------------------------------------------------------- pairs
@@ -372,19 +387,27 @@ class CandidateScoring:
     configurations: int
     _ref: dict[int, dict]
 
-    def reference(self, pairs: Sequence) -> dict:
-        """fp32 ONNX Runtime scores of ``pairs`` (cached per pair list)."""
+    def scores_of(self, scorer, pairs: Sequence) -> dict:
+        """``{"cp": [P], "pf": [P]}`` of ``pairs`` by ``scorer`` (:func:`scores`)."""
+        return scores(scorer, pairs)
+
+    def reference_scorer(self):
+        """The fp32 ONNX Runtime scorer of the bundle."""
         from ..runtime.scorer import Scorer
 
+        return Scorer(self.bundle, intra_op_threads=self.threads)
+
+    def reference(self, pairs: Sequence) -> dict:
+        """fp32 ONNX Runtime scores of ``pairs`` (cached per pair list)."""
         if id(pairs) not in self._ref:
-            self._ref[id(pairs)] = scores(Scorer(self.bundle, intra_op_threads=self.threads), pairs)
+            self._ref[id(pairs)] = self.scores_of(self.reference_scorer(), pairs)
         return self._ref[id(pairs)]
 
     def score_candidate(self, scorer, pairs: Sequence) -> dict:
-        """``scores(scorer, pairs)``, counted in ``configurations``; the scorer is released after."""
+        """``scores_of(scorer, pairs)``, counted in ``configurations``; the scorer is released after."""
         try:
             self.configurations += 1
-            return scores(scorer, pairs)
+            return self.scores_of(scorer, pairs)
         finally:
             del scorer
             gc.collect()
@@ -424,6 +447,99 @@ class Evaluator(CandidateScoring):
         b.manifest = {**self.bundle.manifest, "precision": certificate_record(self.units, keep_fp32, self.graphs)}
         b.compiled_model_cache = False  # a candidate's compiled graphs are never imported again
         return self.score_candidate(Scorer(b, backend="openvino", intra_op_threads=self.threads), pairs)
+
+
+#: What an embedder bundle's certificate gates in the CP and PF slots of the gate report, the
+#: classic metrics' own split (DreamBench++: CLIP-I and DINO measure concept preservation, CLIP-T
+#: prompt following), as cosines (the metrics' columns are x100: a gate of 2e-3 is 0.2 points).
+EMBEDDER_SCORES = {
+    "cp": "cosine of the reference and output image embeddings (clip_i, dino, dino_s8, dinov2 / 100)",
+    "pf": "cosine of the output image and prompt embeddings (clip_t / 100); an image-only embedder "
+    "repeats the image cosine",
+}
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosines of two ``[P, D]`` arrays, in float64."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return np.sum(
+        (a / np.linalg.norm(a, axis=1, keepdims=True)) * (b / np.linalg.norm(b, axis=1, keepdims=True)), axis=1
+    )
+
+
+def embedder_scores(embedder, pairs: Sequence) -> dict:
+    """The :data:`EMBEDDER_SCORES` of ``pairs`` by an :class:`~masc_engine.runtime.embedder.Embedder`:
+    ``{"cp": [P], "pf": [P]}`` float64 cosines in [-1, 1] (each distinct image object and prompt
+    embedded once)."""
+    images: dict[int, Image.Image] = {}
+    for p in pairs:
+        images.setdefault(id(p.ref_image), p.ref_image)
+        images.setdefault(id(p.out_image), p.out_image)
+    keys = list(images)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        emb = dict(zip(keys, embedder.embed_images([images[k] for k in keys])))
+        ref = np.stack([emb[id(p.ref_image)] for p in pairs])
+        out = np.stack([emb[id(p.out_image)] for p in pairs])
+        cp = _cosines(ref, out)
+        if not embedder.has_text:
+            return {"cp": cp, "pf": cp.copy()}
+        prompts = sorted({p.prompt for p in pairs})
+        text = dict(zip(prompts, embedder.embed_texts(prompts)))
+    return {"cp": cp, "pf": _cosines(out, np.stack([text[p.prompt] for p in pairs]))}
+
+
+class EmbedderEvaluator(CandidateScoring):
+    """:class:`Evaluator` for an embedder bundle (CLIP, DINO, DINOv2): the pairs' image-image and
+    image-text cosines (:data:`EMBEDDER_SCORES`), fp32 ONNX Runtime against candidates run as
+    masc-run runs a certified embedder (``Embedder`` on OpenVINO, the certified graphs in bf16)."""
+
+    def __init__(self, bundle, graphs: Sequence[str], threads: int | None = None):
+        self.bundle, self.graphs, self.threads = bundle, tuple(graphs), threads
+        self.units = {g: graph_units(self.bundle.graph_file(g), g) for g in self.graphs}
+        self.unit_names = [u for g in self.graphs for u in self.units[g]["names"]]
+        self.configurations, self._ref = 0, {}
+
+    def scores_of(self, scorer, pairs: Sequence) -> dict:
+        return embedder_scores(scorer, pairs)
+
+    def reference_scorer(self):
+        from ..runtime.embedder import Embedder
+        from ..runtime.encoder import RunnerSettings
+
+        return Embedder(self.bundle, RunnerSettings(intra_op_threads=self.threads))
+
+    def candidate_scores(self, keep_fp32: Sequence[str], pairs: Sequence) -> dict:
+        """Cosines of ``pairs`` with the graphs in bf16 except ``keep_fp32``."""
+        from ..runtime.embedder import Embedder
+        from ..runtime.encoder import RunnerSettings
+
+        b = copy.copy(self.bundle)
+        b.manifest = {**self.bundle.manifest, "precision": certificate_record(self.units, keep_fp32, self.graphs)}
+        b.compiled_model_cache = False
+        return self.score_candidate(
+            Embedder(b, RunnerSettings(backend="openvino", intra_op_threads=self.threads)), pairs
+        )
+
+
+#: The graphs certified by default, per bundle kind (the image towers: most of the work).
+DEFAULT_GRAPHS_BY_KIND = {"scorer": DEFAULT_GRAPHS, "embedder": ("image",)}
+
+
+def _evaluator(
+    bundle_dir: str | Path, graphs: Sequence[str] | None, threads: int | None
+) -> "Evaluator | EmbedderEvaluator":
+    """The evaluator of the bundle's kind (a scorer or an embedder bundle)."""
+    from ..engine.bundle import Bundle
+    from ..engine.manifest import read_manifest
+
+    kind = read_manifest(bundle_dir).get("kind") or "scorer"
+    graphs = tuple(graphs or DEFAULT_GRAPHS_BY_KIND.get(kind, DEFAULT_GRAPHS))
+    if kind == "embedder":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return EmbedderEvaluator(Bundle(bundle_dir, kind="embedder"), graphs, threads)
+    return Evaluator(bundle_dir, graphs, threads)
 
 
 def unit_sensitivity(ev: CandidateScoring, pairs: Sequence) -> dict[str, float]:
@@ -525,7 +641,7 @@ def certify_bundle(
     *,
     calibration: str | Path | Sequence | None = None,
     heldout: str | Path | Sequence | None = None,
-    graphs: Sequence[str] = DEFAULT_GRAPHS,
+    graphs: Sequence[str] | None = None,
     threads: int | None = None,
     max_keep: int | None = None,
 ) -> dict:
@@ -533,11 +649,13 @@ def certify_bundle(
     manifest (in place; nothing is written when it is refused).
 
     Args:
-        bundle_dir: an fp32 bundle (masc-export).
+        bundle_dir: an fp32 scorer bundle, or an fp32 embedder bundle (CLIP, DINO, DINOv2: its
+            pairs' image-image and image-text cosines are gated, :data:`EMBEDDER_SCORES`).
         calibration, heldout: pairs CSVs (or lists of :class:`~masc_engine.runtime.scorer.Pair`)
             replacing the default sets (:func:`default_calibration`, :func:`default_heldout`);
             held-out needs ``FIDELITY_MIN_PAIRS`` pairs.
-        graphs: the graphs run in bf16 (``vision``; ``text`` too if asked).
+        graphs: the graphs run in bf16 (default :data:`DEFAULT_GRAPHS_BY_KIND`: a scorer's
+            ``vision``, an embedder's ``image``; the text graph too if asked).
         threads: OpenVINO / ONNX Runtime threads while scoring.
         max_keep: most units kept in fp32 (default half the units).
 
@@ -554,7 +672,8 @@ def certify_bundle(
 
     check_available(precision="bf16")
     t0 = time.time()
-    ev = Evaluator(bundle_dir, graphs, threads)
+    ev = _evaluator(bundle_dir, graphs, threads)
+    graphs = ev.graphs
     mode = (ev.bundle.manifest.get("precision") or {}).get("mode", "fp32")
     if mode not in ("fp32", BF16_CPU):
         raise BundleError(f"bundle {bundle_dir} holds {mode} graphs; bf16-cpu certifies an fp32 bundle")
@@ -567,8 +686,13 @@ def certify_bundle(
             f"{held_info['source']} has {len(held)}",
             {"pairs": {"heldout": held_info}},
         )
+    scored = (
+        " (an embedder: CP is the image-image cosine, PF the image-text one)"
+        if isinstance(ev, EmbedderEvaluator)
+        else ""
+    )
     logger.info(
-        f"bf16-cpu certification of {', '.join(graphs)}: {len(cal)} calibration pairs ({cal_info['source']}), "
+        f"bf16-cpu certification of {', '.join(graphs)}{scored}: {len(cal)} calibration pairs ({cal_info['source']}), "
         f"{len(held)} held-out pairs ({held_info['source']}), against fp32 ONNX Runtime"
     )
     found = search_keep_list(ev, cal, held, max_keep)
@@ -590,6 +714,8 @@ def certify_bundle(
         seconds=round(time.time() - t0, 1),
         claim="scores are certified to the gates against fp32, not bit-equal to fp32",
     )
+    if isinstance(ev, EmbedderEvaluator):
+        record["scores"] = dict(EMBEDDER_SCORES)
     manifest = dict(ev.bundle.manifest, precision=record)
     write_manifest(ev.bundle.path, manifest)
     logger.info(

@@ -191,6 +191,8 @@ def export_embedder_bundle(
     validate: bool = True,
     precision: str = "fp32",
     max_memory_gb: float | None = None,
+    certify: str | None = None,
+    cpu_precision_options: dict | None = None,
 ) -> Path:
     """Export the CLIP / DINO / DINOv2 checkpoint ``model`` to an embedder bundle and validate it.
 
@@ -206,12 +208,20 @@ def export_embedder_bundle(
         revision: Hub revision to pin.
         validate: the post-export validation (export/embedders_validate.py).
         precision: ``fp32`` only (:data:`PRECISIONS`).
-        max_memory_gb: the memory budget the config's shapes are checked against first.
+        max_memory_gb: the memory budget the config's shapes are checked against first
+            (certification included with ``certify``).
+        certify: None, or ``bf16-cpu``: the staged fp32 bundle certified for bf16 on OpenVINO's
+            CPU plugin (export/cpu_precision.py ``certify_bundle``: its pairs' image-image and
+            image-text cosines against fp32 ONNX Runtime), else refused with the figures.
+        cpu_precision_options: keyword arguments of the certification (``calibration``,
+            ``heldout``, ``graphs``, ``threads``, ``max_keep``).
 
     Raises:
         CheckpointError: the checkpoint cannot be loaded or is not an embedder.
         ExportMemoryError: the config's shapes do not fit the memory budget (nothing built).
-        ExportValidationError: a graph disagrees with transformers beyond its budget.
+        ExportValidationError: a graph disagrees with transformers beyond its budget; with
+            ``certify``, the bf16 candidates fail their gates (``CertificationError``).
+        BackendUnavailableError: ``certify`` without openvino or without native bf16 on this CPU.
         BundleError: ``out_dir`` is a non-empty directory that is not a bundle.
         ValueError: another precision.
     """
@@ -221,19 +231,33 @@ def export_embedder_bundle(
         raise ValueError(f"an embedder exports {' or '.join(PRECISIONS)} graphs, not {precision!r}")
 
     def into(stage, model_, _max_num_patches, revision_, validate_, _precision, *_scorer_options):
-        export_embedder_into(stage, model_, revision_, validate_, max_memory_gb)
+        export_embedder_into(stage, model_, revision_, validate_, max_memory_gb, plan=certify or "fp32")
 
-    return export_bundle(model, out_dir, revision=revision, validate=validate, into=into)
+    return export_bundle(
+        model,
+        out_dir,
+        revision=revision,
+        validate=validate,
+        into=into,
+        certify=certify,
+        cpu_precision_options=cpu_precision_options,
+    )
 
 
 def export_embedder_into(
-    out: Path, model: str, revision: str | None, validate: bool, max_memory_gb: float | None = None
+    out: Path,
+    model: str,
+    revision: str | None,
+    validate: bool,
+    max_memory_gb: float | None = None,
+    plan: str = "fp32",
 ) -> None:
     """Write an embedder bundle into the (staging) directory ``out`` (see
-    :func:`export_embedder_bundle`)."""
+    :func:`export_embedder_bundle`); ``plan``: the precision the memory plan covers (``bf16-cpu``:
+    the certification after the export)."""
     from .config_budget import preflight
 
-    preflight(model, revision, SHORT_NAMES, max_memory_gb, "fp32", fused=False)
+    preflight(model, revision, SHORT_NAMES, max_memory_gb, plan, fused=False)
     import torch
 
     from .embedders_graphs import graph_specs

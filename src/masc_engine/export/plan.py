@@ -44,6 +44,8 @@ _CPU_ONLY = {
 }
 #: The modes a segmenter bundle exports (docs/segmenter.md).
 _SEGMENTER_MODES = ("fp32", "fp16")
+#: An embedder bundle's: fp32 graphs, certified or not for bf16 on OpenVINO's CPU plugin.
+_EMBEDDER_MODES = ("fp32", BF16_CPU_MODE)
 
 
 class ExportPlanError(MascEngineError, ValueError):
@@ -152,12 +154,12 @@ class ExportPlan:
                 "are the scorer's (docs/segmenter.md)"
             )
         if self.kind == "embedder" and (
-            self.backend == "tensorrt" or self.max_num_patches or self.mode != "fp32" or self.engines_only
+            self.backend == "tensorrt" or self.max_num_patches or self.mode not in _EMBEDDER_MODES or self.engines_only
         ):
             raise ExportPlanError(
-                "an embedder bundle (CLIP, DINO, DINOv2) exports fp32 ONNX graphs for ONNX Runtime; "
-                "--max-num-patches, --precision other than fp32 and --backend tensorrt are not "
-                "available for it (docs/export.md)"
+                "an embedder bundle (CLIP, DINO, DINOv2) exports fp32 ONNX graphs for ONNX Runtime, "
+                "certified for OpenVINO's bf16 with --precision bf16-cpu; --max-num-patches, other "
+                "precisions and --backend tensorrt are not available for it (docs/export.md)"
             )
         if self.kind is not None and self.precision == "int8" and not self.gate_pairs:
             raise ExportPlanError(

@@ -77,7 +77,14 @@ def export_onnx(plan: ExportPlan, out_dir: str | Path, ort_cpu_variant: bool = T
     if plan.kind == "embedder":
         from .embedders import export_embedder_bundle
 
-        return export_embedder_bundle(plan.model, out_dir, revision=plan.revision, max_memory_gb=plan.max_memory_gb)
+        return export_embedder_bundle(
+            plan.model,
+            out_dir,
+            revision=plan.revision,
+            max_memory_gb=plan.max_memory_gb,
+            certify=plan.certify,
+            cpu_precision_options=plan.certification_options,
+        )
     from .exporter import export_bundle
 
     return export_bundle(

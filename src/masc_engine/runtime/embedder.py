@@ -38,6 +38,7 @@ from ..engine.bundle import Bundle
 from ..engine.stage_clock import timed
 from ..errors import BundleError
 from .cache import EncodingStore, embedding_scope, sha256_bytes
+from .config import bundle_backend
 from .encoder import LRU, Encoder, RunnerSettings
 from .recipes import ImageRecipe, preprocess
 
@@ -52,7 +53,9 @@ class Embedder(Encoder):
 
     Args:
         bundle: an embedder bundle directory or a loaded :class:`~masc_engine.engine.bundle.Bundle`.
-        runners: how runners are made (backend, provider, threads, variant).
+        runners: how runners are made (backend, provider, threads, variant); None: the backend
+            the bundle's precision record names (OpenVINO for a bundle certified with
+            ``masc-export --precision bf16-cpu``, its certified graphs in bf16), else ONNX Runtime.
         batch_size: the most items per graph call, an int >= 1.
         verify: check file hashes before first use (``"all"``: every file now).
 
@@ -76,7 +79,10 @@ class Embedder(Encoder):
         batch_size: int = 32,
         verify: bool | str = True,
     ) -> None:
-        super().__init__(bundle, runners or RunnerSettings(), batch_size=batch_size, verify=verify)
+        if runners is None:  # the backend the bundle is for: OpenVINO for a bf16-cpu certified one
+            bundle = self.open_bundle(bundle, verify)
+            runners = RunnerSettings(backend=bundle_backend(bundle))
+        super().__init__(bundle, runners, batch_size=batch_size, verify=verify)
         self.recipe = ImageRecipe.from_manifest(self.bundle.manifest.get(RECIPE_KEY))
         graphs = self.bundle.manifest.get("graphs") or {}
         if "image" not in graphs:
