@@ -70,6 +70,14 @@ def _caller_stacklevel() -> int:
     return level
 
 
+#: Where each kind of bundle is given on the command lines.
+_OPTION_OF_KIND = {"scorer": "--bundle", "segmenter": "--segmenter", "embedder": "--embedder NAME=BUNDLE"}
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
 class Bundle:
     """An exported bundle, loaded read-only.
 
@@ -105,8 +113,10 @@ class Bundle:
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
         if self.kind != kind:
-            use = "--segmenter" if self.kind == "segmenter" else "--bundle"
-            raise BundleError(f"bundle {self.path} is a {self.kind} bundle, not a {kind} bundle (pass it as {use})")
+            raise BundleError(
+                f"bundle {self.path} is {_article(self.kind)} {self.kind} bundle, not {_article(kind)} {kind} "
+                f"bundle (pass it as {_OPTION_OF_KIND.get(self.kind, '--bundle')})"
+            )
         check_confined(self.path, self.manifest)
         check_ranges(self.manifest, str(self.path))
         if self.kind == "scorer":

@@ -85,6 +85,7 @@ class PairsJob(PairDecoding):
         missing = [k for k in settings.embedders_needed() if k not in given]
         if missing:
             raise ValueError(f"--metrics reads the {', '.join(missing)} embedder(s): give --embedder NAME=BUNDLE")
+        check_backbones(settings, given)
         #: The embedders the run's metrics read, by name.
         self.embedders = {k: given[k] for k in settings.embedders_needed()}
         self.scorer = scorer
@@ -402,6 +403,43 @@ def _image_keys(item: DecodedPair) -> tuple[str, str]:
 def _images_decoded(item: DecodedPair) -> bool:
     """Whether both images of a pair decoded (and the row itself is readable)."""
     return item.error is None and isinstance(item.ref_image, DecodedImage) and isinstance(item.out_image, DecodedImage)
+
+
+def check_backbones(settings: RunSettings, embedders: Mapping) -> None:
+    """Refuse a metric whose embedder is a bundle of another backbone than its column's recipe
+    names (runtime/pair_metrics/classic.py ``BACKBONE_OF``: a DINO column filled by a CLIP bundle
+    would carry CLIP's numbers under DINO's name).
+
+    Args:
+        embedders: name -> bundle folder, or a loaded ``Embedder``; names not given are skipped.
+
+    Raises:
+        ValueError: one line naming the metric, the ``--embedder`` and both backbones.
+    """
+    from ...runtime.pair_metrics.classic import EMBEDDER_OF, backbone_mismatch
+
+    for m in settings.run_metrics():
+        name = EMBEDDER_OF.get(m.name)
+        if name is None or name not in embedders:
+            continue
+        why = backbone_mismatch(m.name, _manifest_of(embedders[name]))
+        if why:
+            e = embedders[name]
+            raise ValueError(f"--embedder {name}={e.bundle.path if hasattr(e, 'bundle') else e}: {why}")
+
+
+def _manifest_of(embedder) -> dict:
+    """An embedder's manifest: a loaded ``Embedder``'s, or read from a bundle folder ({} when it
+    cannot be read: loading the bundle refuses it in one line)."""
+    from ...engine.manifest import read_manifest
+    from ...errors import BundleError
+
+    if hasattr(embedder, "bundle"):
+        return embedder.bundle.manifest
+    try:
+        return read_manifest(embedder)
+    except BundleError:
+        return {}
 
 
 def build_pairs_job(

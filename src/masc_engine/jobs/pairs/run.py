@@ -18,7 +18,7 @@ from ..mask_source import SAVED_MASK_COLUMNS
 from ..tables import number_or_nan
 from ..results import Journal, OutputLock, RunRecord, output_errors, output_format, resume, write_output
 from .columns import MAP_COLUMNS, check_carried, read_pairs, row_key
-from .job import PairsJob, _ray_factory
+from .job import PairsJob, _ray_factory, check_backbones
 from .maps_owner import check_maps_owner, claim_maps
 from .settings import RunOptions, RunSettings
 from .metadata import write_sidecar
@@ -175,7 +175,11 @@ def choose_executor(
 
 
 def check_embedders(settings: RunSettings, embedders: dict, executor: str = "local") -> None:
-    """Refuse, before any work, a metric whose embedder is not given (on either executor).
+    """Refuse, before any work, a metric whose embedder is not given (on either executor), or is a
+    bundle of another backbone than its column's recipe names (job.py :func:`check_backbones`).
+
+    Args:
+        embedders: name -> bundle folder, or a loaded ``Embedder``.
 
     Raises:
         ValueError: one line naming the metric and ``--embedder NAME=BUNDLE``.
@@ -184,6 +188,7 @@ def check_embedders(settings: RunSettings, embedders: dict, executor: str = "loc
         for name in dict.fromkeys(e.split(".")[0] for e in m.encoders if not e.startswith("siglip2.")):
             if name not in embedders:
                 raise ValueError(f"--metrics {m.name} reads the {name} embedder: give --embedder {name}=BUNDLE")
+    check_backbones(settings, embedders)
 
 
 def _duplicates(rows: list[dict]) -> list[tuple[int, int]]:

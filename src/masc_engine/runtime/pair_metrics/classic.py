@@ -38,7 +38,9 @@ from .base import Compute, MetricBatch, PairMetric, register
 __all__ = [
     "CLASSIC",
     "EMBEDDER_OF",
+    "BACKBONE_OF",
     "COLUMN_RECIPES",
+    "backbone_mismatch",
     "CLIP_I",
     "CLIP_T",
     "DINO",
@@ -61,7 +63,40 @@ EMBEDDER_OF = {
     "clip_score_tm": "clip_l14",
 }
 
+#: Metric name -> the backbone its column's recipe names (:data:`COLUMN_RECIPES` ``checkpoint``):
+#: the embedder bundle's ``family`` and ViT patch size (``architecture.patch_size``). Another
+#: backbone would fill the column with another metric's numbers under this one's name.
+BACKBONE_OF = {
+    "clip_i": ("clip", 32),
+    "clip_t": ("clip", 32),
+    "dino": ("dino", 16),
+    "dino_s8": ("dino", 8),
+    "dinov2": ("dinov2", 14),
+    "clip_score_tm": ("clip", 14),
+}
+
 _DREAMBENCH = "yuangpeng/dreambench_plus dreambench_plus/metrics/"
+
+
+def backbone_mismatch(metric: str, manifest: dict[str, Any]) -> str | None:
+    """Why an embedder bundle cannot fill ``metric``'s column (one clause), or None when its family
+    and patch size are those :data:`BACKBONE_OF` names (or ``metric`` names none).
+
+    Args:
+        metric: a classic metric's name (``dino``).
+        manifest: the embedder bundle's ``manifest.json`` (``family``, ``architecture.patch_size``).
+    """
+    if metric not in BACKBONE_OF:
+        return None
+    family, patch = BACKBONE_OF[metric]
+    got_family, got_patch = manifest.get("family"), (manifest.get("architecture") or {}).get("patch_size")
+    if (got_family, got_patch) == (family, patch):
+        return None
+    return (
+        f"--metrics {metric} reads a {family} embedder with {patch}-pixel patches "
+        f"({COLUMN_RECIPES[metric]['checkpoint']}); this bundle is {got_family or 'of no family'} "
+        f"with {got_patch or 'unknown'}-pixel patches"
+    )
 
 
 def cosine100(a: np.ndarray, b: np.ndarray) -> float:
