@@ -74,11 +74,21 @@ def test_a_bf16_cpu_export_is_fp32_graphs_with_the_certification(calls, tmp_path
 def test_segmenter_and_embedder_exports_get_the_memory_limit(calls, tmp_path):
     plan_steps.export_onnx(ExportPlan(model="s", kind="segmenter", precision="fp16", max_memory_gb=3), tmp_path)
     plan_steps.export_onnx(ExportPlan(model="e", kind="embedder", revision="r", max_memory_gb=2.5), tmp_path)
+    plan_steps.export_onnx(ExportPlan(model="e", kind="embedder", certify="bf16-cpu"), tmp_path)
+    embedder = {"revision": None, "max_memory_gb": None, "certify": None, "cpu_precision_options": None}
     assert calls == {
         "export_segmenter_bundle": [
             {"args": ("s", tmp_path), "revision": None, "precision": "fp16", "max_memory_gb": 3}
         ],
-        "export_embedder_bundle": [{"args": ("e", tmp_path), "revision": "r", "max_memory_gb": 2.5}],
+        "export_embedder_bundle": [
+            {"args": ("e", tmp_path), **embedder, "revision": "r", "max_memory_gb": 2.5},
+            {
+                "args": ("e", tmp_path),
+                **embedder,
+                "certify": "bf16-cpu",
+                "cpu_precision_options": {"calibration": None, "heldout": None},
+            },
+        ],
     }
 
 
