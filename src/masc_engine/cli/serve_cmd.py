@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
 import sys
 
@@ -220,6 +221,9 @@ def main(**params):
     # --graceful-timeout-s), then runs the app's shutdown, which drains the batcher. Afterwards it
     # restores the previous handler and raises the signal again; this handler turns that into exit
     # status 0 (the default action would end the process "killed by SIGTERM").
+    # The port first: taken, the command ends here in one line, before the bundle loads or a
+    # "ready" line is logged (uvicorn binds after the app's start-up and exits with status 3).
+    sock = _listen(params["host"], params["port"])
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     app = create_app(cfg)
     # The header deadline and JSON 400/408 live in the HTTP protocol; the request limit in the app
@@ -230,15 +234,41 @@ def main(**params):
         linger_s=cfg.body_timeout_s,
         linger_bytes=int(cfg.max_body_mb * 2**20),
     )
-    uvicorn.run(
-        app,
-        host=params["host"],
-        port=params["port"],
-        log_level=params["log_level"],
-        http=protocol,
-        timeout_graceful_shutdown=params["graceful_timeout_s"],
-        access_log=params["log_level"] == "debug",
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=params["host"],
+            port=params["port"],
+            log_level=params["log_level"],
+            http=protocol,
+            timeout_graceful_shutdown=params["graceful_timeout_s"],
+            access_log=params["log_level"] == "debug",
+        )
     )
+    server.run(sockets=[sock])
+    if not server.started:  # the app's start-up failed (uvicorn logged why)
+        raise click.ClickException("masc-serve did not start: see the log lines above")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port``, as uvicorn binds one (``Config.bind_socket``: IPv6 for
+    a host with a colon, ``SO_REUSEADDR``); uvicorn listens on it.
+
+    Raises:
+        click.ClickException: the address is taken or cannot be bound (one line, exit status 1).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family=family, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise click.ClickException(
+            f"--host {host} --port {port}: cannot listen there ({e.strerror or e}); choose another --port"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _metrics(params: dict) -> tuple[tuple[str, ...] | None, dict | None]:
