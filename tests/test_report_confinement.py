@@ -148,13 +148,20 @@ def test_image_root_allows_a_folder_and_the_cli_repeats_it(layout):
     text = page.read_text(encoding="utf-8")
     for row in (2, 3, 4):  # now allowed: the secret folder was named
         assert 'src="data:image/jpeg;base64,' in _figure_of_row(text, row, "reference")
-    assert OUTSIDE not in text
+    assert OUTSIDE not in text and "not shown" not in res.output
 
 
 def test_default_report_embeds_nothing_from_outside(layout):
     page = layout["run"] / "r.html"
     res = CliRunner().invoke(report_main, [str(layout["scores"]), "--out", str(page), "--n-resamples", "50"])
     assert res.exit_code == 0, res.output
+    # the console says so too, once, counting distinct files (the two spellings of the secret file
+    # that rows 3 and 5 share are one path): a silent console reads as a complete report
+    said = [ln for ln in res.output.splitlines() if OUTSIDE.split(": ", 1)[1] in ln]
+    assert said == [
+        "3 image or mask file(s) not shown: outside the allowed folders (the score file's folder and "
+        "--image-root; add the folder holding them with --image-root)"
+    ], res.output
     text = page.read_text(encoding="utf-8")
     assert text.count(f'data-reason="{OUTSIDE}"') >= 3 * 2  # rows 2-4 in the best and worst tables of CP and PF
     thumbs = rp.Thumbnails(144)  # the report's thumbnail size, no confinement: the caller's own file

@@ -132,8 +132,16 @@ def write_report(scores_path: str | Path, out: str | Path, options: ReportOption
     extras.check("matplotlib", "masc-report (its plots)", extra="report")
     extras.check("jinja2", "masc-report (its page)", extra="report")
     rows, meta = load_scores(scores_path, options.max_scores_bytes)
-    text = build_report(rows, meta, scores_path=scores_path, options=options)
+    thumbs = Thumbnails(options.thumb_px)
+    text = build_report(rows, meta, scores_path=scores_path, options=options, thumbnails=thumbs)
     out = Path(out)
     write_text_atomic(out, text)
     logger.info("report written to %s (%.0f KiB, %d rows)", out, len(text) / 1024, len(rows))
+    if thumbs.outside:
+        # The page says it per image; a console that says nothing reads as a complete report.
+        logger.warning(
+            "%d image or mask file(s) not shown: outside the allowed folders (the score file's folder and "
+            "--image-root; add the folder holding them with --image-root)",
+            len(thumbs.outside),
+        )
     return out

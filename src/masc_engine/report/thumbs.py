@@ -117,6 +117,8 @@ class Thumbnails:
         self.max_pixels = int(max_pixels) if max_pixels else pixel_limit()
         self.roots = tuple(roots) if roots is not None else None
         self._cache: dict[str, tuple[str | None, str | None]] = {}
+        #: Distinct paths refused as outside the allowed folders (the command says so once).
+        self.outside: set[str] = set()
 
     def get(self, path: str | Path | None) -> tuple[str | None, str | None]:
         if path is None or str(path).strip() == "":
@@ -147,6 +149,7 @@ class Thumbnails:
             if self.roots is not None:
                 real = confined(path, self.roots)
                 if real is None:
+                    self.outside.add(str(path))
                     return None, f"{what}{OUTSIDE}"
                 path = Path(real)
             if not path.is_file():
