@@ -370,3 +370,23 @@ def test_encoding_cache_never_serves_another_exif_policy_or_graph_variant(naflex
         assert all(v[0] == "ok" for v in got.values())
     # the two EXIF policies really encode different pixels (else the first check proves nothing)
     assert _scores(tmp_path / "second0.csv") != _scores(tmp_path / "first0.csv")
+
+
+def test_a_changed_metric_set_is_named_by_its_metrics_with_what_to_do():
+    """Only the metric set differs: the refusal names the metrics (not the column list they imply),
+    the ones the output holds and this run does not ask for, and the --cache-dir hint only where
+    metrics were added; any other difference gets neither hint."""
+    from masc_engine.jobs.results import _changed
+
+    base = {"--stripper": "regex", "--bundle": "e067"}
+    schema = {"result schema": "v1: cp, pf, cp_global, cp_mnn, pf_pooling, dino"}
+    held = {**base, "--metrics": "dino", "--embedder dino": "86ae", **schema}
+    dropped = str(_changed("o.csv holds results", held, base))
+    assert "(--metrics: dino -> unset; --embedder dino: 86ae -> unset)" in dropped
+    assert "they hold dino, which this run does not ask for" in dropped and "added metrics" not in dropped
+    added = str(_changed("o.csv holds results", base, held))
+    assert "runs only the added metrics' encoders" in added and "they hold" not in added
+    both = str(_changed("o.csv holds results", held, {**base, "--stripper": "none"}))
+    assert "they hold" not in both and "added metrics" not in both and "--stripper: regex -> none" in both
+    plugin = str(_changed("o.csv holds results", {"result schema": "v1: cp"}, {"result schema": "v1: cp, x"}))
+    assert "result schema: v1: cp -> v1: cp, x" in plugin  # a column change without --metrics is shown

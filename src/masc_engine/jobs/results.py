@@ -394,17 +394,32 @@ _METRIC_SETTINGS = ("--metrics", "--embedder ", "result schema")
 
 def _changed(what: str, old: dict | None, new: dict) -> SettingsChangedError:
     diff = settings_diff(old, new) if old else []
-    said = "; ".join(diff) if diff else "their settings fingerprint differs (written by another masc-engine version?)"
-    # Another metric set: with the same --cache-dir, --overwrite runs only the encoders of what is new.
-    reuse = (
-        " (with the earlier run's --cache-dir only the added metrics' encoders run)"
-        if diff and all(d.startswith(_METRIC_SETTINGS) for d in diff)
-        else ""
-    )
+    # The columns follow from --metrics: where it differs, the metric names say it without them.
+    shown = [d for d in diff if not (d.startswith("result schema") and any(x.startswith("--metrics") for x in diff))]
+    said = "; ".join(shown) if diff else "their settings fingerprint differs (written by another masc-engine version?)"
+    hint = _metric_hint(old, new, diff) if old else ""
     return SettingsChangedError(
         f"{what} made with other settings ({said}): nothing was scored or erased; "
-        f"--overwrite replaces them{reuse}, or choose another --out"
+        f"{hint}--overwrite replaces them, or choose another --out"
     )
+
+
+def _metric_hint(old: dict, new: dict, diff: list[str]) -> str:
+    """What to do when only the metric set differs: the metrics the output holds and this run
+    does not ask for (rerunning with them resumes it), and, for added ones, that --overwrite with
+    the earlier run's --cache-dir runs only their encoders."""
+    if not diff or not all(d.startswith(_METRIC_SETTINGS) for d in diff):
+        return ""
+    names = [{m for m in (s.get("--metrics") or "").split(",") if m} for s in (old, new)]
+    hint = ""
+    if names[0] - names[1]:
+        hint += (
+            f"they hold {', '.join(sorted(names[0] - names[1]))}, which this run does not ask for "
+            "(the same --metrics and --embedder as before resume them); "
+        )
+    if names[1] - names[0]:
+        hint += "with the earlier run's --cache-dir, --overwrite runs only the added metrics' encoders; "
+    return hint
 
 
 def read_meta(out: str | Path) -> dict | None:
