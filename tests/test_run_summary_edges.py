@@ -9,6 +9,8 @@ counts, with ``embeddings`` only when the run had embedders.
 
 from __future__ import annotations
 
+import re
+
 from masc_engine.jobs.pairs.summary import Summary
 
 STATS = {
@@ -70,3 +72,16 @@ def test_the_sidecar_counts():
     plain = Summary()
     plain.take_stats({"images_encoded": 1})
     assert "embeddings" not in plain.counts() and plain.counts()["images_encoded"] == 1
+
+
+def test_long_metric_names_keep_their_columns_apart():
+    """A classic column's labels are wider than CP's: each label and value keeps two spaces from
+    its neighbour ("mean CP   n CLIP_I"), and every value sits under the end of its label."""
+    s = Summary(score_columns=("cp", "clip_i", "dinov2"))
+    s.add({"status": "ok", "cp": 0.5, "clip_i": 93.25, "dinov2": 71.5}, "m")
+    head, row = s.lines()[-2:]
+    assert (
+        head == "method                         rows   n CP   mean CP   n CLIP_I   mean CLIP_I   n DINOV2   mean DINOV2"
+    )
+    label_ends = [m.end() for m in re.finditer(r"(?:n|mean) [A-Z0-9_]+", head)]
+    assert [m.end() for m in re.finditer(r"\S+", row)][2:] == label_ends  # after the method and its rows

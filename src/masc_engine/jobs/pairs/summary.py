@@ -104,7 +104,7 @@ class Summary:
     def _method_table(self) -> list[str]:
         """Rows and, per score column of the run (:attr:`score_columns`), its count and mean, one line per method."""
         names = self.score_columns
-        w = {n: max(6, len(n) + 2) for n in names}
+        w = {n: max(6, len(n) + 4) for n in names}  # two spaces at least between "mean PF" and "n CLIP_I"
         head = "".join(f" {'n ' + n.upper():>{w[n]}} {'mean ' + n.upper():>{w[n] + 3}}" for n in names)
         lines = [f"{'method':<28} {'rows':>6}{head}"]
         for method, st in sorted(self.by_method.items()):
