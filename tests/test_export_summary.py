@@ -44,3 +44,19 @@ def test_the_log_keeps_no_terminal_colour_codes(tmp_path):
     with libraries_to_log(log):
         os.write(2, b"\x1b[1;31m2026 [W:onnxruntime] a warning\x1b[m\n")
     assert log.read_bytes() == b"an earlier run\n2026 [W:onnxruntime] a warning\n"
+
+
+@pytest.mark.slow
+def test_the_log_gets_no_progress_bars_and_the_setting_is_given_back(tmp_path, monkeypatch):
+    """Within the block huggingface_hub (and transformers through it) draw no progress bar, in this
+    process or a worker it starts: "Loading weights 0%|...\\r...100%" redraws are noise in a log
+    file. A value the user set is kept; none set is none after."""
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    log = tmp_path / "x.export.log"
+    probe = "from huggingface_hub.utils import are_progress_bars_disabled as d; print('bars off:', d())"
+    with libraries_to_log(log):
+        subprocess.run([sys.executable, "-c", probe], check=True, stdout=1)
+    assert "bars off: True" in log.read_text() and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
+    with libraries_to_log(log):
+        assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"

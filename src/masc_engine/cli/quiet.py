@@ -91,6 +91,11 @@ def libraries_to_log(log_path: str | Path):
             say(f"WARNING: {message}")
 
     old_show = warnings.showwarning
+    # Progress bars (transformers' "Loading weights", Hugging Face downloads) redraw with carriage
+    # returns: in a log file they are noise. huggingface_hub reads this when first imported, here or
+    # in the export's torch worker; a value the user set is kept.
+    bars = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         for fd in (1, 2):
             os.dup2(logf.fileno(), fd)
@@ -99,6 +104,8 @@ def libraries_to_log(log_path: str | Path):
         with terminal_stream(term):  # the library's own lines (cli/logs.py) stay on screen
             yield say, info
     finally:
+        if bars is None:
+            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
         warnings.showwarning = old_show
         sys.stdout, sys.stderr = saved_streams
         logf.flush()
