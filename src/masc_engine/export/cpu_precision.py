@@ -428,25 +428,32 @@ class Evaluator(CandidateScoring):
     by ``Scorer(bundle, backend="openvino")`` (every graph on OpenVINO; the certified ones in bf16).
     """
 
+    #: The bundle kind it certifies (engine/bundle.py).
+    KIND = "scorer"
+
     def __init__(self, bundle_dir: str | Path, graphs: Sequence[str] = DEFAULT_GRAPHS, threads: int | None = None):
         from ..engine.bundle import Bundle
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.bundle = Bundle(bundle_dir)
+            self.bundle = Bundle(bundle_dir, kind=self.KIND)
         self.graphs, self.threads = tuple(graphs), threads
         self.units = {g: graph_units(self.bundle.graph_file(g), g) for g in self.graphs}
         self.unit_names = [u for g in self.graphs for u in self.units[g]["names"]]
         self.configurations, self._ref = 0, {}
 
-    def candidate_scores(self, keep_fp32: Sequence[str], pairs: Sequence) -> dict:
-        """Scores of ``pairs`` with the graphs in bf16 except ``keep_fp32``."""
+    def candidate(self, bundle):
+        """What runs a candidate bundle: the scorer masc-run would make of it, on OpenVINO."""
         from ..runtime.scorer import Scorer
 
+        return Scorer(bundle, backend="openvino", intra_op_threads=self.threads)
+
+    def candidate_scores(self, keep_fp32: Sequence[str], pairs: Sequence) -> dict:
+        """Scores of ``pairs`` with the graphs in bf16 except ``keep_fp32``."""
         b = copy.copy(self.bundle)  # shares the sha256 checks already done
         b.manifest = {**self.bundle.manifest, "precision": certificate_record(self.units, keep_fp32, self.graphs)}
         b.compiled_model_cache = False  # a candidate's compiled graphs are never imported again
-        return self.score_candidate(Scorer(b, backend="openvino", intra_op_threads=self.threads), pairs)
+        return self.score_candidate(self.candidate(b), pairs)
 
 
 #: What an embedder bundle's certificate gates in the CP and PF slots of the gate report, the
@@ -479,26 +486,22 @@ def embedder_scores(embedder, pairs: Sequence) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         emb = dict(zip(keys, embedder.embed_images([images[k] for k in keys])))
-        ref = np.stack([emb[id(p.ref_image)] for p in pairs])
-        out = np.stack([emb[id(p.out_image)] for p in pairs])
-        cp = _cosines(ref, out)
-        if not embedder.has_text:
-            return {"cp": cp, "pf": cp.copy()}
-        prompts = sorted({p.prompt for p in pairs})
-        text = dict(zip(prompts, embedder.embed_texts(prompts)))
+        prompts = sorted({p.prompt for p in pairs}) if embedder.has_text else []
+        text = dict(zip(prompts, embedder.embed_texts(prompts))) if prompts else {}
+    ref = np.stack([emb[id(p.ref_image)] for p in pairs])
+    out = np.stack([emb[id(p.out_image)] for p in pairs])
+    cp = _cosines(ref, out)
+    if not text:
+        return {"cp": cp, "pf": cp.copy()}
     return {"cp": cp, "pf": _cosines(out, np.stack([text[p.prompt] for p in pairs]))}
 
 
-class EmbedderEvaluator(CandidateScoring):
+class EmbedderEvaluator(Evaluator):
     """:class:`Evaluator` for an embedder bundle (CLIP, DINO, DINOv2): the pairs' image-image and
     image-text cosines (:data:`EMBEDDER_SCORES`), fp32 ONNX Runtime against candidates run as
     masc-run runs a certified embedder (``Embedder`` on OpenVINO, the certified graphs in bf16)."""
 
-    def __init__(self, bundle, graphs: Sequence[str], threads: int | None = None):
-        self.bundle, self.graphs, self.threads = bundle, tuple(graphs), threads
-        self.units = {g: graph_units(self.bundle.graph_file(g), g) for g in self.graphs}
-        self.unit_names = [u for g in self.graphs for u in self.units[g]["names"]]
-        self.configurations, self._ref = 0, {}
+    KIND = "embedder"
 
     def scores_of(self, scorer, pairs: Sequence) -> dict:
         return embedder_scores(scorer, pairs)
@@ -509,37 +512,25 @@ class EmbedderEvaluator(CandidateScoring):
 
         return Embedder(self.bundle, RunnerSettings(intra_op_threads=self.threads))
 
-    def candidate_scores(self, keep_fp32: Sequence[str], pairs: Sequence) -> dict:
-        """Cosines of ``pairs`` with the graphs in bf16 except ``keep_fp32``."""
+    def candidate(self, bundle):
         from ..runtime.embedder import Embedder
         from ..runtime.encoder import RunnerSettings
 
-        b = copy.copy(self.bundle)
-        b.manifest = {**self.bundle.manifest, "precision": certificate_record(self.units, keep_fp32, self.graphs)}
-        b.compiled_model_cache = False
-        return self.score_candidate(
-            Embedder(b, RunnerSettings(backend="openvino", intra_op_threads=self.threads)), pairs
-        )
+        return Embedder(bundle, RunnerSettings(backend="openvino", intra_op_threads=self.threads))
 
 
 #: The graphs certified by default, per bundle kind (the image towers: most of the work).
 DEFAULT_GRAPHS_BY_KIND = {"scorer": DEFAULT_GRAPHS, "embedder": ("image",)}
 
 
-def _evaluator(
-    bundle_dir: str | Path, graphs: Sequence[str] | None, threads: int | None
-) -> "Evaluator | EmbedderEvaluator":
-    """The evaluator of the bundle's kind (a scorer or an embedder bundle)."""
-    from ..engine.bundle import Bundle
+def _evaluator(bundle_dir: str | Path, graphs: Sequence[str] | None, threads: int | None) -> Evaluator:
+    """The evaluator of the bundle's kind (a scorer or an embedder bundle; another kind is refused
+    by the bundle reader, naming its option)."""
     from ..engine.manifest import read_manifest
 
     kind = read_manifest(bundle_dir).get("kind") or "scorer"
     graphs = tuple(graphs or DEFAULT_GRAPHS_BY_KIND.get(kind, DEFAULT_GRAPHS))
-    if kind == "embedder":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return EmbedderEvaluator(Bundle(bundle_dir, kind="embedder"), graphs, threads)
-    return Evaluator(bundle_dir, graphs, threads)
+    return (EmbedderEvaluator if kind == "embedder" else Evaluator)(bundle_dir, graphs, threads)
 
 
 def unit_sensitivity(ev: CandidateScoring, pairs: Sequence) -> dict[str, float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from .plan import ExportPlan, ExportPlanError
 
@@ -74,29 +75,26 @@ def export_onnx(plan: ExportPlan, out_dir: str | Path, ort_cpu_variant: bool = T
             precision=plan.graph_precision,
             max_memory_gb=plan.max_memory_gb,
         )
+    # what the scorer's and the embedder's exports take alike (the certification included)
+    common: dict[str, Any] = dict(
+        revision=plan.revision,
+        max_memory_gb=plan.max_memory_gb,
+        certify=plan.certify,
+        cpu_precision_options=plan.certification_options,
+    )
     if plan.kind == "embedder":
         from .embedders import export_embedder_bundle
 
-        return export_embedder_bundle(
-            plan.model,
-            out_dir,
-            revision=plan.revision,
-            max_memory_gb=plan.max_memory_gb,
-            certify=plan.certify,
-            cpu_precision_options=plan.certification_options,
-        )
+        return export_embedder_bundle(plan.model, out_dir, **common)
     from .exporter import export_bundle
 
     return export_bundle(
         plan.model,
         out_dir,
         max_num_patches=plan.max_num_patches,
-        revision=plan.revision,
         precision=plan.graph_precision,
-        certify=plan.certify,
-        cpu_precision_options=plan.certification_options,
-        max_memory_gb=plan.max_memory_gb,
         ort_cpu_variant=ort_cpu_variant,
+        **common,
     )
 
 
