@@ -32,6 +32,9 @@ def test_each_classic_metric_takes_its_backbone_and_no_other():
             why = backbone_mismatch(metric, _manifest(*other))
             assert why and f"--metrics {metric}" in why and f"{other[0]} with {other[1]}-pixel" in why, (metric, other)
     assert "of no family" in backbone_mismatch("dino", {})
+    # a manifest is input: fields of another type read as absent, never an AttributeError
+    for hostile in ({"family": ["dino"], "architecture": [16]}, {"family": 7, "architecture": {"patch_size": "16"}}):
+        assert "this bundle is of no family with unknown-pixel patches" in backbone_mismatch("dino", hostile)
     assert backbone_mismatch("cp", {}) is None  # not a classic metric
 
 

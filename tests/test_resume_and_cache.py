@@ -390,3 +390,5 @@ def test_a_changed_metric_set_is_named_by_its_metrics_with_what_to_do():
     assert "they hold" not in both and "added metrics" not in both and "--stripper: regex -> none" in both
     plugin = str(_changed("o.csv holds results", {"result schema": "v1: cp"}, {"result schema": "v1: cp, x"}))
     assert "result schema: v1: cp -> v1: cp, x" in plugin  # a column change without --metrics is shown
+    odd = str(_changed("o.csv holds results", {**base, "--metrics": ["dino"]}, base))  # an edited sidecar
+    assert "--metrics: ['dino'] -> unset" in odd and "they hold" not in odd

@@ -31,6 +31,6 @@ def test_a_taken_port_is_one_line_and_status_1(naflex_bundle):
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("Error:")]
     assert done.returncode == 1, done.stderr[-2000:]
     assert errors == [
-        f"Error: --host 127.0.0.1 --port {port}: cannot listen there (Address already in use); choose another --port"
+        f"Error: --host 127.0.0.1 --port {port}: cannot listen there (Address already in use); check --host or choose another --port"
     ], done.stderr
     assert "masc-serve: ready" not in done.stderr and "Traceback" not in done.stderr

@@ -265,7 +265,7 @@ def _listen(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise click.ClickException(
-            f"--host {host} --port {port}: cannot listen there ({e.strerror or e}); choose another --port"
+            f"--host {host} --port {port}: cannot listen there ({e.strerror or e}); check --host or choose another --port"
         ) from None
     sock.set_inheritable(True)
     return sock

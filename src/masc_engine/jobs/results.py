@@ -410,7 +410,9 @@ def _metric_hint(old: dict, new: dict, diff: list[str]) -> str:
     the earlier run's --cache-dir runs only their encoders."""
     if not diff or not all(d.startswith(_METRIC_SETTINGS) for d in diff):
         return ""
-    names = [{m for m in (s.get("--metrics") or "").split(",") if m} for s in (old, new)]
+    # a sidecar is input: a --metrics entry that is not text names no metric
+    texts = [s.get("--metrics") for s in (old, new)]
+    names = [{m for m in (t if isinstance(t, str) else "").split(",") if m} for t in texts]
     hint = ""
     if names[0] - names[1]:
         hint += (

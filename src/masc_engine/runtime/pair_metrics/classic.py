@@ -89,7 +89,11 @@ def backbone_mismatch(metric: str, manifest: dict[str, Any]) -> str | None:
     if metric not in BACKBONE_OF:
         return None
     family, patch = BACKBONE_OF[metric]
-    got_family, got_patch = manifest.get("family"), (manifest.get("architecture") or {}).get("patch_size")
+    # a manifest is input: a field of another type reads as absent (the bundle reader refuses it later)
+    arch = manifest.get("architecture")
+    got_patch = arch.get("patch_size") if isinstance(arch, dict) else None
+    got_family = manifest.get("family") if isinstance(manifest.get("family"), str) else None
+    got_patch = got_patch if isinstance(got_patch, int) and not isinstance(got_patch, bool) else None
     if (got_family, got_patch) == (family, patch):
         return None
     return (
