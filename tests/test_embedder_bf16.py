@@ -125,10 +125,17 @@ def test_masc_export_certifies_an_embedder_that_then_runs_in_bf16(embedder_bundl
 
 @needs_bf16
 @pytest.mark.slow
-def test_clip_is_certified_with_its_image_and_text_cosines(embedder_bundles, tmp_path):
+def test_clip_is_certified_with_its_image_and_text_cosines(embedder_bundles, tmp_path, monkeypatch):
     """CLIP's towers on the same path (the pre-encoder LayerNorm in the embeddings unit; the PF slot
-    is the image-text cosine)."""
+    is the image-text cosine). The candidates compile in memory: the certification leaves OpenVINO's
+    compiled-model cache empty (each candidate is a manifest no later process would import); the
+    certified bundle, run after, fills it."""
+    root = tmp_path / "cache-root"
+    monkeypatch.setenv("MASC_ENGINE_CACHE", str(root))
+    compiled = root / "runtime" / "openvino"
     out = shutil.copytree(embedder_bundles["clip-tiny"], tmp_path / "clip")
     rec = cpc.certify_bundle(out)
     assert rec["search"]["whole_graph"]["max_abs_dpf"] != rec["search"]["whole_graph"]["max_abs_dcp"]
+    assert not compiled.exists() or not list(compiled.iterdir())
     _check_certified(out, embedder_bundles["clip-tiny"])
+    assert len(list(compiled.iterdir())) >= 1
