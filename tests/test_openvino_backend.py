@@ -121,6 +121,34 @@ def test_segments_cut_at_every_boundary_compose_exactly(naflex_bundle):
         )
 
 
+def test_a_cached_whole_graph_is_imported_without_parsing_the_onnx_file(naflex_bundle, tmp_path, monkeypatch):
+    b = _bundle(naflex_bundle)
+    path, cache = b.graph_file("vision"), tmp_path / "cache"
+    first = ovb.OpenVINORunner(path, "vision", cache_dir=cache)
+    assert list(cache.glob("*.blob")), "the first compile writes OpenVINO's blob"
+    real = ovb.core()
+
+    class NoParse:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def read_model(self, *args, **kwargs):
+            raise AssertionError("the ONNX file was parsed although its compiled blob is cached")
+
+    monkeypatch.setattr(ovb, "core", NoParse)
+    second = ovb.OpenVINORunner(path, "vision", cache_dir=cache)
+    assert (second.input_names, second.output_names) == (first.input_names, first.output_names)
+    feeds = _feeds("vision", 64, 2, 53)
+    assert _max_diff("vision", feeds, second.run(feeds), first.run(feeds)) == 0.0
+    monkeypatch.undo()
+    # Another graph written at the same path is compiled afresh, not served the first one's blob.
+    graph = tmp_path / "graph.onnx"
+    shutil.copyfile(b.graph_file("pool"), graph)
+    assert ovb.OpenVINORunner(graph, "g", cache_dir=cache).input_names == ["hidden", "key_padding_mask"]
+    shutil.copyfile(b.graph_file("cp"), graph)
+    assert ovb.OpenVINORunner(graph, "g", cache_dir=cache).input_names == b.runner("cp").input_names
+
+
 def test_concurrent_calls_and_host_device(naflex_bundle):
     from concurrent.futures import ThreadPoolExecutor
 
