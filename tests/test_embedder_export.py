@@ -255,7 +255,12 @@ def test_preset_exports_a_valid_bundle_with_its_recipe(bundles, key):
     assert set(m["graphs"]) == graphs and set(m["validation"]) == graphs
     for g in graphs:
         assert m["validation"][g]["max_rel"] <= _budget(family, g)
-        assert [len(c["shape"]) and c["shape"][0] for c in m["validation"][g]["cases"]] == [1, 3]
+        # the text graph: each batch padded to 77, then cut as the runtime cuts it, each prompt alone
+        cases = m["validation"][g]["cases"]
+        assert [c["shape"][0] for c in cases] == ([1, 1, 3, 3] if g == "text" else [1, 3])
+        if g == "text":
+            assert [c.get("cut_to") for c in cases] == [None, [16], None, [16, 32, 16]]
+            assert m["graphs"]["text"]["inputs"][0]["shape"] == ["batch", "sequence"]
     assert m["graphs"]["image"]["inputs"][0]["shape"] == ["batch", 3, 224, 224]
     assert m["graphs"]["image"]["outputs"][0]["shape"] == ["batch", m["embedding"]["dim"]]
 

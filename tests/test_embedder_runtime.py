@@ -20,7 +20,7 @@ from PIL import Image
 
 from masc_engine.engine.manifest import write_manifest
 from masc_engine.errors import BundleError
-from masc_engine.runtime.embedder import RECIPE_KEY, Embedder
+from masc_engine.runtime.embedder import RECIPE_KEY, Embedder, text_run_lengths
 from masc_engine.runtime.recipes import CLIP_B32_DREAMBENCH, DINO_V1_EVAL, DINOV2_HF, RecipeError, preprocess
 from masc_engine.tolerances import EMBEDDER_RUNTIME_FAKE_RTOL
 
@@ -71,7 +71,7 @@ def _image_graph(w: np.ndarray, name: str = "pixel_values"):
     return graph
 
 
-def _text_graph(table: np.ndarray, names: tuple[str, ...]):
+def _text_graph(table: np.ndarray, names: tuple[str, ...], sequence: int | str = CONTEXT):
     """``sum over tokens of table[input_ids]`` (times ``attention_mask`` when it is an input)."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -83,7 +83,7 @@ def _text_graph(table: np.ndarray, names: tuple[str, ...]):
             helper.make_node("Mul", ["rows", "mask3"], ["kept"]),
         ]
     nodes.append(helper.make_node("ReduceSum", [nodes[-1].output[0], "tokens"], ["text_embeds"], keepdims=0))
-    ids = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", CONTEXT]) for n in names]
+    ids = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", sequence]) for n in names]
     graph = helper.make_graph(
         nodes,
         "text",
@@ -114,10 +114,12 @@ def make_fake_embedder(
     seed: int = 0,
     text_inputs: tuple[str, ...] = ("input_ids",),
     image_input: str = "pixel_values",
+    pooling: str | None = None,
 ) -> dict:
     """Write a fake embedder bundle into ``out`` (the manifest layout of export/embedders.py: ``recipe``,
     ``embedding``, ``source.model``, the ``text`` section); returns the weights (``W``, ``table``,
-    ``vocab``). ``text_inputs``: the text graph's inputs (the CLIP export's is ``input_ids`` alone)."""
+    ``vocab``). ``text_inputs``: the text graph's inputs (the CLIP export's is ``input_ids`` alone);
+    ``pooling``: the text section's pooling rule, and the text graph's sequence axis dynamic."""
     rng = np.random.default_rng(seed)
     out.mkdir(parents=True, exist_ok=True)
     w = rng.standard_normal((3 * PATCH * PATCH, DIM)).astype(np.float32)
@@ -147,10 +149,11 @@ def make_fake_embedder(
     if text:
         weights["vocab"] = _tokenizer_json(out / "tokenizer.json")
         weights["table"] = table = rng.standard_normal((len(weights["vocab"]), DIM)).astype(np.float32)
-        _save(_text_graph(table, text_inputs), out / "text.onnx")
+        sequence = "sequence" if pooling else CONTEXT
+        _save(_text_graph(table, text_inputs, sequence), out / "text.onnx")
         graphs["text"] = {
             "file": "text.onnx",
-            "inputs": [{"name": n, "shape": ["batch", CONTEXT]} for n in text_inputs],
+            "inputs": [{"name": n, "shape": ["batch", sequence]} for n in text_inputs],
             "outputs": [{"name": "text_embeds", "shape": ["batch", DIM]}],
         }
         manifest["text"] = {
@@ -162,6 +165,8 @@ def make_fake_embedder(
             "pad_token_id": 1,
             "vocab_size": len(weights["vocab"]),
         }
+        if pooling:
+            manifest["text"].update(pooling=pooling, eos_token_id=1)
         manifest["files"] += ["text.onnx", "tokenizer.json"]
     write_manifest(out, manifest)
     return weights
@@ -277,6 +282,42 @@ def test_text_embeddings(tmp_path, inputs):
     want = (weights["table"][ids].astype(np.float64) * mask[..., None]).sum(axis=1)
     assert got.dtype == np.float32 and got.shape == (3, DIM)
     assert _rel(got, want) <= EMBEDDER_RUNTIME_FAKE_RTOL
+
+
+def test_text_run_lengths_follow_the_pooling_rule():
+    ids = np.full((4, CONTEXT), 5, np.int64)
+    for row, eos in enumerate((3, 15, 16, 76)):
+        ids[row, eos:] = 9  # the end-of-text token is the largest id and pads the rest (CLIP)
+    legacy = {"pooling": "argmax of input_ids (legacy eos_token_id 2)"}
+    assert text_run_lengths(ids, legacy).tolist() == [16, 16, 32, 77]
+    first = {"pooling": "first eos_token_id", "eos_token_id": 9}
+    assert text_run_lengths(ids, first).tolist() == [16, 16, 32, 77]
+    ids[0, 20] = 11  # a larger id later: the legacy rule reads that token, so the run keeps it
+    assert text_run_lengths(ids, legacy)[0] == 32 and text_run_lengths(ids, first)[0] == 16
+    # no end-of-text token: transformers' argmax of an all-False row reads token 0
+    assert text_run_lengths(np.full((1, CONTEXT), 5, np.int64), first).tolist() == [16]
+    for unknown in ({}, {"pooling": "mean"}, {"pooling": "first eos_token_id"}, {**first, "eos_token_id": True}):
+        assert text_run_lengths(ids, unknown).tolist() == [CONTEXT] * 4
+
+
+@pytest.mark.parametrize("inputs", [("input_ids",), ("input_ids", "attention_mask")], ids=["ids", "ids+mask"])
+def test_a_dynamic_text_graph_runs_each_prompt_cut_after_its_pooled_token(tmp_path, inputs):
+    """The fake text graph sums every token it is given, padding included: the sums show exactly
+    how many tokens each prompt ran with."""
+    weights = make_fake_embedder(tmp_path / "b", text_inputs=inputs, pooling="first eos_token_id")
+    texts = ["a photo of a dog", " ".join(["dog"] * 20), "cat", " ".join(["cat"] * 100)]
+    with Embedder(tmp_path / "b", batch_size=3) as e:
+        assert e.text_sequence_dynamic
+        got = e.embed_texts(texts)
+        ids, mask = e.tokenize(texts)
+        alone = np.concatenate([e.embed_texts([t]) for t in texts])
+    assert [int(m.sum()) for m in mask] == [7, 22, 3, CONTEXT]
+    cut = [16, 32, 16, CONTEXT]
+    if "attention_mask" not in inputs:
+        mask = np.ones_like(mask)
+    want = np.stack([(weights["table"][ids[i, :n]] * mask[i, :n, None]).sum(axis=0) for i, n in enumerate(cut)])
+    # a prompt's run length is its own: alone or beside longer ones, the same tokens are summed
+    assert _rel(got, want) <= EMBEDDER_RUNTIME_FAKE_RTOL and _rel(alone, want) <= EMBEDDER_RUNTIME_FAKE_RTOL
 
 
 def test_clip_tokenizer_parity(tmp_path):
@@ -412,7 +453,9 @@ def test_exported_bundle_equals_reference_pipeline(exported, key):
         )["input_ids"]
         np.testing.assert_array_equal(e.tokenize(texts)[0], ids.numpy())
         want_t = model.text_projection(model.text_model(input_ids=ids).pooler_output).numpy()
-        assert _rel(e.embed_texts(texts), want_t) <= embedder_validation_budget("clip", "text", width)[0]
+        got_t = e.embed_texts(texts)  # the graph's sequence axis is dynamic: run cut after end-of-text
+        assert e.text_sequence_dynamic
+        assert _rel(got_t, want_t) <= embedder_validation_budget("clip", "text", width)[0]
 
 
 def test_the_bundle_fingerprint_covers_the_recipe_and_the_embedding_rule():

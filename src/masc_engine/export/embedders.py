@@ -9,9 +9,10 @@ Models (``--model`` short names; a Hub id or a local folder of the same ``model_
 
 - ``clip-vit-b32`` (openai/clip-vit-base-patch32, ``CLIPModel``): graph ``image``
   ``pixel_values [B, 3, 224, 224] f32`` -> ``image_embeds [B, 512] f32`` =
-  ``visual_projection(post_layernorm(CLS))``; graph ``text`` ``input_ids [B, 77] i64`` ->
+  ``visual_projection(post_layernorm(CLS))``; graph ``text`` ``input_ids [B, S <= 77] i64`` ->
   ``text_embeds [B, 512] f32`` = ``text_projection`` of the end-of-text token's final state (no
-  attention mask: the tower is causal, padding after end-of-text is inert); the tokenizer is saved
+  attention mask: the tower is causal, padding after end-of-text is inert, so the sequence axis is
+  dynamic and the runtime cuts the padding, runtime/embedder.py ``text_run_lengths``); the tokenizer is saved
   as ``tokenizer.json`` (``tokenizers``), settings in the manifest's ``text`` section.
 - ``clip-vit-l14`` (openai/clip-vit-large-patch14, ``CLIPModel``, torchmetrics' ``CLIPScore``
   default): the same two graphs at patch 14 (``image_embeds``/``text_embeds [B, 768]``); its
@@ -25,7 +26,8 @@ Models (``--model`` short names; a Hub id or a local folder of the same ``model_
   ``last_hidden_state`` (after the LayerNorm); the 37 x 37 position grid interpolated to 16 x 16 by
   transformers' own bicubic rule, computed at export and stored as a constant (fixed 224 x 224).
 
-Embeddings are NOT normalised: the metric normalises. Batch is the only dynamic axis; fp32 only.
+Embeddings are NOT normalised: the metric normalises. Dynamic axes: the batch, and the text graph's
+sequence; fp32 only.
 
 Manifest ``recipe`` (:data:`RECIPE_FIELDS`, checked by engine/manifest.py ``check_embedder``):
 the image preprocessing as data, applied in this order: EXIF transpose, alpha composited on white,
@@ -279,6 +281,7 @@ def export_embedder_into(
             if m.config.text_config.eos_token_id == 2
             else "first eos_token_id"
         )
+        text["eos_token_id"] = int(m.config.text_config.eos_token_id)
         _save_tokenizer(processor, out / text["tokenizer_file"])
     specs = graph_specs(m, family, text)
     torch.set_grad_enabled(False)

@@ -1,7 +1,8 @@
 """The embedder bundle's graphs (export/embedders.py): torch modules and their specs.
 
 - ``image``: ``pixel_values [B, 3, 224, 224] f32`` -> ``image_embeds [B, D] f32`` (not normalised).
-- ``text`` (CLIP only): ``input_ids [B, 77] i64`` -> ``text_embeds [B, P] f32`` (not normalised).
+- ``text`` (CLIP only): ``input_ids [B, S] i64`` (``S`` dynamic, at most the 77-token context) ->
+  ``text_embeds [B, P] f32`` (not normalised).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def graph_specs(m, family: str, text: dict | None) -> list[GraphSpec]:
         GraphSpec(
             "text",
             "text.onnx",
-            [TensorSpec("input_ids", "int64", ("batch", length))],
+            [TensorSpec("input_ids", "int64", ("batch", "sequence"))],
             [TensorSpec("text_embeds", "float32", ("batch", p))],
             ClipText(m).eval(),
             example,

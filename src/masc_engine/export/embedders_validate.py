@@ -9,7 +9,9 @@ inputs (not the exported wrapper modules):
   ``Dinov2Model(pixel_values).last_hidden_state[:, 0]`` (transformers interpolating its position
   grid itself at 224);
 - ``text``: ``text_projection(text_model(input_ids, attention_mask).pooler_output)`` on prompts
-  padded to 77 tokens; the graph gets the ids alone (no mask).
+  padded to 77 tokens; the graph gets the ids alone (no mask), padded to 77 and, where its
+  sequence axis is dynamic, also cut as the runtime cuts them (runtime/embedder.py
+  ``text_run_lengths``), each prompt alone.
 
 Pixel values are seeded standard-normal tensors (the normalised range; preprocessing is the
 runtime's, checked there). Reported per case: max / mean / p99 absolute error and the max relative
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engine.backends.onnxruntime import OrtRunner
+from ..runtime.embedder import text_run_lengths
 from ..tolerances import embedder_validation_budget
 from .validate import error_stats, refuse_or_accept
 
@@ -109,8 +112,14 @@ def validate_graph(graph: str, path: Path, m, processor, family: str, text: dict
     elif text is None:
         raise ValueError("the text graph is validated with the bundle's text settings: none given")
     else:
+        dynamic = not isinstance(runner.session.get_inputs()[0].shape[1], int)
         for ids, mask in text_cases(processor.tokenizer, int(text["max_length"])):
-            cases.append(error_stats(runner.run({"input_ids": ids})["text_embeds"], reference_text(m, ids, mask)))
+            ref = reference_text(m, ids, mask)
+            cases.append(error_stats(runner.run({"input_ids": ids})["text_embeds"], ref))
+            if dynamic:
+                cut = [ids[i : i + 1, :n] for i, n in enumerate(text_run_lengths(ids, text))]
+                got = np.concatenate([runner.run({"input_ids": c})["text_embeds"] for c in cut])
+                cases.append({**error_stats(got, ref), "cut_to": [c.shape[1] for c in cut]})
     vc = m.config.vision_config if family == "clip" else m.config
     return _check(graph, family, int(vc.hidden_size), cases)
 
