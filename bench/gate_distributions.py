@@ -20,6 +20,11 @@ are measured here, not the export), then:
   records its export-time pair gates (export/validate.py ``validate_pairs``: max |dCP|, |dPF| <=
   ``FIDELITY_MAX_ABS_DELTA`` against the same export's fp32 graphs), kept or refused.
 
+An embedder shape (export/random_models.py ``EMBEDDER_PRESETS``: CLIP, DINO, DINOv2) is
+exported with export/embedders.py and certified the same way, on its image-image cosine (the CP
+slot) and, for CLIP, its image-text cosine (the PF slot; export/cpu_precision.py
+``EmbedderEvaluator``); int8 and fp16 do not apply to it.
+
 Per family (and ``all``): n, how many passed, and median / max of each figure. The results file
 is rewritten after every initialisation (``--resume`` measures only the seeds it lacks).
 
@@ -28,6 +33,8 @@ is rewritten after every initialisation (``--resume`` measures only the seeds it
     python bench/gate_distributions.py --shape base-naflex --budget 256 --seeds 10 --gates fp16 \
         --out bench/results/gate_distributions_base256_fp16.json
     python bench/gate_distributions.py --shape tiny-naflex --seeds 2 --out /tmp/gates_tiny.json  # a check
+    python bench/gate_distributions.py --shape clip-tiny --seeds 10 --gates bf16-cpu \
+        --out bench/results/gate_distributions_embedders_tiny.json
 """
 
 from __future__ import annotations
@@ -132,8 +139,12 @@ def measure(
     from masc_engine.export.validate import accept_validation_error
     from tolerance_distributions import ACCEPT_ALL, build
 
+    from masc_engine.export.random_models import EMBEDDER_PRESETS
+
     ckpt = build(shape, seed, family, work)
     row: dict = {"shape": shape, "seed": seed, "family": family}
+    if shape in EMBEDDER_PRESETS:
+        return _embedder_row(ckpt, work, row, gates)
     if "fp16" in gates:
         row["fp16"] = fp16(ckpt, work, budget)
     if {"bf16-cpu", "int8"} & set(gates):
@@ -148,6 +159,28 @@ def measure(
         if "int8" in gates:
             row["int8"] = int8(bundle, work, pairs)
         shutil.rmtree(bundle, ignore_errors=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return row
+
+
+def _embedder_row(ckpt: Path, work: Path, row: dict, gates: tuple[str, ...]) -> dict:
+    """An embedder initialisation: its fp32 bundle (export/embedders.py, validation accepted
+    whatever its figure) certified for bf16-cpu; int8 and fp16 are not embedder paths."""
+    from masc_engine.export.embedders import export_embedder_bundle
+    from masc_engine.export.validate import accept_validation_error
+    from tolerance_distributions import ACCEPT_ALL
+
+    if set(gates) - {"bf16-cpu"}:
+        raise SystemExit(f"an embedder shape has the bf16-cpu gates only, not {sorted(set(gates) - {'bf16-cpu'})}")
+    bundle = work / (ckpt.name + ".bundle")
+    shutil.rmtree(bundle, ignore_errors=True)
+    t0 = time.time()
+    with accept_validation_error(ACCEPT_ALL), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        export_embedder_bundle(str(ckpt), bundle)
+    row["export_seconds"] = round(time.time() - t0, 1)
+    row["bf16_cpu"] = bf16_cpu(bundle, work)
+    shutil.rmtree(bundle, ignore_errors=True)
     shutil.rmtree(ckpt, ignore_errors=True)
     return row
 

@@ -106,7 +106,13 @@ def build(shape: str, seed: int, family: str, work: Path) -> Path:
     """A checkpoint folder of ``shape`` with ``seed`` (and rescaled when ``family`` is trained-like)."""
     from masc_engine.export import random_models as rm
 
-    presets = rm.SEGMENTER_PRESETS if shape.startswith("clipseg") else rm.PRESETS
+    presets = (
+        rm.SEGMENTER_PRESETS
+        if shape.startswith("clipseg")
+        else rm.EMBEDDER_PRESETS
+        if shape in rm.EMBEDDER_PRESETS
+        else rm.PRESETS
+    )
     presets.update({k: v for k, v in _extra_segmenter_presets().items() if k not in presets})
     saved = presets[shape]
     presets[shape] = dataclasses.replace(saved, seed=seed)
