@@ -222,6 +222,24 @@ def test_offline_hub_id_fails_at_once_and_names_the_way_out(tmp_path, monkeypatc
     assert asked and all(local for *_, local in asked)  # the cache only: no request
 
 
+@pytest.mark.parametrize("model", ["/tmp/no/such/checkpoint", "./no-such-folder", "~/checkpoints/mine", "a/b/c"])
+def test_a_missing_local_folder_is_named_as_a_folder(tmp_path, model, no_network_no_model):
+    res = _export("--model", model, "--out", str(tmp_path / "b"))
+    assert res.exit_code == 1 and no_network_no_model == []
+    (err,) = _errors(res)
+    assert err == (
+        f"Error: no checkpoint folder at {model!r}: a local --model is an existing folder holding "
+        "config.json (a Hugging Face id is 'name' or 'namespace/name')"
+    )
+
+
+def test_a_malformed_hub_id_keeps_the_hubs_rule(tmp_path, no_network_no_model):
+    res = _export("--model", "not an id", "--out", str(tmp_path / "b"))
+    assert res.exit_code == 1 and no_network_no_model == []
+    (err,) = _errors(res)
+    assert err.startswith("Error: 'not an id' is neither a local checkpoint folder nor a Hugging Face id (")
+
+
 def test_short_names_are_expanded_before_any_hub_call(tmp_path, monkeypatch, no_network_no_model):
     import huggingface_hub
 

@@ -129,6 +129,12 @@ def names_model_of_kind(model: str, revision: str | None, presets, short_names, 
     return hub_config(model, revision).get("model_type") in model_types
 
 
+def _path_like(model: str) -> bool:
+    """Whether ``model`` is written as a path (absolute, relative with ``.``, home ``~``, more than
+    one ``/``, or a backslash), which a Hugging Face id never is."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or "\\" in model
+
+
 def hub_config(repo_id: str, revision: str | None = None) -> dict:
     """``config.json`` of the Hub checkpoint ``repo_id``: one request without retries (the cache
     only when :func:`offline`).
@@ -158,6 +164,11 @@ def hub_config(repo_id: str, revision: str | None = None) -> dict:
         cached = None if offline() else _reach_hub(repo_id, revision)
         path = cached or hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=offline())
     except HFValidationError as e:
+        if _path_like(repo_id):  # a folder that is not there: the Hub's id rules would only confuse
+            raise CheckpointError(
+                f"no checkpoint folder at {repo_id!r}: a local --model is an existing folder holding "
+                "config.json (a Hugging Face id is 'name' or 'namespace/name')"
+            ) from None
         raise CheckpointError(
             f"{repo_id!r} is neither a local checkpoint folder nor a Hugging Face id ({_first_line(e)})"
         ) from None
