@@ -60,6 +60,17 @@ def test_bf16_cpu_is_a_certification_of_fp32_graphs():
         ({"kind": "segmenter", "max_num_patches": 256}, "a segmenter bundle exports fp32 or fp16"),
         ({"kind": "segmenter", "backend": "tensorrt"}, "a segmenter bundle exports fp32 or fp16"),
         ({"kind": "scorer", "precision": "int8"}, "--precision int8 needs --gate-pairs CSV"),
+        ({"precision": "fp32", "bf16_graphs": ("vision", "text")}, "--bf16-graphs goes with --precision bf16-cpu"),
+        ({"certify": "bf16-cpu", "bf16_graphs": ("text", "text")}, "--bf16-graphs needs distinct graph names"),
+        ({"certify": "bf16-cpu", "bf16_graphs": ()}, "--bf16-graphs needs distinct graph names"),
+        (
+            {"kind": "scorer", "certify": "bf16-cpu", "bf16_graphs": ("vision", "pool")},
+            "--bf16-graphs: a scorer bundle certifies vision and text for bf16, not pool",
+        ),
+        (
+            {"kind": "embedder", "certify": "bf16-cpu", "bf16_graphs": ("vision",)},
+            "--bf16-graphs: an embedder bundle certifies image and text for bf16, not vision",
+        ),
     ],
 )
 def test_illegal_plans_are_refused_in_one_line(settings, message):
@@ -127,6 +138,11 @@ def test_engines_only_reads_the_manifest_under_its_cap(tmp_path, monkeypatch):
         ),
         (["--model", "random:clipseg-tiny", "--precision", "bf16-cpu"], "a segmenter bundle exports fp32 or fp16"),
         (["--model", "random:tiny-naflex", "--precision", "int8"], "--precision int8 needs --gate-pairs CSV"),
+        (
+            ["--model", "random:tiny-naflex", "--precision", "bf16-cpu", "--bf16-graphs", "vision,cp"],
+            "--bf16-graphs: a scorer bundle certifies vision and text for bf16, not cp",
+        ),
+        (["--bf16-graphs", "vision,text"], "--bf16-graphs goes with --precision bf16-cpu"),
     ],
 )
 def test_masc_export_reports_the_plan_refusal_as_a_usage_error(tmp_path, args, message):

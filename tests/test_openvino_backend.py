@@ -436,6 +436,31 @@ def test_keeping_the_fragile_layer_in_fp32_passes(naflex_bundle, tmp_path, monke
     assert cpc.gate_figures(cpc.scores(fp32, cal), cpc.scores(scorer, cal))["pass"]  # as loaded from the manifest
 
 
+@pytest.mark.slow
+@needs_bf16
+def test_the_text_tower_is_certified_when_asked(naflex_bundle, tmp_path, monkeypatch):
+    """``masc-export --bf16-graphs vision,text`` (export/plan.py -> ``certify_bundle(graphs=)``): the
+    text tower's units join the search and the certificate, and the certified text graph runs in
+    bf16 on OpenVINO, PF within the gates of fp32."""
+    from masc_engine.runtime.scorer import Scorer
+
+    bundle = tmp_path / "b"
+    shutil.copytree(naflex_bundle, bundle)
+    monkeypatch.setenv("MASC_ENGINE_CACHE", str(tmp_path / "cache"))
+    cal, held = _pairs(10, 4, 5), _pairs(33, 31, 6)
+    rec = cpc.certify_bundle(bundle, calibration=cal, heldout=held, graphs=("vision", "text"))
+    assert rec["graphs"] == ["vision", "text"] and set(rec["units"]) == {"vision", "text"}
+    assert rec["units"]["text"]["names"][0] == "text.embeddings" and rec["gates"]["heldout"]["pass"]
+    text = _bundle(bundle).runner("text", backend="openvino")
+    kept = [u for u in rec["keep_fp32"] if u.startswith("text.")]
+    assert isinstance(text, ovb.OpenVINORunner) and text.precision == "bf16"
+    assert sorted(u for s in text.runtime_summary() if s["precision"] == "f32" for u in s["units"]) == sorted(kept)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bf16, fp32 = Scorer(bundle), Scorer(bundle, backend="onnxruntime")
+    assert cpc.gate_figures(cpc.scores(fp32, cal), cpc.scores(bf16, cal))["pass"]
+
+
 def test_cli_refuses_bf16_cpu_with_tensorrt(tmp_path):
     from click.testing import CliRunner
 

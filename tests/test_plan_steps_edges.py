@@ -71,6 +71,17 @@ def test_a_bf16_cpu_export_is_fp32_graphs_with_the_certification(calls, tmp_path
     assert call["cpu_precision_options"] == {"calibration": "c.csv", "heldout": "h.csv"}
 
 
+@pytest.mark.parametrize(
+    "kind, exporter, graphs",
+    [("scorer", "export_bundle", ("vision", "text")), ("embedder", "export_embedder_bundle", ("text", "image"))],
+)
+def test_the_bf16_graphs_asked_for_reach_the_certification(calls, tmp_path, kind, exporter, graphs):
+    plan = ExportPlan.from_option("bf16-cpu", model="m", kind=kind, bf16_graphs=graphs)
+    plan_steps.export_onnx(plan, tmp_path)
+    (call,) = calls[exporter]
+    assert call["cpu_precision_options"] == {"calibration": None, "heldout": None, "graphs": graphs}
+
+
 def test_segmenter_and_embedder_exports_get_the_memory_limit(calls, tmp_path):
     plan_steps.export_onnx(ExportPlan(model="s", kind="segmenter", precision="fp16", max_memory_gb=3), tmp_path)
     plan_steps.export_onnx(ExportPlan(model="e", kind="embedder", revision="r", max_memory_gb=2.5), tmp_path)

@@ -87,6 +87,13 @@ from ..export.plan import PRECISION_OPTIONS
     help="bf16-cpu / fp8: a pairs CSV (>= 1000 pairs) to confirm on instead of the default held-out set.",
 )
 @click.option(
+    "--bf16-graphs",
+    default=None,
+    metavar="GRAPHS",
+    help="bf16-cpu: the graphs certified to run in bf16, comma-separated (default the image tower: "
+    "vision, or an embedder's image; add text for the text tower, which must pass the same gates).",
+)
+@click.option(
     "--gate-pairs",
     type=click.Path(dir_okay=False, exists=True),
     default=None,
@@ -168,6 +175,7 @@ def main(
     timing_cache: str | None,
     calibration_pairs: str | None = None,
     heldout_pairs: str | None = None,
+    bf16_graphs: str | None = None,
     accept_validation_error: float | None = None,
 ) -> None:
     """Export a SigLIP2 (or CLIPSeg) checkpoint to ONNX graphs + manifest, validated against PyTorch."""
@@ -187,6 +195,7 @@ def main(
             revision=revision,
             calibration_pairs=calibration_pairs,
             heldout_pairs=heldout_pairs,
+            bf16_graphs=tuple(g.strip() for g in bf16_graphs.split(",")) if bf16_graphs is not None else None,
             gate_pairs=gate_pairs,
             fp32_bundle=fp32_bundle,
             max_memory_gb=max_memory_gb,

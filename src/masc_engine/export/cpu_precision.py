@@ -521,6 +521,9 @@ class EmbedderEvaluator(Evaluator):
 
 #: The graphs certified by default, per bundle kind (the image towers: most of the work).
 DEFAULT_GRAPHS_BY_KIND = {"scorer": DEFAULT_GRAPHS, "embedder": ("image",)}
+#: The graphs a certification may run in bf16, per bundle kind (``masc-export --bf16-graphs``): the
+#: pre-LayerNorm towers :func:`graph_units` reads. The pooling head and the CP graph stay fp32.
+CERTIFIABLE_GRAPHS_BY_KIND = {"scorer": ("vision", "text"), "embedder": ("image", "text")}
 
 
 def _evaluator(bundle_dir: str | Path, graphs: Sequence[str] | None, threads: int | None) -> Evaluator:

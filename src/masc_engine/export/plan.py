@@ -69,6 +69,8 @@ class ExportPlan:
         max_num_patches: NaFlex patch budget (None: 1024, the paper's); scorers only.
         revision: Hub revision to pin.
         calibration_pairs, heldout_pairs: pairs CSVs of the bf16-cpu / fp8 certification.
+        bf16_graphs: bf16-cpu: the graphs certified to run in bf16 (None: the kind's default, the
+            image tower; export/cpu_precision.py ``CERTIFIABLE_GRAPHS_BY_KIND`` lists the others).
         gate_pairs: pairs CSV the int8 bundle is gated on (required for int8).
         fp32_bundle: int8 / fp8: an existing fp32 bundle to start from instead of exporting one.
         max_memory_gb: the export's memory limit, GB (None: this machine's or container's).
@@ -90,6 +92,7 @@ class ExportPlan:
     revision: str | None = None
     calibration_pairs: str | None = None
     heldout_pairs: str | None = None
+    bf16_graphs: tuple[str, ...] | None = None
     gate_pairs: str | None = None
     fp32_bundle: str | None = None
     max_memory_gb: float | None = None
@@ -126,7 +129,10 @@ class ExportPlan:
         ``certify_bundle``), or None without one."""
         if self.certify is None:
             return None
-        return {"calibration": self.calibration_pairs, "heldout": self.heldout_pairs}
+        options: dict = {"calibration": self.calibration_pairs, "heldout": self.heldout_pairs}
+        if self.bf16_graphs:
+            options["graphs"] = self.bf16_graphs
+        return options
 
     def validate(self) -> None:
         """Refuse an illegal plan, in masc-export's order of checks.
@@ -145,6 +151,7 @@ class ExportPlan:
             raise ExportPlanError("--calibration-pairs / --heldout-pairs go with --precision bf16-cpu or fp8")
         if self.engines_only and self.backend != "tensorrt":
             raise ExportPlanError("--engines-only builds TensorRT engines: add --backend tensorrt")
+        self._check_bf16_graphs()
         if self.kind == "segmenter" and (
             self.backend == "tensorrt" or self.max_num_patches or self.mode not in _SEGMENTER_MODES
         ):
@@ -166,6 +173,27 @@ class ExportPlan:
                 "--precision int8 needs --gate-pairs CSV: int8 is kept only if it passes "
                 "its gates against fp32 on those pairs"
             )
+
+    def _check_bf16_graphs(self) -> None:
+        """``bf16_graphs`` goes with bf16-cpu, names no graph twice and, once the kind is known,
+        only graphs that kind's certification can run in bf16."""
+        if self.bf16_graphs is None:
+            return
+        if self.certify != BF16_CPU_MODE:
+            raise ExportPlanError("--bf16-graphs goes with --precision bf16-cpu")
+        if not self.bf16_graphs or len(set(self.bf16_graphs)) != len(self.bf16_graphs):
+            raise ExportPlanError(f"--bf16-graphs needs distinct graph names, got {','.join(self.bf16_graphs)!r}")
+        if self.kind in ("scorer", "embedder"):
+            from .cpu_precision import CERTIFIABLE_GRAPHS_BY_KIND
+
+            legal = CERTIFIABLE_GRAPHS_BY_KIND[self.kind]
+            unknown = [g for g in self.bf16_graphs if g not in legal]
+            if unknown:
+                raise ExportPlanError(
+                    f"--bf16-graphs: {'an' if self.kind == 'embedder' else 'a'} {self.kind} bundle certifies "
+                    f"{' and '.join(legal)} for bf16, "
+                    f"not {', '.join(unknown)}"
+                )
 
     def _check_values(self) -> None:
         for name, value, legal in (
