@@ -27,7 +27,10 @@ shape, NaFlex budget 256 / 1024):
   masc-metric, the bf16 side against fp32 ONNX Runtime). masc-run is also timed as users run it
   with its stage split (``MASC_PROFILE_STAGES``): fp32, and the certified bundle on OpenVINO once
   on an empty cache root (every graph compiled) and once on the same root (compiled graphs
-  imported). With the GEMM probe (unless ``--no-probe``: bench/workloads.py ``gemm_probe``, run
+  imported). With ``--text-bf16`` a second copy is certified with the text tower too
+  (``graphs=("vision", "text")``, masc-export's ``--bf16-graphs vision,text``) and masc-run runs it
+  the same two ways, so the text graph's compile and run times sit beside the vision-only
+  bundle's in the stage splits. With the GEMM probe (unless ``--no-probe``: bench/workloads.py ``gemm_probe``, run
   first) each ratio is also stated as a fraction of the machine's limit in its precision.
 - ``profile`` (only when asked): OpenVINO's per-node timings of one bf16 vision call, by node type
   and kernel.
@@ -70,8 +73,9 @@ def _quiet():
 # ----------------------------------------------------------------------------- bundles
 
 
-def child_prepare(preset: str, budget: int, work: str) -> dict:
-    """The fp32 bundle of ``random:<preset>-naflex`` at ``budget`` and its bf16-cpu copy (cached)."""
+def child_prepare(preset: str, budget: int, work: str, text_bf16: bool = False) -> dict:
+    """The fp32 bundle of ``random:<preset>-naflex`` at ``budget`` and its bf16-cpu copy (cached);
+    with ``text_bf16`` also a copy certified with the text tower (``text_bf16`` in the result)."""
     _quiet()
     from masc_engine.export.exporter import export_bundle
 
@@ -87,6 +91,12 @@ def child_prepare(preset: str, budget: int, work: str) -> dict:
         )
     info = workloads.certified_copy(fp32, cert, info_path)
     info.update(fp32_bundle=str(fp32), bf16_bundle=str(cert))
+    if text_bf16:
+        text_cert = Path(work) / f"{preset}-{budget}-bf16cpu-text"
+        text_info = workloads.certified_copy(
+            fp32, text_cert, Path(work) / f"{preset}-{budget}-certificate-text.json", graphs=("vision", "text")
+        )
+        info["text_bf16"] = {k: v for k, v in text_info.items() if k != "report"} | {"bundle": str(text_cert)}
     return info
 
 
@@ -491,6 +501,12 @@ def _cli_sides(a, info: dict, pairs: Path, work: Path) -> dict:
             ("masc_run_cli_bf16_empty_cache", info["bf16_bundle"], "cache-bf16"),
             ("masc_run_cli_bf16_warm_cache", info["bf16_bundle"], "cache-bf16"),
         ]
+    text = info.get("text_bf16") or {}
+    if text.get("certified"):
+        runs += [
+            ("masc_run_cli_bf16_text_empty_cache", text["bundle"], "cache-bf16-text"),
+            ("masc_run_cli_bf16_text_warm_cache", text["bundle"], "cache-bf16-text"),
+        ]
     for d in {c for _, _, c in runs}:
         shutil.rmtree(work / d, ignore_errors=True)
     out = {}
@@ -569,8 +585,10 @@ def _ks(spec: str, n_units: int) -> list[int]:
 
 def run_shape(a, shape: str, work: Path) -> tuple[dict, list[dict] | None]:
     preset, budget = shape.split(":")
-    info, _ = run_child("child_prepare", preset, int(budget), str(work))
-    res = {"certificate": {k: v for k, v in info.items() if k != "report"}}
+    info, _ = run_child("child_prepare", preset, int(budget), str(work), a.text_bf16)
+    res = {"certificate": {k: v for k, v in info.items() if k not in ("report", "text_bf16")}}
+    if a.text_bf16:
+        res["certificate_with_text"] = info["text_bf16"]
     parts = a.parts.split(",")
     # The sensitivity order (one bf16 compile and calibration run per unit when the whole graph
     # passed) is only the frontier's.
@@ -619,6 +637,9 @@ def main() -> None:
     ap.add_argument("--methods", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=8, help="job part: the scorer's batch size")
     ap.add_argument("--no-probe", action="store_true", help="skip the GEMM probe of the machine's limit")
+    ap.add_argument(
+        "--text-bf16", action="store_true", help="job part: also a copy certified with the text tower, run by masc-run"
+    )
     a = ap.parse_args()
     work, out_dir = Path(a.work), Path(a.out_dir)
     work.mkdir(parents=True, exist_ok=True)

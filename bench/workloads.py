@@ -157,11 +157,12 @@ ISA_FLAGS = (
 ENCODER_GEMM = (8 * 256, 768, 3072)
 
 
-def certified_copy(fp32: Path, cert: Path, info_path: Path) -> dict:
+def certified_copy(fp32: Path, cert: Path, info_path: Path, graphs: tuple[str, ...] | None = None) -> dict:
     """A copy ``cert`` of the fp32 bundle certified for bf16-cpu (export/cpu_precision.py
-    ``certify_bundle``, default pair sets), made once: the outcome is kept in ``info_path`` and read
-    back on later calls. Returns ``{"certified": True, "record"}`` (the manifest's certificate) or
-    ``{"certified": False, "refused", "report"}``, with ``certify_seconds``."""
+    ``certify_bundle``, default pair sets; ``graphs`` the graphs certified, None its default), made
+    once: the outcome is kept in ``info_path`` and read back on later calls. Returns
+    ``{"certified": True, "record"}`` (the manifest's certificate) or ``{"certified": False,
+    "refused", "report"}``, with ``certify_seconds``."""
     import shutil
 
     from masc_engine.export.cpu_precision import CertificationError, certify_bundle
@@ -171,7 +172,7 @@ def certified_copy(fp32: Path, cert: Path, info_path: Path) -> dict:
         shutil.copytree(fp32, cert)
         t = time.perf_counter()
         try:
-            info = {"certified": True, "record": certify_bundle(cert)}
+            info = {"certified": True, "record": certify_bundle(cert, graphs=graphs)}
         except CertificationError as e:
             info = {"certified": False, "refused": str(e), "report": e.report}
         info["certify_seconds"] = time.perf_counter() - t
