@@ -46,6 +46,7 @@ from pathlib import Path
 
 from ..engine.manifest import write_manifest
 from ..runtime.recipes import CLIP_B32_DREAMBENCH, CLIP_L14_TORCHMETRICS, DINO_V1_EVAL, DINOV2_HF
+from ..runtime.text import clip_pooling_rule
 from .checkpoint import OFFLINE_HINT, CheckpointError, checkpoint_source, pin_revision
 from .random_models import EMBEDDER_PRESETS
 
@@ -276,11 +277,7 @@ def export_embedder_into(
     text = None
     if family == "clip":
         text = text_settings_from_processor(m, processor)
-        text["pooling"] = (
-            "argmax of input_ids (legacy eos_token_id 2)"
-            if m.config.text_config.eos_token_id == 2
-            else "first eos_token_id"
-        )
+        text["pooling"] = clip_pooling_rule(int(m.config.text_config.eos_token_id))
         text["eos_token_id"] = int(m.config.text_config.eos_token_id)
         _save_tokenizer(processor, out / text["tokenizer_file"])
     specs = graph_specs(m, family, text)

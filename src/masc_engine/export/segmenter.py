@@ -39,6 +39,7 @@ from pathlib import Path
 
 from ..engine.manifest import write_manifest
 from ..runtime.segmenter import KIND, MaskRecipe
+from ..runtime.text import clip_pooling_rule
 from .exporter import _PIL_NAMES, CheckpointError, _save_tokenizer, _versions, text_settings_from_processor
 from .checkpoint import OFFLINE_HINT, checkpoint_source, pin_revision
 from .onnx_check import check_graphs
@@ -155,11 +156,7 @@ def text_settings(model, processor) -> dict:
     (export/exporter.py ``text_settings_from_processor``), padding to ``max_length`` (77)."""
     text = text_settings_from_processor(model.clip, processor)
     text["text_tower_attention_mask"] = False  # causal tower: padding after end-of-text is inert
-    text["pooling"] = (
-        "argmax of input_ids (legacy eos_token_id 2)"
-        if model.config.text_config.eos_token_id == 2
-        else "first eos_token_id"
-    )
+    text["pooling"] = clip_pooling_rule(int(model.config.text_config.eos_token_id))
     return text
 
 

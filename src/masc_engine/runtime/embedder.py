@@ -41,6 +41,7 @@ from .cache import EncodingStore, embedding_scope, sha256_bytes
 from .config import bundle_backend
 from .encoder import LRU, Encoder, RunnerSettings
 from .recipes import ImageRecipe, preprocess
+from .text import POOLING_FIRST_EOS, POOLING_LEGACY_ARGMAX
 
 #: ``manifest["kind"]`` of an embedder bundle.
 KIND = "embedder"
@@ -69,10 +70,10 @@ def pooled_positions(ids: np.ndarray, text: Mapping[str, Any]) -> np.ndarray | N
         ``[N] int64`` positions, or None where the section names no rule this knows (no trimming).
     """
     rule = text.get("pooling")
-    if rule == "argmax of input_ids (legacy eos_token_id 2)":
+    if rule == POOLING_LEGACY_ARGMAX:
         return np.asarray(np.argmax(ids, axis=1), np.int64)
     eos = text.get("eos_token_id")
-    if rule == "first eos_token_id" and isinstance(eos, int) and not isinstance(eos, bool):
+    if rule == POOLING_FIRST_EOS and isinstance(eos, int) and not isinstance(eos, bool):
         return np.asarray(np.argmax(ids == eos, axis=1), np.int64)
     return None
 

@@ -25,6 +25,18 @@ from ..engine.manifest import one_line
 from ..errors import BundleError, InputError
 
 
+#: The manifest's ``text.pooling`` rules of a CLIP text tower (transformers'
+#: ``CLIPTextTransformer``): the legacy configs (``eos_token_id == 2``, the openai checkpoints) read
+#: the token with the largest id, the others the first ``eos_token_id``.
+POOLING_LEGACY_ARGMAX = "argmax of input_ids (legacy eos_token_id 2)"
+POOLING_FIRST_EOS = "first eos_token_id"
+
+
+def clip_pooling_rule(eos_token_id: int) -> str:
+    """The ``text.pooling`` rule a CLIP text config with ``eos_token_id`` follows."""
+    return POOLING_LEGACY_ARGMAX if eos_token_id == 2 else POOLING_FIRST_EOS
+
+
 @dataclass(frozen=True)
 class TextSettings:
     """``manifest.json["text"]``."""
