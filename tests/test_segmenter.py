@@ -110,7 +110,9 @@ def test_validation_fails_on_a_wrong_decoder(seg_bundle):
     with pytest.raises(ExportValidationError) as e:
         validate_graph("decoder", seg_bundle / "decoder.onnx", seg_bundle, m, processor, man["image"], man["text"])
     budget = segmenter_validation_budget("decoder", 64)[0]
-    assert e.value.report["max_rel"] > 100 * budget and e.value.report["rtol"] == budget
+    # far past the budget: over the measured initialisations the least was 33x (tolerances.py,
+    # SEGMENTER_VALIDATION_BUDGETS); this preset's is 92x; 10x leaves CPUs' kernels a margin
+    assert e.value.report["max_rel"] > 10 * budget and e.value.report["rtol"] == budget
 
 
 def test_cli_refuses_scorer_options_and_leaves_nothing(tmp_path, seg_bundle):

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 # Built-in corpus for the test tokenizer: DreamBench-style prompt templates and class nouns.
@@ -56,6 +57,45 @@ def _train_tokenizer(save_dir: Path):
     return tok
 
 
+#: At most this many merges in the CLIP-layout test tokenizer (the 900-entry target of the trainer
+#: it replaces, less the 512 byte symbols); the built-in corpus runs out first, at 279 (793
+#: entries with the two special tokens; random_models.py bounds it by 1024).
+CLIP_TEST_MERGES = 388
+
+
+def _learn_merges(words: Counter[tuple[str, ...]], count: int) -> list[tuple[str, str]]:
+    """Byte-pair merges learned on ``words`` (symbol tuples with their frequencies), at most
+    ``count``: each step merges the most frequent adjacent pair, ties broken by the pair's
+    strings (so the result depends on the corpus only); stops early when no pair occurs twice.
+    """
+    words = Counter(words)
+    merges: list[tuple[str, str]] = []
+    while len(merges) < count:
+        pairs: Counter[tuple[str, str]] = Counter()
+        for w, n in words.items():
+            for pair in zip(w, w[1:]):
+                pairs[pair] += n
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        if pairs[best] < 2:
+            break
+        merges.append(best)
+        merged: Counter[tuple[str, ...]] = Counter()
+        for w, n in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                    out.append(w[i] + w[i + 1])
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged[tuple(out)] += n
+        words = merged
+    return merges
+
+
 def _train_clip_tokenizer(save_dir: Path):
     """A byte-level BPE in CLIP's layout, trained on `_CORPUS`, wrapped as transformers'
     ``CLIPTokenizer`` (deterministic).
@@ -65,8 +105,14 @@ def _train_clip_tokenizer(save_dir: Path):
     ``<|startoftext|>`` and ``<|endoftext|>`` last, so ``<|endoftext|>`` has the highest id (the
     text tower of checkpoints with the legacy ``eos_token_id = 2``, as CIDAS/clipseg-rd64-refined's,
     pools at the argmax of the ids).
+
+    The merges are learned by :func:`_learn_merges`, not by ``tokenizers``' ``BpeTrainer``: with
+    an end-of-word suffix that trainer numbers the suffixed symbols in hash-map order and breaks
+    ties between equally frequent pairs by those numbers, so two processes trained different
+    vocabularies on the same corpus (huggingface/tokenizers#1794), and a ``random:`` CLIP or
+    CLIPSeg checkpoint tokenized the same prompt differently from one build to the next.
     """
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
     from transformers import CLIPTokenizer
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -82,14 +128,13 @@ def _train_clip_tokenizer(save_dir: Path):
             pre_tokenizers.ByteLevel(add_prefix_space=False),
         ]
     )
-    trainer = trainers.BpeTrainer(
-        vocab_size=900, initial_alphabet=alphabet, end_of_word_suffix="</w>", show_progress=False
-    )
     text = " ".join(_CORPUS.split())
     lines = [s.strip().format(n) for n in _NOUNS for s in text.split(".") if "{}" in s]
-    bpe.train_from_iterator(lines, trainer)
-    spec = json.loads(bpe.to_str())
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["model"]["merges"]]
+    words: Counter[tuple[str, ...]] = Counter()
+    for line in lines:
+        for word, _ in bpe.pre_tokenizer.pre_tokenize_str(bpe.normalizer.normalize_str(line)):
+            words[tuple(word[:-1]) + (word[-1] + "</w>",)] += 1
+    merges = _learn_merges(words, CLIP_TEST_MERGES)
     vocab: dict[str, int] = {}
     for sym in alphabet + [a + "</w>" for a in alphabet] + ["".join(m) for m in merges]:
         vocab.setdefault(sym, len(vocab))
