@@ -25,6 +25,13 @@ exported with export/embedders.py and certified the same way, on its image-image
 slot) and, for CLIP, its image-text cosine (the PF slot; export/cpu_precision.py
 ``EmbedderEvaluator``); int8 and fp16 do not apply to it.
 
+A segmenter shape (``clipseg-tiny``, ``clipseg-tiny-3``, ``clipseg-rd64``) has one reduced-precision
+gate, fp16's (``--gates fp16``): the checkpoint is exported with fp16 graphs by masc-export's code
+(export/segmenter.py, the graphs' own validation accepted whatever its figure) and the mask IoU
+gate of export/segmenter_validate.py ``validate_reduced_masks`` recorded, kept or refused: per
+(image, prompt) case the IoU of the fp16 runtime's mask and transformers' fp32 mask at the
+recipe's threshold, against ``tolerances.SEGMENTER_REDUCED_MIN_MASK_IOU``.
+
 Per family (and ``all``): n, how many passed, and median / max of each figure. The results file
 is rewritten after every initialisation (``--resume`` measures only the seeds it lacks).
 
@@ -35,6 +42,8 @@ is rewritten after every initialisation (``--resume`` measures only the seeds it
     python bench/gate_distributions.py --shape tiny-naflex --seeds 2 --out /tmp/gates_tiny.json  # a check
     python bench/gate_distributions.py --shape clip-tiny --seeds 10 --gates bf16-cpu \
         --out bench/results/gate_distributions_embedders_tiny.json
+    python bench/gate_distributions.py --shape clipseg-rd64 --seeds 10 --gates fp16 \
+        --out bench/results/gate_distributions_clipseg_rd64_fp16.json
 """
 
 from __future__ import annotations
@@ -145,6 +154,8 @@ def measure(
     row: dict = {"shape": shape, "seed": seed, "family": family}
     if shape in EMBEDDER_PRESETS:
         return _embedder_row(ckpt, work, row, gates)
+    if shape.startswith("clipseg"):
+        return _segmenter_row(ckpt, work, row, gates)
     if "fp16" in gates:
         row["fp16"] = fp16(ckpt, work, budget)
     if {"bf16-cpu", "int8"} & set(gates):
@@ -185,6 +196,60 @@ def _embedder_row(ckpt: Path, work: Path, row: dict, gates: tuple[str, ...]) -> 
     return row
 
 
+def _segmenter_row(ckpt: Path, work: Path, row: dict, gates: tuple[str, ...]) -> dict:
+    """A segmenter initialisation: its fp16 export's gates, kept or refused, with the figures;
+    fp16 is the segmenter's only reduced-precision path. A graph refused by its per-graph fp16
+    gate is recorded and the export goes on (here only), so that the masks' IoU of every
+    initialisation is measured: ``kept`` is what masc-export decides (every gate passed)."""
+    from masc_engine.errors import ExportValidationError
+    from masc_engine.export import segmenter_validate as sv
+    from masc_engine.export.segmenter import export_segmenter_bundle
+    from masc_engine.export.validate import accept_validation_error
+    from tolerance_distributions import ACCEPT_ALL
+
+    if set(gates) != {"fp16"}:
+        raise SystemExit(f"a segmenter shape has the fp16 gate only (--gates fp16), not {sorted(gates)}")
+    out = work / (ckpt.name + ".fp16")
+    shutil.rmtree(out, ignore_errors=True)
+    graph_refusals: list[dict] = []
+    validate_graph = sv.validate_graph
+
+    def recording(graph, *args, **kwargs):  # the fp32 checks run under ACCEPT_ALL: never raise
+        try:
+            return validate_graph(graph, *args, **kwargs)
+        except ExportValidationError as e:
+            rep = e.report or {}
+            graph_refusals.append({"graph": graph, **{k: rep[k] for k in ("rule", "cos_min") if k in rep}})
+            return rep
+
+    t0 = time.time()
+    sv.validate_graph = recording
+    try:
+        with accept_validation_error(ACCEPT_ALL), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            export_segmenter_bundle(str(ckpt), out, precision="fp16")
+        rep, masks_pass = json.loads((out / "manifest.json").read_text())["precision"]["masks"], True
+    except ExportValidationError as e:
+        rep, masks_pass = e.report, False
+    finally:
+        sv.validate_graph = validate_graph
+    ious = [float(x) for x in rep["ious"]]
+    row["fp16"] = {
+        "kept": masks_pass and not graph_refusals,
+        "graph_gates_refused": graph_refusals,
+        "masks_pass": masks_pass,
+        "min_iou": min(ious),
+        "median_iou": statistics.median(ious),
+        "cases": len(ious),
+        "min_iou_gate": rep["min_iou_gate"],
+        "margin": min(ious) - rep["min_iou_gate"],
+        "seconds": round(time.time() - t0, 1),
+    }
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return row
+
+
 def _stats(vals: list[float]) -> dict:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else {}
 
@@ -204,13 +269,14 @@ def summarise(rows: list[dict]) -> dict:
                     s[f"bf16_cpu_{part}_{f}"] = _stats([x[part][f] for x in b if f in x.get(part, {})])
         for gate, figs in (
             ("int8", ("max_abs_dcp", "spearman_cp", "spearman_pf")),
-            ("fp16", ("max_abs_dcp", "max_abs_dpf")),
+            ("fp16", ("max_abs_dcp", "max_abs_dpf", "min_iou", "median_iou")),
         ):
             g = [r[gate] for r in fam if gate in r]
             if g:
                 s[f"{gate}_kept"] = sum(x["kept"] for x in g)
                 for f in figs:
-                    s[f"{gate}_{f}"] = _stats([x[f] for x in g if f in x])
+                    if any(f in x for x in g):
+                        s[f"{gate}_{f}"] = _stats([x[f] for x in g if f in x])
         out[family] = s
     return out
 

@@ -329,3 +329,31 @@ def test_the_fp16_export_gates_were_measured_over_initialisations_and_follow_fro
     assert len({r["seed"] for r in runs}) >= 10 and {r["family"] for r in runs} == {"default", "trained-like"}
     for r in runs:
         _check_fp16(r)
+
+
+#: bench/gate_distributions.py --gates fp16 on the segmenter shapes: (shape, initialisations).
+SEGMENTER_FP16_FILES = {
+    "gate_distributions_clipseg_tiny_fp16.json": ("clipseg-tiny", 10),
+    "gate_distributions_clipseg_tiny_3_fp16.json": ("clipseg-tiny-3", 10),
+    "gate_distributions_clipseg_rd64_fp16.json": ("clipseg-rd64", 10),
+}
+
+
+@pytest.mark.parametrize("name", SEGMENTER_FP16_FILES)
+def test_the_segmenter_fp16_gates_were_measured_over_initialisations_and_follow_from_todays_gates(name):
+    """bench/gate_distributions.py --gates fp16 on a CLIPSeg shape: 10 initialisations of both
+    families, the masks' IoU measured on every one (a per-graph refusal recorded, not stopping the
+    bench); each export kept exactly when no per-graph gate refused it and its masks pass today's
+    IoU gate. The gate's value changed without a new measurement fails here."""
+    res = json.loads((RESULTS / name).read_text())
+    shape, n = SEGMENTER_FP16_FILES[name]
+    assert (res["shape"], res["gates"]) == (shape, "fp16")
+    runs = res["runs"]
+    assert len({r["seed"] for r in runs}) >= n and {r["family"] for r in runs} == {"default", "trained-like"}
+    for r in runs:
+        f = r["fp16"]
+        assert f["masks_pass"] == (f["min_iou"] >= tol.SEGMENTER_REDUCED_MIN_MASK_IOU), (r["seed"], f)
+        assert f["kept"] == (f["masks_pass"] and not f["graph_gates_refused"]), (r["seed"], f)
+        for g in f["graph_gates_refused"]:  # the decoder's and text's rule: every row's cosine
+            assert g["rule"] == "embedding" and g["cos_min"] < tol.FIDELITY_MIN_EMBEDDING_COSINE, (r["seed"], g)
+        assert f["cases"] >= 4 and f["min_iou"] <= f["median_iou"] <= 1.0
