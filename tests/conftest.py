@@ -30,6 +30,33 @@ from support import (
 
 def pytest_configure(config):
     warnings.filterwarnings("ignore", message=".*random weights.*")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _one_compute_thread_per_worker()
+
+
+def _one_compute_thread_per_worker() -> None:
+    """An xdist worker runs torch and ONNX Runtime with one intra-op thread each.
+
+    scripts/test.sh starts one worker per core; torch and ONNX Runtime size their pools to every
+    core and their threads spin while they wait, so two workers ran four busy compute threads on
+    two cores. Measured: ``scripts/test.sh -m "not slow"`` 350 s -> 278 s (2-core Xeon with AMX,
+    one run each, the same hour, shared host). A session given a thread count keeps it; processes
+    the tests start keep their defaults; numpy's BLAS is untouched (tests/test_batch_invariance.py
+    compares its one- and many-thread products)."""
+    try:
+        import torch
+    except ImportError:  # without the export extra
+        pass
+    else:
+        torch.set_num_threads(1)
+    import onnxruntime as ort
+
+    class OneThreadSessionOptions(ort.SessionOptions):
+        def __init__(self) -> None:
+            super().__init__()
+            self.intra_op_num_threads = 1
+
+    ort.SessionOptions = OneThreadSessionOptions
 
 
 @pytest.fixture(scope="session", params=photo_sets())
