@@ -30,7 +30,7 @@ from support import (
 
 def pytest_configure(config):
     warnings.filterwarnings("ignore", message=".*random weights.*")
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("MASC_TEST_WORKER_THREADS", "1") == "1":
         _one_compute_thread_per_worker()
 
 
@@ -39,9 +39,11 @@ def _one_compute_thread_per_worker() -> None:
 
     scripts/test.sh starts one worker per core; torch and ONNX Runtime size their pools to every
     core and their threads spin while they wait, so two workers ran four busy compute threads on
-    two cores. Measured: ``scripts/test.sh -m "not slow"`` 350 s -> 278 s (2-core Xeon with AMX,
-    one run each, the same hour, shared host). A session given a thread count keeps it; processes
-    the tests start keep their defaults; numpy's BLAS is untouched (tests/test_batch_invariance.py
+    two cores. Measured on a 2-core Xeon with AMX, shared host, one run each, the same hour:
+    ``scripts/test.sh -m "not slow"`` 350 s -> 278 s; the whole suite 871 s -> 712 s of pytest,
+    1379 s -> 1081 s of user CPU (``MASC_TEST_WORKER_THREADS=default`` gives the libraries' own
+    thread counts, for such a comparison). A session given a thread count keeps it; processes the
+    tests start keep their defaults; numpy's BLAS is untouched (tests/test_batch_invariance.py
     compares its one- and many-thread products)."""
     try:
         import torch
