@@ -112,15 +112,15 @@ def _train_clip_tokenizer(save_dir: Path):
     vocabularies on the same corpus (huggingface/tokenizers#1794), and a ``random:`` CLIP or
     CLIPSeg checkpoint tokenized the same prompt differently from one build to the next.
     """
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
+    from tokenizers import Regex, normalizers, pre_tokenizers
     from transformers import CLIPTokenizer
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    bpe = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
-    bpe.normalizer = normalizers.Sequence(
+    # the words the merges are learned on, split as CLIPTokenizer splits a prompt
+    normalizer = normalizers.Sequence(
         [normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()]
     )
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+    pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(
                 Regex(r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""), behavior="removed", invert=True
@@ -132,7 +132,7 @@ def _train_clip_tokenizer(save_dir: Path):
     lines = [s.strip().format(n) for n in _NOUNS for s in text.split(".") if "{}" in s]
     words: Counter[tuple[str, ...]] = Counter()
     for line in lines:
-        for word, _ in bpe.pre_tokenizer.pre_tokenize_str(bpe.normalizer.normalize_str(line)):
+        for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line)):
             words[tuple(word[:-1]) + (word[-1] + "</w>",)] += 1
     merges = _learn_merges(words, CLIP_TEST_MERGES)
     vocab: dict[str, int] = {}
