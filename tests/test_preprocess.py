@@ -11,7 +11,7 @@ from PIL import Image
 
 from support import EXAMPLES, checkpoint_dir, grid_image
 from masc_engine.runtime.position import position_weights
-from masc_engine.runtime.preprocess import ImageSettings, naflex_target_size, preprocess_image
+from masc_engine.runtime.preprocess import ImageSettings, naflex_target_size, preprocess_image, rescale_normalise
 from masc_engine.tolerances import PIXEL_VALUES_ATOL, POSITION_ATOL
 
 # (grid, budget, image size in pixels): square, portrait, landscape and extreme grids, padding slots, tiny images.
@@ -89,6 +89,30 @@ def test_rgba_and_greyscale_are_converted_like_the_reference(naflex_bundle, hf_p
         ours = preprocess_image(im, s)
         ref = hf_processor(images=[im.convert("RGB")], max_num_patches=64, return_tensors="np")
         assert np.abs(ours.pixel_values - ref["pixel_values"][0]).max() <= PIXEL_VALUES_ATOL
+
+
+@pytest.mark.parametrize(
+    "rescale, mean, std",
+    [
+        (1 / 255, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),  # SigLIP2
+        (1 / 255, (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),  # CLIP
+        (0.00392156862745098, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # ImageNet (DINO)
+    ],
+)
+def test_rescale_normalise_is_the_reference_arithmetic_bit_for_bit(rescale, mean, std):
+    """Every byte value in every channel, and a random image, against transformers' element-wise
+    rule (float64 rescale cast to float32, then float32 normalize): equal bits, not closeness."""
+    every = np.stack([np.arange(256, dtype=np.uint8)] * 3, axis=-1)[None]  # [1, 256, 3]
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, size=(37, 53, 3), dtype=np.uint8)
+    for pixels in (every, image):
+        x = (pixels.astype(np.float64) * rescale).astype(np.float32)
+        want = np.ascontiguousarray(((x - np.float32(mean)) / np.float32(std)).transpose(2, 0, 1))
+        got = rescale_normalise(pixels, rescale, mean, std)
+        assert got.dtype == np.float32 and got.flags.c_contiguous and got.shape == want.shape
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="uint8"):
+        rescale_normalise(image.astype(np.float32), rescale, mean, std)
 
 
 def test_naflex_target_size_matches_transformers():

@@ -41,6 +41,7 @@ from PIL import Image, ImageOps
 
 from ..engine.manifest import MAX_IMAGE_SIDE
 from ..errors import BundleError
+from .preprocess import rescale_normalise
 
 #: Accepted ``resize_mode`` values: the short side to ``size`` (aspect kept), or ``size x size``.
 RESIZE_MODES = ("shortest_edge", "fixed")
@@ -348,14 +349,13 @@ def to_uint8_before_normalise(image: Image.Image, recipe: ImageRecipe) -> np.nda
 
 
 def normalise(pixels: np.ndarray, recipe: ImageRecipe) -> np.ndarray:
-    """Rescale (float64 multiply, then float32) and normalise (float32) ``[H, W, 3] uint8`` pixels.
+    """Rescale (float64 multiply, then float32) and normalise (float32) ``[H, W, 3] uint8`` pixels
+    (runtime/preprocess.py ``rescale_normalise``: one home for the rule).
 
     Returns:
         ``[3, H, W] float32``, C-contiguous.
     """
-    scaled = (pixels.astype(np.float64) * recipe.rescale_factor).astype(np.float32)
-    x = (scaled - np.asarray(recipe.image_mean, dtype=np.float32)) / np.asarray(recipe.image_std, dtype=np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1))
+    return rescale_normalise(pixels, recipe.rescale_factor, tuple(recipe.image_mean), tuple(recipe.image_std))
 
 
 def preprocess(image: Image.Image, recipe: ImageRecipe) -> np.ndarray:
