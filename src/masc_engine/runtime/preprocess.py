@@ -159,8 +159,9 @@ def rescale_normalise(
     ``float32(float64(v) * rescale_factor)``, then ``(x - mean[c]) / std[c]`` in float32, per
     element. The result depends only on the byte ``v`` and the channel ``c``, so it is computed
     once for the 3 x 256 possible inputs (:func:`_normalise_table`, the same operations in the
-    same precision: bit-identical) and each pixel is a table lookup: ~8x faster than the
-    element-wise arithmetic on a 512 x 512 image, which made up most of the preprocessing.
+    same precision: bit-identical) and each pixel is a table lookup: about 1 ms on a 512 x 512
+    image against 12-17 ms for the element-wise arithmetic, which made up most of the
+    preprocessing (2-core Xeon with AMX).
 
     Args:
         pixels: ``[H, W, 3] uint8``.
