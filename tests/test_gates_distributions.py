@@ -250,6 +250,8 @@ def test_unseen_initialisations_export_and_a_perturbed_weight_is_refused(shape, 
 #: budget): all three; the embedders (bf16-cpu only): 10 of each tiny shape and of B/32 and S/16.
 GATE_FILES = {
     "gate_distributions_base256.json": ("base-naflex", 256, 10),
+    # so400m: the initialisations measured so far (bench/gate_distributions.py --resume adds the rest).
+    "gate_distributions_so400m256.json": ("so400m-naflex", 256, 4),
     "gate_distributions_tiny.json": ("tiny-naflex", None, 10),
     "gate_distributions_clip_tiny.json": ("clip-tiny", None, 10),
     "gate_distributions_dino_tiny_s16.json": ("dino-tiny-s16", None, 10),
