@@ -246,11 +246,10 @@ def test_unseen_initialisations_export_and_a_perturbed_weight_is_refused(shape, 
 # ------------------------------------------------------------------ the run-time gates
 
 #: bench/gate_distributions.py results: (shape, NaFlex budget recorded, initialisations) per file.
-#: base/256: bf16-cpu and int8 (fp16 in its own file below); tiny (the tests' shape, default
-#: budget): all three; the embedders (bf16-cpu only): 10 of each tiny shape and of B/32 and S/16.
+#: base/256: bf16-cpu and int8 (fp16 in its own file below); so400m/256: the same, 4 of its 10
+#: initialisations so far; tiny (the tests' shape, default budget): all three; the embedders (bf16-cpu only): 10 of each tiny shape and of B/32 and S/16.
 GATE_FILES = {
     "gate_distributions_base256.json": ("base-naflex", 256, 10),
-    # so400m: the initialisations measured so far (bench/gate_distributions.py --resume adds the rest).
     "gate_distributions_so400m256.json": ("so400m-naflex", 256, 4),
     "gate_distributions_tiny.json": ("tiny-naflex", None, 10),
     "gate_distributions_clip_tiny.json": ("clip-tiny", None, 10),
@@ -270,7 +269,7 @@ def _passes_fidelity(f: dict) -> bool:
 
 @pytest.mark.parametrize("name", GATE_FILES)
 def test_the_run_time_gates_were_measured_over_initialisations_of_both_scales(name):
-    """bench/gate_distributions.py: 10 initialisations, both families, each with its bf16-cpu
+    """bench/gate_distributions.py: the initialisations GATE_FILES names, both families, each with its bf16-cpu
     certification and int8 gate figures recorded."""
     res = json.loads((RESULTS / name).read_text())
     shape, budget, n = GATE_FILES[name]

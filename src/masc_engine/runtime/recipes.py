@@ -355,7 +355,7 @@ def normalise(pixels: np.ndarray, recipe: ImageRecipe) -> np.ndarray:
     Returns:
         ``[3, H, W] float32``, C-contiguous.
     """
-    return rescale_normalise(pixels, recipe.rescale_factor, tuple(recipe.image_mean), tuple(recipe.image_std))
+    return rescale_normalise(pixels, recipe.rescale_factor, recipe.image_mean, recipe.image_std)
 
 
 def preprocess(image: Image.Image, recipe: ImageRecipe) -> np.ndarray:
