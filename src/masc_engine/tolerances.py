@@ -163,25 +163,24 @@ def export_validation_rtol(graph: str, width: int) -> tuple[float, str]:
 #: margin (tests/test_gates_distributions.py holds that family to 5x on its most separated check).
 #: clipseg-rd64 (width 768, 12 layers; CIDAS/clipseg-rd64-refined's shapes):
 #: bench/results/tolerance_distributions_clipseg-rd64.json, 10 initialisations (seeds 100-108 even
-#: default, 101-109 odd trained-like; 1.5-7.5 minutes per export on the 2 shared cores): relative
-#: error median / max (max ratio to float32 error)
-#:   default:       vision 1.3e-6 / 1.3e-6, text 1.0e-6 / 1.2e-6, decoder 1.1e-6 / 1.3e-6 (1.3),
-#:                  end to end 1.9e-6 / 2.4e-6 (1.2)
-#:   trained-like:  vision 9.8e-7 / 1.1e-6, text 1.0e-6 / 1.3e-6, decoder 4.3e-5 / 1.5e-4 (10),
-#:                  end to end 5.6e-5 / 1.1e-4 (1.4)
-#: vision and text keep their earlier budgets (2e-5, >= 15x the measured); the decoder and
-#: end-to-end floors are VALIDATION_BUDGET_MARGIN x the default max, rounded up (4e-6, 8e-6; the
-#: end-to-end floor was 6e-6 when 3 default draws were measured, seed 108's 2.4e-6 raised it).
-#: The FiLM bias off by 0.5 moves the logits by only 4.2e-5 .. 1.4e-4 relative at this width
-#: (default draws; 36 .. 200 times float32's own error): at these floors and
-#: SEGMENTER_NOISE_FACTORS['clipseg-rd64'] it is refused on every default draw, the least at 1.17x
-#: the decoder's budget (seed 108; its end-to-end figure is within budget, 0.64x, and one failing
-#: check refuses the export); on 4 of 5 trained-like draws it is within float32's own error and
-#: not refused.
+#: default, 101-109 odd trained-like) with the deterministic test tokenizer: relative error
+#: median / max (max ratio to float32 error)
+#:   default:       vision 1.3e-6 / 1.4e-6, text 9.7e-7 / 1.1e-6, decoder 1.3e-6 / 1.6e-6 (1.3),
+#:                  end to end 2.0e-6 / 3.2e-6 (1.4)
+#:   trained-like:  vision 1.0e-6 / 1.1e-6, text 8.3e-7 / 1.0e-6, decoder 3.5e-5 / 4.2e-5 (2.2),
+#:                  end to end 7.6e-5 / 9.5e-5 (2.0)
+#: vision and text keep their earlier budgets (2e-5, >= 14x the measured); the decoder and
+#: end-to-end floors are VALIDATION_BUDGET_MARGIN x the default max, rounded up (5e-6, 1e-5; they
+#: were 4e-6 and 8e-6 from an earlier run of 10 in which every build drew its own tokenizer and the
+#: default maxima were 1.3e-6 and 2.4e-6).
+#: The FiLM bias off by 0.5 moves the logits by 6.4e-5 .. 2.4e-4 relative on default draws (39 ..
+#: 208 times float32's own error): at these floors and SEGMENTER_NOISE_FACTORS['clipseg-rd64'] it is
+#: refused on every default draw, the least at 2.2x the decoder's budget (seed 102; its end to end
+#: 1.3x); on every trained-like draw it is within 1 .. 6 times float32's own error and not refused.
 #: Real weights unmeasured (none could be downloaded).
 SEGMENTER_VALIDATION_BUDGETS: dict[str, dict] = {
     "clipseg-tiny": {"width": 64, "layers": 4, "vision": 7e-6, "text": 4e-6, "decoder": 2e-5, "end_to_end": 5e-5},
-    "clipseg-rd64": {"width": 768, "layers": 12, "vision": 2e-5, "text": 2e-5, "decoder": 4e-6, "end_to_end": 8e-6},
+    "clipseg-rd64": {"width": 768, "layers": 12, "vision": 2e-5, "text": 2e-5, "decoder": 5e-6, "end_to_end": 1e-5},
 }
 #: The decoder's and end-to-end budget of a checkpoint is the larger of its floor above and this
 #: factor x transformers' own float32 relative error on the checkpoint (export/segmenter_validate.py
@@ -197,16 +196,16 @@ SEGMENTER_VALIDATION_BUDGETS: dict[str, dict] = {
 #: (3 x 1.97 = 5.9 -> 6; with 4 seeds a shape the max was 1.8).
 SEGMENTER_NOISE_FACTOR = 6.0
 #: The factor per measured segmenter shape (a model takes the smallest measured shape at least as
-#: wide as its vision tower, as SEGMENTER_VALIDATION_BUDGETS). clipseg-rd64: 10 initialisations
-#: (tolerance_distributions_clipseg-rd64.json): decoder ratio median / max 1.2 / 1.3 (default) and
-#: 1.2 / 10 (trained-like; seed 101: ONNX Runtime's decoder error 1.5e-4 relative where
-#: transformers' own float32 error is 1.5e-5, the other four 1.0 .. 1.3), end to end max 1.2 and
-#: 1.4 -> 3 x 10.1, rounded up: 31. That leaves the wrong graph (FiLM bias off by 0.5) refused on
-#: every default draw, the least at 1.17x (36 times float32's error against 31): the margin between
-#: the worst correct export (10x) and the mildest wrong one (36x) is 3.6, so no factor gives both
-#: sides a wide margin at this width. At trained-like seed 101 that perturbation moves the logits
-#: by LESS than the correct export's own error (1.3e-4 against 1.5e-4): no budget there can refuse
-#: it and accept the checkpoint.
+#: wide as its vision tower, as SEGMENTER_VALIDATION_BUDGETS). clipseg-rd64: 31 = 3 x 10.1, rounded
+#: up: in an earlier run of 10 initialisations, when every build drew its own tokenizer, one
+#: trained-like draw (seed 101) gave ONNX Runtime's decoder 1.5e-4 relative error where transformers'
+#: own float32 error was 1.5e-5 (cause not isolated). Re-measured with the deterministic tokenizer
+#: (tolerance_distributions_clipseg-rd64.json) the ratios are at most 1.3 / 1.4 (default, decoder /
+#: end to end) and 2.2 / 2.0 (trained-like): 3 x 2.2 would allow 7, but a checkpoint whose
+#: conditioning reproduces that draw would then be refused, so the factor keeps the 10.1 it has
+#: seen. Correct exports sit 14x .. 45x below their budget; the wrong graph (FiLM bias off by 0.5)
+#: is refused on every default draw, the least at 2.2x; on the trained-like draws it moves the logits
+#: by less than 6 times float32's own error and no fp32 comparison can tell it from rounding.
 SEGMENTER_NOISE_FACTORS: dict[str, float] = {"clipseg-tiny": SEGMENTER_NOISE_FACTOR, "clipseg-rd64": 31.0}
 
 
