@@ -167,3 +167,53 @@ def test_shape_mismatch_is_one_line():
         cert.certify(ref, {"cp": ref["cp"][:5], "pf": ref["pf"]}, cert.FIDELITY_GATES)
     with pytest.raises(ValueError, match="nonfinite"):
         cert.certify(ref, ref, cert.GateSet(1.0, None, 0.5, "ignore"))
+
+
+@pytest.mark.parametrize("score", ["cp", "pf"])
+def test_a_delta_exactly_at_the_bound_passes(score):
+    """The gate is |d| <= bound: a delta of exactly 2e-3 (0 against 2e-3: exact in float64) passes,
+    the next float64 above it fails."""
+    ref = {"cp": np.linspace(0.0, 0.5, 40), "pf": np.linspace(0.0, 0.4, 40)}
+    bound = cert.FIDELITY_GATES.max_abs_dcp if score == "cp" else cert.FIDELITY_GATES.max_abs_dpf
+    at = {k: v.copy() for k, v in ref.items()}
+    at[score][0] = bound  # ref[score][0] is 0.0: |d| is bound exactly, ranks unchanged
+    r = cert.certify(ref, at, cert.FIDELITY_GATES)
+    assert r[f"max_abs_d{score}"] == bound and r["gates"][f"max_abs_d{score}"]["pass"] and r["pass"]
+    at[score][0] = np.nextafter(bound, 1.0)
+    assert not cert.certify(ref, at, cert.FIDELITY_GATES)["gates"][f"max_abs_d{score}"]["pass"]
+
+
+def test_a_spearman_exactly_at_the_bound_passes():
+    """The gate is rho >= bound: a GateSet whose bound is the candidate's exact rho passes; one a
+    float64 step higher fails."""
+    ref = _pairs(50)
+    test = {k: v.copy() for k, v in ref.items()}
+    order = np.argsort(test["cp"])
+    test["cp"][order[[10, 11]]] = test["cp"][order[[11, 10]]]  # two neighbours swapped
+    rho = cert.certify(ref, test, cert.FIDELITY_GATES)["spearman_cp"]
+    assert rho < 1.0
+    exact = cert.GateSet(1.0, 1.0, rho, "gate")
+    assert cert.certify(ref, test, exact)["gates"]["spearman_cp"]["pass"]
+    above = cert.GateSet(1.0, 1.0, float(np.nextafter(rho, 2.0)), "gate")
+    assert not cert.certify(ref, test, above)["gates"]["spearman_cp"]["pass"]
+
+
+def test_an_infinite_score_on_both_sides_fails_finite_as_fp32():
+    """An infinite candidate score is a failure even where fp32 is infinite too (the rule's
+    docstring): infinity is not a score, unlike NaN, which is an undefined one."""
+    ref = _pairs(30)
+    for k in ("cp", "pf"):
+        ref_inf = {kk: v.copy() for kk, v in ref.items()}
+        ref_inf[k][4] = np.inf
+        r = cert.certify(ref_inf, ref_inf, cert.FIDELITY_GATES)
+        assert not r["pass"] and r["gates"]["finite_as_fp32"]["value"] == 1, k
+
+
+def test_gate_load_of_exact_gates_met_exactly_is_zero():
+    """A zero-tolerance gate (|d| bound 0, Spearman bound 1) met exactly loads 0, not infinity: the
+    unit searches sort by it."""
+    ref = _pairs()
+    r = cert.certify(ref, ref, cert.GateSet(0.0, 0.0, 1.0, "gate"))
+    assert r["pass"] and cert.gate_load(r) == 0.0
+    off = cert.certify(ref, _shift(ref, cp=1e-9), cert.GateSet(0.0, 0.0, 1.0, "gate"))
+    assert cert.gate_load(off) == float("inf")

@@ -308,3 +308,20 @@ def test_preset_shapes_count_the_checkpoint_it_builds(tmp_path, preset):
     real = sum(p.numel() for p in cls.from_pretrained(tmp_path).parameters())
     est = sum(estimate_parameters(preset_config(f"random:{preset}"))[0].values())
     assert real * (1 - PRESET_ESTIMATE_MAX_UNDER) <= est <= real * (1 + PRESET_ESTIMATE_MAX_OVER), (est, real)
+
+
+def test_the_worker_freezes_what_it_could_import_and_skips_what_it_could_not(monkeypatch):
+    """A library in WORKER_IMPORTS that is not installed (an optional one) is skipped, not an
+    error: the worker still imports the others and freezes once (torch_worker
+    ``_freeze_library_objects``)."""
+    import gc
+    import sys
+
+    from masc_engine.export import torch_worker
+
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr(torch_worker, "WORKER_IMPORTS", ("masc_no_such_library_installed", "colorsys"))
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    torch_worker._freeze_library_objects()
+    assert frozen == [True] and "colorsys" in sys.modules

@@ -67,3 +67,44 @@ def test_the_gate_modules_use_the_pinned_values():
 
     assert cpu_precision.FIDELITY_MIN_SPEARMAN == 0.999 and cpu_precision.FIDELITY_MAX_ABS_DELTA == 2e-3
     assert int8_gate.INT8_MIN_SPEARMAN == 0.995 and int8_gate.INT8_MAX_ABS_DCP == 1e-2
+
+
+#: The export-validation budgets per measured shape (relative error), pinned once: a budget moved
+#: inside the 3x .. 30x band tests/test_gates_distributions.py allows still fails here. Beside
+#: each, the largest figure it covers (bench/results/tolerance_distributions*.json; tolerances.py
+#: states the medians and the margins).
+EXPORT_BUDGETS = {
+    ("EXPORT_VALIDATION_RTOL_BUDGETS", "tiny"): (
+        {"vision": 3e-5, "pool": 2e-6, "text": 7e-6},
+        "tiny-naflex max: vision 7.5e-6, pool 5.7e-7, text 2.1e-6 (10 initialisations)",
+    ),
+    ("EXPORT_VALIDATION_RTOL_BUDGETS", "base"): (
+        {"vision": 2e-4, "pool": 4e-6, "text": 7e-5},
+        "base-naflex max: vision 3.6e-5, pool 1.1e-6, text 2.3e-5 (10)",
+    ),
+    ("EXPORT_VALIDATION_RTOL_BUDGETS", "so400m"): (
+        {"vision": 4e-4, "pool": 8e-6, "text": 4e-4},
+        "so400m-naflex max: vision 8.0e-5, pool 1.2e-6, text 1.11e-4 (10)",
+    ),
+    ("SEGMENTER_VALIDATION_BUDGETS", "clipseg-tiny"): (
+        {"vision": 7e-6, "text": 4e-6, "decoder": 2e-5, "end_to_end": 5e-5},
+        "clipseg-tiny / -3 max: vision 2.0e-6, text 5.8e-7; default decoder 8.4e-7, end to end 2.4e-6;"
+        " the once-refused checkpoint 6.02e-6 / 1.55e-5 (floors: 3x, rounded up)",
+    ),
+    ("SEGMENTER_VALIDATION_BUDGETS", "clipseg-rd64"): (
+        {"vision": 2e-5, "text": 2e-5, "decoder": 5e-6, "end_to_end": 1e-5},
+        "clipseg-rd64 max: vision 1.4e-6, text 1.1e-6; default decoder 1.6e-6, end to end 3.2e-6 (10)",
+    ),
+    ("SEGMENTER_NOISE_FACTORS", None): (
+        {"clipseg-tiny": 6.0, "clipseg-rd64": 31.0},
+        "error / float32 error max: 1.97 (clipseg-tiny-3, 10 a shape); clipseg-rd64 10.1 in an earlier run",
+    ),
+}
+
+
+@pytest.mark.parametrize("name, key", list(EXPORT_BUDGETS), ids=[f"{n}-{k}" for n, k in EXPORT_BUDGETS])
+def test_export_validation_budget_is_pinned(name, key):
+    want, measured = EXPORT_BUDGETS[(name, key)]
+    table = getattr(tol, name)
+    got = table if key is None else {c: v for c, v in table[key].items() if c in want}
+    assert got == want, f"{name}[{key!r}] moved from {want} (measured against it: {measured})"

@@ -231,6 +231,16 @@ def test_rescale_paths_agree_on_every_uint8_value():
     np.testing.assert_array_equal(ours, tv)
 
 
+def test_normalise_uses_the_recipe_rescale_factor():
+    """A recipe whose rescale factor is not 1/255 (a checkpoint's preprocessor_config may say
+    1/127.5) is rescaled by that factor: float64 multiply, float32, then the float32 normalize."""
+    recipe = replace(DINO_V1_EVAL, rescale_factor=1 / 127.5)
+    levels = np.arange(256, dtype=np.uint8).reshape(16, 16, 1).repeat(3, axis=2)
+    x = (levels.astype(np.float64) * (1 / 127.5)).astype(np.float32)
+    want = (x - np.asarray(IMAGENET_MEAN, np.float32)) / np.asarray(IMAGENET_STD, np.float32)
+    np.testing.assert_array_equal(normalise(levels, recipe), want.transpose(2, 0, 1))
+
+
 # ---------------------------------------------------------------------------------- loading
 
 
