@@ -249,6 +249,77 @@ MUTATIONS = [
         [REFUSAL, *FAST],
     ),
     ("RAM figure ignored", "export/stages.py", "limits.append(int(line.split()[1]) * 1024)", "pass", [GATES, *FAST]),
+    # a third attack: gates at their exact edges, the recipe's own rescale, pinned export budgets
+    (
+        "|d| gate exclusive at the bound",
+        "metrics/certification.py",
+        'records[f"max_abs_d{k}"] = _gate(worst, bound, worst <= bound)',
+        'records[f"max_abs_d{k}"] = _gate(worst, bound, worst < bound)',
+        [CERT],
+    ),
+    (
+        "Spearman gate exclusive at the bound",
+        "metrics/certification.py",
+        "np.isfinite(rho) and rho >= gates.min_spearman",
+        "np.isfinite(rho) and rho > gates.min_spearman",
+        [CERT],
+    ),
+    (
+        "infinite on both sides accepted",
+        "metrics/certification.py",
+        "(np.isfinite(r) != np.isfinite(t)).sum() + np.isinf(t).sum()",
+        "(np.isfinite(r) != np.isfinite(t)).sum()",
+        [CERT],
+    ),
+    (
+        "exact gate met loads infinity",
+        "metrics/certification.py",
+        "return 0.0 if used <= 0 else",
+        "return 0.0 if used < 0 else",
+        [CERT],
+    ),
+    (
+        "recipe rescale factor ignored",
+        "runtime/recipes.py",
+        "rescale_normalise(pixels, recipe.rescale_factor,",
+        "rescale_normalise(pixels, 1 / 255,",
+        ["tests/test_recipes.py"],
+    ),
+    (
+        "clipseg-tiny end-to-end floor doubled",
+        "tolerances.py",
+        '"decoder": 2e-5, "end_to_end": 5e-5}',
+        '"decoder": 2e-5, "end_to_end": 1e-4}',
+        [VALUES],
+    ),
+    (
+        "tiny text budget doubled",
+        "tolerances.py",
+        '"pool": 2e-6, "text": 7e-6}',
+        '"pool": 2e-6, "text": 1.4e-5}',
+        [VALUES],
+    ),
+    (
+        "clipseg-rd64 decoder floor back to 4e-6",
+        "tolerances.py",
+        '"decoder": 5e-6, "end_to_end": 1e-5}',
+        '"decoder": 4e-6, "end_to_end": 1e-5}',
+        [VALUES, "tests/test_gates_distributions.py", "-m", "not slow"],
+    ),
+    (
+        "worker stops at a library it cannot import",
+        "export/torch_worker.py",
+        "        except ImportError:\n            pass\n    gc.collect()",
+        "        except ImportError:\n            raise\n    gc.collect()",
+        ["tests/test_export_refusals.py", "-k", "freezes"],
+    ),
+    (
+        "worker freezes nothing",
+        "export/torch_worker.py",
+        "    gc.collect()\n    gc.freeze()",
+        "    gc.collect()",
+        ["tests/test_export_refusals.py", "-k", "freezes"],
+    ),
 ]
 
 
