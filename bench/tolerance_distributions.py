@@ -22,6 +22,10 @@ to show the budgets still refuse it. Per shape and family: the median and max ov
 The results file is rewritten after every initialisation (``--resume`` measures only the seeds it
 lacks), so a run cut short keeps what it measured.
 
+The embedder presets (``tolerances.EMBEDDER_VALIDATION_BUDGETS``) go the same way through
+export/embedders.py: CLIP's image and text graphs, DINO's and DINOv2's image graph, the wrong graph
+an output LayerNorm bias + 0.5 in one channel.
+
 Shapes: ``tiny-naflex`` (SigLIP2 width 64, 2 layers), ``clipseg-tiny`` (the test preset),
 ``clipseg-tiny-3`` (text 32 x 2, vision 32 x 3 layers, projection 32, reduce_dim 16, extract
 layers [1, 2]: a checkpoint of this shape was once refused at the decoder), and the real shapes
@@ -35,6 +39,10 @@ cores). One command per results file:
         --out bench/results/tolerance_distributions_base-naflex.json
     python bench/tolerance_distributions.py --seeds 10 --shapes clipseg-rd64 \
         --out bench/results/tolerance_distributions_clipseg-rd64.json
+    python bench/tolerance_distributions.py --seeds 10 --shapes clip-tiny,dino-tiny-s16,dino-tiny-s8,dinov2-tiny \
+        --out bench/results/tolerance_distributions_embedders_tiny.json
+    python bench/tolerance_distributions.py --seeds 10 --shapes clip-b32,dino-s16 \
+        --out bench/results/tolerance_distributions_embedders.json    # about 45 s an initialisation
 
 (``--resume`` to extend a file; ``--jobs 1`` by default: one export at a time.)
 """
@@ -182,6 +190,8 @@ def perturbed(shape: str, ckpt: Path, bundle: Path, accept: float | None = ACCEP
                 )
             )
             out["end_to_end"] = _figures(sv.validate_end_to_end(bundle, m, processor))
+        elif _is_embedder(shape):
+            out = _embedder_perturbed(ckpt, bundle, man)
         else:
             import transformers
 
@@ -202,6 +212,33 @@ def perturbed(shape: str, ckpt: Path, bundle: Path, accept: float | None = ACCEP
     return out
 
 
+def _is_embedder(shape: str) -> bool:
+    from masc_engine.export import random_models as rm
+
+    return shape in rm.EMBEDDER_PRESETS
+
+
+def _embedder_perturbed(ckpt: Path, bundle: Path, man: dict) -> dict:
+    """An embedder's graphs against its checkpoint with one output LayerNorm bias + 0.5 in one
+    channel (CLIP: the image tower's ``post_layernorm``, the text tower's ``final_layer_norm``;
+    DINO and DINOv2: the final ``layernorm``), each graph checked by export/embedders_validate.py."""
+    from masc_engine.export import embedders_validate as ev
+    from masc_engine.export.embedders import load_embedder
+
+    m, processor, _, family, _ = load_embedder(str(ckpt))
+    if family == "clip":
+        targets = {"image": m.vision_model.post_layernorm, "text": m.text_model.final_layer_norm}
+    else:
+        targets = {"image": m.layernorm}
+    out = {}
+    for graph, ln in targets.items():
+        ln.bias[0] += 0.5
+        path = bundle / man["graphs"][graph]["file"]
+        out[graph] = _figures(ev.validate_graph(graph, path, m, processor, family, man.get("text")))
+        ln.bias[0] -= 0.5
+    return out
+
+
 def measure(shape: str, seed: int, family: str, work: Path) -> dict:
     """Export one initialisation and return its validation figures, and those of the same graphs
     against the checkpoint with one weight perturbed (:func:`perturbed`)."""
@@ -212,15 +249,19 @@ def measure(shape: str, seed: int, family: str, work: Path) -> dict:
     ckpt = build(shape, seed, family, work)
     out = work / (ckpt.name + ".bundle")
     t0 = time.time()
-    seg = shape.startswith("clipseg")
+    seg, emb = shape.startswith("clipseg"), _is_embedder(shape)
     with accept_validation_error(ACCEPT_ALL):
         if seg:
             export_segmenter_bundle(str(ckpt), out)
+        elif emb:
+            from masc_engine.export.embedders import export_embedder_bundle
+
+            export_embedder_bundle(str(ckpt), out)
         else:
             export_bundle(str(ckpt), out, ort_cpu_variant=False)
     seconds = round(time.time() - t0, 1)
     v = json.loads((out / "manifest.json").read_text())["validation"]
-    checks = SEGMENTER_CHECKS if seg else SIGLIP_CHECKS
+    checks = SEGMENTER_CHECKS if seg else tuple(v) if emb else SIGLIP_CHECKS
     row = {
         "shape": shape,
         "seed": seed,

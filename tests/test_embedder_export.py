@@ -29,7 +29,7 @@ from masc_engine.export.random_models import (
     preset_config,
     random_embedder_model,
 )
-from masc_engine.tolerances import EMBEDDER_VALIDATION_BUDGETS, embedder_validation_budget
+from masc_engine.tolerances import EMBEDDER_VALIDATION_BUDGETS, EMBEDDER_VALIDATION_RTOL, embedder_validation_budget
 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -71,7 +71,8 @@ def _rel(got, want) -> float:
 
 
 def _budget(family: str, graph: str = "image") -> float:
-    return EMBEDDER_VALIDATION_BUDGETS[family][graph]
+    """The budget of the family's tiny test preset (the narrowest measured shape)."""
+    return embedder_validation_budget(family, graph, 48)[0]
 
 
 # --------------------------------------------------------------------------- fast: no export
@@ -200,9 +201,18 @@ def test_manifest_reader_refuses_a_bad_embedder_manifest(edit, field):
         check_ranges(m, "b")
 
 
-def test_budget_falls_back_past_the_measured_width():
-    assert embedder_validation_budget("dino", "image", 48)[0] == _budget("dino")
-    assert "unmeasured" in embedder_validation_budget("dino", "image", 384)[1]
+def test_budget_is_the_narrowest_measured_shape_at_least_as_wide():
+    """A tower takes the budget of its family's narrowest measured shape at least as wide, and the
+    generic bound past the widest (tolerances.EMBEDDER_VALIDATION_BUDGETS)."""
+    tiny, wide = EMBEDDER_VALIDATION_BUDGETS["dino-tiny"], EMBEDDER_VALIDATION_BUDGETS["dino-s16"]
+    budget, source = embedder_validation_budget("dino", "image", 48)
+    assert budget == tiny["image"] and "'dino-tiny'" in source
+    assert embedder_validation_budget("dino", "image", 49)[0] == wide["image"]
+    assert "'dino-s16'" in embedder_validation_budget("dino", "image", 384)[1]
+    budget, source = embedder_validation_budget("dino", "image", 385)
+    assert budget == EMBEDDER_VALIDATION_RTOL and "unmeasured" in source
+    assert embedder_validation_budget("clip", "text", 768)[0] == EMBEDDER_VALIDATION_BUDGETS["clip-b32"]["text"]
+    assert embedder_validation_budget("dinov2", "image", 384)[0] == EMBEDDER_VALIDATION_RTOL
 
 
 # --------------------------------------------------------------------------- slow: exports

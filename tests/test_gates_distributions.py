@@ -25,6 +25,8 @@ from masc_engine.errors import ExportValidationError
 
 RESULTS = REPO / "bench" / "results"
 OLD = "tolerance_distributions.json"  # relative errors only (before the float64 references)
+EMBEDDERS_TINY = "tolerance_distributions_embedders_tiny.json"
+EMBEDDERS_REAL = "tolerance_distributions_embedders.json"
 #: Per measured shape: its budget table and the table's key, its results files (with the checks
 #: each is read for; None: every check), and the fewest initialisations of the full measurement
 #: (the real shapes ran for as long as the 2 shared cores allowed, see tolerances.py).
@@ -60,6 +62,13 @@ SHAPES = {
         [("tolerance_distributions_clipseg-rd64.json", None)],
         10,
     ),
+    # the embedders: the tiny test presets and the real shapes (CLIP B/32, DINO S/16)
+    "clip-tiny": (tol.EMBEDDER_VALIDATION_BUDGETS, "clip-tiny", [(EMBEDDERS_TINY, None)], 10),
+    "dino-tiny-s16": (tol.EMBEDDER_VALIDATION_BUDGETS, "dino-tiny", [(EMBEDDERS_TINY, None)], 10),
+    "dino-tiny-s8": (tol.EMBEDDER_VALIDATION_BUDGETS, "dino-tiny", [(EMBEDDERS_TINY, None)], 10),
+    "dinov2-tiny": (tol.EMBEDDER_VALIDATION_BUDGETS, "dinov2-tiny", [(EMBEDDERS_TINY, None)], 10),
+    "clip-b32": (tol.EMBEDDER_VALIDATION_BUDGETS, "clip-b32", [(EMBEDDERS_REAL, None)], 10),
+    "dino-s16": (tol.EMBEDDER_VALIDATION_BUDGETS, "dino-s16", [(EMBEDDERS_REAL, None)], 10),
 }
 #: Shapes where one weight perturbed is a wrong graph to the validation only at the default scale:
 #: at clipseg-rd64 the FiLM bias off by 0.5 moves the logits by 39 .. 208 times float32's own error
@@ -202,6 +211,12 @@ def _bench():
     return mod
 
 
+def bench_embedders() -> set[str]:
+    from masc_engine.export import random_models as rm
+
+    return set(rm.EMBEDDER_PRESETS)
+
+
 #: Initialisations no measurement used (they use seeds FIRST_SEED ..), per tiny preset two, one
 #: of each family (clipseg-tiny-3: a checkpoint of this shape was once refused).
 UNSEEN = [
@@ -211,6 +226,14 @@ UNSEEN = [
     ("clipseg-tiny", 9002, "trained-like"),
     ("clipseg-tiny-3", 9001, "default"),
     ("clipseg-tiny-3", 9002, "trained-like"),
+    ("clip-tiny", 9001, "default"),
+    ("clip-tiny", 9002, "trained-like"),
+    ("dino-tiny-s16", 9001, "default"),
+    ("dino-tiny-s16", 9002, "trained-like"),
+    ("dino-tiny-s8", 9001, "default"),
+    ("dino-tiny-s8", 9002, "trained-like"),
+    ("dinov2-tiny", 9001, "default"),
+    ("dinov2-tiny", 9002, "trained-like"),
 ]
 
 
@@ -219,7 +242,7 @@ def test_every_tiny_preset_has_unseen_initialisations_of_both_families():
     by_shape: dict = {}
     for shape, seed, family in UNSEEN:
         by_shape.setdefault(shape, set()).add((seed, family))
-    assert set(by_shape) == {s for s in SHAPES if s.startswith(("tiny", "clipseg-tiny"))}
+    assert set(by_shape) == {s for s in SHAPES if "tiny" in s}
     for shape, draws in by_shape.items():
         assert len(draws) >= 2 and {f for _, f in draws} == {"default", "trained-like"}, shape
         assert all(seed >= 9001 for seed, _ in draws), shape
@@ -239,13 +262,20 @@ def test_unseen_initialisations_export_and_a_perturbed_weight_is_refused(shape, 
     out = tmp_path / "bundle"
     if shape.startswith("clipseg"):
         export_segmenter_bundle(str(ckpt), out)  # no override: a refusal raises here
+        checks = {"decoder", "end_to_end"}
+    elif shape in bench_embedders():
+        from masc_engine.export.embedders import export_embedder_bundle
+
+        export_embedder_bundle(str(ckpt), out)
+        checks = {"image", "text"} if shape.startswith("clip") else {"image"}
     else:
         export_bundle(str(ckpt), out, ort_cpu_variant=False)
+        checks = {"vision", "pool", "text"}
     v = json.loads((out / "manifest.json").read_text())["validation"]
     assert not [c for c, r in v.items() if isinstance(r, dict) and "override" in r]
     # the same graphs against the checkpoint with one weight perturbed: every check past its budget
     wrong = bench.perturbed(shape, ckpt, out)
-    assert set(wrong) == ({"decoder", "end_to_end"} if shape.startswith("clipseg") else {"vision", "pool", "text"})
+    assert set(wrong) == checks
     # every check refuses it; the refusal (the check farthest past its budget) by >= UNSEEN_MIN_SEPARATION.
     # End to end alone can be nearer: on an ill-conditioned checkpoint (clipseg-tiny seed 9002,
     # trained-like: float32 error 1.2e-4 relative) it refuses at 2x its budget, float32 allowing no more.
