@@ -239,11 +239,26 @@ def _embedder_perturbed(ckpt: Path, bundle: Path, man: dict) -> dict:
     return out
 
 
+def export(shape: str, ckpt: Path, out: Path) -> None:
+    """Export ``ckpt`` (a checkpoint of ``shape``) to ``out`` with masc-export's own code for its
+    kind: export/segmenter.py, export/embedders.py or export/exporter.py (fp32, validated)."""
+    if shape.startswith("clipseg"):
+        from masc_engine.export.segmenter import export_segmenter_bundle
+
+        export_segmenter_bundle(str(ckpt), out)
+    elif _is_embedder(shape):
+        from masc_engine.export.embedders import export_embedder_bundle
+
+        export_embedder_bundle(str(ckpt), out)
+    else:
+        from masc_engine.export.exporter import export_bundle
+
+        export_bundle(str(ckpt), out, ort_cpu_variant=False)
+
+
 def measure(shape: str, seed: int, family: str, work: Path) -> dict:
     """Export one initialisation and return its validation figures, and those of the same graphs
     against the checkpoint with one weight perturbed (:func:`perturbed`)."""
-    from masc_engine.export.exporter import export_bundle
-    from masc_engine.export.segmenter import export_segmenter_bundle
     from masc_engine.export.validate import accept_validation_error
 
     ckpt = build(shape, seed, family, work)
@@ -251,14 +266,7 @@ def measure(shape: str, seed: int, family: str, work: Path) -> dict:
     t0 = time.time()
     seg, emb = shape.startswith("clipseg"), _is_embedder(shape)
     with accept_validation_error(ACCEPT_ALL):
-        if seg:
-            export_segmenter_bundle(str(ckpt), out)
-        elif emb:
-            from masc_engine.export.embedders import export_embedder_bundle
-
-            export_embedder_bundle(str(ckpt), out)
-        else:
-            export_bundle(str(ckpt), out, ort_cpu_variant=False)
+        export(shape, ckpt, out)
     seconds = round(time.time() - t0, 1)
     v = json.loads((out / "manifest.json").read_text())["validation"]
     checks = SEGMENTER_CHECKS if seg else tuple(v) if emb else SIGLIP_CHECKS

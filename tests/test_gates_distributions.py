@@ -213,12 +213,6 @@ def _bench():
     return mod
 
 
-def bench_embedders() -> set[str]:
-    from masc_engine.export import random_models as rm
-
-    return set(rm.EMBEDDER_PRESETS)
-
-
 #: Initialisations no measurement used (they use seeds FIRST_SEED ..), per tiny preset (SigLIP2,
 #: the segmenter's, the embedders') two, one of each family (clipseg-tiny-3: a checkpoint of this
 #: shape was once refused).
@@ -255,24 +249,17 @@ def test_every_tiny_preset_has_unseen_initialisations_of_both_families():
 @pytest.mark.parametrize("shape, seed, family", UNSEEN)
 def test_unseen_initialisations_export_and_a_perturbed_weight_is_refused(shape, seed, family, tmp_path):
     pytest.importorskip("torch", reason="exporting needs the export extra (torch)")
-    from masc_engine.export.exporter import export_bundle
-    from masc_engine.export.segmenter import export_segmenter_bundle
-
     bench = _bench()
     for f in {name for s in SHAPES.values() for name, _ in s[2]}:
         assert seed not in json.loads((RESULTS / f).read_text())["seeds"]
     ckpt = bench.build(shape, seed, family, tmp_path)
     out = tmp_path / "bundle"
+    bench.export(shape, ckpt, out)  # no override: a refusal raises here
     if shape.startswith("clipseg"):
-        export_segmenter_bundle(str(ckpt), out)  # no override: a refusal raises here
         checks = {"decoder", "end_to_end"}
-    elif shape in bench_embedders():
-        from masc_engine.export.embedders import export_embedder_bundle
-
-        export_embedder_bundle(str(ckpt), out)
+    elif shape.startswith(("clip", "dino")):
         checks = {"image", "text"} if shape.startswith("clip") else {"image"}
     else:
-        export_bundle(str(ckpt), out, ort_cpu_variant=False)
         checks = {"vision", "pool", "text"}
     v = json.loads((out / "manifest.json").read_text())["validation"]
     assert not [c for c, r in v.items() if isinstance(r, dict) and "override" in r]

@@ -109,16 +109,25 @@ EXPORT_VALIDATION_RTOL_BUDGETS: dict[str, dict] = {
 EXPORT_VALIDATION_RTOL = 1e-3
 
 
+def _narrowest(table: dict[str, dict], width: int, family: str | None = None) -> tuple[str, dict] | None:
+    """``(name, entry)`` of the narrowest measured shape of ``table`` at least ``width`` wide (of
+    ``family`` where given), or None when every one is narrower: the rule every per-shape budget
+    table here is read by."""
+    fits = [(n, b) for n, b in table.items() if width <= b["width"] and family in (None, b.get("family"))]
+    return min(fits, key=lambda nb: nb[1]["width"]) if fits else None
+
+
 def export_validation_rtol(graph: str, width: int) -> tuple[float, str]:
     """The relative export-validation gate of ``graph`` (``vision``, ``pool``, ``text``) for a model
     whose outputs are ``width`` wide: ``(rtol, where it comes from)``; see
     ``EXPORT_VALIDATION_RTOL_BUDGETS``."""
-    for name, b in sorted(EXPORT_VALIDATION_RTOL_BUDGETS.items(), key=lambda kv: kv[1]["width"]):
-        if width <= b["width"]:
-            return b[graph], (
-                f"tolerances.EXPORT_VALIDATION_RTOL_BUDGETS[{name!r}][{graph!r}], measured at the "
-                f"{name} shape (width {b['width']}, {b['layers']} layers)"
-            )
+    found = _narrowest(EXPORT_VALIDATION_RTOL_BUDGETS, width)
+    if found is not None:
+        name, b = found
+        return b[graph], (
+            f"tolerances.EXPORT_VALIDATION_RTOL_BUDGETS[{name!r}][{graph!r}], measured at the "
+            f"{name} shape (width {b['width']}, {b['layers']} layers)"
+        )
     return EXPORT_VALIDATION_RTOL, (
         f"tolerances.EXPORT_VALIDATION_RTOL, unmeasured shape (width {width} > every measured shape): generic bound"
     )
@@ -212,9 +221,9 @@ SEGMENTER_NOISE_FACTORS: dict[str, float] = {"clipseg-tiny": SEGMENTER_NOISE_FAC
 def segmenter_noise_factor(width: int) -> tuple[float, str]:
     """The noise factor (``SEGMENTER_NOISE_FACTORS``) of a segmenter whose vision tower is
     ``width`` wide: ``(factor, where it comes from)``; wider than every measured shape: the largest."""
-    for name, b in sorted(SEGMENTER_VALIDATION_BUDGETS.items(), key=lambda kv: kv[1]["width"]):
-        if width <= b["width"]:
-            return SEGMENTER_NOISE_FACTORS[name], f"tolerances.SEGMENTER_NOISE_FACTORS[{name!r}]"
+    found = _narrowest(SEGMENTER_VALIDATION_BUDGETS, width)
+    if found is not None:
+        return SEGMENTER_NOISE_FACTORS[found[0]], f"tolerances.SEGMENTER_NOISE_FACTORS[{found[0]!r}]"
     return max(SEGMENTER_NOISE_FACTORS.values()), "tolerances.SEGMENTER_NOISE_FACTORS, unmeasured shape: the largest"
 
 
@@ -228,12 +237,13 @@ SEGMENTER_VALIDATION_RTOL = 1e-3
 def segmenter_validation_budget(graph: str, width: int) -> tuple[float, str]:
     """The relative budget of a segmenter check (``vision``, ``text``, ``decoder``, ``end_to_end``)
     for a vision tower ``width`` wide: ``(rtol, where it comes from)``."""
-    for name, b in sorted(SEGMENTER_VALIDATION_BUDGETS.items(), key=lambda kv: kv[1]["width"]):
-        if width <= b["width"]:
-            return b[graph], (
-                f"tolerances.SEGMENTER_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} "
-                f"shape (width {b['width']}, {b['layers']} layers)"
-            )
+    found = _narrowest(SEGMENTER_VALIDATION_BUDGETS, width)
+    if found is not None:
+        name, b = found
+        return b[graph], (
+            f"tolerances.SEGMENTER_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} "
+            f"shape (width {b['width']}, {b['layers']} layers)"
+        )
     return SEGMENTER_VALIDATION_RTOL, (
         f"tolerances.SEGMENTER_VALIDATION_RTOL, unmeasured shape (width {width} > every measured shape): generic bound"
     )
@@ -302,13 +312,13 @@ def embedder_validation_budget(family: str, graph: str, width: int) -> tuple[flo
     """The relative budget of an embedder graph (``image``, ``text``) of ``family`` (``clip``,
     ``dino``, ``dinov2``) whose vision tower is ``width`` wide: ``(rtol, where it comes from)``,
     from the narrowest measured shape of the family at least that wide, else the generic bound."""
-    shapes = [(n, b) for n, b in EMBEDDER_VALIDATION_BUDGETS.items() if b["family"] == family and graph in b]
-    for name, b in sorted(shapes, key=lambda nb: nb[1]["width"]):
-        if width <= b["width"]:
-            return b[graph], (
-                f"tolerances.EMBEDDER_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} shape "
-                f"(width {b['width']}, {b['layers']} layers)"
-            )
+    found = _narrowest(EMBEDDER_VALIDATION_BUDGETS, width, family)
+    if found is not None and graph in found[1]:
+        name, b = found
+        return b[graph], (
+            f"tolerances.EMBEDDER_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} shape "
+            f"(width {b['width']}, {b['layers']} layers)"
+        )
     return EMBEDDER_VALIDATION_RTOL, (
         f"tolerances.EMBEDDER_VALIDATION_RTOL, unmeasured shape ({family} width {width}): generic bound"
     )
