@@ -281,6 +281,15 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
+def _cpu() -> dict:
+    """The CPU a row was measured on: its model and the bf16 ISA OpenVINO can use."""
+    import workloads
+
+    m = workloads.machine(())
+    flags = m.get("isa_flags", {})
+    return {"cpu": m.get("cpu"), "amx_bf16": bool(flags.get("amx_bf16")), "avx512_bf16": bool(flags.get("avx512_bf16"))}
+
+
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO / "bench"))
     import workloads
@@ -308,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         if (seed, family) in done:
             continue
         rows.append(measure(a.shape, seed, family, a.budget, a.work, a.int8_pairs, tuple(a.gates.split(","))))
+        # --resume may continue on another machine kind: bf16 kernels differ (AMX or AVX512_BF16),
+        # so each row names the CPU its figures came from.
+        rows[-1]["machine"] = _cpu()
         print(json.dumps(rows[-1])[:400], flush=True)
         result = {
             "script": "bench/gate_distributions.py",
