@@ -279,11 +279,10 @@ def test_unseen_initialisations_export_and_a_perturbed_weight_is_refused(shape, 
 # ------------------------------------------------------------------ the run-time gates
 
 #: bench/gate_distributions.py results: (shape, NaFlex budget recorded, initialisations) per file.
-#: base/256: bf16-cpu and int8 (fp16 in its own file below); so400m/256: the same, 9 of its 10
-#: initialisations so far; tiny (the tests' shape, default budget): all three; the embedders (bf16-cpu only): 10 of each tiny shape and of B/32 and S/16.
+#: base/256: bf16-cpu and int8 (fp16 in its own file below); so400m/256: the same; tiny (the tests' shape, default budget): all three; the embedders (bf16-cpu only): 10 of each tiny shape and of B/32 and S/16.
 GATE_FILES = {
     "gate_distributions_base256.json": ("base-naflex", 256, 10),
-    "gate_distributions_so400m256.json": ("so400m-naflex", 256, 9),
+    "gate_distributions_so400m256.json": ("so400m-naflex", 256, 10),
     "gate_distributions_tiny.json": ("tiny-naflex", None, 10),
     "gate_distributions_clip_tiny.json": ("clip-tiny", None, 10),
     "gate_distributions_dino_tiny_s16.json": ("dino-tiny-s16", None, 10),
