@@ -132,12 +132,14 @@ def fp16(ckpt: Path, work: Path, budget: int | None) -> dict:
         with accept_validation_error(ACCEPT_ALL), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             export_bundle(str(ckpt), out, max_num_patches=budget, precision="fp16")
-        rep, kept = json.loads((out / "manifest.json").read_text())["precision"]["pair_gates"], True
+        rep, kept, why = json.loads((out / "manifest.json").read_text())["precision"]["pair_gates"], True, {}
     except ExportValidationError as e:
-        rep, kept = e.report, False
+        # a refusal before the pair gates (a graph's own fp16 check) has no pair figures: its
+        # message names the check, the figure and the budget
+        rep, kept, why = e.report, False, {"refusal": str(e)}
     shutil.rmtree(out, ignore_errors=True)
     figs = {k: rep[k] for k in ("max_abs_dcp", "max_abs_dpf", "pairs", "finite_where_fp32_finite") if k in rep}
-    return {"kept": kept, **figs, "seconds": round(time.time() - t0, 1)}
+    return {"kept": kept, **figs, **why, "seconds": round(time.time() - t0, 1)}
 
 
 def measure(
