@@ -359,11 +359,10 @@ def _check_fp16(r: dict) -> None:
     assert f["kept"] == passes, (r["seed"], f)
 
 
-#: bench/gate_distributions.py --gates fp16 at a NaFlex budget of 256: (shape, initialisations) per
-#: file; so400m/256: the initialisations measured so far (``--resume`` measures the rest).
+#: bench/gate_distributions.py --gates fp16 at a NaFlex budget of 256: (shape, initialisations) per file.
 FP16_GATE_FILES = {
     "gate_distributions_base256_fp16.json": ("base-naflex", 10),
-    "gate_distributions_so400m256_fp16.json": ("so400m-naflex", 8),
+    "gate_distributions_so400m256_fp16.json": ("so400m-naflex", 10),
 }
 
 
