@@ -117,17 +117,22 @@ def _narrowest(table: dict[str, dict], width: int, family: str | None = None) ->
     return min(fits, key=lambda nb: nb[1]["width"]) if fits else None
 
 
+def _measured(table: str, found: tuple[str, dict], graph: str) -> tuple[float, str]:
+    """``(budget, where it comes from)`` of ``graph`` in the entry ``found`` of the table named ``table``."""
+    name, b = found
+    return b[graph], (
+        f"tolerances.{table}[{name!r}][{graph!r}], measured at the {name} shape "
+        f"(width {b['width']}, {b['layers']} layers)"
+    )
+
+
 def export_validation_rtol(graph: str, width: int) -> tuple[float, str]:
     """The relative export-validation gate of ``graph`` (``vision``, ``pool``, ``text``) for a model
     whose outputs are ``width`` wide: ``(rtol, where it comes from)``; see
     ``EXPORT_VALIDATION_RTOL_BUDGETS``."""
     found = _narrowest(EXPORT_VALIDATION_RTOL_BUDGETS, width)
     if found is not None:
-        name, b = found
-        return b[graph], (
-            f"tolerances.EXPORT_VALIDATION_RTOL_BUDGETS[{name!r}][{graph!r}], measured at the "
-            f"{name} shape (width {b['width']}, {b['layers']} layers)"
-        )
+        return _measured("EXPORT_VALIDATION_RTOL_BUDGETS", found, graph)
     return EXPORT_VALIDATION_RTOL, (
         f"tolerances.EXPORT_VALIDATION_RTOL, unmeasured shape (width {width} > every measured shape): generic bound"
     )
@@ -239,11 +244,7 @@ def segmenter_validation_budget(graph: str, width: int) -> tuple[float, str]:
     for a vision tower ``width`` wide: ``(rtol, where it comes from)``."""
     found = _narrowest(SEGMENTER_VALIDATION_BUDGETS, width)
     if found is not None:
-        name, b = found
-        return b[graph], (
-            f"tolerances.SEGMENTER_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} "
-            f"shape (width {b['width']}, {b['layers']} layers)"
-        )
+        return _measured("SEGMENTER_VALIDATION_BUDGETS", found, graph)
     return SEGMENTER_VALIDATION_RTOL, (
         f"tolerances.SEGMENTER_VALIDATION_RTOL, unmeasured shape (width {width} > every measured shape): generic bound"
     )
@@ -314,11 +315,7 @@ def embedder_validation_budget(family: str, graph: str, width: int) -> tuple[flo
     from the narrowest measured shape of the family at least that wide, else the generic bound."""
     found = _narrowest(EMBEDDER_VALIDATION_BUDGETS, width, family)
     if found is not None and graph in found[1]:
-        name, b = found
-        return b[graph], (
-            f"tolerances.EMBEDDER_VALIDATION_BUDGETS[{name!r}][{graph!r}], measured at the {name} shape "
-            f"(width {b['width']}, {b['layers']} layers)"
-        )
+        return _measured("EMBEDDER_VALIDATION_BUDGETS", found, graph)
     return EMBEDDER_VALIDATION_RTOL, (
         f"tolerances.EMBEDDER_VALIDATION_RTOL, unmeasured shape ({family} width {width}): generic bound"
     )
