@@ -23,7 +23,14 @@ from masc_engine.errors import InputError
 from masc_engine.jobs.results import read_output
 from masc_engine.jobs.tables import write_table
 from masc_engine.runtime import io as rio
-from masc_engine.runtime.text import DEFAULT_MAX_PROMPT_BYTES, DEFAULT_MAX_PROMPT_TOKENS
+from masc_engine.runtime.text import (
+    DEFAULT_MAX_PROMPT_BYTES,
+    DEFAULT_MAX_PROMPT_TOKENS,
+    PreparedPrompt,
+    PromptBudget,
+    PromptTokenizer,
+    TextSettings,
+)
 
 COLUMNS = ["key", "ref_image", "ref_mask", "out_image", "out_mask", "prompt", "object_name"]
 GOOD = {
@@ -177,6 +184,24 @@ def test_name_tokens_are_counted(naflex_bundle, data):
     assert "tokens, over the budget of 2 tokens" in rows["name"]["status_detail"]
 
 
+def test_a_prompt_of_exactly_the_token_budget_passes_and_one_token_more_is_refused(naflex_bundle):
+    """The token budget at its edge (runtime/text.py ``PromptBudget.check_tokens``): a prompt of
+    exactly ``max_tokens`` tokens (the bundle tokenizer's count) passes, one of ``max_tokens + 1``
+    is refused naming both figures."""
+    text = json.loads((naflex_bundle / "manifest.json").read_text())["text"]
+    tok = PromptTokenizer(naflex_bundle / text["tokenizer_file"], TextSettings.from_manifest(text))
+    prompt = "a cat on the sand"
+    enc = tok.encode([prompt])[0]
+    prepared = PreparedPrompt(prompt, {}, enc)
+    n = enc.n_tokens
+    assert n > 2
+    PromptBudget(max_tokens=n).check_tokens(prepared, "prompt")
+    with pytest.raises(InputError) as e:
+        PromptBudget(max_tokens=n - 1).check_tokens(prepared, "prompt")
+    assert e.value.reason == "prompt_too_long"
+    assert e.value.detail == f"prompt: {n} tokens, over the budget of {n - 1} tokens"
+
+
 def test_a_budget_change_is_a_settings_change(naflex_bundle, data):
     """A row's status depends on the budgets: a rerun with another budget does not reuse results
     made under the first (the run stops, naming the option), and a default run keeps the
@@ -263,9 +288,31 @@ def test_read_bytes_reads_at_most_the_cap(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rio.os, "stat", lambda path: small(real_stat(path)))
     monkeypatch.setattr(rio.os, "fstat", lambda fd: small(real_fstat(fd)))
+    # What the read hands over is counted: a file that grew is read only to cap + 1 bytes, so a
+    # file growing without end costs cap + 1 bytes of memory, not its size.
+    handed = []
+    real_fdopen = rio.os.fdopen
+
+    class Counted:
+        def __init__(self, f):
+            self._f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+        def read(self, n=-1):
+            data = self._f.read(n)
+            handed.append(len(data))
+            return data
+
+    monkeypatch.setattr(rio.os, "fdopen", lambda fd, mode: Counted(real_fdopen(fd, mode)))
     with pytest.raises(InputError) as e:
         rio.read_bytes(str(p), "image", max_bytes=50)
     assert e.value.reason == "file_too_large" and "more than 50 bytes" in e.value.detail
+    assert sum(handed) == 51, handed
 
 
 def test_not_a_regular_file_is_unreadable():
