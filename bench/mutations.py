@@ -1,4 +1,4 @@
-"""One-line mutations of the gates, the export memory plan, the decoding guards and the input limits: does a test catch each?
+"""One-line mutations of the gates, the export plan, the input guards and limits, the scoring rules and the metrics: caught?
 
 Each mutation replaces one exact line fragment of a source file (it must occur exactly once),
 runs the tests that cover that rule (``pytest -x -q``), and restores the file, whatever happens.
@@ -8,7 +8,7 @@ equivalent (no user-visible change) when one is recorded here; an unexplained su
     python bench/mutations.py --out bench/results/mutations.json
 
 Runs in this checkout (it edits and restores files under src/); do not run it beside uncommitted
-edits of the same files. About 5 minutes on 2 cores (52 mutations: 306 s on a 2-core AMD EPYC).
+edits of the same files. About 7 minutes on 2 cores (64 mutations: 434 s on a 2-core AMD EPYC).
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ VALUES = "tests/test_gates_values.py"
 REFUSAL = "tests/test_gates_refusal.py"
 CERT = "tests/test_certification.py"
 BUDGETS = "tests/test_run_budgets.py"
+MASKS = "tests/test_masks.py"
+HEADS = "tests/test_heads.py"
+AGREEMENT = "tests/test_agreement.py"
+RANK = "tests/test_rank.py"
 #: The fast tests of a file (no bundle export).
 FAST = ["-k", "not fg_threshold and not masc_export"]
 
@@ -384,6 +388,92 @@ MUTATIONS = [
         "self.deadline = time.monotonic() + timeout_s",
         "self.deadline = time.monotonic() + 2 * timeout_s",
         ["tests/test_serve_guard_edges.py"],
+    ),
+    # a fresh set: the scoring rules (the mask threshold, masked_maxcos) and the metrics (AUC,
+    # Krippendorff's alpha, mAP and CMC), each caught by a comparison with its reference
+    (
+        "CP keeps reference patches at the threshold",
+        "runtime/masks.py",
+        "return _weights(ref_weights) > np.float32(threshold)",
+        "return _weights(ref_weights) >= np.float32(threshold)",
+        [MASKS, HEADS, "tests/test_oracle.py"],
+    ),
+    (
+        "PF shows output patches at the threshold",
+        "runtime/masks.py",
+        "return _weights(weights) >= np.float32(threshold)",
+        "return _weights(weights) > np.float32(threshold)",
+        [MASKS, HEADS, "tests/test_oracle.py"],
+    ),
+    (
+        "masked_maxcos: median of the maxima",
+        "runtime/heads.py",
+        "return float(xp.mean(best, dtype=xp.float32)), extras",
+        "return float(xp.median(best)), extras",
+        [HEADS, "tests/test_cp_head.py", "tests/test_oracle.py"],
+    ),
+    (
+        "masked_maxcos: mean cosine, not the best match",
+        "runtime/heads.py",
+        "cosine_matrix(ref_tokens, out_tokens, xp).max(axis=1)",
+        "cosine_matrix(ref_tokens, out_tokens, xp).mean(axis=1)",
+        [HEADS, "tests/test_cp_head.py", "tests/test_oracle.py"],
+    ),
+    (
+        "CP head: the mean over one patch more",
+        "runtime/heads.py",
+        "cp = best.sum(axis=-1) / xp.maximum(n_keep, xp.float32(1.0))[:, None]",
+        "cp = best.sum(axis=-1) / xp.maximum(n_keep + 1, xp.float32(1.0))[:, None]",
+        [HEADS, "tests/test_cp_head.py", "tests/test_oracle.py"],
+    ),
+    (
+        "AUC: a tie counted as a win",
+        "metrics/agreement/auc.py",
+        "below + 0.5 * c_neg",
+        "below + 1.0 * c_neg",
+        [AGREEMENT],
+    ),
+    (
+        "alpha: mid-ranks at the top of each tie",
+        "metrics/agreement/alpha.py",
+        "midrank = np.cumsum(counts) - counts / 2.0",
+        "midrank = np.cumsum(counts) - counts",
+        [AGREEMENT],
+    ),
+    (
+        "alpha: units with one coder pairable",
+        "metrics/agreement/alpha.py",
+        "keep = m_u >= 2",
+        "keep = m_u >= 1",
+        [AGREEMENT],
+    ),
+    (
+        "ranking: ties resolved in the relevant item's favour",
+        "metrics/retrieval.py",
+        "r.astype(np.int8), -s))",
+        "-r.astype(np.int8), -s))",
+        [RANK, "tests/test_ranked.py"],
+    ),
+    (
+        "CMC: rank k not counted at k",
+        "metrics/retrieval.py",
+        "(ranks <= k).mean()",
+        "(ranks < k).mean()",
+        [RANK, "tests/test_ranked.py"],
+    ),
+    (
+        "AP: precision one rank late",
+        "metrics/retrieval.py",
+        "return float(np.mean(np.arange(1, pos.size + 1) / pos))",
+        "return float(np.mean(np.arange(1, pos.size + 1) / (pos + 1)))",
+        [RANK, "tests/test_ranked.py"],
+    ),
+    (
+        "top-k: rank k not in the top k",
+        "metrics/retrieval.py",
+        "self.first_rank <= k",
+        "self.first_rank < k",
+        [RANK, "tests/test_ranked.py"],
     ),
 ]
 

@@ -263,6 +263,23 @@ def test_auc_known_values():
     assert all_tied.value == 0.5
 
 
+def test_the_bootstrap_auc_counts_ties_as_sklearn_does():
+    """The rank-sum form the bootstrap resamples with (``auc_from_counts``: a tie counts one half)
+    equals sklearn's roc_auc_score on scores with many ties, and so does every resample's."""
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(5)
+    lab = np.r_[np.ones(40, bool), np.zeros(60, bool)]
+    s = np.round(np.where(lab, 0.6, 0.4) + rng.normal(0, 0.3, 100), 1)
+    uniq, inv = np.unique(s, return_inverse=True)
+    assert uniq.size < 30  # ties between and within the classes
+    c_pos, c_neg = np.bincount(inv[lab], minlength=uniq.size), np.bincount(inv[~lab], minlength=uniq.size)
+    assert ag.auc_from_counts(c_pos, c_neg) == pytest.approx(roc_auc_score(lab, s), abs=FLOAT64_SAME_FORMULA_TOL)
+    ci = ag.within_vs_cross_auc(s, lab, n_resamples=200, seed=3)
+    ref = ag.bootstrap_ci(ag.roc_auc, s, lab, n_resamples=200, seed=3, strata=lab)
+    assert (ci.low, ci.high) == pytest.approx((ref.low, ref.high), abs=FLOAT64_SAME_FORMULA_TOL)
+
+
 def test_auc_one_class_is_undefined():
     est = ag.roc_auc([0.1, 0.2, 0.3], [True, True, True])
     assert math.isnan(est.value) and "only within-subject" in est.reason

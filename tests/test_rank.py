@@ -68,6 +68,12 @@ def test_average_precision_known_values(scores, relevant, ap, first):
     assert r.n_relevant == sum(relevant) and r.n_gallery == len(scores)
 
 
+def test_top_k_counts_a_first_correct_rank_of_exactly_k():
+    r = rank_query([0.9, 0.8, 0.7, 0.1], [0, 0, 1, 0])
+    assert r.first_rank == 3
+    assert (r.top(2), r.top(3), r.top(4)) == (False, True, True)
+
+
 def test_query_without_relevant_item_is_undefined_not_zero():
     assert math.isnan(average_precision([0.9, 0.1], [0, 0]))
     assert first_correct_rank([0.9, 0.1], [0, 0]) is None
