@@ -30,10 +30,13 @@ VALUES = "tests/test_gates_values.py"
 REFUSAL = "tests/test_gates_refusal.py"
 CERT = "tests/test_certification.py"
 BUDGETS = "tests/test_run_budgets.py"
-MASKS = "tests/test_masks.py"
-HEADS = "tests/test_heads.py"
-AGREEMENT = "tests/test_agreement.py"
-RANK = "tests/test_rank.py"
+#: The tests of each rule the fresh sets mutate: a file's byte cap, the mask threshold, CP's
+#: mean of best matches (each against the oracle too), the agreement metrics, the ranking.
+FILE_CAP = [BUDGETS, "-k", "reads_at_most or byte_cap or regular"]
+MASK_RULE = ["tests/test_masks.py", "tests/test_heads.py", "tests/test_oracle.py"]
+CP_RULE = ["tests/test_heads.py", "tests/test_cp_head.py", "tests/test_oracle.py"]
+AGREEMENT = ["tests/test_agreement.py"]
+RANKING = ["tests/test_rank.py", "tests/test_ranked.py"]
 #: The fast tests of a file (no bundle export).
 FAST = ["-k", "not fg_threshold and not masc_export"]
 
@@ -331,14 +334,14 @@ MUTATIONS = [
         "runtime/io.py",
         "data = f.read(cap + 1)",
         "data = f.read()",
-        [BUDGETS, "-k", "reads_at_most or byte_cap or regular"],
+        FILE_CAP,
     ),
     (
         "limits: a file of exactly the cap refused",
         "runtime/io.py",
         "    if st.st_size > cap:",
         "    if st.st_size >= cap:",
-        [BUDGETS, "-k", "reads_at_most or byte_cap or regular"],
+        FILE_CAP,
     ),
     (
         "limits: token budget off by one",
@@ -396,84 +399,84 @@ MUTATIONS = [
         "runtime/masks.py",
         "return _weights(ref_weights) > np.float32(threshold)",
         "return _weights(ref_weights) >= np.float32(threshold)",
-        [MASKS, HEADS, "tests/test_oracle.py"],
+        MASK_RULE,
     ),
     (
         "PF shows output patches at the threshold",
         "runtime/masks.py",
         "return _weights(weights) >= np.float32(threshold)",
         "return _weights(weights) > np.float32(threshold)",
-        [MASKS, HEADS, "tests/test_oracle.py"],
+        MASK_RULE,
     ),
     (
         "masked_maxcos: median of the maxima",
         "runtime/heads.py",
         "return float(xp.mean(best, dtype=xp.float32)), extras",
         "return float(xp.median(best)), extras",
-        [HEADS, "tests/test_cp_head.py", "tests/test_oracle.py"],
+        CP_RULE,
     ),
     (
         "masked_maxcos: mean cosine, not the best match",
         "runtime/heads.py",
         "cosine_matrix(ref_tokens, out_tokens, xp).max(axis=1)",
         "cosine_matrix(ref_tokens, out_tokens, xp).mean(axis=1)",
-        [HEADS, "tests/test_cp_head.py", "tests/test_oracle.py"],
+        CP_RULE,
     ),
     (
         "CP head: the mean over one patch more",
         "runtime/heads.py",
         "cp = best.sum(axis=-1) / xp.maximum(n_keep, xp.float32(1.0))[:, None]",
         "cp = best.sum(axis=-1) / xp.maximum(n_keep + 1, xp.float32(1.0))[:, None]",
-        [HEADS, "tests/test_cp_head.py", "tests/test_oracle.py"],
+        CP_RULE,
     ),
     (
         "AUC: a tie counted as a win",
         "metrics/agreement/auc.py",
         "below + 0.5 * c_neg",
         "below + 1.0 * c_neg",
-        [AGREEMENT],
+        AGREEMENT,
     ),
     (
         "alpha: mid-ranks at the top of each tie",
         "metrics/agreement/alpha.py",
         "midrank = np.cumsum(counts) - counts / 2.0",
         "midrank = np.cumsum(counts) - counts",
-        [AGREEMENT],
+        AGREEMENT,
     ),
     (
         "alpha: units with one coder pairable",
         "metrics/agreement/alpha.py",
         "keep = m_u >= 2",
         "keep = m_u >= 1",
-        [AGREEMENT],
+        AGREEMENT,
     ),
     (
         "ranking: ties resolved in the relevant item's favour",
         "metrics/retrieval.py",
         "r.astype(np.int8), -s))",
         "-r.astype(np.int8), -s))",
-        [RANK, "tests/test_ranked.py"],
+        RANKING,
     ),
     (
         "CMC: rank k not counted at k",
         "metrics/retrieval.py",
         "(ranks <= k).mean()",
         "(ranks < k).mean()",
-        [RANK, "tests/test_ranked.py"],
+        RANKING,
     ),
     (
         "AP: precision one rank late",
         "metrics/retrieval.py",
         "return float(np.mean(np.arange(1, pos.size + 1) / pos))",
         "return float(np.mean(np.arange(1, pos.size + 1) / (pos + 1)))",
-        [RANK, "tests/test_ranked.py"],
+        RANKING,
     ),
     (
         "top-k: rank k not in the top k",
         "metrics/retrieval.py",
         "self.first_rank <= k",
         "self.first_rank < k",
-        [RANK, "tests/test_ranked.py"],
+        RANKING,
     ),
 ]
 
